@@ -1,0 +1,1 @@
+//! grflow-connectors

@@ -1,0 +1,41 @@
+//! Where paged KV blocks live. The kernels read and write KV through this
+//! trait so that the node's memory pool (operators/) can own the memory and
+//! decide which page holds which block; kernels never allocate blocks.
+
+/// Storage of fixed-size KV blocks addressed by page id.
+pub trait KvBlockStore {
+    /// f32 values in one block (see `ModelConfig::kv_block_floats`).
+    fn block_floats(&self) -> usize;
+    fn block(&self, id: u32) -> &[f32];
+    fn block_mut(&mut self, id: u32) -> &mut [f32];
+}
+
+/// A plain arena of blocks, for tests and benches.
+#[derive(Debug, Clone)]
+pub struct VecKvStore {
+    block_floats: usize,
+    data: Vec<f32>,
+}
+
+impl VecKvStore {
+    pub fn new(num_blocks: usize, block_floats: usize) -> Self {
+        Self { block_floats, data: vec![0.0; num_blocks * block_floats] }
+    }
+    pub fn num_blocks(&self) -> usize {
+        self.data.len() / self.block_floats.max(1)
+    }
+}
+
+impl KvBlockStore for VecKvStore {
+    fn block_floats(&self) -> usize {
+        self.block_floats
+    }
+    fn block(&self, id: u32) -> &[f32] {
+        let s = id as usize * self.block_floats;
+        &self.data[s..s + self.block_floats]
+    }
+    fn block_mut(&mut self, id: u32) -> &mut [f32] {
+        let s = id as usize * self.block_floats;
+        &mut self.data[s..s + self.block_floats]
+    }
+}

@@ -1,0 +1,28 @@
+//! One file per subcommand.
+
+pub mod bench_cache;
+pub mod bench_kernels;
+pub mod gen_trace;
+pub mod import;
+pub mod replay;
+
+/// The user's input (a file, a flag, a config) is wrong: exit code 2.
+/// Wrap library errors that are the user's to fix in this.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InputError(pub String);
+
+impl InputError {
+    pub fn from_display(e: impl std::fmt::Display) -> anyhow::Error {
+        anyhow::Error::new(InputError(e.to_string()))
+    }
+}
+
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("GRFLOW_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,58 @@
+//! The `grflow` command line. Everything here is argument parsing and
+//! wiring; the engine lives in the workspace crates.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "grflow", version, about = "A streaming engine that serves generative recommenders")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Replay a Parquet trace (or the embedded default) through the serving dataflow.
+    Replay(cli::replay::Args),
+    /// Generate a synthetic trace (Steady / Trend / Burst regimes of HLEM §V).
+    GenTrace(cli::gen_trace::Args),
+    /// Convert a public dataset into a grflow trace.
+    Import(cli::import::Args),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Model kernels: GEMM peak, prefill, prefix reuse, staged attention, beam KV, top-k.
+    Kernels(cli::bench_kernels::Args),
+    /// Eviction policies on the key stream of a real trace.
+    Cache(cli::bench_cache::Args),
+}
+
+fn main() -> ExitCode {
+    cli::init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Replay(a) => cli::replay::run(a),
+        Command::GenTrace(a) => cli::gen_trace::run(a),
+        Command::Import(a) => cli::import::run(a),
+        Command::Bench(BenchCommand::Kernels(a)) => cli::bench_kernels::run(a),
+        Command::Bench(BenchCommand::Cache(a)) => cli::bench_cache::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            if err.downcast_ref::<cli::InputError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Key streams of real traces for cache benchmarks (owned by the cache work).
