@@ -1,1 +1,4 @@
-//! grflow-connectors
+//! Sources and sinks: Parquet now, Kafka later. Free of timely types.
+pub mod records;
+
+pub use records::{ErrorRow, ResponseRow, SourcePosition, WindowRow};
