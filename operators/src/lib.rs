@@ -1,1 +1,4 @@
 //! Domain logic of a serving node and router, free of I/O and timely types.
+pub mod hotness;
+pub mod router;
+pub mod shards;

@@ -1,0 +1,142 @@
+//! Hot users: the top share of users by requests over the last W windows
+//! (HLEM: top 5% over the last 12 five-second windows).
+//!
+//! The hot set is recomputed at each window boundary from the counts of the
+//! previous W windows and then fixed for the window, so a decision depends
+//! only on requests already seen.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HotnessConfig {
+    pub window_ms: u64,
+    pub windows: usize,
+    /// Share of users (by recent request count) that count as hot.
+    pub hot_share: f64,
+}
+
+impl Default for HotnessConfig {
+    fn default() -> Self {
+        Self {
+            window_ms: 5_000,
+            windows: 12,
+            hot_share: 0.05,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct HotUsers {
+    cfg: HotnessConfig,
+    /// Per user: request count per window, indexed by window id modulo W,
+    /// tagged with the window id so stale slots read as zero.
+    counts: HashMap<u64, Vec<(u64, u32)>>,
+    current_window: Option<u64>,
+    hot: HashSet<u64>,
+}
+
+impl HotUsers {
+    pub fn new(cfg: HotnessConfig) -> Self {
+        Self {
+            cfg,
+            counts: HashMap::new(),
+            current_window: None,
+            hot: HashSet::new(),
+        }
+    }
+
+    /// Records one request and says whether its user is hot.
+    pub fn observe(&mut self, ts_ms: u64, user: u64) -> bool {
+        let window = ts_ms / self.cfg.window_ms.max(1);
+        if self.current_window != Some(window) {
+            self.roll_to(window);
+        }
+        let w = self.cfg.windows.max(1);
+        let slots = self
+            .counts
+            .entry(user)
+            .or_insert_with(|| vec![(u64::MAX, 0); w]);
+        let slot = &mut slots[(window % w as u64) as usize];
+        if slot.0 != window {
+            *slot = (window, 0);
+        }
+        slot.1 += 1;
+        self.hot.contains(&user)
+    }
+
+    /// Whether `user` is hot in the current window.
+    pub fn is_hot(&self, user: u64) -> bool {
+        self.hot.contains(&user)
+    }
+
+    /// Number of hot users in the current window.
+    pub fn hot_users(&self) -> usize {
+        self.hot.len()
+    }
+
+    fn roll_to(&mut self, window: u64) {
+        self.current_window = Some(window);
+        let w = self.cfg.windows.max(1) as u64;
+        // Counts over the W windows before `window`.
+        let mut totals: Vec<(u32, u64)> = Vec::with_capacity(self.counts.len());
+        self.counts.retain(|&user, slots| {
+            let total: u32 = slots
+                .iter()
+                .filter(|(id, _)| *id < window && window - *id <= w)
+                .map(|(_, c)| c)
+                .sum();
+            if total > 0 {
+                totals.push((total, user));
+            }
+            total > 0
+        });
+        self.hot.clear();
+        if totals.is_empty() {
+            return;
+        }
+        // Most requests first; ties to the lower user id, so the set is deterministic.
+        totals.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let hot =
+            ((totals.len() as f64 * self.cfg.hot_share).ceil() as usize).clamp(1, totals.len());
+        self.hot.extend(totals[..hot].iter().map(|&(_, user)| user));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nobody_is_hot_before_the_first_window_closes() {
+        let mut h = HotUsers::new(HotnessConfig::default());
+        assert!(!h.observe(0, 1));
+        assert!(!h.observe(10, 1));
+    }
+
+    #[test]
+    fn top_share_becomes_hot_after_a_window() {
+        let cfg = HotnessConfig {
+            window_ms: 1000,
+            windows: 2,
+            hot_share: 0.1,
+        };
+        let mut h = HotUsers::new(cfg);
+        // 20 users; user 0 makes 10 requests, others 1.
+        for _ in 0..10 {
+            h.observe(0, 0);
+        }
+        for u in 1..20 {
+            h.observe(1, u);
+        }
+        // Window 1: the top 10% of 20 users = users 0 and 1 (ties to lower id).
+        assert!(h.observe(1000, 0));
+        assert!(h.is_hot(1));
+        assert!(!h.observe(1001, 5));
+        assert_eq!(h.hot_users(), 2);
+        // Window 4: windows 2-3 were empty, so nobody is hot any more.
+        assert!(!h.observe(4500, 0));
+        assert_eq!(h.hot_users(), 0);
+    }
+}

@@ -1,0 +1,456 @@
+//! KV-EMB-aware request routing (HLEM §IV-C, Alg. 1, Eq. 9).
+//!
+//! A router replica owns the users hashed to it (affinity, shard profile,
+//! hotness) and keeps a replicated view of every node's KV residency (users),
+//! EMB residency (shards) and load, fed by node reports that arrive through
+//! the event-time feedback edge. Given the same reports in the same order it
+//! makes the same decisions: no clocks, no hash-map iteration order, ties to
+//! the lowest node index.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use crate::hotness::HotUsers;
+use crate::shards::ShardId;
+
+/// Router parameters; defaults are the paper's (τ = 0.85, ε = 0.05, K = 20).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterConfig {
+    /// Cost of a KV miss (recomputing the user's prefix), e.g. in ms.
+    pub miss_cost_kv: f64,
+    /// Cost of an embedding miss (H2D fetch of the user's rows).
+    pub miss_cost_emb: f64,
+    /// Marginal queueing cost of a loaded node.
+    pub miss_cost_load: f64,
+    /// τ: if the best node's load exceeds this, fall back to the least-loaded node.
+    pub overload_threshold: f64,
+    /// ε: bonus for the user's previous (affinity) node.
+    pub affinity_bonus: f64,
+    /// K: hot shards per user profile.
+    pub profile_shards: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            miss_cost_kv: 4.0,
+            miss_cost_emb: 2.0,
+            miss_cost_load: 4.0,
+            overload_threshold: 0.85,
+            affinity_bonus: 0.05,
+            profile_shards: 20,
+        }
+    }
+}
+
+/// Why a routing config is unusable.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RouterConfigError {
+    #[error("router.{field} must be a finite number >= 0 (got {value})")]
+    Negative { field: &'static str, value: f64 },
+    #[error("router: miss_cost_kv + miss_cost_emb + miss_cost_load must be > 0")]
+    ZeroCosts,
+    #[error("router.profile_shards must be >= 1")]
+    EmptyProfile,
+}
+
+impl RouterConfig {
+    pub fn validate(&self) -> Result<(), RouterConfigError> {
+        for (field, value) in [
+            ("miss_cost_kv", self.miss_cost_kv),
+            ("miss_cost_emb", self.miss_cost_emb),
+            ("miss_cost_load", self.miss_cost_load),
+            ("overload_threshold", self.overload_threshold),
+            ("affinity_bonus", self.affinity_bonus),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(RouterConfigError::Negative { field, value });
+            }
+        }
+        if self.miss_cost_kv + self.miss_cost_emb + self.miss_cost_load <= 0.0 {
+            return Err(RouterConfigError::ZeroCosts);
+        }
+        if self.profile_shards == 0 {
+            return Err(RouterConfigError::EmptyProfile);
+        }
+        Ok(())
+    }
+
+    /// w_i = C_i / Z (Eq. 9 weights), in the order (kv, emb, load).
+    pub fn weights(&self) -> (f64, f64, f64) {
+        let z = self.miss_cost_kv + self.miss_cost_emb + self.miss_cost_load;
+        (
+            self.miss_cost_kv / z,
+            self.miss_cost_emb / z,
+            self.miss_cost_load / z,
+        )
+    }
+}
+
+/// What a node tells every router replica after an event-time tick: changes
+/// of its residency since its previous report and its current load.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub node: u32,
+    /// Users whose history prefix KV became resident on the node.
+    pub kv_users_added: Vec<u64>,
+    /// Users whose prefix KV left the node.
+    pub kv_users_removed: Vec<u64>,
+    pub shards_added: Vec<ShardId>,
+    pub shards_removed: Vec<ShardId>,
+    /// In-flight tokens on the node (event-time backlog).
+    pub inflight_tokens: f64,
+    /// Token capacity the load is normalised by.
+    pub token_capacity: f64,
+}
+
+/// The router's replicated view of one node.
+#[derive(Clone, Debug, Default)]
+struct NodeView {
+    kv_users: HashSet<u64>,
+    emb_shards: HashSet<ShardId>,
+    reported_tokens: f64,
+    /// Tokens this replica dispatched since the node's last report: the
+    /// report does not include them yet, and ignoring them would send a whole
+    /// tick's burst to one node.
+    dispatched_since_report: f64,
+    token_capacity: f64,
+}
+
+impl NodeView {
+    fn load(&self) -> f64 {
+        if self.token_capacity <= 0.0 {
+            return 0.0;
+        }
+        ((self.reported_tokens + self.dispatched_since_report) / self.token_capacity)
+            .clamp(0.0, 1.0)
+    }
+}
+
+/// One routing decision and why it was made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub node: u32,
+    /// The chosen node already held the user's prefix KV.
+    pub kv_hit: bool,
+    /// The affinity bonus changed the winner.
+    pub affinity_win: bool,
+    /// The best node was above τ and the least-loaded node was taken instead.
+    pub overload_fallback: bool,
+    /// h_emb of the chosen node.
+    pub emb_coverage: f64,
+    /// The user is hot (top share by recent requests) at decision time.
+    pub hot_user: bool,
+}
+
+/// Counters over all decisions of a replica.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouterStats {
+    pub decisions: u64,
+    pub kv_hits: u64,
+    pub affinity_wins: u64,
+    pub overload_fallbacks: u64,
+}
+
+impl RouterStats {
+    pub fn merge(&mut self, other: &RouterStats) {
+        self.decisions += other.decisions;
+        self.kv_hits += other.kv_hits;
+        self.affinity_wins += other.affinity_wins;
+        self.overload_fallbacks += other.overload_fallbacks;
+    }
+}
+
+/// One router replica (Alg. 1).
+#[derive(Debug)]
+pub struct Router {
+    cfg: RouterConfig,
+    weights: (f64, f64, f64),
+    nodes: Vec<NodeView>,
+    affinity: HashMap<u64, u32>,
+    hot: HotUsers,
+    stats: RouterStats,
+}
+
+impl Router {
+    pub fn new(cfg: RouterConfig, nodes: usize, hot: HotUsers) -> Result<Self, RouterConfigError> {
+        cfg.validate()?;
+        Ok(Self {
+            weights: cfg.weights(),
+            cfg,
+            nodes: vec![NodeView::default(); nodes],
+            affinity: HashMap::new(),
+            hot,
+            stats: RouterStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> &RouterStats {
+        &self.stats
+    }
+
+    /// Load l(n) as this replica sees it.
+    pub fn load(&self, node: u32) -> f64 {
+        self.nodes[node as usize].load()
+    }
+
+    /// Whether the replica believes `node` holds `user`'s prefix KV.
+    pub fn has_kv(&self, node: u32, user: u64) -> bool {
+        self.nodes[node as usize].kv_users.contains(&user)
+    }
+
+    /// Folds a node's report into the replicated view.
+    pub fn apply_report(&mut self, report: &NodeReport) {
+        let Some(view) = self.nodes.get_mut(report.node as usize) else {
+            return;
+        };
+        for u in &report.kv_users_removed {
+            view.kv_users.remove(u);
+        }
+        view.kv_users.extend(report.kv_users_added.iter().copied());
+        for s in &report.shards_removed {
+            view.emb_shards.remove(s);
+        }
+        view.emb_shards.extend(report.shards_added.iter().copied());
+        view.reported_tokens = report.inflight_tokens;
+        view.token_capacity = report.token_capacity;
+        view.dispatched_since_report = 0.0;
+    }
+
+    /// Routes one request of `user` at event time `ts_ms` whose user profile
+    /// (top-K hot shards) is `profile` and which brings `tokens` of work.
+    pub fn route(&mut self, ts_ms: u64, user: u64, profile: &[ShardId], tokens: f64) -> Decision {
+        let hot_user = self.hot.observe(ts_ms, user);
+        let (w_kv, w_emb, w_ld) = self.weights;
+        let n_aff = self.affinity.get(&user).copied();
+
+        let mut best: Option<(u32, f64)> = None;
+        let mut best_without_bonus: Option<(u32, f64)> = None;
+        for (n, view) in self.nodes.iter().enumerate() {
+            let n = n as u32;
+            let h_kv = if view.kv_users.contains(&user) {
+                1.0
+            } else {
+                0.0
+            };
+            let h_emb = coverage(profile, &view.emb_shards);
+            let base = w_kv * h_kv + w_emb * h_emb + w_ld * (1.0 - view.load());
+            let bonus = if Some(n) == n_aff {
+                self.cfg.affinity_bonus
+            } else {
+                0.0
+            };
+            // Strict `>` keeps ties on the lowest node index.
+            if best.is_none_or(|(_, s)| base + bonus > s) {
+                best = Some((n, base + bonus));
+            }
+            if best_without_bonus.is_none_or(|(_, s)| base > s) {
+                best_without_bonus = Some((n, base));
+            }
+        }
+        let (mut chosen, _) = best.expect("router has at least one node");
+        let affinity_win = Some(chosen) == n_aff && best_without_bonus.map(|b| b.0) != n_aff;
+
+        let mut overload_fallback = false;
+        if self.nodes[chosen as usize].load() > self.cfg.overload_threshold {
+            let least = self.least_loaded();
+            overload_fallback = least != chosen;
+            chosen = least;
+        }
+
+        let view = &mut self.nodes[chosen as usize];
+        let kv_hit = view.kv_users.contains(&user);
+        let emb_coverage = coverage(profile, &view.emb_shards);
+        view.dispatched_since_report += tokens;
+        self.affinity.insert(user, chosen);
+
+        self.stats.decisions += 1;
+        self.stats.kv_hits += kv_hit as u64;
+        self.stats.affinity_wins += (affinity_win && !overload_fallback) as u64;
+        self.stats.overload_fallbacks += overload_fallback as u64;
+        Decision {
+            node: chosen,
+            kv_hit,
+            affinity_win: affinity_win && !overload_fallback,
+            overload_fallback,
+            emb_coverage,
+            hot_user,
+        }
+    }
+
+    fn least_loaded(&self) -> u32 {
+        let mut least = 0u32;
+        for (n, view) in self.nodes.iter().enumerate() {
+            if view.load() < self.nodes[least as usize].load() {
+                least = n as u32;
+            }
+        }
+        least
+    }
+}
+
+/// h_emb: the fraction of the profile's shards resident on a node.
+fn coverage(profile: &[ShardId], resident: &HashSet<ShardId>) -> f64 {
+    if profile.is_empty() {
+        return 0.0;
+    }
+    let hits = profile.iter().filter(|s| resident.contains(s)).count();
+    hits as f64 / profile.len() as f64
+}
+
+/// Prof[u]: the K shards a history touches most (ties to the lower shard id).
+pub fn shard_profile(shards_touched: impl IntoIterator<Item = ShardId>, k: usize) -> Vec<ShardId> {
+    let mut counts: HashMap<ShardId, u32> = HashMap::new();
+    for s in shards_touched {
+        *counts.entry(s).or_default() += 1;
+    }
+    let mut ranked: Vec<(u32, ShardId)> = counts.into_iter().map(|(s, c)| (c, s)).collect();
+    ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let top: BTreeSet<ShardId> = ranked.into_iter().take(k).map(|(_, s)| s).collect();
+    top.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hotness::HotnessConfig;
+
+    fn router(nodes: usize) -> Router {
+        Router::new(
+            RouterConfig::default(),
+            nodes,
+            HotUsers::new(HotnessConfig::default()),
+        )
+        .unwrap()
+    }
+
+    fn report(node: u32, kv: &[u64], shards: &[ShardId], tokens: f64) -> NodeReport {
+        NodeReport {
+            node,
+            kv_users_added: kv.to_vec(),
+            shards_added: shards.to_vec(),
+            inflight_tokens: tokens,
+            token_capacity: 1000.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn weights_are_normalised_miss_costs() {
+        let (a, b, c) = RouterConfig::default().weights();
+        assert!((a + b + c - 1.0).abs() < 1e-12);
+        assert!((a - 0.4).abs() < 1e-12 && (b - 0.2).abs() < 1e-12);
+    }
+
+    #[test]
+    fn kv_hit_wins_over_emb_coverage() {
+        let mut r = router(3);
+        r.apply_report(&report(0, &[], &[1, 2, 3, 4], 0.0));
+        r.apply_report(&report(2, &[7], &[], 0.0));
+        let d = r.route(0, 7, &[1, 2, 3, 4], 10.0);
+        assert_eq!(d.node, 2);
+        assert!(d.kv_hit);
+        assert!(!d.overload_fallback);
+    }
+
+    #[test]
+    fn emb_coverage_decides_without_kv() {
+        let mut r = router(3);
+        r.apply_report(&report(1, &[], &[1, 2], 0.0));
+        r.apply_report(&report(2, &[], &[1, 2, 3, 4], 0.0));
+        let d = r.route(0, 9, &[1, 2, 3, 4], 1.0);
+        assert_eq!(d.node, 2);
+        assert_eq!(d.emb_coverage, 1.0);
+    }
+
+    #[test]
+    fn overload_falls_back_to_least_loaded() {
+        let mut r = router(3);
+        r.apply_report(&report(0, &[5], &[], 900.0)); // l = 0.9 > τ
+        r.apply_report(&report(1, &[], &[], 300.0));
+        r.apply_report(&report(2, &[], &[], 100.0));
+        let d = r.route(0, 5, &[], 1.0);
+        assert!(d.overload_fallback);
+        assert_eq!(d.node, 2);
+        assert_eq!(r.stats().overload_fallbacks, 1);
+    }
+
+    #[test]
+    fn affinity_breaks_a_tie() {
+        let mut r = router(2);
+        // First request: all equal, lowest index wins, no affinity yet.
+        let d0 = r.route(0, 3, &[], 0.0);
+        assert_eq!(d0.node, 0);
+        assert!(!d0.affinity_win);
+        // Make node 1 slightly better on load than node 0 but by less than ε.
+        r.apply_report(&report(0, &[], &[], 20.0));
+        r.apply_report(&report(1, &[], &[], 0.0));
+        let d1 = r.route(1, 3, &[], 0.0);
+        assert_eq!(d1.node, 0, "affinity bonus keeps the user on node 0");
+        assert!(d1.affinity_win);
+        assert_eq!(r.stats().affinity_wins, 1);
+    }
+
+    #[test]
+    fn ties_go_to_lowest_index() {
+        let mut r = router(4);
+        for u in 0..10 {
+            assert_eq!(r.route(0, 100 + u, &[], 0.0).node, 0);
+        }
+    }
+
+    #[test]
+    fn dispatched_tokens_count_as_load_until_the_next_report() {
+        let mut r = router(2);
+        r.apply_report(&report(0, &[], &[], 0.0));
+        r.apply_report(&report(1, &[], &[], 0.0));
+        r.route(0, 1, &[], 500.0);
+        assert!((r.load(0) - 0.5).abs() < 1e-12);
+        // Next user prefers node 1 (lower load).
+        assert_eq!(r.route(0, 2, &[], 10.0).node, 1);
+        r.apply_report(&report(0, &[], &[], 100.0));
+        assert!((r.load(0) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn removals_in_reports_clear_residency() {
+        let mut r = router(2);
+        r.apply_report(&report(1, &[4], &[], 0.0));
+        assert!(r.has_kv(1, 4));
+        r.apply_report(&NodeReport {
+            node: 1,
+            kv_users_removed: vec![4],
+            token_capacity: 1000.0,
+            ..Default::default()
+        });
+        assert!(!r.has_kv(1, 4));
+    }
+
+    #[test]
+    fn profile_takes_the_most_touched_shards() {
+        let p = shard_profile([5, 5, 5, 1, 1, 9, 2, 2], 2);
+        assert_eq!(p, vec![1, 5]);
+        let p = shard_profile([3, 2, 1], 2);
+        assert_eq!(p, vec![1, 2], "ties go to the lower shard id");
+    }
+
+    #[test]
+    fn invalid_config_is_rejected() {
+        let cfg = RouterConfig {
+            miss_cost_kv: -1.0,
+            ..Default::default()
+        };
+        assert!(matches!(
+            cfg.validate(),
+            Err(RouterConfigError::Negative {
+                field: "miss_cost_kv",
+                ..
+            })
+        ));
+    }
+}
