@@ -99,10 +99,15 @@ pub struct NodeReport {
     pub kv_users_removed: Vec<u64>,
     pub shards_added: Vec<ShardId>,
     pub shards_removed: Vec<ShardId>,
-    /// In-flight tokens on the node (event-time backlog).
+    /// Event time (ms) the backlog below was measured at.
+    pub at_ms: u64,
+    /// In-flight tokens on the node (event-time backlog) at `at_ms`.
     pub inflight_tokens: f64,
     /// Token capacity the load is normalised by.
     pub token_capacity: f64,
+    /// Tokens the node serves per ms of event time, so a replica can let the
+    /// backlog drain between reports exactly as the node does.
+    pub service_tokens_per_ms: f64,
 }
 
 /// The router's replicated view of one node.
@@ -110,21 +115,31 @@ pub struct NodeReport {
 struct NodeView {
     kv_users: HashSet<u64>,
     emb_shards: HashSet<ShardId>,
-    reported_tokens: f64,
-    /// Tokens this replica dispatched since the node's last report: the
-    /// report does not include them yet, and ignoring them would send a whole
-    /// tick's burst to one node.
-    dispatched_since_report: f64,
+    /// Backlog at `backlog_at_ms`: the node's last report plus what this
+    /// replica dispatched since (the report does not include those yet, and
+    /// ignoring them would send a whole tick's burst to one node).
+    backlog_tokens: f64,
+    backlog_at_ms: u64,
+    service_tokens_per_ms: f64,
     token_capacity: f64,
 }
 
 impl NodeView {
-    fn load(&self) -> f64 {
+    fn backlog(&self, now_ms: u64) -> f64 {
+        let drained = self.service_tokens_per_ms * now_ms.saturating_sub(self.backlog_at_ms) as f64;
+        (self.backlog_tokens - drained).max(0.0)
+    }
+
+    fn load(&self, now_ms: u64) -> f64 {
         if self.token_capacity <= 0.0 {
             return 0.0;
         }
-        ((self.reported_tokens + self.dispatched_since_report) / self.token_capacity)
-            .clamp(0.0, 1.0)
+        (self.backlog(now_ms) / self.token_capacity).clamp(0.0, 1.0)
+    }
+
+    fn dispatch(&mut self, now_ms: u64, tokens: f64) {
+        self.backlog_tokens = self.backlog(now_ms) + tokens;
+        self.backlog_at_ms = self.backlog_at_ms.max(now_ms);
     }
 }
 
@@ -194,9 +209,9 @@ impl Router {
         &self.stats
     }
 
-    /// Load l(n) as this replica sees it.
-    pub fn load(&self, node: u32) -> f64 {
-        self.nodes[node as usize].load()
+    /// Load l(n) at event time `now_ms` as this replica sees it.
+    pub fn load(&self, node: u32, now_ms: u64) -> f64 {
+        self.nodes[node as usize].load(now_ms)
     }
 
     /// Whether the replica believes `node` holds `user`'s prefix KV.
@@ -217,9 +232,10 @@ impl Router {
             view.emb_shards.remove(s);
         }
         view.emb_shards.extend(report.shards_added.iter().copied());
-        view.reported_tokens = report.inflight_tokens;
+        view.backlog_tokens = report.inflight_tokens;
+        view.backlog_at_ms = report.at_ms;
         view.token_capacity = report.token_capacity;
-        view.dispatched_since_report = 0.0;
+        view.service_tokens_per_ms = report.service_tokens_per_ms;
     }
 
     /// Routes one request of `user` at event time `ts_ms` whose user profile
@@ -239,7 +255,7 @@ impl Router {
                 0.0
             };
             let h_emb = coverage(profile, &view.emb_shards);
-            let base = w_kv * h_kv + w_emb * h_emb + w_ld * (1.0 - view.load());
+            let base = w_kv * h_kv + w_emb * h_emb + w_ld * (1.0 - view.load(ts_ms));
             let bonus = if Some(n) == n_aff {
                 self.cfg.affinity_bonus
             } else {
@@ -257,8 +273,8 @@ impl Router {
         let affinity_win = Some(chosen) == n_aff && best_without_bonus.map(|b| b.0) != n_aff;
 
         let mut overload_fallback = false;
-        if self.nodes[chosen as usize].load() > self.cfg.overload_threshold {
-            let least = self.least_loaded();
+        if self.nodes[chosen as usize].load(ts_ms) > self.cfg.overload_threshold {
+            let least = self.least_loaded(ts_ms);
             overload_fallback = least != chosen;
             chosen = least;
         }
@@ -266,7 +282,7 @@ impl Router {
         let view = &mut self.nodes[chosen as usize];
         let kv_hit = view.kv_users.contains(&user);
         let emb_coverage = coverage(profile, &view.emb_shards);
-        view.dispatched_since_report += tokens;
+        view.dispatch(ts_ms, tokens);
         self.affinity.insert(user, chosen);
 
         self.stats.decisions += 1;
@@ -283,10 +299,10 @@ impl Router {
         }
     }
 
-    fn least_loaded(&self) -> u32 {
+    fn least_loaded(&self, now_ms: u64) -> u32 {
         let mut least = 0u32;
         for (n, view) in self.nodes.iter().enumerate() {
-            if view.load() < self.nodes[least as usize].load() {
+            if view.load(now_ms) < self.nodes[least as usize].load(now_ms) {
                 least = n as u32;
             }
         }
@@ -336,6 +352,7 @@ mod tests {
             shards_added: shards.to_vec(),
             inflight_tokens: tokens,
             token_capacity: 1000.0,
+            service_tokens_per_ms: 10.0,
             ..Default::default()
         }
     }
@@ -410,11 +427,21 @@ mod tests {
         r.apply_report(&report(0, &[], &[], 0.0));
         r.apply_report(&report(1, &[], &[], 0.0));
         r.route(0, 1, &[], 500.0);
-        assert!((r.load(0) - 0.5).abs() < 1e-12);
+        assert!((r.load(0, 0) - 0.5).abs() < 1e-12);
         // Next user prefers node 1 (lower load).
         assert_eq!(r.route(0, 2, &[], 10.0).node, 1);
         r.apply_report(&report(0, &[], &[], 100.0));
-        assert!((r.load(0) - 0.1).abs() < 1e-12);
+        assert!((r.load(0, 0) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn backlog_drains_in_event_time_between_reports() {
+        let mut r = router(1);
+        r.apply_report(&report(0, &[], &[], 500.0));
+        assert!((r.load(0, 0) - 0.5).abs() < 1e-12);
+        // 10 tokens/ms: after 20 ms, 300 tokens remain.
+        assert!((r.load(0, 20) - 0.3).abs() < 1e-12);
+        assert_eq!(r.load(0, 1_000), 0.0);
     }
 
     #[test]
