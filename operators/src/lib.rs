@@ -2,3 +2,4 @@
 pub mod hotness;
 pub mod router;
 pub mod shards;
+pub mod windows;

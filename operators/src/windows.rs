@@ -1,0 +1,158 @@
+//! Windowed node statistics: the state vector of HLEM Table I
+//! (requests, hot-user share, EMB hit rate, KV token-reuse rate, mean
+//! sequence length, SLO-violation share, p99 latency) per node and window.
+//!
+//! Samples are integers so that the differential-dataflow wrapper can keep
+//! them in ordered collections; the aggregation itself is plain code.
+
+use serde::{Deserialize, Serialize};
+
+/// What one served request contributes to its node's window.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TelemetrySample {
+    pub latency_us: u64,
+    pub hot_user: bool,
+    pub emb_hits: u32,
+    pub emb_lookups: u32,
+    pub kv_reused_tokens: u32,
+    pub kv_total_tokens: u32,
+    pub seq_len: u32,
+    pub slo_violated: bool,
+    /// α of the node when it served the request, in thousandths.
+    pub alpha_milli: u32,
+}
+
+/// Aggregates of one (node, window).
+#[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
+pub struct WindowStats {
+    pub requests: u64,
+    pub hot_user_share: f64,
+    pub emb_hit_rate: f64,
+    pub kv_hit_rate: f64,
+    pub mean_seq_len: f64,
+    pub slo_violation_share: f64,
+    pub p99_ms: f64,
+    pub alpha: f64,
+}
+
+/// Start of the window that holds `ts_ms`.
+pub fn window_start(ts_ms: u64, window_ms: u64) -> u64 {
+    ts_ms - ts_ms % window_ms.max(1)
+}
+
+impl WindowStats {
+    /// Aggregates samples given with their multiplicities, in sorted order
+    /// (as differential's reduce presents them; order does not matter here
+    /// except that p99 needs latencies, which are sorted first in the key).
+    pub fn from_samples<'a>(samples: impl IntoIterator<Item = (&'a TelemetrySample, u64)>) -> Self {
+        let mut n = 0u64;
+        let (mut hot, mut emb_hits, mut emb_lookups, mut kv_reused, mut kv_total) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut seq, mut violated, mut alpha) = (0u64, 0u64, 0u64);
+        let mut latencies: Vec<(u64, u64)> = Vec::new();
+        for (s, count) in samples {
+            if count == 0 {
+                continue;
+            }
+            n += count;
+            hot += s.hot_user as u64 * count;
+            emb_hits += s.emb_hits as u64 * count;
+            emb_lookups += s.emb_lookups as u64 * count;
+            kv_reused += s.kv_reused_tokens as u64 * count;
+            kv_total += s.kv_total_tokens as u64 * count;
+            seq += s.seq_len as u64 * count;
+            violated += s.slo_violated as u64 * count;
+            alpha += s.alpha_milli as u64 * count;
+            latencies.push((s.latency_us, count));
+        }
+        if n == 0 {
+            return Self::default();
+        }
+        latencies.sort_unstable();
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        Self {
+            requests: n,
+            hot_user_share: ratio(hot, n),
+            emb_hit_rate: ratio(emb_hits, emb_lookups),
+            kv_hit_rate: ratio(kv_reused, kv_total),
+            mean_seq_len: ratio(seq, n),
+            slo_violation_share: ratio(violated, n),
+            p99_ms: percentile_weighted(&latencies, 0.99) as f64 / 1000.0,
+            alpha: ratio(alpha, n) / 1000.0,
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted (value, count) pairs.
+pub fn percentile_weighted(sorted: &[(u64, u64)], q: f64) -> u64 {
+    let total: u64 = sorted.iter().map(|(_, c)| c).sum();
+    if total == 0 {
+        return 0;
+    }
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    for &(v, c) in sorted {
+        seen += c;
+        if seen >= rank {
+            return v;
+        }
+    }
+    sorted.last().map_or(0, |(v, _)| *v)
+}
+
+/// Nearest-rank percentile of an ascending slice.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(latency_us: u64, hot: bool, violated: bool) -> TelemetrySample {
+        TelemetrySample {
+            latency_us,
+            hot_user: hot,
+            emb_hits: 3,
+            emb_lookups: 4,
+            kv_reused_tokens: 10,
+            kv_total_tokens: 40,
+            seq_len: 140,
+            slo_violated: violated,
+            alpha_milli: 500,
+        }
+    }
+
+    #[test]
+    fn aggregates_with_multiplicities() {
+        let a = sample(1_000, true, false);
+        let b = sample(50_000, false, true);
+        let w = WindowStats::from_samples([(&a, 3), (&b, 1)]);
+        assert_eq!(w.requests, 4);
+        assert_eq!(w.hot_user_share, 0.75);
+        assert_eq!(w.emb_hit_rate, 0.75);
+        assert_eq!(w.kv_hit_rate, 0.25);
+        assert_eq!(w.mean_seq_len, 140.0);
+        assert_eq!(w.slo_violation_share, 0.25);
+        assert_eq!(w.p99_ms, 50.0);
+        assert_eq!(w.alpha, 0.5);
+    }
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(|x| x as f64).collect();
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+        assert_eq!(percentile_weighted(&[(1, 98), (7, 2)], 0.99), 7);
+    }
+
+    #[test]
+    fn windows_are_aligned() {
+        assert_eq!(window_start(12_345, 5_000), 10_000);
+        assert_eq!(window_start(4_999, 5_000), 0);
+    }
+}
