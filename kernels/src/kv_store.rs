@@ -19,7 +19,10 @@ pub struct VecKvStore {
 
 impl VecKvStore {
     pub fn new(num_blocks: usize, block_floats: usize) -> Self {
-        Self { block_floats, data: vec![0.0; num_blocks * block_floats] }
+        Self {
+            block_floats,
+            data: vec![0.0; num_blocks * block_floats],
+        }
     }
     pub fn num_blocks(&self) -> usize {
         self.data.len() / self.block_floats.max(1)
@@ -38,4 +41,20 @@ impl KvBlockStore for VecKvStore {
         let s = id as usize * self.block_floats;
         &mut self.data[s..s + self.block_floats]
     }
+}
+
+/// Token `token`'s K (`kv = 0`) or V (`kv = 1`) row of layer `layer` in a
+/// sequence stored under `block_table` (block layout
+/// `[layer][K|V][slot][d_model]`, see `ModelConfig::kv_block_floats`).
+pub fn kv_row<'s, S: KvBlockStore + ?Sized>(
+    cfg: &crate::ModelConfig,
+    store: &'s S,
+    block_table: &[u32],
+    token: usize,
+    layer: usize,
+    kv: usize,
+) -> &'s [f32] {
+    let b = cfg.block_size;
+    let off = cfg.kv_offset(layer, kv, token % b);
+    &store.block(block_table[token / b])[off..off + cfg.d_model]
 }

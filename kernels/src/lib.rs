@@ -1,4 +1,27 @@
 //! The GR model and its compute mechanisms behind a `Backend` trait.
+//!
+//! - [`GrModel`]: a decoder-only GR transformer with seeded init and
+//!   safetensors (de)serialisation.
+//! - Paged KV prefix reuse and BAT bipartite attention:
+//!   [`GrModel::prefill`], [`GrModel::rank_user_prefix`],
+//!   [`GrModel::item_kv`], [`GrModel::rank_item_prefix`].
+//! - xGR generative retrieval: [`BeamSearch`] with shared/unshared KV,
+//!   staged attention, early-terminating top-BW and a [`SidTrie`].
+//! - [`reference`]: naive full recomputation, the ground truth of the tests.
+mod attention;
+pub mod backend;
+pub mod config;
+pub mod error;
+mod forward;
 pub mod kv_store;
+mod model;
+mod ops;
+pub mod reference;
 
-pub use kv_store::{KvBlockStore, VecKvStore};
+pub use backend::{Backend, CpuBackend, MatMut, MatRef};
+pub use config::ModelConfig;
+pub use error::KernelError;
+pub use forward::ItemKvRef;
+pub use kv_store::{KvBlockStore, VecKvStore, kv_row};
+pub use model::GrModel;
+pub use ops::sum_rows;

@@ -1,0 +1,333 @@
+//! Forward passes over paged KV: prefix prefill (paged KV reuse) and the two
+//! bipartite ranking layouts of BAT (§4.2).
+
+use crate::attention::{AttnScratch, LocalMask, Segment, attend, gather, scatter};
+use crate::backend::{MatMut, MatRef};
+use crate::error::KernelError;
+use crate::kv_store::KvBlockStore;
+use crate::model::GrModel;
+use crate::ops::{add, gelu, rms_norm};
+
+/// A cached item-prefix entry (BAT Item-as-prefix): the blocks holding one
+/// item's KV written by [`GrModel::item_kv`], and its token count.
+#[derive(Clone, Copy, Debug)]
+pub struct ItemKvRef<'a> {
+    pub blocks: &'a [u32],
+    pub len: usize,
+}
+
+/// What one pass over a token sequence leaves behind.
+pub(crate) struct SeqOut {
+    /// Residual stream after the last layer (`n × d`, before the final norm).
+    pub hidden: Vec<f32>,
+    /// The local tokens' KV: `[layer][K|V][n][d]`.
+    pub kv: Vec<f32>,
+}
+
+impl GrModel {
+    fn check_store<S: KvBlockStore + ?Sized>(&self, store: &S) -> Result<(), KernelError> {
+        let expected = self.cfg.kv_block_floats();
+        if store.block_floats() != expected {
+            return Err(KernelError::BlockFloats {
+                expected,
+                got: store.block_floats(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, what: &'static str, tokens: &[f32]) -> Result<usize, KernelError> {
+        let d = self.cfg.d_model;
+        if !tokens.len().is_multiple_of(d) {
+            return Err(KernelError::Shape {
+                what,
+                expected: tokens.len().div_ceil(d) * d,
+                got: tokens.len(),
+            });
+        }
+        Ok(tokens.len() / d)
+    }
+
+    fn check_table(&self, blocks: &[u32], tokens: usize) -> Result<(), KernelError> {
+        let needed = self.cfg.blocks_for(tokens);
+        if blocks.len() < needed {
+            return Err(KernelError::BlockTableTooShort {
+                needed,
+                got: blocks.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs all layers over `x` (`n` local tokens, position embeddings
+    /// already added) attending to the cached `ctx` segments and, under
+    /// `mask`, to each other.
+    pub(crate) fn forward_seq<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &S,
+        ctx: &[Segment<'_>],
+        mut x: Vec<f32>,
+        mask: LocalMask,
+    ) -> SeqOut {
+        let cfg = &self.cfg;
+        let be = self.backend.as_ref();
+        let (d, f) = (cfg.d_model, cfg.d_ff);
+        let n = x.len() / d;
+        let c: usize = ctx.iter().map(|s| s.len).sum();
+        let mut h = vec![0f32; n * d];
+        let mut qkv = vec![0f32; n * 3 * d];
+        let mut kall = vec![0f32; (c + n) * d];
+        let mut vall = vec![0f32; (c + n) * d];
+        let mut attn = vec![0f32; n * d];
+        let mut ff = vec![0f32; n * f];
+        let mut kv = vec![0f32; cfg.n_layers * 2 * n * d];
+        let mut scratch = AttnScratch::default();
+        for (l, w) in self.layers.iter().enumerate() {
+            rms_norm(&x, &w.ln1, &mut h);
+            be.matmul(
+                MatMut::row_major(&mut qkv, n, 3 * d),
+                MatRef::row_major(&h, n, d),
+                MatRef::row_major(&w.wqkv, d, 3 * d),
+                1.0,
+                false,
+            );
+            let mut at = 0;
+            for seg in ctx {
+                gather(
+                    cfg,
+                    store,
+                    *seg,
+                    l,
+                    0,
+                    &mut kall[at * d..(at + seg.len) * d],
+                );
+                gather(
+                    cfg,
+                    store,
+                    *seg,
+                    l,
+                    1,
+                    &mut vall[at * d..(at + seg.len) * d],
+                );
+                at += seg.len;
+            }
+            for i in 0..n {
+                let row = &qkv[i * 3 * d..(i + 1) * 3 * d];
+                kall[(c + i) * d..(c + i + 1) * d].copy_from_slice(&row[d..2 * d]);
+                vall[(c + i) * d..(c + i + 1) * d].copy_from_slice(&row[2 * d..]);
+            }
+            kv[(l * 2) * n * d..(l * 2 + 1) * n * d].copy_from_slice(&kall[c * d..]);
+            kv[(l * 2 + 1) * n * d..(l * 2 + 2) * n * d].copy_from_slice(&vall[c * d..]);
+            attend(
+                be,
+                cfg,
+                &qkv,
+                3 * d,
+                &kall,
+                &vall,
+                c,
+                n,
+                mask,
+                &mut scratch,
+                &mut attn,
+            );
+            be.matmul(
+                MatMut::row_major(&mut x, n, d),
+                MatRef::row_major(&attn, n, d),
+                MatRef::row_major(&w.wo, d, d),
+                1.0,
+                true,
+            );
+            rms_norm(&x, &w.ln2, &mut h);
+            be.matmul(
+                MatMut::row_major(&mut ff, n, f),
+                MatRef::row_major(&h, n, d),
+                MatRef::row_major(&w.w1, d, f),
+                1.0,
+                false,
+            );
+            gelu(&mut ff);
+            be.matmul(
+                MatMut::row_major(&mut x, n, d),
+                MatRef::row_major(&ff, n, f),
+                MatRef::row_major(&w.w2, f, d),
+                1.0,
+                true,
+            );
+        }
+        SeqOut { hidden: x, kv }
+    }
+
+    /// Input rows `tokens + pos[positions]`.
+    fn with_positions(&self, tokens: &[f32], positions: impl Iterator<Item = usize>) -> Vec<f32> {
+        let d = self.cfg.d_model;
+        let mut x = tokens.to_vec();
+        for (row, p) in x.chunks_exact_mut(d).zip(positions) {
+            add(row, self.pos_row(p));
+        }
+        x
+    }
+
+    /// Paged prefill of a user's history (User-as-prefix cache): computes
+    /// the KV of `new_tokens` (summed embedding rows, `d_model` each) at
+    /// positions `cached_len..`, causally attending to the `cached_len`
+    /// tokens already in the table's blocks, and writes it into the blocks.
+    /// Block ids may be any order; the table must cover
+    /// `cached_len + new` tokens.
+    pub fn prefill<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &mut S,
+        block_table: &[u32],
+        cached_len: usize,
+        new_tokens: &[f32],
+    ) -> Result<(), KernelError> {
+        self.check_store(store)?;
+        let n = self.check_tokens("new_tokens", new_tokens)?;
+        self.check_table(block_table, cached_len + n)?;
+        self.check_pos(cached_len + n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let x = self.with_positions(new_tokens, cached_len..);
+        let ctx = [Segment {
+            blocks: block_table,
+            len: cached_len,
+        }];
+        let out = self.forward_seq(&*store, &ctx, x, LocalMask::Causal);
+        scatter(&self.cfg, store, block_table, cached_len, n, &out.kv);
+        Ok(())
+    }
+
+    /// User-as-prefix ranking `[U, I1..IN, Instr]`: the user's `prefix_len`
+    /// tokens are read from the blocks; the N candidates (one token each)
+    /// share position `prefix_len` and are masked from each other; the
+    /// instruction token at `prefix_len + 1` sees everything. Nothing is
+    /// written. Returns one softmax score per candidate.
+    pub fn rank_user_prefix<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &S,
+        block_table: &[u32],
+        prefix_len: usize,
+        candidate_tokens: &[f32],
+    ) -> Result<Vec<f32>, KernelError> {
+        self.check_store(store)?;
+        let n_items = self.check_tokens("candidate_tokens", candidate_tokens)?;
+        if n_items == 0 {
+            return Err(KernelError::Empty("candidate_tokens"));
+        }
+        self.check_table(block_table, prefix_len)?;
+        self.check_pos(prefix_len + 2)?;
+        let d = self.cfg.d_model;
+        let mut tokens = Vec::with_capacity((n_items + 1) * d);
+        tokens.extend_from_slice(candidate_tokens);
+        tokens.extend_from_slice(&self.instr);
+        let positions = std::iter::repeat_n(prefix_len, n_items).chain([prefix_len + 1]);
+        let x = self.with_positions(&tokens, positions);
+        let ctx = [Segment {
+            blocks: block_table,
+            len: prefix_len,
+        }];
+        let n = n_items + 1;
+        let out = self.forward_seq(store, &ctx, x, LocalMask::ItemsThenCausal { n_items });
+        let last_k = &out.kv[(self.cfg.n_layers - 1) * 2 * n * d..][..n * d];
+        let keys = last_k.chunks_exact(d).take(n_items);
+        Ok(self.rank_head(&out.hidden[n_items * d..], keys))
+    }
+
+    /// Item-as-prefix cache entry: the KV of one item computed alone
+    /// (positions reset to 0, causal within the item), written into
+    /// `block_table`. It equals the item's KV inside any Item-as-prefix
+    /// sequence, so it can be shared across users.
+    pub fn item_kv<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &mut S,
+        block_table: &[u32],
+        item_tokens: &[f32],
+    ) -> Result<(), KernelError> {
+        self.check_store(store)?;
+        let n = self.check_tokens("item_tokens", item_tokens)?;
+        if n == 0 {
+            return Err(KernelError::Empty("item_tokens"));
+        }
+        self.check_table(block_table, n)?;
+        self.check_pos(n)?;
+        let x = self.with_positions(item_tokens, 0..);
+        let out = self.forward_seq(&*store, &[], x, LocalMask::Causal);
+        scatter(&self.cfg, store, block_table, 0, n, &out.kv);
+        Ok(())
+    }
+
+    /// Item-as-prefix ranking `[I1..IN, U, Instr]` from cached item entries
+    /// ([`GrModel::item_kv`]): user tokens start at position
+    /// `max item len` and see every item; the instruction follows. Each
+    /// candidate is scored through its last token's last-layer key.
+    pub fn rank_item_prefix<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &S,
+        items: &[ItemKvRef<'_>],
+        user_tokens: &[f32],
+    ) -> Result<Vec<f32>, KernelError> {
+        self.check_store(store)?;
+        if items.is_empty() {
+            return Err(KernelError::Empty("items"));
+        }
+        for it in items {
+            if it.len == 0 {
+                return Err(KernelError::Empty("item entry"));
+            }
+            self.check_table(it.blocks, it.len)?;
+        }
+        let n_user = self.check_tokens("user_tokens", user_tokens)?;
+        let start = items.iter().map(|i| i.len).max().unwrap_or(0);
+        self.check_pos(start + n_user + 1)?;
+        let d = self.cfg.d_model;
+        let mut tokens = Vec::with_capacity((n_user + 1) * d);
+        tokens.extend_from_slice(user_tokens);
+        tokens.extend_from_slice(&self.instr);
+        let x = self.with_positions(&tokens, start..);
+        let ctx: Vec<Segment<'_>> = items
+            .iter()
+            .map(|i| Segment {
+                blocks: i.blocks,
+                len: i.len,
+            })
+            .collect();
+        let out = self.forward_seq(store, &ctx, x, LocalMask::Causal);
+        let (b, last) = (self.cfg.block_size, self.cfg.n_layers - 1);
+        let keys = items.iter().map(|it| {
+            let t = it.len - 1;
+            let off = self.cfg.kv_offset(last, 0, t % b);
+            &store.block(it.blocks[t / b])[off..off + d]
+        });
+        Ok(self.rank_head(&out.hidden[n_user * d..], keys))
+    }
+
+    /// `softmax_i(⟨W_rank · norm(h_instr), k_i⟩ / √d)`.
+    fn rank_head<'k>(&self, h_instr: &[f32], keys: impl Iterator<Item = &'k [f32]>) -> Vec<f32> {
+        let d = self.cfg.d_model;
+        let mut hn = vec![0f32; d];
+        rms_norm(h_instr, &self.ln_f, &mut hn);
+        let mut u = vec![0f32; d];
+        self.backend.matmul(
+            MatMut::row_major(&mut u, 1, d),
+            MatRef::row_major(&hn, 1, d),
+            MatRef::row_major(&self.w_rank, d, d),
+            1.0,
+            false,
+        );
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut s: Vec<f32> = keys
+            .map(|k| k.iter().zip(&u).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
+        let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let sum: f32 = s
+            .iter_mut()
+            .map(|v| {
+                *v = (*v - m).exp();
+                *v
+            })
+            .sum();
+        s.iter_mut().for_each(|v| *v /= sum);
+        s
+    }
+}

@@ -1,0 +1,357 @@
+//! The GR transformer's weights: seeded init, safetensors round trip and the
+//! model version string every response carries.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{Rng, SeedableRng};
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+
+use crate::backend::{Backend, CpuBackend};
+use crate::config::ModelConfig;
+use crate::error::KernelError;
+
+/// One pre-norm transformer layer. Matrices are row-major `in × out`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct LayerWeights {
+    pub ln1: Vec<f32>,
+    /// Fused Q|K|V projection, `d × 3d`.
+    pub wqkv: Vec<f32>,
+    pub wo: Vec<f32>,
+    pub ln2: Vec<f32>,
+    pub w1: Vec<f32>,
+    pub w2: Vec<f32>,
+}
+
+/// A decoder-only GR transformer (pre-norm RMSNorm, softmax attention,
+/// GELU FFN, learned absolute positions) with two heads:
+/// - ranking: a bilinear pointer head `s_i = softmax_i(⟨W_rank·h_Instr, k_i⟩/√d)`
+///   over each candidate's last-layer key `k_i`, so that scores can be read
+///   from cached item KV (Item-as-prefix) as well as from fresh items;
+/// - generative retrieval: three codebook heads (`d × C`) and the embeddings
+///   of the first two codes fed back as decode inputs.
+pub struct GrModel {
+    pub(crate) cfg: ModelConfig,
+    pub(crate) layers: Vec<LayerWeights>,
+    /// `max_positions × d`.
+    pub(crate) pos: Vec<f32>,
+    /// The instruction (discriminant) token of ranking requests.
+    pub(crate) instr: Vec<f32>,
+    /// The first decode input of generative retrieval.
+    pub(crate) gen_token: Vec<f32>,
+    pub(crate) ln_f: Vec<f32>,
+    /// `d × d` ranking projection.
+    pub(crate) w_rank: Vec<f32>,
+    /// Codes 0 and 1 as decode inputs: `2 × C × d`.
+    pub(crate) sid_emb: Vec<f32>,
+    /// Codebook heads for levels 0..3: `3 × d × C`.
+    pub(crate) sid_head: Vec<f32>,
+    version: String,
+    pub(crate) backend: Arc<dyn Backend>,
+}
+
+impl fmt::Debug for GrModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrModel")
+            .field("cfg", &self.cfg)
+            .field("version", &self.version)
+            .field("backend", &self.backend)
+            .finish()
+    }
+}
+
+struct Init(ChaCha8Rng);
+
+impl Init {
+    /// Uniform in [-a, a].
+    fn uniform(&mut self, n: usize, a: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| ((self.0.next_u32() >> 8) as f32 * (1.0 / 16_777_216.0) * 2.0 - 1.0) * a)
+            .collect()
+    }
+    /// Uniform with standard deviation `std`.
+    fn normalish(&mut self, n: usize, std: f32) -> Vec<f32> {
+        self.uniform(n, std * 3f32.sqrt())
+    }
+}
+
+impl GrModel {
+    /// A model with deterministic weights drawn from ChaCha8 seeded by
+    /// `seed`, on the single-threaded CPU backend. Panics if `cfg` fails
+    /// [`ModelConfig::validate`] (configs are checked where they are read).
+    pub fn new(cfg: ModelConfig, seed: u64) -> Self {
+        Self::try_new(cfg, seed).expect("invalid ModelConfig")
+    }
+
+    /// As [`GrModel::new`], returning config errors.
+    pub fn try_new(cfg: ModelConfig, seed: u64) -> Result<Self, KernelError> {
+        cfg.validate()?;
+        let mut init = Init(ChaCha8Rng::seed_from_u64(seed));
+        let (d, f, c) = (cfg.d_model, cfg.d_ff, cfg.codebook_size);
+        let wd = 1.0 / (d as f32).sqrt();
+        let wf = 1.0 / (f as f32).sqrt();
+        let layers = (0..cfg.n_layers)
+            .map(|_| LayerWeights {
+                ln1: vec![1.0; d],
+                wqkv: init.normalish(d * 3 * d, wd),
+                wo: init.normalish(d * d, wd * 0.5),
+                ln2: vec![1.0; d],
+                w1: init.normalish(d * f, wd),
+                w2: init.normalish(f * d, wf * 0.5),
+            })
+            .collect();
+        let model = GrModel {
+            pos: init.normalish(cfg.max_positions * d, 0.5),
+            instr: init.normalish(d, 1.0),
+            gen_token: init.normalish(d, 1.0),
+            ln_f: vec![1.0; d],
+            w_rank: init.normalish(d * d, wd),
+            sid_emb: init.normalish(2 * c * d, 1.0),
+            // Wider than 1/√d so that code distributions are not flat.
+            sid_head: init.normalish(3 * d * c, 3.0 * wd),
+            layers,
+            cfg,
+            version: String::new(),
+            backend: Arc::new(CpuBackend::default()),
+        };
+        Ok(model.with_version())
+    }
+
+    /// The same weights on another backend (e.g. a multi-threaded CPU one).
+    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    /// `gr-<d>d<L>l-<hash>`: a hash of config and every weight, so two
+    /// models with the same version compute the same function.
+    pub fn model_version(&self) -> String {
+        self.version.clone()
+    }
+
+    fn with_version(mut self) -> Self {
+        let mut h = Fnv::default();
+        h.bytes(
+            serde_json::to_string(&self.cfg)
+                .unwrap_or_default()
+                .as_bytes(),
+        );
+        for (_, t) in self.tensors() {
+            h.floats(t);
+        }
+        self.version = format!(
+            "gr-{}d{}l-{:016x}",
+            self.cfg.d_model, self.cfg.n_layers, h.0
+        );
+        self
+    }
+
+    /// Named tensors with their shapes, in a fixed order.
+    fn tensors(&self) -> Vec<(String, &[f32])> {
+        let mut out: Vec<(String, &[f32])> = vec![
+            ("pos_emb".into(), &self.pos),
+            ("instr_token".into(), &self.instr),
+            ("gen_token".into(), &self.gen_token),
+            ("ln_f".into(), &self.ln_f),
+            ("w_rank".into(), &self.w_rank),
+            ("sid_emb".into(), &self.sid_emb),
+            ("sid_head".into(), &self.sid_head),
+        ];
+        for (i, l) in self.layers.iter().enumerate() {
+            for (name, t) in [
+                ("ln1", &l.ln1),
+                ("wqkv", &l.wqkv),
+                ("wo", &l.wo),
+                ("ln2", &l.ln2),
+                ("w1", &l.w1),
+                ("w2", &l.w2),
+            ] {
+                out.push((format!("layers.{i}.{name}"), t));
+            }
+        }
+        out
+    }
+
+    fn shape_of(cfg: &ModelConfig, name: &str) -> Vec<usize> {
+        let (d, f, c) = (cfg.d_model, cfg.d_ff, cfg.codebook_size);
+        match name.rsplit('.').next().unwrap_or(name) {
+            "pos_emb" => vec![cfg.max_positions, d],
+            "instr_token" | "gen_token" | "ln_f" | "ln1" | "ln2" => vec![d],
+            "w_rank" | "wo" => vec![d, d],
+            "sid_emb" => vec![2, c, d],
+            "sid_head" => vec![3, d, c],
+            "wqkv" => vec![d, 3 * d],
+            "w1" => vec![d, f],
+            "w2" => vec![f, d],
+            _ => vec![],
+        }
+    }
+
+    /// The weights as a safetensors buffer (f32, little-endian); the config
+    /// rides in the metadata under `grflow.model_config`.
+    pub fn to_safetensors(&self) -> Vec<u8> {
+        let tensors = self.tensors();
+        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+            .iter()
+            .map(|(name, t)| {
+                (
+                    name.clone(),
+                    Self::shape_of(&self.cfg, name),
+                    t.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                )
+            })
+            .collect();
+        let views: Vec<(String, TensorView<'_>)> = bytes
+            .iter()
+            .map(|(name, shape, b)| {
+                (
+                    name.clone(),
+                    TensorView::new(Dtype::F32, shape.clone(), b)
+                        .expect("shape matches the weights"),
+                )
+            })
+            .collect();
+        let mut meta = HashMap::new();
+        meta.insert(
+            CONFIG_KEY.to_string(),
+            serde_json::to_string(&self.cfg).expect("config serialises"),
+        );
+        safetensors::serialize(views, Some(meta)).expect("serialising in-memory tensors")
+    }
+
+    /// Reads a buffer written by [`GrModel::to_safetensors`]; every tensor
+    /// is checked against the config's shapes. Uses the CPU backend.
+    pub fn from_safetensors(bytes: &[u8]) -> Result<GrModel, KernelError> {
+        let st_err = |e: safetensors::SafeTensorError| KernelError::Safetensors(e.to_string());
+        let (_, meta) = SafeTensors::read_metadata(bytes).map_err(st_err)?;
+        let cfg_json = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(CONFIG_KEY))
+            .ok_or_else(|| KernelError::Weights(format!("metadata key {CONFIG_KEY} missing")))?;
+        let cfg: ModelConfig = serde_json::from_str(cfg_json)
+            .map_err(|e| KernelError::Weights(format!("config: {e}")))?;
+        cfg.validate()?;
+        let st = SafeTensors::deserialize(bytes).map_err(st_err)?;
+        let read = |name: &str| -> Result<Vec<f32>, KernelError> {
+            let view = st
+                .tensor(name)
+                .map_err(|e| KernelError::Weights(format!("{name}: {e}")))?;
+            if view.dtype() != Dtype::F32 {
+                return Err(KernelError::Weights(format!(
+                    "{name}: dtype {:?}, expected F32",
+                    view.dtype()
+                )));
+            }
+            let want = Self::shape_of(&cfg, name);
+            if view.shape() != want.as_slice() {
+                return Err(KernelError::Weights(format!(
+                    "{name}: shape {:?}, expected {want:?}",
+                    view.shape()
+                )));
+            }
+            Ok(view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect())
+        };
+        let layers = (0..cfg.n_layers)
+            .map(|i| {
+                Ok(LayerWeights {
+                    ln1: read(&format!("layers.{i}.ln1"))?,
+                    wqkv: read(&format!("layers.{i}.wqkv"))?,
+                    wo: read(&format!("layers.{i}.wo"))?,
+                    ln2: read(&format!("layers.{i}.ln2"))?,
+                    w1: read(&format!("layers.{i}.w1"))?,
+                    w2: read(&format!("layers.{i}.w2"))?,
+                })
+            })
+            .collect::<Result<Vec<_>, KernelError>>()?;
+        let model = GrModel {
+            pos: read("pos_emb")?,
+            instr: read("instr_token")?,
+            gen_token: read("gen_token")?,
+            ln_f: read("ln_f")?,
+            w_rank: read("w_rank")?,
+            sid_emb: read("sid_emb")?,
+            sid_head: read("sid_head")?,
+            layers,
+            cfg,
+            version: String::new(),
+            backend: Arc::new(CpuBackend::default()),
+        };
+        Ok(model.with_version())
+    }
+
+    /// Position embedding row `p`.
+    pub(crate) fn pos_row(&self, p: usize) -> &[f32] {
+        let d = self.cfg.d_model;
+        &self.pos[p * d..(p + 1) * d]
+    }
+
+    pub(crate) fn check_pos(&self, end: usize) -> Result<(), KernelError> {
+        if end > self.cfg.max_positions {
+            return Err(KernelError::PositionOutOfRange {
+                pos: end - 1,
+                max: self.cfg.max_positions,
+            });
+        }
+        Ok(())
+    }
+}
+
+const CONFIG_KEY: &str = "grflow.model_config";
+
+/// FNV-1a over bytes (the version hash; not cryptographic).
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ x as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn floats(&mut self, t: &[f32]) {
+        for v in t {
+            self.0 = (self.0 ^ v.to_bits() as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeded_init_is_deterministic_and_round_trips() {
+        let cfg = ModelConfig::preset("small").unwrap();
+        let a = GrModel::new(cfg.clone(), 7);
+        let b = GrModel::new(cfg.clone(), 7);
+        let c = GrModel::new(cfg, 8);
+        assert_eq!(a.model_version(), b.model_version());
+        assert_ne!(a.model_version(), c.model_version());
+        let bytes = a.to_safetensors();
+        let back = GrModel::from_safetensors(&bytes).unwrap();
+        assert_eq!(back.model_version(), a.model_version());
+        assert_eq!(back.layers, a.layers);
+        assert_eq!(back.sid_head, a.sid_head);
+        assert!(GrModel::from_safetensors(&bytes[..bytes.len() / 2]).is_err());
+    }
+}

@@ -1,0 +1,167 @@
+//! Mechanisms 1 and 2: paged KV prefix reuse and BAT bipartite attention
+//! (User-as-prefix, Item-as-prefix) against naive full recomputation.
+
+mod common;
+
+use common::*;
+use grflow_kernels::{ItemKvRef, reference};
+use proptest::prelude::*;
+
+const TOL: f32 = 1e-4;
+
+/// Prefill `len` history tokens in two chunks split at `cached`, then check
+/// every layer's K/V against recomputing the whole history.
+fn check_prefix_reuse(len: usize, cached: usize, seed: u64) -> f32 {
+    let model = small_model(seed);
+    let cfg = model.config().clone();
+    let mut r = rng(seed ^ 0xabc);
+    let hist = tokens(&mut r, len, cfg.d_model);
+    let mut pool = Pool::new(&cfg, 64, &mut r);
+    let table = pool.alloc(cfg.blocks_for(len));
+    let d = cfg.d_model;
+    model
+        .prefill(&mut pool.store, &table, 0, &hist[..cached * d])
+        .unwrap();
+    model
+        .prefill(&mut pool.store, &table, cached, &hist[cached * d..])
+        .unwrap();
+    let full = reference::causal(&model, &hist);
+    kv_diff(&cfg, &pool.store, &table, len, &full.k, &full.v, 0)
+}
+
+#[test]
+fn suffix_on_cached_prefix_equals_recomputation() {
+    // 45 = 2 full blocks + 13; cached 21 is mid-block.
+    let diff = check_prefix_reuse(45, 21, 1);
+    assert!(diff <= TOL, "max abs diff {diff}");
+    // A tiny tail and an empty prefix.
+    assert!(check_prefix_reuse(19, 18, 2) <= TOL);
+    assert!(check_prefix_reuse(7, 0, 3) <= TOL);
+}
+
+#[test]
+fn user_prefix_ranking_equals_recomputation() {
+    let model = small_model(11);
+    let cfg = model.config().clone();
+    let d = cfg.d_model;
+    let mut r = rng(5);
+    let (u, n) = (37, 12);
+    let hist = tokens(&mut r, u, d);
+    let cands = tokens(&mut r, n, d);
+    let mut pool = Pool::new(&cfg, 32, &mut r);
+    let table = pool.alloc(cfg.blocks_for(u));
+    model
+        .prefill(&mut pool.store, &table, 0, &hist[..20 * d])
+        .unwrap();
+    model
+        .prefill(&mut pool.store, &table, 20, &hist[20 * d..])
+        .unwrap();
+    let fast = model
+        .rank_user_prefix(&pool.store, &table, u, &cands)
+        .unwrap();
+    let (slow, _) = reference::rank_user_prefix(&model, &hist, &cands);
+    assert_eq!(fast.len(), n);
+    assert!(
+        max_diff(&fast, &slow) <= TOL,
+        "scores differ by {}",
+        max_diff(&fast, &slow)
+    );
+    assert!((fast.iter().sum::<f32>() - 1.0).abs() < 1e-4);
+}
+
+#[test]
+fn item_entries_equal_their_kv_inside_the_full_sequence_and_scores_match() {
+    let model = small_model(21);
+    let cfg = model.config().clone();
+    let d = cfg.d_model;
+    let mut r = rng(9);
+    // Items of 1..=19 tokens: some cross a block boundary.
+    let lens = [3usize, 1, 19, 5, 17, 2, 9];
+    let items: Vec<Vec<f32>> = lens.iter().map(|&l| tokens(&mut r, l, d)).collect();
+    let user = tokens(&mut r, 23, d);
+    let mut pool = Pool::new(&cfg, 64, &mut r);
+    let tables: Vec<Vec<u32>> = lens
+        .iter()
+        .map(|&l| pool.alloc(cfg.blocks_for(l)))
+        .collect();
+    for (it, table) in items.iter().zip(&tables) {
+        model.item_kv(&mut pool.store, table, it).unwrap();
+    }
+    let refs: Vec<&[f32]> = items.iter().map(|v| v.as_slice()).collect();
+    let (slow, full) = reference::rank_item_prefix(&model, &refs, &user);
+    let mut start = 0;
+    for (&len, table) in lens.iter().zip(&tables) {
+        let diff = kv_diff(&cfg, &pool.store, table, len, &full.k, &full.v, start);
+        assert!(diff <= TOL, "item at {start}: KV differs by {diff}");
+        start += len;
+    }
+    let entries: Vec<ItemKvRef<'_>> = lens
+        .iter()
+        .zip(&tables)
+        .map(|(&len, t)| ItemKvRef { blocks: t, len })
+        .collect();
+    let fast = model
+        .rank_item_prefix(&pool.store, &entries, &user)
+        .unwrap();
+    assert!(
+        max_diff(&fast, &slow) <= TOL,
+        "scores differ by {}",
+        max_diff(&fast, &slow)
+    );
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let model = small_model(1);
+    let cfg = model.config().clone();
+    let mut pool = Pool::new(&cfg, 4, &mut rng(1));
+    let table = pool.alloc(1);
+    assert!(
+        model
+            .prefill(&mut pool.store, &table, 0, &[0.0; 65])
+            .is_err()
+    );
+    assert!(
+        model
+            .prefill(&mut pool.store, &table, 10, &vec![0.0; 10 * 64])
+            .is_err()
+    );
+    assert!(model.rank_user_prefix(&pool.store, &table, 5, &[]).is_err());
+    let wrong = grflow_kernels::VecKvStore::new(2, 7);
+    assert!(
+        model
+            .rank_user_prefix(&wrong, &table, 1, &[0.0; 64])
+            .is_err()
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn prefix_reuse_over_lengths(len in 1usize..70, cut in 0.0f64..1.0, seed in 0u64..1000) {
+        let cached = ((len as f64) * cut) as usize;
+        let diff = check_prefix_reuse(len, cached, seed);
+        prop_assert!(diff <= TOL, "len {} cached {}: diff {}", len, cached, diff);
+    }
+
+    #[test]
+    fn candidates_are_permutation_equivariant(n in 2usize..20, u in 1usize..40, seed in 0u64..1000) {
+        // Bipartite masking + shared positions: shuffling candidates only
+        // shuffles their scores.
+        let model = small_model(3);
+        let cfg = model.config().clone();
+        let d = cfg.d_model;
+        let mut r = rng(seed);
+        let hist = tokens(&mut r, u, d);
+        let cands = tokens(&mut r, n, d);
+        let mut pool = Pool::new(&cfg, 8, &mut r);
+        let table = pool.alloc(cfg.blocks_for(u));
+        model.prefill(&mut pool.store, &table, 0, &hist).unwrap();
+        let a = model.rank_user_prefix(&pool.store, &table, u, &cands).unwrap();
+        let rev: Vec<f32> = cands.chunks(d).rev().flatten().copied().collect();
+        let mut b = model.rank_user_prefix(&pool.store, &table, u, &rev).unwrap();
+        b.reverse();
+        prop_assert!(max_diff(&a, &b) <= 1e-5);
+    }
+}
