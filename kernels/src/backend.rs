@@ -68,6 +68,11 @@ impl<'a> MatRef<'a> {
     pub fn cols(&self) -> usize {
         self.cols
     }
+    /// Element (i, j); panics out of range.
+    pub fn get(&self, i: usize, j: usize) -> f32 {
+        assert!(i < self.rows && j < self.cols);
+        self.data[i * self.rs + j * self.cs]
+    }
 }
 
 impl<'a> MatMut<'a> {
@@ -89,6 +94,22 @@ impl<'a> MatMut<'a> {
     /// A dense row-major `rows × cols` matrix.
     pub fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
         Self::new(data, rows, cols, cols, 1)
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Element (i, j); panics out of range.
+    pub fn get(&self, i: usize, j: usize) -> f32 {
+        assert!(i < self.rows && j < self.cols);
+        self.data[i * self.rs + j * self.cs]
+    }
+    /// Sets element (i, j); panics out of range.
+    pub fn set(&mut self, i: usize, j: usize, v: f32) {
+        assert!(i < self.rows && j < self.cols);
+        self.data[i * self.rs + j * self.cs] = v;
     }
 }
 

@@ -10,6 +10,7 @@
 //! - [`reference`]: naive full recomputation, the ground truth of the tests.
 mod attention;
 pub mod backend;
+mod beam;
 pub mod config;
 pub mod error;
 mod forward;
@@ -17,11 +18,18 @@ pub mod kv_store;
 mod model;
 mod ops;
 pub mod reference;
+mod staged;
+mod topk;
+mod trie;
 
 pub use backend::{Backend, CpuBackend, MatMut, MatRef};
+pub use beam::{BeamHit, BeamKvBytes, BeamSearch, SID_STEPS, beam_kv_bytes};
 pub use config::ModelConfig;
 pub use error::KernelError;
 pub use forward::ItemKvRef;
 pub use kv_store::{KvBlockStore, VecKvStore, kv_row};
 pub use model::GrModel;
 pub use ops::sum_rows;
+pub use staged::{SharedPrompt, StagedScratch, UnsharedKv, concat_attention, staged_attention};
+pub use topk::{Candidate, TopBw, rank_order, select_full_sort, sort_beam};
+pub use trie::SidTrie;

@@ -191,3 +191,41 @@ pub fn rank_item_prefix(model: &GrModel, items: &[&[f32]], user: &[f32]) -> (Vec
     let instr = owner.len() - 1;
     (rank_scores(model, &out, instr, &last), out)
 }
+
+/// Log-probability of generating `sid` after `prompt` (`P × d`): the causal
+/// sequence `[prompt, gen, emb0(c0), emb1(c1)]` at positions `0..P+3`, each
+/// step's codebook head log-softmaxed over the codes `trie` allows there.
+pub fn sid_log_prob(model: &GrModel, prompt: &[f32], sid: [u16; 3], trie: &crate::SidTrie) -> f32 {
+    let cfg = &model.cfg;
+    let (d, c) = (cfg.d_model, cfg.codebook_size);
+    let p = prompt.len() / d;
+    let e0 = &model.sid_emb[sid[0] as usize * d..(sid[0] as usize + 1) * d];
+    let e1 = &model.sid_emb[(c + sid[1] as usize) * d..(c + sid[1] as usize + 1) * d];
+    let tokens = [prompt, &model.gen_token, e0, e1].concat();
+    let out = causal(model, &tokens);
+    let (l1, first) = trie.children_of_first(sid[0]);
+    let j = l1.iter().position(|&x| x == sid[1]).expect("sid in trie");
+    let valid: [Vec<u16>; 3] = [
+        (0..c as u16)
+            .filter(|&x| trie.first_mask()[x as usize] == 0.0)
+            .collect(),
+        l1.to_vec(),
+        trie.children_of_node(first + j as u32).to_vec(),
+    ];
+    let mut total = 0.0;
+    for step in 0..3 {
+        let h = norm(&out.hidden[(p + step) * d..(p + step + 1) * d], &model.ln_f);
+        let logits = vecmat(&h, &model.sid_head[step * d * c..(step + 1) * d * c], c);
+        let m = valid[step]
+            .iter()
+            .map(|&k| logits[k as usize])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let lse = m + valid[step]
+            .iter()
+            .map(|&k| (logits[k as usize] - m).exp())
+            .sum::<f32>()
+            .ln();
+        total += logits[sid[step] as usize] - lse;
+    }
+    total
+}

@@ -1,0 +1,488 @@
+//! Generative retrieval (xGR): wide beam search over semantic-ID triplets
+//! with shared prompt KV, in-place unshared beam KV, staged attention,
+//! valid-path masks and early-terminating top-BW, reusing every buffer
+//! across steps and requests (§6.3).
+
+use crate::backend::{MatMut, MatRef};
+use crate::config::ModelConfig;
+use crate::error::KernelError;
+use crate::kv_store::KvBlockStore;
+use crate::model::GrModel;
+use crate::ops::{add, exp_neg, gelu, rms_norm};
+use crate::staged::{MAX_STEPS, SharedPrompt, StagedScratch, UnsharedKv, staged_attention};
+use crate::topk::{Candidate, TopBw, rank_order, sort_beam};
+use crate::trie::SidTrie;
+
+/// Decode steps: one per semantic-ID code.
+pub const SID_STEPS: usize = MAX_STEPS;
+
+/// One generated item and its cumulative log-probability.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BeamHit {
+    pub sid: [u16; 3],
+    pub log_prob: f32,
+}
+
+/// A reusable beam searcher for one (config, BW, K, max prompt) shape: all
+/// buffers are allocated in [`BeamSearch::new`].
+#[derive(Debug)]
+pub struct BeamSearch {
+    cfg: ModelConfig,
+    bw: usize,
+    k: usize,
+    unshared: UnsharedKv,
+    scratch: StagedScratch,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    ff: Vec<f32>,
+    logits: Vec<f32>,
+    /// Per-beam top-K candidates of the current step (`bw × k`).
+    cands: Vec<Candidate>,
+    lens: Vec<usize>,
+    /// One beam's valid expansions before its top-K cut.
+    row: Vec<Candidate>,
+    top: TopBw,
+    selected: Vec<Candidate>,
+    parents: Vec<u32>,
+    codes: Vec<[u16; 3]>,
+    codes_next: Vec<[u16; 3]>,
+    scores: Vec<f32>,
+    scores_next: Vec<f32>,
+    nodes: Vec<u32>,
+    nodes_next: Vec<u32>,
+    /// Parents chosen at each step (for the memory comparison).
+    parent_log: Vec<Vec<u32>>,
+    hits: Vec<BeamHit>,
+    live: usize,
+}
+
+impl BeamSearch {
+    /// Buffers for beam width `beam_width`, per-beam top-`top_k`, and
+    /// prompts of up to `max_prompt` tokens.
+    pub fn new(
+        cfg: &ModelConfig,
+        beam_width: usize,
+        top_k: usize,
+        max_prompt: usize,
+    ) -> Result<Self, KernelError> {
+        cfg.validate()?;
+        if beam_width == 0 || top_k == 0 {
+            return Err(KernelError::Beam(
+                "beam_width and top_k must be >= 1".into(),
+            ));
+        }
+        let (bw, d, c) = (beam_width, cfg.d_model, cfg.codebook_size);
+        let k = top_k.min(c);
+        let cand0 = Candidate {
+            score: 0.0,
+            beam: 0,
+            token: 0,
+            node: 0,
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            bw,
+            k,
+            unshared: UnsharedKv::new(cfg, bw, SID_STEPS),
+            scratch: StagedScratch::new(cfg, bw, max_prompt),
+            x: vec![0.0; bw * d],
+            h: vec![0.0; bw * d],
+            qkv: vec![0.0; bw * 3 * d],
+            attn: vec![0.0; bw * d],
+            ff: vec![0.0; bw * cfg.d_ff],
+            logits: vec![0.0; bw * c],
+            cands: vec![cand0; bw * k],
+            lens: vec![0; bw],
+            row: Vec::with_capacity(c),
+            top: TopBw::with_capacity(bw),
+            selected: Vec::with_capacity(bw),
+            parents: Vec::with_capacity(bw),
+            codes: vec![[0; 3]; bw],
+            codes_next: vec![[0; 3]; bw],
+            scores: vec![0.0; bw],
+            scores_next: vec![0.0; bw],
+            nodes: vec![0; bw],
+            nodes_next: vec![0; bw],
+            parent_log: (0..SID_STEPS).map(|_| Vec::with_capacity(bw)).collect(),
+            hits: Vec::with_capacity(bw),
+            live: 0,
+        })
+    }
+
+    pub fn beam_width(&self) -> usize {
+        self.bw
+    }
+
+    /// Bytes of the unshared beam KV (exactly BW × steps tokens).
+    pub fn unshared_kv_bytes(&self) -> usize {
+        self.unshared.bytes()
+    }
+
+    /// The last step's per-beam candidate lists: (candidates, stride, lens);
+    /// each list is sorted in selection order.
+    pub fn last_candidates(&self) -> (&[Candidate], usize, &[usize]) {
+        (&self.cands, self.k, &self.lens[..self.live])
+    }
+
+    /// Parents chosen after each decode step of the last request.
+    pub fn parents_per_step(&self) -> &[Vec<u32>] {
+        &self.parent_log
+    }
+
+    /// Generates up to BW items for the prompt of `prompt_len` tokens whose
+    /// KV is in `block_table` (e.g. a user prefix from
+    /// [`GrModel::prefill`]). Decoding runs at positions `prompt_len..+3`:
+    /// the generation token, then the embeddings of codes 0 and 1. Only
+    /// items of `trie` are emitted. Returns hits by descending log-prob.
+    pub fn generate<S: KvBlockStore + ?Sized>(
+        &mut self,
+        model: &GrModel,
+        store: &S,
+        block_table: &[u32],
+        prompt_len: usize,
+        trie: &SidTrie,
+    ) -> Result<&[BeamHit], KernelError> {
+        let cfg = &self.cfg;
+        if model.config() != cfg {
+            return Err(KernelError::Beam(
+                "model config differs from the searcher's".into(),
+            ));
+        }
+        if trie.codebook_size() != cfg.codebook_size {
+            return Err(KernelError::Beam(format!(
+                "trie codebook {} != model codebook {}",
+                trie.codebook_size(),
+                cfg.codebook_size
+            )));
+        }
+        if trie.is_empty() {
+            return Err(KernelError::Empty("catalog"));
+        }
+        if store.block_floats() != cfg.kv_block_floats() {
+            return Err(KernelError::BlockFloats {
+                expected: cfg.kv_block_floats(),
+                got: store.block_floats(),
+            });
+        }
+        if prompt_len > self.scratch.max_prompt(self.bw) {
+            return Err(KernelError::Beam(format!(
+                "prompt of {prompt_len} tokens exceeds max_prompt {}",
+                self.scratch.max_prompt(self.bw)
+            )));
+        }
+        let needed = cfg.blocks_for(prompt_len);
+        if block_table.len() < needed {
+            return Err(KernelError::BlockTableTooShort {
+                needed,
+                got: block_table.len(),
+            });
+        }
+        model.check_pos(prompt_len + SID_STEPS)?;
+        let shared = SharedPrompt {
+            store,
+            blocks: block_table,
+            len: prompt_len,
+        };
+        self.live = 1;
+        self.scores[0] = 0.0;
+        self.codes[0] = [0; 3];
+        self.hits.clear();
+        for step in 0..SID_STEPS {
+            self.decode_step(model, shared, step);
+            self.expand(trie, step);
+            self.select(step);
+        }
+        Ok(&self.hits)
+    }
+
+    /// Runs the live beams' step-`step` tokens through the model into
+    /// `logits` (one row of C per beam).
+    fn decode_step<S: KvBlockStore + ?Sized>(
+        &mut self,
+        model: &GrModel,
+        shared: SharedPrompt<'_, S>,
+        step: usize,
+    ) {
+        let cfg = &self.cfg;
+        let be = model.backend.as_ref();
+        let (d, f, c, nb) = (cfg.d_model, cfg.d_ff, cfg.codebook_size, self.live);
+        let pos = model.pos_row(shared.len + step);
+        for (i, row) in self.x.chunks_exact_mut(d).take(nb).enumerate() {
+            let input = match step {
+                0 => &model.gen_token[..],
+                s => {
+                    let code = self.codes[i][s - 1] as usize;
+                    &model.sid_emb[((s - 1) * c + code) * d..((s - 1) * c + code + 1) * d]
+                }
+            };
+            row.copy_from_slice(input);
+            add(row, pos);
+        }
+        let x = &mut self.x[..nb * d];
+        let h = &mut self.h[..nb * d];
+        for (l, w) in model.layers.iter().enumerate() {
+            rms_norm(x, &w.ln1, h);
+            be.matmul(
+                MatMut::row_major(&mut self.qkv[..nb * 3 * d], nb, 3 * d),
+                MatRef::row_major(h, nb, d),
+                MatRef::row_major(&w.wqkv, d, 3 * d),
+                1.0,
+                false,
+            );
+            for i in 0..nb {
+                let r = &self.qkv[i * 3 * d..(i + 1) * 3 * d];
+                self.unshared
+                    .row_mut(l, 0, i, step)
+                    .copy_from_slice(&r[d..2 * d]);
+                self.unshared
+                    .row_mut(l, 1, i, step)
+                    .copy_from_slice(&r[2 * d..]);
+            }
+            staged_attention(
+                be,
+                cfg,
+                l,
+                &self.qkv,
+                3 * d,
+                nb,
+                shared,
+                &self.unshared,
+                step + 1,
+                &mut self.scratch,
+                &mut self.attn[..nb * d],
+            );
+            be.matmul(
+                MatMut::row_major(x, nb, d),
+                MatRef::row_major(&self.attn[..nb * d], nb, d),
+                MatRef::row_major(&w.wo, d, d),
+                1.0,
+                true,
+            );
+            rms_norm(x, &w.ln2, h);
+            let ff = &mut self.ff[..nb * f];
+            be.matmul(
+                MatMut::row_major(ff, nb, f),
+                MatRef::row_major(h, nb, d),
+                MatRef::row_major(&w.w1, d, f),
+                1.0,
+                false,
+            );
+            gelu(ff);
+            be.matmul(
+                MatMut::row_major(x, nb, d),
+                MatRef::row_major(ff, nb, f),
+                MatRef::row_major(&w.w2, f, d),
+                1.0,
+                true,
+            );
+        }
+        rms_norm(x, &model.ln_f, h);
+        let head = &model.sid_head[step * d * c..(step + 1) * d * c];
+        be.matmul(
+            MatMut::row_major(&mut self.logits[..nb * c], nb, c),
+            MatRef::row_major(h, nb, d),
+            MatRef::row_major(head, d, c),
+            1.0,
+            false,
+        );
+    }
+
+    /// Builds every live beam's top-K valid expansions, scored by
+    /// cumulative log-prob (log-softmax over the valid codes only, which is
+    /// the additive -inf mask of xGR §6.1).
+    fn expand(&mut self, trie: &SidTrie, step: usize) {
+        let c = self.cfg.codebook_size;
+        for b in 0..self.live {
+            let logits = &mut self.logits[b * c..(b + 1) * c];
+            self.row.clear();
+            let base = self.scores[b];
+            let beam = b as u32;
+            match step {
+                0 => {
+                    // Dense mask, pre-generated at trie build time.
+                    add(logits, trie.first_mask());
+                    let lse = log_sum_exp(logits.iter().copied());
+                    for (code, &z) in logits.iter().enumerate() {
+                        if z > f32::NEG_INFINITY {
+                            self.row.push(Candidate {
+                                score: base + (z - lse),
+                                beam,
+                                token: code as u32,
+                                node: code as u32,
+                            });
+                        }
+                    }
+                }
+                1 => {
+                    let (children, first) = trie.children_of_first(self.codes[b][0]);
+                    let lse = log_sum_exp(children.iter().map(|&k| logits[k as usize]));
+                    for (j, &k) in children.iter().enumerate() {
+                        self.row.push(Candidate {
+                            score: base + (logits[k as usize] - lse),
+                            beam,
+                            token: k as u32,
+                            node: first + j as u32,
+                        });
+                    }
+                }
+                _ => {
+                    let children = trie.children_of_node(self.nodes[b]);
+                    let lse = log_sum_exp(children.iter().map(|&k| logits[k as usize]));
+                    for &k in children {
+                        self.row.push(Candidate {
+                            score: base + (logits[k as usize] - lse),
+                            beam,
+                            token: k as u32,
+                            node: 0,
+                        });
+                    }
+                }
+            }
+            if self.row.len() > self.k {
+                self.row.select_nth_unstable_by(self.k - 1, rank_order);
+                self.row.truncate(self.k);
+            }
+            sort_beam(&mut self.row);
+            self.cands[b * self.k..b * self.k + self.row.len()].copy_from_slice(&self.row);
+            self.lens[b] = self.row.len();
+        }
+    }
+
+    /// Global top-BW with early termination, then the in-place fork of
+    /// codes, scores, trie nodes and unshared KV (or the final hits).
+    fn select(&mut self, step: usize) {
+        let chosen = self
+            .top
+            .select(&self.cands, self.k, &self.lens[..self.live], self.bw);
+        self.selected.clear();
+        self.selected.extend_from_slice(chosen);
+        if step + 1 == SID_STEPS {
+            for s in &self.selected {
+                let mut sid = self.codes[s.beam as usize];
+                sid[step] = s.token as u16;
+                self.hits.push(BeamHit {
+                    sid,
+                    log_prob: s.score,
+                });
+            }
+            self.hits
+                .sort_unstable_by(|a, b| b.log_prob.total_cmp(&a.log_prob).then(a.sid.cmp(&b.sid)));
+            self.parent_log[step].clear();
+            self.parent_log[step].extend(self.selected.iter().map(|s| s.beam));
+            return;
+        }
+        // Ordering by parent makes the in-place KV fork hazard-free.
+        self.selected.sort_unstable_by_key(|s| (s.beam, s.token));
+        self.parents.clear();
+        self.parents.extend(self.selected.iter().map(|s| s.beam));
+        self.parent_log[step].clear();
+        self.parent_log[step].extend_from_slice(&self.parents);
+        for (i, s) in self.selected.iter().enumerate() {
+            let mut sid = self.codes[s.beam as usize];
+            sid[step] = s.token as u16;
+            self.codes_next[i] = sid;
+            self.scores_next[i] = s.score;
+            self.nodes_next[i] = s.node;
+        }
+        std::mem::swap(&mut self.codes, &mut self.codes_next);
+        std::mem::swap(&mut self.scores, &mut self.scores_next);
+        std::mem::swap(&mut self.nodes, &mut self.nodes_next);
+        self.unshared.fork_in_place(&self.parents, step + 1);
+        self.live = self.selected.len();
+    }
+}
+
+fn log_sum_exp(v: impl Iterator<Item = f32> + Clone) -> f32 {
+    let m = v.clone().fold(f32::NEG_INFINITY, f32::max);
+    if m == f32::NEG_INFINITY {
+        return m;
+    }
+    m + v.map(|z| exp_neg(z - m)).sum::<f32>().ln()
+}
+
+/// Beam KV bytes of three layouts at one request's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BeamKvBytes {
+    /// Ours: the prompt's paged blocks once + BW × steps unshared tokens.
+    pub separated: usize,
+    /// Peak of a PagedAttention-style layout where each beam owns a block
+    /// table and forking copies a shared partial block (copy-on-write).
+    pub paged_baseline: usize,
+    /// One copy of the prompt + BW × steps tokens, no padding.
+    pub ideal: usize,
+}
+
+/// Computes [`BeamKvBytes`] for a prompt of `prompt_len` tokens and the
+/// parents a search chose at each step ([`BeamSearch::parents_per_step`]).
+pub fn beam_kv_bytes(
+    cfg: &ModelConfig,
+    prompt_len: usize,
+    bw: usize,
+    parents_per_step: &[Vec<u32>],
+) -> BeamKvBytes {
+    let tok = cfg.kv_token_floats() * 4;
+    let block = cfg.kv_block_floats() * 4;
+    let steps = parents_per_step.len();
+    let separated = cfg.blocks_for(prompt_len) * block + bw * steps * tok;
+    let ideal = (prompt_len + bw * steps) * tok;
+    // Paged simulation: block refcounts, per-beam block tables.
+    let mut refs: Vec<u32> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    let alloc = |refs: &mut Vec<u32>, free: &mut Vec<usize>| -> usize {
+        if let Some(id) = free.pop() {
+            refs[id] = 1;
+            id
+        } else {
+            refs.push(1);
+            refs.len() - 1
+        }
+    };
+    let mut prompt_blocks = Vec::new();
+    for _ in 0..cfg.blocks_for(prompt_len) {
+        prompt_blocks.push(alloc(&mut refs, &mut free));
+    }
+    let mut beams: Vec<(Vec<usize>, usize)> = vec![(prompt_blocks, prompt_len)];
+    let live = |refs: &Vec<u32>| refs.iter().filter(|&&r| r > 0).count();
+    let mut peak = live(&refs);
+    for parents in parents_per_step {
+        // Every live beam appends the token of this step.
+        for (table, len) in beams.iter_mut() {
+            if *len % cfg.block_size == 0 {
+                table.push(alloc(&mut refs, &mut free));
+            } else {
+                let last = *table.last().expect("partial block exists");
+                if refs[last] > 1 {
+                    refs[last] -= 1;
+                    *table.last_mut().expect("non-empty") = alloc(&mut refs, &mut free); // copy-on-write
+                }
+            }
+            *len += 1;
+        }
+        peak = peak.max(live(&refs));
+        // Fork: children share the parent's blocks; old beams are released.
+        let next: Vec<(Vec<usize>, usize)> =
+            parents.iter().map(|&p| beams[p as usize].clone()).collect();
+        for (table, _) in &next {
+            for &blk in table {
+                refs[blk] += 1;
+            }
+        }
+        for (table, _) in &beams {
+            for &blk in table {
+                refs[blk] -= 1;
+                if refs[blk] == 0 {
+                    free.push(blk);
+                }
+            }
+        }
+        beams = next;
+        peak = peak.max(live(&refs));
+    }
+    BeamKvBytes {
+        separated,
+        paged_baseline: peak * block,
+        ideal,
+    }
+}
