@@ -11,8 +11,10 @@
 mod attention;
 pub mod backend;
 mod beam;
+pub mod bench;
 pub mod config;
 pub mod error;
+pub mod flops;
 mod forward;
 pub mod kv_store;
 mod model;
