@@ -75,16 +75,30 @@ pub(crate) fn scatter<S: KvBlockStore + ?Sized>(
     }
 }
 
-/// Reusable buffers of [`attend`].
+/// Reusable buffers of [`attend`]: one score tile per thread.
 #[derive(Debug, Default)]
 pub(crate) struct AttnScratch {
-    scores: Vec<f32>,
+    scores: Vec<Vec<f32>>,
+}
+
+/// The shared inputs of one attention call.
+#[derive(Clone, Copy)]
+struct AttnArgs<'a> {
+    be: &'a dyn Backend,
+    cfg: &'a ModelConfig,
+    q: &'a [f32],
+    q_rs: usize,
+    kall: &'a [f32],
+    vall: &'a [f32],
+    c: usize,
+    mask: LocalMask,
 }
 
 /// `out (n × d) = softmax(Q Kᵀ/√dh) V` per head, where queries are the `n`
 /// rows of `q` (row stride `q_rs`), keys/values are `kall`/`vall`
 /// (`(c + n) × d`: `c` context rows visible to all, then the `n` local rows
-/// under `mask`).
+/// under `mask`). Query tiles are spread over the backend's threads
+/// (round-robin, so the causal triangle's work is balanced).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     be: &dyn Backend,
@@ -99,55 +113,92 @@ pub(crate) fn attend(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    let d = cfg.d_model;
+    let tile = Q_TILE.min(n.max(1));
+    let args = AttnArgs {
+        be,
+        cfg,
+        q,
+        q_rs,
+        kall,
+        vall,
+        c,
+        mask,
+    };
+    let tiles = n.div_ceil(tile);
+    let threads = be.threads().min(tiles).max(1);
+    scratch.scores.resize_with(threads, Vec::new);
+    for s in &mut scratch.scores {
+        s.resize(tile * (c + n), 0.0);
+    }
+    if threads == 1 {
+        for (t, rows_out) in out[..n * d].chunks_mut(tile * d).enumerate() {
+            attend_tile(args, t * tile, rows_out, &mut scratch.scores[0]);
+        }
+        return;
+    }
+    let mut work: Vec<Vec<(usize, &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (t, rows_out) in out[..n * d].chunks_mut(tile * d).enumerate() {
+        work[t % threads].push((t * tile, rows_out));
+    }
+    std::thread::scope(|scope| {
+        for (jobs, scores) in work.into_iter().zip(scratch.scores.iter_mut()) {
+            scope.spawn(move || {
+                for (r0, rows_out) in jobs {
+                    attend_tile(args, r0, rows_out, scores);
+                }
+            });
+        }
+    });
+}
+
+/// One query tile starting at row `r0`; `out` holds exactly its rows.
+fn attend_tile(a: AttnArgs<'_>, r0: usize, out: &mut [f32], scores: &mut [f32]) {
+    let (cfg, c) = (a.cfg, a.c);
     let (d, dh) = (cfg.d_model, cfg.head_dim());
     let scale = 1.0 / (dh as f32).sqrt();
-    let tile = Q_TILE.min(n.max(1));
-    scratch.scores.resize(tile * (c + n), 0.0);
-    for r0 in (0..n).step_by(tile) {
-        let r1 = (r0 + tile).min(n);
-        let rows = r1 - r0;
-        let lim = c + r1;
-        for h in 0..cfg.n_heads {
-            let s = &mut scratch.scores[..rows * lim];
-            be.matmul(
-                MatMut::row_major(s, rows, lim),
-                MatRef::new(&q[r0 * q_rs + h * dh..], rows, dh, q_rs, 1),
-                MatRef::new(&kall[h * dh..], dh, lim, 1, d),
-                scale,
-                false,
-            );
-            for ri in 0..rows {
-                let i = r0 + ri;
-                let row = &mut s[ri * lim..(ri + 1) * lim];
-                match mask {
-                    LocalMask::ItemsThenCausal { n_items } if i < n_items => {
-                        let own = row[c + i];
-                        let m = row_max(&row[..c]).max(own);
-                        let own = exp_neg(own - m);
-                        let sum = exp_shift_sum(&mut row[..c], m) + own;
-                        row[c..].fill(0.0);
-                        row[c + i] = own;
-                        let inv = 1.0 / sum;
-                        row.iter_mut().for_each(|v| *v *= inv);
-                    }
-                    _ => {
-                        let vis = c + i + 1;
-                        let (seen, hidden) = row.split_at_mut(vis);
-                        let m = row_max(seen);
-                        let sum = exp_shift_sum(seen, m);
-                        let inv = 1.0 / sum;
-                        seen.iter_mut().for_each(|v| *v *= inv);
-                        hidden.fill(0.0);
-                    }
+    let rows = out.len() / d;
+    let lim = c + r0 + rows;
+    for h in 0..cfg.n_heads {
+        let s = &mut scores[..rows * lim];
+        a.be.matmul(
+            MatMut::row_major(s, rows, lim),
+            MatRef::new(&a.q[r0 * a.q_rs + h * dh..], rows, dh, a.q_rs, 1),
+            MatRef::new(&a.kall[h * dh..], dh, lim, 1, d),
+            scale,
+            false,
+        );
+        for ri in 0..rows {
+            let i = r0 + ri;
+            let row = &mut s[ri * lim..(ri + 1) * lim];
+            match a.mask {
+                LocalMask::ItemsThenCausal { n_items } if i < n_items => {
+                    let own = row[c + i];
+                    let m = row_max(&row[..c]).max(own);
+                    let own = exp_neg(own - m);
+                    let sum = exp_shift_sum(&mut row[..c], m) + own;
+                    row[c..].fill(0.0);
+                    row[c + i] = own;
+                    let inv = 1.0 / sum;
+                    row.iter_mut().for_each(|v| *v *= inv);
+                }
+                _ => {
+                    let vis = c + i + 1;
+                    let (seen, hidden) = row.split_at_mut(vis);
+                    let m = row_max(seen);
+                    let sum = exp_shift_sum(seen, m);
+                    let inv = 1.0 / sum;
+                    seen.iter_mut().for_each(|v| *v *= inv);
+                    hidden.fill(0.0);
                 }
             }
-            be.matmul(
-                MatMut::new(&mut out[r0 * d + h * dh..], rows, dh, d, 1),
-                MatRef::row_major(s, rows, lim),
-                MatRef::new(&vall[h * dh..], lim, dh, d, 1),
-                1.0,
-                false,
-            );
         }
+        a.be.matmul(
+            MatMut::new(&mut out[h * dh..], rows, dh, d, 1),
+            MatRef::row_major(s, rows, lim),
+            MatRef::new(&a.vall[h * dh..], lim, dh, d, 1),
+            1.0,
+            false,
+        );
     }
 }

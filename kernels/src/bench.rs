@@ -141,6 +141,12 @@ fn gemm_gflops(be: &dyn Backend, reps: usize) -> f64 {
 
 /// Runs every measurement.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
+    if opts.prefill_tokens < 10 {
+        return Err(KernelError::InvalidConfig(format!(
+            "prefill_tokens {} < 10 leaves no 10% suffix to time",
+            opts.prefill_tokens
+        )));
+    }
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new(opts.threads));
     let gemm = gemm_gflops(backend.as_ref(), opts.reps);
 

@@ -165,3 +165,46 @@ proptest! {
         prop_assert!(max_diff(&a, &b) <= 1e-5);
     }
 }
+
+#[test]
+fn stores_work_through_mut_and_dyn_references() {
+    // The node passes one `&mut` store to `prefill` and then to the ranking.
+    let model = small_model(4);
+    let cfg = model.config().clone();
+    let mut pool = Pool::new(&cfg, 4, &mut rng(4));
+    let table = pool.alloc(2);
+    let hist = tokens(&mut rng(5), 20, cfg.d_model);
+    let cands = tokens(&mut rng(6), 3, cfg.d_model);
+    let store = &mut pool.store;
+    model.prefill(store, &table, 0, &hist).unwrap();
+    let a = model.rank_user_prefix(store, &table, 20, &cands).unwrap();
+    let dyn_store: &mut dyn grflow_kernels::KvBlockStore = &mut pool.store;
+    model.prefill(dyn_store, &table, 0, &hist).unwrap();
+    let b = model
+        .rank_user_prefix(dyn_store, &table, 20, &cands)
+        .unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn threaded_attention_tiles_match_single_thread() {
+    // 300 tokens = 3 query tiles, spread over 2 threads.
+    let one = small_model(8);
+    let two = small_model(8).with_backend(std::sync::Arc::new(grflow_kernels::CpuBackend::new(2)));
+    let cfg = one.config().clone();
+    let hist = tokens(&mut rng(8), 300, cfg.d_model);
+    let mut a = Pool::new(&cfg, 19, &mut rng(1));
+    let mut b = Pool::new(&cfg, 19, &mut rng(2));
+    let (ta, tb) = (a.alloc(19), b.alloc(19));
+    one.prefill(&mut a.store, &ta, 0, &hist).unwrap();
+    two.prefill(&mut b.store, &tb, 0, &hist).unwrap();
+    for l in 0..cfg.n_layers {
+        for t in [0, 127, 128, 200, 299] {
+            let d = max_diff(
+                grflow_kernels::kv_row(&cfg, &a.store, &ta, t, l, 1),
+                grflow_kernels::kv_row(&cfg, &b.store, &tb, t, l, 1),
+            );
+            assert!(d <= 1e-5, "layer {l} token {t}: {d}");
+        }
+    }
+}
