@@ -1,6 +1,8 @@
 //! Domain logic of a serving node and router, free of I/O and timely types.
 pub mod host;
 pub mod hotness;
+pub mod memory;
+pub mod node;
 pub mod router;
 pub mod shards;
 pub mod windows;
