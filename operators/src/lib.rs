@@ -1,8 +1,11 @@
 //! Domain logic of a serving node and router, free of I/O and timely types.
+pub mod cachebench;
+pub mod eviction;
 pub mod host;
 pub mod hotness;
 pub mod memory;
 pub mod node;
+pub mod predictor;
 pub mod router;
 pub mod shards;
 pub mod windows;

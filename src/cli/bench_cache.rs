@@ -1,6 +1,114 @@
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+//! `grflow bench cache`: replays a real trace's key stream through one cache
+//! per (policy, capacity ratio, noise) and prints hit counts and costs.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+use std::path::PathBuf;
+
+use grflow_operators::cachebench::{BenchConfig, BenchRow, run as run_bench};
+use grflow_operators::eviction::PolicyName;
+use grflow_traces::keystream::{KeyFormat, read_keys};
+
+use crate::cli::InputError;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Trace file to replay.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// mooncake | recbole | movielens | seq.
+    #[arg(long)]
+    pub format: String,
+    /// Cache capacity as a share of the trace's distinct keys (comma list).
+    #[arg(long, value_delimiter = ',', default_value = "0.05,0.1,0.2")]
+    pub capacity_ratio: Vec<f64>,
+    /// Policies (comma list): lru, laru (Async), laru-sync, fpb, hf, opt.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "lru,laru,laru-sync,fpb,hf,opt"
+    )]
+    pub policies: Vec<String>,
+    /// Prediction noise probabilities (LCR §5.2), comma list.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub noise: Vec<f64>,
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let format: KeyFormat = args.format.parse().map_err(InputError::from_display)?;
+    let policies = args
+        .policies
+        .iter()
+        .map(|p| PolicyName::parse(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(InputError::from_display)?;
+    if let Some(r) = args
+        .capacity_ratio
+        .iter()
+        .find(|r| !(r.is_finite() && **r > 0.0 && **r <= 1.0))
+    {
+        return Err(InputError::from_display(format!(
+            "--capacity-ratio {r}: must be in (0, 1]"
+        )));
+    }
+    if let Some(p) = args.noise.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+        return Err(InputError::from_display(format!(
+            "--noise {p}: must be in [0, 1]"
+        )));
+    }
+    let keys = read_keys(&args.trace, format).map_err(InputError::from_display)?;
+    let name = args.trace.file_name().map_or_else(
+        || args.trace.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    eprintln!(
+        "replaying {} accesses of {name} through {} cell(s)...",
+        keys.len(),
+        policies.len() * args.capacity_ratio.len() * args.noise.len()
+    );
+    let cfg = BenchConfig {
+        ratios: args.capacity_ratio,
+        policies,
+        noise: args.noise,
+        ..BenchConfig::default()
+    };
+    let rows = run_bench(&name, keys, &cfg);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print_table(&rows);
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[BenchRow]) {
+    println!(
+        "{:<10} {:>6} {:>8} {:>5} {:>9} {:>9} {:>8} {:>8} {:>10} {:>9}",
+        "policy",
+        "ratio",
+        "capacity",
+        "noise",
+        "accesses",
+        "hits",
+        "hit_rate",
+        "ns/acc",
+        "predict_ns",
+        "train_ms"
+    );
+    for r in rows {
+        println!(
+            "{:<10} {:>6.3} {:>8} {:>5.2} {:>9} {:>9} {:>8.4} {:>8.1} {:>10.1} {:>9.0}",
+            r.policy,
+            r.capacity_ratio,
+            r.capacity,
+            r.noise,
+            r.accesses,
+            r.hits,
+            r.hit_rate,
+            r.ns_per_access,
+            r.predict_ns,
+            r.train_ms
+        );
+    }
 }

@@ -1,1 +1,260 @@
-//! Key streams of real traces for cache benchmarks (owned by the cache work).
+//! Key streams of real traces for cache benchmarks: the sequence of keys a
+//! cache sees, one per access, in trace order.
+//!
+//! - `mooncake`: JSONL; every element of every line's `hash_ids` is one
+//!   access of one KV block, in file order.
+//! - `recbole`: RecBole atomic `.inter` file (tab-separated, typed header
+//!   such as `user_id:token item_id:token rating:float timestamp:float`);
+//!   keys are item ids ordered by (timestamp, user_id, item_id).
+//! - `movielens`: GroupLens `ratings.csv` (`userId,movieId,rating,timestamp`);
+//!   item ids ordered the same way.
+//! - `seq`: `user item` per line (SASRec style), items in file order.
+//!
+//! Ids are numbers; a non-numeric token becomes a stable 64-bit hash of its
+//! text (and then orders by that hash).
+
+use std::path::Path;
+use std::str::FromStr;
+
+/// A key stream's source format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyFormat {
+    Mooncake,
+    Recbole,
+    Movielens,
+    Seq,
+}
+
+impl FromStr for KeyFormat {
+    type Err = KeyStreamError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "mooncake" => Self::Mooncake,
+            "recbole" => Self::Recbole,
+            "movielens" => Self::Movielens,
+            "seq" => Self::Seq,
+            other => return Err(KeyStreamError::Format(other.to_string())),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyStreamError {
+    #[error("unknown trace format {0:?} (known: mooncake, recbole, movielens, seq)")]
+    Format(String),
+    #[error("{file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}: field {field}: {msg}")]
+    Parse {
+        file: String,
+        line: usize,
+        field: String,
+        msg: String,
+    },
+    #[error("{file}: no accesses in the trace")]
+    Empty { file: String },
+}
+
+/// Reads `path` and returns its key stream.
+pub fn read_keys(path: &Path, format: KeyFormat) -> Result<Vec<u64>, KeyStreamError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| KeyStreamError::Io {
+        file: file.clone(),
+        source,
+    })?;
+    parse_keys(&text, format, &file)
+}
+
+/// Parses trace text; `file` names the source in errors.
+pub fn parse_keys(text: &str, format: KeyFormat, file: &str) -> Result<Vec<u64>, KeyStreamError> {
+    let keys = match format {
+        KeyFormat::Mooncake => mooncake(text, file)?,
+        KeyFormat::Recbole => ratings(text, file, '\t', ["user_id", "item_id", "timestamp"])?,
+        KeyFormat::Movielens => ratings(text, file, ',', ["userId", "movieId", "timestamp"])?,
+        KeyFormat::Seq => seq(text, file)?,
+    };
+    if keys.is_empty() {
+        return Err(KeyStreamError::Empty {
+            file: file.to_string(),
+        });
+    }
+    Ok(keys)
+}
+
+fn err(file: &str, line: usize, field: &str, msg: impl Into<String>) -> KeyStreamError {
+    KeyStreamError::Parse {
+        file: file.to_string(),
+        line,
+        field: field.to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// A numeric id, or a stable FNV-1a hash of a textual token.
+fn id(token: &str) -> u64 {
+    token.parse::<u64>().unwrap_or_else(|_| {
+        token.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        })
+    })
+}
+
+fn mooncake(text: &str, file: &str) -> Result<Vec<u64>, KeyStreamError> {
+    let mut keys = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| err(file, n, "(record)", format!("not JSON: {e}")))?;
+        let ids = v
+            .get("hash_ids")
+            .ok_or_else(|| err(file, n, "hash_ids", "missing"))?
+            .as_array()
+            .ok_or_else(|| err(file, n, "hash_ids", "not an array"))?;
+        for (j, h) in ids.iter().enumerate() {
+            let k = h.as_u64().ok_or_else(|| {
+                err(
+                    file,
+                    n,
+                    &format!("hash_ids[{j}]"),
+                    format!("not a non-negative integer: {h}"),
+                )
+            })?;
+            keys.push(k);
+        }
+    }
+    Ok(keys)
+}
+
+fn ratings(
+    text: &str,
+    file: &str,
+    sep: char,
+    names: [&str; 3],
+) -> Result<Vec<u64>, KeyStreamError> {
+    let mut lines = text.lines().enumerate();
+    let (_, header) = lines.next().ok_or_else(|| KeyStreamError::Empty {
+        file: file.to_string(),
+    })?;
+    // RecBole headers carry types (`item_id:token`); match the name part.
+    let cols: Vec<&str> = header
+        .split(sep)
+        .map(|c| c.split(':').next().unwrap_or(c).trim())
+        .collect();
+    let mut at = [0usize; 3];
+    for (slot, name) in at.iter_mut().zip(names) {
+        *slot = cols
+            .iter()
+            .position(|c| *c == name)
+            .ok_or_else(|| err(file, 1, name, "column missing from the header"))?;
+    }
+    let mut rows: Vec<(f64, u64, u64)> = Vec::new();
+    for (i, line) in lines {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split(sep).collect();
+        let get = |k: usize| {
+            fields
+                .get(at[k])
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| err(file, n, names[k], "missing"))
+        };
+        let ts_text = get(2)?;
+        let ts: f64 = ts_text
+            .parse()
+            .map_err(|_| err(file, n, names[2], format!("not a number: {ts_text:?}")))?;
+        rows.push((ts, id(get(0)?), id(get(1)?)));
+    }
+    // Stable: equal (timestamp, user, item) keep file order.
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    Ok(rows.into_iter().map(|r| r.2).collect())
+}
+
+fn seq(text: &str, file: &str) -> Result<Vec<u64>, KeyStreamError> {
+    let mut keys = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let mut parts = line.split_whitespace();
+        let Some(_user) = parts.next() else { continue };
+        let item = parts
+            .next()
+            .ok_or_else(|| err(file, n, "item", "missing"))?;
+        keys.push(id(item));
+    }
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mooncake_keys_in_file_order() {
+        let t = "{\"timestamp\":0,\"hash_ids\":[3,1]}\n\n{\"timestamp\":5,\"hash_ids\":[3,9,2]}\n";
+        assert_eq!(
+            parse_keys(t, KeyFormat::Mooncake, "m").unwrap(),
+            vec![3, 1, 3, 9, 2]
+        );
+    }
+
+    #[test]
+    fn mooncake_errors_name_file_line_and_field() {
+        let t = "{\"hash_ids\":[1]}\n{\"hash_ids\":[1,\"x\"]}\n";
+        let e = parse_keys(t, KeyFormat::Mooncake, "m.jsonl")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "m.jsonl:2: field hash_ids[1]: not a non-negative integer: \"x\""
+        );
+        let e = parse_keys("{}\n", KeyFormat::Mooncake, "m.jsonl")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("m.jsonl:1: field hash_ids: missing"), "{e}");
+    }
+
+    #[test]
+    fn recbole_orders_by_timestamp_user_item() {
+        let t = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n\
+                 2\t50\t3\t100\n1\t60\t3\t100\n1\t40\t3\t100\n9\t7\t1\t50\n";
+        assert_eq!(
+            parse_keys(t, KeyFormat::Recbole, "r").unwrap(),
+            vec![7, 40, 60, 50]
+        );
+        let bad = "user_id:token\titem_id:token\ttimestamp:float\n1\t2\tsoon\n";
+        let e = parse_keys(bad, KeyFormat::Recbole, "r.inter")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "r.inter:2: field timestamp: not a number: \"soon\"");
+    }
+
+    #[test]
+    fn movielens_csv_and_seq() {
+        let t = "userId,movieId,rating,timestamp\n1,5,4.0,20\n1,6,4.0,10\n";
+        assert_eq!(
+            parse_keys(t, KeyFormat::Movielens, "m").unwrap(),
+            vec![6, 5]
+        );
+        assert_eq!(
+            parse_keys("1 4\n1 5\n2 4\n", KeyFormat::Seq, "s").unwrap(),
+            vec![4, 5, 4]
+        );
+        let e = parse_keys("1\n", KeyFormat::Seq, "s.txt")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "s.txt:1: field item: missing");
+        assert!(matches!(
+            "csv".parse::<KeyFormat>(),
+            Err(KeyStreamError::Format(_))
+        ));
+    }
+}

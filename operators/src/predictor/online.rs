@@ -1,0 +1,277 @@
+//! The online predictor: every request becomes a training sample whose label
+//! (the reuse interval) is filled in when its key comes back; every
+//! `retrain_every` samples a new model is fitted on the last `window`
+//! samples, using only labels known at that moment (it never sees the
+//! future). Samples still unlabeled and older than the 90th percentile of
+//! the known intervals are labelled "not soon" (2 × the window span, as LRB
+//! does); younger unlabeled ones are left out.
+//!
+//! Training runs inline with a fixed lag before the new version is used
+//! (reproducible: benches, tests), or on a background thread (the node).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, TryRecvError, channel};
+use std::time::Instant;
+
+use serde::Deserialize;
+
+use super::features::{FeatureRow, FeatureTracker};
+use super::gbdt::{GbdtConfig, NextAccessModel};
+use crate::eviction::{Key, KeyMap, key_map};
+
+/// How a new model version reaches the predictions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Training {
+    /// Train inline; the version is used from `lag` requests after the
+    /// trigger (Async modelled as a fixed lag; 0 = Sync).
+    Inline { lag: u64 },
+    /// Train on a background thread; the version is used once it is ready.
+    Background,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PredictorConfig {
+    /// New samples between retrainings (LCR: 1,000).
+    pub retrain_every: usize,
+    /// Sliding window of samples trained on (LCR: 100,000).
+    pub window: usize,
+    pub gbdt: GbdtConfig,
+    pub training: Training,
+}
+
+impl Default for PredictorConfig {
+    fn default() -> Self {
+        Self {
+            retrain_every: 1_000,
+            window: 100_000,
+            gbdt: GbdtConfig::default(),
+            training: Training::Inline { lag: 1_000 },
+        }
+    }
+}
+
+/// One trained model version.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VersionInfo {
+    /// 1, 2, ...; 0 means "no model yet".
+    pub version: u32,
+    /// Request time of the last sample it was trained with.
+    pub trained_at: u64,
+    /// First request time at which it is used.
+    pub available_at: u64,
+    pub samples: usize,
+    pub train_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    t: u64,
+    key: Key,
+    row: FeatureRow,
+    /// Reuse interval, once the key came back.
+    label: Option<u64>,
+}
+
+type Fitted = (Vec<FeatureRow>, Vec<f64>);
+
+/// Features, samples, retraining and versioned models of one cache.
+#[derive(Debug)]
+pub struct OnlinePredictor {
+    cfg: PredictorConfig,
+    tracker: FeatureTracker,
+    samples: VecDeque<Sample>,
+    /// Latest sample time per key, to label it when the key comes back.
+    last_sample: KeyMap<Key, u64>,
+    since_train: usize,
+    models: Vec<Arc<NextAccessModel>>,
+    versions: Vec<VersionInfo>,
+    /// Version in use (0 = none).
+    current: u32,
+    background: Option<Receiver<(VersionInfo, Option<NextAccessModel>)>>,
+    train_ms_total: f64,
+}
+
+impl OnlinePredictor {
+    pub fn new(cfg: PredictorConfig) -> Self {
+        Self {
+            tracker: FeatureTracker::new(cfg.window as u64),
+            samples: VecDeque::with_capacity(cfg.window.min(1 << 20)),
+            last_sample: key_map(),
+            since_train: 0,
+            models: Vec::new(),
+            versions: Vec::new(),
+            current: 0,
+            background: None,
+            train_ms_total: 0.0,
+            cfg,
+        }
+    }
+
+    /// Records a request and returns its feature row. May retrain.
+    pub fn observe(&mut self, key: Key, now: u64, size: f32) -> FeatureRow {
+        self.promote(now);
+        let row = self.tracker.observe(key, now, size);
+        if let Some(prev) = self.last_sample.insert(key, now)
+            && let Some(front) = self.samples.front()
+            && prev >= front.t
+        {
+            let i = (prev - front.t) as usize;
+            self.samples[i].label = Some(now - prev);
+        }
+        // One sample per request, so `t - front.t` indexes the window.
+        self.samples.push_back(Sample {
+            t: now,
+            key,
+            row,
+            label: None,
+        });
+        while self.samples.len() > self.cfg.window {
+            let old = self.samples.pop_front().expect("non-empty");
+            if self.last_sample.get(&old.key) == Some(&old.t) {
+                self.last_sample.remove(&old.key);
+            }
+        }
+        self.since_train += 1;
+        if self.since_train >= self.cfg.retrain_every {
+            self.since_train = 0;
+            self.retrain(now);
+        }
+        row
+    }
+
+    /// The version in use now (0 = none yet).
+    pub fn current_version(&self) -> u32 {
+        self.current
+    }
+
+    /// Every version trained so far, oldest first.
+    pub fn versions(&self) -> &[VersionInfo] {
+        &self.versions
+    }
+
+    /// Total training time so far.
+    pub fn train_ms_total(&self) -> f64 {
+        self.train_ms_total
+    }
+
+    /// A trained model by version (1-based).
+    pub fn model(&self, version: u32) -> Option<&Arc<NextAccessModel>> {
+        self.models.get((version as usize).checked_sub(1)?)
+    }
+
+    /// Predicted next-access times of rows observed at times `at` with the
+    /// version in use; `None` before the first model.
+    pub fn predict_next(&self, rows: &[FeatureRow], at: &[u64]) -> Option<Vec<f64>> {
+        let model = self.model(self.current)?;
+        Some(
+            model
+                .predict_intervals(rows)
+                .into_iter()
+                .zip(at)
+                .map(|(i, &t)| t as f64 + i)
+                .collect(),
+        )
+    }
+
+    fn promote(&mut self, now: u64) {
+        if let Some(rx) = &self.background {
+            match rx.try_recv() {
+                Ok((mut info, model)) => {
+                    self.background = None;
+                    if let Some(model) = model {
+                        info.available_at = now;
+                        self.install(info, model);
+                    }
+                }
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => self.background = None,
+            }
+        }
+        while let Some(next) = self.versions.get(self.current as usize)
+            && next.available_at <= now
+        {
+            self.current = next.version;
+        }
+    }
+
+    fn install(&mut self, info: VersionInfo, model: NextAccessModel) {
+        self.train_ms_total += info.train_ms;
+        self.models.push(Arc::new(model));
+        self.versions.push(info);
+    }
+
+    /// The training set as known at `now`.
+    fn training_set(&self, now: u64) -> Fitted {
+        let mut known: Vec<u64> = self.samples.iter().filter_map(|s| s.label).collect();
+        if known.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
+        let q = (known.len() * 9 / 10).min(known.len() - 1);
+        let (_, &mut q90, _) = known.select_nth_unstable(q);
+        let span = now + 1 - self.samples.front().map_or(now, |s| s.t);
+        let censored = 2.0 * span as f64;
+        let mut rows = Vec::with_capacity(self.samples.len());
+        let mut y = Vec::with_capacity(self.samples.len());
+        for s in &self.samples {
+            match s.label {
+                Some(l) => {
+                    rows.push(s.row);
+                    y.push(l as f64);
+                }
+                None if now - s.t >= q90 => {
+                    rows.push(s.row);
+                    y.push(censored.max((now - s.t) as f64));
+                }
+                None => {}
+            }
+        }
+        (rows, y)
+    }
+
+    fn retrain(&mut self, now: u64) {
+        let (rows, y) = self.training_set(now);
+        if rows.is_empty() {
+            return;
+        }
+        let version = (self.versions.len() + 1) as u32;
+        let gbdt = self.cfg.gbdt;
+        match self.cfg.training {
+            Training::Inline { lag } => {
+                let start = Instant::now();
+                let Ok(model) = NextAccessModel::train(&gbdt, &rows, &y) else {
+                    return;
+                };
+                let info = VersionInfo {
+                    version,
+                    trained_at: now,
+                    available_at: now + 1 + lag,
+                    samples: rows.len(),
+                    train_ms: start.elapsed().as_secs_f64() * 1e3,
+                };
+                self.install(info, model);
+            }
+            Training::Background => {
+                if self.background.is_some() {
+                    return; // still training the previous version
+                }
+                let (tx, rx) = channel();
+                std::thread::spawn(move || {
+                    let start = Instant::now();
+                    let model = NextAccessModel::train(&gbdt, &rows, &y).ok();
+                    let info = VersionInfo {
+                        version,
+                        trained_at: now,
+                        available_at: u64::MAX,
+                        samples: rows.len(),
+                        train_ms: start.elapsed().as_secs_f64() * 1e3,
+                    };
+                    let _ = tx.send((info, model));
+                });
+                self.background = Some(rx);
+            }
+        }
+    }
+}
