@@ -1,0 +1,210 @@
+//! From raw interactions to a trace: dense ids, event order, requests with
+//! popularity-sampled negatives, synthetic item catalog.
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::{ImportConfig, ImportError, RawEvents};
+use crate::sampling::{Weighted, candidates, catalog, table_rows};
+use crate::schema::{Mode, Request, Trace, TraceMeta, UserHistory};
+
+/// Sort key of a raw id: numbers in numeric order, before any text id.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+enum RawKey<'a> {
+    Num(u64),
+    Text(&'a str),
+}
+
+fn raw_key(s: &str) -> RawKey<'_> {
+    s.parse().map_or(RawKey::Text(s), RawKey::Num)
+}
+
+/// Dense ids: `remap[interned index]` = rank of the raw id in raw-id order.
+fn dense_ids(names: &[String]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..names.len() as u32).collect();
+    order.sort_by(|&a, &b| raw_key(&names[a as usize]).cmp(&raw_key(&names[b as usize])));
+    let mut remap = vec![0u32; names.len()];
+    for (dense, &interned) in order.iter().enumerate() {
+        remap[interned as usize] = dense as u32;
+    }
+    remap
+}
+
+/// Builds the trace from parsed interactions.
+pub fn build_trace(raw: RawEvents, name: &str, cfg: &ImportConfig) -> Result<Trace, ImportError> {
+    if cfg.candidates == 0 || cfg.tables == 0 {
+        return Err(ImportError::Config {
+            file: name.to_string(),
+            reason: "candidates and tables must be >= 1".into(),
+        });
+    }
+    let n_items = raw.items.len();
+    if (cfg.codebook_size as u64).pow(3) < n_items as u64 {
+        return Err(ImportError::Config {
+            file: name.to_string(),
+            reason: format!(
+                "{n_items} items do not fit a codebook of {}³ semantic ids",
+                cfg.codebook_size
+            ),
+        });
+    }
+    let (user_of, item_of) = (dense_ids(&raw.users), dense_ids(&raw.items));
+    let mut events: Vec<(u64, u32, u32)> = raw
+        .events
+        .iter()
+        .map(|&(ts, u, i)| (ts, user_of[u as usize], item_of[i as usize]))
+        .collect();
+    // Equal timestamps: (timestamp, user_id, item_id), everywhere in grflow.
+    events.sort_unstable();
+
+    let mut counts = vec![0u64; n_items];
+    for &(_, _, i) in &events {
+        counts[i as usize] += 1;
+    }
+    let popularity = Weighted::new(counts.iter().map(|&c| c as f64));
+    let ids: Vec<u32> = (0..n_items as u32).collect();
+
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let items = catalog(n_items as u32, cfg.tables, cfg.codebook_size, &mut rng);
+    let mut histories: Vec<Vec<u32>> = vec![Vec::new(); raw.users.len()];
+    let mut requests = Vec::new();
+    for &(ts_ms, user, item) in &events {
+        let history = &mut histories[user as usize];
+        // A user's first interaction has no history to condition on.
+        if !history.is_empty() {
+            requests.push(Request {
+                ts_ms,
+                req_id: requests.len() as u64,
+                user_id: user as u64,
+                hist_len: history.len() as u32,
+                candidates: candidates(item, cfg.candidates, &popularity, &ids, &mut rng),
+                mode: Mode::Rank,
+                label: Some(item),
+            });
+        }
+        history.push(item);
+    }
+    let users = histories
+        .into_iter()
+        .enumerate()
+        .map(|(u, items)| UserHistory {
+            user_id: u as u64,
+            items,
+        })
+        .collect();
+    let file = std::path::Path::new(name)
+        .file_name()
+        .map_or(name.to_string(), |f| f.to_string_lossy().into_owned());
+    Ok(Trace {
+        meta: Some(TraceMeta {
+            n_tables: cfg.tables,
+            table_rows: table_rows(n_items as u32, cfg.tables),
+            codebook_size: cfg.codebook_size,
+            source: format!(
+                "grflow import --format {} {file} --seed {}: {} interactions, {} users, {} items{}",
+                cfg.format.as_str(),
+                cfg.seed,
+                events.len(),
+                raw.users.len(),
+                n_items,
+                if raw.timed {
+                    ""
+                } else {
+                    ", synthesized timestamps"
+                }
+            ),
+        }),
+        requests,
+        users,
+        items,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ImportFormat, import_str};
+    use super::*;
+
+    const INTER: &str = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n\
+        20\t100\t5\t3\n10\t300\t4\t1\n10\t100\t3\t2\n20\t200\t1\t3\n9\t300\t2\t3\n10\t200\t2\t5\n";
+
+    #[test]
+    fn ids_are_dense_in_raw_order_and_events_in_time_order() {
+        let cfg = ImportConfig {
+            candidates: 3,
+            ..ImportConfig::default()
+        };
+        let t = import_str(INTER, "x.inter", &cfg).unwrap();
+        // Users 9, 10, 20 -> 0, 1, 2; items 100, 200, 300 -> 0, 1, 2.
+        assert_eq!(t.users[1].items, [2, 0, 1], "user 10: 300@1, 100@2, 200@5");
+        assert_eq!(
+            t.users[2].items,
+            [0, 1],
+            "user 20 at ts 3: items 100 then 200"
+        );
+        assert_eq!(t.users[0].items, [2]);
+        // Requests: user 10 @2 (hist 1), user 20 @3 item 200 (hist 1), user 10 @5 (hist 2).
+        let got: Vec<_> = t
+            .requests
+            .iter()
+            .map(|r| (r.ts_ms, r.user_id, r.hist_len, r.label))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (2_000, 1, 1, Some(0)),
+                (3_000, 2, 1, Some(1)),
+                (5_000, 1, 2, Some(1))
+            ]
+        );
+        for (i, r) in t.requests.iter().enumerate() {
+            assert_eq!(r.req_id, i as u64);
+            assert_eq!(r.candidates.len(), 3);
+            assert!(r.candidates.contains(&r.label.unwrap()));
+            assert_eq!(
+                t.users[r.user_id as usize].items[r.hist_len as usize],
+                r.label.unwrap()
+            );
+        }
+        assert_eq!(t.items.len(), 3);
+        assert_eq!(t.meta.unwrap().table_rows[0], 3);
+    }
+
+    #[test]
+    fn formats_agree_on_the_same_interactions() {
+        let csv = "userId,movieId,rating,timestamp\n20,100,5,3\n10,300,4,1\n10,100,3,2\n20,200,1,3\n9,300,2,3\n10,200,2,5\n";
+        let cfg = ImportConfig {
+            candidates: 3,
+            ..ImportConfig::default()
+        };
+        let a = import_str(INTER, "x", &cfg).unwrap();
+        let b = import_str(
+            csv,
+            "x",
+            &ImportConfig {
+                format: ImportFormat::Movielens,
+                ..cfg.clone()
+            },
+        )
+        .unwrap();
+        assert_eq!(a.requests, b.requests);
+        assert_eq!(a.users, b.users);
+    }
+
+    #[test]
+    fn text_ids_sort_after_numbers() {
+        let seq = "u2 b\nu1 a\nu1 c\n7 a\n";
+        let cfg = ImportConfig {
+            format: ImportFormat::Seq,
+            candidates: 2,
+            ..ImportConfig::default()
+        };
+        let t = import_str(seq, "s.txt", &cfg).unwrap();
+        // Users 7, u1, u2 -> 0, 1, 2; items a, b, c -> 0, 1, 2.
+        assert_eq!(
+            t.users.iter().map(|u| u.items.clone()).collect::<Vec<_>>(),
+            [vec![0], vec![0, 2], vec![1]]
+        );
+        assert_eq!(t.requests.len(), 1);
+    }
+}

@@ -1,0 +1,313 @@
+//! Line parsers of the three input formats. They only tokenise and check
+//! fields; ordering and id remapping happen in `build`.
+
+use std::collections::HashMap;
+
+use super::ImportError;
+
+/// Interactions as read: raw ids interned in order of first appearance.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct RawEvents {
+    /// Raw user ids; events refer to them by index.
+    pub users: Vec<String>,
+    /// Raw item ids; events refer to them by index.
+    pub items: Vec<String>,
+    /// (ts_ms, user index, item index), in file order.
+    pub events: Vec<(u64, u32, u32)>,
+    /// Whether timestamps came from the file (false: synthesized).
+    pub timed: bool,
+}
+
+#[derive(Default)]
+struct Interner {
+    index: HashMap<String, u32>,
+    names: Vec<String>,
+}
+
+impl Interner {
+    fn get(&mut self, raw: &str) -> u32 {
+        if let Some(&i) = self.index.get(raw) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.index.insert(raw.to_string(), i);
+        self.names.push(raw.to_string());
+        i
+    }
+}
+
+struct Collector<'a> {
+    file: &'a str,
+    users: Interner,
+    items: Interner,
+    events: Vec<(u64, u32, u32)>,
+}
+
+impl<'a> Collector<'a> {
+    fn new(file: &'a str) -> Self {
+        Self {
+            file,
+            users: Interner::default(),
+            items: Interner::default(),
+            events: Vec::new(),
+        }
+    }
+
+    fn err(&self, line: usize, field: &str, reason: impl Into<String>) -> ImportError {
+        ImportError::Parse {
+            file: self.file.to_string(),
+            line,
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn id<'t>(
+        &self,
+        line: usize,
+        field: &str,
+        value: Option<&'t str>,
+    ) -> Result<&'t str, ImportError> {
+        match value.map(str::trim) {
+            Some(v) if !v.is_empty() => Ok(v),
+            _ => Err(self.err(line, field, "missing value")),
+        }
+    }
+
+    /// Seconds (integer or decimal) to milliseconds.
+    fn seconds(&self, line: usize, field: &str, value: Option<&str>) -> Result<u64, ImportError> {
+        let v = self.id(line, field, value)?;
+        let s: f64 = v
+            .parse()
+            .map_err(|_| self.err(line, field, format!("not a number: {v:?}")))?;
+        if !(s.is_finite() && (0.0..1.8e16).contains(&s)) {
+            return Err(self.err(
+                line,
+                field,
+                format!("not a valid timestamp in seconds: {v:?}"),
+            ));
+        }
+        Ok((s * 1000.0).round() as u64)
+    }
+
+    fn push(&mut self, ts_ms: u64, user: &str, item: &str) {
+        let (u, i) = (self.users.get(user), self.items.get(item));
+        self.events.push((ts_ms, u, i));
+    }
+
+    fn finish(self, timed: bool, untimed_step_ms: u64) -> Result<RawEvents, ImportError> {
+        if self.events.is_empty() {
+            return Err(ImportError::Empty {
+                file: self.file.to_string(),
+            });
+        }
+        let mut raw = RawEvents {
+            users: self.users.names,
+            items: self.items.names,
+            events: self.events,
+            timed,
+        };
+        if !timed {
+            synthesize_timestamps(&mut raw, untimed_step_ms);
+        }
+        Ok(raw)
+    }
+}
+
+/// Timestamps for files without them. The k-th of a user's n interactions
+/// (file order) gets ts = ⌊(k + φ_u) / n · span⌋ with span = lines × step
+/// and φ_u ∈ [0, 1) a hash of the raw user id: every user's sequence is
+/// spread over the whole span in its own order, so users interleave as in a
+/// live stream and busier users send more often, instead of one user's
+/// whole sequence following the previous user's.
+fn synthesize_timestamps(raw: &mut RawEvents, step_ms: u64) {
+    let span = raw.events.len() as f64 * step_ms as f64;
+    let mut total = vec![0u64; raw.users.len()];
+    for &(_, u, _) in &raw.events {
+        total[u as usize] += 1;
+    }
+    let phase: Vec<f64> = raw
+        .users
+        .iter()
+        .map(|name| (fnv1a(name.as_bytes()) >> 11) as f64 / (1u64 << 53) as f64)
+        .collect();
+    let mut seen = vec![0u64; raw.users.len()];
+    for e in &mut raw.events {
+        let u = e.1 as usize;
+        let k = seen[u] as f64;
+        seen[u] += 1;
+        e.0 = ((k + phase[u]) / total[u] as f64 * span) as u64;
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Lines with their 1-based numbers, skipping blank lines.
+fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+        .filter(|(_, l)| !l.trim().is_empty())
+}
+
+/// RecBole `.inter`: a header of `name:type` columns; `user_id` and
+/// `item_id` are required, `timestamp` is used when present.
+pub fn parse_recbole(
+    text: &str,
+    file: &str,
+    untimed_step_ms: u64,
+) -> Result<RawEvents, ImportError> {
+    let mut c = Collector::new(file);
+    let mut it = lines(text);
+    let Some((hline, header)) = it.next() else {
+        return Err(ImportError::Empty {
+            file: file.to_string(),
+        });
+    };
+    let names: Vec<&str> = header
+        .split('\t')
+        .map(|h| h.split(':').next().unwrap_or("").trim())
+        .collect();
+    let find = |name: &str| names.iter().position(|&n| n == name);
+    let user_col =
+        find("user_id").ok_or_else(|| c.err(hline, "user_id", "header has no user_id column"))?;
+    let item_col =
+        find("item_id").ok_or_else(|| c.err(hline, "item_id", "header has no item_id column"))?;
+    let ts_col = find("timestamp");
+    for (n, line) in it {
+        let fields: Vec<&str> = line.split('\t').collect();
+        if fields.len() != names.len() {
+            return Err(c.err(
+                n,
+                "line",
+                format!("{} fields, the header has {}", fields.len(), names.len()),
+            ));
+        }
+        let ts = match ts_col {
+            Some(col) => c.seconds(n, "timestamp", fields.get(col).copied())?,
+            None => 0,
+        };
+        let user = c.id(n, "user_id", fields.get(user_col).copied())?;
+        let item = c.id(n, "item_id", fields.get(item_col).copied())?;
+        c.push(ts, user, item);
+    }
+    c.finish(ts_col.is_some(), untimed_step_ms)
+}
+
+/// GroupLens `ratings.csv`: header `userId,movieId,rating,timestamp`
+/// (columns found by name), timestamps in seconds.
+pub fn parse_movielens(text: &str, file: &str) -> Result<RawEvents, ImportError> {
+    let mut c = Collector::new(file);
+    let mut it = lines(text);
+    let Some((hline, header)) = it.next() else {
+        return Err(ImportError::Empty {
+            file: file.to_string(),
+        });
+    };
+    let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    let find = |name: &str| {
+        names
+            .iter()
+            .position(|&n| n == name)
+            .ok_or_else(|| c.err(hline, name, format!("header has no {name} column")))
+    };
+    let (user_col, item_col, ts_col) = (find("userId")?, find("movieId")?, find("timestamp")?);
+    for (n, line) in it {
+        let fields: Vec<&str> = line.split(',').collect();
+        if fields.len() != names.len() {
+            return Err(c.err(
+                n,
+                "line",
+                format!("{} fields, the header has {}", fields.len(), names.len()),
+            ));
+        }
+        let ts = c.seconds(n, "timestamp", fields.get(ts_col).copied())?;
+        let user = c.id(n, "userId", fields.get(user_col).copied())?;
+        let item = c.id(n, "movieId", fields.get(item_col).copied())?;
+        c.push(ts, user, item);
+    }
+    c.finish(true, 0)
+}
+
+/// SASRec-style lines `user item` (whitespace-separated), each user's lines
+/// in time order; timestamps are synthesized (see `synthesize_timestamps`).
+pub fn parse_seq(text: &str, file: &str, untimed_step_ms: u64) -> Result<RawEvents, ImportError> {
+    let mut c = Collector::new(file);
+    for (n, line) in lines(text) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() != 2 {
+            return Err(c.err(
+                n,
+                "line",
+                format!("expected `user item`, found {} fields", fields.len()),
+            ));
+        }
+        c.push(0, fields[0], fields[1]);
+    }
+    c.finish(false, untimed_step_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recbole_reads_typed_header_columns() {
+        let text = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n7\t3\t4\t100\n7\t5\t3\t99.5\n";
+        let raw = parse_recbole(text, "x.inter", 10).unwrap();
+        assert_eq!(raw.users, ["7"]);
+        assert_eq!(raw.items, ["3", "5"]);
+        assert_eq!(raw.events, [(100_000, 0, 0), (99_500, 0, 1)]);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let text = "user_id:token\titem_id:token\ttimestamp:float\n1\t2\t3\n1\t2\tsoon\n";
+        let err = parse_recbole(text, "x.inter", 10).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "x.inter: line 3: field `timestamp`: not a number: \"soon\""
+        );
+        let err = parse_movielens("userId,rating,timestamp\n1,2,3\n", "r.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("r.csv: line 1: field `movieId`"), "{err}");
+        let err = parse_seq("1 2\n1 2 3\n", "s.txt", 10)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("s.txt: line 2: field `line`"), "{err}");
+        let err = parse_movielens("userId,movieId,rating,timestamp\n1,,4,5\n", "r.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2: field `movieId`: missing value"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn seq_timestamps_keep_each_users_order_and_interleave_users() {
+        let text = "a 1\na 2\na 3\nb 4\nb 5\nb 6\n";
+        let raw = parse_seq(text, "s.txt", 10).unwrap();
+        let ts = |u: u32| {
+            raw.events
+                .iter()
+                .filter(|e| e.1 == u)
+                .map(|e| e.0)
+                .collect::<Vec<_>>()
+        };
+        for u in 0..2 {
+            assert!(ts(u).windows(2).all(|w| w[0] < w[1]), "per-user order kept");
+            assert!(
+                ts(u).iter().all(|&t| t < 60),
+                "within the span of 6 lines × 10 ms"
+            );
+        }
+        assert!(ts(1)[0] < ts(0)[2], "users interleave");
+        assert_eq!(raw, parse_seq(text, "s.txt", 10).unwrap(), "deterministic");
+    }
+}
