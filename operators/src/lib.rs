@@ -1,10 +1,13 @@
 //! Domain logic of a serving node and router, free of I/O and timely types.
+pub mod cache;
 pub mod cachebench;
 pub mod eviction;
 pub mod host;
 pub mod hotness;
+pub mod link;
 pub mod memory;
 pub mod node;
+pub mod pool;
 pub mod predictor;
 pub mod router;
 pub mod shards;

@@ -1,0 +1,92 @@
+//! A policy plus, for prediction-guided policies, its own online predictor
+//! (trained on a background thread): each request is observed and its Async
+//! prediction handed to the policy (LCR Alg. 1 line 24).
+
+use crate::eviction::{EvictCtx, EvictionPolicy, Key, PolicyName, UnknownPolicy};
+use crate::predictor::{OnlinePredictor, PredictorConfig, Training};
+
+/// One cache's eviction order, with its clock (one tick per request).
+#[derive(Debug)]
+pub struct GuidedPolicy {
+    policy: Box<dyn EvictionPolicy>,
+    predictor: Option<OnlinePredictor>,
+    tick: u64,
+}
+
+impl GuidedPolicy {
+    /// `name`: lru | laru | fpb | hf (online policies; `opt` and
+    /// `laru-sync` are bench-only).
+    pub fn new(name: &str, capacity: usize) -> Result<Self, UnknownPolicy> {
+        let parsed = PolicyName::parse(name)?;
+        if matches!(parsed, PolicyName::Opt | PolicyName::LaruSync) {
+            return Err(UnknownPolicy(format!("{name} (bench only)")));
+        }
+        let policy = parsed.build_online(capacity).expect("online policy");
+        let predictor = parsed.uses_predictions().then(|| {
+            OnlinePredictor::new(PredictorConfig {
+                training: Training::Background,
+                ..PredictorConfig::default()
+            })
+        });
+        Ok(Self {
+            policy,
+            predictor,
+            tick: 0,
+        })
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// A request; returns whether `key` is resident.
+    pub fn access(&mut self, key: Key) -> bool {
+        self.tick += 1;
+        self.policy.access(key, self.tick)
+    }
+
+    /// `key` (requested last) becomes resident, with `size` as a feature.
+    pub fn insert(&mut self, key: Key) {
+        self.policy.insert(key, self.tick);
+    }
+
+    /// After a request of `key` was served (hit or insert): the Async
+    /// prediction for it.
+    pub fn observed(&mut self, key: Key, size: f32) {
+        let t = self.tick;
+        if let Some(p) = &mut self.predictor {
+            let row = p.observe(key, t, size);
+            if let Some(next) = p.predict_next(&[row], &[t]) {
+                self.policy.set_prediction(key, next[0]);
+            }
+        }
+    }
+
+    pub fn evict(&mut self, evictable: Option<&dyn Fn(Key) -> bool>) -> Option<Key> {
+        let mut ctx = EvictCtx {
+            evictable,
+            oracle: None,
+        };
+        self.policy.evict(self.tick, &mut ctx)
+    }
+
+    pub fn remove(&mut self, key: Key) -> bool {
+        self.policy.remove(key)
+    }
+
+    pub fn contains(&self, key: Key) -> bool {
+        self.policy.contains(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.policy.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.policy.is_empty()
+    }
+
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.policy.set_capacity(capacity);
+    }
+}

@@ -1,0 +1,96 @@
+//! The item-prefix KV cache (BAT Item-as-prefix): one entry per item id,
+//! holding that item's few KV blocks; entries in use are pinned.
+
+use super::guided::GuidedPolicy;
+use crate::eviction::{Key, KeyMap, key_map};
+use crate::pool::PagePool;
+
+#[derive(Debug)]
+struct Entry {
+    pages: Vec<u32>,
+    pins: u32,
+}
+
+#[derive(Debug)]
+pub struct ItemKvCache {
+    entries: KeyMap<Key, Entry>,
+    policy: GuidedPolicy,
+    hits: u64,
+    misses: u64,
+    pages: usize,
+}
+
+impl ItemKvCache {
+    pub fn new(policy: GuidedPolicy) -> Self {
+        Self {
+            entries: key_map(),
+            policy,
+            hits: 0,
+            misses: 0,
+            pages: 0,
+        }
+    }
+
+    /// Pages held by all entries.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    pub fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// (hits, misses) of `get`.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.hits, self.misses)
+    }
+
+    pub fn set_capacity(&mut self, entries: usize) {
+        self.policy.set_capacity(entries);
+    }
+
+    /// The item's blocks when cached, pinned until `unpin`; counts hit/miss.
+    pub fn get(&mut self, item: u32) -> Option<Vec<u32>> {
+        let key = item as Key;
+        if self.policy.access(key) {
+            self.hits += 1;
+            self.policy.observed(key, 1.0);
+            let e = self.entries.get_mut(&key).expect("policy tracks entries");
+            e.pins += 1;
+            Some(e.pages.clone())
+        } else {
+            self.misses += 1;
+            None
+        }
+    }
+
+    /// Caches `pages` (already written) for `item`, pinned once.
+    pub fn insert(&mut self, item: u32, pages: Vec<u32>) {
+        let key = item as Key;
+        self.pages += pages.len();
+        self.entries.insert(key, Entry { pages, pins: 1 });
+        self.policy.insert(key);
+        self.policy.observed(key, 1.0);
+    }
+
+    pub fn unpin(&mut self, item: u32) {
+        if let Some(e) = self.entries.get_mut(&(item as Key)) {
+            e.pins = e.pins.saturating_sub(1);
+        }
+    }
+
+    /// Evicts one unpinned entry by policy, freeing its pages.
+    pub fn evict_one(&mut self, pool: &mut PagePool) -> bool {
+        let entries = &self.entries;
+        let evictable = |k: Key| entries.get(&k).is_some_and(|e| e.pins == 0);
+        let Some(k) = self.policy.evict(Some(&evictable)) else {
+            return false;
+        };
+        let e = self.entries.remove(&k).expect("policy tracks entries");
+        self.pages -= e.pages.len();
+        for p in e.pages {
+            pool.free_kv(p);
+        }
+        true
+    }
+}
