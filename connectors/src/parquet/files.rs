@@ -1,0 +1,84 @@
+//! Opening trace files: existence checks, footer, schema check.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use arrow::array::RecordBatch;
+use grflow_traces::columnar::{ColumnSpec, check_columns};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+
+use super::SourceError;
+
+/// An opened trace file whose footer and columns have been checked.
+#[derive(Debug)]
+pub(crate) struct CheckedFile {
+    pub path: PathBuf,
+    pub file: File,
+    pub metadata: ArrowReaderMetadata,
+}
+
+/// Opens `dir/name`, reads its footer and checks it has `columns`.
+pub(crate) fn open_checked(
+    dir: &Path,
+    name: &str,
+    columns: &[ColumnSpec],
+) -> Result<CheckedFile, SourceError> {
+    if !dir.is_dir() {
+        return Err(SourceError::MissingDir {
+            dir: dir.to_path_buf(),
+        });
+    }
+    let path = dir.join(name);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(SourceError::MissingFile { file: path });
+        }
+        Err(source) => return Err(SourceError::Io { file: path, source }),
+    };
+    let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| {
+        SourceError::Corrupt {
+            file: path.clone(),
+            message: e.to_string(),
+        }
+    })?;
+    check_columns(metadata.schema(), columns).map_err(|e| SourceError::Schema {
+        file: path.clone(),
+        column: e.column(),
+        problem: e.to_string(),
+    })?;
+    Ok(CheckedFile {
+        path,
+        file,
+        metadata,
+    })
+}
+
+impl CheckedFile {
+    /// Record batches of the given row groups (all when `None`).
+    pub fn read(&self, row_groups: Option<Vec<usize>>) -> Result<Vec<RecordBatch>, String> {
+        let file = self.file.try_clone().map_err(|e| e.to_string())?;
+        let mut builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
+        if let Some(groups) = row_groups {
+            builder = builder.with_row_groups(groups);
+        }
+        let reader = builder
+            .with_batch_size(8192)
+            .build()
+            .map_err(|e| e.to_string())?;
+        reader.map(|b| b.map_err(|e| e.to_string())).collect()
+    }
+
+    /// Row counts of every row group.
+    pub fn row_group_rows(&self) -> Vec<u64> {
+        self.metadata
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|g| g.num_rows() as u64)
+            .collect()
+    }
+}

@@ -1,0 +1,19 @@
+//! Parquet connector: the request source of a trace directory (row groups
+//! sharded over workers, batches with watermarks), the loader of its side
+//! tables, an in-memory source with the same sharding, and the sinks of
+//! responses.parquet, windows.parquet and errors.parquet.
+
+mod error;
+mod files;
+mod memory;
+mod side;
+mod sink;
+mod source;
+
+pub use error::SourceError;
+pub use memory::{MEMORY_FILE, MemoryRequestSource};
+pub use side::{SideTables, load_side_tables};
+pub use sink::{ErrorSink, ParquetSink, ResponseSink, SinkError, SinkRow, WindowSink};
+pub use source::{
+    DEFAULT_BATCH_ROWS, ParquetRequestSource, RequestSource, SourceBatch, SourceRecord, TraceInfo,
+};

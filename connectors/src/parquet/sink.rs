@@ -1,0 +1,235 @@
+//! Parquet sinks of the rows that leave the dataflow: responses.parquet,
+//! windows.parquet and errors.parquet. Rows are appended in batches;
+//! `finish` writes the footer and closes the file.
+
+use std::fs::File;
+use std::marker::PhantomData;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, Float32Builder, Float64Array, ListBuilder, RecordBatch, StringArray, UInt32Array,
+    UInt32Builder, UInt64Array,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::records::{ErrorRow, ResponseRow, WindowRow};
+
+/// A row type with a fixed Arrow schema.
+pub trait SinkRow: Sized {
+    fn schema() -> SchemaRef;
+    fn to_batch(rows: &[Self]) -> RecordBatch;
+}
+
+/// Why a sink could not write.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    #[error("{}: {source}", file.display())]
+    Io {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", file.display())]
+    Parquet {
+        file: PathBuf,
+        source: parquet::errors::ParquetError,
+    },
+}
+
+/// An open Parquet file receiving rows of type `R`.
+pub struct ParquetSink<R: SinkRow> {
+    path: PathBuf,
+    writer: ArrowWriter<File>,
+    rows: u64,
+    _rows: PhantomData<fn(&R)>,
+}
+
+impl<R: SinkRow> std::fmt::Debug for ParquetSink<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParquetSink")
+            .field("path", &self.path)
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+/// responses.parquet.
+pub type ResponseSink = ParquetSink<ResponseRow>;
+/// windows.parquet.
+pub type WindowSink = ParquetSink<WindowRow>;
+/// errors.parquet.
+pub type ErrorSink = ParquetSink<ErrorRow>;
+
+impl<R: SinkRow> ParquetSink<R> {
+    /// Creates (or truncates) the file at `path`.
+    pub fn create(path: &Path) -> Result<Self, SinkError> {
+        let file = File::create(path).map_err(|source| SinkError::Io {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .build();
+        let writer = ArrowWriter::try_new(file, R::schema(), Some(props)).map_err(|source| {
+            SinkError::Parquet {
+                file: path.to_path_buf(),
+                source,
+            }
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            writer,
+            rows: 0,
+            _rows: PhantomData,
+        })
+    }
+
+    /// Appends rows (buffered into row groups by the writer).
+    pub fn write(&mut self, rows: &[R]) -> Result<(), SinkError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.writer
+            .write(&R::to_batch(rows))
+            .map_err(|source| SinkError::Parquet {
+                file: self.path.clone(),
+                source,
+            })?;
+        self.rows += rows.len() as u64;
+        Ok(())
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Writes the footer and closes the file; returns the rows written.
+    pub fn finish(self) -> Result<u64, SinkError> {
+        let path = self.path;
+        self.writer
+            .close()
+            .map_err(|source| SinkError::Parquet { file: path, source })?;
+        Ok(self.rows)
+    }
+}
+
+fn list_of(dt: DataType) -> DataType {
+    DataType::List(Arc::new(Field::new("item", dt, false)))
+}
+
+impl SinkRow for ResponseRow {
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("req_id", DataType::UInt64, false),
+            Field::new("node", DataType::UInt32, false),
+            Field::new("prefix", DataType::Utf8, false),
+            Field::new("items", list_of(DataType::UInt32), false),
+            Field::new("scores", list_of(DataType::Float32), false),
+            Field::new("latency_ms", DataType::Float64, false),
+            Field::new("model_version", DataType::Utf8, false),
+        ]))
+    }
+
+    fn to_batch(rows: &[Self]) -> RecordBatch {
+        let mut items = ListBuilder::new(UInt32Builder::new()).with_field(Field::new(
+            "item",
+            DataType::UInt32,
+            false,
+        ));
+        let mut scores = ListBuilder::new(Float32Builder::new()).with_field(Field::new(
+            "item",
+            DataType::Float32,
+            false,
+        ));
+        for r in rows {
+            items.values().append_slice(&r.items);
+            items.append(true);
+            scores.values().append_slice(&r.scores);
+            scores.append(true);
+        }
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.req_id))),
+            Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.node))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| &r.prefix),
+            )),
+            Arc::new(items.finish()),
+            Arc::new(scores.finish()),
+            Arc::new(Float64Array::from_iter_values(
+                rows.iter().map(|r| r.latency_ms),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| &r.model_version),
+            )),
+        ];
+        RecordBatch::try_new(Self::schema(), columns).expect("columns match the schema")
+    }
+}
+
+impl SinkRow for WindowRow {
+    fn schema() -> SchemaRef {
+        let f64_col = |name| Field::new(name, DataType::Float64, false);
+        Arc::new(Schema::new(vec![
+            Field::new("node", DataType::UInt32, false),
+            Field::new("window_start_ms", DataType::UInt64, false),
+            Field::new("requests", DataType::UInt64, false),
+            f64_col("hot_user_share"),
+            f64_col("emb_hit_rate"),
+            f64_col("kv_hit_rate"),
+            f64_col("mean_seq_len"),
+            f64_col("slo_violation_share"),
+            f64_col("p99_ms"),
+            f64_col("alpha"),
+        ]))
+    }
+
+    fn to_batch(rows: &[Self]) -> RecordBatch {
+        let f = |get: fn(&WindowRow) -> f64| -> ArrayRef {
+            Arc::new(Float64Array::from_iter_values(rows.iter().map(get)))
+        };
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.node))),
+            Arc::new(UInt64Array::from_iter_values(
+                rows.iter().map(|r| r.window_start_ms),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                rows.iter().map(|r| r.requests),
+            )),
+            f(|r| r.hot_user_share),
+            f(|r| r.emb_hit_rate),
+            f(|r| r.kv_hit_rate),
+            f(|r| r.mean_seq_len),
+            f(|r| r.slo_violation_share),
+            f(|r| r.p99_ms),
+            f(|r| r.alpha),
+        ];
+        RecordBatch::try_new(Self::schema(), columns).expect("columns match the schema")
+    }
+}
+
+impl SinkRow for ErrorRow {
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("position", DataType::Utf8, false),
+            Field::new("reason", DataType::Utf8, false),
+            Field::new("req_id", DataType::UInt64, true),
+        ]))
+    }
+
+    fn to_batch(rows: &[Self]) -> RecordBatch {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| &r.position),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| &r.reason),
+            )),
+            Arc::new(UInt64Array::from_iter(rows.iter().map(|r| r.req_id))),
+        ];
+        RecordBatch::try_new(Self::schema(), columns).expect("columns match the schema")
+    }
+}

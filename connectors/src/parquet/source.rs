@@ -1,0 +1,290 @@
+//! The request source: a trace's requests.parquet, row groups sharded over
+//! workers (row group g goes to worker g mod workers), in batches with a
+//! watermark. No pacing and no timely types here: the pipeline does both.
+
+use std::path::{Path, PathBuf};
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::UInt64Type;
+use grflow_traces::Request;
+use grflow_traces::columnar::{REQUEST_COLUMNS, REQUESTS_FILE, decode_requests};
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+
+use super::SourceError;
+use super::files::{CheckedFile, open_checked};
+use crate::records::SourcePosition;
+
+/// Records handed out per batch at most.
+pub const DEFAULT_BATCH_ROWS: usize = 1024;
+
+/// One record of the stream: a good request, or a row that could not be
+/// decoded (counted and reported, never fatal).
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceRecord {
+    Request {
+        request: Request,
+        position: SourcePosition,
+    },
+    Bad {
+        position: SourcePosition,
+        reason: String,
+    },
+}
+
+impl SourceRecord {
+    pub fn position(&self) -> &SourcePosition {
+        match self {
+            SourceRecord::Request { position, .. } | SourceRecord::Bad { position, .. } => position,
+        }
+    }
+}
+
+/// A batch of records and this worker's watermark after it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceBatch {
+    pub records: Vec<SourceRecord>,
+    /// Every later request of this worker has `ts_ms >= watermark_ms`;
+    /// `u64::MAX` when nothing is left.
+    pub watermark_ms: u64,
+}
+
+/// A worker's share of a request stream.
+pub trait RequestSource {
+    /// The next batch; `None` when the worker's share is exhausted. An `Err`
+    /// is an unreadable part of the input (for Parquet, one row group): the
+    /// caller may report it and call again to go on with the rest.
+    fn next_batch(&mut self) -> Option<Result<SourceBatch, SourceError>>;
+}
+
+/// Summary of a requests.parquet from its footer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceInfo {
+    pub rows: u64,
+    pub row_groups: usize,
+    /// Smallest and largest `ts_ms` by the row-group statistics (0 and
+    /// `u64::MAX` where statistics are missing).
+    pub min_ts_ms: u64,
+    pub max_ts_ms: u64,
+}
+
+/// Records of one row group (or memory chunk) being handed out in batches,
+/// with the suffix minimum of event time for exact watermarks.
+#[derive(Debug, Default)]
+pub(crate) struct Staged {
+    records: Vec<SourceRecord>,
+    /// `suffix_min[i]` = least ts_ms of the requests in `records[i..]`.
+    suffix_min: Vec<u64>,
+    cursor: usize,
+}
+
+impl Staged {
+    pub fn new(records: Vec<SourceRecord>) -> Self {
+        let mut suffix_min = vec![u64::MAX; records.len() + 1];
+        for i in (0..records.len()).rev() {
+            let ts = match &records[i] {
+                SourceRecord::Request { request, .. } => request.ts_ms,
+                SourceRecord::Bad { .. } => u64::MAX,
+            };
+            suffix_min[i] = suffix_min[i + 1].min(ts);
+        }
+        Self {
+            records,
+            suffix_min,
+            cursor: 0,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.cursor >= self.records.len()
+    }
+
+    /// Up to `n` records and the least ts_ms of what stays staged.
+    pub fn take(&mut self, n: usize) -> (Vec<SourceRecord>, u64) {
+        let end = (self.cursor + n).min(self.records.len());
+        let out = self.records[self.cursor..end].to_vec();
+        self.cursor = end;
+        (out, self.suffix_min[end])
+    }
+}
+
+/// `later[k]` = least of `mins[k..]`, with `later[len] = u64::MAX`.
+pub(crate) fn suffix_mins(mins: &[u64]) -> Vec<u64> {
+    let mut later = vec![u64::MAX; mins.len() + 1];
+    for k in (0..mins.len()).rev() {
+        later[k] = later[k + 1].min(mins[k]);
+    }
+    later
+}
+
+/// A worker's share of a trace's requests.parquet.
+#[derive(Debug)]
+pub struct ParquetRequestSource {
+    file: CheckedFile,
+    /// Display name used in positions (the file's path).
+    name: String,
+    /// This worker's row groups, ascending.
+    groups: Vec<usize>,
+    /// First row (in the file) of every row group.
+    group_start: Vec<u64>,
+    /// `later_min[k]`: least ts_ms of groups[k..] by the statistics.
+    later_min: Vec<u64>,
+    next_group: usize,
+    staged: Staged,
+    batch_rows: usize,
+}
+
+impl ParquetRequestSource {
+    /// Opens `dir/requests.parquet` for worker `worker` of `workers`.
+    /// Checks the footer and the columns now, so a wrong file fails here.
+    pub fn open(dir: &Path, worker: usize, workers: usize) -> Result<Self, SourceError> {
+        assert!(
+            workers > 0 && worker < workers,
+            "worker {worker} of {workers}"
+        );
+        let file = open_checked(dir, REQUESTS_FILE, &REQUEST_COLUMNS)?;
+        let rows = file.row_group_rows();
+        let mut group_start = Vec::with_capacity(rows.len());
+        let mut acc = 0;
+        for r in &rows {
+            group_start.push(acc);
+            acc += r;
+        }
+        let (mins, _) = ts_stats(&file)?;
+        let groups: Vec<usize> = (worker..rows.len()).step_by(workers).collect();
+        let later_min = suffix_mins(&groups.iter().map(|&g| mins[g]).collect::<Vec<_>>());
+        Ok(Self {
+            name: file.path.display().to_string(),
+            file,
+            groups,
+            group_start,
+            later_min,
+            next_group: 0,
+            staged: Staged::default(),
+            batch_rows: DEFAULT_BATCH_ROWS,
+        })
+    }
+
+    /// Hands out at most `n` records per batch (default 1,024).
+    pub fn with_batch_rows(mut self, n: usize) -> Self {
+        self.batch_rows = n.max(1);
+        self
+    }
+
+    /// Row count, row groups and event-time range of `dir/requests.parquet`,
+    /// from its footer (checks the columns too).
+    pub fn inspect(dir: &Path) -> Result<TraceInfo, SourceError> {
+        let file = open_checked(dir, REQUESTS_FILE, &REQUEST_COLUMNS)?;
+        let rows = file.row_group_rows();
+        let (mins, maxes) = ts_stats(&file)?;
+        Ok(TraceInfo {
+            rows: rows.iter().sum(),
+            row_groups: rows.len(),
+            min_ts_ms: mins.iter().copied().min().unwrap_or(0),
+            max_ts_ms: maxes.iter().copied().max().unwrap_or(0),
+        })
+    }
+
+    /// The row groups this worker reads.
+    pub fn row_groups(&self) -> &[usize] {
+        &self.groups
+    }
+
+    /// The trace file being read.
+    pub fn path(&self) -> &PathBuf {
+        &self.file.path
+    }
+
+    fn stage(&mut self, g: usize) -> Result<(), SourceError> {
+        let batches = self
+            .file
+            .read(Some(vec![g]))
+            .map_err(|message| SourceError::RowGroup {
+                file: self.file.path.clone(),
+                row_group: g,
+                message,
+            })?;
+        let mut records = Vec::new();
+        let mut row = self.group_start[g];
+        for batch in &batches {
+            let decoded = decode_requests(batch).map_err(|e| SourceError::Schema {
+                file: self.file.path.clone(),
+                column: e.column(),
+                problem: e.to_string(),
+            })?;
+            for r in decoded {
+                let position = SourcePosition::Parquet {
+                    file: self.name.clone(),
+                    row_group: g as u32,
+                    row,
+                };
+                records.push(match r {
+                    Ok(request) => SourceRecord::Request { request, position },
+                    Err(e) => SourceRecord::Bad {
+                        position,
+                        reason: e.to_string(),
+                    },
+                });
+                row += 1;
+            }
+        }
+        self.staged = Staged::new(records);
+        Ok(())
+    }
+}
+
+impl RequestSource for ParquetRequestSource {
+    fn next_batch(&mut self) -> Option<Result<SourceBatch, SourceError>> {
+        while self.staged.is_done() {
+            let &g = self.groups.get(self.next_group)?;
+            self.next_group += 1;
+            if let Err(e) = self.stage(g) {
+                return Some(Err(e));
+            }
+        }
+        let (records, staged_min) = self.staged.take(self.batch_rows);
+        let watermark_ms = staged_min.min(self.later_min[self.next_group]);
+        Some(Ok(SourceBatch {
+            records,
+            watermark_ms,
+        }))
+    }
+}
+
+/// Per-row-group (min, max) of ts_ms from the statistics; a group without
+/// statistics gets (0, u64::MAX), which keeps watermarks correct.
+fn ts_stats(file: &CheckedFile) -> Result<(Vec<u64>, Vec<u64>), SourceError> {
+    let meta = file.metadata.metadata();
+    let n = meta.num_row_groups();
+    let fallback = || (vec![0; n], vec![u64::MAX; n]);
+    let Ok(conv) = StatisticsConverter::try_new(
+        "ts_ms",
+        file.metadata.schema(),
+        meta.file_metadata().schema_descr(),
+    ) else {
+        return Ok(fallback());
+    };
+    let (Ok(mins), Ok(maxes)) = (
+        conv.row_group_mins(meta.row_groups()),
+        conv.row_group_maxes(meta.row_groups()),
+    ) else {
+        return Ok(fallback());
+    };
+    let (mins, maxes) = (
+        mins.as_primitive::<UInt64Type>(),
+        maxes.as_primitive::<UInt64Type>(),
+    );
+    Ok((
+        (0..n)
+            .map(|g| if mins.is_null(g) { 0 } else { mins.value(g) })
+            .collect(),
+        (0..n)
+            .map(|g| {
+                if maxes.is_null(g) {
+                    u64::MAX
+                } else {
+                    maxes.value(g)
+                }
+            })
+            .collect(),
+    ))
+}

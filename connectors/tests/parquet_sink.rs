@@ -1,0 +1,141 @@
+//! Sinks write what they are given, in batches, and the files read back.
+
+use std::fs::File;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{Float64Type, UInt32Type, UInt64Type};
+use grflow_connectors::parquet::{ErrorSink, ResponseSink, WindowSink};
+use grflow_connectors::{ErrorRow, ResponseRow, WindowRow};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+fn read(path: &std::path::Path) -> Vec<arrow::array::RecordBatch> {
+    ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn response(i: u64) -> ResponseRow {
+    ResponseRow {
+        req_id: i,
+        node: (i % 2) as u32,
+        prefix: if i.is_multiple_of(3) {
+            "item".into()
+        } else {
+            "user".into()
+        },
+        items: vec![i as u32, 5, 9],
+        scores: vec![0.5, 0.25, -1.0],
+        latency_ms: i as f64 / 4.0,
+        model_version: "v1".into(),
+    }
+}
+
+#[test]
+fn responses_windows_and_errors_round_trip() {
+    let dir = std::env::temp_dir().join(format!("grflow-sinks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let mut s = ResponseSink::create(&dir.join("responses.parquet")).unwrap();
+    s.write(&(0..10).map(response).collect::<Vec<_>>()).unwrap();
+    s.write(&[]).unwrap();
+    s.write(&(10..25).map(response).collect::<Vec<_>>())
+        .unwrap();
+    assert_eq!(s.finish().unwrap(), 25);
+    let batches = read(&dir.join("responses.parquet"));
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 25);
+    let b = &batches[0];
+    let req = b
+        .column_by_name("req_id")
+        .unwrap()
+        .as_primitive::<UInt64Type>();
+    assert!(
+        req.values().iter().enumerate().all(|(i, &r)| r == i as u64),
+        "rows in write order"
+    );
+    let items = b.column_by_name("items").unwrap().as_list::<i32>();
+    assert_eq!(
+        items.value(3).as_primitive::<UInt32Type>().values(),
+        &[3, 5, 9]
+    );
+    assert_eq!(
+        b.column_by_name("prefix")
+            .unwrap()
+            .as_string::<i32>()
+            .value(3),
+        "item"
+    );
+
+    let window = WindowRow {
+        node: 1,
+        window_start_ms: 5_000,
+        requests: 42,
+        hot_user_share: 0.2,
+        emb_hit_rate: 0.5,
+        kv_hit_rate: 0.3,
+        mean_seq_len: 80.0,
+        slo_violation_share: 0.01,
+        p99_ms: 12.5,
+        alpha: 0.6,
+    };
+    let mut w = WindowSink::create(&dir.join("windows.parquet")).unwrap();
+    w.write(std::slice::from_ref(&window)).unwrap();
+    assert_eq!(w.finish().unwrap(), 1);
+    let b = &read(&dir.join("windows.parquet"))[0];
+    assert_eq!(
+        b.column_by_name("p99_ms")
+            .unwrap()
+            .as_primitive::<Float64Type>()
+            .value(0),
+        12.5
+    );
+
+    let mut e = ErrorSink::create(&dir.join("errors.parquet")).unwrap();
+    e.write(&[
+        ErrorRow {
+            position: "requests.parquet: row group 0, row 3".into(),
+            reason: "column `ts_ms`: null".into(),
+            req_id: None,
+        },
+        ErrorRow {
+            position: "x".into(),
+            reason: "y".into(),
+            req_id: Some(7),
+        },
+    ])
+    .unwrap();
+    e.finish().unwrap();
+    let b = &read(&dir.join("errors.parquet"))[0];
+    let req = b
+        .column_by_name("req_id")
+        .unwrap()
+        .as_primitive::<UInt64Type>();
+    assert!(req.is_null(0));
+    assert_eq!(req.value(1), 7);
+
+    // An empty sink still makes a valid file with the schema.
+    ErrorSink::create(&dir.join("empty.parquet"))
+        .unwrap()
+        .finish()
+        .unwrap();
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(File::open(dir.join("empty.parquet")).unwrap())
+            .unwrap();
+    assert_eq!(builder.metadata().file_metadata().num_rows(), 0);
+    assert!(builder.schema().field_with_name("position").is_ok());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn creating_in_a_missing_directory_names_the_file() {
+    let err = ResponseSink::create(std::path::Path::new("/nonexistent/dir/responses.parquet"))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("/nonexistent/dir/responses.parquet"),
+        "{err}"
+    );
+}

@@ -1,0 +1,393 @@
+//! The Parquet request source and side-table loader against traces written
+//! by grflow-traces, and against broken files.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use grflow_connectors::SourcePosition;
+use grflow_connectors::parquet::{
+    MemoryRequestSource, ParquetRequestSource, RequestSource, SourceError, SourceRecord,
+    load_side_tables,
+};
+use grflow_traces::columnar::{REQUEST_COLUMNS, requests_to_batch};
+use grflow_traces::{GenConfig, Regime, Request, Trace, WriteOptions, generate, write_trace};
+use parquet::arrow::ArrowWriter;
+
+const ROW_GROUP: usize = 256;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("grflow-pq-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn small_trace() -> Trace {
+    generate(&GenConfig {
+        regime: Regime::Burst,
+        users: 120,
+        items: 1_500,
+        requests: 3_000,
+        rps: 60.0,
+        seed: 11,
+        retrieve_share: 0.1,
+        ..GenConfig::default()
+    })
+}
+
+fn written(name: &str) -> (PathBuf, Trace) {
+    let dir = tmp(name);
+    let trace = small_trace();
+    write_trace(
+        &dir,
+        &trace,
+        &WriteOptions {
+            row_group_rows: ROW_GROUP,
+            ..WriteOptions::default()
+        },
+    )
+    .unwrap();
+    (dir, trace)
+}
+
+/// Drains a source, checking the watermark promise batch by batch.
+fn drain(source: &mut dyn RequestSource) -> (Vec<SourceRecord>, Vec<SourceError>) {
+    let (mut records, mut errors) = (Vec::new(), Vec::new());
+    let mut watermark = 0u64;
+    let mut last = None;
+    while let Some(batch) = source.next_batch() {
+        match batch {
+            Ok(b) => {
+                for r in &b.records {
+                    if let SourceRecord::Request { request, .. } = r {
+                        assert!(
+                            request.ts_ms >= watermark,
+                            "ts {} behind watermark {watermark}",
+                            request.ts_ms
+                        );
+                    }
+                }
+                assert!(b.watermark_ms >= watermark, "watermarks are monotone");
+                watermark = b.watermark_ms;
+                last = Some(b.watermark_ms);
+                records.extend(b.records);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if last.is_some() {
+        assert_eq!(last, Some(u64::MAX), "the last batch closes the stream");
+    }
+    (records, errors)
+}
+
+fn check_shards(
+    records_by_worker: Vec<Vec<SourceRecord>>,
+    trace: &Trace,
+    workers: usize,
+    file_ends_with: &str,
+) {
+    let mut seen = BTreeMap::new();
+    for (w, records) in records_by_worker.into_iter().enumerate() {
+        for r in records {
+            let SourceRecord::Request { request, position } = r else {
+                panic!("no bad rows expected")
+            };
+            let SourcePosition::Parquet {
+                file,
+                row_group,
+                row,
+            } = position
+            else {
+                panic!("parquet position")
+            };
+            assert!(file.ends_with(file_ends_with), "{file}");
+            assert_eq!(
+                row_group as usize % workers,
+                w,
+                "row group g goes to worker g mod workers"
+            );
+            assert_eq!(row as usize / ROW_GROUP, row_group as usize);
+            assert_eq!(
+                &request, &trace.requests[row as usize],
+                "row {row} comes back as written"
+            );
+            assert!(
+                seen.insert(request.req_id, w).is_none(),
+                "req {} seen twice",
+                request.req_id
+            );
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        trace.requests.len(),
+        "every row comes back once"
+    );
+}
+
+#[test]
+fn round_trip_over_1_2_and_4_workers() {
+    let (dir, trace) = written("roundtrip");
+    let info = ParquetRequestSource::inspect(&dir).unwrap();
+    assert_eq!(info.rows, 3_000);
+    assert_eq!(info.row_groups, 3_000usize.div_ceil(ROW_GROUP));
+    assert_eq!(info.min_ts_ms, trace.requests[0].ts_ms);
+    assert_eq!(info.max_ts_ms, trace.requests.last().unwrap().ts_ms);
+    for workers in [1, 2, 4] {
+        let per_worker: Vec<_> = (0..workers)
+            .map(|w| {
+                // Batches smaller than a row group exercise mid-group watermarks.
+                let mut s = ParquetRequestSource::open(&dir, w, workers)
+                    .unwrap()
+                    .with_batch_rows(100);
+                let (records, errors) = drain(&mut s);
+                assert!(errors.is_empty(), "{errors:?}");
+                records
+            })
+            .collect();
+        check_shards(per_worker, &trace, workers, "requests.parquet");
+    }
+    let side = load_side_tables(&dir).unwrap();
+    assert_eq!(Some(side.meta), trace.meta);
+    assert_eq!(side.users, trace.users);
+    assert_eq!(side.items, trace.items);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn memory_source_shards_like_row_groups() {
+    let trace = small_trace();
+    let requests = Arc::new(trace.requests.clone());
+    for workers in [1, 2, 4] {
+        let per_worker: Vec<_> = (0..workers)
+            .map(|w| {
+                let mut s =
+                    MemoryRequestSource::with_chunk_rows(requests.clone(), w, workers, ROW_GROUP);
+                drain(&mut s).0
+            })
+            .collect();
+        check_shards(per_worker, &trace, workers, "<memory>");
+    }
+    // A worker with no chunk ends at once.
+    let few = Arc::new(trace.requests[..10].to_vec());
+    assert!(MemoryRequestSource::new(few, 1, 2).next_batch().is_none());
+}
+
+#[test]
+fn missing_directory_and_file_are_named() {
+    let err = ParquetRequestSource::open(Path::new("/nonexistent/grflow-trace"), 0, 1).unwrap_err();
+    assert!(matches!(err, SourceError::MissingDir { .. }), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent/grflow-trace"),
+        "{err}"
+    );
+    let dir = tmp("missing");
+    let err = load_side_tables(&dir).unwrap_err();
+    assert!(
+        err.to_string().contains("users.parquet") && err.to_string().contains("missing"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn truncated_file_is_a_clear_error() {
+    let (dir, _) = written("truncated");
+    let path = dir.join("requests.parquet");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let err = ParquetRequestSource::open(&dir, 0, 1).unwrap_err();
+    assert!(matches!(err, SourceError::Corrupt { .. }), "{err}");
+    assert!(
+        err.to_string().contains("requests.parquet"),
+        "names the file: {err}"
+    );
+    std::fs::write(dir.join("items.parquet"), b"not parquet at all").unwrap();
+    let err = load_side_tables(&dir).unwrap_err();
+    assert!(err.to_string().contains("items.parquet"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn corrupted_row_group_is_reported_and_the_rest_still_comes() {
+    let (dir, trace) = written("corrupt");
+    let path = dir.join("requests.parquet");
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Overwrite the start of the data (row group 0's first pages); the footer stays intact.
+    for b in &mut bytes[4..600] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let mut s = ParquetRequestSource::open(&dir, 0, 1).unwrap();
+    let (records, errors) = drain(&mut s);
+    assert!(!errors.is_empty(), "the damaged row group is reported");
+    for e in &errors {
+        assert!(
+            matches!(e, SourceError::RowGroup { row_group: 0, .. }),
+            "{e}"
+        );
+        assert_eq!(e.position(), format!("{}: row group 0", path.display()));
+    }
+    assert_eq!(
+        records.len(),
+        trace.requests.len() - ROW_GROUP,
+        "every other row group is read"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn write_batch(path: &Path, batch: &RecordBatch) {
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn nulls_in_required_columns_are_bad_rows_with_positions() {
+    let dir = tmp("nulls");
+    let rows: Vec<Request> = small_trace().requests[..6].to_vec();
+    let good = requests_to_batch(&rows);
+    // Same columns, all nullable, with holes in two required columns.
+    let schema = Arc::new(Schema::new(
+        REQUEST_COLUMNS
+            .iter()
+            .map(|c| {
+                Field::new(
+                    c.name,
+                    good.schema()
+                        .field_with_name(c.name)
+                        .unwrap()
+                        .data_type()
+                        .clone(),
+                    true,
+                )
+            })
+            .collect::<Vec<_>>(),
+    ));
+    let mut columns: Vec<ArrayRef> = good.columns().to_vec();
+    let ts: Vec<Option<u64>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (i != 2).then_some(r.ts_ms))
+        .collect();
+    columns[0] = Arc::new(UInt64Array::from(ts));
+    let modes: Vec<Option<&str>> = (0..6)
+        .map(|i| if i == 4 { None } else { Some("rank") })
+        .collect();
+    columns[5] = Arc::new(StringArray::from(modes));
+    write_batch(
+        &dir.join("requests.parquet"),
+        &RecordBatch::try_new(schema, columns).unwrap(),
+    );
+
+    let mut s = ParquetRequestSource::open(&dir, 0, 1).unwrap();
+    let (records, errors) = drain(&mut s);
+    assert!(errors.is_empty());
+    assert_eq!(records.len(), 6);
+    let bad: Vec<(u64, String)> = records
+        .iter()
+        .filter_map(|r| match r {
+            SourceRecord::Bad {
+                position: SourcePosition::Parquet { row, .. },
+                reason,
+            } => Some((*row, reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bad.len(), 2);
+    assert_eq!(bad[0].0, 2);
+    assert!(
+        bad[0].1.contains("ts_ms") && bad[0].1.contains("null"),
+        "{}",
+        bad[0].1
+    );
+    assert_eq!(bad[1].0, 4);
+    assert!(bad[1].1.contains("mode"), "{}", bad[1].1);
+    let good_rows: Vec<u64> = records
+        .iter()
+        .filter_map(|r| match r {
+            SourceRecord::Request {
+                position: SourcePosition::Parquet { row, .. },
+                ..
+            } => Some(*row),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(good_rows, [0, 1, 3, 5]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn wrong_schema_names_the_column() {
+    let dir = tmp("schema");
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "ts_ms",
+        DataType::Int64,
+        false,
+    )]));
+    let batch = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1, 2]))]).unwrap();
+    write_batch(&dir.join("requests.parquet"), &batch);
+    let err = ParquetRequestSource::open(&dir, 0, 1).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SourceError::Schema {
+                column: "ts_ms",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("requests.parquet") && err.to_string().contains("Int64"),
+        "{err}"
+    );
+
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "ts_ms",
+        DataType::UInt64,
+        false,
+    )]));
+    let batch =
+        RecordBatch::try_new(schema, vec![Arc::new(UInt64Array::from(vec![1, 2]))]).unwrap();
+    write_batch(&dir.join("requests.parquet"), &batch);
+    let err = ParquetRequestSource::inspect(&dir).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SourceError::Schema {
+                column: "req_id",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("missing column `req_id`"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn side_table_rows_are_checked_against_the_metadata() {
+    let (dir, mut trace) = written("side");
+    trace.items[7].feature_ids[1] = u32::MAX;
+    write_trace(&dir, &trace, &WriteOptions::default()).unwrap();
+    let err = load_side_tables(&dir).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SourceError::BadRow {
+                row: 7,
+                column: "feature_ids",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("items.parquet: row 7"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
