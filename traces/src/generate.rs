@@ -100,10 +100,10 @@ impl Default for GenConfig {
             candidates: 100,
             codebook_size: 256,
             retrieve_share: 0.0,
-            user_zipf: 0.8,
+            user_zipf: 0.7,
             item_zipf: 1.05,
             min_history: 10,
-            max_history: 150,
+            max_history: 120,
         }
     }
 }

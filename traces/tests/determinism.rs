@@ -89,7 +89,7 @@ fn pinned_digest_of_a_small_trace() {
 }
 
 const PINNED: [(&str, &str); 3] = [
-    ("requests.parquet", "435297d422ad91d9"),
-    ("users.parquet", "542b66b1426e9468"),
+    ("requests.parquet", "db9ac50c33362774"),
+    ("users.parquet", "ab65445ed229c0bc"),
     ("items.parquet", "cd0425ff1c946394"),
 ];
