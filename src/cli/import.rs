@@ -1,6 +1,71 @@
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+//! `grflow import`: converts a public dataset into a trace directory.
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+use std::path::PathBuf;
+use std::time::Instant;
+
+use grflow_traces::{ImportConfig, ImportFormat, WriteOptions, import, write_trace};
+
+use super::InputError;
+use super::gen_trace::{Progress, summary};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Input format: recbole (.inter), movielens (ratings.csv) or seq (`user item` lines).
+    #[arg(long)]
+    pub format: ImportFormat,
+    /// Dataset file.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Trace directory to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Seed of the negative sampling and the synthetic item features.
+    #[arg(long, default_value_t = ImportConfig::default().seed)]
+    pub seed: u64,
+    /// Embedding tables T of the item catalog (table 0 is the item id).
+    #[arg(long, default_value_t = ImportConfig::default().tables)]
+    pub tables: u16,
+    /// Rows per row group of requests.parquet.
+    #[arg(long, default_value_t = grflow_traces::DEFAULT_ROW_GROUP_ROWS)]
+    pub row_group_rows: usize,
+    /// No progress display.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.row_group_rows == 0 {
+        return Err(InputError::from_display(
+            "--row-group-rows must be >= 1 (got 0)",
+        ));
+    }
+    if args.tables == 0 {
+        return Err(InputError::from_display("--tables must be >= 1 (got 0)"));
+    }
+    let cfg = ImportConfig {
+        format: args.format,
+        seed: args.seed,
+        tables: args.tables,
+        ..ImportConfig::default()
+    };
+    let start = Instant::now();
+    let progress = Progress::new(args.quiet);
+    progress.stage(format!(
+        "reading {} ({})",
+        args.input.display(),
+        args.format.as_str()
+    ));
+    let trace = import(&args.input, &cfg).map_err(InputError::from_display)?;
+    progress.stage(format!("writing {}", args.out.display()));
+    let opts = WriteOptions {
+        row_group_rows: args.row_group_rows,
+        ..WriteOptions::default()
+    };
+    write_trace(&args.out, &trace, &opts).map_err(InputError::from_display)?;
+    progress.done();
+    print!(
+        "{}",
+        summary(&args.out, &trace, opts.row_group_rows, start.elapsed())
+    );
+    Ok(())
 }
