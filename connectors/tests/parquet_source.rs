@@ -391,3 +391,35 @@ fn side_table_rows_are_checked_against_the_metadata() {
     assert!(err.to_string().contains("items.parquet: row 7"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn imported_trace_round_trips() {
+    let mut text = String::from("user_id:token\titem_id:token\trating:float\ttimestamp:float\n");
+    for i in 0..600u64 {
+        text += &format!("{}\t{}\t1\t{}\n", i % 37, (i * 7919) % 211, 1_000 + i / 3);
+    }
+    let trace = grflow_traces::import::import_str(
+        &text,
+        "inline.inter",
+        &grflow_traces::ImportConfig::default(),
+    )
+    .unwrap();
+    let dir = tmp("imported");
+    write_trace(
+        &dir,
+        &trace,
+        &WriteOptions {
+            row_group_rows: ROW_GROUP,
+            ..WriteOptions::default()
+        },
+    )
+    .unwrap();
+    for workers in [1, 2, 4] {
+        let per_worker: Vec<_> = (0..workers)
+            .map(|w| drain(&mut ParquetRequestSource::open(&dir, w, workers).unwrap()).0)
+            .collect();
+        check_shards(per_worker, &trace, workers, "requests.parquet");
+    }
+    assert_eq!(load_side_tables(&dir).unwrap().users, trace.users);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

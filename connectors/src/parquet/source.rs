@@ -67,14 +67,15 @@ pub struct TraceInfo {
     pub max_ts_ms: u64,
 }
 
-/// Records of one row group (or memory chunk) being handed out in batches,
-/// with the suffix minimum of event time for exact watermarks.
+/// Records of one row group being handed out in batches, with the suffix
+/// minimum of event time for exact watermarks.
 #[derive(Debug, Default)]
 pub(crate) struct Staged {
-    records: Vec<SourceRecord>,
-    /// `suffix_min[i]` = least ts_ms of the requests in `records[i..]`.
+    records: std::collections::VecDeque<SourceRecord>,
+    /// `suffix_min[i]` = least ts_ms of the requests from the i-th record on.
     suffix_min: Vec<u64>,
-    cursor: usize,
+    /// Records handed out so far.
+    taken: usize,
 }
 
 impl Staged {
@@ -88,22 +89,22 @@ impl Staged {
             suffix_min[i] = suffix_min[i + 1].min(ts);
         }
         Self {
-            records,
+            records: records.into(),
             suffix_min,
-            cursor: 0,
+            taken: 0,
         }
     }
 
     pub fn is_done(&self) -> bool {
-        self.cursor >= self.records.len()
+        self.records.is_empty()
     }
 
     /// Up to `n` records and the least ts_ms of what stays staged.
     pub fn take(&mut self, n: usize) -> (Vec<SourceRecord>, u64) {
-        let end = (self.cursor + n).min(self.records.len());
-        let out = self.records[self.cursor..end].to_vec();
-        self.cursor = end;
-        (out, self.suffix_min[end])
+        let n = n.min(self.records.len());
+        let out: Vec<SourceRecord> = self.records.drain(..n).collect();
+        self.taken += n;
+        (out, self.suffix_min[self.taken])
     }
 }
 
