@@ -200,21 +200,44 @@ const PEAK_HOT_SHARE: f64 = 0.50;
 const BURST_RATE_FACTOR: f64 = 2.0;
 /// Mean quiet time before and between bursts (s).
 const BURST_MEAN_GAP_S: f64 = 15.0;
+/// Event time kept free after the last burst, for the noise of Poisson arrivals (s).
+const BURST_END_MARGIN_S: f64 = 2.0;
 
 impl Schedule {
     fn new(cfg: &GenConfig, rng: &mut ChaCha8Rng) -> Self {
         let duration_s = cfg.requests as f64 / cfg.rps;
         let mut bursts = Vec::new();
         if cfg.regime == Regime::Burst {
-            // Burst onsets form a Poisson process (after two quiet windows);
+            // Burst onsets form a Poisson process after two quiet windows;
             // each burst starts on a window boundary and lasts 3–5 windows.
-            let mut t = 2.0 * WINDOW_S + exponential(rng, 1.0 / BURST_MEAN_GAP_S);
-            while t < duration_s {
+            // A burst second uses BURST_RATE_FACTOR seconds' worth of
+            // requests, so a burst is kept only if it ends before the
+            // requests run out (with a margin for arrival noise): every
+            // burst in the trace is complete.
+            let budget = |start: f64, len: f64, earlier: f64| {
+                start + earlier * (BURST_RATE_FACTOR - 1.0) + len * BURST_RATE_FACTOR
+            };
+            let limit = duration_s - BURST_END_MARGIN_S;
+            let mut earlier = 0.0;
+            let mut t = 2.0 * WINDOW_S;
+            loop {
+                t += exponential(rng, 1.0 / BURST_MEAN_GAP_S);
                 let start = (t / WINDOW_S).ceil() * WINDOW_S;
-                let windows = 3 + below(rng, 3);
-                let end = start + windows as f64 * WINDOW_S;
-                bursts.push((start, end));
-                t = end + exponential(rng, 1.0 / BURST_MEAN_GAP_S);
+                let len = (3 + below(rng, 3)) as f64 * WINDOW_S;
+                if budget(start, len, earlier) > limit {
+                    // A short trace still gets one burst, at the latest
+                    // boundary where it fits, if one fits at all.
+                    let len = 3.0 * WINDOW_S;
+                    let latest = ((limit - len * BURST_RATE_FACTOR) / WINDOW_S).floor() * WINDOW_S;
+                    if !bursts.is_empty() || latest < 2.0 * WINDOW_S {
+                        break;
+                    }
+                    bursts.push((latest, latest + len));
+                    break;
+                }
+                bursts.push((start, start + len));
+                earlier += len;
+                t = start + len;
             }
         }
         Self {
@@ -253,6 +276,11 @@ impl Schedule {
 /// `cfg.seed`, IEEE arithmetic only). Call [`GenConfig::validate`] first:
 /// an invalid config panics.
 pub fn generate(cfg: &GenConfig) -> Trace {
+    generate_with_schedule(cfg).0
+}
+
+/// The trace and the regime schedule it was drawn from.
+fn generate_with_schedule(cfg: &GenConfig) -> (Trace, Schedule) {
     cfg.validate().expect("generate needs a valid GenConfig");
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let items = catalog(cfg.items, cfg.tables, cfg.codebook_size, &mut rng);
@@ -322,7 +350,7 @@ pub fn generate(cfg: &GenConfig) -> Trace {
             items,
         })
         .collect();
-    Trace {
+    let trace = Trace {
         meta: Some(TraceMeta {
             n_tables: cfg.tables,
             table_rows: table_rows(cfg.items, cfg.tables),
@@ -342,7 +370,8 @@ pub fn generate(cfg: &GenConfig) -> Trace {
         requests,
         users,
         items,
-    }
+    };
+    (trace, schedule)
 }
 
 /// Number of hot users: the top 5% by activity (at least one).
@@ -469,6 +498,25 @@ mod tests {
             assert!(
                 [3.0, 4.0, 5.0].contains(&windows),
                 "bursts last 3–5 windows: {windows}"
+            );
+        }
+        for seed in 0..12 {
+            let cfg = GenConfig {
+                regime: Regime::Burst,
+                seed,
+                ..GenConfig::default()
+            };
+            let s = Schedule::new(&cfg, &mut ChaCha8Rng::seed_from_u64(seed));
+            assert!(
+                !s.bursts.is_empty(),
+                "the default burst trace holds a burst (seed {seed})"
+            );
+            let t = generate(&cfg);
+            let end_s = t.requests.last().unwrap().ts_ms as f64 / 1e3;
+            let (_, last_end) = s.bursts.last().copied().unwrap();
+            assert!(
+                last_end <= end_s + 1.0,
+                "bursts are complete: ends {last_end} s, trace {end_s} s (seed {seed})"
             );
         }
         let t = generate(&small(Regime::Burst));
