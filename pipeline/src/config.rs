@@ -1,0 +1,361 @@
+//! The job configuration: one TOML file, every section optional, unknown keys
+//! rejected. `configs/default.toml` is compiled in as the embedded default.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+use grflow_operators::hotness::HotnessConfig;
+use grflow_operators::router::RouterConfig;
+
+/// The embedded default, identical to configs/default.toml.
+pub const DEFAULT_TOML: &str = include_str!("../../configs/default.toml");
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub run: RunConfig,
+    #[serde(default)]
+    pub trace: DefaultTraceConfig,
+    #[serde(default)]
+    pub model: ModelSection,
+    #[serde(default)]
+    pub memory: MemorySection,
+    #[serde(default)]
+    pub link: LinkSection,
+    #[serde(default)]
+    pub router: RouterConfig,
+    #[serde(default)]
+    pub hotness: HotnessConfig,
+    #[serde(default)]
+    pub node: NodeSection,
+}
+
+/// How the job runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Timely workers in this process; one worker is one serving node.
+    pub workers: usize,
+    /// Pacing of event time against wall time: "max", "1x", "4x", "0.5x".
+    pub speed: String,
+    /// Latency objective for slo_satisfaction and slo_violation_share.
+    pub slo_ms: f64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            speed: "4x".into(),
+            slo_ms: 30.0,
+        }
+    }
+}
+
+/// The synthetic trace `grflow replay` generates when no `--trace` is given.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DefaultTraceConfig {
+    pub regime: String,
+    pub users: u64,
+    pub items: u32,
+    pub requests: u64,
+    pub rps: f64,
+    pub seed: u64,
+    pub tables: u16,
+}
+
+impl Default for DefaultTraceConfig {
+    fn default() -> Self {
+        Self {
+            regime: "burst".into(),
+            users: 3_000,
+            items: 20_000,
+            requests: 12_000,
+            rps: 200.0,
+            seed: 42,
+            tables: 4,
+        }
+    }
+}
+
+/// The GR model: a named preset of kernels' ModelConfig and the weight seed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    pub preset: String,
+    pub seed: u64,
+    /// Candidates returned per response (best first).
+    pub top_k: usize,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            preset: "small".into(),
+            seed: 7,
+            top_k: 10,
+        }
+    }
+}
+
+/// One node's device memory pool (HLEM §IV-B).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemorySection {
+    /// Pool size per node in MiB.
+    pub pool_mib: f64,
+    /// EMB share α of the pool.
+    pub alpha: f64,
+    /// Eviction policy of the EMB cache.
+    pub emb_policy: String,
+    /// Eviction policy of the user-prefix KV cache.
+    pub kv_policy: String,
+}
+
+impl Default for MemorySection {
+    fn default() -> Self {
+        Self {
+            pool_mib: 48.0,
+            alpha: 0.5,
+            emb_policy: "lru".into(),
+            kv_policy: "lru".into(),
+        }
+    }
+}
+
+/// The host→device link an EMB miss travels over.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinkSection {
+    /// Bandwidth in GB/s (PCIe 4 x16 ≈ 25).
+    pub bandwidth_gbps: f64,
+    /// Fixed cost of one transfer in microseconds.
+    pub latency_us: f64,
+    /// Cap on background refill bandwidth as a share of the link.
+    pub refill_share: f64,
+}
+
+impl Default for LinkSection {
+    fn default() -> Self {
+        Self {
+            bandwidth_gbps: 25.0,
+            latency_us: 10.0,
+            refill_share: 0.25,
+        }
+    }
+}
+
+/// Serving-node parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSection {
+    /// Rows per embedding shard (the unit of EMB residency the router sees).
+    pub shard_rows: u32,
+    /// A shard counts as resident when this share of its rows is cached.
+    pub shard_resident_share: f64,
+    /// Event-time service rate used for the load l(n): tokens per ms.
+    pub service_tokens_per_ms: f64,
+    /// Token capacity l(n) is normalised by.
+    pub token_capacity: f64,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        Self {
+            shard_rows: 32,
+            shard_resident_share: 0.5,
+            service_tokens_per_ms: 60.0,
+            token_capacity: 6_000.0,
+        }
+    }
+}
+
+/// A config that cannot be used, with where and why.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("config {path}: {field}: {message}")]
+    Invalid {
+        path: String,
+        field: String,
+        message: String,
+    },
+}
+
+/// Event time against wall time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Speed {
+    /// As fast as the job can go.
+    Max,
+    /// `factor` ms of event time per ms of wall time.
+    Factor(f64),
+}
+
+impl std::str::FromStr for Speed {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "max" {
+            return Ok(Speed::Max);
+        }
+        let factor = s
+            .strip_suffix('x')
+            .and_then(|f| f.parse::<f64>().ok())
+            .filter(|f| f.is_finite() && *f > 0.0)
+            .ok_or_else(|| {
+                format!("speed {s:?} is not max or a positive factor like 1x, 4x, 0.5x")
+            })?;
+        Ok(Speed::Factor(factor))
+    }
+}
+
+impl Config {
+    /// The embedded default.
+    pub fn embedded() -> Self {
+        Self::parse(DEFAULT_TOML, "<embedded default>").expect("embedded default config is valid")
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: name.clone(),
+            source,
+        })?;
+        Self::parse(&text, &name)
+    }
+
+    /// Parses and validates; `name` is used in error messages.
+    pub fn parse(text: &str, name: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: name.to_string(),
+            // toml's message already names the key, line and column.
+            message: e.to_string().trim_end().replace('\n', " | "),
+        })?;
+        cfg.validate(name)?;
+        Ok(cfg)
+    }
+
+    pub fn speed(&self) -> Speed {
+        self.run.speed.parse().expect("validated")
+    }
+
+    fn validate(&self, name: &str) -> Result<(), ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            path: name.to_string(),
+            field: field.to_string(),
+            message,
+        };
+        if self.run.workers == 0 {
+            return Err(invalid("run.workers", "must be >= 1".into()));
+        }
+        self.run
+            .speed
+            .parse::<Speed>()
+            .map_err(|m| invalid("run.speed", m))?;
+        if self.run.slo_ms.is_nan() || self.run.slo_ms <= 0.0 {
+            return Err(invalid(
+                "run.slo_ms",
+                format!("must be > 0 (got {})", self.run.slo_ms),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.memory.alpha) {
+            return Err(invalid(
+                "memory.alpha",
+                format!("must be in [0, 1] (got {})", self.memory.alpha),
+            ));
+        }
+        if self.memory.pool_mib.is_nan() || self.memory.pool_mib <= 0.0 {
+            return Err(invalid(
+                "memory.pool_mib",
+                format!("must be > 0 (got {})", self.memory.pool_mib),
+            ));
+        }
+        if self.link.bandwidth_gbps.is_nan() || self.link.bandwidth_gbps <= 0.0 {
+            return Err(invalid("link.bandwidth_gbps", "must be > 0".into()));
+        }
+        if !(self.link.refill_share > 0.0 && self.link.refill_share <= 1.0) {
+            return Err(invalid("link.refill_share", "must be in (0, 1]".into()));
+        }
+        if self.node.shard_rows == 0 {
+            return Err(invalid("node.shard_rows", "must be >= 1".into()));
+        }
+        if !(self.node.service_tokens_per_ms > 0.0 && self.node.token_capacity > 0.0) {
+            return Err(invalid(
+                "node",
+                "service_tokens_per_ms and token_capacity must be > 0".into(),
+            ));
+        }
+        if self.model.top_k == 0 {
+            return Err(invalid("model.top_k", "must be >= 1".into()));
+        }
+        self.router
+            .validate()
+            .map_err(|e| invalid("router", e.to_string()))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_parses() {
+        let cfg = Config::embedded();
+        assert_eq!(cfg.run.workers, 2);
+        assert_eq!(cfg.run.slo_ms, 30.0);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::parse("[run]\nworkres = 3\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("x.toml"), "{err}");
+        assert!(err.contains("workres"), "{err}");
+    }
+
+    #[test]
+    fn unknown_section_is_named() {
+        let err = Config::parse("[rn]\nworkers = 3\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rn"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let err = Config::parse("[memory]\nalpha = 1.5\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("memory.alpha"), "{err}");
+        let err = Config::parse("[run]\nspeed = \"fast\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("run.speed"), "{err}");
+        let err = Config::parse("[router]\nmiss_cost_kv = -1.0\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("miss_cost_kv"), "{err}");
+    }
+
+    #[test]
+    fn speed_parses() {
+        assert_eq!("max".parse::<Speed>().unwrap(), Speed::Max);
+        assert_eq!("4x".parse::<Speed>().unwrap(), Speed::Factor(4.0));
+        assert!("0x".parse::<Speed>().is_err());
+    }
+
+    #[test]
+    fn empty_file_means_defaults() {
+        let cfg = Config::parse("", "empty.toml").unwrap();
+        assert_eq!(cfg.memory, MemorySection::default());
+    }
+}

@@ -1,0 +1,52 @@
+//! Turns the job config and the trace's metadata into node parameters.
+
+use std::time::Duration;
+
+use grflow_kernels::ModelConfig;
+use grflow_operators::memory::MemoryConfig;
+use grflow_operators::node::NodeParams;
+use grflow_operators::shards::ShardMap;
+use grflow_traces::TraceMeta;
+
+use crate::config::Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ParamsError {
+    #[error("model.preset {0:?} is unknown (expected small, hstu-3l or hstu-6l)")]
+    UnknownPreset(String),
+    #[error("trace metadata: n_tables {n_tables} but {rows} table_rows")]
+    Tables { n_tables: u16, rows: usize },
+}
+
+pub fn node_params(cfg: &Config, meta: &TraceMeta) -> Result<NodeParams, ParamsError> {
+    let mut model = ModelConfig::preset(&cfg.model.preset)
+        .ok_or_else(|| ParamsError::UnknownPreset(cfg.model.preset.clone()))?;
+    if meta.table_rows.len() != meta.n_tables as usize {
+        return Err(ParamsError::Tables {
+            n_tables: meta.n_tables,
+            rows: meta.table_rows.len(),
+        });
+    }
+    model.n_tables = meta.n_tables as usize;
+    model.codebook_size = meta.codebook_size as usize;
+    let memory = MemoryConfig {
+        pool_bytes: (cfg.memory.pool_mib * 1024.0 * 1024.0) as u64,
+        alpha: cfg.memory.alpha,
+        emb_policy: cfg.memory.emb_policy.clone(),
+        kv_policy: cfg.memory.kv_policy.clone(),
+    };
+    Ok(NodeParams {
+        model,
+        model_seed: cfg.model.seed,
+        top_k: cfg.model.top_k,
+        memory,
+        table_rows: meta.table_rows.clone(),
+        emb_seed: cfg.model.seed ^ 0x454d_4245_4444_494e,
+        shards: ShardMap::new(&meta.table_rows, cfg.node.shard_rows),
+        shard_resident_share: cfg.node.shard_resident_share,
+        link_bytes_per_s: cfg.link.bandwidth_gbps * 1e9,
+        link_latency: Duration::from_secs_f64(cfg.link.latency_us / 1e6),
+        service_tokens_per_ms: cfg.node.service_tokens_per_ms,
+        token_capacity: cfg.node.token_capacity,
+    })
+}

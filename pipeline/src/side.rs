@@ -1,0 +1,100 @@
+//! Side tables every worker holds in full: user histories and the item
+//! catalog (small next to the request stream, which is sharded).
+
+use std::collections::HashMap;
+
+use grflow_operators::node::ItemCatalog;
+use grflow_operators::router::shard_profile;
+use grflow_operators::shards::{ShardId, ShardMap};
+use grflow_traces::{Item, Request, TraceMeta, UserHistory};
+
+#[derive(Debug)]
+pub struct SideTables {
+    pub meta: TraceMeta,
+    users: HashMap<u64, Vec<u32>>,
+    items: HashMap<u32, Item>,
+    pub shards: ShardMap,
+}
+
+/// Why a request cannot be served from the side tables.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SideError {
+    #[error("user_id {user}: hist_len {hist_len} exceeds the {have} interactions in users.parquet")]
+    HistoryTooShort {
+        user: u64,
+        hist_len: u32,
+        have: usize,
+    },
+}
+
+impl SideTables {
+    pub fn new(
+        meta: TraceMeta,
+        users: Vec<UserHistory>,
+        items: Vec<Item>,
+        shard_rows: u32,
+    ) -> Self {
+        let shards = ShardMap::new(&meta.table_rows, shard_rows);
+        Self {
+            meta,
+            users: users.into_iter().map(|u| (u.user_id, u.items)).collect(),
+            items: items.into_iter().map(|i| (i.item_id, i)).collect(),
+            shards,
+        }
+    }
+
+    /// The first `hist_len` interactions of `user`. Unknown users have an
+    /// empty history (new users are normal traffic).
+    pub fn history(&self, user: u64, hist_len: u32) -> Result<&[u32], SideError> {
+        let all = self.users.get(&user).map_or(&[][..], |v| v.as_slice());
+        all.get(..hist_len as usize)
+            .ok_or(SideError::HistoryTooShort {
+                user,
+                hist_len,
+                have: all.len(),
+            })
+    }
+
+    /// Catalog entry of an item; `None` for items the catalog does not know.
+    pub fn item(&self, item: u32) -> Option<&Item> {
+        self.items.get(&item)
+    }
+
+    pub fn num_items(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Embedding rows (table, feature id) an item reads.
+    pub fn item_rows(&self, item: u32) -> impl Iterator<Item = (u16, u32)> + '_ {
+        self.items.get(&item).into_iter().flat_map(|i| {
+            i.feature_ids
+                .iter()
+                .enumerate()
+                .map(|(t, &f)| (t as u16, f))
+        })
+    }
+
+    /// Prof[u]: the K hot shards of the user's history prefix.
+    pub fn shard_profile(&self, user: u64, hist_len: u32, k: usize) -> Vec<ShardId> {
+        let history = self.history(user, hist_len).unwrap_or(&[]);
+        shard_profile(
+            history
+                .iter()
+                .flat_map(|&item| self.item_rows(item))
+                .map(|(t, f)| self.shards.shard_of(t, f)),
+            k,
+        )
+    }
+
+    /// Tokens a request brings before any reuse: history, candidates and the
+    /// instruction token.
+    pub fn request_tokens(&self, req: &Request) -> f64 {
+        (req.hist_len as usize + req.candidates.len() + 1) as f64
+    }
+}
+
+impl ItemCatalog for SideTables {
+    fn feature_ids(&self, item: u32) -> Option<&[u32]> {
+        self.items.get(&item).map(|i| i.feature_ids.as_slice())
+    }
+}
