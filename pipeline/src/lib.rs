@@ -1,1 +1,17 @@
-//! grflow-pipeline
+//! The grflow dataflow: builds the timely graph from a Config, runs it on
+//! the workers, and gathers what it produced.
+//!
+//! Nothing here decides anything about serving: the decisions live in
+//! `grflow_operators`; these are thin timely wrappers and the job runner.
+
+pub mod config;
+pub mod dataflow;
+pub mod events;
+pub mod params;
+pub mod replay;
+pub mod side;
+pub mod summary;
+
+pub use config::{Config, ConfigError, Speed};
+pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};
+pub use summary::Summary;

@@ -1,0 +1,153 @@
+//! The serving dataflow of one worker (= one serving node):
+//! source → exchange by user → router → exchange by node → node → sinks,
+//! with node reports fed back to every router replica (+1 ms) and telemetry
+//! reduced into windowed statistics.
+
+pub mod node;
+pub mod router;
+pub mod source;
+pub mod stash;
+pub mod windows;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use timely::dataflow::ProbeHandle;
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::operators::vec::{Broadcast, Map};
+use timely::dataflow::operators::{ConnectLoop, Feedback, Probe};
+use timely::worker::Worker;
+
+use grflow_connectors::parquet::RequestSource;
+use grflow_connectors::{ErrorRow, ResponseRow};
+use grflow_operators::node::ServingNode;
+use grflow_operators::router::{NodeReport, Router};
+
+use crate::events::{Ingest, NodeEvent};
+use crate::side::SideTables;
+use source::{Pacing, SourceCounters};
+use windows::WindowTable;
+
+/// What a worker keeps of the outputs it produced.
+#[derive(Debug, Default)]
+pub struct WorkerOutputs {
+    pub responses: Vec<ResponseRow>,
+    pub errors: Vec<ErrorRow>,
+}
+
+/// Handles to the state of one worker's dataflow, read after it completes.
+#[allow(missing_debug_implementations)] // holds timely handles without Debug
+pub struct WorkerDataflow {
+    pub router: Rc<RefCell<Router>>,
+    pub node: Rc<RefCell<ServingNode>>,
+    pub windows: WindowTable,
+    pub outputs: Rc<RefCell<WorkerOutputs>>,
+    pub probe: ProbeHandle<u64>,
+}
+
+/// Shared counters the progress display reads while the job runs.
+#[derive(Debug, Default)]
+pub struct JobCounters {
+    pub source: Arc<SourceCounters>,
+    pub responses_out: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// Everything a worker needs to build its dataflow.
+#[allow(missing_debug_implementations)] // holds a boxed source
+pub struct DataflowParts {
+    pub source: Box<dyn RequestSource>,
+    pub pacing: Pacing,
+    pub router: Router,
+    pub node: ServingNode,
+    pub side: Arc<SideTables>,
+    pub slo_ms: f64,
+    pub window_ms: u64,
+    pub counters: Arc<JobCounters>,
+}
+
+pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
+    let router = Rc::new(RefCell::new(parts.router));
+    let node = Rc::new(RefCell::new(parts.node));
+    let windows_table: WindowTable = Default::default();
+    let outputs: Rc<RefCell<WorkerOutputs>> = Default::default();
+    let probe = ProbeHandle::new();
+    let counters = parts.counters;
+
+    worker.dataflow::<u64, _, _>(|scope| {
+        let ingest =
+            source::request_source(scope, parts.source, parts.pacing, counters.source.clone());
+        let requests = ingest.clone().flat_map(|i| match i {
+            Ingest::Request(a) => Some(*a),
+            Ingest::Bad(_) => None,
+        });
+        let bad = ingest.flat_map(|i| match i {
+            Ingest::Bad(e) => Some(e),
+            Ingest::Request(_) => None,
+        });
+
+        let (reports_handle, reports) = scope.feedback::<Vec<NodeReport>>(1);
+        let routed = router::route(requests, reports, router.clone(), parts.side.clone());
+        let events = node::serve(routed, node.clone(), parts.side, parts.slo_ms);
+
+        events
+            .clone()
+            .flat_map(|e| match e {
+                NodeEvent::Report(r) => Some(r),
+                _ => None,
+            })
+            .broadcast()
+            .connect_loop(reports_handle);
+
+        let telemetry = events.clone().flat_map(|e| match e {
+            NodeEvent::Telemetry(t) => Some(t),
+            _ => None,
+        });
+        windows::window_stats(telemetry, parts.window_ms, windows_table.clone());
+
+        let sink_outputs = outputs.clone();
+        let sink_counters = counters.clone();
+        events
+            .probe_with(&probe)
+            .sink(Pipeline, "Outputs", move |(input, _)| {
+                let mut out = sink_outputs.borrow_mut();
+                input.for_each(|_, data| {
+                    for event in data.drain(..) {
+                        match event {
+                            NodeEvent::Response(r) => {
+                                sink_counters.responses_out.fetch_add(1, Ordering::Relaxed);
+                                out.responses.push(r);
+                            }
+                            NodeEvent::Error(e) => {
+                                sink_counters.errors.fetch_add(1, Ordering::Relaxed);
+                                out.errors.push(e);
+                            }
+                            NodeEvent::Telemetry(_) | NodeEvent::Report(_) => {}
+                        }
+                    }
+                });
+            });
+        let bad_outputs = outputs.clone();
+        let bad_counters = counters.clone();
+        bad.sink(Pipeline, "BadRecords", move |(input, _)| {
+            let mut out = bad_outputs.borrow_mut();
+            input.for_each(|_, data| {
+                bad_counters
+                    .errors
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                out.errors.append(data);
+            });
+        });
+    });
+
+    WorkerDataflow {
+        router,
+        node,
+        windows: windows_table,
+        outputs,
+        probe,
+    }
+}

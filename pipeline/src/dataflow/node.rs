@@ -1,0 +1,90 @@
+//! Timely wrapper of a serving node: requests arrive exchanged by the
+//! router's chosen node; each event time is served once complete, in
+//! (ts, user, req_id) order, then the node reports residency and load.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use timely::dataflow::StreamVec;
+use timely::dataflow::channels::pact::Exchange;
+use timely::dataflow::operators::generic::Operator;
+
+use grflow_connectors::{ErrorRow, ResponseRow};
+use grflow_operators::node::{RankRequest, ServingNode};
+use grflow_operators::windows::TelemetrySample;
+use grflow_traces::Mode;
+
+use crate::dataflow::stash::TimeStash;
+use crate::events::{NodeEvent, Routed, Telemetry, now_ns};
+use crate::side::SideTables;
+
+pub fn serve<'s>(
+    routed: StreamVec<'s, u64, Routed>,
+    node: Rc<RefCell<ServingNode>>,
+    side: Arc<SideTables>,
+    slo_ms: f64,
+) -> StreamVec<'s, u64, NodeEvent> {
+    let by_node = Exchange::new(|r: &Routed| r.decision.node as u64);
+    routed.unary_frontier(by_node, "Node", move |_cap, _info| {
+        let mut waiting: TimeStash<Routed> = TimeStash::default();
+        move |(input, frontier), output| {
+            input.for_each_stamp(|cap, data| {
+                let cap = cap.retain_least(0);
+                let time = *cap.as_ref().expect("data comes with a time").time();
+                waiting.push(time, cap, data.flat_map(|d| d.drain(..)));
+            });
+            while let Some((time, cap, mut batch)) = waiting.pop_complete(&[frontier]) {
+                let cap = cap.expect("requests keep their capability");
+                batch.sort_by_key(|r| (r.admitted.request.ts_ms, r.admitted.request.user_id, r.admitted.request.req_id));
+                let mut node = node.borrow_mut();
+                let mut session = output.session(&cap);
+                for routed in batch {
+                    let req = &routed.admitted.request;
+                    let served = side
+                        .history(req.user_id, req.hist_len)
+                        .map_err(|e| e.to_string())
+                        .and_then(|history| match req.mode {
+                            Mode::Rank => {
+                                let rank = RankRequest { req_id: req.req_id, user_id: req.user_id, candidates: &req.candidates };
+                                node.serve(time, rank, history, &*side).map_err(|e| e.to_string())
+                            }
+                            Mode::Retrieve => Err("retrieve mode (xGR beam search) is not served by the replay node yet".to_string()),
+                        });
+                    match served {
+                        Ok(out) => {
+                            let latency_ms = now_ns().saturating_sub(routed.admitted.admitted_ns) as f64 / 1e6;
+                            let sample = TelemetrySample {
+                                latency_us: (latency_ms * 1000.0) as u64,
+                                hot_user: routed.decision.hot_user,
+                                emb_hits: out.emb_hits,
+                                emb_lookups: out.emb_lookups,
+                                kv_reused_tokens: out.kv_reused_tokens,
+                                kv_total_tokens: out.kv_total_tokens,
+                                seq_len: out.seq_len,
+                                slo_violated: latency_ms > slo_ms,
+                                alpha_milli: (node.alpha() * 1000.0).round() as u32,
+                            };
+                            session.give(NodeEvent::Telemetry(Telemetry { node: node.id(), ts_ms: time, sample }));
+                            session.give(NodeEvent::Response(ResponseRow {
+                                req_id: req.req_id,
+                                node: node.id(),
+                                prefix: out.prefix.as_str().to_string(),
+                                items: out.items,
+                                scores: out.scores,
+                                latency_ms,
+                                model_version: node.model_version().to_string(),
+                            }));
+                        }
+                        Err(reason) => session.give(NodeEvent::Error(ErrorRow {
+                            position: routed.admitted.position.to_string(),
+                            reason,
+                            req_id: Some(req.req_id),
+                        })),
+                    }
+                }
+                session.give(NodeEvent::Report(node.report(time)));
+            }
+        }
+    })
+}

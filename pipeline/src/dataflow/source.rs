@@ -1,0 +1,163 @@
+//! Timely wrapper of a request source: paces event time against wall time
+//! and turns the source's watermarks into capability downgrades.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use timely::dataflow::operators::generic::operator::source;
+use timely::dataflow::{Scope, StreamVec};
+
+use grflow_connectors::ErrorRow;
+use grflow_connectors::parquet::{RequestSource, SourceRecord};
+
+use crate::config::Speed;
+use crate::events::{Admitted, Ingest, now_ns};
+
+/// Records emitted per activation before yielding to other operators.
+const MAX_PER_ACTIVATION: usize = 512;
+
+/// Maps event time to the wall time at which it may enter.
+#[derive(Clone, Copy, Debug)]
+pub struct Pacing {
+    pub speed: Speed,
+    /// Event time that enters at `start`.
+    pub origin_ts_ms: u64,
+    pub start: Instant,
+}
+
+impl Pacing {
+    /// The latest event time allowed in now.
+    fn allowed(&self) -> u64 {
+        match self.speed {
+            Speed::Max => u64::MAX,
+            Speed::Factor(f) => {
+                let elapsed_ms = self.start.elapsed().as_secs_f64() * 1000.0;
+                self.origin_ts_ms.saturating_add((elapsed_ms * f) as u64)
+            }
+        }
+    }
+
+    /// Wall time to wait until `ts_ms` is allowed in.
+    fn wait_for(&self, ts_ms: u64) -> Duration {
+        match self.speed {
+            Speed::Max => Duration::ZERO,
+            Speed::Factor(f) => {
+                let due = ts_ms.saturating_sub(self.origin_ts_ms) as f64 / f / 1000.0;
+                Duration::from_secs_f64(due).saturating_sub(self.start.elapsed())
+            }
+        }
+    }
+}
+
+/// Counters the source shares with the progress display.
+#[derive(Debug, Default)]
+pub struct SourceCounters {
+    pub requests_in: AtomicU64,
+    pub bad_records: AtomicU64,
+    /// Records whose event time was behind this worker's watermark.
+    pub late: AtomicU64,
+}
+
+pub fn request_source<'s>(
+    scope: Scope<'s, u64>,
+    mut records: Box<dyn RequestSource>,
+    pacing: Pacing,
+    counters: Arc<SourceCounters>,
+) -> StreamVec<'s, u64, Ingest> {
+    source(scope, "RequestSource", move |capability, info| {
+        let activator = scope.activator_for(info.address);
+        let mut cap = Some(capability);
+        let mut pending: VecDeque<SourceRecord> = VecDeque::new();
+        let mut watermark = 0u64;
+        let mut exhausted = false;
+
+        move |output| {
+            let Some(c) = cap.as_mut() else { return };
+            let allowed = pacing.allowed();
+            let mut emitted = 0;
+            loop {
+                if pending.is_empty() {
+                    if exhausted {
+                        cap = None;
+                        return;
+                    }
+                    match records.next_batch() {
+                        None => exhausted = true,
+                        Some(Ok(batch)) => {
+                            pending.extend(batch.records);
+                            watermark = watermark.max(batch.watermark_ms);
+                        }
+                        Some(Err(e)) => {
+                            // The batch is unreadable; say so and go on with the next one.
+                            counters.bad_records.fetch_add(1, Ordering::Relaxed);
+                            output.session(&*c).give(Ingest::Bad(ErrorRow {
+                                position: e.position(),
+                                reason: e.to_string(),
+                                req_id: None,
+                            }));
+                        }
+                    }
+                    continue;
+                }
+                if emitted >= MAX_PER_ACTIVATION {
+                    break;
+                }
+                match pending.front().expect("not empty") {
+                    SourceRecord::Bad { .. } => {
+                        let Some(SourceRecord::Bad { position, reason }) = pending.pop_front()
+                        else {
+                            unreachable!()
+                        };
+                        counters.bad_records.fetch_add(1, Ordering::Relaxed);
+                        output.session(&*c).give(Ingest::Bad(ErrorRow {
+                            position: position.to_string(),
+                            reason,
+                            req_id: None,
+                        }));
+                    }
+                    SourceRecord::Request { request, .. } => {
+                        if request.ts_ms > allowed {
+                            break;
+                        }
+                        let Some(SourceRecord::Request { request, position }) = pending.pop_front()
+                        else {
+                            unreachable!()
+                        };
+                        // A record behind the watermark is processed at the
+                        // earliest time we can still emit, never dropped.
+                        let ts = request.ts_ms.max(*c.time());
+                        if ts != request.ts_ms {
+                            counters.late.fetch_add(1, Ordering::Relaxed);
+                        }
+                        counters.requests_in.fetch_add(1, Ordering::Relaxed);
+                        let at = c.delayed(&ts);
+                        output.session(&at).give(Ingest::Request(Box::new(Admitted {
+                            request,
+                            position,
+                            admitted_ns: now_ns(),
+                        })));
+                    }
+                }
+                emitted += 1;
+            }
+            // Nothing earlier than the next pending record (or, with none
+            // pending, the watermark) can still come from this worker.
+            let next = match pending.front() {
+                Some(SourceRecord::Request { request, .. }) => request.ts_ms,
+                Some(SourceRecord::Bad { .. }) => *c.time(),
+                None => watermark,
+            };
+            if next > *c.time() {
+                c.downgrade(&next);
+            }
+            match pending.front() {
+                Some(SourceRecord::Request { request, .. }) if request.ts_ms > allowed => {
+                    activator.activate_after(pacing.wait_for(request.ts_ms));
+                }
+                _ => activator.activate(),
+            }
+        }
+    })
+}

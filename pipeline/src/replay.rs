@@ -1,0 +1,358 @@
+//! `grflow replay`: runs the serving dataflow over a trace on N timely
+//! workers and gathers responses, errors, windowed statistics and the
+//! summary. Writing files is the caller's business.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use grflow_connectors::parquet::{
+    MemoryRequestSource, ParquetRequestSource, RequestSource, SourceError, load_side_tables,
+};
+use grflow_connectors::{ErrorRow, ResponseRow, WindowRow};
+use grflow_operators::hotness::HotUsers;
+use grflow_operators::node::ServingNode;
+use grflow_operators::router::{Router, RouterStats};
+use grflow_traces::{Request, Trace};
+
+use crate::config::Config;
+use crate::dataflow::source::Pacing;
+use crate::dataflow::{self, DataflowParts, JobCounters};
+use crate::params::node_params;
+use crate::side::SideTables;
+use crate::summary::{
+    LatencySummary, NodeSummary, Summary, node_latencies, slo_satisfaction, sort_windows,
+};
+
+/// Where the requests come from.
+#[derive(Clone, Debug)]
+pub enum TraceInput {
+    /// A trace directory written by `grflow gen-trace` or `grflow import`.
+    Parquet(PathBuf),
+    /// A trace held in memory (the embedded default).
+    Memory(Arc<Trace>),
+}
+
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    pub trace: TraceInput,
+    pub config: Config,
+    /// Called about every 200 ms with (requests_in, responses_out + errors, total expected).
+    pub show_progress: bool,
+}
+
+/// What a replay produced.
+#[derive(Debug, Default)]
+pub struct ReplayOutput {
+    pub summary: Summary,
+    /// Sorted by req_id.
+    pub responses: Vec<ResponseRow>,
+    pub windows: Vec<WindowRow>,
+    pub errors: Vec<ErrorRow>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("{0}")]
+    Setup(String),
+    #[error("timely: {0}")]
+    Timely(String),
+    #[error("worker {0} panicked")]
+    WorkerPanicked(usize),
+}
+
+/// What one worker hands back when its dataflow is complete.
+struct WorkerResult {
+    node: NodeSummary,
+    router: RouterStats,
+    responses: Vec<ResponseRow>,
+    errors: Vec<ErrorRow>,
+    windows: Vec<WindowRow>,
+    model_version: String,
+}
+
+pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
+    let cfg = opts.config.clone();
+    let workers = cfg.run.workers;
+
+    // Side tables are loaded once and shared by every worker thread.
+    let (side, requests, total, origin_ts, trace_name) = match &opts.trace {
+        TraceInput::Parquet(dir) => {
+            let tables = load_side_tables(dir)?;
+            let side =
+                SideTables::new(tables.meta, tables.users, tables.items, cfg.node.shard_rows);
+            let info = ParquetRequestSource::inspect(dir)?;
+            (
+                side,
+                None,
+                info.rows,
+                info.min_ts_ms,
+                dir.display().to_string(),
+            )
+        }
+        TraceInput::Memory(trace) => {
+            let meta = trace
+                .meta
+                .clone()
+                .ok_or_else(|| ReplayError::Setup("in-memory trace has no metadata".into()))?;
+            let side = SideTables::new(
+                meta,
+                trace.users.clone(),
+                trace.items.clone(),
+                cfg.node.shard_rows,
+            );
+            let requests: Arc<Vec<Request>> = Arc::new(trace.requests.clone());
+            let origin = requests.first().map_or(0, |r| r.ts_ms);
+            let name = format!("embedded default ({})", side.meta.source);
+            (
+                side,
+                Some(requests),
+                trace.requests.len() as u64,
+                origin,
+                name,
+            )
+        }
+    };
+    let side = Arc::new(side);
+    let params = node_params(&cfg, &side.meta).map_err(|e| ReplayError::Setup(e.to_string()))?;
+    // Nodes are built here so that a bad memory or model config fails
+    // before any thread starts; each worker takes its own.
+    let mut nodes = Vec::with_capacity(workers);
+    for n in 0..workers {
+        nodes.push(Some(
+            ServingNode::new(n as u32, params.clone())
+                .map_err(|e| ReplayError::Setup(e.to_string()))?,
+        ));
+    }
+    let nodes = Arc::new(Mutex::new(nodes));
+    // Fail on a bad router config before starting threads.
+    Router::new(
+        cfg.router.clone(),
+        workers,
+        HotUsers::new(cfg.hotness.clone()),
+    )
+    .map_err(|e| ReplayError::Setup(e.to_string()))?;
+
+    let counters = Arc::new(JobCounters::default());
+    let start = Instant::now();
+    let pacing = Pacing {
+        speed: cfg.speed(),
+        origin_ts_ms: origin_ts,
+        start,
+    };
+    let setup_error: Arc<Mutex<Option<String>>> = Arc::default();
+
+    let done = Arc::new(AtomicBool::new(false));
+    let progress = opts
+        .show_progress
+        .then(|| spawn_progress(counters.clone(), total, done.clone()));
+
+    let worker_cfg = cfg.clone();
+    let worker_counters = counters.clone();
+    let worker_side = side.clone();
+    let worker_trace = opts.trace.clone();
+    let worker_setup_error = setup_error.clone();
+    let guards = timely::execute(timely::Config::process(workers), move |worker| {
+        let index = worker.index();
+        let peers = worker.peers();
+        let source: Box<dyn RequestSource> = match &worker_trace {
+            TraceInput::Parquet(dir) => match ParquetRequestSource::open(dir, index, peers) {
+                Ok(s) => Box::new(s),
+                Err(e) => {
+                    *worker_setup_error.lock().expect("lock") = Some(e.to_string());
+                    Box::new(MemoryRequestSource::new(Arc::new(Vec::new()), index, peers))
+                }
+            },
+            TraceInput::Memory(_) => Box::new(MemoryRequestSource::new(
+                requests.clone().expect("memory trace has requests"),
+                index,
+                peers,
+            )),
+        };
+        let router = Router::new(
+            worker_cfg.router.clone(),
+            peers,
+            HotUsers::new(worker_cfg.hotness.clone()),
+        )
+        .expect("validated above");
+        let node = nodes.lock().expect("lock")[index]
+            .take()
+            .expect("one node per worker");
+        let df = dataflow::build(
+            worker,
+            DataflowParts {
+                source,
+                pacing,
+                router,
+                node,
+                side: worker_side.clone(),
+                slo_ms: worker_cfg.run.slo_ms,
+                window_ms: worker_cfg.hotness.window_ms,
+                counters: worker_counters.clone(),
+            },
+        );
+        while !df.probe.done() {
+            worker.step_or_park(None);
+        }
+        // Let the last window updates drain.
+        while worker.step() {}
+
+        let outputs = std::mem::take(&mut *df.outputs.borrow_mut());
+        let node = df.node.borrow();
+        let windows = df
+            .windows
+            .borrow()
+            .iter()
+            .filter(|(_, count)| **count > 0)
+            .map(|(((node, start), stats), _)| WindowRow {
+                node: *node,
+                window_start_ms: *start,
+                requests: stats.0.requests,
+                hot_user_share: stats.0.hot_user_share,
+                emb_hit_rate: stats.0.emb_hit_rate,
+                kv_hit_rate: stats.0.kv_hit_rate,
+                mean_seq_len: stats.0.mean_seq_len,
+                slo_violation_share: stats.0.slo_violation_share,
+                p99_ms: stats.0.p99_ms,
+                alpha: stats.0.alpha,
+            })
+            .collect();
+        let c = node.counters();
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        let node_summary = NodeSummary {
+            node: node.id(),
+            responses_out: c.responses,
+            alpha: node.alpha(),
+            emb_hit_rate: ratio(c.emb_hits, c.emb_lookups),
+            kv_hit_rate: ratio(c.kv_reused_tokens, c.kv_total_tokens),
+            emb_hits: c.emb_hits,
+            emb_lookups: c.emb_lookups,
+            kv_reused_tokens: c.kv_reused_tokens,
+            kv_total_tokens: c.kv_total_tokens,
+            link_bytes: c.link_bytes,
+            oov_items: c.oov_items,
+            ..NodeSummary::default()
+        };
+        WorkerResult {
+            node: node_summary,
+            router: df.router.borrow().stats().clone(),
+            responses: outputs.responses,
+            errors: outputs.errors,
+            windows,
+            model_version: node.model_version().to_string(),
+        }
+    })
+    .map_err(ReplayError::Timely)?;
+
+    let mut results = Vec::with_capacity(workers);
+    for (i, r) in guards.join().into_iter().enumerate() {
+        results.push(r.map_err(|_| ReplayError::WorkerPanicked(i))?);
+    }
+    done.store(true, Ordering::Relaxed);
+    if let Some(handle) = progress {
+        let _ = handle.join();
+    }
+    if let Some(e) = setup_error.lock().expect("lock").take() {
+        return Err(ReplayError::Setup(e));
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    Ok(assemble(results, &cfg, &counters, wall_s, trace_name))
+}
+
+fn assemble(
+    results: Vec<WorkerResult>,
+    cfg: &Config,
+    counters: &JobCounters,
+    wall_s: f64,
+    trace: String,
+) -> ReplayOutput {
+    let mut out = ReplayOutput::default();
+    let mut router = RouterStats::default();
+    let mut nodes = Vec::new();
+    let mut model_version = String::new();
+    for r in results {
+        out.responses.extend(r.responses);
+        out.errors.extend(r.errors);
+        out.windows.extend(r.windows);
+        router.merge(&r.router);
+        nodes.push(r.node);
+        model_version = r.model_version;
+    }
+    out.responses.sort_by_key(|r| r.req_id);
+    out.errors.sort_by(|a, b| a.position.cmp(&b.position));
+    sort_windows(&mut out.windows);
+    nodes.sort_by_key(|n| n.node);
+    for n in &mut nodes {
+        let lat = node_latencies(&out.responses, n.node);
+        n.slo_satisfaction = slo_satisfaction(&lat, cfg.run.slo_ms);
+        n.latency_ms = LatencySummary::from_unsorted(lat);
+    }
+
+    let latencies: Vec<f64> = out.responses.iter().map(|r| r.latency_ms).collect();
+    let sum = |f: fn(&NodeSummary) -> u64| nodes.iter().map(f).sum::<u64>();
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let event_time_s = event_span_s(&out.windows);
+    let responses_out = out.responses.len() as u64;
+    out.summary = Summary {
+        trace,
+        workers: cfg.run.workers,
+        requests_in: counters.source.requests_in.load(Ordering::Relaxed),
+        responses_out,
+        errors: out.errors.len() as u64,
+        late_records: counters.source.late.load(Ordering::Relaxed),
+        wall_s,
+        event_time_s,
+        throughput_rps: responses_out as f64 / wall_s.max(1e-9),
+        slo_ms: cfg.run.slo_ms,
+        slo_satisfaction: slo_satisfaction(&latencies, cfg.run.slo_ms),
+        latency_ms: LatencySummary::from_unsorted(latencies),
+        emb_hit_rate: ratio(sum(|n| n.emb_hits), sum(|n| n.emb_lookups)),
+        kv_hit_rate: ratio(sum(|n| n.kv_reused_tokens), sum(|n| n.kv_total_tokens)),
+        model_version,
+        nodes,
+        router,
+        windows: out.windows.len(),
+    };
+    out
+}
+
+/// Event time covered, from the windows seen.
+fn event_span_s(windows: &[WindowRow]) -> f64 {
+    let first = windows.iter().map(|w| w.window_start_ms).min();
+    let last = windows.iter().map(|w| w.window_start_ms).max();
+    match (first, last) {
+        (Some(a), Some(b)) => (b - a) as f64 / 1000.0,
+        _ => 0.0,
+    }
+}
+
+fn spawn_progress(
+    counters: Arc<JobCounters>,
+    total: u64,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:40}] {pos}/{len} answered  {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        while !done.load(Ordering::Relaxed) {
+            let answered = counters.responses_out.load(Ordering::Relaxed)
+                + counters.errors.load(Ordering::Relaxed);
+            bar.set_position(answered.min(total));
+            bar.set_message(format!(
+                "{} in",
+                counters.source.requests_in.load(Ordering::Relaxed)
+            ));
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        bar.finish_and_clear();
+    })
+}

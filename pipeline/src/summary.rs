@@ -1,0 +1,152 @@
+//! The run summary (summary.json and the human summary).
+
+use serde::{Deserialize, Serialize};
+
+use grflow_connectors::{ResponseRow, WindowRow};
+use grflow_operators::router::RouterStats;
+use grflow_operators::windows::percentile;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl LatencySummary {
+    pub fn from_unsorted(mut latencies: Vec<f64>) -> Self {
+        latencies.sort_by(f64::total_cmp);
+        Self {
+            p50: percentile(&latencies, 0.50),
+            p95: percentile(&latencies, 0.95),
+            p99: percentile(&latencies, 0.99),
+            max: latencies.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// Per-node figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    pub node: u32,
+    pub responses_out: u64,
+    pub alpha: f64,
+    pub emb_hit_rate: f64,
+    pub kv_hit_rate: f64,
+    pub latency_ms: LatencySummary,
+    pub slo_satisfaction: f64,
+    /// Counters of the node's caches and link, for operators.
+    pub emb_hits: u64,
+    pub emb_lookups: u64,
+    pub kv_reused_tokens: u64,
+    pub kv_total_tokens: u64,
+    pub link_bytes: u64,
+    pub oov_items: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub trace: String,
+    pub workers: usize,
+    pub requests_in: u64,
+    pub responses_out: u64,
+    pub errors: u64,
+    /// Records behind their worker's watermark (processed, never dropped).
+    pub late_records: u64,
+    pub wall_s: f64,
+    pub event_time_s: f64,
+    pub throughput_rps: f64,
+    pub latency_ms: LatencySummary,
+    pub slo_ms: f64,
+    pub slo_satisfaction: f64,
+    pub emb_hit_rate: f64,
+    pub kv_hit_rate: f64,
+    pub model_version: String,
+    pub nodes: Vec<NodeSummary>,
+    pub router: RouterStats,
+    pub windows: usize,
+}
+
+/// Share of latencies within the SLO.
+pub fn slo_satisfaction(latencies: &[f64], slo_ms: f64) -> f64 {
+    if latencies.is_empty() {
+        return 0.0;
+    }
+    latencies.iter().filter(|&&l| l <= slo_ms).count() as f64 / latencies.len() as f64
+}
+
+/// Per-node latency figures from the node's responses.
+pub fn node_latencies(responses: &[ResponseRow], node: u32) -> Vec<f64> {
+    responses
+        .iter()
+        .filter(|r| r.node == node)
+        .map(|r| r.latency_ms)
+        .collect()
+}
+
+impl Summary {
+    /// A few lines for people.
+    pub fn human(&self) -> String {
+        let mut s = String::new();
+        s += &format!(
+            "requests_in {}  responses_out {}  errors {}  ({} late)\n",
+            self.requests_in, self.responses_out, self.errors, self.late_records
+        );
+        s += &format!(
+            "wall {:.1} s for {:.1} s of event time  throughput {:.0} req/s\n",
+            self.wall_s, self.event_time_s, self.throughput_rps
+        );
+        s += &format!(
+            "latency ms  p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}   SLO {} ms met by {:.1}%\n",
+            self.latency_ms.p50,
+            self.latency_ms.p95,
+            self.latency_ms.p99,
+            self.latency_ms.max,
+            self.slo_ms,
+            self.slo_satisfaction * 100.0
+        );
+        s += &format!(
+            "emb_hit_rate {:.3}  kv_hit_rate {:.3}\n",
+            self.emb_hit_rate, self.kv_hit_rate
+        );
+        for n in &self.nodes {
+            s += &format!(
+                "  node {}: {} responses  alpha {:.2}  emb {:.3}  kv {:.3}  p99 {:.2} ms\n",
+                n.node, n.responses_out, n.alpha, n.emb_hit_rate, n.kv_hit_rate, n.latency_ms.p99
+            );
+        }
+        s += &format!(
+            "router: {} decisions  {} kv_hits  {} affinity_wins  {} overload_fallbacks\n",
+            self.router.decisions,
+            self.router.kv_hits,
+            self.router.affinity_wins,
+            self.router.overload_fallbacks
+        );
+        s
+    }
+}
+
+/// Window rows ordered by (node, window start).
+pub fn sort_windows(rows: &mut [WindowRow]) {
+    rows.sort_by_key(|w| (w.node, w.window_start_ms));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_summary_uses_nearest_rank() {
+        let s = LatencySummary::from_unsorted((1..=100).rev().map(|x| x as f64).collect());
+        assert_eq!(s.p50, 50.0);
+        assert_eq!(s.p99, 99.0);
+        assert_eq!(s.max, 100.0);
+    }
+
+    #[test]
+    fn slo_counts_inclusive() {
+        assert_eq!(slo_satisfaction(&[10.0, 30.0, 31.0, 5.0], 30.0), 0.75);
+        assert_eq!(slo_satisfaction(&[], 30.0), 0.0);
+    }
+}
