@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "grflow", version, about = "A streaming engine that serves generative recommenders")]
+#[command(
+    name = "grflow",
+    version,
+    about = "A streaming engine that serves generative recommenders"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,6 +1,116 @@
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+//! `grflow replay`: the main job on a trace (or the embedded default).
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not built yet")
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use grflow_connectors::parquet::{ErrorSink, ResponseSink, WindowSink};
+use grflow_pipeline::{Config, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput};
+
+use super::InputError;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Trace directory (from `grflow gen-trace` or `grflow import`); without
+    /// it grflow generates its embedded default trace in memory.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// TOML config; without it the embedded default (configs/default.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Timely workers (= serving nodes); overrides run.workers.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Pacing: max, 1x, 4x, ...; overrides run.speed.
+    #[arg(long)]
+    pub speed: Option<String>,
+    /// Write summary.json, responses.parquet, windows.parquet and errors.parquet here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print summary.json to stdout instead of the human summary.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar even on a terminal.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path).map_err(InputError::from_display)?,
+        None => Config::embedded(),
+    };
+    if let Some(w) = args.workers {
+        if w == 0 {
+            return Err(InputError::from_display("--workers must be >= 1"));
+        }
+        config.run.workers = w;
+    }
+    if let Some(s) = &args.speed {
+        s.parse::<Speed>()
+            .map_err(|e| InputError::from_display(format!("--speed: {e}")))?;
+        config.run.speed = s.clone();
+    }
+    let trace = match &args.trace {
+        Some(dir) => TraceInput::Parquet(dir.clone()),
+        None => {
+            let t = &config.trace;
+            let gen_cfg = grflow_traces::GenConfig {
+                regime: t
+                    .regime
+                    .parse()
+                    .map_err(|e| InputError::from_display(format!("trace.regime: {e}")))?,
+                users: t.users,
+                items: t.items,
+                requests: t.requests,
+                rps: t.rps,
+                seed: t.seed,
+                tables: t.tables,
+                ..grflow_traces::GenConfig::default()
+            };
+            TraceInput::Memory(Arc::new(grflow_traces::generate(&gen_cfg)))
+        }
+    };
+    let show_progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    let output = grflow_pipeline::replay(ReplayOptions {
+        trace,
+        config,
+        show_progress,
+    })
+    .map_err(|e| match e {
+        ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),
+        other => anyhow::Error::new(other),
+    })?;
+    if let Some(dir) = &args.out {
+        write_outputs(dir, &output)
+            .with_context(|| format!("writing outputs to {}", dir.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&output.summary)?);
+    } else {
+        print!("{}", output.summary.human());
+        if let Some(dir) = &args.out {
+            println!("outputs in {}", dir.display());
+        }
+    }
+    Ok(())
+}
+
+fn write_outputs(dir: &Path, output: &ReplayOutput) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string_pretty(&output.summary)?,
+    )?;
+    let mut responses = ResponseSink::create(&dir.join("responses.parquet"))?;
+    responses.write(&output.responses)?;
+    responses.finish()?;
+    let mut windows = WindowSink::create(&dir.join("windows.parquet"))?;
+    windows.write(&output.windows)?;
+    windows.finish()?;
+    let mut errors = ErrorSink::create(&dir.join("errors.parquet"))?;
+    errors.write(&output.errors)?;
+    errors.finish()?;
+    Ok(())
 }
