@@ -1,0 +1,225 @@
+//! End-to-end tests of `grflow replay` through the real binary: generated
+//! and imported traces, 1/2/4 workers, outputs on disk, and clear errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn grflow() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_grflow"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("grflow-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "grflow failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn gen_trace(dir: &Path, regime: &str, requests: u32) -> PathBuf {
+    let trace = dir.join(format!("{regime}-trace"));
+    ok(grflow()
+        .args([
+            "gen-trace",
+            "--regime",
+            regime,
+            "--users",
+            "150",
+            "--items",
+            "2000",
+        ])
+        .args([
+            "--requests",
+            &requests.to_string(),
+            "--rps",
+            "100",
+            "--seed",
+            "5",
+            "--out",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    trace
+}
+
+fn replay_json(trace: &Path, workers: usize, out_dir: Option<&Path>) -> Value {
+    let mut cmd = grflow();
+    cmd.args([
+        "replay",
+        "--speed",
+        "max",
+        "--json",
+        "--workers",
+        &workers.to_string(),
+        "--trace",
+    ])
+    .arg(trace);
+    if let Some(o) = out_dir {
+        cmd.arg("--out").arg(o);
+    }
+    let out = ok(cmd.output().unwrap());
+    serde_json::from_slice(&out.stdout).expect("summary JSON on stdout")
+}
+
+fn conserved(summary: &Value) {
+    let n = |k: &str| {
+        summary[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k} missing in {summary}"))
+    };
+    assert!(n("requests_in") > 0);
+    assert_eq!(
+        n("requests_in"),
+        n("responses_out") + n("errors"),
+        "every request gets one answer: {summary}"
+    );
+}
+
+#[test]
+fn replay_of_generated_trace_conserves_requests_on_1_2_4_workers() {
+    let dir = tmp("gen");
+    let trace = gen_trace(&dir, "burst", 400);
+    for workers in [1, 2, 4] {
+        let summary = replay_json(&trace, workers, None);
+        conserved(&summary);
+        assert_eq!(summary["requests_in"].as_u64(), Some(400));
+        assert_eq!(summary["nodes"].as_array().unwrap().len(), workers);
+    }
+}
+
+#[test]
+fn replay_of_imported_trace_conserves_requests() {
+    let dir = tmp("import");
+    let inter = dir.join("tiny.inter");
+    let mut text = String::from("user_id:token\titem_id:token\trating:float\ttimestamp:float\n");
+    for i in 0..300u32 {
+        // 12 users, 40 items, increasing timestamps with some ties.
+        text += &format!(
+            "{}\t{}\t4\t{}\n",
+            i % 12 + 1,
+            (i * 7) % 40 + 1,
+            1_000 + i / 2
+        );
+    }
+    std::fs::write(&inter, text).unwrap();
+    let trace = dir.join("tiny-trace");
+    ok(grflow()
+        .args(["import", "--format", "recbole", "--input"])
+        .arg(&inter)
+        .arg("--out")
+        .arg(&trace)
+        .output()
+        .unwrap());
+    for workers in [1, 2, 4] {
+        conserved(&replay_json(&trace, workers, None));
+    }
+}
+
+#[test]
+fn replay_writes_the_documented_outputs() {
+    let dir = tmp("outputs");
+    let trace = gen_trace(&dir, "steady", 200);
+    let out = dir.join("out");
+    let summary = replay_json(&trace, 2, Some(&out));
+    for f in [
+        "summary.json",
+        "responses.parquet",
+        "windows.parquet",
+        "errors.parquet",
+    ] {
+        assert!(out.join(f).is_file(), "{f} written");
+    }
+    let on_disk: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["requests_in"], summary["requests_in"]);
+    for key in [
+        "throughput_rps",
+        "slo_ms",
+        "slo_satisfaction",
+        "emb_hit_rate",
+        "kv_hit_rate",
+        "wall_s",
+    ] {
+        assert!(summary[key].is_number(), "{key} in summary");
+    }
+    for key in ["p50", "p95", "p99", "max"] {
+        assert!(summary["latency_ms"][key].is_number(), "latency_ms.{key}");
+    }
+    for key in [
+        "decisions",
+        "kv_hits",
+        "affinity_wins",
+        "overload_fallbacks",
+    ] {
+        assert!(summary["router"][key].is_u64(), "router.{key}");
+    }
+    assert_eq!(summary["slo_ms"].as_f64(), Some(30.0));
+}
+
+#[test]
+fn missing_trace_is_a_clear_error_with_exit_code_2() {
+    let out = grflow()
+        .args(["replay", "--trace", "/definitely/not/here"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/definitely/not/here"),
+        "names the path: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
+
+#[test]
+fn corrupt_parquet_is_a_clear_error_with_exit_code_2() {
+    let dir = tmp("corrupt");
+    let trace = gen_trace(&dir, "steady", 100);
+    let requests = trace.join("requests.parquet");
+    let bytes = std::fs::read(&requests).unwrap();
+    std::fs::write(&requests, &bytes[..bytes.len() / 2]).unwrap();
+    let out = grflow()
+        .args(["replay", "--speed", "max", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("requests.parquet"), "names the file: {err}");
+}
+
+#[test]
+fn unknown_config_key_is_a_clear_error_with_exit_code_2() {
+    let dir = tmp("config");
+    let cfg = dir.join("bad.toml");
+    std::fs::write(&cfg, "[memory]\nalpah = 0.3\n").unwrap();
+    let out = grflow()
+        .args(["replay", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml") && err.contains("alpah"),
+        "names file and key: {err}"
+    );
+}
