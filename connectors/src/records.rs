@@ -6,18 +6,34 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum SourcePosition {
     /// Parquet: file, row group and row within the file (0-based).
-    Parquet { file: String, row_group: u32, row: u64 },
+    Parquet {
+        file: String,
+        row_group: u32,
+        row: u64,
+    },
     /// Kafka: topic, partition and offset.
-    Kafka { topic: String, partition: i32, offset: i64 },
+    Kafka {
+        topic: String,
+        partition: i32,
+        offset: i64,
+    },
 }
 
 impl std::fmt::Display for SourcePosition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SourcePosition::Parquet { file, row_group, row } => {
+            SourcePosition::Parquet {
+                file,
+                row_group,
+                row,
+            } => {
                 write!(f, "{file}: row group {row_group}, row {row}")
             }
-            SourcePosition::Kafka { topic, partition, offset } => {
+            SourcePosition::Kafka {
+                topic,
+                partition,
+                offset,
+            } => {
                 write!(f, "{topic}[{partition}]@{offset}")
             }
         }

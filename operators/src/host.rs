@@ -38,7 +38,12 @@ impl HostTables {
                 *v = (rng.random::<f32>() * 2.0 - 1.0) * scale;
             }
         }
-        Self { dim, rows, offsets, values }
+        Self {
+            dim,
+            rows,
+            offsets,
+            values,
+        }
     }
 
     pub fn dim(&self) -> usize {
@@ -57,7 +62,11 @@ impl HostTables {
     /// Maps a feature id to its row: itself, or the OOV row when out of range.
     pub fn resolve(&self, table: u16, feature: u32) -> (u32, bool) {
         let oov = self.oov_row(table);
-        if feature < oov { (feature, false) } else { (oov, true) }
+        if feature < oov {
+            (feature, false)
+        } else {
+            (oov, true)
+        }
     }
 
     pub fn row(&self, table: u16, row: u32) -> &[f32] {

@@ -27,7 +27,12 @@ pub struct MemoryConfig {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { pool_bytes: 48 << 20, alpha: 0.5, emb_policy: "lru".into(), kv_policy: "lru".into() }
+        Self {
+            pool_bytes: 48 << 20,
+            alpha: 0.5,
+            emb_policy: "lru".into(),
+            kv_policy: "lru".into(),
+        }
     }
 }
 
@@ -39,7 +44,9 @@ pub enum MemoryError {
     Policy { field: &'static str, name: String },
     #[error("memory.pool_bytes {pool_bytes} holds no page of {page_bytes} bytes")]
     TooSmall { pool_bytes: u64, page_bytes: u64 },
-    #[error("KV share exhausted: {wanted} blocks wanted, {free} free after evicting every unpinned leaf")]
+    #[error(
+        "KV share exhausted: {wanted} blocks wanted, {free} free after evicting every unpinned leaf"
+    )]
     KvFull { wanted: usize, free: usize },
 }
 
@@ -115,19 +122,33 @@ pub struct NodeMemory {
 
 impl NodeMemory {
     /// `page_floats` = one KV block of the model; `d_model` = one EMB row.
-    pub fn new(cfg: MemoryConfig, page_floats: usize, d_model: usize, block_tokens: usize) -> Result<Self, MemoryError> {
+    pub fn new(
+        cfg: MemoryConfig,
+        page_floats: usize,
+        d_model: usize,
+        block_tokens: usize,
+    ) -> Result<Self, MemoryError> {
         if !(0.0..=1.0).contains(&cfg.alpha) {
             return Err(MemoryError::Alpha(cfg.alpha));
         }
-        for (field, name) in [("emb_policy", &cfg.emb_policy), ("kv_policy", &cfg.kv_policy)] {
+        for (field, name) in [
+            ("emb_policy", &cfg.emb_policy),
+            ("kv_policy", &cfg.kv_policy),
+        ] {
             if name != "lru" {
-                return Err(MemoryError::Policy { field, name: name.clone() });
+                return Err(MemoryError::Policy {
+                    field,
+                    name: name.clone(),
+                });
             }
         }
         let page_bytes = (page_floats * 4) as u64;
         let pages = (cfg.pool_bytes / page_bytes.max(1)) as usize;
         if pages == 0 {
-            return Err(MemoryError::TooSmall { pool_bytes: cfg.pool_bytes, page_bytes });
+            return Err(MemoryError::TooSmall {
+                pool_bytes: cfg.pool_bytes,
+                page_bytes,
+            });
         }
         let emb_pages = ((pages as f64) * cfg.alpha).round() as usize;
         let rows_per_page = page_floats / d_model.max(1);
@@ -135,7 +156,10 @@ impl NodeMemory {
         Ok(Self {
             d_model,
             block_tokens,
-            arena: PoolArena { page_floats, data: vec![0.0; pages * page_floats] },
+            arena: PoolArena {
+                page_floats,
+                data: vec![0.0; pages * page_floats],
+            },
             emb_pages,
             emb_slots: HashMap::new(),
             emb_lru: BTreeMap::new(),
@@ -238,7 +262,9 @@ impl NodeMemory {
         let mut parent = None;
         for chunk in tokens.chunks_exact(self.block_tokens) {
             let h = Self::block_hash(parent, chunk);
-            let Some(b) = self.kv_blocks.get_mut(&h) else { break };
+            let Some(b) = self.kv_blocks.get_mut(&h) else {
+                break;
+            };
             if b.children == 0 && b.pins == 0 {
                 self.kv_leaves.remove(&(b.last_use, h));
             }
@@ -272,12 +298,18 @@ impl NodeMemory {
     pub fn kv_alloc(&mut self, n: usize) -> Result<Vec<u32>, MemoryError> {
         while self.kv_free.len() < n {
             let Some(((_, h), ())) = self.kv_leaves.pop_first() else {
-                return Err(MemoryError::KvFull { wanted: n, free: self.kv_free.len() });
+                return Err(MemoryError::KvFull {
+                    wanted: n,
+                    free: self.kv_free.len(),
+                });
             };
             let b = self.kv_blocks.remove(&h).expect("leaf is cached");
             self.kv_free.push(b.page);
             if let Some(p) = b.parent {
-                let parent = self.kv_blocks.get_mut(&p).expect("parent outlives children");
+                let parent = self
+                    .kv_blocks
+                    .get_mut(&p)
+                    .expect("parent outlives children");
                 parent.children -= 1;
                 if parent.children == 0 && parent.pins == 0 {
                     self.kv_leaves.insert((parent.last_use, p), ());
@@ -309,13 +341,25 @@ impl NodeMemory {
                 }
                 pb.children += 1;
             }
-            self.kv_blocks.insert(h, CachedBlock { page, parent, children: 0, last_use: tick, pins: 0 });
+            self.kv_blocks.insert(
+                h,
+                CachedBlock {
+                    page,
+                    parent,
+                    children: 0,
+                    last_use: tick,
+                    pins: 0,
+                },
+            );
             parent = Some(h);
         }
         // Unpin the matched path; blocks that end up childless become leaves.
         let last_new = parent.filter(|h| !matched.hashes.contains(h));
         for &h in &matched.hashes {
-            let b = self.kv_blocks.get_mut(&h).expect("pinned blocks stay cached");
+            let b = self
+                .kv_blocks
+                .get_mut(&h)
+                .expect("pinned blocks stay cached");
             b.pins -= 1;
             if b.children == 0 && b.pins == 0 {
                 self.kv_leaves.insert((b.last_use, h), ());
@@ -339,7 +383,11 @@ mod tests {
 
     // 4 floats per page, 2 floats per row → 2 rows per page; block of 2 tokens.
     fn mem(pages: u64, alpha: f64) -> NodeMemory {
-        let cfg = MemoryConfig { pool_bytes: pages * 16, alpha, ..Default::default() };
+        let cfg = MemoryConfig {
+            pool_bytes: pages * 16,
+            alpha,
+            ..Default::default()
+        };
         NodeMemory::new(cfg, 4, 2, 2).unwrap()
     }
 
@@ -367,13 +415,21 @@ mod tests {
         assert_eq!(p.matched_tokens, 0);
         let table = m.kv_alloc(3).unwrap();
         m.kv_commit_prefix(&hist, &table, &p);
-        assert_eq!(m.kv_cached_prefix_len(&hist), 4, "two full blocks cached, tail is scratch");
+        assert_eq!(
+            m.kv_cached_prefix_len(&hist),
+            4,
+            "two full blocks cached, tail is scratch"
+        );
         assert_eq!(m.stats().kv_blocks_free, 6);
 
         let longer = [1, 2, 3, 4, 5, 6, 7];
         let p = m.kv_match_prefix(&longer);
         assert_eq!(p.matched_tokens, 4);
-        assert_eq!(p.blocks, table[..2].to_vec(), "same pages: KV blocks never move");
+        assert_eq!(
+            p.blocks,
+            table[..2].to_vec(),
+            "same pages: KV blocks never move"
+        );
         let mut t2 = p.blocks.clone();
         t2.extend(m.kv_alloc(2).unwrap());
         m.kv_commit_prefix(&longer, &t2, &p);
@@ -391,7 +447,10 @@ mod tests {
         m.kv_commit_prefix(&a, &t, &p);
         // Pin a's path, then ask for 2 pages: only 1 is free and nothing is evictable.
         let pinned = m.kv_match_prefix(&a);
-        assert_eq!(m.kv_alloc(2), Err(MemoryError::KvFull { wanted: 2, free: 1 }));
+        assert_eq!(
+            m.kv_alloc(2),
+            Err(MemoryError::KvFull { wanted: 2, free: 1 })
+        );
         m.kv_commit_prefix(&a, &pinned.blocks, &pinned);
         // Unpinned: the leaf (block 2), then its parent, can go.
         let got = m.kv_alloc(3).unwrap();
@@ -401,7 +460,10 @@ mod tests {
 
     #[test]
     fn unknown_policy_is_a_clear_error() {
-        let cfg = MemoryConfig { kv_policy: "arc".into(), ..Default::default() };
+        let cfg = MemoryConfig {
+            kv_policy: "arc".into(),
+            ..Default::default()
+        };
         let err = NodeMemory::new(cfg, 4, 2, 2).unwrap_err();
         assert!(err.to_string().contains("memory.kv_policy"));
     }

@@ -178,7 +178,13 @@ impl ServingNode {
 
     /// Serves one rank request at event time `now_ms` whose user history is
     /// `history` (the first hist_len items).
-    pub fn serve(&mut self, now_ms: u64, req: RankRequest<'_>, history: &[u32], catalog: &dyn ItemCatalog) -> Result<Served, ServeError> {
+    pub fn serve(
+        &mut self,
+        now_ms: u64,
+        req: RankRequest<'_>,
+        history: &[u32],
+        catalog: &dyn ItemCatalog,
+    ) -> Result<Served, ServeError> {
         if req.candidates.is_empty() {
             return Err(ServeError::NoCandidates { req_id: req.req_id });
         }
@@ -193,7 +199,10 @@ impl ServingNode {
         // User-as-prefix: reuse the cached prefix of the history, compute the rest.
         let prefix = self.memory.kv_match_prefix(history);
         let reused = prefix.matched_tokens.min(history.len());
-        let blocks_needed = history.len().div_ceil(self.params.model.block_size).saturating_sub(prefix.blocks.len());
+        let blocks_needed = history
+            .len()
+            .div_ceil(self.params.model.block_size)
+            .saturating_sub(prefix.blocks.len());
         let mut block_table = prefix.blocks.clone();
         let fresh = self.memory.kv_alloc(blocks_needed)?;
         block_table.extend_from_slice(&fresh);
@@ -202,7 +211,10 @@ impl ServingNode {
         let forward = self
             .model
             .prefill(store, &block_table, reused, new_tokens)
-            .and_then(|()| self.model.rank_user_prefix(&*store, &block_table, history.len(), &candidate_tokens));
+            .and_then(|()| {
+                self.model
+                    .rank_user_prefix(&*store, &block_table, history.len(), &candidate_tokens)
+            });
         let scores = match forward {
             Ok(scores) => scores,
             Err(e) => {
@@ -215,7 +227,9 @@ impl ServingNode {
         self.memory.kv_commit_prefix(history, &block_table, &prefix);
         let block = self.params.model.block_size;
         if history.len() >= block {
-            self.user_heads.entry(req.user_id).or_insert_with(|| history[..block].to_vec());
+            self.user_heads
+                .entry(req.user_id)
+                .or_insert_with(|| history[..block].to_vec());
             self.users_touched.insert(req.user_id);
         }
 
@@ -265,7 +279,10 @@ impl ServingNode {
         check.extend(self.kv_users_reported.iter().copied());
         for user in check {
             let block = self.params.model.block_size;
-            let resident = self.user_heads.get(&user).is_some_and(|head| self.memory.kv_cached_prefix_len(head) >= block);
+            let resident = self
+                .user_heads
+                .get(&user)
+                .is_some_and(|head| self.memory.kv_cached_prefix_len(head) >= block);
             let known = self.kv_users_reported.contains(&user);
             if resident && !known {
                 self.kv_users_reported.insert(user);
@@ -275,9 +292,11 @@ impl ServingNode {
                 report.kv_users_removed.push(user);
             }
         }
-        let threshold = (self.params.shards.shard_rows() as f64 * self.params.shard_resident_share).max(1.0);
+        let threshold =
+            (self.params.shards.shard_rows() as f64 * self.params.shard_resident_share).max(1.0);
         for shard in std::mem::take(&mut self.shards_touched) {
-            let resident = self.shard_rows_resident.get(&shard).copied().unwrap_or(0) as f64 >= threshold;
+            let resident =
+                self.shard_rows_resident.get(&shard).copied().unwrap_or(0) as f64 >= threshold;
             let known = self.shards_reported.contains(&shard);
             if resident && !known {
                 self.shards_reported.insert(shard);
@@ -291,7 +310,8 @@ impl ServingNode {
     }
 
     fn backlog(&self, now_ms: u64) -> f64 {
-        let drained = self.params.service_tokens_per_ms * now_ms.saturating_sub(self.backlog_at_ms) as f64;
+        let drained =
+            self.params.service_tokens_per_ms * now_ms.saturating_sub(self.backlog_at_ms) as f64;
         (self.backlog_tokens - drained).max(0.0)
     }
 
@@ -302,7 +322,12 @@ impl ServingNode {
 
     /// Summed embedding rows of `items`, `d_model` floats each, through the
     /// EMB cache.
-    fn item_tokens(&mut self, items: &[u32], catalog: &dyn ItemCatalog, stats: &mut EmbStats) -> Vec<f32> {
+    fn item_tokens(
+        &mut self,
+        items: &[u32],
+        catalog: &dyn ItemCatalog,
+        stats: &mut EmbStats,
+    ) -> Vec<f32> {
         let d = self.params.model.d_model;
         let tables = self.host.tables();
         let mut out = vec![0f32; items.len() * d];
@@ -342,7 +367,8 @@ impl ServingNode {
         if bytes == 0 {
             return;
         }
-        let cost = self.params.link_latency + Duration::from_secs_f64(bytes as f64 / self.params.link_bytes_per_s);
+        let cost = self.params.link_latency
+            + Duration::from_secs_f64(bytes as f64 / self.params.link_bytes_per_s);
         let until = Instant::now() + cost;
         while Instant::now() < until {
             std::hint::spin_loop();

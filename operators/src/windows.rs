@@ -46,7 +46,8 @@ impl WindowStats {
     /// except that p99 needs latencies, which are sorted first in the key).
     pub fn from_samples<'a>(samples: impl IntoIterator<Item = (&'a TelemetrySample, u64)>) -> Self {
         let mut n = 0u64;
-        let (mut hot, mut emb_hits, mut emb_lookups, mut kv_reused, mut kv_total) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut hot, mut emb_hits, mut emb_lookups, mut kv_reused, mut kv_total) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
         let (mut seq, mut violated, mut alpha) = (0u64, 0u64, 0u64);
         let mut latencies: Vec<(u64, u64)> = Vec::new();
         for (s, count) in samples {
