@@ -10,7 +10,7 @@ use grflow_operators::router::RouterConfig;
 /// The embedded default, identical to configs/default.toml.
 pub const DEFAULT_TOML: &str = include_str!("../../configs/default.toml");
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -47,7 +47,7 @@ impl Default for RunConfig {
     fn default() -> Self {
         Self {
             workers: 2,
-            speed: "4x".into(),
+            speed: "2x".into(),
             slo_ms: 30.0,
         }
     }
@@ -73,7 +73,7 @@ impl Default for DefaultTraceConfig {
             users: 3_000,
             items: 20_000,
             requests: 12_000,
-            rps: 200.0,
+            rps: 140.0,
             seed: 42,
             tables: 4,
         }
@@ -117,8 +117,8 @@ pub struct MemorySection {
 impl Default for MemorySection {
     fn default() -> Self {
         Self {
-            pool_mib: 48.0,
-            alpha: 0.5,
+            pool_mib: 4.0,
+            alpha: 0.25,
             emb_policy: "lru".into(),
             kv_policy: "lru".into(),
         }
@@ -166,8 +166,8 @@ impl Default for NodeSection {
         Self {
             shard_rows: 32,
             shard_resident_share: 0.5,
-            service_tokens_per_ms: 60.0,
-            token_capacity: 6_000.0,
+            service_tokens_per_ms: 20.0,
+            token_capacity: 2_000.0,
         }
     }
 }
@@ -311,6 +311,13 @@ mod tests {
         let cfg = Config::embedded();
         assert_eq!(cfg.run.workers, 2);
         assert_eq!(cfg.run.slo_ms, 30.0);
+    }
+
+    #[test]
+    fn embedded_file_and_compiled_defaults_agree() {
+        // A key left out of a user's file falls back to the compiled default,
+        // so the two must not drift apart.
+        assert_eq!(Config::embedded(), Config::default());
     }
 
     #[test]
