@@ -223,3 +223,101 @@ fn unknown_config_key_is_a_clear_error_with_exit_code_2() {
         "names file and key: {err}"
     );
 }
+
+/// Reads one string column of a Parquet output file.
+fn string_column(path: &Path, column: &str) -> Vec<String> {
+    use arrow::array::{Array, AsArray};
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let col = batch
+            .column_by_name(column)
+            .unwrap_or_else(|| panic!("{column} in {}", path.display()));
+        let col = arrow::compute::cast(col, &arrow::datatypes::DataType::Utf8).unwrap();
+        let strings = col.as_string::<i32>();
+        out.extend((0..strings.len()).map(|i| strings.value(i).to_string()));
+    }
+    out
+}
+
+#[test]
+fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
+    let dir = tmp("bad-row");
+    let mut trace = grflow_traces::generate(&grflow_traces::GenConfig {
+        users: 100,
+        items: 1000,
+        requests: 300,
+        rps: 100.0,
+        seed: 9,
+        ..grflow_traces::GenConfig::default()
+    });
+    // Request 120 claims more history than users.parquet holds for its user.
+    trace.requests[120].hist_len = 1_000_000;
+    let bad_req = trace.requests[120].req_id;
+    let path = dir.join("trace");
+    grflow_traces::write_trace(
+        &path,
+        &trace,
+        &grflow_traces::WriteOptions {
+            row_group_rows: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let summary = replay_json(&path, 2, Some(&out));
+    conserved(&summary);
+    assert_eq!(summary["errors"].as_u64(), Some(1), "{summary}");
+    assert_eq!(summary["responses_out"].as_u64(), Some(299));
+    let positions = string_column(&out.join("errors.parquet"), "position");
+    let reasons = string_column(&out.join("errors.parquet"), "reason");
+    assert_eq!(positions.len(), 1);
+    // Row 120 is row 56 of the second row group of 64.
+    assert!(
+        positions[0].contains("requests.parquet") && positions[0].contains("row group 1, row 120"),
+        "{}",
+        positions[0]
+    );
+    assert!(reasons[0].contains("hist_len"), "{}", reasons[0]);
+    let served = string_column(&out.join("responses.parquet"), "req_id");
+    assert!(!served.contains(&bad_req.to_string()));
+}
+
+#[test]
+fn retrieve_requests_are_served_by_beam_search_and_the_event_clock_is_deterministic() {
+    let dir = tmp("retrieve");
+    let trace = dir.join("trace");
+    ok(grflow()
+        .args(["gen-trace", "--regime", "steady", "--users", "80"])
+        .args(["--items", "1500", "--requests", "150", "--rps", "100"])
+        .args(["--seed", "3", "--retrieve-share", "0.5", "--out"])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    let run = |out: &Path| {
+        let o = ok(grflow()
+            .args(["replay", "--speed", "max", "--json", "--clock", "event"])
+            .args(["--workers", "2", "--trace"])
+            .arg(&trace)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap());
+        serde_json::from_slice::<Value>(&o.stdout).unwrap()
+    };
+    let a = run(&dir.join("a"));
+    conserved(&a);
+    assert_eq!(a["errors"].as_u64(), Some(0), "{a}");
+    assert_eq!(a["clock"], "event");
+    let b = run(&dir.join("b"));
+    assert_eq!(
+        a["latency_ms"], b["latency_ms"],
+        "event-clock latency is a pure function of the trace"
+    );
+    assert!(a["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
+}

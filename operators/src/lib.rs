@@ -9,6 +9,7 @@ pub mod memory;
 pub mod node;
 pub mod pool;
 pub mod predictor;
+pub mod retrieval;
 pub mod router;
 pub mod shards;
 pub mod windows;

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use grflow_kernels::{GrModel, ModelConfig};
+use grflow_kernels::{BeamSearch, GrModel, ModelConfig, SID_STEPS};
 
 use crate::host::HostTables;
-use crate::memory::{MemoryConfig, MemoryError, NodeMemory};
+use crate::memory::{MemoryConfig, MemoryError, NodeMemory, PrefixMatch};
+use crate::retrieval::RetrievalIndex;
 use crate::router::NodeReport;
 use crate::shards::{ShardId, ShardMap};
 
@@ -28,6 +29,13 @@ pub struct RankRequest<'a> {
     pub req_id: u64,
     pub user_id: u64,
     pub candidates: &'a [u32],
+}
+
+/// A generative-retrieval request: the user's history is the prompt.
+#[derive(Clone, Copy, Debug)]
+pub struct RetrieveRequest {
+    pub req_id: u64,
+    pub user_id: u64,
 }
 
 /// Which side of the bipartite sequence was the prefix (BAT).
@@ -53,6 +61,9 @@ pub struct NodeParams {
     pub model_seed: u64,
     /// Items returned per response.
     pub top_k: usize,
+    /// Generative retrieval: beam width BW and per-beam top-K (xGR).
+    pub beam_width: usize,
+    pub beam_top_k: usize,
     pub memory: MemoryConfig,
     /// Rows of each embedding table (the host tier adds one OOV row each).
     pub table_rows: Vec<u32>,
@@ -80,6 +91,10 @@ pub struct Served {
     pub kv_total_tokens: u32,
     pub seq_len: u32,
     pub oov_items: u32,
+    /// Latency under the event-time service model: the node's backlog
+    /// including this request over its service rate, plus the link time of
+    /// the request's embedding misses. Deterministic, unlike wall latency.
+    pub modelled_latency_ms: f64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,8 +105,8 @@ pub enum ServeError {
     Model(String),
     #[error("request {req_id} has no candidates")]
     NoCandidates { req_id: u64 },
-    #[error("request {req_id}: mode {mode} is not served by this node")]
-    UnsupportedMode { req_id: u64, mode: &'static str },
+    #[error("request {req_id}: the catalog has no semantic IDs to retrieve from")]
+    EmptyCatalog { req_id: u64 },
 }
 
 /// Cumulative counters of a node.
@@ -128,6 +143,8 @@ pub struct ServingNode {
     /// Event-time backlog for l(n).
     backlog_tokens: f64,
     backlog_at_ms: u64,
+    /// Beam buffers, allocated on the first retrieve request and reused.
+    beam: Option<BeamSearch>,
 }
 
 impl ServingNode {
@@ -157,6 +174,7 @@ impl ServingNode {
             users_touched: BTreeSet::new(),
             backlog_tokens: 0.0,
             backlog_at_ms: 0,
+            beam: None,
         })
     }
 
@@ -177,7 +195,8 @@ impl ServingNode {
     }
 
     /// Serves one rank request at event time `now_ms` whose user history is
-    /// `history` (the first hist_len items).
+    /// `history` (the first hist_len items): User-as-prefix ranking of the
+    /// candidates on top of the user's cached history KV.
     pub fn serve(
         &mut self,
         now_ms: u64,
@@ -188,79 +207,215 @@ impl ServingNode {
         if req.candidates.is_empty() {
             return Err(ServeError::NoCandidates { req_id: req.req_id });
         }
-        let d = self.params.model.d_model;
         let mut emb = EmbStats::default();
-
         // Token embeddings: each item is the sum of its rows over all tables.
         let history_tokens = self.item_tokens(history, catalog, &mut emb);
         let candidate_tokens = self.item_tokens(req.candidates, catalog, &mut emb);
         self.pay_link(emb.miss_bytes);
 
-        // User-as-prefix: reuse the cached prefix of the history, compute the rest.
-        let prefix = self.memory.kv_match_prefix(history);
-        let reused = prefix.matched_tokens.min(history.len());
-        let blocks_needed = history
-            .len()
-            .div_ceil(self.params.model.block_size)
-            .saturating_sub(prefix.blocks.len());
-        let mut block_table = prefix.blocks.clone();
-        let fresh = self.memory.kv_alloc(blocks_needed)?;
-        block_table.extend_from_slice(&fresh);
-        let new_tokens = &history_tokens[reused * d..];
-        let store = self.memory.kv_store();
-        let forward = self
-            .model
-            .prefill(store, &block_table, reused, new_tokens)
-            .and_then(|()| {
-                self.model
-                    .rank_user_prefix(&*store, &block_table, history.len(), &candidate_tokens)
-            });
-        let scores = match forward {
+        let prefix = self.prefill_user(history, &history_tokens)?;
+        let ranked = self.model.rank_user_prefix(
+            &*self.memory.kv_store(),
+            &prefix.block_table,
+            history.len(),
+            &candidate_tokens,
+        );
+        let scores = match ranked {
             Ok(scores) => scores,
             Err(e) => {
-                // Give the pages back before reporting: nothing leaks on a failed request.
-                self.memory.kv_commit_prefix(&[], &block_table, &prefix);
+                self.release_user(&prefix);
                 return Err(ServeError::Model(e.to_string()));
             }
         };
-        // Full blocks join the prefix cache; the partial tail block is scratch.
-        self.memory.kv_commit_prefix(history, &block_table, &prefix);
-        let block = self.params.model.block_size;
-        if history.len() >= block {
-            self.user_heads
-                .entry(req.user_id)
-                .or_insert_with(|| history[..block].to_vec());
-            self.users_touched.insert(req.user_id);
-        }
+        self.commit_user(req.user_id, history, &prefix);
 
         let mut order: Vec<usize> = (0..scores.len()).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
         order.truncate(self.params.top_k);
         let items = order.iter().map(|&i| req.candidates[i]).collect();
         let top_scores = order.iter().map(|&i| scores[i]).collect();
-
         let tokens = history.len() + req.candidates.len() + 1;
-        let computed = tokens - reused;
-        self.add_backlog(now_ms, computed as f64);
+        Ok(self.finish(
+            now_ms,
+            items,
+            top_scores,
+            tokens,
+            prefix.reused,
+            history.len(),
+            &emb,
+        ))
+    }
 
+    /// Serves one generative-retrieval request (xGR): the user's history is
+    /// the shared prompt, beam search decodes semantic-ID triplets constrained
+    /// to the catalog, and the best `top_k` items come back with their
+    /// log-probabilities as scores.
+    pub fn serve_retrieve(
+        &mut self,
+        now_ms: u64,
+        req: RetrieveRequest,
+        history: &[u32],
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+    ) -> Result<Served, ServeError> {
+        if index.is_empty() {
+            return Err(ServeError::EmptyCatalog { req_id: req.req_id });
+        }
+        let mut emb = EmbStats::default();
+        let history_tokens = self.item_tokens(history, catalog, &mut emb);
+        self.pay_link(emb.miss_bytes);
+
+        let prefix = self.prefill_user(history, &history_tokens)?;
+        if self.beam.is_none() {
+            let cfg = &self.params.model;
+            let max_prompt = cfg.max_positions.saturating_sub(SID_STEPS);
+            let beam = BeamSearch::new(
+                cfg,
+                self.params.beam_width,
+                self.params.beam_top_k,
+                max_prompt,
+            )
+            .map_err(|e| ServeError::Model(e.to_string()));
+            match beam {
+                Ok(beam) => self.beam = Some(beam),
+                Err(e) => {
+                    self.release_user(&prefix);
+                    return Err(e);
+                }
+            }
+        }
+        let beam = self.beam.as_mut().expect("created above");
+        let generated = beam.generate(
+            &self.model,
+            &*self.memory.kv_store(),
+            &prefix.block_table,
+            history.len(),
+            index.trie(),
+        );
+        let (items, scores): (Vec<u32>, Vec<f32>) = match generated {
+            Ok(hits) => hits
+                .iter()
+                .filter_map(|h| index.item(h.sid).map(|item| (item, h.log_prob)))
+                .take(self.params.top_k)
+                .unzip(),
+            Err(e) => {
+                self.release_user(&prefix);
+                return Err(ServeError::Model(e.to_string()));
+            }
+        };
+        self.commit_user(req.user_id, history, &prefix);
+        let tokens = history.len() + SID_STEPS * self.params.beam_width;
+        Ok(self.finish(
+            now_ms,
+            items,
+            scores,
+            tokens,
+            prefix.reused,
+            history.len(),
+            &emb,
+        ))
+    }
+
+    /// Computes the KV of `history` (token embeddings `history_tokens`) on
+    /// top of its longest cached prefix.
+    fn prefill_user(
+        &mut self,
+        history: &[u32],
+        history_tokens: &[f32],
+    ) -> Result<UserPrefix, ServeError> {
+        let d = self.params.model.d_model;
+        let matched = self.memory.kv_match_prefix(history);
+        let reused = matched.matched_tokens.min(history.len());
+        let blocks_needed = history
+            .len()
+            .div_ceil(self.params.model.block_size)
+            .saturating_sub(matched.blocks.len());
+        let mut block_table = matched.blocks.clone();
+        let fresh = match self.memory.kv_alloc(blocks_needed) {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                // Unpin the matched blocks: nothing leaks on a failed request.
+                self.memory.kv_commit_prefix(&[], &block_table, &matched);
+                return Err(e.into());
+            }
+        };
+        block_table.extend_from_slice(&fresh);
+        let prefix = UserPrefix {
+            block_table,
+            matched,
+            reused,
+        };
+        let store = self.memory.kv_store();
+        if let Err(e) = self.model.prefill(
+            store,
+            &prefix.block_table,
+            reused,
+            &history_tokens[reused * d..],
+        ) {
+            self.release_user(&prefix);
+            return Err(ServeError::Model(e.to_string()));
+        }
+        Ok(prefix)
+    }
+
+    /// Gives a failed request's pages back without caching anything.
+    fn release_user(&mut self, prefix: &UserPrefix) {
+        self.memory
+            .kv_commit_prefix(&[], &prefix.block_table, &prefix.matched);
+    }
+
+    /// Full blocks of the history join the prefix cache; the partial tail
+    /// block is scratch.
+    fn commit_user(&mut self, user_id: u64, history: &[u32], prefix: &UserPrefix) {
+        self.memory
+            .kv_commit_prefix(history, &prefix.block_table, &prefix.matched);
+        let block = self.params.model.block_size;
+        if history.len() >= block {
+            self.user_heads
+                .entry(user_id)
+                .or_insert_with(|| history[..block].to_vec());
+            self.users_touched.insert(user_id);
+        }
+    }
+
+    /// Books a served request: backlog, counters, and the response.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &mut self,
+        now_ms: u64,
+        items: Vec<u32>,
+        scores: Vec<f32>,
+        tokens: usize,
+        reused: usize,
+        history_len: usize,
+        emb: &EmbStats,
+    ) -> Served {
+        let computed = tokens - reused;
+        let backlog = self.add_backlog(now_ms, computed as f64);
+        let link_ms = if emb.miss_bytes == 0 {
+            0.0
+        } else {
+            self.link_cost(emb.miss_bytes).as_secs_f64() * 1e3
+        };
         self.counters.responses += 1;
         self.counters.emb_hits += emb.hits as u64;
         self.counters.emb_lookups += emb.lookups as u64;
         self.counters.kv_reused_tokens += reused as u64;
-        self.counters.kv_total_tokens += history.len() as u64;
+        self.counters.kv_total_tokens += history_len as u64;
         self.counters.link_bytes += emb.miss_bytes as u64;
         self.counters.oov_items += emb.oov_items as u64;
-        Ok(Served {
+        Served {
             items,
-            scores: top_scores,
+            scores,
             prefix: Prefix::User,
             emb_hits: emb.hits,
             emb_lookups: emb.lookups,
             kv_reused_tokens: reused as u32,
-            kv_total_tokens: history.len() as u32,
+            kv_total_tokens: history_len as u32,
             seq_len: tokens as u32,
             oov_items: emb.oov_items,
-        })
+            modelled_latency_ms: backlog / self.params.service_tokens_per_ms + link_ms,
+        }
     }
 
     /// Residency changes since the previous report, and the load now.
@@ -315,9 +470,11 @@ impl ServingNode {
         (self.backlog_tokens - drained).max(0.0)
     }
 
-    fn add_backlog(&mut self, now_ms: u64, tokens: f64) {
+    /// Queues `tokens` of work at `now_ms`; returns the backlog including them.
+    fn add_backlog(&mut self, now_ms: u64, tokens: f64) -> f64 {
         self.backlog_tokens = self.backlog(now_ms) + tokens;
         self.backlog_at_ms = self.backlog_at_ms.max(now_ms);
+        self.backlog_tokens
     }
 
     /// Summed embedding rows of `items`, `d_model` floats each, through the
@@ -367,13 +524,25 @@ impl ServingNode {
         if bytes == 0 {
             return;
         }
-        let cost = self.params.link_latency
-            + Duration::from_secs_f64(bytes as f64 / self.params.link_bytes_per_s);
-        let until = Instant::now() + cost;
+        let until = Instant::now() + self.link_cost(bytes);
         while Instant::now() < until {
             std::hint::spin_loop();
         }
     }
+}
+
+impl ServingNode {
+    fn link_cost(&self, bytes: usize) -> Duration {
+        self.params.link_latency
+            + Duration::from_secs_f64(bytes as f64 / self.params.link_bytes_per_s)
+    }
+}
+
+/// The user's history KV while a request runs on it.
+struct UserPrefix {
+    block_table: Vec<u32>,
+    matched: PrefixMatch,
+    reused: usize,
 }
 
 #[derive(Debug, Default)]

@@ -41,6 +41,9 @@ pub struct RunConfig {
     pub speed: String,
     /// Latency objective for slo_satisfaction and slo_violation_share.
     pub slo_ms: f64,
+    /// What latency_ms measures: "wall" (admission to response on this
+    /// machine) or "event" (the node's event-time service model).
+    pub clock: Clock,
 }
 
 impl Default for RunConfig {
@@ -49,6 +52,40 @@ impl Default for RunConfig {
             workers: 2,
             speed: "2x".into(),
             slo_ms: 30.0,
+            clock: Clock::Wall,
+        }
+    }
+}
+
+/// The clock latency is measured on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Clock {
+    /// Wall time from a request's admission by the source to its response:
+    /// what this machine actually delivered.
+    #[default]
+    Wall,
+    /// The serving node's event-time model (backlog over service rate plus
+    /// link time): deterministic, the same on any machine and at any speed.
+    Event,
+}
+
+impl Clock {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Clock::Wall => "wall",
+            Clock::Event => "event",
+        }
+    }
+}
+
+impl std::str::FromStr for Clock {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "wall" => Ok(Clock::Wall),
+            "event" => Ok(Clock::Event),
+            _ => Err(format!("clock {s:?} is not wall or event")),
         }
     }
 }
@@ -86,8 +123,11 @@ impl Default for DefaultTraceConfig {
 pub struct ModelSection {
     pub preset: String,
     pub seed: u64,
-    /// Candidates returned per response (best first).
+    /// Items returned per response (best first).
     pub top_k: usize,
+    /// Retrieve requests: beam width BW and per-beam top-K (xGR).
+    pub beam_width: usize,
+    pub beam_top_k: usize,
 }
 
 impl Default for ModelSection {
@@ -96,6 +136,8 @@ impl Default for ModelSection {
             preset: "small".into(),
             seed: 7,
             top_k: 10,
+            beam_width: 32,
+            beam_top_k: 32,
         }
     }
 }
@@ -294,6 +336,12 @@ impl Config {
         }
         if self.model.top_k == 0 {
             return Err(invalid("model.top_k", "must be >= 1".into()));
+        }
+        if self.model.beam_width == 0 {
+            return Err(invalid("model.beam_width", "must be >= 1".into()));
+        }
+        if self.model.beam_top_k == 0 {
+            return Err(invalid("model.beam_top_k", "must be >= 1".into()));
         }
         self.router
             .validate()

@@ -12,6 +12,6 @@ pub mod replay;
 pub mod side;
 pub mod summary;
 
-pub use config::{Config, ConfigError, Speed};
+pub use config::{Clock, Config, ConfigError, Speed};
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};
 pub use summary::Summary;

@@ -39,6 +39,8 @@ pub fn node_params(cfg: &Config, meta: &TraceMeta) -> Result<NodeParams, ParamsE
         model,
         model_seed: cfg.model.seed,
         top_k: cfg.model.top_k,
+        beam_width: cfg.model.beam_width,
+        beam_top_k: cfg.model.beam_top_k,
         memory,
         table_rows: meta.table_rows.clone(),
         emb_seed: cfg.model.seed ^ 0x454d_4245_4444_494e,

@@ -83,7 +83,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         TraceInput::Parquet(dir) => {
             let tables = load_side_tables(dir)?;
             let side =
-                SideTables::new(tables.meta, tables.users, tables.items, cfg.node.shard_rows);
+                SideTables::new(tables.meta, tables.users, tables.items, cfg.node.shard_rows)
+                    .map_err(|e| ReplayError::Setup(e.to_string()))?;
             let info = ParquetRequestSource::inspect(dir)?;
             (
                 side,
@@ -103,7 +104,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 trace.users.clone(),
                 trace.items.clone(),
                 cfg.node.shard_rows,
-            );
+            )
+            .map_err(|e| ReplayError::Setup(e.to_string()))?;
             let requests: Arc<Vec<Request>> = Arc::new(trace.requests.clone());
             let origin = requests.first().map_or(0, |r| r.ts_ms);
             let name = format!("embedded default ({})", side.meta.source);
@@ -190,6 +192,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 node,
                 side: worker_side.clone(),
                 slo_ms: worker_cfg.run.slo_ms,
+                clock: worker_cfg.run.clock,
                 window_ms: worker_cfg.hotness.window_ms,
                 counters: worker_counters.clone(),
             },
@@ -307,6 +310,7 @@ fn assemble(
         event_time_s,
         throughput_rps: responses_out as f64 / wall_s.max(1e-9),
         slo_ms: cfg.run.slo_ms,
+        clock: cfg.run.clock.as_str().to_string(),
         slo_satisfaction: slo_satisfaction(&latencies, cfg.run.slo_ms),
         latency_ms: LatencySummary::from_unsorted(latencies),
         emb_hit_rate: ratio(sum(|n| n.emb_hits), sum(|n| n.emb_lookups)),

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use grflow_operators::node::ItemCatalog;
+use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::router::shard_profile;
 use grflow_operators::shards::{ShardId, ShardMap};
 use grflow_traces::{Item, Request, TraceMeta, UserHistory};
@@ -14,6 +15,8 @@ pub struct SideTables {
     users: HashMap<u64, Vec<u32>>,
     items: HashMap<u32, Item>,
     pub shards: ShardMap,
+    /// Semantic IDs of the catalog for retrieve requests.
+    pub retrieval: RetrievalIndex,
 }
 
 /// Why a request cannot be served from the side tables.
@@ -25,6 +28,8 @@ pub enum SideError {
         hist_len: u32,
         have: usize,
     },
+    #[error("items.parquet: semantic IDs do not fit codebook_size {codebook_size}: {reason}")]
+    SemanticIds { codebook_size: u16, reason: String },
 }
 
 impl SideTables {
@@ -33,14 +38,23 @@ impl SideTables {
         users: Vec<UserHistory>,
         items: Vec<Item>,
         shard_rows: u32,
-    ) -> Self {
+    ) -> Result<Self, SideError> {
         let shards = ShardMap::new(&meta.table_rows, shard_rows);
-        Self {
+        let retrieval = RetrievalIndex::new(
+            items.iter().map(|i| (i.item_id, i.sid)),
+            meta.codebook_size as usize,
+        )
+        .map_err(|e| SideError::SemanticIds {
+            codebook_size: meta.codebook_size,
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
             meta,
             users: users.into_iter().map(|u| (u.user_id, u.items)).collect(),
             items: items.into_iter().map(|i| (i.item_id, i)).collect(),
             shards,
-        }
+            retrieval,
+        })
     }
 
     /// The first `hist_len` interactions of `user`. Unknown users have an

@@ -59,6 +59,8 @@ pub struct Summary {
     pub throughput_rps: f64,
     pub latency_ms: LatencySummary,
     pub slo_ms: f64,
+    /// The clock latency_ms was measured on: "wall" or "event".
+    pub clock: String,
     pub slo_satisfaction: f64,
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
@@ -98,7 +100,8 @@ impl Summary {
             self.wall_s, self.event_time_s, self.throughput_rps
         );
         s += &format!(
-            "latency ms  p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}   SLO {} ms met by {:.1}%\n",
+            "latency ms ({} clock)  p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}   SLO {} ms met by {:.1}%\n",
+            self.clock,
             self.latency_ms.p50,
             self.latency_ms.p95,
             self.latency_ms.p99,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use grflow_connectors::parquet::{ErrorSink, ResponseSink, WindowSink};
-use grflow_pipeline::{Config, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput};
+use grflow_pipeline::{Clock, Config, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput};
 
 use super::InputError;
 
@@ -31,6 +31,10 @@ pub struct Args {
     /// Print summary.json to stdout instead of the human summary.
     #[arg(long)]
     pub json: bool,
+    /// What latency_ms measures: wall (admission to response) or event (the
+    /// node's deterministic service model); overrides run.clock.
+    #[arg(long)]
+    pub clock: Option<String>,
     /// No progress bar even on a terminal.
     #[arg(long)]
     pub quiet: bool,
@@ -51,6 +55,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.parse::<Speed>()
             .map_err(|e| InputError::from_display(format!("--speed: {e}")))?;
         config.run.speed = s.clone();
+    }
+    if let Some(c) = &args.clock {
+        config.run.clock = c
+            .parse::<Clock>()
+            .map_err(|e| InputError::from_display(format!("--clock: {e}")))?;
     }
     let trace = match &args.trace {
         Some(dir) => TraceInput::Parquet(dir.clone()),

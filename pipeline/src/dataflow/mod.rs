@@ -26,6 +26,7 @@ use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::node::ServingNode;
 use grflow_operators::router::{NodeReport, Router};
 
+use crate::config::Clock;
 use crate::events::{Ingest, NodeEvent};
 use crate::side::SideTables;
 use source::{Pacing, SourceCounters};
@@ -65,6 +66,7 @@ pub struct DataflowParts {
     pub node: ServingNode,
     pub side: Arc<SideTables>,
     pub slo_ms: f64,
+    pub clock: Clock,
     pub window_ms: u64,
     pub counters: Arc<JobCounters>,
 }
@@ -91,7 +93,7 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
 
         let (reports_handle, reports) = scope.feedback::<Vec<NodeReport>>(1);
         let routed = router::route(requests, reports, router.clone(), parts.side.clone());
-        let events = node::serve(routed, node.clone(), parts.side, parts.slo_ms);
+        let events = node::serve(routed, node.clone(), parts.side, parts.slo_ms, parts.clock);
 
         events
             .clone()

@@ -11,10 +11,11 @@ use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::Operator;
 
 use grflow_connectors::{ErrorRow, ResponseRow};
-use grflow_operators::node::{RankRequest, ServingNode};
+use grflow_operators::node::{RankRequest, RetrieveRequest, ServingNode};
 use grflow_operators::windows::TelemetrySample;
 use grflow_traces::Mode;
 
+use crate::config::Clock;
 use crate::dataflow::stash::TimeStash;
 use crate::events::{NodeEvent, Routed, Telemetry, now_ns};
 use crate::side::SideTables;
@@ -24,6 +25,7 @@ pub fn serve<'s>(
     node: Rc<RefCell<ServingNode>>,
     side: Arc<SideTables>,
     slo_ms: f64,
+    clock: Clock,
 ) -> StreamVec<'s, u64, NodeEvent> {
     let by_node = Exchange::new(|r: &Routed| r.decision.node as u64);
     routed.unary_frontier(by_node, "Node", move |_cap, _info| {
@@ -36,7 +38,13 @@ pub fn serve<'s>(
             });
             while let Some((time, cap, mut batch)) = waiting.pop_complete(&[frontier]) {
                 let cap = cap.expect("requests keep their capability");
-                batch.sort_by_key(|r| (r.admitted.request.ts_ms, r.admitted.request.user_id, r.admitted.request.req_id));
+                batch.sort_by_key(|r| {
+                    (
+                        r.admitted.request.ts_ms,
+                        r.admitted.request.user_id,
+                        r.admitted.request.req_id,
+                    )
+                });
                 let mut node = node.borrow_mut();
                 let mut session = output.session(&cap);
                 for routed in batch {
@@ -44,16 +52,41 @@ pub fn serve<'s>(
                     let served = side
                         .history(req.user_id, req.hist_len)
                         .map_err(|e| e.to_string())
-                        .and_then(|history| match req.mode {
-                            Mode::Rank => {
-                                let rank = RankRequest { req_id: req.req_id, user_id: req.user_id, candidates: &req.candidates };
-                                node.serve(time, rank, history, &*side).map_err(|e| e.to_string())
+                        .and_then(|history| {
+                            match req.mode {
+                                Mode::Rank => {
+                                    let rank = RankRequest {
+                                        req_id: req.req_id,
+                                        user_id: req.user_id,
+                                        candidates: &req.candidates,
+                                    };
+                                    node.serve(time, rank, history, &*side)
+                                }
+                                Mode::Retrieve => {
+                                    let retrieve = RetrieveRequest {
+                                        req_id: req.req_id,
+                                        user_id: req.user_id,
+                                    };
+                                    node.serve_retrieve(
+                                        time,
+                                        retrieve,
+                                        history,
+                                        &*side,
+                                        &side.retrieval,
+                                    )
+                                }
                             }
-                            Mode::Retrieve => Err("retrieve mode (xGR beam search) is not served by the replay node yet".to_string()),
+                            .map_err(|e| e.to_string())
                         });
                     match served {
                         Ok(out) => {
-                            let latency_ms = now_ns().saturating_sub(routed.admitted.admitted_ns) as f64 / 1e6;
+                            let latency_ms = match clock {
+                                Clock::Wall => {
+                                    now_ns().saturating_sub(routed.admitted.admitted_ns) as f64
+                                        / 1e6
+                                }
+                                Clock::Event => out.modelled_latency_ms,
+                            };
                             let sample = TelemetrySample {
                                 latency_us: (latency_ms * 1000.0) as u64,
                                 hot_user: routed.decision.hot_user,
@@ -65,7 +98,11 @@ pub fn serve<'s>(
                                 slo_violated: latency_ms > slo_ms,
                                 alpha_milli: (node.alpha() * 1000.0).round() as u32,
                             };
-                            session.give(NodeEvent::Telemetry(Telemetry { node: node.id(), ts_ms: time, sample }));
+                            session.give(NodeEvent::Telemetry(Telemetry {
+                                node: node.id(),
+                                ts_ms: time,
+                                sample,
+                            }));
                             session.give(NodeEvent::Response(ResponseRow {
                                 req_id: req.req_id,
                                 node: node.id(),
