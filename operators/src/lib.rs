@@ -5,7 +5,6 @@ pub mod eviction;
 pub mod host;
 pub mod hotness;
 pub mod link;
-pub mod memory;
 pub mod node;
 pub mod pool;
 pub mod predictor;

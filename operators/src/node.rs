@@ -10,8 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use grflow_kernels::{BeamSearch, GrModel, ModelConfig, SID_STEPS};
 
+use crate::cache::{
+    BoundaryMove, KvTenant, MemoryError, MemoryStats, NodeMemory, NodeMemoryConfig, PrefixMatch,
+};
 use crate::host::HostTables;
-use crate::memory::{MemoryConfig, MemoryError, NodeMemory, PrefixMatch};
+use crate::link::LinkConfig;
 use crate::retrieval::RetrievalIndex;
 use crate::router::NodeReport;
 use crate::shards::{ShardId, ShardMap};
@@ -54,6 +57,18 @@ impl Prefix {
     }
 }
 
+/// The node's device memory pool; page and row sizes come from the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryParams {
+    pub pool_bytes: u64,
+    /// EMB share α of the pool.
+    pub alpha: f64,
+    /// Eviction policies by name: lru | laru | fpb | hf.
+    pub emb_policy: String,
+    pub user_kv_policy: String,
+    pub item_kv_policy: String,
+}
+
 /// Everything a node is built from.
 #[derive(Clone, Debug)]
 pub struct NodeParams {
@@ -64,16 +79,15 @@ pub struct NodeParams {
     /// Generative retrieval: beam width BW and per-beam top-K (xGR).
     pub beam_width: usize,
     pub beam_top_k: usize,
-    pub memory: MemoryConfig,
+    pub memory: MemoryParams,
     /// Rows of each embedding table (the host tier adds one OOV row each).
     pub table_rows: Vec<u32>,
     pub emb_seed: u64,
     pub shards: ShardMap,
     /// A shard is resident once this share of its rows is cached.
     pub shard_resident_share: f64,
-    /// Host→device link: bytes per second and fixed latency per transfer.
-    pub link_bytes_per_s: f64,
-    pub link_latency: Duration,
+    /// Host→device link: miss lane bandwidth and latency, refill lane cap.
+    pub link: LinkConfig,
     /// Event-time service model for the load l(n).
     pub service_tokens_per_ms: f64,
     pub token_capacity: f64,
@@ -145,6 +159,8 @@ pub struct ServingNode {
     backlog_at_ms: u64,
     /// Beam buffers, allocated on the first retrieve request and reused.
     beam: Option<BeamSearch>,
+    /// Origin of the link's nanosecond clock.
+    started: Instant,
 }
 
 impl ServingNode {
@@ -152,12 +168,18 @@ impl ServingNode {
         let model = GrModel::new(params.model.clone(), params.model_seed);
         let model_version = model.model_version();
         let host = HostTables::new(&params.table_rows, params.model.d_model, params.emb_seed);
-        let memory = NodeMemory::new(
-            params.memory.clone(),
-            params.model.kv_block_floats(),
-            params.model.d_model,
-            params.model.block_size,
-        )?;
+        let m = &params.memory;
+        let memory = NodeMemory::new(NodeMemoryConfig {
+            pool_bytes: m.pool_bytes,
+            page_floats: params.model.kv_block_floats(),
+            block_tokens: params.model.block_size,
+            emb_row_floats: params.model.d_model,
+            alpha: m.alpha,
+            emb_policy: m.emb_policy.clone(),
+            user_kv_policy: m.user_kv_policy.clone(),
+            item_kv_policy: m.item_kv_policy.clone(),
+            link: params.link,
+        })?;
         Ok(Self {
             id,
             params,
@@ -175,6 +197,7 @@ impl ServingNode {
             backlog_tokens: 0.0,
             backlog_at_ms: 0,
             beam: None,
+            started: Instant::now(),
         })
     }
 
@@ -194,6 +217,19 @@ impl ServingNode {
         &self.counters
     }
 
+    /// Pool, cache and link telemetry.
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.memory.stats()
+    }
+
+    /// Moves the EMB/KV boundary (HLEM §IV-B); the allocator calls this.
+    /// Shard residency is recounted so the next report tells the router.
+    pub fn set_alpha(&mut self, alpha: f64) -> Result<BoundaryMove, ServeError> {
+        let moved = self.memory.set_alpha(alpha)?;
+        self.recount_shards();
+        Ok(moved)
+    }
+
     /// Serves one rank request at event time `now_ms` whose user history is
     /// `history` (the first hist_len items): User-as-prefix ranking of the
     /// candidates on top of the user's cached history KV.
@@ -207,6 +243,7 @@ impl ServingNode {
         if req.candidates.is_empty() {
             return Err(ServeError::NoCandidates { req_id: req.req_id });
         }
+        self.advance_refill();
         let mut emb = EmbStats::default();
         // Token embeddings: each item is the sum of its rows over all tables.
         let history_tokens = self.item_tokens(history, catalog, &mut emb);
@@ -261,6 +298,7 @@ impl ServingNode {
         if index.is_empty() {
             return Err(ServeError::EmptyCatalog { req_id: req.req_id });
         }
+        self.advance_refill();
         let mut emb = EmbStats::default();
         let history_tokens = self.item_tokens(history, catalog, &mut emb);
         self.pay_link(emb.miss_bytes);
@@ -324,18 +362,18 @@ impl ServingNode {
         history_tokens: &[f32],
     ) -> Result<UserPrefix, ServeError> {
         let d = self.params.model.d_model;
-        let matched = self.memory.kv_match_prefix(history);
+        let matched = self.memory.kv_match(history);
         let reused = matched.matched_tokens.min(history.len());
         let blocks_needed = history
             .len()
             .div_ceil(self.params.model.block_size)
             .saturating_sub(matched.blocks.len());
         let mut block_table = matched.blocks.clone();
-        let fresh = match self.memory.kv_alloc(blocks_needed) {
+        let fresh = match self.memory.kv_alloc(blocks_needed, KvTenant::UserPrefix) {
             Ok(fresh) => fresh,
             Err(e) => {
                 // Unpin the matched blocks: nothing leaks on a failed request.
-                self.memory.kv_commit_prefix(&[], &block_table, &matched);
+                self.memory.kv_release(&matched, &[]);
                 return Err(e.into());
             }
         };
@@ -360,15 +398,15 @@ impl ServingNode {
 
     /// Gives a failed request's pages back without caching anything.
     fn release_user(&mut self, prefix: &UserPrefix) {
-        self.memory
-            .kv_commit_prefix(&[], &prefix.block_table, &prefix.matched);
+        let fresh = &prefix.block_table[prefix.matched.blocks.len()..];
+        self.memory.kv_release(&prefix.matched, fresh);
     }
 
     /// Full blocks of the history join the prefix cache; the partial tail
     /// block is scratch.
     fn commit_user(&mut self, user_id: u64, history: &[u32], prefix: &UserPrefix) {
         self.memory
-            .kv_commit_prefix(history, &prefix.block_table, &prefix.matched);
+            .kv_commit(history, &prefix.block_table, &prefix.matched);
         let block = self.params.model.block_size;
         if history.len() >= block {
             self.user_heads
@@ -498,7 +536,7 @@ impl ServingNode {
                 let feature = features.and_then(|f| f.get(t).copied()).unwrap_or(u32::MAX);
                 let (row, _) = self.host.resolve(t as u16, feature);
                 stats.lookups += 1;
-                if let Some(values) = self.memory.emb_get(t as u16, row) {
+                if let Some(values) = self.memory.emb_lookup(t as u16, row) {
                     stats.hits += 1;
                     add(token, values);
                     continue;
@@ -506,35 +544,74 @@ impl ServingNode {
                 let values = self.host.row(t as u16, row);
                 add(token, values);
                 stats.miss_bytes += self.host.row_bytes();
-                for (table, row, delta) in self.memory.emb_insert(t as u16, row, values) {
-                    let shard = self.params.shards.shard_of(table, row);
-                    let count = self.shard_rows_resident.entry(shard).or_default();
-                    *count = count.saturating_add_signed(delta);
-                    self.shards_touched.insert(shard);
+                let evicted = self.memory.emb_insert(t as u16, row, values);
+                if self.memory.emb_contains(t as u16, row) {
+                    self.count_shard_row(t as u16, row, 1);
+                }
+                for (table, row) in evicted {
+                    self.count_shard_row(table, row, -1);
                 }
             }
         }
         out
     }
 
-    /// Waits for a host→device transfer of `bytes` at the link's bandwidth:
+    fn count_shard_row(&mut self, table: u16, row: u32, delta: i32) {
+        let shard = self.params.shards.shard_of(table, row);
+        let count = self.shard_rows_resident.entry(shard).or_default();
+        *count = count.saturating_add_signed(delta);
+        self.shards_touched.insert(shard);
+    }
+
+    /// Waits for a host→device transfer of `bytes` on the link's miss lane:
     /// on the CPU backend the device pool is host memory, so the link paces
-    /// the copy to what PCIe would cost.
-    fn pay_link(&self, bytes: usize) {
+    /// the copy to what PCIe would cost (queueing behind earlier misses).
+    fn pay_link(&mut self, bytes: usize) {
         if bytes == 0 {
             return;
         }
-        let until = Instant::now() + self.link_cost(bytes);
+        let now = self.clock_ns();
+        let done = self.memory.link().miss_transfer(bytes as u64, now);
+        let until = self.started + Duration::from_nanos(done);
         while Instant::now() < until {
             std::hint::spin_loop();
         }
     }
-}
 
-impl ServingNode {
+    /// Lets background refill (after an α move) use the idle link up to now.
+    fn advance_refill(&mut self) {
+        let now = self.clock_ns();
+        let host = &self.host;
+        let refilled = self
+            .memory
+            .advance_refill(now, &|t, r| host.row(t, r).to_vec());
+        if refilled > 0 {
+            self.recount_shards();
+        }
+    }
+
+    /// Nanoseconds since the node started: the link's clock.
+    fn clock_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
+    /// Transfer time of `bytes` on an idle miss lane (the event-time model).
     fn link_cost(&self, bytes: usize) -> Duration {
-        self.params.link_latency
-            + Duration::from_secs_f64(bytes as f64 / self.params.link_bytes_per_s)
+        let link = &self.params.link;
+        Duration::from_nanos(link.latency_ns)
+            + Duration::from_secs_f64(bytes as f64 / link.bytes_per_s)
+    }
+
+    /// Recounts resident rows of every shard ever seen (after the EMB share
+    /// changed under the counters: boundary moves and refill).
+    fn recount_shards(&mut self) {
+        let shards: Vec<ShardId> = self.shard_rows_resident.keys().copied().collect();
+        for shard in shards {
+            let (table, rows) = self.params.shards.rows_of(shard);
+            let resident = rows.filter(|&r| self.memory.emb_contains(table, r)).count() as u32;
+            self.shard_rows_resident.insert(shard, resident);
+            self.shards_touched.insert(shard);
+        }
     }
 }
 

@@ -39,9 +39,18 @@ impl ShardMap {
         *self.offsets.last().unwrap_or(&0)
     }
 
-    /// Rows of a shard (the last shard of a table may be short).
+    /// The shard holding (table, row).
     pub fn shard_of(&self, table: u16, row: u32) -> ShardId {
         self.offsets[table as usize] + row / self.shard_rows
+    }
+
+    /// The table and row range of a shard (the range of a table's last shard
+    /// may run past the table's end).
+    pub fn rows_of(&self, shard: ShardId) -> (u16, std::ops::Range<u32>) {
+        // offsets[t] <= shard < offsets[t + 1]
+        let table = self.offsets.partition_point(|&o| o <= shard) - 1;
+        let start = (shard - self.offsets[table]) * self.shard_rows;
+        (table as u16, start..start + self.shard_rows)
     }
 }
 
@@ -56,5 +65,8 @@ mod tests {
         assert_eq!(m.shard_of(0, 0), 0);
         assert_eq!(m.shard_of(0, 99), 3);
         assert_eq!(m.shard_of(1, 9), 4);
+        assert_eq!(m.rows_of(0), (0, 0..32));
+        assert_eq!(m.rows_of(3), (0, 96..128));
+        assert_eq!(m.rows_of(4), (1, 0..32));
     }
 }

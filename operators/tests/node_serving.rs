@@ -3,11 +3,12 @@
 //! and the event-time latency model sees the backlog.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use grflow_kernels::ModelConfig;
-use grflow_operators::memory::MemoryConfig;
-use grflow_operators::node::{ItemCatalog, NodeParams, RankRequest, RetrieveRequest, ServingNode};
+use grflow_operators::link::LinkConfig;
+use grflow_operators::node::{
+    ItemCatalog, MemoryParams, NodeParams, RankRequest, RetrieveRequest, ServingNode,
+};
 use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::shards::ShardMap;
 
@@ -42,18 +43,22 @@ fn params() -> NodeParams {
         top_k: 5,
         beam_width: 8,
         beam_top_k: 8,
-        memory: MemoryConfig {
+        memory: MemoryParams {
             pool_bytes: 4 << 20,
             alpha: 0.5,
             emb_policy: "lru".into(),
-            kv_policy: "lru".into(),
+            user_kv_policy: "lru".into(),
+            item_kv_policy: "lru".into(),
         },
         table_rows: TABLE_ROWS.to_vec(),
         emb_seed: 11,
         shards: ShardMap::new(&TABLE_ROWS, 16),
         shard_resident_share: 0.5,
-        link_bytes_per_s: 25e9,
-        link_latency: Duration::from_micros(1),
+        link: LinkConfig {
+            bytes_per_s: 25e9,
+            latency_ns: 1_000,
+            refill_bytes_per_s: 5e9,
+        },
         service_tokens_per_ms: 20.0,
         token_capacity: 2000.0,
     }
@@ -156,4 +161,36 @@ fn residency_is_reported_once_and_load_follows_the_backlog() {
     let later = node.report(15);
     assert!(later.kv_users_added.is_empty() && later.shards_added.is_empty());
     assert!((later.inflight_tokens - (expected_backlog - 5.0 * 20.0)).abs() < 1e-9);
+}
+
+#[test]
+fn moving_the_boundary_reaches_the_router_through_the_next_report() {
+    let catalog = Catalog::new(500);
+    let candidates: Vec<u32> = (0..200).collect();
+    let mut node = ServingNode::new(0, params()).unwrap();
+    let req = RankRequest {
+        req_id: 1,
+        user_id: 1,
+        candidates: &candidates,
+    };
+    node.serve(0, req, &history(30), &catalog).unwrap();
+    let before = node.report(0);
+    assert!(!before.shards_added.is_empty());
+
+    // Shrinking EMB to nothing evicts every row: every shard leaves.
+    let moved = node.set_alpha(0.0).unwrap();
+    assert!(moved.pages_to_emb < 0 && moved.emb_rows_evicted > 0);
+    let shrunk = node.report(1);
+    let mut removed = shrunk.shards_removed.clone();
+    let mut added = before.shards_added.clone();
+    removed.sort_unstable();
+    added.sort_unstable();
+    assert_eq!(removed, added);
+    assert_eq!(node.alpha(), 0.0);
+
+    // Growing it back queues a background refill of the evicted rows.
+    let grown = node.set_alpha(0.5).unwrap();
+    assert!(grown.pages_to_emb > 0);
+    assert!(grown.refill_rows > 0);
+    assert_eq!(node.memory_stats().refill_queued_bytes, grown.refill_bytes);
 }

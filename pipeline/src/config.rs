@@ -150,10 +150,12 @@ pub struct MemorySection {
     pub pool_mib: f64,
     /// EMB share α of the pool.
     pub alpha: f64,
-    /// Eviction policy of the EMB cache.
+    /// Eviction policy of the EMB cache: lru | laru | fpb | hf.
     pub emb_policy: String,
     /// Eviction policy of the user-prefix KV cache.
-    pub kv_policy: String,
+    pub user_kv_policy: String,
+    /// Eviction policy of the item-prefix KV cache.
+    pub item_kv_policy: String,
 }
 
 impl Default for MemorySection {
@@ -162,7 +164,8 @@ impl Default for MemorySection {
             pool_mib: 4.0,
             alpha: 0.25,
             emb_policy: "lru".into(),
-            kv_policy: "lru".into(),
+            user_kv_policy: "lru".into(),
+            item_kv_policy: "lru".into(),
         }
     }
 }

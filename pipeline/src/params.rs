@@ -1,10 +1,8 @@
 //! Turns the job config and the trace's metadata into node parameters.
 
-use std::time::Duration;
-
 use grflow_kernels::ModelConfig;
-use grflow_operators::memory::MemoryConfig;
-use grflow_operators::node::NodeParams;
+use grflow_operators::link::LinkConfig;
+use grflow_operators::node::{MemoryParams, NodeParams};
 use grflow_operators::shards::ShardMap;
 use grflow_traces::TraceMeta;
 
@@ -29,11 +27,18 @@ pub fn node_params(cfg: &Config, meta: &TraceMeta) -> Result<NodeParams, ParamsE
     }
     model.n_tables = meta.n_tables as usize;
     model.codebook_size = meta.codebook_size as usize;
-    let memory = MemoryConfig {
+    let memory = MemoryParams {
         pool_bytes: (cfg.memory.pool_mib * 1024.0 * 1024.0) as u64,
         alpha: cfg.memory.alpha,
         emb_policy: cfg.memory.emb_policy.clone(),
-        kv_policy: cfg.memory.kv_policy.clone(),
+        user_kv_policy: cfg.memory.user_kv_policy.clone(),
+        item_kv_policy: cfg.memory.item_kv_policy.clone(),
+    };
+    let bytes_per_s = cfg.link.bandwidth_gbps * 1e9;
+    let link = LinkConfig {
+        bytes_per_s,
+        latency_ns: (cfg.link.latency_us * 1e3).round() as u64,
+        refill_bytes_per_s: bytes_per_s * cfg.link.refill_share,
     };
     Ok(NodeParams {
         model,
@@ -46,8 +51,7 @@ pub fn node_params(cfg: &Config, meta: &TraceMeta) -> Result<NodeParams, ParamsE
         emb_seed: cfg.model.seed ^ 0x454d_4245_4444_494e,
         shards: ShardMap::new(&meta.table_rows, cfg.node.shard_rows),
         shard_resident_share: cfg.node.shard_resident_share,
-        link_bytes_per_s: cfg.link.bandwidth_gbps * 1e9,
-        link_latency: Duration::from_secs_f64(cfg.link.latency_us / 1e6),
+        link,
         service_tokens_per_ms: cfg.node.service_tokens_per_ms,
         token_capacity: cfg.node.token_capacity,
     })
