@@ -117,6 +117,25 @@ impl Default for DefaultTraceConfig {
     }
 }
 
+impl DefaultTraceConfig {
+    /// The generator settings this section stands for.
+    pub fn gen_config(&self) -> Result<grflow_traces::GenConfig, String> {
+        Ok(grflow_traces::GenConfig {
+            regime: self
+                .regime
+                .parse()
+                .map_err(|e| format!("trace.regime: {e}"))?,
+            users: self.users,
+            items: self.items,
+            requests: self.requests,
+            rps: self.rps,
+            seed: self.seed,
+            tables: self.tables,
+            ..grflow_traces::GenConfig::default()
+        })
+    }
+}
+
 /// The GR model: a named preset of kernels' ModelConfig and the weight seed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -4,20 +4,10 @@
 use std::sync::Arc;
 
 use grflow_pipeline::{Config, ReplayOptions, ReplayOutput, TraceInput, replay};
-use grflow_traces::{GenConfig, Trace};
+use grflow_traces::Trace;
 
 fn default_trace(cfg: &Config) -> Arc<Trace> {
-    let t = &cfg.trace;
-    Arc::new(grflow_traces::generate(&GenConfig {
-        regime: t.regime.parse().unwrap(),
-        users: t.users,
-        items: t.items,
-        requests: t.requests,
-        rps: t.rps,
-        seed: t.seed,
-        tables: t.tables,
-        ..GenConfig::default()
-    }))
+    Arc::new(grflow_traces::generate(&cfg.trace.gen_config().unwrap()))
 }
 
 fn run(cfg: &Config, trace: &Arc<Trace>) -> ReplayOutput {

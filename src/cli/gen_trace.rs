@@ -75,21 +75,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cfg.regime.as_str()
     ));
     let trace = generate(&cfg);
-    progress.stage(format!("writing {}", args.out.display()));
-    let opts = WriteOptions {
-        row_group_rows: args.row_group_rows,
-        ..WriteOptions::default()
-    };
-    write_trace(&args.out, &trace, &opts).map_err(InputError::from_display)?;
-    progress.done();
-    print!(
-        "{}",
-        summary(&args.out, &trace, opts.row_group_rows, start.elapsed())
-    );
-    Ok(())
+    write_and_summarise(&args.out, &trace, args.row_group_rows, &progress, start)
 }
 
 /// A spinner with the current stage on a terminal; nothing otherwise.
+/// Writes a trace directory and prints its short summary (gen-trace and
+/// import end the same way).
+pub(crate) fn write_and_summarise(
+    out: &std::path::Path,
+    trace: &Trace,
+    row_group_rows: usize,
+    progress: &Progress,
+    start: Instant,
+) -> anyhow::Result<()> {
+    progress.stage(format!("writing {}", out.display()));
+    let opts = WriteOptions {
+        row_group_rows,
+        ..WriteOptions::default()
+    };
+    write_trace(out, trace, &opts).map_err(InputError::from_display)?;
+    progress.done();
+    print!("{}", summary(out, trace, row_group_rows, start.elapsed()));
+    Ok(())
+}
+
 pub(crate) struct Progress(Option<indicatif::ProgressBar>);
 
 impl Progress {

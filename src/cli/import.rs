@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use grflow_traces::{ImportConfig, ImportFormat, WriteOptions, import, write_trace};
+use grflow_traces::{ImportConfig, ImportFormat, import};
 
 use super::InputError;
-use super::gen_trace::{Progress, summary};
+use super::gen_trace::{Progress, write_and_summarise};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -56,16 +56,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.format.as_str()
     ));
     let trace = import(&args.input, &cfg).map_err(InputError::from_display)?;
-    progress.stage(format!("writing {}", args.out.display()));
-    let opts = WriteOptions {
-        row_group_rows: args.row_group_rows,
-        ..WriteOptions::default()
-    };
-    write_trace(&args.out, &trace, &opts).map_err(InputError::from_display)?;
-    progress.done();
-    print!(
-        "{}",
-        summary(&args.out, &trace, opts.row_group_rows, start.elapsed())
-    );
-    Ok(())
+    write_and_summarise(&args.out, &trace, args.row_group_rows, &progress, start)
 }

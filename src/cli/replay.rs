@@ -64,20 +64,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let trace = match &args.trace {
         Some(dir) => TraceInput::Parquet(dir.clone()),
         None => {
-            let t = &config.trace;
-            let gen_cfg = grflow_traces::GenConfig {
-                regime: t
-                    .regime
-                    .parse()
-                    .map_err(|e| InputError::from_display(format!("trace.regime: {e}")))?,
-                users: t.users,
-                items: t.items,
-                requests: t.requests,
-                rps: t.rps,
-                seed: t.seed,
-                tables: t.tables,
-                ..grflow_traces::GenConfig::default()
-            };
+            let gen_cfg = config
+                .trace
+                .gen_config()
+                .map_err(InputError::from_display)?;
+            gen_cfg
+                .validate()
+                .map_err(|e| InputError::from_display(format!("trace: {e}")))?;
             TraceInput::Memory(Arc::new(grflow_traces::generate(&gen_cfg)))
         }
     };
