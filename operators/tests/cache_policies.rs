@@ -196,6 +196,87 @@ fn belady_matches_reference_on_synthetic_trace() {
     }
 }
 
+/// Reference LARU / FPB / HF (LCR Alg. 1 read literally): resident keys in
+/// a Vec, least recent first, candidates scanned linearly.
+struct NaivePredictive {
+    mode: Mode,
+    k: usize,
+    order: Vec<Key>,
+    pred: std::collections::HashMap<Key, f64>,
+    seen: std::collections::HashMap<Key, u64>,
+    pred_evicted: std::collections::HashMap<Key, u64>,
+    phase: u64,
+    distinct: usize,
+    lambda: f64,
+}
+
+impl NaivePredictive {
+    fn new(mode: Mode, k: usize) -> Self {
+        Self {
+            mode,
+            k,
+            order: Vec::new(),
+            pred: Default::default(),
+            seen: Default::default(),
+            pred_evicted: Default::default(),
+            phase: 1,
+            distinct: 0,
+            lambda: 1.0,
+        }
+    }
+
+    fn laru(&self) -> bool {
+        matches!(self.mode, Mode::LaruAsync)
+    }
+
+    /// One request with its prediction; returns (hit, evicted key).
+    fn request(&mut self, key: Key, pred: f64) -> (bool, Option<Key>) {
+        if self.laru() && self.distinct == self.k {
+            self.phase += 1;
+            self.lambda = 1.0;
+            self.distinct = 0;
+        }
+        if self.seen.insert(key, self.phase) != Some(self.phase) {
+            self.distinct += 1;
+        }
+        let mut out = (false, None);
+        if let Some(i) = self.order.iter().position(|&x| x == key) {
+            self.order.remove(i);
+            out.0 = true;
+        } else if self.order.len() == self.k {
+            let victim = if self.laru() && self.pred_evicted.get(&key) == Some(&self.phase) {
+                self.lambda /= 2.0;
+                0
+            } else {
+                let l = match self.mode {
+                    Mode::Fpb => self.order.len(),
+                    Mode::Hf => 4,
+                    _ => ((self.lambda * self.k as f64).floor() as usize).max(1),
+                }
+                .min(self.order.len());
+                let rank = |x: &Key| {
+                    let p = self.pred.get(x).copied().unwrap_or(f64::NEG_INFINITY);
+                    if p.is_nan() { f64::NEG_INFINITY } else { p }
+                };
+                let mut best = 0;
+                for i in 1..l {
+                    if rank(&self.order[i]) > rank(&self.order[best]) {
+                        best = i;
+                    }
+                }
+                if self.laru() {
+                    self.pred_evicted.insert(self.order[best], self.phase);
+                }
+                best
+            };
+            out.1 = Some(self.order.remove(victim));
+        }
+        self.order.push(key);
+        self.pred.insert(key, pred);
+        out
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -215,5 +296,39 @@ proptest! {
         prop_assert_eq!(laru.eviction_counts().1, 0, "no prediction is ever proven wrong");
         let mut fpb = PredictiveLru::new(Mode::Fpb, cap);
         prop_assert_eq!(replay(&mut fpb, &keys, cap, Some(&pred)), opt);
+    }
+    /// The heap-and-window LARU / FPB / HF choose exactly the reference's
+    /// victims under arbitrary (tied, NaN, wrong) predictions.
+    #[test]
+    fn predictive_modes_match_the_naive_reference(
+        reqs in prop::collection::vec((0u64..40, prop_oneof![
+            8 => (0i32..12).prop_map(|p| p as f64),
+            1 => Just(f64::NAN),
+            1 => Just(f64::NEG_INFINITY),
+        ]), 1..500),
+        cap in 1usize..24,
+    ) {
+        for mode in [Mode::LaruAsync, Mode::Fpb, Mode::Hf] {
+            let mut fast = PredictiveLru::new(mode, cap);
+            let mut naive = NaivePredictive::new(mode, cap);
+            for (t, &(key, pred)) in reqs.iter().enumerate() {
+                let now = t as u64;
+                let (hit, victim) = naive.request(key, pred);
+                prop_assert_eq!(fast.access(key, now), hit, "{:?} request {}", mode, t);
+                if !hit {
+                    let evicted = if fast.len() >= cap {
+                        fast.evict(now, &mut EvictCtx::default())
+                    } else {
+                        None
+                    };
+                    prop_assert_eq!(evicted, victim, "{:?} request {}", mode, t);
+                    fast.insert(key, now);
+                }
+                fast.set_prediction(key, pred);
+            }
+            if mode == Mode::LaruAsync {
+                prop_assert_eq!((fast.phase(), fast.lambda()), (naive.phase, naive.lambda));
+            }
+        }
     }
 }

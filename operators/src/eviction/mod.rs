@@ -10,7 +10,6 @@ mod hasher;
 mod lru;
 mod opt;
 mod predictive;
-mod segtree;
 
 pub use hasher::{KeyMap, KeySet, key_map, key_set};
 pub use lru::Lru;
