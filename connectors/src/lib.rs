@@ -1,4 +1,6 @@
-//! Sources and sinks: Parquet now, Kafka later. Free of timely types.
+//! Sources and sinks: Parquet now, Kafka's wire formats and offset
+//! bookkeeping (the client comes later). Free of timely types.
+pub mod kafka;
 pub mod parquet;
 pub mod records;
 

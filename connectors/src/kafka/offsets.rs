@@ -1,0 +1,238 @@
+//! Offsets between consumption and commit, per partition.
+//!
+//! Kafka resumes a consumer at its committed offset, so committing offset
+//! `c` promises that every record before `c` has its outputs (response or
+//! dead letter) durable on the broker. We therefore commit the smallest
+//! offset still in flight (or one past the highest consumed when nothing
+//! is), and a record seen again at or below what was consumed or committed
+//! (a re-fetch, a restart) is reported as a duplicate instead of served
+//! twice. Without broker transactions this gives: every record is answered
+//! at least once, and twice only when it was in flight at a crash.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What to do with a consumed record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// First time seen: serve it, then `ack` its offset once its output is durable.
+    New,
+    /// At or below an offset already consumed or committed: skip it.
+    Duplicate,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OffsetError {
+    #[error("partition {partition}: ack of offset {offset}, which is not in flight")]
+    NotInFlight { partition: i32, offset: i64 },
+    #[error("partition {partition}: negative offset {offset}")]
+    Negative { partition: i32, offset: i64 },
+}
+
+/// One partition's consumed, in-flight and committable offsets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    /// Offsets below this were committed before (at start) or consumed now.
+    next_new: i64,
+    in_flight: BTreeSet<i64>,
+    /// The last offset handed out by `committable` (to report changes only).
+    last_commit: Option<i64>,
+}
+
+impl PartitionOffsets {
+    /// A partition whose consumer group committed `committed` (the next
+    /// offset to read), or 0 when it never committed.
+    pub fn resuming_at(committed: i64) -> Self {
+        Self {
+            next_new: committed.max(0),
+            in_flight: BTreeSet::new(),
+            last_commit: (committed > 0).then_some(committed),
+        }
+    }
+
+    fn consume(&mut self, offset: i64) -> Admission {
+        if offset < self.next_new {
+            return Admission::Duplicate;
+        }
+        self.next_new = offset + 1;
+        self.in_flight.insert(offset);
+        Admission::New
+    }
+
+    fn ack(&mut self, offset: i64) -> bool {
+        self.in_flight.remove(&offset)
+    }
+
+    /// The offset it is safe to commit now: the oldest record still in
+    /// flight, or one past the newest consumed when none is.
+    pub fn safe_commit(&self) -> i64 {
+        self.in_flight.first().copied().unwrap_or(self.next_new)
+    }
+
+    /// Records consumed whose output is not yet durable.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+}
+
+/// Offsets of every partition a worker reads.
+#[derive(Clone, Debug, Default)]
+pub struct OffsetBook {
+    partitions: BTreeMap<i32, PartitionOffsets>,
+    duplicates: u64,
+}
+
+impl OffsetBook {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a partition at its committed offset (0 when none).
+    pub fn resume(&mut self, partition: i32, committed: i64) {
+        self.partitions
+            .insert(partition, PartitionOffsets::resuming_at(committed));
+    }
+
+    /// A record at `offset` of `partition` arrived.
+    pub fn consume(&mut self, partition: i32, offset: i64) -> Result<Admission, OffsetError> {
+        if offset < 0 {
+            return Err(OffsetError::Negative { partition, offset });
+        }
+        let admission = self
+            .partitions
+            .entry(partition)
+            .or_default()
+            .consume(offset);
+        if admission == Admission::Duplicate {
+            self.duplicates += 1;
+        }
+        Ok(admission)
+    }
+
+    /// The output of the record at `offset` is durable on the broker.
+    pub fn ack(&mut self, partition: i32, offset: i64) -> Result<(), OffsetError> {
+        let acked = self
+            .partitions
+            .get_mut(&partition)
+            .is_some_and(|p| p.ack(offset));
+        if acked {
+            Ok(())
+        } else {
+            Err(OffsetError::NotInFlight { partition, offset })
+        }
+    }
+
+    /// `(partition, offset)` commits that moved since the last call.
+    pub fn take_commits(&mut self) -> Vec<(i32, i64)> {
+        let mut out = Vec::new();
+        for (&partition, p) in &mut self.partitions {
+            let safe = p.safe_commit();
+            if p.last_commit.is_none_or(|c| c < safe) && safe > 0 {
+                p.last_commit = Some(safe);
+                out.push((partition, safe));
+            }
+        }
+        out
+    }
+
+    /// Records in flight over all partitions (the backpressure measure).
+    pub fn in_flight(&self) -> usize {
+        self.partitions.values().map(|p| p.in_flight()).sum()
+    }
+
+    /// Records skipped as already consumed or committed.
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates
+    }
+
+    pub fn partition(&self, partition: i32) -> Option<&PartitionOffsets> {
+        self.partitions.get(&partition)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn commits_wait_for_the_oldest_unacked_record() {
+        let mut book = OffsetBook::new();
+        for o in 0..4 {
+            assert_eq!(book.consume(3, o), Ok(Admission::New));
+        }
+        book.ack(3, 1).unwrap();
+        book.ack(3, 2).unwrap();
+        assert_eq!(book.take_commits(), vec![], "offset 0 is still in flight");
+        book.ack(3, 0).unwrap();
+        assert_eq!(book.take_commits(), vec![(3, 3)]);
+        assert_eq!(book.take_commits(), vec![], "nothing moved");
+        book.ack(3, 3).unwrap();
+        assert_eq!(book.take_commits(), vec![(3, 4)]);
+        assert_eq!(
+            book.ack(3, 3),
+            Err(OffsetError::NotInFlight {
+                partition: 3,
+                offset: 3
+            })
+        );
+    }
+
+    #[test]
+    fn records_below_the_committed_offset_are_duplicates_after_a_restart() {
+        let mut book = OffsetBook::new();
+        book.resume(0, 10);
+        assert_eq!(book.consume(0, 9), Ok(Admission::Duplicate));
+        assert_eq!(book.consume(0, 10), Ok(Admission::New));
+        assert_eq!(book.consume(0, 10), Ok(Admission::Duplicate));
+        assert_eq!(book.duplicates(), 2);
+        assert_eq!(
+            book.take_commits(),
+            vec![],
+            "10 is in flight, 10 was committed"
+        );
+        book.ack(0, 10).unwrap();
+        assert_eq!(book.take_commits(), vec![(0, 11)]);
+        assert!(book.consume(0, -1).is_err());
+    }
+
+    proptest! {
+        /// Whatever the ack order, a commit never passes a record still in
+        /// flight, commits only move forward, and once everything is acked
+        /// the commit is one past the last offset consumed.
+        #[test]
+        fn commit_never_passes_an_unacked_record(
+            gaps in prop::collection::vec(1i64..4, 1..60),
+            order in prop::collection::vec(any::<prop::sample::Index>(), 60),
+        ) {
+            let mut book = OffsetBook::new();
+            let mut offsets = Vec::new();
+            let mut o = 0;
+            for g in gaps {
+                o += g;
+                prop_assert_eq!(book.consume(1, o), Ok(Admission::New));
+                offsets.push(o);
+            }
+            let last = o;
+            let mut pending = offsets.clone();
+            let mut committed = 0;
+            for ix in order {
+                if pending.is_empty() {
+                    break;
+                }
+                let off = pending.remove(ix.index(pending.len()));
+                book.ack(1, off).unwrap();
+                for (_, c) in book.take_commits() {
+                    prop_assert!(c > committed);
+                    prop_assert!(pending.iter().all(|&p| p >= c), "commit {} passes {:?}", c, pending);
+                    committed = c;
+                }
+            }
+            for off in pending {
+                book.ack(1, off).unwrap();
+            }
+            let commits = book.take_commits();
+            prop_assert_eq!(commits.last().map_or(committed, |c| c.1), last + 1);
+            prop_assert_eq!(book.in_flight(), 0);
+        }
+    }
+}

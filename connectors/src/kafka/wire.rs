@@ -1,0 +1,418 @@
+//! The JSON records on Kafka topics: requests in, responses out, and dead
+//! letters for what could not be decoded. Schema: connectors/README.md.
+//!
+//! Requests are decoded field by field (not with a derive) so that a bad
+//! message names the field, array index and JSON type that were wrong.
+
+use grflow_traces::schema::Mode;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Default cap on a request message's size (1 MiB, Kafka's default
+/// `message.max.bytes`).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// Bytes of a bad payload kept in its dead letter.
+const DEAD_LETTER_PAYLOAD_BYTES: usize = 1024;
+
+/// The user's history: sent inline, or a prefix of the users table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum History {
+    /// Item ids, oldest first.
+    Inline(Vec<u32>),
+    /// The first `n` interactions of the user in the configured users table.
+    Prefix(u32),
+}
+
+/// A decoded request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WireRequest {
+    pub req_id: u64,
+    pub user_id: u64,
+    pub ts_ms: u64,
+    pub candidates: Vec<u32>,
+    pub history: History,
+    pub mode: Mode,
+}
+
+/// Why a message is not a request. Every variant names the field at fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("message of {bytes} bytes exceeds the limit of {limit} bytes")]
+    Oversized { bytes: usize, limit: usize },
+    #[error("malformed JSON at line {line}, column {column}: {message}")]
+    Malformed {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("expected a JSON object, found {found}")]
+    NotAnObject { found: &'static str },
+    #[error("missing field `{field}`")]
+    Missing { field: &'static str },
+    #[error("field `{field}`: expected {expected}, found {found}")]
+    WrongType {
+        field: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("fields `history` and `hist_len` both present; send one")]
+    TwoHistories,
+    #[error("field `candidates`: a rank request needs at least one candidate")]
+    NoCandidates,
+}
+
+impl WireError {
+    /// A stable, machine-readable name for counters and dead letters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WireError::Oversized { .. } => "oversized",
+            WireError::Malformed { .. } => "malformed_json",
+            WireError::NotAnObject { .. } => "not_an_object",
+            WireError::Missing { .. } => "missing_field",
+            WireError::WrongType { .. } => "wrong_type",
+            WireError::TwoHistories => "two_histories",
+            WireError::NoCandidates => "no_candidates",
+        }
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_u64() => "a non-negative integer",
+        Value::Number(n) if n.is_i64() => "a negative integer",
+        Value::Number(_) => "a fraction",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// What was found, for errors: the type, and the value when it is short.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Number(_) | Value::Bool(_) => format!("{} ({v})", type_name(v)),
+        Value::String(s) if s.len() <= 32 => format!("{} ({v})", type_name(v)),
+        _ => type_name(v).to_string(),
+    }
+}
+
+fn wrong(field: impl Into<String>, expected: &'static str, found: &Value) -> WireError {
+    WireError::WrongType {
+        field: field.into(),
+        expected,
+        found: describe(found),
+    }
+}
+
+fn required<'a>(obj: &'a Map<String, Value>, field: &'static str) -> Result<&'a Value, WireError> {
+    match obj.get(field) {
+        Some(Value::Null) | None => Err(WireError::Missing { field }),
+        Some(v) => Ok(v),
+    }
+}
+
+fn as_u64(v: &Value, field: &str) -> Result<u64, WireError> {
+    v.as_u64()
+        .ok_or_else(|| wrong(field, "a non-negative integer", v))
+}
+
+fn as_u32(v: &Value, field: &str) -> Result<u32, WireError> {
+    v.as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| wrong(field, "an integer in 0..=4294967295", v))
+}
+
+fn item_ids(v: &Value, field: &'static str) -> Result<Vec<u32>, WireError> {
+    let items = v
+        .as_array()
+        .ok_or_else(|| wrong(field, "an array of item ids", v))?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, x)| as_u32(x, &format!("{field}[{i}]")))
+        .collect()
+}
+
+/// Decodes one request message; `limit` caps its size in bytes.
+pub fn decode_request(payload: &[u8], limit: usize) -> Result<WireRequest, WireError> {
+    if payload.len() > limit {
+        return Err(WireError::Oversized {
+            bytes: payload.len(),
+            limit,
+        });
+    }
+    let value: Value = serde_json::from_slice(payload).map_err(|e| WireError::Malformed {
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    })?;
+    let obj = value.as_object().ok_or(WireError::NotAnObject {
+        found: type_name(&value),
+    })?;
+    let req_id = as_u64(required(obj, "req_id")?, "req_id")?;
+    let user_id = as_u64(required(obj, "user_id")?, "user_id")?;
+    let ts_ms = as_u64(required(obj, "ts_ms")?, "ts_ms")?;
+    let mode = match obj.get("mode") {
+        None | Some(Value::Null) => Mode::Rank,
+        Some(Value::String(s)) if s == "rank" => Mode::Rank,
+        Some(Value::String(s)) if s == "retrieve" => Mode::Retrieve,
+        Some(v) => return Err(wrong("mode", "\"rank\" or \"retrieve\"", v)),
+    };
+    let candidates = match obj.get("candidates") {
+        None | Some(Value::Null) if mode == Mode::Retrieve => Vec::new(),
+        None | Some(Value::Null) => {
+            return Err(WireError::Missing {
+                field: "candidates",
+            });
+        }
+        Some(v) => item_ids(v, "candidates")?,
+    };
+    if mode == Mode::Rank && candidates.is_empty() {
+        return Err(WireError::NoCandidates);
+    }
+    let history = match (
+        obj.get("history").filter(|v| !v.is_null()),
+        obj.get("hist_len").filter(|v| !v.is_null()),
+    ) {
+        (Some(_), Some(_)) => return Err(WireError::TwoHistories),
+        (Some(h), None) => History::Inline(item_ids(h, "history")?),
+        (None, Some(n)) => History::Prefix(as_u32(n, "hist_len")?),
+        (None, None) => return Err(WireError::Missing { field: "history" }),
+    };
+    Ok(WireRequest {
+        req_id,
+        user_id,
+        ts_ms,
+        candidates,
+        history,
+        mode,
+    })
+}
+
+/// Scores leave the job rounded to 1e-3: two responses differ when their
+/// items or rounded scores do.
+pub fn round_score(score: f32) -> f64 {
+    (score as f64 * 1e3).round() / 1e3
+}
+
+/// A response, keyed by `req_id` on the response topic.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WireResponse {
+    pub req_id: u64,
+    pub items: Vec<u32>,
+    /// Rounded with [`round_score`].
+    pub scores: Vec<f64>,
+    pub model_version: String,
+    /// Serving node (timely worker).
+    pub node: u32,
+    /// The request's event time.
+    pub ts_ms: u64,
+    /// Time from consumption to response, milliseconds.
+    pub latency_ms: f64,
+}
+
+impl WireResponse {
+    pub fn new(
+        req_id: u64,
+        items: Vec<u32>,
+        scores: &[f32],
+        model_version: String,
+        node: u32,
+        ts_ms: u64,
+        latency_ms: f64,
+    ) -> Self {
+        Self {
+            req_id,
+            items,
+            scores: scores.iter().map(|&s| round_score(s)).collect(),
+            model_version,
+            node,
+            ts_ms,
+            latency_ms,
+        }
+    }
+
+    /// Same items and rounded scores (timing fields may differ).
+    pub fn same_answer(&self, other: &Self) -> bool {
+        self.req_id == other.req_id && self.items == other.items && self.scores == other.scores
+    }
+}
+
+/// A message that could not be served, on the dead-letter topic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// [`WireError::kind`].
+    pub kind: String,
+    /// The error, for people.
+    pub reason: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// The payload's size and its first bytes (lossy UTF-8).
+    pub payload_bytes: usize,
+    pub payload_head: String,
+}
+
+impl DeadLetter {
+    pub fn new(
+        error: &WireError,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        payload: &[u8],
+    ) -> Self {
+        let head = &payload[..payload.len().min(DEAD_LETTER_PAYLOAD_BYTES)];
+        Self {
+            kind: error.kind().to_string(),
+            reason: error.to_string(),
+            topic: topic.to_string(),
+            partition,
+            offset,
+            payload_bytes: payload.len(),
+            payload_head: String::from_utf8_lossy(head).into_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(s: &str) -> Result<WireRequest, WireError> {
+        decode_request(s.as_bytes(), MAX_MESSAGE_BYTES)
+    }
+
+    #[test]
+    fn a_rank_request_with_a_history_prefix() {
+        let r = decode(r#"{"req_id":7,"user_id":3,"ts_ms":1000,"candidates":[5,6],"hist_len":12}"#)
+            .unwrap();
+        assert_eq!(
+            r,
+            WireRequest {
+                req_id: 7,
+                user_id: 3,
+                ts_ms: 1000,
+                candidates: vec![5, 6],
+                history: History::Prefix(12),
+                mode: Mode::Rank,
+            }
+        );
+    }
+
+    #[test]
+    fn a_retrieve_request_with_an_inline_history_needs_no_candidates() {
+        let r = decode(
+            r#"{"req_id":1,"user_id":2,"ts_ms":3,"history":[9,8],"mode":"retrieve","extra":true}"#,
+        )
+        .unwrap();
+        assert_eq!(r.history, History::Inline(vec![9, 8]));
+        assert_eq!((r.mode, r.candidates.len()), (Mode::Retrieve, 0));
+    }
+
+    #[test]
+    fn every_bad_message_names_its_fault() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("{\"req_id\": 1,", "malformed_json", "line 1, column 13"),
+            ("[1,2]", "not_an_object", "an array"),
+            (
+                r#"{"user_id":2,"ts_ms":3,"candidates":[1],"hist_len":1}"#,
+                "missing_field",
+                "`req_id`",
+            ),
+            (
+                r#"{"req_id":"x","user_id":2,"ts_ms":3,"candidates":[1],"hist_len":1}"#,
+                "wrong_type",
+                "field `req_id`: expected a non-negative integer, found a string (\"x\")",
+            ),
+            (
+                r#"{"req_id":1,"user_id":-2,"ts_ms":3,"candidates":[1],"hist_len":1}"#,
+                "wrong_type",
+                "`user_id`",
+            ),
+            (
+                r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":[1,2.5],"hist_len":1}"#,
+                "wrong_type",
+                "`candidates[1]`: expected an integer in 0..=4294967295, found a fraction (2.5)",
+            ),
+            (
+                r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":[1,4294967296],"hist_len":1}"#,
+                "wrong_type",
+                "`candidates[1]`",
+            ),
+            (
+                r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":[],"hist_len":1}"#,
+                "no_candidates",
+                "candidates",
+            ),
+            (
+                r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":[1]}"#,
+                "missing_field",
+                "`history`",
+            ),
+            (
+                r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":[1],"history":[1],"hist_len":1}"#,
+                "two_histories",
+                "both",
+            ),
+            (
+                r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":[1],"hist_len":1,"mode":"rerank"}"#,
+                "wrong_type",
+                "`mode`",
+            ),
+            (
+                r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":{"a":1},"hist_len":1}"#,
+                "wrong_type",
+                "`candidates`: expected an array of item ids, found an object",
+            ),
+        ];
+        for (msg, kind, says) in cases {
+            let e = decode(msg).expect_err(msg);
+            assert_eq!(e.kind(), *kind, "{msg}: {e}");
+            assert!(e.to_string().contains(says), "{msg}: {e}");
+        }
+        let big = vec![b' '; 65];
+        let e = decode_request(&big, 64).unwrap_err();
+        assert_eq!(e.kind(), "oversized");
+        assert_eq!(
+            e.to_string(),
+            "message of 65 bytes exceeds the limit of 64 bytes"
+        );
+        let e = decode_request(&[0xff, 0xfe], 64).unwrap_err();
+        assert_eq!(e.kind(), "malformed_json");
+    }
+
+    #[test]
+    fn responses_round_scores_and_compare_answers_only() {
+        let a = WireResponse::new(
+            5,
+            vec![1, 2],
+            &[0.123_45, -1.000_4],
+            "v1".into(),
+            0,
+            10,
+            2.5,
+        );
+        assert_eq!(a.scores, vec![0.123, -1.0]);
+        let mut b = a.clone();
+        b.latency_ms = 9.0;
+        b.node = 1;
+        assert!(a.same_answer(&b));
+        b.scores[0] = 0.124;
+        assert!(!a.same_answer(&b));
+        let json = serde_json::to_string(&a).unwrap();
+        assert_eq!(serde_json::from_str::<WireResponse>(&json).unwrap(), a);
+    }
+
+    #[test]
+    fn dead_letters_keep_the_source_and_a_bounded_payload_head() {
+        let payload = vec![b'x'; 5000];
+        let e = WireError::Missing { field: "req_id" };
+        let d = DeadLetter::new(&e, "requests", 3, 41, &payload);
+        assert_eq!((d.partition, d.offset, d.payload_bytes), (3, 41, 5000));
+        assert_eq!(d.payload_head.len(), DEAD_LETTER_PAYLOAD_BYTES);
+        assert_eq!(d.reason, "missing field `req_id`");
+        assert_eq!(d.kind, "missing_field");
+    }
+}
