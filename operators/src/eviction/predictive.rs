@@ -361,13 +361,18 @@ impl PredictiveLru {
             self.window_len += 1;
             self.push_candidate(n);
         }
-        for i in std::mem::take(&mut self.pending) {
+        // Taken and put back so the buffer keeps its capacity (every eviction
+        // passes here).
+        let mut pending = std::mem::take(&mut self.pending);
+        for &i in &pending {
             let n = self.nodes[i as usize];
             if n.needs_push && n.in_window {
                 self.push_candidate(i);
             }
             self.nodes[i as usize].needs_push = false;
         }
+        pending.clear();
+        self.pending = pending;
         if self.heap.len() > 2 * self.window_len + HEAP_SLACK {
             let nodes = &self.nodes;
             self.heap.retain(|c| Self::live(nodes, c));
