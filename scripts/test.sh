@@ -15,6 +15,49 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 started=$(date +%s)
 
+# The broker the Kafka tests talk to: tansu, a Kafka-compatible broker
+# (in-memory storage), on 127.0.0.1 only. Installed once (10-20 min cold).
+TANSU_VERSION=0.6.0
+TANSU_PORT=${TANSU_PORT:-19092}
+if ! command -v tansu >/dev/null 2>&1 || ! tansu --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+    log "installing tansu $TANSU_VERSION (Kafka-compatible broker for the integration tests)"
+    cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
+
+tansu_dir=$(mktemp -d)
+tansu_pid=""
+stop_tansu() {
+    if [ -n "$tansu_pid" ] && kill -0 "$tansu_pid" 2>/dev/null; then
+        kill "$tansu_pid" 2>/dev/null || true
+        wait "$tansu_pid" 2>/dev/null || true
+    fi
+    rm -rf "$tansu_dir"
+}
+trap stop_tansu EXIT
+
+log "starting tansu on 127.0.0.1:$TANSU_PORT"
+(
+    cd "$tansu_dir"
+    exec tansu broker \
+        --listener-url "tcp://127.0.0.1:$TANSU_PORT" \
+        --advertised-listener-url "tcp://127.0.0.1:$TANSU_PORT" \
+        --storage-engine memory://tansu/
+) >"$tansu_dir/tansu.log" 2>&1 &
+tansu_pid=$!
+for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$TANSU_PORT") 2>/dev/null; then
+        break
+    fi
+    if ! kill -0 "$tansu_pid" 2>/dev/null; then
+        echo "tansu exited:" >&2
+        cat "$tansu_dir/tansu.log" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+export GRFLOW_KAFKA_BROKERS="127.0.0.1:$TANSU_PORT"
+
 if cargo fmt --version >/dev/null 2>&1; then
     log "cargo fmt --check"
     cargo fmt --all -- --check

@@ -21,6 +21,8 @@ struct Cli {
 enum Command {
     /// Replay a Parquet trace (or the embedded default) through the serving dataflow.
     Replay(cli::replay::Args),
+    /// Serve requests from a Kafka topic until SIGINT/SIGTERM (configs/kafka.toml).
+    Serve(cli::serve::Args),
     /// Generate a synthetic trace (Steady / Trend / Burst regimes of HLEM §V).
     GenTrace(cli::gen_trace::Args),
     /// Convert a public dataset into a grflow trace.
@@ -39,10 +41,15 @@ enum BenchCommand {
 }
 
 fn main() -> ExitCode {
-    cli::init_tracing();
     let cli = Cli::parse();
+    // A long-lived job reports its metrics at info; one-shot commands stay quiet.
+    cli::init_tracing(match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    });
     let result = match cli.command {
         Command::Replay(a) => cli::replay::run(a),
+        Command::Serve(a) => cli::serve::run(a),
         Command::GenTrace(a) => cli::gen_trace::run(a),
         Command::Import(a) => cli::import::run(a),
         Command::Bench(BenchCommand::Kernels(a)) => cli::bench_kernels::run(a),

@@ -29,6 +29,79 @@ pub struct Config {
     pub hotness: HotnessConfig,
     #[serde(default)]
     pub node: NodeSection,
+    /// `grflow serve` only: where requests come from and answers go.
+    #[serde(default)]
+    pub kafka: KafkaSection,
+}
+
+/// `grflow serve`: the Kafka side of the job (configs/kafka.toml).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaSection {
+    /// bootstrap.servers; the GRFLOW_KAFKA_BROKERS environment variable overrides it.
+    pub brokers: String,
+    pub request_topic: String,
+    pub response_topic: String,
+    pub dead_letter_topic: String,
+    /// Consumer group the request offsets are committed under.
+    pub group_id: String,
+    /// Where a partition without a committed offset starts: "earliest" | "latest".
+    pub start: String,
+    /// Trace directory whose users.parquet / items.parquet / meta.json serve
+    /// hist_len requests and the item catalog; empty = the [trace] section's
+    /// generated tables (the embedded default).
+    pub catalog: String,
+    /// After a restart, fetch each partition from its start and skip what was
+    /// committed, instead of fetching at the committed offset: needed with
+    /// brokers that cannot fetch from inside a record batch (tansu 0.6).
+    pub refetch_from_start: bool,
+    /// Create missing topics at start with this many partitions (0 = never create).
+    pub create_partitions: i32,
+    /// A request not answered this long after it was consumed gets a `shed` error record.
+    pub deadline_ms: u64,
+    /// Per worker: consumed requests without a durable answer before reads pause.
+    pub max_in_flight: usize,
+    /// A partition with no record for this long stops holding back event time.
+    pub idle_timeout_ms: u64,
+    /// Event time may trail the newest request by at most this much before
+    /// older requests count as late (processed, never dropped).
+    pub max_skew_ms: u64,
+    /// How often consumed offsets whose answers are durable get committed.
+    pub commit_interval_ms: u64,
+    /// How often consumer lag and counters are logged.
+    pub metrics_interval_ms: u64,
+    /// Messages over this size go to the dead-letter topic.
+    pub max_message_bytes: usize,
+    /// On start, the last N messages of each response-topic partition are
+    /// read back so requests answered before a crash are not answered again.
+    pub restart_scan: i64,
+    /// Extra librdkafka properties, e.g. { "socket.timeout.ms" = "10000" }.
+    pub librdkafka: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for KafkaSection {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            request_topic: "grflow.requests".into(),
+            response_topic: "grflow.responses".into(),
+            dead_letter_topic: "grflow.dead-letters".into(),
+            group_id: "grflow".into(),
+            start: "earliest".into(),
+            catalog: String::new(),
+            refetch_from_start: false,
+            create_partitions: 4,
+            deadline_ms: 2_000,
+            max_in_flight: 2_048,
+            idle_timeout_ms: 50,
+            max_skew_ms: 2_000,
+            commit_interval_ms: 500,
+            metrics_interval_ms: 5_000,
+            max_message_bytes: 1 << 20,
+            restart_scan: 200_000,
+            librdkafka: Default::default(),
+        }
+    }
 }
 
 /// How the job runs.
@@ -368,6 +441,42 @@ impl Config {
         self.router
             .validate()
             .map_err(|e| invalid("router", e.to_string()))?;
+        let k = &self.kafka;
+        for (field, value) in [
+            ("kafka.brokers", &k.brokers),
+            ("kafka.request_topic", &k.request_topic),
+            ("kafka.response_topic", &k.response_topic),
+            ("kafka.dead_letter_topic", &k.dead_letter_topic),
+            ("kafka.group_id", &k.group_id),
+        ] {
+            if value.trim().is_empty() {
+                return Err(invalid(field, "must not be empty".into()));
+            }
+        }
+        if !matches!(k.start.as_str(), "earliest" | "latest") {
+            return Err(invalid(
+                "kafka.start",
+                format!("{:?} is not \"earliest\" or \"latest\"", k.start),
+            ));
+        }
+        for (field, value) in [
+            ("kafka.deadline_ms", k.deadline_ms),
+            ("kafka.max_in_flight", k.max_in_flight as u64),
+            ("kafka.idle_timeout_ms", k.idle_timeout_ms),
+            ("kafka.commit_interval_ms", k.commit_interval_ms),
+            ("kafka.metrics_interval_ms", k.metrics_interval_ms),
+            ("kafka.max_message_bytes", k.max_message_bytes as u64),
+        ] {
+            if value == 0 {
+                return Err(invalid(field, "must be >= 1".into()));
+            }
+        }
+        if k.create_partitions < 0 || k.restart_scan < 0 {
+            return Err(invalid(
+                "kafka",
+                "create_partitions and restart_scan must be >= 0".into(),
+            ));
+        }
         Ok(())
     }
 }

@@ -7,6 +7,8 @@ use grflow_operators::router::{Decision, NodeReport};
 use grflow_operators::windows::TelemetrySample;
 use grflow_traces::Request;
 
+use crate::side::{SideError, SideTables};
+
 /// A request that entered the job.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Admitted {
@@ -14,6 +16,19 @@ pub struct Admitted {
     pub position: SourcePosition,
     /// Wall time of admission, ns since the Unix epoch (latency starts here).
     pub admitted_ns: u64,
+    /// The user's history when the request carried it inline (Kafka);
+    /// `None` means the first `hist_len` items of the users table.
+    pub inline_history: Option<Vec<u32>>,
+}
+
+impl Admitted {
+    /// The history this request is served with.
+    pub fn history<'a>(&'a self, side: &'a SideTables) -> Result<&'a [u32], SideError> {
+        match &self.inline_history {
+            Some(items) => Ok(items),
+            None => side.history(self.request.user_id, self.request.hist_len),
+        }
+    }
 }
 
 /// What a source emits: a request, or a record it could not read.
@@ -38,13 +53,39 @@ pub struct Telemetry {
     pub sample: TelemetrySample,
 }
 
+/// Where an answer's request came from, for sinks that acknowledge sources.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Origin {
+    pub position: SourcePosition,
+    pub ts_ms: u64,
+    pub admitted_ns: u64,
+}
+
+/// Why a request was answered with an error record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// Its deadline passed before a node got to it (overload).
+    Shed,
+    /// It cannot be served (e.g. a history longer than the users table has).
+    Unservable,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Shed => "shed",
+            ErrorKind::Unservable => "unservable",
+        }
+    }
+}
+
 /// Everything a node emits.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum NodeEvent {
-    Response(ResponseRow),
+    Response(Box<(ResponseRow, Origin)>),
     Telemetry(Telemetry),
     Report(NodeReport),
-    Error(ErrorRow),
+    Error(Box<(ErrorRow, ErrorKind, Origin)>),
 }
 
 /// Wall time now, ns since the Unix epoch; comparable across worker processes.

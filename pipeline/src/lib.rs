@@ -9,9 +9,11 @@ pub mod dataflow;
 pub mod events;
 pub mod params;
 pub mod replay;
+pub mod serve;
 pub mod side;
 pub mod summary;
 
 pub use config::{Clock, Config, ConfigError, Speed};
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};
+pub use serve::{ServeError, ServeOptions, ServeSummary, serve};
 pub use summary::Summary;

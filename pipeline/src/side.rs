@@ -57,10 +57,12 @@ impl SideTables {
         })
     }
 
-    /// The first `hist_len` interactions of `user`. Unknown users have an
-    /// empty history (new users are normal traffic).
+    /// The first `hist_len` interactions of `user`. Unknown users are
+    /// served with an empty history (new users are normal traffic).
     pub fn history(&self, user: u64, hist_len: u32) -> Result<&[u32], SideError> {
-        let all = self.users.get(&user).map_or(&[][..], |v| v.as_slice());
+        let Some(all) = self.users.get(&user) else {
+            return Ok(&[]);
+        };
         all.get(..hist_len as usize)
             .ok_or(SideError::HistoryTooShort {
                 user,
@@ -89,8 +91,7 @@ impl SideTables {
     }
 
     /// Prof[u]: the K hot shards of the user's history prefix.
-    pub fn shard_profile(&self, user: u64, hist_len: u32, k: usize) -> Vec<ShardId> {
-        let history = self.history(user, hist_len).unwrap_or(&[]);
+    pub fn shard_profile(&self, history: &[u32], k: usize) -> Vec<ShardId> {
         shard_profile(
             history
                 .iter()
@@ -102,8 +103,8 @@ impl SideTables {
 
     /// Tokens a request brings before any reuse: history, candidates and the
     /// instruction token.
-    pub fn request_tokens(&self, req: &Request) -> f64 {
-        (req.hist_len as usize + req.candidates.len() + 1) as f64
+    pub fn request_tokens(&self, req: &Request, history: &[u32]) -> f64 {
+        (history.len() + req.candidates.len() + 1) as f64
     }
 }
 

@@ -5,6 +5,7 @@ pub mod bench_kernels;
 pub mod gen_trace;
 pub mod import;
 pub mod replay;
+pub mod serve;
 
 /// The user's input (a file, a flag, a config) is wrong: exit code 2.
 /// Wrap library errors that are the user's to fix in this.
@@ -18,9 +19,11 @@ impl InputError {
     }
 }
 
-pub fn init_tracing() {
+/// Logs to stderr at `GRFLOW_LOG`, or at `default_level` when it is unset.
+pub fn init_tracing(default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("GRFLOW_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter =
+        EnvFilter::try_from_env("GRFLOW_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

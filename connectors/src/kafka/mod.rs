@@ -4,17 +4,23 @@
 //! committed only after every output up to them was acknowledged, with
 //! (partition, offset) deduplication ([`offsets`]).
 //!
-//! These are pure: no client, no I/O, no timely types, so each is tested
-//! alone. The rdkafka consumer/producer that drives them (`grflow serve`)
-//! is not written yet.
+//! Those three are pure (no I/O, no timely types) and tested alone;
+//! [`client`] is the rdkafka consumer, producer and admin calls that
+//! `grflow serve` drives them with.
 
 pub mod assign;
+pub mod client;
 pub mod offsets;
 pub mod wire;
 
 pub use assign::{fnv1a64, owned_partitions, partition_owner};
+pub use client::{
+    Delivery, DeliveryCallback, KafkaClientError, KafkaSettings, OutputProducer, RawRecord,
+    Refetch, RequestConsumer, Resumed, SendError, StartPosition, ensure_topics, partition_count,
+    scan_answered,
+};
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets};
 pub use wire::{
-    DeadLetter, History, MAX_MESSAGE_BYTES, WireError, WireRequest, WireResponse, decode_request,
-    round_score,
+    AnswerError, DeadLetter, History, MAX_MESSAGE_BYTES, RecordId, WireError, WireRequest,
+    WireResponse, decode_request, round_score,
 };

@@ -72,6 +72,11 @@ impl PartitionOffsets {
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
     }
+
+    /// The next offset never consumed: lag is the high watermark minus this.
+    pub fn next_offset(&self) -> i64 {
+        self.next_new
+    }
 }
 
 /// Offsets of every partition a worker reads.
@@ -132,6 +137,16 @@ impl OffsetBook {
             }
         }
         out
+    }
+
+    /// Every partition's safe commit, whether or not it moved (for the
+    /// final, synchronous commit at shutdown).
+    pub fn safe_commits(&self) -> Vec<(i32, i64)> {
+        self.partitions
+            .iter()
+            .map(|(&partition, p)| (partition, p.safe_commit()))
+            .filter(|&(_, offset)| offset > 0)
+            .collect()
     }
 
     /// Records in flight over all partitions (the backpressure measure).

@@ -197,7 +197,9 @@ pub fn round_score(score: f32) -> f64 {
     (score as f64 * 1e3).round() / 1e3
 }
 
-/// A response, keyed by `req_id` on the response topic.
+/// A response, keyed by `req_id` on the response topic: either a ranking
+/// (`items`, `scores`) or, when the request could not be served in time or
+/// at all, an `error` with empty `items` and `scores`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WireResponse {
     pub req_id: u64,
@@ -205,38 +207,99 @@ pub struct WireResponse {
     /// Rounded with [`round_score`].
     pub scores: Vec<f64>,
     pub model_version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<AnswerError>,
     /// Serving node (timely worker).
     pub node: u32,
     /// The request's event time.
     pub ts_ms: u64,
     /// Time from consumption to response, milliseconds.
     pub latency_ms: f64,
+    /// The request's partition and offset on the request topic: a restarted
+    /// job reads these back to recognise requests it already answered.
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// Why a request got an error record instead of a ranking.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerError {
+    /// `shed` (deadline passed before it was served) or `unservable`
+    /// (e.g. a history longer than the users table holds).
+    pub kind: String,
+    pub reason: String,
+}
+
+/// Where an answered request came from on the request topic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordId {
+    pub partition: i32,
+    pub offset: i64,
 }
 
 impl WireResponse {
-    pub fn new(
+    /// A ranking: scores are rounded here, once.
+    pub fn ranking(
+        source: RecordId,
         req_id: u64,
         items: Vec<u32>,
         scores: &[f32],
         model_version: String,
-        node: u32,
-        ts_ms: u64,
-        latency_ms: f64,
     ) -> Self {
         Self {
             req_id,
             items,
             scores: scores.iter().map(|&s| round_score(s)).collect(),
             model_version,
-            node,
-            ts_ms,
-            latency_ms,
+            error: None,
+            node: 0,
+            ts_ms: 0,
+            latency_ms: 0.0,
+            partition: source.partition,
+            offset: source.offset,
         }
     }
 
-    /// Same items and rounded scores (timing fields may differ).
+    /// An error record in place of a ranking.
+    pub fn failed(source: RecordId, req_id: u64, kind: &str, reason: String) -> Self {
+        Self {
+            req_id,
+            items: Vec::new(),
+            scores: Vec::new(),
+            model_version: String::new(),
+            error: Some(AnswerError {
+                kind: kind.to_string(),
+                reason,
+            }),
+            node: 0,
+            ts_ms: 0,
+            latency_ms: 0.0,
+            partition: source.partition,
+            offset: source.offset,
+        }
+    }
+
+    /// Sets the timing fields.
+    pub fn timed(mut self, node: u32, ts_ms: u64, latency_ms: f64) -> Self {
+        self.node = node;
+        self.ts_ms = ts_ms;
+        self.latency_ms = latency_ms;
+        self
+    }
+
+    pub fn source(&self) -> RecordId {
+        RecordId {
+            partition: self.partition,
+            offset: self.offset,
+        }
+    }
+
+    /// Same items, rounded scores and error kind (timing fields may differ).
     pub fn same_answer(&self, other: &Self) -> bool {
-        self.req_id == other.req_id && self.items == other.items && self.scores == other.scores
+        self.req_id == other.req_id
+            && self.items == other.items
+            && self.scores == other.scores
+            && self.error.as_ref().map(|e| &e.kind) == other.error.as_ref().map(|e| &e.kind)
     }
 }
 
@@ -385,15 +448,12 @@ mod tests {
 
     #[test]
     fn responses_round_scores_and_compare_answers_only() {
-        let a = WireResponse::new(
-            5,
-            vec![1, 2],
-            &[0.123_45, -1.000_4],
-            "v1".into(),
-            0,
-            10,
-            2.5,
-        );
+        let source = RecordId {
+            partition: 2,
+            offset: 40,
+        };
+        let a = WireResponse::ranking(source, 5, vec![1, 2], &[0.123_45, -1.000_4], "v1".into())
+            .timed(0, 10, 2.5);
         assert_eq!(a.scores, vec![0.123, -1.0]);
         let mut b = a.clone();
         b.latency_ms = 9.0;
@@ -403,6 +463,22 @@ mod tests {
         assert!(!a.same_answer(&b));
         let json = serde_json::to_string(&a).unwrap();
         assert_eq!(serde_json::from_str::<WireResponse>(&json).unwrap(), a);
+        assert!(!json.contains("error"), "{json}");
+        assert_eq!(a.source(), source);
+    }
+
+    #[test]
+    fn error_records_differ_from_rankings() {
+        let source = RecordId {
+            partition: 0,
+            offset: 1,
+        };
+        let shed = WireResponse::failed(source, 5, "shed", "deadline 100 ms passed".into());
+        let ranked = WireResponse::ranking(source, 5, vec![], &[], String::new());
+        assert!(!shed.same_answer(&ranked));
+        let json = serde_json::to_string(&shed).unwrap();
+        assert!(json.contains(r#""error":{"kind":"shed""#), "{json}");
+        assert_eq!(serde_json::from_str::<WireResponse>(&json).unwrap(), shed);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! with node reports fed back to every router replica (+1 ms) and telemetry
 //! reduced into windowed statistics.
 
+pub mod kafka;
 pub mod node;
 pub mod router;
 pub mod source;
@@ -13,12 +14,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use timely::dataflow::ProbeHandle;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::vec::{Broadcast, Map};
 use timely::dataflow::operators::{ConnectLoop, Feedback, Probe};
+use timely::dataflow::{Scope, StreamVec};
 use timely::worker::Worker;
 
 use grflow_connectors::parquet::RequestSource;
@@ -27,7 +30,7 @@ use grflow_operators::node::ServingNode;
 use grflow_operators::router::{NodeReport, Router};
 
 use crate::config::Clock;
-use crate::events::{Ingest, NodeEvent};
+use crate::events::{Admitted, Ingest, NodeEvent};
 use crate::side::SideTables;
 use source::{Pacing, SourceCounters};
 use windows::WindowTable;
@@ -71,15 +74,78 @@ pub struct DataflowParts {
     pub counters: Arc<JobCounters>,
 }
 
-pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
+/// The serving part every job shares: router, node, report feedback and
+/// windowed statistics, from admitted requests to node events.
+#[allow(missing_debug_implementations)] // holds the node
+pub struct ServingParts {
+    pub router: Router,
+    pub node: ServingNode,
+    pub side: Arc<SideTables>,
+    pub slo_ms: f64,
+    pub clock: Clock,
+    /// Requests waiting longer than this are answered with a `shed` error.
+    pub deadline: Option<Duration>,
+    pub window_ms: u64,
+}
+
+/// Shared handles to the serving state of one worker.
+#[allow(missing_debug_implementations)]
+pub struct ServingHandles {
+    pub router: Rc<RefCell<Router>>,
+    pub node: Rc<RefCell<ServingNode>>,
+    pub windows: WindowTable,
+}
+
+pub fn serving<'s>(
+    scope: Scope<'s, u64>,
+    requests: StreamVec<'s, u64, Admitted>,
+    parts: ServingParts,
+) -> (StreamVec<'s, u64, NodeEvent>, ServingHandles) {
     let router = Rc::new(RefCell::new(parts.router));
     let node = Rc::new(RefCell::new(parts.node));
     let windows_table: WindowTable = Default::default();
+
+    let (reports_handle, reports) = scope.feedback::<Vec<NodeReport>>(1);
+    let routed = router::route(requests, reports, router.clone(), parts.side.clone());
+    let events = node::serve(
+        routed,
+        node.clone(),
+        parts.side,
+        parts.slo_ms,
+        parts.clock,
+        parts.deadline,
+    );
+
+    events
+        .clone()
+        .flat_map(|e| match e {
+            NodeEvent::Report(r) => Some(r),
+            _ => None,
+        })
+        .broadcast()
+        .connect_loop(reports_handle);
+
+    let telemetry = events.clone().flat_map(|e| match e {
+        NodeEvent::Telemetry(t) => Some(t),
+        _ => None,
+    });
+    windows::window_stats(telemetry, parts.window_ms, windows_table.clone());
+    (
+        events,
+        ServingHandles {
+            router,
+            node,
+            windows: windows_table,
+        },
+    )
+}
+
+pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
     let outputs: Rc<RefCell<WorkerOutputs>> = Default::default();
     let probe = ProbeHandle::new();
     let counters = parts.counters;
 
-    worker.dataflow::<u64, _, _>(|scope| {
+    let handles = worker.dataflow::<u64, _, _>(|scope| {
         let ingest =
             source::request_source(scope, parts.source, parts.pacing, counters.source.clone());
         let requests = ingest.clone().flat_map(|i| match i {
@@ -91,24 +157,19 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
             Ingest::Request(_) => None,
         });
 
-        let (reports_handle, reports) = scope.feedback::<Vec<NodeReport>>(1);
-        let routed = router::route(requests, reports, router.clone(), parts.side.clone());
-        let events = node::serve(routed, node.clone(), parts.side, parts.slo_ms, parts.clock);
-
-        events
-            .clone()
-            .flat_map(|e| match e {
-                NodeEvent::Report(r) => Some(r),
-                _ => None,
-            })
-            .broadcast()
-            .connect_loop(reports_handle);
-
-        let telemetry = events.clone().flat_map(|e| match e {
-            NodeEvent::Telemetry(t) => Some(t),
-            _ => None,
-        });
-        windows::window_stats(telemetry, parts.window_ms, windows_table.clone());
+        let (events, handles) = serving(
+            scope,
+            requests,
+            ServingParts {
+                router: parts.router,
+                node: parts.node,
+                side: parts.side,
+                slo_ms: parts.slo_ms,
+                clock: parts.clock,
+                deadline: None,
+                window_ms: parts.window_ms,
+            },
+        );
 
         let sink_outputs = outputs.clone();
         let sink_counters = counters.clone();
@@ -121,11 +182,11 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                         match event {
                             NodeEvent::Response(r) => {
                                 sink_counters.responses_out.fetch_add(1, Ordering::Relaxed);
-                                out.responses.push(r);
+                                out.responses.push(r.0);
                             }
                             NodeEvent::Error(e) => {
                                 sink_counters.errors.fetch_add(1, Ordering::Relaxed);
-                                out.errors.push(e);
+                                out.errors.push(e.0);
                             }
                             NodeEvent::Telemetry(_) | NodeEvent::Report(_) => {}
                         }
@@ -143,12 +204,13 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                 out.errors.append(data);
             });
         });
+        handles
     });
 
     WorkerDataflow {
-        router,
-        node,
-        windows: windows_table,
+        router: handles.router,
+        node: handles.node,
+        windows: handles.windows,
         outputs,
         probe,
     }

@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use timely::dataflow::StreamVec;
 use timely::dataflow::channels::pact::Exchange;
@@ -17,7 +18,7 @@ use grflow_traces::Mode;
 
 use crate::config::Clock;
 use crate::dataflow::stash::TimeStash;
-use crate::events::{NodeEvent, Routed, Telemetry, now_ns};
+use crate::events::{ErrorKind, NodeEvent, Origin, Routed, Telemetry, now_ns};
 use crate::side::SideTables;
 
 pub fn serve<'s>(
@@ -26,6 +27,7 @@ pub fn serve<'s>(
     side: Arc<SideTables>,
     slo_ms: f64,
     clock: Clock,
+    deadline: Option<Duration>,
 ) -> StreamVec<'s, u64, NodeEvent> {
     let by_node = Exchange::new(|r: &Routed| r.decision.node as u64);
     routed.unary_frontier(by_node, "Node", move |_cap, _info| {
@@ -49,8 +51,37 @@ pub fn serve<'s>(
                 let mut session = output.session(&cap);
                 for routed in batch {
                     let req = &routed.admitted.request;
-                    let served = side
-                        .history(req.user_id, req.hist_len)
+                    let origin = Origin {
+                        position: routed.admitted.position.clone(),
+                        ts_ms: req.ts_ms,
+                        admitted_ns: routed.admitted.admitted_ns,
+                    };
+                    // Overload degrades by answering late requests with an
+                    // error record instead of spending compute on them.
+                    if let Some(deadline) = deadline {
+                        let waited_ns = now_ns().saturating_sub(routed.admitted.admitted_ns);
+                        if waited_ns > deadline.as_nanos() as u64 {
+                            let reason = format!(
+                                "shed: waited {:.1} ms, past the deadline of {} ms",
+                                waited_ns as f64 / 1e6,
+                                deadline.as_millis()
+                            );
+                            let row = ErrorRow {
+                                position: origin.position.to_string(),
+                                reason,
+                                req_id: Some(req.req_id),
+                            };
+                            session.give(NodeEvent::Error(Box::new((
+                                row,
+                                ErrorKind::Shed,
+                                origin,
+                            ))));
+                            continue;
+                        }
+                    }
+                    let served = routed
+                        .admitted
+                        .history(&side)
                         .map_err(|e| e.to_string())
                         .and_then(|history| {
                             match req.mode {
@@ -103,7 +134,7 @@ pub fn serve<'s>(
                                 ts_ms: time,
                                 sample,
                             }));
-                            session.give(NodeEvent::Response(ResponseRow {
+                            let row = ResponseRow {
                                 req_id: req.req_id,
                                 node: node.id(),
                                 prefix: out.prefix.as_str().to_string(),
@@ -111,13 +142,21 @@ pub fn serve<'s>(
                                 scores: out.scores,
                                 latency_ms,
                                 model_version: node.model_version().to_string(),
-                            }));
+                            };
+                            session.give(NodeEvent::Response(Box::new((row, origin))));
                         }
-                        Err(reason) => session.give(NodeEvent::Error(ErrorRow {
-                            position: routed.admitted.position.to_string(),
-                            reason,
-                            req_id: Some(req.req_id),
-                        })),
+                        Err(reason) => {
+                            let row = ErrorRow {
+                                position: origin.position.to_string(),
+                                reason,
+                                req_id: Some(req.req_id),
+                            };
+                            session.give(NodeEvent::Error(Box::new((
+                                row,
+                                ErrorKind::Unservable,
+                                origin,
+                            ))));
+                        }
                     }
                 }
                 session.give(NodeEvent::Report(node.report(time)));

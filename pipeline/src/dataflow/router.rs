@@ -69,12 +69,9 @@ pub fn route<'s>(
                     let mut session = output.session(&cap);
                     for admitted in batch {
                         let req = &admitted.request;
-                        let profile = side.shard_profile(
-                            req.user_id,
-                            req.hist_len,
-                            router.config().profile_shards,
-                        );
-                        let tokens = side.request_tokens(req);
+                        let history = admitted.history(&side).unwrap_or(&[]);
+                        let profile = side.shard_profile(history, router.config().profile_shards);
+                        let tokens = side.request_tokens(req, history);
                         let decision = router.route(req.ts_ms, req.user_id, &profile, tokens);
                         session.give(Routed { admitted, decision });
                     }

@@ -137,6 +137,7 @@ pub fn request_source<'s>(
                             request,
                             position,
                             admitted_ns: now_ns(),
+                            inline_history: None,
                         })));
                     }
                 }

@@ -1,0 +1,517 @@
+//! The rdkafka client behind `grflow serve`: a consumer per worker that
+//! reads its own partitions in assign mode (no group rebalancing) and
+//! commits explicitly, one producer per job whose delivery reports say which
+//! request record an output belongs to, topic administration, and the
+//! restart scan of the response topic. Blocking calls only; no timely types.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use super::wire::{RecordId, WireResponse};
+
+/// How to reach the cluster, and extra librdkafka properties.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KafkaSettings {
+    /// `bootstrap.servers`, e.g. "127.0.0.1:9092".
+    pub brokers: String,
+    /// Consumer group the offsets are committed under.
+    pub group_id: String,
+    pub client_id: String,
+    /// Passed to librdkafka as is (e.g. "socket.timeout.ms").
+    pub extra: BTreeMap<String, String>,
+}
+
+impl KafkaSettings {
+    fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        if !self.client_id.is_empty() {
+            c.set("client.id", &self.client_id);
+        }
+        for (k, v) in &self.extra {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaClientError {
+    #[error("kafka: {what}: {source}")]
+    Kafka {
+        what: String,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("topic `{topic}` does not exist on {brokers}")]
+    NoSuchTopic { topic: String, brokers: String },
+    #[error("creating topic `{topic}`: {reason}")]
+    CreateTopic { topic: String, reason: String },
+    #[error("kafka admin runtime: {0}")]
+    Runtime(String),
+}
+
+fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> KafkaClientError {
+    let what = what.into();
+    move |source| KafkaClientError::Kafka { what, source }
+}
+
+/// Where a partition starts when its group never committed an offset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartPosition {
+    #[default]
+    Earliest,
+    Latest,
+}
+
+/// Where a partition with a committed offset is fetched from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Refetch {
+    /// At the committed offset (any broker that implements Kafka's fetch).
+    #[default]
+    FromCommitted,
+    /// From the start of the partition, skipping records below the committed
+    /// offset as duplicates: for brokers that cannot fetch from an offset
+    /// inside a record batch (tansu 0.6 returns nothing there).
+    FromStart,
+}
+
+/// One consumed record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawRecord {
+    pub partition: i32,
+    pub offset: i64,
+    /// The record's broker/producer timestamp, ms since the Unix epoch.
+    pub timestamp_ms: Option<i64>,
+    /// `None` for a record without a value (a tombstone).
+    pub payload: Option<Vec<u8>>,
+}
+
+/// Where a partition's reading starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resumed {
+    pub partition: i32,
+    pub offset: i64,
+    /// Whether `offset` came from a committed offset (a restart).
+    pub from_commit: bool,
+}
+
+/// Number of partitions of `topic`.
+pub fn partition_count(
+    settings: &KafkaSettings,
+    topic: &str,
+    timeout: Duration,
+) -> Result<i32, KafkaClientError> {
+    let consumer: BaseConsumer = settings
+        .client_config()
+        .create()
+        .map_err(kafka("creating a metadata client"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(kafka(format!("metadata of `{topic}`")))?;
+    let partitions = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len() as i32);
+    if partitions == 0 {
+        return Err(KafkaClientError::NoSuchTopic {
+            topic: topic.into(),
+            brokers: settings.brokers.clone(),
+        });
+    }
+    Ok(partitions)
+}
+
+/// Creates the topics that do not exist yet; existing ones are left alone.
+pub fn ensure_topics(
+    settings: &KafkaSettings,
+    topics: &[(&str, i32)],
+    timeout: Duration,
+) -> Result<(), KafkaClientError> {
+    let admin: AdminClient<DefaultClientContext> = settings
+        .client_config()
+        .create()
+        .map_err(kafka("creating an admin client"))?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(timeout));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| KafkaClientError::Runtime(e.to_string()))?;
+    let results = runtime
+        .block_on(admin.create_topics(&new, &opts))
+        .map_err(kafka("create_topics"))?;
+    for result in results {
+        if let Err((topic, code)) = result
+            && code != RDKafkaErrorCode::TopicAlreadyExists
+        {
+            return Err(KafkaClientError::CreateTopic {
+                topic,
+                reason: code.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Reads a fixed set of partitions of one topic and commits explicitly.
+#[allow(missing_debug_implementations)] // wraps an rdkafka client
+pub struct RequestConsumer {
+    consumer: BaseConsumer,
+    topic: String,
+    partitions: Vec<i32>,
+    paused: bool,
+}
+
+impl RequestConsumer {
+    /// Assigns `partitions` of `topic`, each at its committed offset or,
+    /// when the group never committed one, at `start`.
+    pub fn open(
+        settings: &KafkaSettings,
+        topic: &str,
+        partitions: &[i32],
+        start: StartPosition,
+        refetch: Refetch,
+        timeout: Duration,
+    ) -> Result<(Self, Vec<Resumed>), KafkaClientError> {
+        let consumer: BaseConsumer = settings
+            .client_config()
+            .set("group.id", &settings.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            // Bounds what librdkafka prefetches while we are paused.
+            .set("queued.max.messages.kbytes", "16384")
+            .set("queued.min.messages", "10000")
+            .create()
+            .map_err(kafka("creating the request consumer"))?;
+        let mut wanted = TopicPartitionList::new();
+        for &p in partitions {
+            wanted.add_partition(topic, p);
+        }
+        let committed = if partitions.is_empty() {
+            TopicPartitionList::new()
+        } else {
+            consumer
+                .committed_offsets(wanted, timeout)
+                .map_err(kafka(format!("committed offsets of `{topic}`")))?
+        };
+        let mut resumed = Vec::with_capacity(partitions.len());
+        let mut assignment = TopicPartitionList::new();
+        for &p in partitions {
+            let from_commit = committed
+                .find_partition(topic, p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) if o >= 0 => Some(o),
+                    _ => None,
+                });
+            // `offset`: below it, records count as already consumed.
+            let (offset, fetch_from) = match (from_commit, refetch, start) {
+                (Some(o), Refetch::FromCommitted, _) => (o, Offset::Offset(o)),
+                (Some(o), Refetch::FromStart, _) => (o, Offset::Beginning),
+                (None, _, StartPosition::Earliest) => (0, Offset::Beginning),
+                (None, _, StartPosition::Latest) => (0, Offset::End),
+            };
+            assignment
+                .add_partition_offset(topic, p, fetch_from)
+                .map_err(kafka("building the assignment"))?;
+            resumed.push(Resumed {
+                partition: p,
+                offset,
+                from_commit: from_commit.is_some(),
+            });
+        }
+        consumer
+            .assign(&assignment)
+            .map_err(kafka(format!("assigning `{topic}` {partitions:?}")))?;
+        Ok((
+            Self {
+                consumer,
+                topic: topic.to_string(),
+                partitions: partitions.to_vec(),
+                paused: false,
+            },
+            resumed,
+        ))
+    }
+
+    pub fn partitions(&self) -> &[i32] {
+        &self.partitions
+    }
+
+    /// The next record, waiting at most `timeout`; `None` when none came
+    /// (or reads are paused).
+    pub fn poll(&self, timeout: Duration) -> Option<Result<RawRecord, KafkaClientError>> {
+        if self.partitions.is_empty() || self.paused {
+            std::thread::sleep(timeout);
+            return None;
+        }
+        self.consumer.poll(timeout).map(|r| {
+            r.map(|m| RawRecord {
+                partition: m.partition(),
+                offset: m.offset(),
+                timestamp_ms: m.timestamp().to_millis(),
+                payload: m.payload().map(<[u8]>::to_vec),
+            })
+            .map_err(kafka(format!("reading `{}`", self.topic)))
+        })
+    }
+
+    /// Stops (or restarts) handing out records. While paused, librdkafka's
+    /// fetcher fills its local queue up to `queued.max.messages.kbytes`
+    /// (set by [`RequestConsumer::open`]) and then stops fetching, so memory
+    /// stays bounded. (librdkafka's own pause/resume is not used: after a
+    /// resume, tansu 0.6 never served the partition again.)
+    pub fn set_paused(&mut self, paused: bool) {
+        self.paused = paused;
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Commits `(partition, next offset to read)` pairs; `sync` waits for
+    /// the broker's answer.
+    pub fn commit(&self, offsets: &[(i32, i64)], sync: bool) -> Result<(), KafkaClientError> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for &(p, o) in offsets {
+            tpl.add_partition_offset(&self.topic, p, Offset::Offset(o))
+                .map_err(kafka("building the commit"))?;
+        }
+        let mode = if sync {
+            CommitMode::Sync
+        } else {
+            CommitMode::Async
+        };
+        self.consumer
+            .commit(&tpl, mode)
+            .map_err(kafka(format!("committing {offsets:?}")))
+    }
+
+    /// High watermarks as of the last fetch response (no broker round trip).
+    pub fn cached_high_watermarks(&self) -> Vec<(i32, Option<i64>)> {
+        self.partitions
+            .iter()
+            .map(|&p| (p, self.cached_high_watermark(p)))
+            .collect()
+    }
+
+    fn cached_high_watermark(&self, partition: i32) -> Option<i64> {
+        // rdkafka 0.39 wraps only the broker round trip (ListOffsets, which
+        // some Kafka-compatible brokers answer loosely); the value cached
+        // from fetch responses needs the C call.
+        let topic = std::ffi::CString::new(self.topic.as_str()).ok()?;
+        let (mut low, mut high) = (-1i64, -1i64);
+        // SAFETY: the client pointer is valid for the life of `self.consumer`,
+        // `topic` is a NUL-terminated string that outlives the call, and the
+        // two out-pointers point at live i64s.
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                partition,
+                &mut low,
+                &mut high,
+            )
+        };
+        (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+            .then_some(high)
+    }
+}
+
+/// What the broker said about one output record.
+#[derive(Debug)]
+pub enum Delivery {
+    /// Durable on the broker.
+    Delivered { source: RecordId },
+    /// Given up on by librdkafka (a permanent error): the caller decides
+    /// whether to send it again.
+    Failed {
+        source: RecordId,
+        topic: String,
+        key: Option<Vec<u8>>,
+        payload: Vec<u8>,
+        error: String,
+    },
+}
+
+/// Called on the producer's polling thread for every delivery report.
+pub type DeliveryCallback = Arc<dyn Fn(Delivery) + Send + Sync>;
+
+struct DeliveryContext {
+    on_delivery: DeliveryCallback,
+}
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = Box<RecordId>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, source: Self::DeliveryOpaque) {
+        let report = match result {
+            Ok(_) => Delivery::Delivered { source: *source },
+            Err((error, message)) => Delivery::Failed {
+                source: *source,
+                topic: message.topic().to_string(),
+                key: message.key().map(<[u8]>::to_vec),
+                payload: message.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                error: error.to_string(),
+            },
+        };
+        (self.on_delivery)(report);
+    }
+}
+
+/// Why an output could not be handed to the producer.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The producer's local queue is full: try again after it drains.
+    #[error("producer queue full")]
+    QueueFull,
+    #[error(transparent)]
+    Client(#[from] KafkaClientError),
+}
+
+/// One producer for a job's outputs (responses, error records, dead letters).
+#[allow(missing_debug_implementations)] // wraps an rdkafka client
+pub struct OutputProducer {
+    producer: ThreadedProducer<DeliveryContext>,
+}
+
+impl OutputProducer {
+    /// A producer that waits for all in-sync replicas and retries transient
+    /// errors without a deadline (a broker outage stalls, it does not drop).
+    pub fn new(
+        settings: &KafkaSettings,
+        on_delivery: DeliveryCallback,
+    ) -> Result<Self, KafkaClientError> {
+        let mut config = settings.client_config();
+        for (k, v) in [
+            ("acks", "all"),
+            ("message.timeout.ms", "0"),
+            ("linger.ms", "2"),
+        ] {
+            if !settings.extra.contains_key(k) {
+                config.set(k, v);
+            }
+        }
+        let producer = config
+            .create_with_context(DeliveryContext { on_delivery })
+            .map_err(kafka("creating the producer"))?;
+        Ok(Self { producer })
+    }
+
+    /// Queues one record; its [`Delivery`] names `source`.
+    pub fn send(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        source: RecordId,
+    ) -> Result<(), SendError> {
+        let mut record = BaseRecord::with_opaque_to(topic, Box::new(source)).payload(payload);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        self.producer.send(record).map_err(|(e, _)| match e {
+            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
+            other => SendError::Client(kafka(format!("producing to `{topic}`"))(other)),
+        })
+    }
+
+    /// Waits until every queued record has a delivery report.
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaClientError> {
+        self.producer.flush(timeout).map_err(kafka("flush"))
+    }
+
+    /// Records queued or in flight to the broker.
+    pub fn in_flight(&self) -> i32 {
+        self.producer.in_flight_count()
+    }
+}
+
+/// The request records that already have a response on `response_topic`,
+/// from the last `lookback` messages of each of its partitions. A restarted
+/// job skips these instead of answering them a second time (and perhaps
+/// differently, since cache state changed).
+pub fn scan_answered(
+    settings: &KafkaSettings,
+    response_topic: &str,
+    lookback: i64,
+    timeout: Duration,
+) -> Result<HashSet<RecordId>, KafkaClientError> {
+    let partitions = partition_count(settings, response_topic, timeout)?;
+    let consumer: BaseConsumer = settings
+        .client_config()
+        .set("group.id", format!("{}-restart-scan", settings.group_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .map_err(kafka("creating the restart-scan consumer"))?;
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining = 0i64;
+    let mut ends = BTreeMap::new();
+    for p in 0..partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(response_topic, p, timeout)
+            .map_err(kafka(format!("watermarks of `{response_topic}`[{p}]")))?;
+        let from = low.max(high - lookback);
+        if from < high {
+            assignment
+                .add_partition_offset(response_topic, p, Offset::Offset(from))
+                .map_err(kafka("building the scan assignment"))?;
+            remaining += high - from;
+            ends.insert(p, high);
+        }
+    }
+    let mut answered = HashSet::new();
+    if ends.is_empty() {
+        return Ok(answered);
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(kafka("assigning the restart scan"))?;
+    let deadline = std::time::Instant::now() + timeout.max(Duration::from_secs(1)) * 4;
+    while !ends.is_empty() {
+        if std::time::Instant::now() > deadline {
+            return Err(KafkaClientError::Kafka {
+                what: format!(
+                    "restart scan of `{response_topic}` stalled with {remaining} records left"
+                ),
+                source: KafkaError::MessageConsumption(RDKafkaErrorCode::RequestTimedOut),
+            });
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.map_err(kafka(format!("reading `{response_topic}`")))?;
+        let p = message.partition();
+        if let Some(payload) = message.payload()
+            && let Ok(response) = serde_json::from_slice::<WireResponse>(payload)
+        {
+            answered.insert(response.source());
+        }
+        remaining -= 1;
+        if ends.get(&p).is_some_and(|&end| message.offset() + 1 >= end) {
+            ends.remove(&p);
+        }
+    }
+    Ok(answered)
+}

@@ -1,0 +1,77 @@
+//! Timely wrappers of the Kafka side of `grflow serve`: a source operator
+//! driving one worker's [`KafkaIngest`] (its partitions' event time becomes
+//! capability downgrades) and a sink handing answers to the worker's
+//! [`OutputQueue`]. The logic lives in `crate::serve`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::generic::Operator;
+use timely::dataflow::operators::generic::operator::source;
+use timely::dataflow::{Scope, StreamVec};
+
+use crate::events::{Admitted, NodeEvent};
+use crate::serve::ingest::KafkaIngest;
+use crate::serve::outputs::OutputQueue;
+
+/// Records read per activation before yielding to other operators.
+const MAX_PER_ACTIVATION: usize = 512;
+/// How soon an idle source looks again.
+const IDLE_POLL: Duration = Duration::from_millis(1);
+
+/// Reads until `stop` is set, then drops its capability so the dataflow
+/// drains what is in flight and completes.
+pub fn kafka_source<'s>(
+    scope: Scope<'s, u64>,
+    ingest: Rc<RefCell<KafkaIngest>>,
+    outputs: Rc<RefCell<OutputQueue>>,
+    stop: Arc<AtomicBool>,
+) -> StreamVec<'s, u64, Admitted> {
+    source(scope, "KafkaSource", move |capability, info| {
+        let activator = scope.activator_for(info.address);
+        let mut cap = Some(capability);
+        move |output| {
+            let Some(c) = cap.as_mut() else { return };
+            if stop.load(Ordering::Relaxed) {
+                cap = None;
+                return;
+            }
+            let pumped = ingest.borrow_mut().pump(
+                MAX_PER_ACTIVATION,
+                &mut outputs.borrow_mut(),
+                Instant::now(),
+                *c.time(),
+            );
+            for admitted in pumped.admitted {
+                // Behind the frontier (late, counted by the ingest): enters
+                // at the earliest time we can still emit; never dropped.
+                let ts = admitted.request.ts_ms.max(*c.time());
+                output.session(&c.delayed(&ts)).give(admitted);
+            }
+            if pumped.frontier > *c.time() {
+                c.downgrade(&pumped.frontier);
+            }
+            if pumped.drained {
+                activator.activate_after(IDLE_POLL);
+            } else {
+                activator.activate();
+            }
+        }
+    })
+}
+
+/// Hands every answer to the output queue.
+pub fn kafka_sink<'s>(events: StreamVec<'s, u64, NodeEvent>, outputs: Rc<RefCell<OutputQueue>>) {
+    events.sink(Pipeline, "KafkaSink", move |(input, _)| {
+        let mut out = outputs.borrow_mut();
+        input.for_each(|_, data| {
+            for event in data.drain(..) {
+                out.answer(event);
+            }
+        });
+    });
+}

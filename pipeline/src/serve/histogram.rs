@@ -1,0 +1,97 @@
+//! Latency histogram with bounded memory for jobs that run for months:
+//! logarithmic buckets 1% wide from 1 µs up, so a quantile is within 1%.
+
+const GROWTH: f64 = 1.01;
+const MIN_MS: f64 = 0.001;
+const BUCKETS: usize = 2_400; // 1 µs · 1.01^2400 ≈ 6.7 hours
+
+#[derive(Clone, Debug)]
+pub struct LatencyHistogram {
+    counts: Vec<u64>,
+    total: u64,
+    max_ms: f64,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self {
+            counts: vec![0; BUCKETS],
+            total: 0,
+            max_ms: 0.0,
+        }
+    }
+}
+
+impl LatencyHistogram {
+    fn bucket(ms: f64) -> usize {
+        if ms.is_nan() || ms <= MIN_MS {
+            return 0;
+        }
+        ((ms / MIN_MS).ln() / GROWTH.ln())
+            .ceil()
+            .min((BUCKETS - 1) as f64) as usize
+    }
+
+    pub fn record(&mut self, ms: f64) {
+        self.counts[Self::bucket(ms)] += 1;
+        self.total += 1;
+        if ms > self.max_ms {
+            self.max_ms = ms;
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn max_ms(&self) -> f64 {
+        self.max_ms
+    }
+
+    /// The `q`-quantile (0..=1), as the upper edge of its bucket; 0 when empty.
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return (MIN_MS * GROWTH.powi(i as i32)).min(self.max_ms);
+            }
+        }
+        self.max_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_within_one_percent() {
+        let mut h = LatencyHistogram::default();
+        for i in 1..=10_000 {
+            h.record(i as f64 * 0.01); // 0.01 .. 100 ms
+        }
+        for (q, exact) in [(0.5, 50.0), (0.99, 99.0), (1.0, 100.0)] {
+            let got = h.quantile(q);
+            assert!(
+                (got - exact).abs() <= exact * 0.011,
+                "q{q}: {got} vs {exact}"
+            );
+        }
+        assert_eq!(h.count(), 10_000);
+    }
+
+    #[test]
+    fn empty_and_degenerate_values() {
+        let mut h = LatencyHistogram::default();
+        assert_eq!(h.quantile(0.99), 0.0);
+        h.record(0.0);
+        h.record(f64::NAN);
+        assert_eq!(h.count(), 2);
+        assert!(h.quantile(1.0) <= MIN_MS);
+    }
+}

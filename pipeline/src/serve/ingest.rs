@@ -1,0 +1,281 @@
+//! One worker's reading side: polls its partitions, skips records already
+//! consumed or answered, dead-letters what cannot be decoded, turns the rest
+//! into admitted requests, tracks event time, pauses reads when too many
+//! requests are in flight, and commits offsets whose answers are durable.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use grflow_connectors::SourcePosition;
+use grflow_connectors::kafka::{
+    Admission, DeadLetter, History, RawRecord, RecordId, RequestConsumer, decode_request,
+};
+use grflow_traces::Request;
+
+use super::clock::PartitionClock;
+use super::outputs::OutputQueue;
+use super::shared::{ServeCounters, SharedState};
+use crate::events::{Admitted, now_ns};
+
+/// Settings of the reading side.
+#[derive(Clone, Debug)]
+pub struct IngestSettings {
+    pub request_topic: String,
+    pub dead_letter_topic: String,
+    pub max_in_flight: usize,
+    pub max_message_bytes: usize,
+    pub idle_timeout: Duration,
+    pub max_skew_ms: u64,
+    pub commit_interval: Duration,
+}
+
+/// What one call of [`KafkaIngest::pump`] read.
+#[derive(Debug, Default)]
+pub struct Pumped {
+    pub admitted: Vec<Admitted>,
+    /// The earliest event time this worker may still emit.
+    pub frontier: u64,
+    /// Whether the consumer had nothing more to give right now.
+    pub drained: bool,
+}
+
+#[allow(missing_debug_implementations)] // holds the consumer
+pub struct KafkaIngest {
+    worker: usize,
+    consumer: RequestConsumer,
+    settings: IngestSettings,
+    shared: Arc<SharedState>,
+    clock: PartitionClock,
+    /// Request records the response topic already answers (restart scan).
+    answered: HashSet<RecordId>,
+    last_commit: Instant,
+}
+
+impl KafkaIngest {
+    pub fn new(
+        worker: usize,
+        consumer: RequestConsumer,
+        settings: IngestSettings,
+        shared: Arc<SharedState>,
+        answered: HashSet<RecordId>,
+    ) -> Self {
+        let clock = PartitionClock::new(
+            consumer.partitions(),
+            settings.idle_timeout,
+            settings.max_skew_ms,
+        );
+        Self {
+            worker,
+            consumer,
+            settings,
+            shared,
+            clock,
+            answered,
+            last_commit: Instant::now(),
+        }
+    }
+
+    /// Reads up to `max` records without blocking. `emit_floor` is the
+    /// earliest time the caller can still emit at: a request older than
+    /// that is late and enters at `emit_floor`.
+    pub fn pump(
+        &mut self,
+        max: usize,
+        outputs: &mut OutputQueue,
+        now: Instant,
+        emit_floor: u64,
+    ) -> Pumped {
+        self.apply_backpressure();
+        let mut pumped = Pumped::default();
+        if !self.consumer.is_paused() {
+            while pumped.admitted.len() < max {
+                match self.consumer.poll(Duration::ZERO) {
+                    None => {
+                        pumped.drained = true;
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        // Transient client errors (broker down, ...): librdkafka
+                        // reconnects by itself; say so and keep going.
+                        tracing::warn!(worker = self.worker, error = %e, "request consumer");
+                        pumped.drained = true;
+                        break;
+                    }
+                    Some(Ok(record)) => {
+                        if let Some(a) = self.admit(record, outputs, now, emit_floor) {
+                            pumped.admitted.push(a);
+                        }
+                    }
+                }
+            }
+        } else {
+            pumped.drained = true;
+        }
+        let newest = self.shared.counters.newest_event_ms.load(Ordering::Relaxed);
+        pumped.frontier = self.clock.frontier(now, self.consumer.is_paused(), newest);
+        if now.duration_since(self.last_commit) >= self.settings.commit_interval {
+            self.commit(false);
+            self.last_commit = now;
+        }
+        pumped
+    }
+
+    fn admit(
+        &mut self,
+        record: RawRecord,
+        outputs: &mut OutputQueue,
+        now: Instant,
+        emit_floor: u64,
+    ) -> Option<Admitted> {
+        ServeCounters::add(&self.shared.counters.consumed, 1);
+        let source = RecordId {
+            partition: record.partition,
+            offset: record.offset,
+        };
+        let admission = self
+            .shared
+            .book(self.worker)
+            .lock()
+            .expect("offset book lock")
+            .consume(record.partition, record.offset);
+        match admission {
+            Ok(Admission::New) => {}
+            Ok(Admission::Duplicate) => {
+                ServeCounters::add(&self.shared.counters.duplicates, 1);
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping record");
+                return None;
+            }
+        }
+        if self.answered.remove(&source) {
+            // Answered before a restart: the answer is durable, so the
+            // offset may be committed without answering again.
+            ServeCounters::add(&self.shared.counters.already_answered, 1);
+            self.shared.ack(source);
+            return None;
+        }
+        let payload = record.payload.unwrap_or_default();
+        match decode_request(&payload, self.settings.max_message_bytes) {
+            Ok(wire) => {
+                // Event time tracks the time the request enters at, so a
+                // late request is released like any other.
+                let enters_at = wire.ts_ms.max(emit_floor);
+                if enters_at != wire.ts_ms {
+                    ServeCounters::add(&self.shared.counters.late, 1);
+                }
+                self.clock.observe(record.partition, enters_at, now);
+                self.shared
+                    .counters
+                    .newest_event_ms
+                    .fetch_max(enters_at, Ordering::Relaxed);
+                let (hist_len, inline_history) = match wire.history {
+                    History::Prefix(n) => (n, None),
+                    History::Inline(items) => (items.len() as u32, Some(items)),
+                };
+                Some(Admitted {
+                    request: Request {
+                        ts_ms: wire.ts_ms,
+                        req_id: wire.req_id,
+                        user_id: wire.user_id,
+                        hist_len,
+                        candidates: wire.candidates,
+                        mode: wire.mode,
+                        label: None,
+                    },
+                    position: SourcePosition::Kafka {
+                        topic: self.settings.request_topic.clone(),
+                        partition: record.partition,
+                        offset: record.offset,
+                    },
+                    admitted_ns: now_ns(),
+                    inline_history,
+                })
+            }
+            Err(error) => {
+                ServeCounters::add(&self.shared.counters.dead_lettered, 1);
+                let letter = DeadLetter::new(
+                    &error,
+                    &self.settings.request_topic,
+                    record.partition,
+                    record.offset,
+                    &payload,
+                );
+                tracing::debug!(
+                    partition = record.partition,
+                    offset = record.offset,
+                    kind = error.kind(),
+                    "dead letter"
+                );
+                let body = serde_json::to_vec(&letter).expect("dead letters serialize");
+                outputs.send(self.settings.dead_letter_topic.clone(), None, body, source);
+                None
+            }
+        }
+    }
+
+    /// Pauses reads at the in-flight cap; resumes once half of it drained.
+    fn apply_backpressure(&mut self) {
+        let in_flight = self
+            .shared
+            .book(self.worker)
+            .lock()
+            .expect("offset book lock")
+            .in_flight();
+        let paused = self.consumer.is_paused();
+        let want = if paused {
+            in_flight > self.settings.max_in_flight / 2
+        } else {
+            in_flight >= self.settings.max_in_flight
+        };
+        if want != paused {
+            if want {
+                ServeCounters::add(&self.shared.counters.pauses, 1);
+            }
+            self.consumer.set_paused(want);
+        }
+    }
+
+    /// Commits what moved (periodically), or every partition's safe offset
+    /// and waits for the broker (`final_commit`, at shutdown).
+    pub fn commit(&mut self, final_commit: bool) -> Vec<(i32, i64)> {
+        let commits = {
+            let mut book = self
+                .shared
+                .book(self.worker)
+                .lock()
+                .expect("offset book lock");
+            if final_commit {
+                book.safe_commits()
+            } else {
+                book.take_commits()
+            }
+        };
+        if let Err(e) = self.consumer.commit(&commits, final_commit) {
+            tracing::warn!(worker = self.worker, error = %e, "offset commit");
+        }
+        commits
+    }
+
+    /// Measures consumer lag of this worker's partitions into the shared
+    /// table: the high watermark of the last fetch minus the next offset to
+    /// consume (partitions not fetched from yet are left out).
+    pub fn measure_lag(&self) {
+        let highs = self.consumer.cached_high_watermarks();
+        let book = self
+            .shared
+            .book(self.worker)
+            .lock()
+            .expect("offset book lock");
+        let mut lag = self.shared.lag.lock().expect("lag lock");
+        for (p, high) in highs {
+            if let Some(high) = high {
+                let next = book.partition(p).map_or(0, |o| o.next_offset());
+                lag.insert(p, (high - next).max(0));
+            }
+        }
+    }
+}

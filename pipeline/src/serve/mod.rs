@@ -1,0 +1,362 @@
+//! `grflow serve`: the serving dataflow between a Kafka request topic and a
+//! response topic, until told to stop. Delivery guarantee (no broker
+//! transactions are needed): an offset is committed only after the answers
+//! of every record before it are durable, a restarted job skips records the
+//! response topic already answers, so every request is answered, and only a
+//! request in flight at a crash can be answered twice; such a second answer
+//! comes from a fresh computation after the first was lost in flight.
+
+pub mod clock;
+pub mod histogram;
+pub mod ingest;
+pub mod outputs;
+pub mod shared;
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use timely::dataflow::ProbeHandle;
+use timely::dataflow::operators::Probe;
+
+use grflow_connectors::kafka::{
+    KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, StartPosition,
+    ensure_topics, owned_partitions, partition_count, scan_answered,
+};
+use grflow_connectors::parquet::load_side_tables;
+use grflow_operators::hotness::HotUsers;
+use grflow_operators::node::ServingNode;
+use grflow_operators::router::Router;
+
+use crate::config::Config;
+use crate::dataflow::{self, ServingParts};
+use crate::params::node_params;
+use crate::side::SideTables;
+use ingest::{IngestSettings, KafkaIngest};
+use outputs::OutputQueue;
+pub use shared::{ServeSummary, SharedState};
+
+/// Timeout of blocking metadata, commit and watermark calls.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("config: {0}")]
+    Config(String),
+    #[error("catalog: {0}")]
+    Catalog(String),
+    #[error(transparent)]
+    Kafka(#[from] grflow_connectors::kafka::KafkaClientError),
+    #[error("timely: {0}")]
+    Timely(String),
+    #[error("worker {0} panicked")]
+    WorkerPanicked(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub config: Config,
+}
+
+impl ServeOptions {
+    fn settings(&self) -> KafkaSettings {
+        let k = &self.config.kafka;
+        KafkaSettings {
+            brokers: k.brokers.clone(),
+            group_id: k.group_id.clone(),
+            client_id: format!("grflow-{}", std::process::id()),
+            extra: k.librdkafka.clone(),
+        }
+    }
+}
+
+fn side_tables(config: &Config) -> Result<SideTables, ServeError> {
+    let shard_rows = config.node.shard_rows;
+    if config.kafka.catalog.is_empty() {
+        let gen_cfg = config.trace.gen_config().map_err(ServeError::Config)?;
+        let trace = grflow_traces::generate(&gen_cfg);
+        let meta = trace
+            .meta
+            .ok_or_else(|| ServeError::Catalog("generated trace has no metadata".into()))?;
+        SideTables::new(meta, trace.users, trace.items, shard_rows)
+    } else {
+        let tables = load_side_tables(std::path::Path::new(&config.kafka.catalog))
+            .map_err(|e| ServeError::Catalog(format!("{}: {e}", config.kafka.catalog)))?;
+        SideTables::new(tables.meta, tables.users, tables.items, shard_rows)
+    }
+    .map_err(|e| ServeError::Catalog(e.to_string()))
+}
+
+/// What one worker hands back.
+struct WorkerResult {
+    committed: Vec<(i32, i64)>,
+    oov_items: u64,
+    model_version: String,
+}
+
+/// Runs until `stop` is set, then drains, commits and returns the summary.
+pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, ServeError> {
+    let cfg = opts.config.clone();
+    let k = cfg.kafka.clone();
+    let workers = cfg.run.workers;
+    let settings = opts.settings();
+    let started = Instant::now();
+
+    let side = Arc::new(side_tables(&cfg)?);
+    let params = node_params(&cfg, &side.meta).map_err(|e| ServeError::Config(e.to_string()))?;
+    let mut nodes = Vec::with_capacity(workers);
+    for n in 0..workers {
+        nodes.push(Some(
+            ServingNode::new(n as u32, params.clone())
+                .map_err(|e| ServeError::Config(e.to_string()))?,
+        ));
+    }
+    Router::new(
+        cfg.router.clone(),
+        workers,
+        HotUsers::new(cfg.hotness.clone()),
+    )
+    .map_err(|e| ServeError::Config(e.to_string()))?;
+
+    if k.create_partitions > 0 {
+        ensure_topics(
+            &settings,
+            &[
+                (k.request_topic.as_str(), k.create_partitions),
+                (k.response_topic.as_str(), k.create_partitions),
+                (k.dead_letter_topic.as_str(), 1),
+            ],
+            CALL_TIMEOUT,
+        )?;
+    }
+    let partitions = partition_count(&settings, &k.request_topic, CALL_TIMEOUT)?;
+    let answered = scan_answered(&settings, &k.response_topic, k.restart_scan, CALL_TIMEOUT)?;
+    if !answered.is_empty() {
+        tracing::info!(
+            answered = answered.len(),
+            "restart: requests already answered on the response topic will be skipped"
+        );
+    }
+
+    let shared = Arc::new(SharedState::new(&k.request_topic, workers));
+    let delivery_state = shared.clone();
+    let producer = Arc::new(OutputProducer::new(
+        &settings,
+        Arc::new(move |d| delivery_state.on_delivery(d)),
+    )?);
+
+    // Consumers are opened here so that a broker or topic problem fails
+    // before any worker starts.
+    let start = match k.start.as_str() {
+        "latest" => StartPosition::Latest,
+        _ => StartPosition::Earliest,
+    };
+    let refetch = if k.refetch_from_start {
+        Refetch::FromStart
+    } else {
+        Refetch::FromCommitted
+    };
+    let mut ingests = Vec::with_capacity(workers);
+    for w in 0..workers {
+        let owned = owned_partitions(&k.request_topic, partitions, w, workers);
+        let (consumer, resumed) = RequestConsumer::open(
+            &settings,
+            &k.request_topic,
+            &owned,
+            start,
+            refetch,
+            CALL_TIMEOUT,
+        )?;
+        {
+            let mut book = shared.book(w).lock().expect("offset book lock");
+            for r in &resumed {
+                book.resume(r.partition, r.offset);
+                tracing::info!(
+                    worker = w,
+                    partition = r.partition,
+                    offset = r.offset,
+                    from_commit = r.from_commit,
+                    "reading"
+                );
+            }
+        }
+        let mine: HashSet<RecordId> = answered
+            .iter()
+            .filter(|id| owned.contains(&id.partition))
+            .copied()
+            .collect();
+        let ingest_settings = IngestSettings {
+            request_topic: k.request_topic.clone(),
+            dead_letter_topic: k.dead_letter_topic.clone(),
+            max_in_flight: k.max_in_flight,
+            max_message_bytes: k.max_message_bytes,
+            idle_timeout: Duration::from_millis(k.idle_timeout_ms),
+            max_skew_ms: k.max_skew_ms,
+            commit_interval: Duration::from_millis(k.commit_interval_ms),
+        };
+        ingests.push(Some((consumer, ingest_settings, mine)));
+    }
+    let ingests = Arc::new(Mutex::new(ingests));
+    let nodes = Arc::new(Mutex::new(nodes));
+
+    let worker_cfg = cfg.clone();
+    let worker_shared = shared.clone();
+    let worker_producer = producer.clone();
+    let worker_side = side.clone();
+    let metrics_every = Duration::from_millis(k.metrics_interval_ms);
+    let guards = timely::execute(timely::Config::process(workers), move |worker| {
+        let index = worker.index();
+        let (consumer, ingest_settings, answered) = ingests.lock().expect("lock")[index]
+            .take()
+            .expect("one consumer per worker");
+        let outputs = Rc::new(RefCell::new(OutputQueue::new(
+            worker_producer.clone(),
+            worker_shared.clone(),
+            &worker_cfg.kafka.response_topic,
+        )));
+        let ingest = Rc::new(RefCell::new(KafkaIngest::new(
+            index,
+            consumer,
+            ingest_settings,
+            worker_shared.clone(),
+            answered,
+        )));
+        let router = Router::new(
+            worker_cfg.router.clone(),
+            worker.peers(),
+            HotUsers::new(worker_cfg.hotness.clone()),
+        )
+        .expect("validated above");
+        let node = nodes.lock().expect("lock")[index]
+            .take()
+            .expect("one node per worker");
+        let probe = ProbeHandle::new();
+        let handles = worker.dataflow::<u64, _, _>(|scope| {
+            let requests =
+                dataflow::kafka::kafka_source(scope, ingest.clone(), outputs.clone(), stop.clone());
+            let (events, handles) = dataflow::serving(
+                scope,
+                requests,
+                ServingParts {
+                    router,
+                    node,
+                    side: worker_side.clone(),
+                    slo_ms: worker_cfg.run.slo_ms,
+                    clock: worker_cfg.run.clock,
+                    deadline: Some(Duration::from_millis(worker_cfg.kafka.deadline_ms)),
+                    window_ms: worker_cfg.hotness.window_ms,
+                },
+            );
+            dataflow::kafka::kafka_sink(events.probe_with(&probe), outputs.clone());
+            handles
+        });
+
+        let mut last_metrics = Instant::now();
+        while !probe.done() {
+            worker.step_or_park(Some(Duration::from_millis(1)));
+            outputs.borrow_mut().retry();
+            if last_metrics.elapsed() >= metrics_every {
+                last_metrics = Instant::now();
+                ingest.borrow().measure_lag();
+                if index == 0 {
+                    log_metrics(&worker_shared);
+                }
+            }
+        }
+        // Drained: everything this worker will ever send is queued or sent.
+        // Wait for the broker to acknowledge it, then commit for good.
+        loop {
+            let waiting = outputs.borrow_mut().retry();
+            if let Err(e) = worker_producer.flush(Duration::from_secs(1)) {
+                tracing::info!(worker = index, error = %e, "waiting for deliveries");
+            }
+            if waiting == 0 && worker_producer.in_flight() == 0 {
+                let failed_again = outputs.borrow_mut().retry();
+                if failed_again == 0 {
+                    break;
+                }
+            }
+        }
+        let committed = ingest.borrow_mut().commit(true);
+        ingest.borrow().measure_lag();
+        let node = handles.node.borrow();
+        WorkerResult {
+            committed,
+            oov_items: node.counters().oov_items,
+            model_version: node.model_version().to_string(),
+        }
+    })
+    .map_err(ServeError::Timely)?;
+
+    let mut results = Vec::with_capacity(workers);
+    for (i, r) in guards.join().into_iter().enumerate() {
+        results.push(r.map_err(|_| ServeError::WorkerPanicked(i))?);
+    }
+    Ok(summarise(&cfg, &settings, &shared, results, started))
+}
+
+fn log_metrics(shared: &SharedState) {
+    let c = &shared.counters;
+    let lag = shared.lag.lock().expect("lag lock").clone();
+    let latency = shared.latency.lock().expect("latency lock").clone();
+    tracing::info!(
+        consumed = c.consumed.load(Ordering::Relaxed),
+        responses = c.responses.load(Ordering::Relaxed),
+        shed = c.shed.load(Ordering::Relaxed),
+        dead_lettered = c.dead_lettered.load(Ordering::Relaxed),
+        delivered = c.delivered.load(Ordering::Relaxed),
+        late = c.late.load(Ordering::Relaxed),
+        in_flight = shared.in_flight(),
+        p99_ms = latency.quantile(0.99),
+        lag = ?lag,
+        "serve metrics"
+    );
+}
+
+fn summarise(
+    cfg: &Config,
+    settings: &KafkaSettings,
+    shared: &SharedState,
+    results: Vec<WorkerResult>,
+    started: Instant,
+) -> ServeSummary {
+    let c = &shared.counters;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let latency = shared.latency.lock().expect("latency lock").clone();
+    ServeSummary {
+        brokers: settings.brokers.clone(),
+        request_topic: cfg.kafka.request_topic.clone(),
+        response_topic: cfg.kafka.response_topic.clone(),
+        dead_letter_topic: cfg.kafka.dead_letter_topic.clone(),
+        workers: cfg.run.workers,
+        wall_s: started.elapsed().as_secs_f64(),
+        consumed: load(&c.consumed),
+        responses: load(&c.responses),
+        shed: load(&c.shed),
+        unservable: load(&c.unservable),
+        dead_lettered: load(&c.dead_lettered),
+        duplicates_skipped: load(&c.duplicates),
+        already_answered: load(&c.already_answered),
+        late: load(&c.late),
+        delivered: load(&c.delivered),
+        resent: load(&c.resent),
+        pauses: load(&c.pauses),
+        oov_items: results.iter().map(|r| r.oov_items).sum(),
+        in_flight_at_exit: shared.in_flight(),
+        latency_p50_ms: latency.quantile(0.5),
+        latency_p99_ms: latency.quantile(0.99),
+        latency_max_ms: latency.max_ms(),
+        lag: shared.lag.lock().expect("lag lock").clone(),
+        committed: results
+            .iter()
+            .flat_map(|r| r.committed.iter().copied())
+            .collect(),
+        model_version: results
+            .first()
+            .map(|r| r.model_version.clone())
+            .unwrap_or_default(),
+    }
+}

@@ -1,0 +1,176 @@
+//! State the workers of a serve job share with each other and with the
+//! producer's delivery thread: each worker's offset book (acks arrive on the
+//! delivery thread, commits are made by the owning worker), outputs the
+//! broker refused for good (to be sent again), and the job's counters.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use grflow_connectors::kafka::{Delivery, OffsetBook, RecordId, partition_owner};
+
+use super::histogram::LatencyHistogram;
+
+/// Counters of a serve job; logged periodically and summarised at exit.
+#[derive(Debug, Default)]
+pub struct ServeCounters {
+    /// Records read from the request topic (all kinds).
+    pub consumed: AtomicU64,
+    /// Records skipped because their offset was consumed or committed before.
+    pub duplicates: AtomicU64,
+    /// Requests skipped because the response topic already answers them.
+    pub already_answered: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    /// Requests behind the event-time frontier (processed anyway).
+    pub late: AtomicU64,
+    pub responses: AtomicU64,
+    pub shed: AtomicU64,
+    pub unservable: AtomicU64,
+    /// Outputs the broker acknowledged.
+    pub delivered: AtomicU64,
+    /// Outputs the producer gave up on and the job sent again.
+    pub resent: AtomicU64,
+    /// Times reads were paused because too many requests were in flight.
+    pub pauses: AtomicU64,
+    pub newest_event_ms: AtomicU64,
+}
+
+impl ServeCounters {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// An output the producer gave up on.
+#[derive(Debug, Clone)]
+pub struct FailedOutput {
+    pub source: RecordId,
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    pub error: String,
+}
+
+#[derive(Debug)]
+pub struct SharedState {
+    request_topic: String,
+    books: Vec<Mutex<OffsetBook>>,
+    failed: Mutex<Vec<FailedOutput>>,
+    pub counters: ServeCounters,
+    pub latency: Mutex<LatencyHistogram>,
+    /// Consumer lag per request partition, as last measured.
+    pub lag: Mutex<BTreeMap<i32, i64>>,
+}
+
+impl SharedState {
+    pub fn new(request_topic: &str, workers: usize) -> Self {
+        Self {
+            request_topic: request_topic.to_string(),
+            books: (0..workers)
+                .map(|_| Mutex::new(OffsetBook::new()))
+                .collect(),
+            failed: Mutex::default(),
+            counters: ServeCounters::default(),
+            latency: Mutex::default(),
+            lag: Mutex::default(),
+        }
+    }
+
+    /// The offset book of the worker that reads `partition`.
+    pub fn book_of(&self, partition: i32) -> &Mutex<OffsetBook> {
+        let owner = partition_owner(&self.request_topic, partition, self.books.len());
+        &self.books[owner]
+    }
+
+    pub fn book(&self, worker: usize) -> &Mutex<OffsetBook> {
+        &self.books[worker]
+    }
+
+    /// Records the output of `source` as durable.
+    pub fn ack(&self, source: RecordId) {
+        let acked = self
+            .book_of(source.partition)
+            .lock()
+            .expect("offset book lock")
+            .ack(source.partition, source.offset);
+        if let Err(e) = acked {
+            tracing::warn!(error = %e, "delivery report for a record not in flight");
+        }
+    }
+
+    /// What the producer's delivery thread calls.
+    pub fn on_delivery(&self, delivery: Delivery) {
+        match delivery {
+            Delivery::Delivered { source } => {
+                ServeCounters::add(&self.counters.delivered, 1);
+                self.ack(source);
+            }
+            Delivery::Failed {
+                source,
+                topic,
+                key,
+                payload,
+                error,
+            } => {
+                tracing::warn!(%topic, partition = source.partition, offset = source.offset,
+                    %error, "delivery failed; sending again");
+                self.failed.lock().expect("failed lock").push(FailedOutput {
+                    source,
+                    topic,
+                    key,
+                    payload,
+                    error,
+                });
+            }
+        }
+    }
+
+    /// Outputs to send again (taken: the caller owns them now).
+    pub fn take_failed(&self) -> Vec<FailedOutput> {
+        std::mem::take(&mut *self.failed.lock().expect("failed lock"))
+    }
+
+    pub fn record_latency(&self, ms: f64) {
+        self.latency.lock().expect("latency lock").record(ms);
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.books
+            .iter()
+            .map(|b| b.lock().expect("offset book lock").in_flight())
+            .sum()
+    }
+}
+
+/// What `grflow serve` prints when it stops.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ServeSummary {
+    pub brokers: String,
+    pub request_topic: String,
+    pub response_topic: String,
+    pub dead_letter_topic: String,
+    pub workers: usize,
+    pub wall_s: f64,
+    pub consumed: u64,
+    pub responses: u64,
+    pub shed: u64,
+    pub unservable: u64,
+    pub dead_lettered: u64,
+    pub duplicates_skipped: u64,
+    pub already_answered: u64,
+    pub late: u64,
+    pub delivered: u64,
+    pub resent: u64,
+    pub pauses: u64,
+    pub oov_items: u64,
+    pub in_flight_at_exit: usize,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub latency_max_ms: f64,
+    /// Messages behind the end of each request partition at exit.
+    pub lag: BTreeMap<i32, i64>,
+    pub committed: BTreeMap<i32, i64>,
+    pub model_version: String,
+}

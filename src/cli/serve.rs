@@ -1,0 +1,63 @@
+//! `grflow serve`: the long-lived Kafka job. SIGINT/SIGTERM stop reading,
+//! drain what is in flight, commit, print the summary and exit 0; a second
+//! signal exits at once (1).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use grflow_pipeline::{Config, ServeError, ServeOptions};
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use super::InputError;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// TOML config with a [kafka] section (see configs/kafka.toml).
+    #[arg(long, default_value = "configs/kafka.toml")]
+    pub config: PathBuf,
+    /// bootstrap.servers; overrides kafka.brokers and GRFLOW_KAFKA_BROKERS.
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Timely workers (= serving nodes); overrides run.workers.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Consumer group; overrides kafka.group_id.
+    #[arg(long)]
+    pub group: Option<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut config = Config::load(&args.config).map_err(InputError::from_display)?;
+    if let Ok(brokers) = std::env::var("GRFLOW_KAFKA_BROKERS")
+        && !brokers.trim().is_empty()
+    {
+        config.kafka.brokers = brokers;
+    }
+    if let Some(b) = args.brokers {
+        config.kafka.brokers = b;
+    }
+    if let Some(g) = args.group {
+        config.kafka.group_id = g;
+    }
+    if let Some(w) = args.workers {
+        if w == 0 {
+            return Err(InputError::from_display("--workers must be >= 1"));
+        }
+        config.run.workers = w;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM] {
+        // The second signal exits at once; the first asks for a drain.
+        signal_hook::flag::register_conditional_shutdown(signal, 1, stop.clone())?;
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
+    tracing::info!(brokers = %config.kafka.brokers, topic = %config.kafka.request_topic,
+        workers = config.run.workers, "grflow serve starting");
+    let summary = grflow_pipeline::serve(ServeOptions { config }, stop).map_err(|e| match e {
+        ServeError::Config(_) | ServeError::Catalog(_) => InputError::from_display(e),
+        other => anyhow::Error::new(other),
+    })?;
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}

@@ -1,0 +1,336 @@
+//! `grflow serve` against a real Kafka-compatible broker (tansu in CI,
+//! started by ./scripts/test.sh, address in GRFLOW_KAFKA_BROKERS). Without
+//! that variable these tests print why and pass without running.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::kafka::{Serve, Tail, Topics, answers_by_req, broker, produce, tmp_dir, write_config};
+use serde_json::json;
+
+const PARTITIONS: i32 = 4;
+
+/// A valid request: half carry their history inline, half name a prefix
+/// of the users table (every generated user has at least 10 items).
+fn request(i: u64) -> Vec<u8> {
+    let mut r = json!({
+        "req_id": i,
+        "user_id": i % 500,
+        "ts_ms": 1_700_000_000_000u64 + i * 2,
+        "candidates": [(i * 7) % 5000, (i * 13 + 1) % 5000, (i * 31 + 2) % 5000, (i * 57 + 3) % 5000],
+    });
+    if i.is_multiple_of(2) {
+        r["history"] = json!([
+            (i * 3) % 5000,
+            (i * 5 + 1) % 5000,
+            (i * 11 + 2) % 5000,
+            17,
+            42,
+            4999
+        ]);
+    } else {
+        r["hist_len"] = json!(1 + i % 10);
+    }
+    serde_json::to_vec(&r).unwrap()
+}
+
+fn committed_total(summary: &serde_json::Value) -> i64 {
+    summary["committed"]
+        .as_object()
+        .expect("committed")
+        .values()
+        .map(|v| v.as_i64().unwrap())
+        .sum()
+}
+
+#[test]
+fn kafka_kill_restart_answers_every_request_once_with_one_distinct_answer() {
+    let Some(brokers) = broker("kafka_kill_restart") else {
+        return;
+    };
+    const N: u64 = 10_000;
+    let topics = Topics::fresh("killrestart");
+    topics.create(&brokers, PARTITIONS);
+    let records: Vec<_> = (0..N)
+        .map(|i| ((i % PARTITIONS as u64) as i32, Some(request(i))))
+        .collect();
+    produce(&brokers, &topics.requests, &records);
+
+    let dir = tmp_dir("kill-restart");
+    // A deadline no test machine reaches: every answer must be a ranking.
+    let config = write_config(&dir, &topics, "deadline_ms = 600000\nmax_in_flight = 256");
+    let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
+
+    let first = Serve::start(&brokers, &config, "first");
+    assert!(
+        tail.read_until(Duration::from_secs(300), |t| t.req_ids.len() as u64
+            >= N * 40 / 100),
+        "only {} answers before the kill; stderr:\n{}",
+        tail.req_ids.len(),
+        first.stderr_text()
+    );
+    first.kill_hard();
+    tail.settle(Duration::from_secs(2));
+    let at_kill = tail.req_ids.len() as u64;
+    eprintln!("answered at SIGKILL: {at_kill} of {N}");
+    assert!(
+        (N * 30 / 100..=N * 70 / 100).contains(&at_kill),
+        "the kill must land with 30-70% answered, not {at_kill}"
+    );
+
+    let second = Serve::start(&brokers, &config, "second");
+    let all = tail.read_until(Duration::from_secs(300), |t| t.req_ids.len() as u64 >= N);
+    let summary = if all {
+        second.stop()
+    } else {
+        panic!(
+            "{} of {N} answered after the restart; stderr:\n{}",
+            tail.req_ids.len(),
+            second.stderr_text()
+        );
+    };
+    tail.settle(Duration::from_secs(1));
+
+    let by_req = answers_by_req(&tail.records);
+    assert_eq!(by_req.len() as u64, N, "every req_id answered");
+    assert_eq!(*by_req.keys().next().unwrap(), 0);
+    assert_eq!(*by_req.keys().last().unwrap(), N - 1);
+    let mut produced_twice = 0;
+    for (req, answers) in &by_req {
+        let distinct: BTreeSet<String> = answers.iter().map(|a| format!("{a:?}")).collect();
+        assert_eq!(
+            distinct.len(),
+            1,
+            "req {req} got different answers: {answers:?}"
+        );
+        assert!(
+            answers[0].2.is_null(),
+            "req {req} got an error record: {answers:?}"
+        );
+        produced_twice += answers.len() - 1;
+    }
+    eprintln!(
+        "responses on the topic: {}, produced twice: {produced_twice}, skipped on restart as already answered: {}, duplicates skipped: {}",
+        tail.records.len(),
+        summary["already_answered"],
+        summary["duplicates_skipped"]
+    );
+    // Only requests in flight at the crash may be answered twice.
+    assert!(
+        produced_twice <= 2 * 256 + 512,
+        "{produced_twice} answered twice"
+    );
+    // The restart drained and committed everything.
+    assert_eq!(summary["in_flight_at_exit"], 0);
+    assert_eq!(committed_total(&summary), N as i64, "{summary}");
+}
+
+#[test]
+fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
+    let Some(brokers) = broker("kafka_dead_letter") else {
+        return;
+    };
+    let topics = Topics::fresh("deadletter");
+    topics.create(&brokers, 2);
+    let good = |id: u64, extra: serde_json::Value| {
+        let mut r =
+            json!({"req_id": id, "user_id": 3, "ts_ms": 1000 + id, "candidates": [1, 2, 3]});
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        Some(serde_json::to_vec(&r).unwrap())
+    };
+    let raw = |s: &str| Some(s.as_bytes().to_vec());
+    let oversized = {
+        let pad = "x".repeat(5000);
+        raw(&format!(
+            r#"{{"req_id":9,"user_id":1,"ts_ms":1,"candidates":[1],"pad":"{pad}"}}"#
+        ))
+    };
+    // (partition, payload, expected dead-letter kind or None for a request that is served)
+    type Message = (i32, Option<Vec<u8>>, Option<&'static str>);
+    let messages: Vec<Message> = vec![
+        (0, good(1, json!({"history": [5, 6, 7]})), None),
+        (
+            0,
+            raw(r#"{"req_id": 2, "user_id": "#),
+            Some("malformed_json"),
+        ),
+        (1, raw("[1, 2, 3]"), Some("not_an_object")),
+        (
+            1,
+            raw(r#"{"user_id": 1, "ts_ms": 5, "candidates": [1]}"#),
+            Some("missing_field"),
+        ),
+        (
+            0,
+            raw(r#"{"req_id": 4, "user_id": 1, "ts_ms": 5, "candidates": [1, 2.5]}"#),
+            Some("wrong_type"),
+        ),
+        (
+            1,
+            raw(
+                r#"{"req_id": 5, "user_id": 1, "ts_ms": 5, "candidates": [1], "history": [1], "hist_len": 1}"#,
+            ),
+            Some("two_histories"),
+        ),
+        (
+            0,
+            raw(r#"{"req_id": 6, "user_id": 1, "ts_ms": 5, "candidates": []}"#),
+            Some("no_candidates"),
+        ),
+        (1, oversized, Some("oversized")),
+        (0, None, Some("malformed_json")),
+        // Items the catalog does not know: served from the OOV row, counted.
+        (
+            1,
+            good(
+                10,
+                json!({"candidates": [4_000_000, 4_000_001, 7], "hist_len": 2}),
+            ),
+            None,
+        ),
+        // A user the users table does not know: served with an empty history.
+        (
+            0,
+            good(11, json!({"user_id": 987_654_321u64, "hist_len": 5})),
+            None,
+        ),
+        (
+            1,
+            good(
+                12,
+                json!({"hist_len": 3, "mode": "retrieve", "candidates": null}),
+            ),
+            None,
+        ),
+    ];
+    let records: Vec<_> = messages.iter().map(|(p, m, _)| (*p, m.clone())).collect();
+    produce(&brokers, &topics.requests, &records);
+    // Where each message landed: offsets count per partition in send order.
+    let mut next = [0i64; 2];
+    let mut expected_letters = BTreeMap::new();
+    for (p, _, kind) in &messages {
+        if let Some(kind) = kind {
+            expected_letters.insert((*p, next[*p as usize]), kind.to_string());
+        }
+        next[*p as usize] += 1;
+    }
+
+    let dir = tmp_dir("dead-letter");
+    let config = write_config(
+        &dir,
+        &topics,
+        "max_message_bytes = 4096\ndeadline_ms = 600000",
+    );
+    let serve = Serve::start(&brokers, &config, "serve");
+    let mut letters = Tail::new(&brokers, &topics.dead_letters, 1);
+    let mut responses = Tail::new(&brokers, &topics.responses, 2);
+    let n_letters = expected_letters.len();
+    assert!(
+        letters.read_until(Duration::from_secs(120), |t| t.records.len() >= n_letters),
+        "{} of {n_letters} dead letters; stderr:\n{}",
+        letters.records.len(),
+        serve.stderr_text()
+    );
+    assert!(
+        responses.read_until(Duration::from_secs(120), |t| t.req_ids.len() >= 4),
+        "{} of 4 responses; stderr:\n{}",
+        responses.records.len(),
+        serve.stderr_text()
+    );
+    let summary = serve.stop();
+
+    let mut got = BTreeMap::new();
+    for r in &letters.records {
+        let v: serde_json::Value = serde_json::from_slice(&r.payload).unwrap();
+        assert_eq!(v["topic"], topics.requests.as_str());
+        assert!(!v["reason"].as_str().unwrap().is_empty());
+        got.insert(
+            (
+                v["partition"].as_i64().unwrap() as i32,
+                v["offset"].as_i64().unwrap(),
+            ),
+            v["kind"].as_str().unwrap().to_string(),
+        );
+    }
+    assert_eq!(got, expected_letters);
+    let wrong_type = letters
+        .records
+        .iter()
+        .map(|r| serde_json::from_slice::<serde_json::Value>(&r.payload).unwrap())
+        .find(|v| v["kind"] == "wrong_type")
+        .unwrap();
+    assert!(
+        wrong_type["reason"]
+            .as_str()
+            .unwrap()
+            .contains("candidates[1]"),
+        "{wrong_type}"
+    );
+
+    let by_req = answers_by_req(&responses.records);
+    assert_eq!(
+        by_req.keys().copied().collect::<Vec<_>>(),
+        vec![1, 10, 11, 12]
+    );
+    for (req, answers) in &by_req {
+        assert!(answers[0].2.is_null(), "req {req}: {answers:?}");
+        assert!(
+            !answers[0].0.as_array().unwrap().is_empty(),
+            "req {req}: {answers:?}"
+        );
+    }
+    assert_eq!(summary["dead_lettered"], n_letters as u64, "{summary}");
+    assert_eq!(summary["responses"], 4, "{summary}");
+    assert!(summary["oov_items"].as_u64().unwrap() >= 2, "{summary}");
+    // Dead-lettered records count as answered: every offset is committed.
+    assert_eq!(
+        committed_total(&summary),
+        messages.len() as i64,
+        "{summary}"
+    );
+}
+
+#[test]
+fn kafka_overload_sheds_past_the_deadline_and_pauses_reads() {
+    let Some(brokers) = broker("kafka_overload") else {
+        return;
+    };
+    const N: u64 = 600;
+    let topics = Topics::fresh("overload");
+    topics.create(&brokers, PARTITIONS);
+    let records: Vec<_> = (0..N)
+        .map(|i| ((i % PARTITIONS as u64) as i32, Some(request(i))))
+        .collect();
+    produce(&brokers, &topics.requests, &records);
+    let dir = tmp_dir("overload");
+    // A 1 ms deadline with a 50 ms idle timeout: requests that wait for
+    // event time to advance are shed. 8 in flight per worker: reads pause.
+    let config = write_config(&dir, &topics, "deadline_ms = 1\nmax_in_flight = 8");
+    let serve = Serve::start(&brokers, &config, "serve");
+    let mut responses = Tail::new(&brokers, &topics.responses, PARTITIONS);
+    assert!(
+        responses.read_until(Duration::from_secs(180), |t| t.req_ids.len() as u64 >= N),
+        "{} of {N} answered; stderr:\n{}",
+        responses.req_ids.len(),
+        serve.stderr_text()
+    );
+    let summary = serve.stop();
+    let by_req = answers_by_req(&responses.records);
+    let shed = by_req.values().filter(|a| a[0].2 == "shed").count() as u64;
+    assert!(shed > 0, "nothing shed: {summary}");
+    assert_eq!(summary["shed"], shed, "{summary}");
+    assert_eq!(
+        summary["shed"].as_u64().unwrap() + summary["responses"].as_u64().unwrap(),
+        N,
+        "{summary}"
+    );
+    assert!(
+        summary["pauses"].as_u64().unwrap() > 0,
+        "never paused: {summary}"
+    );
+    assert_eq!(committed_total(&summary), N as i64, "{summary}");
+}
