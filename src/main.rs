@@ -38,6 +38,8 @@ enum BenchCommand {
     Kernels(cli::bench_kernels::Args),
     /// Eviction policies on the key stream of a real trace.
     Cache(cli::bench_cache::Args),
+    /// The same trace through a Kafka broker and replayed from Parquet.
+    Kafka(cli::bench_kafka::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Command::Import(a) => cli::import::run(a),
         Command::Bench(BenchCommand::Kernels(a)) => cli::bench_kernels::run(a),
         Command::Bench(BenchCommand::Cache(a)) => cli::bench_cache::run(a),
+        Command::Bench(BenchCommand::Kafka(a)) => cli::bench_kafka::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! One file per subcommand.
 
 pub mod bench_cache;
+pub mod bench_kafka;
 pub mod bench_kernels;
 pub mod gen_trace;
 pub mod import;

@@ -106,6 +106,20 @@ pub struct Resumed {
     pub from_commit: bool,
 }
 
+/// Lets the user's librdkafka properties win over our defaults.
+trait SetExtra {
+    fn set_extra(&mut self, extra: &BTreeMap<String, String>) -> &mut Self;
+}
+
+impl SetExtra for ClientConfig {
+    fn set_extra(&mut self, extra: &BTreeMap<String, String>) -> &mut Self {
+        for (k, v) in extra {
+            self.set(k, v);
+        }
+        self
+    }
+}
+
 /// Number of partitions of `topic`.
 pub fn partition_count(
     settings: &KafkaSettings,
@@ -197,6 +211,9 @@ impl RequestConsumer {
             // Bounds what librdkafka prefetches while we are paused.
             .set("queued.max.messages.kbytes", "16384")
             .set("queued.min.messages", "10000")
+            // A serving job wants records now, not batched for 500 ms.
+            .set("fetch.wait.max.ms", "5")
+            .set_extra(&settings.extra)
             .create()
             .map_err(kafka("creating the request consumer"))?;
         let mut wanted = TopicPartitionList::new();
@@ -430,6 +447,23 @@ impl OutputProducer {
         if let Some(key) = key {
             record = record.key(key);
         }
+        self.producer.send(record).map_err(|(e, _)| match e {
+            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
+            other => SendError::Client(kafka(format!("producing to `{topic}`"))(other)),
+        })
+    }
+
+    /// Queues one record for an explicit partition (load generators, tests).
+    pub fn send_to(
+        &self,
+        topic: &str,
+        partition: i32,
+        payload: &[u8],
+        source: RecordId,
+    ) -> Result<(), SendError> {
+        let record = BaseRecord::<'_, [u8], [u8], _>::with_opaque_to(topic, Box::new(source))
+            .payload(payload)
+            .partition(partition);
         self.producer.send(record).map_err(|(e, _)| match e {
             KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
             other => SendError::Client(kafka(format!("producing to `{topic}`"))(other)),

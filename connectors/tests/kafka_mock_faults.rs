@@ -1,0 +1,651 @@
+//! Fault injection against the Kafka client wrapper (`kafka::client`), on
+//! librdkafka's in-process mock cluster: no external broker, so these run in
+//! CI. Each test owns its own cluster (brokers 1..=3), so they can run in
+//! parallel.
+//!
+//! What the mock can do and what it cannot, as far as these tests rely on it:
+//! - `broker_down` closes the broker's connections and refuses new ones, and
+//!   drops the broker from Metadata answers; it does *not* move leadership,
+//!   so partitions it leads stall until `broker_up`.
+//! - Errors pushed with `request_errors` fail a whole request before
+//!   anything is appended, so they never leave duplicates on the topic.
+//! - Topics are created with `create_topic` (the mock has no CreateTopics).
+//! - Offset commits from an assign-mode consumer (no JoinGroup) are stored
+//!   per group and partition and read back by OffsetFetch, like a broker.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use grflow_connectors::kafka::{
+    Admission, Delivery, DeliveryCallback, KafkaSettings, OffsetBook, OutputProducer, RawRecord,
+    RecordId, Refetch, RequestConsumer, Resumed, StartPosition, WireResponse, partition_count,
+    scan_answered,
+};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+/// Upper bound for anything that waits on the cluster; a healthy run needs
+/// a small fraction of it.
+const WAIT: Duration = Duration::from_secs(20);
+/// Timeout handed to blocking client calls (metadata, committed offsets).
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(50);
+
+type Mock = MockCluster<'static, DefaultProducerContext>;
+
+fn mock_cluster() -> Mock {
+    MockCluster::new(3).expect("mock cluster")
+}
+
+/// A topic with `leaders[p]` leading partition `p` (replication factor 3).
+fn create_topic(mock: &Mock, topic: &str, leaders: &[i32]) {
+    mock.create_topic(topic, leaders.len() as i32, 3)
+        .expect("create topic");
+    for (p, &leader) in leaders.iter().enumerate() {
+        mock.partition_leader(topic, p as i32, Some(leader))
+            .expect("set leader");
+    }
+}
+
+fn settings(mock: &Mock, group: &str) -> KafkaSettings {
+    KafkaSettings {
+        brokers: mock.bootstrap_servers(),
+        group_id: group.to_string(),
+        client_id: format!("kafka-mock-faults-{group}"),
+        extra: BTreeMap::new(),
+    }
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Delivery reports, as the producer's callback saw them.
+#[derive(Default)]
+struct Reports {
+    delivered: HashMap<RecordId, u32>,
+    failed: Vec<(RecordId, String, Option<Vec<u8>>, Vec<u8>, String)>,
+}
+
+impl Reports {
+    fn total(&self) -> usize {
+        self.delivered.values().map(|&n| n as usize).sum::<usize>() + self.failed.len()
+    }
+}
+
+fn collector() -> (Arc<Mutex<Reports>>, DeliveryCallback) {
+    let reports = Arc::new(Mutex::new(Reports::default()));
+    let sink = reports.clone();
+    let callback: DeliveryCallback = Arc::new(move |d| {
+        let mut r = sink.lock().unwrap();
+        match d {
+            Delivery::Delivered { source } => *r.delivered.entry(source).or_default() += 1,
+            Delivery::Failed {
+                source,
+                topic,
+                key,
+                payload,
+                error,
+            } => r.failed.push((source, topic, key, payload, error)),
+        }
+    });
+    (reports, callback)
+}
+
+/// The `i`-th output: a response whose source is a distinct request record.
+fn output(i: i64) -> (RecordId, Vec<u8>, Vec<u8>) {
+    let source = RecordId {
+        partition: (i % 4) as i32,
+        offset: i,
+    };
+    let response = WireResponse::ranking(source, i as u64, vec![i as u32], &[0.5], "v1".into());
+    (
+        source,
+        (i as u64).to_be_bytes().to_vec(),
+        serde_json::to_vec(&response).unwrap(),
+    )
+}
+
+fn send_outputs(producer: &OutputProducer, topic: &str, range: std::ops::Range<i64>) {
+    for i in range {
+        let (source, key, payload) = output(i);
+        producer
+            .send(topic, Some(&key), &payload, source)
+            .expect("send (500 records never fill the queue)");
+    }
+}
+
+/// Every record of every partition of `topic`, read by a [`RequestConsumer`]
+/// of a fresh group up to the high watermarks as of the call.
+fn read_back(settings: &KafkaSettings, topic: &str) -> Vec<RawRecord> {
+    let partitions: Vec<i32> = (0..partition_count(settings, topic, CALL_TIMEOUT).unwrap()).collect();
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &settings.brokers)
+        .create()
+        .unwrap();
+    let mut ends = BTreeMap::new();
+    for &p in &partitions {
+        let (_, high) = probe.fetch_watermarks(topic, p, CALL_TIMEOUT).unwrap();
+        if high > 0 {
+            ends.insert(p, high);
+        }
+    }
+    let readback = KafkaSettings {
+        group_id: format!("{}-readback", settings.group_id),
+        ..settings.clone()
+    };
+    let (consumer, _) = RequestConsumer::open(
+        &readback,
+        topic,
+        &partitions,
+        StartPosition::Earliest,
+        Refetch::FromCommitted,
+        CALL_TIMEOUT,
+    )
+    .unwrap();
+    let mut records = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while !ends.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "read-back of `{topic}` stalled; partitions left: {ends:?}"
+        );
+        if let Some(Ok(r)) = consumer.poll(POLL) {
+            if ends.get(&r.partition).is_some_and(|&end| r.offset + 1 >= end) {
+                ends.remove(&r.partition);
+            }
+            records.push(r);
+        }
+    }
+    records
+}
+
+/// How many times each output (by its source) is on `topic`.
+fn copies_on_topic(settings: &KafkaSettings, topic: &str) -> BTreeMap<RecordId, usize> {
+    let mut copies = BTreeMap::new();
+    for r in read_back(settings, topic) {
+        let response: WireResponse = serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+        *copies.entry(response.source()).or_default() += 1;
+    }
+    copies
+}
+
+/// An idempotent producer (ordered, no duplicates) writing `payload(p, o)`
+/// to offsets `from..to` of each partition `p` of `partitions`, whose
+/// partitions must hold exactly `from` records.
+fn produce_fixed(brokers: &str, topic: &str, partitions: &[i32], from: i64, to: i64) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "1")
+        .create()
+        .unwrap();
+    for o in from..to {
+        for &p in partitions {
+            let payload = fixed_payload(p, o);
+            producer
+                .send(BaseRecord::<(), _>::to(topic).partition(p).payload(&payload))
+                .expect("send");
+        }
+    }
+    producer.flush(WAIT).expect("flush of the fixed records");
+}
+
+fn fixed_payload(partition: i32, offset: i64) -> String {
+    format!("p{partition}-o{offset}")
+}
+
+/// Polls `consumer` until `done(book)`, feeding every record to `book`.
+/// Transient errors (a broker going away) are counted, not fatal: that is
+/// how the serve loop treats them.
+fn consume_until(
+    consumer: &RequestConsumer,
+    book: &mut OffsetBook,
+    what: &str,
+    done: impl Fn(&OffsetBook) -> bool,
+) -> (Vec<(RawRecord, Admission)>, usize) {
+    let mut records = Vec::new();
+    let mut errors = 0;
+    let deadline = Instant::now() + WAIT;
+    while !done(book) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out consuming {what}; got {} records",
+            records.len()
+        );
+        match consumer.poll(POLL) {
+            None => {}
+            Some(Err(_)) => errors += 1,
+            Some(Ok(r)) => {
+                let admission = book.consume(r.partition, r.offset).unwrap();
+                records.push((r, admission));
+            }
+        }
+    }
+    (records, errors)
+}
+
+fn next_offset(book: &OffsetBook, partition: i32) -> i64 {
+    book.partition(partition).map_or(0, |p| p.next_offset())
+}
+
+/// Offsets consumed per partition, checking each is `New`, carries the
+/// payload it was produced with, and follows the previous one without a gap.
+fn check_contiguous(
+    records: &[(RawRecord, Admission)],
+    first: &BTreeMap<i32, i64>,
+) -> BTreeMap<i32, i64> {
+    let mut next = first.clone();
+    for (r, admission) in records {
+        assert_eq!(*admission, Admission::New, "{r:?}");
+        let expected = next.get_mut(&r.partition).expect("an assigned partition");
+        assert_eq!(r.offset, *expected, "gap or repeat on partition {}", r.partition);
+        assert_eq!(
+            r.payload.as_deref(),
+            Some(fixed_payload(r.partition, r.offset).as_bytes())
+        );
+        *expected += 1;
+    }
+    next
+}
+
+#[test]
+fn mock_broker_down_then_up_every_output_is_delivered_exactly_once() {
+    const N: i64 = 500;
+    const LEADER: i32 = 2;
+    let started = Instant::now();
+    let mock = mock_cluster();
+    let topic = "responses";
+    create_topic(&mock, topic, &[LEADER, LEADER]);
+    let settings = settings(&mock, "broker-down");
+    let (reports, callback) = collector();
+    let producer = OutputProducer::new(&settings, callback).unwrap();
+
+    // Outputs stream in batches of 20 every 20 ms (~0.5 s); the leader goes
+    // down once a third of them is acknowledged, with more in flight and
+    // more still to come, and stays down for a second.
+    let mut sent = 0;
+    let mut down_at = None;
+    while sent < N || down_at.is_none() {
+        let next = (sent + 20).min(N);
+        send_outputs(&producer, topic, sent..next);
+        sent = next;
+        if down_at.is_none() && reports.lock().unwrap().total() as i64 >= N / 3 {
+            mock.broker_down(LEADER).unwrap();
+            down_at = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let down_at = down_at.unwrap();
+    std::thread::sleep(Duration::from_secs(1).saturating_sub(down_at.elapsed()));
+    let reported_by_the_outage_end = reports.lock().unwrap().total();
+    assert!(
+        producer.in_flight() > 0,
+        "the outage must leave outputs waiting"
+    );
+    mock.broker_up(LEADER).unwrap();
+    producer.flush(WAIT).expect("flush after the broker came back");
+    assert_eq!(producer.in_flight(), 0);
+
+    let reports = reports.lock().unwrap();
+    assert!(
+        reports.failed.is_empty(),
+        "message.timeout.ms=0 never gives up: {:?}",
+        reports.failed
+    );
+    let sources: BTreeSet<RecordId> = (0..N).map(|i| output(i).0).collect();
+    assert_eq!(reports.delivered.len(), N as usize, "one report per source");
+    for source in &sources {
+        assert_eq!(reports.delivered.get(source), Some(&1), "{source:?}");
+    }
+
+    // On the topic: nothing lost. Without idempotence a batch whose ack the
+    // outage cut off is written again, so duplicates are possible; count
+    // them instead of asserting none.
+    let copies = copies_on_topic(&settings, topic);
+    let missing: Vec<&RecordId> = sources.iter().filter(|s| !copies.contains_key(s)).collect();
+    assert!(missing.is_empty(), "lost outputs: {missing:?}");
+    assert_eq!(copies.len(), sources.len(), "nothing else on the topic");
+    let duplicates: usize = copies.values().map(|&n| n - 1).sum();
+    // The restart scan sees the same set.
+    let answered = scan_answered(&settings, topic, N * 2, CALL_TIMEOUT).unwrap();
+    assert_eq!(answered.into_iter().collect::<BTreeSet<_>>(), sources);
+    eprintln!(
+        "broker down/up: {N} outputs, {reported_by_the_outage_end} reported before the leader came back, \
+         {duplicates} duplicates on the topic, {:.2?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn mock_produce_request_errors_are_retried() {
+    const N: i64 = 500;
+    let started = Instant::now();
+    let mock = mock_cluster();
+    let topic = "responses";
+    create_topic(&mock, topic, &[1, 2, 3]);
+    let settings = settings(&mock, "produce-errors");
+    let (reports, callback) = collector();
+    let producer = OutputProducer::new(&settings, callback).unwrap();
+
+    // Each error fails one whole Produce request, whichever broker gets it;
+    // all of them are retriable (some with a metadata refresh first).
+    let errors = [
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_KAFKA_STORAGE_ERROR,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+    ];
+    mock.request_errors(RDKafkaApiKey::Produce, &errors);
+    // In five rounds, so that the errors meet more than one batch.
+    for round in 0..5 {
+        send_outputs(&producer, topic, round * N / 5..(round + 1) * N / 5);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    producer.flush(WAIT).expect("flush");
+
+    let reports = reports.lock().unwrap();
+    assert!(reports.failed.is_empty(), "{:?}", reports.failed);
+    assert_eq!(reports.delivered.len(), N as usize);
+    for i in 0..N {
+        assert_eq!(reports.delivered.get(&output(i).0), Some(&1), "output {i}");
+    }
+    // The mock fails injected requests before appending, so here the topic
+    // must hold each output exactly once. Retries may reorder them.
+    let copies = copies_on_topic(&settings, topic);
+    let wrong: Vec<(RecordId, usize)> = (0..N)
+        .map(|i| output(i).0)
+        .map(|s| (s, copies.get(&s).copied().unwrap_or(0)))
+        .filter(|&(_, n)| n != 1)
+        .collect();
+    assert!(wrong.is_empty(), "(output, copies on the topic): {wrong:?}");
+    assert_eq!(copies.len(), N as usize, "nothing else on the topic");
+    eprintln!(
+        "produce errors: {} injected, {N} outputs once each, {:.2?}",
+        errors.len(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn mock_leader_change_consumer_resumes_and_commits() {
+    const HALF: i64 = 50;
+    const ACKED: i64 = 75;
+    let started = Instant::now();
+    let mock = mock_cluster();
+    let topic = "requests";
+    let partitions = [0, 1];
+    create_topic(&mock, topic, &[1, 2]);
+    let settings = settings(&mock, "leader-change");
+    produce_fixed(&settings.brokers, topic, &partitions, 0, HALF);
+
+    let (consumer, resumed) = RequestConsumer::open(
+        &settings,
+        topic,
+        &partitions,
+        StartPosition::Earliest,
+        Refetch::FromCommitted,
+        CALL_TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(
+        resumed,
+        partitions
+            .iter()
+            .map(|&partition| Resumed {
+                partition,
+                offset: 0,
+                from_commit: false
+            })
+            .collect::<Vec<_>>()
+    );
+    let mut book = OffsetBook::new();
+    for r in &resumed {
+        book.resume(r.partition, r.offset);
+    }
+
+    // First half, all acknowledged and committed under the first leaders.
+    let (first, _) = consume_until(&consumer, &mut book, "the first half", |b| {
+        partitions.iter().all(|&p| next_offset(b, p) >= HALF)
+    });
+    let next = check_contiguous(&first, &BTreeMap::from([(0, 0), (1, 0)]));
+    for (r, _) in &first {
+        book.ack(r.partition, r.offset).unwrap();
+    }
+    assert_eq!(book.take_commits(), vec![(0, HALF), (1, HALF)]);
+    consumer.commit(&[(0, HALF), (1, HALF)], true).unwrap();
+
+    // Both partitions move to broker 3; the second half is produced (the
+    // producer follows too) and must be fetched from the new leader.
+    mock.partition_leader(topic, 0, Some(3)).unwrap();
+    mock.partition_leader(topic, 1, Some(3)).unwrap();
+    produce_fixed(&settings.brokers, topic, &partitions, HALF, 2 * HALF);
+    let (second, errors) = consume_until(&consumer, &mut book, "the second half", |b| {
+        partitions.iter().all(|&p| next_offset(b, p) >= 2 * HALF)
+    });
+    let next = check_contiguous(&second, &next);
+    assert_eq!(next, BTreeMap::from([(0, 2 * HALF), (1, 2 * HALF)]));
+    // Only outputs below ACKED became durable: the commit stops there and
+    // the rest must be read again after a restart.
+    for (r, _) in &second {
+        if r.offset < ACKED {
+            book.ack(r.partition, r.offset).unwrap();
+        }
+    }
+    assert_eq!(book.in_flight(), 2 * (2 * HALF - ACKED) as usize);
+    let commits = book.take_commits();
+    assert_eq!(commits, vec![(0, ACKED), (1, ACKED)]);
+    consumer.commit(&commits, true).unwrap();
+    drop(consumer);
+
+    // A restart in the same group resumes at the commit, on both partitions.
+    let (consumer, resumed) = RequestConsumer::open(
+        &settings,
+        topic,
+        &partitions,
+        StartPosition::Earliest,
+        Refetch::FromCommitted,
+        CALL_TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(
+        resumed,
+        partitions
+            .iter()
+            .map(|&partition| Resumed {
+                partition,
+                offset: ACKED,
+                from_commit: true
+            })
+            .collect::<Vec<_>>()
+    );
+    let mut book = OffsetBook::new();
+    for r in &resumed {
+        book.resume(r.partition, r.offset);
+    }
+    let (rest, _) = consume_until(&consumer, &mut book, "the rest", |b| {
+        partitions.iter().all(|&p| next_offset(b, p) >= 2 * HALF)
+    });
+    // Exactly ACKED..2*HALF on each partition: nothing below the commit,
+    // no gap, no repeat.
+    let next = check_contiguous(&rest, &BTreeMap::from([(0, ACKED), (1, ACKED)]));
+    assert_eq!(next, BTreeMap::from([(0, 2 * HALF), (1, 2 * HALF)]));
+    assert_eq!(rest.len(), 2 * (2 * HALF - ACKED) as usize);
+    assert_eq!(book.duplicates(), 0);
+    for (r, _) in &rest {
+        book.ack(r.partition, r.offset).unwrap();
+    }
+    let commits = book.take_commits();
+    assert_eq!(commits, vec![(0, 2 * HALF), (1, 2 * HALF)]);
+    consumer.commit(&commits, true).unwrap();
+    drop(consumer);
+
+    // Refetch::FromStart (for brokers that cannot fetch mid-batch) reads
+    // from offset 0 again but reports all of it as duplicates.
+    let (consumer, resumed) = RequestConsumer::open(
+        &settings,
+        topic,
+        &partitions,
+        StartPosition::Earliest,
+        Refetch::FromStart,
+        CALL_TIMEOUT,
+    )
+    .unwrap();
+    assert!(
+        resumed
+            .iter()
+            .all(|r| r.from_commit && r.offset == 2 * HALF),
+        "{resumed:?}"
+    );
+    let mut book = OffsetBook::new();
+    for r in &resumed {
+        book.resume(r.partition, r.offset);
+    }
+    let (again, _) = consume_until(&consumer, &mut book, "the refetch", |b| {
+        b.duplicates() >= (2 * 2 * HALF) as u64
+    });
+    assert!(again.iter().all(|(_, a)| *a == Admission::Duplicate));
+    assert_eq!(book.in_flight(), 0);
+    assert_eq!(book.take_commits(), vec![]);
+    eprintln!(
+        "leader change: {} transient consumer errors, {:.2?}",
+        errors,
+        started.elapsed()
+    );
+}
+
+#[test]
+fn mock_consumer_survives_broker_down() {
+    const HALF: i64 = 50;
+    const LEADER: i32 = 1;
+    let started = Instant::now();
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[LEADER]);
+    let settings = settings(&mock, "consumer-down");
+    produce_fixed(&settings.brokers, topic, &[0], 0, HALF);
+    let (consumer, resumed) = RequestConsumer::open(
+        &settings,
+        topic,
+        &[0],
+        StartPosition::Earliest,
+        Refetch::FromCommitted,
+        CALL_TIMEOUT,
+    )
+    .unwrap();
+    let mut book = OffsetBook::new();
+    book.resume(0, resumed[0].offset);
+    let (first, _) = consume_until(&consumer, &mut book, "the first half", |b| {
+        next_offset(b, 0) >= HALF
+    });
+    let next = check_contiguous(&first, &BTreeMap::from([(0, 0)]));
+
+    // The leader goes away; the second half is produced meanwhile (its
+    // producer stalls until the leader is back).
+    mock.broker_down(LEADER).unwrap();
+    let brokers = settings.brokers.clone();
+    let producing =
+        std::thread::spawn(move || produce_fixed(&brokers, topic, &[0], HALF, 2 * HALF));
+    let down_until = Instant::now() + Duration::from_secs(1);
+    let mut errors = 0;
+    while Instant::now() < down_until {
+        match consumer.poll(POLL) {
+            None => {}
+            Some(Err(_)) => errors += 1,
+            Some(Ok(r)) => panic!("a record from a partition whose leader is down: {r:?}"),
+        }
+    }
+    mock.broker_up(LEADER).unwrap();
+    producing.join().unwrap();
+
+    let (second, more_errors) = consume_until(&consumer, &mut book, "the second half", |b| {
+        next_offset(b, 0) >= 2 * HALF
+    });
+    let next = check_contiguous(&second, &next);
+    assert_eq!(next, BTreeMap::from([(0, 2 * HALF)]));
+    for (r, _) in first.iter().chain(&second) {
+        book.ack(r.partition, r.offset).unwrap();
+    }
+    let commits = book.take_commits();
+    assert_eq!(commits, vec![(0, 2 * HALF)]);
+    consumer.commit(&commits, true).unwrap();
+    drop(consumer);
+
+    let (_, resumed) = RequestConsumer::open(
+        &settings,
+        topic,
+        &[0],
+        StartPosition::Earliest,
+        Refetch::FromCommitted,
+        CALL_TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(
+        resumed,
+        vec![Resumed {
+            partition: 0,
+            offset: 2 * HALF,
+            from_commit: true
+        }]
+    );
+    eprintln!(
+        "consumer broker down: {} transient errors, {:.2?}",
+        errors + more_errors,
+        started.elapsed()
+    );
+}
+
+#[test]
+fn mock_permanent_produce_error_reports_failed_with_the_output() {
+    let mock = mock_cluster();
+    let topic = "responses";
+    create_topic(&mock, topic, &[1]);
+    let settings = settings(&mock, "produce-permanent");
+    let (reports, callback) = collector();
+    let producer = OutputProducer::new(&settings, callback).unwrap();
+    // TOPIC_AUTHORIZATION_FAILED is one of the errors librdkafka does not
+    // retry, even with message.timeout.ms=0.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
+    );
+    let (source, key, payload) = output(7);
+    producer.send(topic, Some(&key), &payload, source).unwrap();
+    producer.flush(WAIT).unwrap();
+    wait_until("the failure report", || reports.lock().unwrap().total() == 1);
+    {
+        let r = reports.lock().unwrap();
+        assert!(r.delivered.is_empty());
+        let (failed_source, failed_topic, failed_key, failed_payload, error) = &r.failed[0];
+        assert_eq!(
+            (failed_source, failed_topic.as_str(), failed_key.as_deref()),
+            (&source, topic, Some(key.as_slice()))
+        );
+        assert_eq!(failed_payload, &payload, "the caller can send it again");
+        assert!(error.contains("authoriz"), "{error}");
+    }
+    // Sending it again (what the serve loop does with a failure) works.
+    let t = Instant::now();
+    let mut rejected = 0;
+    while let Err(e) = producer.send(topic, Some(&key), &payload, source) {
+        rejected += 1;
+        assert!(t.elapsed() < WAIT, "{e}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("resend rejected {rejected} times for {:.2?}", t.elapsed());
+    producer.flush(WAIT).unwrap();
+    assert_eq!(reports.lock().unwrap().delivered.get(&source), Some(&1));
+    assert_eq!(read_back(&settings, topic).len(), 1);
+}

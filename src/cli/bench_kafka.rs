@@ -1,0 +1,258 @@
+//! `grflow bench kafka`: one trace served twice in one run, at the same
+//! offered rate: through a Kafka broker (`grflow serve` in-process, a paced
+//! producer, the response topic read back) and replayed from Parquet.
+//! Reports throughput and p99 latency of both and their ratios.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use grflow_connectors::kafka::{
+    KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, SendError, StartPosition,
+    ensure_topics,
+};
+use grflow_pipeline::{Config, ReplayOptions, ServeOptions, TraceInput};
+use grflow_traces::{Mode, Regime, WriteOptions, generate, write_trace};
+use serde::Serialize;
+
+use super::InputError;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Broker address; default GRFLOW_KAFKA_BROKERS, else 127.0.0.1:19092.
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Requests in the trace.
+    #[arg(long, default_value_t = 6000)]
+    pub requests: u64,
+    /// Offered load, requests per second (steady arrivals, paced in wall time).
+    #[arg(long, default_value_t = 300.0)]
+    pub rps: f64,
+    /// Timely workers (= serving nodes) of both runs.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Partitions of the request and response topics.
+    #[arg(long, default_value_t = 4)]
+    pub partitions: i32,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct KafkaBench {
+    requests: u64,
+    offered_rps: f64,
+    kafka_rps: f64,
+    parquet_rps: f64,
+    /// kafka_rps / parquet_rps.
+    throughput_ratio: f64,
+    /// Consumption to hand-off to the producer (what the job adds).
+    kafka_p99_ms: f64,
+    /// Admission to response, Parquet replay.
+    parquet_p99_ms: f64,
+    /// kafka_p99_ms / parquet_p99_ms.
+    p99_ratio: f64,
+    /// Produce call to the response read back from the broker.
+    kafka_end_to_end_p99_ms: f64,
+    workers: usize,
+    partitions: i32,
+    brokers: String,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.rps.is_nan() || args.rps <= 0.0 || args.requests == 0 || args.workers == 0 || args.partitions <= 0 {
+        return Err(InputError::from_display(
+            "--rps, --requests, --workers and --partitions must be > 0",
+        ));
+    }
+    let brokers = args
+        .brokers
+        .clone()
+        .or_else(|| std::env::var("GRFLOW_KAFKA_BROKERS").ok())
+        .unwrap_or_else(|| "127.0.0.1:19092".into());
+    let mut config = Config::embedded();
+    config.run.workers = args.workers;
+    config.run.speed = "1x".into();
+    config.trace.regime = "steady".into();
+    config.trace.requests = args.requests;
+    config.trace.rps = args.rps;
+    let gen_cfg = config.trace.gen_config().map_err(InputError::from_display)?;
+    let trace = generate(&gen_cfg);
+    debug_assert_eq!(gen_cfg.regime, Regime::Steady);
+
+    let dir = std::env::temp_dir().join(format!("grflow-bench-kafka-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    write_trace(&dir, &trace, &WriteOptions::default()).context("writing the bench trace")?;
+    let result = run_both(&args, &brokers, config, &trace, dir.clone());
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = result?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        let v = serde_json::to_value(&report)?;
+        for (k, v) in v.as_object().context("object")? {
+            println!("{k:<26} {v}");
+        }
+    }
+    Ok(())
+}
+
+fn run_both(
+    args: &Args,
+    brokers: &str,
+    config: Config,
+    trace: &grflow_traces::Trace,
+    dir: PathBuf,
+) -> anyhow::Result<KafkaBench> {
+    // Parquet first: it needs no broker, and warms nothing the Kafka run uses.
+    eprintln!(
+        "replaying {} requests from Parquet at {} rps...",
+        args.requests, args.rps
+    );
+    let replayed = grflow_pipeline::replay(ReplayOptions {
+        trace: TraceInput::Parquet(dir.clone()),
+        config: config.clone(),
+        show_progress: false,
+    })
+    .context("Parquet replay")?;
+    let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;
+    let parquet_p99_ms = replayed.summary.latency_ms.p99;
+
+    eprintln!("serving the same trace through Kafka at {brokers}...");
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    let base = format!("grflow-bench-{nonce}");
+    let mut serve_cfg = config;
+    let k = &mut serve_cfg.kafka;
+    k.brokers = brokers.to_string();
+    k.request_topic = format!("{base}.requests");
+    k.response_topic = format!("{base}.responses");
+    k.dead_letter_topic = format!("{base}.dead-letters");
+    k.group_id = format!("{base}.group");
+    k.catalog = dir.display().to_string();
+    k.create_partitions = 0;
+    k.refetch_from_start = true;
+    k.deadline_ms = 60_000;
+    let settings = KafkaSettings {
+        brokers: brokers.to_string(),
+        group_id: format!("{base}.bench"),
+        client_id: "grflow-bench".into(),
+        extra: Default::default(),
+    };
+    let timeout = Duration::from_secs(10);
+    ensure_topics(
+        &settings,
+        &[
+            (k.request_topic.as_str(), args.partitions),
+            (k.response_topic.as_str(), args.partitions),
+            (k.dead_letter_topic.as_str(), 1),
+        ],
+        timeout,
+    )
+    .with_context(|| format!("creating topics on {brokers} (is a broker running?)"))?;
+    let (request_topic, response_topic) = (k.request_topic.clone(), k.response_topic.clone());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let serve_stop = stop.clone();
+    let job = std::thread::spawn(move || {
+        grflow_pipeline::serve(ServeOptions { config: serve_cfg }, serve_stop)
+    });
+    let all: Vec<i32> = (0..args.partitions).collect();
+    let (tail, _) = RequestConsumer::open(
+        &settings,
+        &response_topic,
+        &all,
+        StartPosition::Earliest,
+        Refetch::FromCommitted,
+        timeout,
+    )?;
+    // Give the job its start-up (catalog, model, consumers) before offering load.
+    std::thread::sleep(Duration::from_secs(3));
+
+    let producer = OutputProducer::new(&settings, Arc::new(|_| {}))?;
+    let origin = trace.requests.first().map_or(0, |r| r.ts_ms);
+    let started = Instant::now();
+    let mut sent_at = vec![Duration::ZERO; trace.requests.len()];
+    let mut answered = HashSet::new();
+    let mut end_to_end = Vec::with_capacity(trace.requests.len());
+    let mut last_answer = started;
+    let mut next = 0;
+    let total = trace.requests.len();
+    let deadline = Duration::from_secs_f64(args.requests as f64 / args.rps * 3.0 + 120.0);
+    while answered.len() < total {
+        if started.elapsed() > deadline {
+            stop.store(true, Ordering::Relaxed);
+            bail!(
+                "only {} of {total} answered after {:.0} s",
+                answered.len(),
+                deadline.as_secs_f64()
+            );
+        }
+        // Offer every request that is due.
+        while next < total {
+            let r = &trace.requests[next];
+            let due = Duration::from_secs_f64((r.ts_ms - origin) as f64 / 1000.0);
+            if started.elapsed() < due {
+                break;
+            }
+            let body = serde_json::json!({
+                "req_id": next as u64, "user_id": r.user_id, "ts_ms": r.ts_ms,
+                "candidates": r.candidates, "hist_len": r.hist_len,
+                "mode": match r.mode { Mode::Rank => "rank", Mode::Retrieve => "retrieve" },
+            });
+            let payload = serde_json::to_vec(&body)?;
+            let partition = (next % args.partitions as usize) as i32;
+            let id = RecordId {
+                partition,
+                offset: next as i64,
+            };
+            match producer.send_to(&request_topic, partition, &payload, id) {
+                Ok(()) => {
+                    sent_at[next] = started.elapsed();
+                    next += 1;
+                }
+                Err(SendError::QueueFull) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Read back what was answered.
+        while let Some(record) = tail.poll(Duration::from_millis(1)) {
+            let record = record?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&record.payload.unwrap_or_default())?;
+            let req = v["req_id"].as_u64().context("response without req_id")? as usize;
+            if req < total && answered.insert(req) {
+                end_to_end.push((started.elapsed() - sent_at[req]).as_secs_f64() * 1e3);
+                last_answer = Instant::now();
+            }
+        }
+    }
+    let kafka_wall = last_answer.duration_since(started).as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let summary = job
+        .join()
+        .map_err(|_| anyhow::anyhow!("serve thread panicked"))??;
+    let kafka_rps = total as f64 / kafka_wall;
+    let kafka_p99_ms = summary.latency_p99_ms;
+    end_to_end.sort_by(f64::total_cmp);
+    let e2e_p99 = end_to_end[((end_to_end.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)];
+    Ok(KafkaBench {
+        requests: args.requests,
+        offered_rps: args.rps,
+        kafka_rps,
+        parquet_rps,
+        throughput_ratio: kafka_rps / parquet_rps,
+        kafka_p99_ms,
+        parquet_p99_ms,
+        p99_ratio: kafka_p99_ms / parquet_p99_ms,
+        kafka_end_to_end_p99_ms: e2e_p99,
+        workers: args.workers,
+        partitions: args.partitions,
+        brokers: brokers.to_string(),
+    })
+}
