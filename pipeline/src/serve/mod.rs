@@ -255,8 +255,16 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         });
 
         let mut last_metrics = Instant::now();
+        let mut said_stopping = false;
         while !probe.done() {
             worker.step_or_park(Some(Duration::from_millis(1)));
+            if index == 0 && !said_stopping && stop.load(Ordering::Relaxed) {
+                said_stopping = true;
+                tracing::info!(
+                    in_flight = worker_shared.in_flight(),
+                    "stopping: no more reads; draining what is in flight, then committing"
+                );
+            }
             outputs.borrow_mut().retry();
             if last_metrics.elapsed() >= metrics_every {
                 last_metrics = Instant::now();
