@@ -64,7 +64,12 @@ struct KafkaBench {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.rps.is_nan() || args.rps <= 0.0 || args.requests == 0 || args.workers == 0 || args.partitions <= 0 {
+    if args.rps.is_nan()
+        || args.rps <= 0.0
+        || args.requests == 0
+        || args.workers == 0
+        || args.partitions <= 0
+    {
         return Err(InputError::from_display(
             "--rps, --requests, --workers and --partitions must be > 0",
         ));
@@ -80,7 +85,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.trace.regime = "steady".into();
     config.trace.requests = args.requests;
     config.trace.rps = args.rps;
-    let gen_cfg = config.trace.gen_config().map_err(InputError::from_display)?;
+    let gen_cfg = config
+        .trace
+        .gen_config()
+        .map_err(InputError::from_display)?;
     let trace = generate(&gen_cfg);
     debug_assert_eq!(gen_cfg.regime, Regime::Steady);
 
@@ -223,8 +231,7 @@ fn run_both(
         // Read back what was answered.
         while let Some(record) = tail.poll(Duration::from_millis(1)) {
             let record = record?;
-            let v: serde_json::Value =
-                serde_json::from_slice(&record.payload.unwrap_or_default())?;
+            let v: serde_json::Value = serde_json::from_slice(&record.payload.unwrap_or_default())?;
             let req = v["req_id"].as_u64().context("response without req_id")? as usize;
             if req < total && answered.insert(req) {
                 end_to_end.push((started.elapsed() - sent_at[req]).as_secs_f64() * 1e3);

@@ -211,6 +211,15 @@ impl RequestConsumer {
             // Bounds what librdkafka prefetches while we are paused.
             .set("queued.max.messages.kbytes", "16384")
             .set("queued.min.messages", "10000")
+            // A committed offset out of range (records deleted past it)
+            // restarts at the start position instead of jumping silently.
+            .set(
+                "auto.offset.reset",
+                match start {
+                    StartPosition::Earliest => "earliest",
+                    StartPosition::Latest => "latest",
+                },
+            )
             // A serving job wants records now, not batched for 500 ms.
             .set("fetch.wait.max.ms", "5")
             .set_extra(&settings.extra)
@@ -424,6 +433,8 @@ impl OutputProducer {
             ("acks", "all"),
             ("message.timeout.ms", "0"),
             ("linger.ms", "2"),
+            // Retries after a lost acknowledgement must not write twice.
+            ("enable.idempotence", "true"),
         ] {
             if !settings.extra.contains_key(k) {
                 config.set(k, v);

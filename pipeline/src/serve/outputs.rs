@@ -147,8 +147,9 @@ impl OutputQueue {
                 }
                 Err(SendError::QueueFull) => break,
                 Err(SendError::Client(e)) => {
-                    // Not retryable as is (e.g. an invalid topic name): keep
-                    // it so its offset is never committed, and say why.
+                    // Often temporary (a topic error right after a failed
+                    // batch), sometimes not (an invalid topic name): keep it,
+                    // so its offset is never committed, and say why.
                     tracing::error!(error = %e, topic = %p.topic, "cannot produce; will retry");
                     break;
                 }
