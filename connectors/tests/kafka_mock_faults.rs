@@ -56,6 +56,24 @@ fn create_topic(mock: &Mock, topic: &str, leaders: &[i32]) {
     }
 }
 
+/// An assign-mode consumer of `partitions`, from the start when never committed.
+fn open_consumer(
+    settings: &KafkaSettings,
+    topic: &str,
+    partitions: &[i32],
+    refetch: Refetch,
+) -> (RequestConsumer, Vec<Resumed>) {
+    RequestConsumer::open(
+        settings,
+        topic,
+        partitions,
+        StartPosition::Earliest,
+        refetch,
+        CALL_TIMEOUT,
+    )
+    .unwrap()
+}
+
 fn settings(mock: &Mock, group: &str) -> KafkaSettings {
     KafkaSettings {
         brokers: mock.bootstrap_servers(),
@@ -179,15 +197,7 @@ fn read_back(settings: &KafkaSettings, topic: &str) -> Vec<RawRecord> {
         group_id: format!("{}-readback", settings.group_id),
         ..settings.clone()
     };
-    let (consumer, _) = RequestConsumer::open(
-        &readback,
-        topic,
-        &partitions,
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        CALL_TIMEOUT,
-    )
-    .unwrap();
+    let (consumer, _) = open_consumer(&readback, topic, &partitions, Refetch::FromCommitted);
     let mut records = Vec::new();
     let deadline = Instant::now() + WAIT;
     while !ends.is_empty() {
@@ -473,15 +483,7 @@ fn mock_leader_change_consumer_resumes_and_commits() {
     let settings = settings(&mock, "leader-change");
     produce_fixed(&settings.brokers, topic, &partitions, 0, HALF);
 
-    let (consumer, resumed) = RequestConsumer::open(
-        &settings,
-        topic,
-        &partitions,
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        CALL_TIMEOUT,
-    )
-    .unwrap();
+    let (consumer, resumed) = open_consumer(&settings, topic, &partitions, Refetch::FromCommitted);
     assert_eq!(
         resumed,
         partitions
@@ -533,15 +535,7 @@ fn mock_leader_change_consumer_resumes_and_commits() {
     drop(consumer);
 
     // A restart in the same group resumes at the commit, on both partitions.
-    let (consumer, resumed) = RequestConsumer::open(
-        &settings,
-        topic,
-        &partitions,
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        CALL_TIMEOUT,
-    )
-    .unwrap();
+    let (consumer, resumed) = open_consumer(&settings, topic, &partitions, Refetch::FromCommitted);
     assert_eq!(
         resumed,
         partitions
@@ -576,15 +570,7 @@ fn mock_leader_change_consumer_resumes_and_commits() {
 
     // Refetch::FromStart (for brokers that cannot fetch mid-batch) reads
     // from offset 0 again but reports all of it as duplicates.
-    let (consumer, resumed) = RequestConsumer::open(
-        &settings,
-        topic,
-        &partitions,
-        StartPosition::Earliest,
-        Refetch::FromStart,
-        CALL_TIMEOUT,
-    )
-    .unwrap();
+    let (consumer, resumed) = open_consumer(&settings, topic, &partitions, Refetch::FromStart);
     assert!(
         resumed
             .iter()
@@ -618,15 +604,7 @@ fn mock_consumer_survives_broker_down() {
     create_topic(&mock, topic, &[LEADER]);
     let settings = settings(&mock, "consumer-down");
     produce_fixed(&settings.brokers, topic, &[0], 0, HALF);
-    let (consumer, resumed) = RequestConsumer::open(
-        &settings,
-        topic,
-        &[0],
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        CALL_TIMEOUT,
-    )
-    .unwrap();
+    let (consumer, resumed) = open_consumer(&settings, topic, &[0], Refetch::FromCommitted);
     let mut book = OffsetBook::new();
     book.resume(0, resumed[0].offset);
     let (first, _) = consume_until(&consumer, &mut book, "the first half", |b| {
@@ -665,15 +643,7 @@ fn mock_consumer_survives_broker_down() {
     consumer.commit(&commits, true).unwrap();
     drop(consumer);
 
-    let (_, resumed) = RequestConsumer::open(
-        &settings,
-        topic,
-        &[0],
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        CALL_TIMEOUT,
-    )
-    .unwrap();
+    let (_, resumed) = open_consumer(&settings, topic, &[0], Refetch::FromCommitted);
     assert_eq!(
         resumed,
         vec![Resumed {
@@ -744,15 +714,7 @@ fn mock_sync_commit_lands_after_a_coordinator_outage() {
     .unwrap();
     let settings = settings(&mock, "coordinator-down");
     produce_fixed(&settings.brokers, topic, &[0], 0, 10);
-    let (consumer, _) = RequestConsumer::open(
-        &settings,
-        topic,
-        &[0],
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        CALL_TIMEOUT,
-    )
-    .unwrap();
+    let (consumer, _) = open_consumer(&settings, topic, &[0], Refetch::FromCommitted);
     let mut book = OffsetBook::new();
     book.resume(0, 0);
     let (records, _) = consume_until(&consumer, &mut book, "all", |b| next_offset(b, 0) >= 10);
@@ -777,15 +739,7 @@ fn mock_sync_commit_lands_after_a_coordinator_outage() {
     let (result, done) = committing.join().unwrap();
     result.expect("the commit lands once the coordinator is back");
 
-    let (_, resumed) = RequestConsumer::open(
-        &settings,
-        topic,
-        &[0],
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        CALL_TIMEOUT,
-    )
-    .unwrap();
+    let (_, resumed) = open_consumer(&settings, topic, &[0], Refetch::FromCommitted);
     assert_eq!(
         resumed,
         vec![Resumed {

@@ -66,16 +66,7 @@ pub fn serve<'s>(
                                 waited_ns as f64 / 1e6,
                                 deadline.as_millis()
                             );
-                            let row = ErrorRow {
-                                position: origin.position.to_string(),
-                                reason,
-                                req_id: Some(req.req_id),
-                            };
-                            session.give(NodeEvent::Error(Box::new((
-                                row,
-                                ErrorKind::Shed,
-                                origin,
-                            ))));
+                            session.give(error_event(origin, req.req_id, reason, ErrorKind::Shed));
                             continue;
                         }
                     }
@@ -145,22 +136,26 @@ pub fn serve<'s>(
                             };
                             session.give(NodeEvent::Response(Box::new((row, origin))));
                         }
-                        Err(reason) => {
-                            let row = ErrorRow {
-                                position: origin.position.to_string(),
-                                reason,
-                                req_id: Some(req.req_id),
-                            };
-                            session.give(NodeEvent::Error(Box::new((
-                                row,
-                                ErrorKind::Unservable,
-                                origin,
-                            ))));
-                        }
+                        Err(reason) => session.give(error_event(
+                            origin,
+                            req.req_id,
+                            reason,
+                            ErrorKind::Unservable,
+                        )),
                     }
                 }
                 session.give(NodeEvent::Report(node.report(time)));
             }
         }
     })
+}
+
+/// An error record in place of a response.
+fn error_event(origin: Origin, req_id: u64, reason: String, kind: ErrorKind) -> NodeEvent {
+    let row = ErrorRow {
+        position: origin.position.to_string(),
+        reason,
+        req_id: Some(req_id),
+    };
+    NodeEvent::Error(Box::new((row, kind, origin)))
 }
