@@ -37,9 +37,20 @@ pub struct Args {
     /// Partitions of the request and response topics.
     #[arg(long, default_value_t = 4)]
     pub partitions: i32,
+    /// Extra librdkafka property of the served job, KEY=VALUE (repeatable),
+    /// e.g. enable.idempotence=false.
+    #[arg(long = "librdkafka", value_name = "KEY=VALUE", value_parser = parse_property)]
+    pub librdkafka: Vec<(String, String)>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_property(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -61,6 +72,8 @@ struct KafkaBench {
     workers: usize,
     partitions: i32,
     brokers: String,
+    /// The --librdkafka properties the served job ran with.
+    librdkafka: std::collections::BTreeMap<String, String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -146,6 +159,7 @@ fn run_both(
     k.create_partitions = 0;
     k.refetch_from_start = true;
     k.deadline_ms = 60_000;
+    k.librdkafka.extend(args.librdkafka.iter().cloned());
     let settings = KafkaSettings {
         brokers: brokers.to_string(),
         group_id: format!("{base}.bench"),
@@ -261,5 +275,6 @@ fn run_both(
         workers: args.workers,
         partitions: args.partitions,
         brokers: brokers.to_string(),
+        librdkafka: args.librdkafka.iter().cloned().collect(),
     })
 }
