@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::kafka::{Serve, Tail, Topics, answers_by_req, broker, produce, tmp_dir, write_config};
+use grflow_connectors::kafka::{KafkaSettings, RecordId, WireResponse, scan_answered};
 use serde_json::json;
 
 const PARTITIONS: i32 = 4;
@@ -333,4 +334,40 @@ fn kafka_overload_sheds_past_the_deadline_and_pauses_reads() {
         "never paused: {summary}"
     );
     assert_eq!(committed_total(&summary), N as i64, "{summary}");
+}
+
+#[test]
+fn kafka_restart_scan_reads_to_the_end_of_a_batched_response_topic() {
+    let Some(brokers) = broker("kafka_restart_scan") else {
+        return;
+    };
+    const N: i64 = 3_000;
+    let topics = Topics::fresh("restartscan");
+    topics.create(&brokers, 1);
+    // Produced in a few large batches: the broker's ListOffsets answer can
+    // then sit far before the end of the log.
+    let records: Vec<_> = (0..N)
+        .map(|i| {
+            let source = RecordId {
+                partition: (i % 4) as i32,
+                offset: i / 4,
+            };
+            let r = WireResponse::ranking(source, i as u64, vec![1], &[0.5], "v".into());
+            (0, Some(serde_json::to_vec(&r).unwrap()))
+        })
+        .collect();
+    produce(&brokers, &topics.responses, &records);
+    let settings = KafkaSettings {
+        brokers: brokers.clone(),
+        group_id: topics.group.clone(),
+        ..KafkaSettings::default()
+    };
+    let answered = scan_answered(
+        &settings,
+        &topics.responses,
+        200_000,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(answered.len() as i64, N);
 }

@@ -33,10 +33,19 @@ pub struct KafkaSettings {
 
 impl KafkaSettings {
     fn client_config(&self) -> ClientConfig {
+        self.client_config_with(&[])
+    }
+
+    /// Our `defaults` for one kind of client, then the user's `extra`
+    /// properties, which win.
+    fn client_config_with(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);
         if !self.client_id.is_empty() {
             c.set("client.id", &self.client_id);
+        }
+        for &(k, v) in defaults {
+            c.set(k, v);
         }
         for (k, v) in &self.extra {
             c.set(k, v);
@@ -104,20 +113,6 @@ pub struct Resumed {
     pub offset: i64,
     /// Whether `offset` came from a committed offset (a restart).
     pub from_commit: bool,
-}
-
-/// Lets the user's librdkafka properties win over our defaults.
-trait SetExtra {
-    fn set_extra(&mut self, extra: &BTreeMap<String, String>) -> &mut Self;
-}
-
-impl SetExtra for ClientConfig {
-    fn set_extra(&mut self, extra: &BTreeMap<String, String>) -> &mut Self {
-        for (k, v) in extra {
-            self.set(k, v);
-        }
-        self
-    }
 }
 
 /// Number of partitions of `topic`.
@@ -203,26 +198,26 @@ impl RequestConsumer {
         timeout: Duration,
     ) -> Result<(Self, Vec<Resumed>), KafkaClientError> {
         let consumer: BaseConsumer = settings
-            .client_config()
-            .set("group.id", &settings.group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            // Bounds what librdkafka prefetches while we are paused.
-            .set("queued.max.messages.kbytes", "16384")
-            .set("queued.min.messages", "10000")
-            // A committed offset out of range (records deleted past it)
-            // restarts at the start position instead of jumping silently.
-            .set(
-                "auto.offset.reset",
-                match start {
-                    StartPosition::Earliest => "earliest",
-                    StartPosition::Latest => "latest",
-                },
-            )
-            // A serving job wants records now, not batched for 500 ms.
-            .set("fetch.wait.max.ms", "5")
-            .set_extra(&settings.extra)
+            .client_config_with(&[
+                ("group.id", &settings.group_id),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("enable.partition.eof", "false"),
+                // Bounds what librdkafka prefetches while we are paused.
+                ("queued.max.messages.kbytes", "16384"),
+                ("queued.min.messages", "10000"),
+                // A committed offset out of range (records deleted past it)
+                // restarts at the start position instead of jumping silently.
+                (
+                    "auto.offset.reset",
+                    match start {
+                        StartPosition::Earliest => "earliest",
+                        StartPosition::Latest => "latest",
+                    },
+                ),
+                // A serving job wants records now, not batched for 500 ms.
+                ("fetch.wait.max.ms", "5"),
+            ])
             .create()
             .map_err(kafka("creating the request consumer"))?;
         let mut wanted = TopicPartitionList::new();
@@ -335,31 +330,32 @@ impl RequestConsumer {
     pub fn cached_high_watermarks(&self) -> Vec<(i32, Option<i64>)> {
         self.partitions
             .iter()
-            .map(|&p| (p, self.cached_high_watermark(p)))
+            .map(|&p| (p, cached_high_watermark(&self.consumer, &self.topic, p)))
             .collect()
     }
+}
 
-    fn cached_high_watermark(&self, partition: i32) -> Option<i64> {
-        // rdkafka 0.39 wraps only the broker round trip (ListOffsets, which
-        // some Kafka-compatible brokers answer loosely); the value cached
-        // from fetch responses needs the C call.
-        let topic = std::ffi::CString::new(self.topic.as_str()).ok()?;
-        let (mut low, mut high) = (-1i64, -1i64);
-        // SAFETY: the client pointer is valid for the life of `self.consumer`,
-        // `topic` is a NUL-terminated string that outlives the call, and the
-        // two out-pointers point at live i64s.
-        let err = unsafe {
-            rdkafka::bindings::rd_kafka_get_watermark_offsets(
-                self.consumer.client().native_ptr(),
-                topic.as_ptr(),
-                partition,
-                &mut low,
-                &mut high,
-            )
-        };
-        (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
-            .then_some(high)
-    }
+/// A partition's high watermark as of the consumer's last fetch response.
+/// rdkafka 0.39 wraps only the broker round trip (ListOffsets), which tansu
+/// 0.6 answers with a batch's base offset instead of the end of the log; the
+/// value cached from fetch responses needs the C call.
+fn cached_high_watermark(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+    let topic = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is valid for the life of `consumer`, `topic`
+    // is a NUL-terminated string that outlives the call, and the two
+    // out-pointers point at live i64s.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some(high)
 }
 
 /// What the broker said about one output record.
@@ -428,19 +424,14 @@ impl OutputProducer {
         settings: &KafkaSettings,
         on_delivery: DeliveryCallback,
     ) -> Result<Self, KafkaClientError> {
-        let mut config = settings.client_config();
-        for (k, v) in [
-            ("acks", "all"),
-            ("message.timeout.ms", "0"),
-            ("linger.ms", "2"),
-            // Retries after a lost acknowledgement must not write twice.
-            ("enable.idempotence", "true"),
-        ] {
-            if !settings.extra.contains_key(k) {
-                config.set(k, v);
-            }
-        }
-        let producer = config
+        let producer = settings
+            .client_config_with(&[
+                ("acks", "all"),
+                ("message.timeout.ms", "0"),
+                ("linger.ms", "2"),
+                // Retries after a lost acknowledgement must not write twice.
+                ("enable.idempotence", "true"),
+            ])
             .create_with_context(DeliveryContext { on_delivery })
             .map_err(kafka("creating the producer"))?;
         Ok(Self { producer })
@@ -458,10 +449,7 @@ impl OutputProducer {
         if let Some(key) = key {
             record = record.key(key);
         }
-        self.producer.send(record).map_err(|(e, _)| match e {
-            KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
-            other => SendError::Client(kafka(format!("producing to `{topic}`"))(other)),
-        })
+        self.queue(record)
     }
 
     /// Queues one record for an explicit partition (load generators, tests).
@@ -475,6 +463,11 @@ impl OutputProducer {
         let record = BaseRecord::<'_, [u8], [u8], _>::with_opaque_to(topic, Box::new(source))
             .payload(payload)
             .partition(partition);
+        self.queue(record)
+    }
+
+    fn queue(&self, record: BaseRecord<'_, [u8], [u8], Box<RecordId>>) -> Result<(), SendError> {
+        let topic = record.topic;
         self.producer.send(record).map_err(|(e, _)| match e {
             KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => SendError::QueueFull,
             other => SendError::Client(kafka(format!("producing to `{topic}`"))(other)),
@@ -503,11 +496,13 @@ pub fn scan_answered(
     timeout: Duration,
 ) -> Result<HashSet<RecordId>, KafkaClientError> {
     let partitions = partition_count(settings, response_topic, timeout)?;
+    let group = format!("{}-restart-scan", settings.group_id);
     let consumer: BaseConsumer = settings
-        .client_config()
-        .set("group.id", format!("{}-restart-scan", settings.group_id))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
+        .client_config_with(&[
+            ("group.id", &group),
+            ("enable.auto.commit", "false"),
+            ("enable.partition.eof", "false"),
+        ])
         .create()
         .map_err(kafka("creating the restart-scan consumer"))?;
     let mut assignment = TopicPartitionList::new();
@@ -533,9 +528,10 @@ pub fn scan_answered(
     consumer
         .assign(&assignment)
         .map_err(kafka("assigning the restart scan"))?;
-    let deadline = std::time::Instant::now() + timeout.max(Duration::from_secs(1)) * 4;
+    let stall = timeout.max(Duration::from_secs(1)) * 4;
+    let mut last_progress = std::time::Instant::now();
     while !ends.is_empty() {
-        if std::time::Instant::now() > deadline {
+        if last_progress.elapsed() > stall {
             return Err(KafkaClientError::Kafka {
                 what: format!(
                     "restart scan of `{response_topic}` stalled with {remaining} records left"
@@ -547,6 +543,7 @@ pub fn scan_answered(
             continue;
         };
         let message = message.map_err(kafka(format!("reading `{response_topic}`")))?;
+        last_progress = std::time::Instant::now();
         let p = message.partition();
         if let Some(payload) = message.payload()
             && let Ok(response) = serde_json::from_slice::<WireResponse>(payload)
@@ -554,7 +551,13 @@ pub fn scan_answered(
             answered.insert(response.source());
         }
         remaining -= 1;
-        if ends.get(&p).is_some_and(|&end| message.offset() + 1 >= end) {
+        // The log may end past what ListOffsets said (see
+        // `cached_high_watermark`): read to whichever end is further.
+        let fetched_end = cached_high_watermark(&consumer, response_topic, p).unwrap_or(0);
+        if ends
+            .get(&p)
+            .is_some_and(|&end| message.offset() + 1 >= end.max(fetched_end))
+        {
             ends.remove(&p);
         }
     }

@@ -126,7 +126,6 @@ impl OutputQueue {
             topic,
             key,
             payload,
-            ..
         } in self.shared.take_failed()
         {
             ServeCounters::add(&self.shared.counters.resent, 1);

@@ -50,7 +50,6 @@ pub struct FailedOutput {
     pub topic: String,
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
-    pub error: String,
 }
 
 #[derive(Debug)]
@@ -121,7 +120,6 @@ impl SharedState {
                     topic,
                     key,
                     payload,
-                    error,
                 });
             }
         }
