@@ -18,7 +18,7 @@ use grflow_traces::{Request, Trace};
 
 use crate::config::Config;
 use crate::dataflow::source::Pacing;
-use crate::dataflow::{self, DataflowParts, JobCounters};
+use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
 use crate::params::node_params;
 use crate::side::SideTables;
 use crate::summary::{
@@ -188,12 +188,15 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             DataflowParts {
                 source,
                 pacing,
-                router,
-                node,
-                side: worker_side.clone(),
-                slo_ms: worker_cfg.run.slo_ms,
-                clock: worker_cfg.run.clock,
-                window_ms: worker_cfg.hotness.window_ms,
+                serving: ServingParts {
+                    router,
+                    node,
+                    side: worker_side.clone(),
+                    slo_ms: worker_cfg.run.slo_ms,
+                    clock: worker_cfg.run.clock,
+                    deadline: None,
+                    window_ms: worker_cfg.hotness.window_ms,
+                },
                 counters: worker_counters.clone(),
             },
         );

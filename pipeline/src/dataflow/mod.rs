@@ -65,12 +65,7 @@ pub struct JobCounters {
 pub struct DataflowParts {
     pub source: Box<dyn RequestSource>,
     pub pacing: Pacing,
-    pub router: Router,
-    pub node: ServingNode,
-    pub side: Arc<SideTables>,
-    pub slo_ms: f64,
-    pub clock: Clock,
-    pub window_ms: u64,
+    pub serving: ServingParts,
     pub counters: Arc<JobCounters>,
 }
 
@@ -157,19 +152,7 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
             Ingest::Request(_) => None,
         });
 
-        let (events, handles) = serving(
-            scope,
-            requests,
-            ServingParts {
-                router: parts.router,
-                node: parts.node,
-                side: parts.side,
-                slo_ms: parts.slo_ms,
-                clock: parts.clock,
-                deadline: None,
-                window_ms: parts.window_ms,
-            },
-        );
+        let (events, handles) = serving(scope, requests, parts.serving);
 
         let sink_outputs = outputs.clone();
         let sink_counters = counters.clone();
