@@ -17,8 +17,32 @@ use crate::eviction::{
     next_use_times,
 };
 use crate::predictor::{
-    FeatureRow, Noise, OnlinePredictor, PredictorConfig, Training, VersionInfo,
+    AccessContext, FeatureRow, Noise, OnlinePredictor, PredictorConfig, Training, VersionInfo,
 };
+
+/// A trace's keys, one per access, with each access's context where the
+/// format has one (a Mooncake block's place in its prompt).
+#[derive(Debug, Clone, Default)]
+pub struct AccessStream {
+    pub keys: Vec<Key>,
+    /// One per key, or empty: every access has size 1 and nothing more.
+    pub contexts: Vec<AccessContext>,
+}
+
+impl From<Vec<Key>> for AccessStream {
+    fn from(keys: Vec<Key>) -> Self {
+        Self {
+            keys,
+            contexts: Vec::new(),
+        }
+    }
+}
+
+impl AccessStream {
+    fn context(&self, t: usize) -> AccessContext {
+        self.contexts.get(t).copied().unwrap_or_default()
+    }
+}
 
 /// One bench row (one JSON object of `--json`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -89,16 +113,16 @@ struct Predictions {
 impl PreparedTrace {
     /// Counts distinct keys and next uses; runs the predictor over the trace
     /// when `with_predictor`.
-    pub fn new(keys: Vec<Key>, predictor: PredictorConfig, with_predictor: bool) -> Self {
-        let next_use: Arc<[u64]> = next_use_times(&keys).into();
+    pub fn new(stream: AccessStream, predictor: PredictorConfig, with_predictor: bool) -> Self {
+        let next_use: Arc<[u64]> = next_use_times(&stream.keys).into();
         let distinct = {
             let mut s: KeySet<Key> = key_set();
-            s.extend(keys.iter().copied());
+            s.extend(stream.keys.iter().copied());
             s.len()
         };
-        let predictions = with_predictor.then(|| predict_trace(&keys, predictor));
+        let predictions = with_predictor.then(|| predict_trace(&stream, predictor));
         Self {
-            keys,
+            keys: stream.keys,
             distinct,
             next_use,
             predictions,
@@ -125,7 +149,8 @@ impl PreparedTrace {
     }
 }
 
-fn predict_trace(keys: &[Key], cfg: PredictorConfig) -> Predictions {
+fn predict_trace(stream: &AccessStream, cfg: PredictorConfig) -> Predictions {
+    let keys = &stream.keys;
     let cfg = PredictorConfig {
         training: match cfg.training {
             Training::Background => Training::Inline {
@@ -139,7 +164,7 @@ fn predict_trace(keys: &[Key], cfg: PredictorConfig) -> Predictions {
     let mut rows = Vec::with_capacity(keys.len());
     let mut in_use = Vec::with_capacity(keys.len());
     for (t, &k) in keys.iter().enumerate() {
-        rows.push(predictor.observe(k, t as u64, 1.0));
+        rows.push(predictor.observe(k, t as u64, stream.context(t)));
         in_use.push(predictor.current_version());
     }
     // Batch per version: a row's prediction depends only on the row and the
@@ -300,9 +325,9 @@ pub fn run_cell(
 }
 
 /// Every (policy, ratio, noise) cell of `cfg` on one trace, in that order.
-pub fn run(trace: &str, keys: Vec<Key>, cfg: &BenchConfig) -> Vec<BenchRow> {
+pub fn run(trace: &str, stream: impl Into<AccessStream>, cfg: &BenchConfig) -> Vec<BenchRow> {
     let with_predictor = cfg.policies.iter().any(|p| p.uses_predictions());
-    let prep = PreparedTrace::new(keys, cfg.predictor, with_predictor);
+    let prep = PreparedTrace::new(stream.into(), cfg.predictor, with_predictor);
     let mut rows = Vec::new();
     for &policy in &cfg.policies {
         for &ratio in &cfg.ratios {

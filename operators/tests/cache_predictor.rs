@@ -1,7 +1,9 @@
 //! The predictor never sees the future: two traces equal up to position t
 //! give identical features, model versions and predictions up to t.
 
-use grflow_operators::predictor::{GbdtConfig, OnlinePredictor, PredictorConfig, Training};
+use grflow_operators::predictor::{
+    AccessContext, GbdtConfig, OnlinePredictor, PredictorConfig, Training,
+};
 
 fn trace(n: usize, seed: u64) -> Vec<u64> {
     let mut x = seed;
@@ -29,7 +31,8 @@ fn predictions(keys: &[u64]) -> Vec<Option<f64>> {
     keys.iter()
         .enumerate()
         .map(|(t, &k)| {
-            let row = p.observe(k, t as u64, 1.0);
+            // Requests of 4 keys: the context is part of what is observed.
+            let row = p.observe(k, t as u64, AccessContext::block(t % 4, 4));
             p.predict_next(&[row], &[t as u64]).map(|v| v[0])
         })
         .collect()

@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 
-use grflow_operators::cachebench::{BenchConfig, BenchRow, run as run_bench};
+use grflow_operators::cachebench::{AccessStream, BenchConfig, BenchRow, run as run_bench};
 use grflow_operators::eviction::PolicyName;
-use grflow_traces::keystream::{KeyFormat, read_keys};
+use grflow_operators::predictor::AccessContext;
+use grflow_traces::keystream::{KeyFormat, read_stream};
 
 use crate::cli::InputError;
 
@@ -57,14 +58,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--noise {p}: must be in [0, 1]"
         )));
     }
-    let keys = read_keys(&args.trace, format).map_err(InputError::from_display)?;
+    let stream = read_stream(&args.trace, format).map_err(InputError::from_display)?;
+    let keys = AccessStream {
+        contexts: stream
+            .places
+            .iter()
+            .map(|p| AccessContext::block(p.position as usize, p.request_len as usize))
+            .collect(),
+        keys: stream.keys,
+    };
     let name = args.trace.file_name().map_or_else(
         || args.trace.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
     eprintln!(
         "replaying {} accesses of {name} through {} cell(s)...",
-        keys.len(),
+        keys.keys.len(),
         policies.len() * args.capacity_ratio.len() * args.noise.len()
     );
     let cfg = BenchConfig {

@@ -11,7 +11,8 @@
 //! - `seq`: `user item` per line (SASRec style), items in file order.
 //!
 //! Ids are numbers; a non-numeric token becomes a stable 64-bit hash of its
-//! text (and then orders by that hash).
+//! text (and then orders by that hash). Mooncake accesses also carry their
+//! place in the line's prompt (a predictor feature).
 
 use std::path::Path;
 use std::str::FromStr;
@@ -59,30 +60,69 @@ pub enum KeyStreamError {
     Empty { file: String },
 }
 
+/// Where an access sits in its request: block `position` (from 0) of a
+/// prompt of `request_len` blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub position: u32,
+    pub request_len: u32,
+}
+
+/// A trace's accesses in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyStream {
+    pub keys: Vec<u64>,
+    /// One per key for formats with requests of several keys (mooncake);
+    /// empty otherwise.
+    pub places: Vec<Place>,
+}
+
 /// Reads `path` and returns its key stream.
-pub fn read_keys(path: &Path, format: KeyFormat) -> Result<Vec<u64>, KeyStreamError> {
+pub fn read_stream(path: &Path, format: KeyFormat) -> Result<KeyStream, KeyStreamError> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| KeyStreamError::Io {
         file: file.clone(),
         source,
     })?;
-    parse_keys(&text, format, &file)
+    parse_stream(&text, format, &file)
 }
 
 /// Parses trace text; `file` names the source in errors.
-pub fn parse_keys(text: &str, format: KeyFormat, file: &str) -> Result<Vec<u64>, KeyStreamError> {
-    let keys = match format {
+pub fn parse_stream(
+    text: &str,
+    format: KeyFormat,
+    file: &str,
+) -> Result<KeyStream, KeyStreamError> {
+    let stream = match format {
         KeyFormat::Mooncake => mooncake(text, file)?,
-        KeyFormat::Recbole => ratings(text, file, '\t', ["user_id", "item_id", "timestamp"])?,
-        KeyFormat::Movielens => ratings(text, file, ',', ["userId", "movieId", "timestamp"])?,
-        KeyFormat::Seq => seq(text, file)?,
+        KeyFormat::Recbole => {
+            ratings(text, file, '\t', ["user_id", "item_id", "timestamp"])?.into()
+        }
+        KeyFormat::Movielens => {
+            ratings(text, file, ',', ["userId", "movieId", "timestamp"])?.into()
+        }
+        KeyFormat::Seq => seq(text, file)?.into(),
     };
-    if keys.is_empty() {
+    if stream.keys.is_empty() {
         return Err(KeyStreamError::Empty {
             file: file.to_string(),
         });
     }
-    Ok(keys)
+    Ok(stream)
+}
+
+/// The keys alone.
+pub fn parse_keys(text: &str, format: KeyFormat, file: &str) -> Result<Vec<u64>, KeyStreamError> {
+    parse_stream(text, format, file).map(|s| s.keys)
+}
+
+impl From<Vec<u64>> for KeyStream {
+    fn from(keys: Vec<u64>) -> Self {
+        Self {
+            keys,
+            places: Vec::new(),
+        }
+    }
 }
 
 fn err(file: &str, line: usize, field: &str, msg: impl Into<String>) -> KeyStreamError {
@@ -103,8 +143,9 @@ fn id(token: &str) -> u64 {
     })
 }
 
-fn mooncake(text: &str, file: &str) -> Result<Vec<u64>, KeyStreamError> {
+fn mooncake(text: &str, file: &str) -> Result<KeyStream, KeyStreamError> {
     let mut keys = Vec::new();
+    let mut places = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         if line.trim().is_empty() {
@@ -127,9 +168,13 @@ fn mooncake(text: &str, file: &str) -> Result<Vec<u64>, KeyStreamError> {
                 )
             })?;
             keys.push(k);
+            places.push(Place {
+                position: j as u32,
+                request_len: ids.len() as u32,
+            });
         }
     }
-    Ok(keys)
+    Ok(KeyStream { keys, places })
 }
 
 fn ratings(
@@ -200,10 +245,14 @@ mod tests {
     #[test]
     fn mooncake_keys_in_file_order() {
         let t = "{\"timestamp\":0,\"hash_ids\":[3,1]}\n\n{\"timestamp\":5,\"hash_ids\":[3,9,2]}\n";
-        assert_eq!(
-            parse_keys(t, KeyFormat::Mooncake, "m").unwrap(),
-            vec![3, 1, 3, 9, 2]
-        );
+        let s = parse_stream(t, KeyFormat::Mooncake, "m").unwrap();
+        assert_eq!(s.keys, vec![3, 1, 3, 9, 2]);
+        let places: Vec<(u32, u32)> = s
+            .places
+            .iter()
+            .map(|p| (p.position, p.request_len))
+            .collect();
+        assert_eq!(places, vec![(0, 2), (1, 2), (0, 3), (1, 3), (2, 3)]);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use super::guided::GuidedPolicy;
 use crate::eviction::{Key, KeyMap, key_map};
 use crate::pool::PagePool;
+use crate::predictor::AccessContext;
 
 /// The cache key of an embedding row.
 pub fn emb_key(table: u16, row: u32) -> Key {
@@ -97,7 +98,7 @@ impl EmbCache {
         let hit = self.policy.access(key);
         if hit {
             self.counters[table as usize].hits += 1;
-            self.policy.observed(key, 1.0);
+            self.policy.observed(key, AccessContext::default());
             let s = self.slots[&key];
             Some(&pool.page(s.page)[self.range(s)])
         } else {
@@ -131,7 +132,7 @@ impl EmbCache {
         }
         self.place(pool, key, values);
         self.policy.insert(key);
-        self.policy.observed(key, 1.0);
+        self.policy.observed(key, AccessContext::default());
         evicted
     }
 

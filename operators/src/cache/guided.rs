@@ -3,7 +3,7 @@
 //! prediction handed to the policy (LCR Alg. 1 line 24).
 
 use crate::eviction::{EvictCtx, EvictionPolicy, Key, PolicyName, UnknownPolicy};
-use crate::predictor::{OnlinePredictor, PredictorConfig, Training};
+use crate::predictor::{AccessContext, OnlinePredictor, PredictorConfig, Training};
 
 /// One cache's eviction order, with its clock (one tick per request).
 #[derive(Debug)]
@@ -45,17 +45,17 @@ impl GuidedPolicy {
         self.policy.access(key, self.tick)
     }
 
-    /// `key` (requested last) becomes resident, with `size` as a feature.
+    /// `key` (requested last) becomes resident.
     pub fn insert(&mut self, key: Key) {
         self.policy.insert(key, self.tick);
     }
 
     /// After a request of `key` was served (hit or insert): the Async
     /// prediction for it.
-    pub fn observed(&mut self, key: Key, size: f32) {
+    pub fn observed(&mut self, key: Key, ctx: AccessContext) {
         let t = self.tick;
         if let Some(p) = &mut self.predictor {
-            let row = p.observe(key, t, size);
+            let row = p.observe(key, t, ctx);
             if let Some(next) = p.predict_next(&[row], &[t]) {
                 self.policy.set_prediction(key, next[0]);
             }

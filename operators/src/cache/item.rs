@@ -4,6 +4,7 @@
 use super::guided::GuidedPolicy;
 use crate::eviction::{Key, KeyMap, key_map};
 use crate::pool::PagePool;
+use crate::predictor::AccessContext;
 
 #[derive(Debug)]
 struct Entry {
@@ -54,7 +55,7 @@ impl ItemKvCache {
         let key = item as Key;
         if self.policy.access(key) {
             self.hits += 1;
-            self.policy.observed(key, 1.0);
+            self.policy.observed(key, AccessContext::default());
             let e = self.entries.get_mut(&key).expect("policy tracks entries");
             e.pins += 1;
             Some(e.pages.clone())
@@ -70,7 +71,7 @@ impl ItemKvCache {
         self.pages += pages.len();
         self.entries.insert(key, Entry { pages, pins: 1 });
         self.policy.insert(key);
-        self.policy.observed(key, 1.0);
+        self.policy.observed(key, AccessContext::default());
     }
 
     pub fn unpin(&mut self, item: u32) {

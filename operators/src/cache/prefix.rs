@@ -8,6 +8,7 @@
 use super::guided::GuidedPolicy;
 use crate::eviction::{Key, KeyMap, key_map};
 use crate::pool::PagePool;
+use crate::predictor::AccessContext;
 
 /// FNV-1a over the parent hash and the block's tokens: stable across runs.
 pub fn block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
@@ -93,7 +94,8 @@ impl PrefixKvCache {
     /// Longest cached prefix of `tokens`, pinned; counts reuse.
     pub fn match_prefix(&mut self, tokens: &[u32]) -> PrefixMatch {
         let mut m = PrefixMatch::default();
-        for h in self.hashes(tokens) {
+        let hashes = self.hashes(tokens);
+        for &h in &hashes {
             let Some(b) = self.blocks.get_mut(&h) else {
                 break;
             };
@@ -102,9 +104,10 @@ impl PrefixKvCache {
             m.hashes.push(h);
         }
         // Leaf first: ancestors end up more recent than descendants.
-        for &h in m.hashes.iter().rev() {
+        for (depth, &h) in m.hashes.iter().enumerate().rev() {
             self.policy.access(h);
-            self.policy.observed(h, 1.0);
+            self.policy
+                .observed(h, AccessContext::block(depth, hashes.len()));
         }
         m.matched_tokens = m.blocks.len() * self.block_tokens;
         self.reused_tokens += m.matched_tokens as u64;
@@ -178,14 +181,15 @@ impl PrefixKvCache {
                         pins: 0,
                     },
                 );
-                added.push(h);
+                added.push((i, h));
             }
             parent = Some(h);
         }
-        for &h in added.iter().rev() {
+        for &(depth, h) in added.iter().rev() {
             self.policy.access(h);
             self.policy.insert(h);
-            self.policy.observed(h, 1.0);
+            self.policy
+                .observed(h, AccessContext::block(depth, hashes.len()));
         }
         self.unpin(matched);
     }

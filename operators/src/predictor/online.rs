@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
-use super::features::{FeatureRow, FeatureTracker};
+use super::features::{AccessContext, FeatureRow, FeatureTracker};
 use super::gbdt::{GbdtConfig, NextAccessModel};
 use crate::eviction::{Key, KeyMap, key_map};
 
@@ -111,9 +111,9 @@ impl OnlinePredictor {
     }
 
     /// Records a request and returns its feature row. May retrain.
-    pub fn observe(&mut self, key: Key, now: u64, size: f32) -> FeatureRow {
+    pub fn observe(&mut self, key: Key, now: u64, ctx: AccessContext) -> FeatureRow {
         self.promote(now);
-        let row = self.tracker.observe(key, now, size);
+        let row = self.tracker.observe(key, now, ctx);
         if let Some(prev) = self.last_sample.insert(key, now)
             && let Some(front) = self.samples.front()
             && prev >= front.t
