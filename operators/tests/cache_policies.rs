@@ -184,6 +184,26 @@ fn without_predictions_every_predictive_mode_is_lru() {
     }
 }
 
+/// Keys the predictor could not say anything about (learned before the
+/// first model) go first, least recent first; they must not outlive keys
+/// whose predictions say they come back.
+#[test]
+fn keys_without_a_prediction_are_evicted_first() {
+    let mut p = PredictiveLru::new(Mode::Fpb, 4);
+    let mut ctx = EvictCtx::default();
+    for (t, (key, pred)) in [(1, 50.0), (2, f64::NEG_INFINITY), (3, 9.0), (4, f64::NAN)]
+        .into_iter()
+        .enumerate()
+    {
+        assert!(!p.access(key, t as u64));
+        p.insert(key, t as u64);
+        p.set_prediction(key, pred);
+    }
+    assert_eq!(p.evict(4, &mut ctx), Some(2));
+    assert_eq!(p.evict(4, &mut ctx), Some(4));
+    assert_eq!(p.evict(4, &mut ctx), Some(1), "then the largest prediction");
+}
+
 #[test]
 fn belady_matches_reference_on_synthetic_trace() {
     let keys = synthetic_keys();
@@ -255,8 +275,13 @@ impl NaivePredictive {
                 }
                 .min(self.order.len());
                 let rank = |x: &Key| {
-                    let p = self.pred.get(x).copied().unwrap_or(f64::NEG_INFINITY);
-                    if p.is_nan() { f64::NEG_INFINITY } else { p }
+                    // No prediction ranks highest (evicted first).
+                    let p = self.pred.get(x).copied().unwrap_or(f64::INFINITY);
+                    if p.is_nan() || p == f64::NEG_INFINITY {
+                        f64::INFINITY
+                    } else {
+                        p
+                    }
                 };
                 let mut best = 0;
                 for i in 1..l {

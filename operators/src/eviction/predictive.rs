@@ -2,8 +2,10 @@
 //! Async), FPB (evict the largest prediction among all resident keys) and HF
 //! (LRU pre-filters the 4 least-recent keys, the prediction picks).
 //!
-//! A key without a prediction ranks lowest; ties go to the least recent, so
-//! with no predictions at all every mode is LRU.
+//! A key without a prediction (none yet, NaN or -inf: "cannot say") ranks
+//! highest: it goes first, least recent first, so keys learned before the
+//! first model cannot sit in the cache forever, and with no predictions at
+//! all every mode is LRU.
 //!
 //! Resident keys sit in a recency list. The l least-recent of them (the
 //! *window*, Alg. 1 line 17's candidate set) are always a prefix of that
@@ -36,6 +38,8 @@ pub enum Mode {
 /// HF's LRU pre-filter size (HALP's 4 candidates, LCR §3).
 pub const HF_CANDIDATES: usize = 4;
 const NIL: u32 = u32::MAX;
+/// Rank of a key without a prediction.
+const UNKNOWN: f64 = f64::INFINITY;
 /// Stale heap entries tolerated beyond the live ones before a sweep.
 const HEAP_SLACK: usize = 64;
 
@@ -94,10 +98,10 @@ impl PartialEq for Candidate {
 
 impl Eq for Candidate {}
 
-/// NaN ranks lowest; -0.0 equals 0.0 (total_cmp would split them).
+/// "Cannot say" ranks highest; -0.0 equals 0.0 (total_cmp would split them).
 fn sanitize(pred: f64) -> f64 {
-    if pred.is_nan() {
-        f64::NEG_INFINITY
+    if pred.is_nan() || pred == f64::NEG_INFINITY {
+        UNKNOWN
     } else {
         pred + 0.0
     }
@@ -227,7 +231,7 @@ impl PredictiveLru {
             key,
             prev: NIL,
             next: NIL,
-            pred: f64::NEG_INFINITY,
+            pred: UNKNOWN,
             tick: 0,
             generation: 0,
             resident: false,
