@@ -59,7 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )));
     }
     let stream = read_stream(&args.trace, format).map_err(InputError::from_display)?;
-    let keys = AccessStream {
+    let accesses = AccessStream {
         contexts: stream
             .places
             .iter()
@@ -73,7 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     eprintln!(
         "replaying {} accesses of {name} through {} cell(s)...",
-        keys.keys.len(),
+        accesses.keys.len(),
         policies.len() * args.capacity_ratio.len() * args.noise.len()
     );
     let cfg = BenchConfig {
@@ -82,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         noise: args.noise,
         ..BenchConfig::default()
     };
-    let rows = run_bench(&name, keys, &cfg);
+    let rows = run_bench(&name, accesses, &cfg);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {

@@ -111,11 +111,6 @@ pub fn parse_stream(
     Ok(stream)
 }
 
-/// The keys alone.
-pub fn parse_keys(text: &str, format: KeyFormat, file: &str) -> Result<Vec<u64>, KeyStreamError> {
-    parse_stream(text, format, file).map(|s| s.keys)
-}
-
 impl From<Vec<u64>> for KeyStream {
     fn from(keys: Vec<u64>) -> Self {
         Self {
@@ -241,6 +236,10 @@ fn seq(text: &str, file: &str) -> Result<Vec<u64>, KeyStreamError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse_keys(text: &str, format: KeyFormat, file: &str) -> Result<Vec<u64>, KeyStreamError> {
+        parse_stream(text, format, file).map(|s| s.keys)
+    }
 
     #[test]
     fn mooncake_keys_in_file_order() {
