@@ -10,6 +10,7 @@ mod hasher;
 mod lru;
 mod opt;
 mod predictive;
+mod quad_heap;
 
 pub use hasher::{KeyMap, KeySet, key_map, key_set};
 pub use lru::Lru;

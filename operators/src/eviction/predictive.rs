@@ -7,19 +7,25 @@
 //! first model cannot sit in the cache forever, and with no predictions at
 //! all every mode is LRU.
 //!
-//! Resident keys sit in a recency list. The l least-recent of them (the
-//! *window*, Alg. 1 line 17's candidate set) are always a prefix of that
-//! list, so it only changes at its edge: a request moves O(1) keys across
-//! it, amortised over a phase's λ halvings and reset. A max-heap holds the window's
-//! predictions with lazy deletion: an entry stays in the heap after its key
-//! leaves the window or gets a new prediction, and is skipped (or swept out
-//! when stale entries outnumber live ones) when found on top. Heap pushes
-//! wait until an eviction needs the heap, so a hit costs a hash lookup and
-//! a list move, and choosing a victim costs O(log k) amortised.
+//! Recency is an append-only log: every request appends the key's entry
+//! (its prediction and node) and clears the bit of its previous one, so the
+//! live entries, in log order, are the resident keys from least to most
+//! recent. A request touches the key's node, one bit and the log's tail,
+//! instead of a linked list's neighbours. The log is compacted when it
+//! reaches four times the resident keys.
+//!
+//! The l least-recent keys (the *window*, Alg. 1 line 17's candidate set)
+//! are the live entries below `covered`, so the window only changes at its
+//! edge, and growing it reads the log sequentially. A max-heap holds the
+//! window's predictions with lazy deletion: an entry is skipped (or swept
+//! out when stale entries outnumber live ones) once its log entry died, left
+//! the window or got a new prediction. Heap pushes wait until an eviction
+//! needs the heap, so a hit costs a hash lookup and an append, and choosing
+//! a victim costs O(log k) amortised (a 4-ary heap: half the levels of a
+//! binary one). When a new phase resets λ and the window regrows by more
+//! than half the heap, one heapify replaces the pushes.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
-
+use super::quad_heap::QuadHeap;
 use super::{EvictCtx, EvictionPolicy, Key, KeyMap, PredictOracle, key_map};
 
 /// Which prediction-guided policy.
@@ -37,29 +43,27 @@ pub enum Mode {
 
 /// HF's LRU pre-filter size (HALP's 4 candidates, LCR §3).
 pub const HF_CANDIDATES: usize = 4;
-const NIL: u32 = u32::MAX;
 /// Rank of a key without a prediction.
 const UNKNOWN: f64 = f64::INFINITY;
 /// Stale heap entries tolerated beyond the live ones before a sweep.
 const HEAP_SLACK: usize = 64;
+/// The log is compacted when it reaches this many times the resident keys
+/// (plus a slack): a compaction writes every resident node, so it should
+/// come rarely, and the dead entries cost only a bit scan meanwhile.
+const LOG_GROWTH: usize = 4;
+const LOG_SLACK: usize = 64;
 
 /// A key the policy knows: resident, or kept for the current phase's
 /// bookkeeping (requested or prediction-evicted in it).
 #[derive(Debug, Clone, Copy)]
 struct Node {
     key: Key,
-    /// Recency list links; `prev` is less recent.
-    prev: u32,
-    next: u32,
+    /// Its latest prediction (kept while not resident: the cache may
+    /// predict before it inserts).
     pred: f64,
-    /// Recency stamp, increasing along the list (ties go to the smaller).
-    tick: u64,
-    /// Bumped at every heap push: only the newest entry of a key is live.
-    generation: u32,
+    /// Position of its live log entry (resident keys only).
+    pos: u32,
     resident: bool,
-    in_window: bool,
-    /// In `pending`: its prediction changed while in the window.
-    needs_push: bool,
     last_access: u64,
     /// Phase in which the key was last requested.
     seen_phase: u64,
@@ -67,43 +71,150 @@ struct Node {
     pred_evicted_phase: u64,
 }
 
-/// A heap entry: larger prediction first, then the less recent.
+/// One request in the recency log.
 #[derive(Debug, Clone, Copy)]
-struct Candidate {
+struct Entry {
     pred: f64,
-    tick: u64,
     node: u32,
-    generation: u32,
 }
 
-impl Ord for Candidate {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.pred
-            .total_cmp(&other.pred)
-            .then_with(|| other.tick.cmp(&self.tick))
+/// A heap entry, ordered as one integer: larger prediction first, then the
+/// less recent (smaller log position). One integer comparison instead of
+/// two float and one integer keeps the pop path short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Candidate(u128);
+
+impl Candidate {
+    fn new(pred: f64, pos: usize) -> Self {
+        Self(((order_bits(pred) as u128) << 64) | (u64::MAX - pos as u64) as u128)
+    }
+
+    fn pos(self) -> usize {
+        (u64::MAX - self.0 as u64) as usize
+    }
+
+    fn pred_bits(self) -> u64 {
+        (self.0 >> 64) as u64
     }
 }
 
-impl PartialOrd for Candidate {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
+/// Maps a sanitized prediction to an integer of the same order.
+fn order_bits(pred: f64) -> u64 {
+    let bits = pred.to_bits();
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
     }
 }
 
-impl PartialEq for Candidate {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Candidate {}
-
-/// "Cannot say" ranks highest; -0.0 equals 0.0 (total_cmp would split them).
+/// "Cannot say" ranks highest; -0.0 equals 0.0.
 fn sanitize(pred: f64) -> f64 {
     if pred.is_nan() || pred == f64::NEG_INFINITY {
         UNKNOWN
     } else {
         pred + 0.0
+    }
+}
+
+/// One bit per log position: whether the entry is live.
+#[derive(Debug, Default)]
+struct LiveBits {
+    words: Vec<u64>,
+}
+
+impl LiveBits {
+    fn get(&self, pos: usize) -> bool {
+        self.words[pos >> 6] >> (pos & 63) & 1 == 1
+    }
+
+    /// Sets the bit of `pos`, the log's new last position.
+    fn push_live(&mut self, pos: usize) {
+        if pos >> 6 == self.words.len() {
+            self.words.push(0);
+        }
+        self.words[pos >> 6] |= 1 << (pos & 63);
+    }
+
+    fn clear(&mut self, pos: usize) {
+        self.words[pos >> 6] &= !(1 << (pos & 63));
+    }
+
+    /// Exactly positions `0..n` live.
+    fn reset_to(&mut self, n: usize) {
+        self.words.clear();
+        self.words.resize(n / 64, u64::MAX);
+        if !n.is_multiple_of(64) {
+            self.words.push((1 << (n % 64)) - 1);
+        }
+    }
+
+    /// The first live position at or after `from`, below `end`.
+    fn next_live(&self, from: usize, end: usize) -> Option<usize> {
+        let mut w = from >> 6;
+        let mut bits = self.words.get(w)? & (u64::MAX << (from & 63));
+        loop {
+            if bits != 0 {
+                let pos = (w << 6) + bits.trailing_zeros() as usize;
+                return (pos < end).then_some(pos);
+            }
+            w += 1;
+            bits = *self.words.get(w)?;
+        }
+    }
+
+    /// Moves from `from` past up to `count` live positions; returns the
+    /// position just after the last one passed and how many were passed.
+    fn advance(&self, from: usize, count: usize) -> (usize, usize) {
+        let mut left = count;
+        let mut w = from >> 6;
+        let Some(&first) = self.words.get(w) else {
+            return (from, 0);
+        };
+        let mut bits = first & (u64::MAX << (from & 63));
+        let mut end = from;
+        while left > 0 {
+            let ones = bits.count_ones() as usize;
+            if ones >= left {
+                for _ in 1..left {
+                    bits &= bits - 1;
+                }
+                return ((w << 6) + bits.trailing_zeros() as usize + 1, count);
+            }
+            if ones > 0 {
+                end = (w << 6) + 64 - bits.leading_zeros() as usize;
+            }
+            left -= ones;
+            w += 1;
+            match self.words.get(w) {
+                Some(&b) => bits = b,
+                None => break,
+            }
+        }
+        (end, count - left)
+    }
+
+    /// The position `p` below `end` such that `p..end` holds exactly
+    /// `count` live positions, the first of them at `p`; there must be as
+    /// many before `end`.
+    fn retreat(&self, end: usize, count: usize) -> usize {
+        debug_assert!(count > 0);
+        let mut left = count;
+        let last = end - 1;
+        let mut w = last >> 6;
+        let mut bits = self.words[w] & (u64::MAX >> (63 - (last & 63)));
+        loop {
+            let ones = bits.count_ones() as usize;
+            if ones >= left {
+                for _ in 1..left {
+                    bits &= !(1 << (63 - bits.leading_zeros()));
+                }
+                return (w << 6) + 63 - bits.leading_zeros() as usize;
+            }
+            left -= ones;
+            w -= 1;
+            bits = self.words[w];
+        }
     }
 }
 
@@ -120,26 +231,32 @@ pub struct PredictiveLru {
     recent: Option<(Key, u32)>,
     nodes: Vec<Node>,
     free: Vec<u32>,
-    /// Least and most recent resident keys.
-    oldest: u32,
-    newest: u32,
+    /// Recency log; its live entries are the resident keys, least recent first.
+    log: Vec<Entry>,
+    live: LiveBits,
+    /// No live entry lies before this position.
+    head: usize,
     resident: usize,
-    next_tick: u64,
-    /// The window is the list prefix ending at `window_edge` (NIL: empty).
-    window_edge: u32,
+    /// The window is the live entries below this log position.
+    covered: usize,
     window_len: usize,
-    heap: BinaryHeap<Candidate>,
-    /// Window keys whose new prediction is not yet in the heap.
+    heap: QuadHeap<Candidate>,
+    /// Window positions whose new prediction is not yet in the heap.
     pending: Vec<u32>,
     /// Current phase (LARU), from 1.
     phase: u64,
     distinct_in_phase: usize,
-    /// Confidence λ.
-    lambda: f64,
-    /// Non-resident keys whose node lives until the phase ends.
-    phase_keys: Vec<Key>,
+    /// Confidence λ = 2^-halvings (it only ever halves and resets to 1).
+    halvings: u32,
+    /// Nodes the current phase needs (requested or prediction-evicted in
+    /// it); those not resident when it ends are released. Never released
+    /// before, so the indices stay valid.
+    phase_nodes: Vec<u32>,
     /// The request being served when it missed (Alg. 1 line 10).
     missing: Option<Key>,
+    /// A node created by that miss: if the cache does not insert it, it
+    /// joins phase_nodes (kept for the phase count, dropped at its end).
+    unplaced: Option<u32>,
     /// Sync: model version the stored predictions were made with, and keys
     /// requested since (their history changed).
     synced_version: Option<u64>,
@@ -157,19 +274,20 @@ impl PredictiveLru {
             recent: None,
             nodes: Vec::new(),
             free: Vec::new(),
-            oldest: NIL,
-            newest: NIL,
+            log: Vec::new(),
+            live: LiveBits::default(),
+            head: 0,
             resident: 0,
-            next_tick: 0,
-            window_edge: NIL,
+            covered: 0,
             window_len: 0,
-            heap: BinaryHeap::new(),
+            heap: QuadHeap::new(),
             pending: Vec::new(),
             phase: 1,
             distinct_in_phase: 0,
-            lambda: 1.0,
-            phase_keys: Vec::new(),
+            halvings: 0,
+            phase_nodes: Vec::new(),
             missing: None,
+            unplaced: None,
             synced_version: None,
             stale: Vec::new(),
             prediction_evictions: 0,
@@ -183,7 +301,7 @@ impl PredictiveLru {
 
     /// Confidence λ of the current phase.
     pub fn lambda(&self) -> f64 {
-        self.lambda
+        0.5f64.powi(self.halvings as i32)
     }
 
     /// Current phase number (from 1).
@@ -204,7 +322,8 @@ impl PredictiveLru {
     fn candidates(&self) -> usize {
         match self.mode {
             Mode::LaruAsync | Mode::LaruSync => {
-                ((self.lambda * self.capacity as f64).floor() as usize).max(1)
+                // ⌊λk⌋ with λ a power of two, without a float floor per eviction.
+                self.capacity.checked_shr(self.halvings).unwrap_or(0).max(1)
             }
             Mode::Fpb => self.resident,
             Mode::Hf => HF_CANDIDATES,
@@ -229,26 +348,16 @@ impl PredictiveLru {
         }
         let fresh = Node {
             key,
-            prev: NIL,
-            next: NIL,
             pred: UNKNOWN,
-            tick: 0,
-            generation: 0,
+            pos: 0,
             resident: false,
-            in_window: false,
-            needs_push: false,
             last_access: now,
             seen_phase: 0,
             pred_evicted_phase: 0,
         };
         let i = match self.free.pop() {
             Some(i) => {
-                // Keep the generation: the old key's heap entries stay dead.
-                let generation = self.nodes[i as usize].generation;
-                self.nodes[i as usize] = Node {
-                    generation,
-                    ..fresh
-                };
+                self.nodes[i as usize] = fresh;
                 i
             }
             None => {
@@ -264,7 +373,9 @@ impl PredictiveLru {
     fn release(&mut self, i: u32) {
         let n = &mut self.nodes[i as usize];
         debug_assert!(!n.resident);
-        n.needs_push = false;
+        // A node listed twice in phase_nodes is released once.
+        n.seen_phase = 0;
+        n.pred_evicted_phase = 0;
         self.index.remove(&n.key);
         if self.recent.is_some_and(|(k, _)| k == n.key) {
             self.recent = None;
@@ -274,120 +385,124 @@ impl PredictiveLru {
 
     /// Appends resident node `i` as the most recent.
     fn link_newest(&mut self, i: u32) {
-        let tick = self.next_tick;
-        self.next_tick += 1;
-        let n = &mut self.nodes[i as usize];
-        n.prev = self.newest;
-        n.next = NIL;
-        n.tick = tick;
-        if self.newest == NIL {
-            self.oldest = i;
-        } else {
-            self.nodes[self.newest as usize].next = i;
+        if self.log.len() >= LOG_GROWTH * self.resident + LOG_SLACK {
+            self.compact();
         }
-        self.newest = i;
-    }
-
-    /// Takes resident node `i` out of the list (and the window).
-    fn unlink(&mut self, i: u32) {
-        let Node {
-            prev,
-            next,
-            in_window,
-            ..
-        } = self.nodes[i as usize];
-        if in_window {
-            // The window is a prefix, so `prev` is in it too.
-            self.nodes[i as usize].in_window = false;
-            self.window_len -= 1;
-            if self.window_edge == i {
-                self.window_edge = prev;
-            }
-        }
-        if prev == NIL {
-            self.oldest = next;
-        } else {
-            self.nodes[prev as usize].next = next;
-        }
-        if next == NIL {
-            self.newest = prev;
-        } else {
-            self.nodes[next as usize].prev = prev;
-        }
-    }
-
-    fn push_candidate(&mut self, i: u32) {
-        let n = &mut self.nodes[i as usize];
-        n.generation = n.generation.wrapping_add(1);
-        n.needs_push = false;
-        let c = Candidate {
-            pred: n.pred,
-            tick: n.tick,
+        let pos = self.log.len();
+        self.log.push(Entry {
+            pred: self.nodes[i as usize].pred,
             node: i,
-            generation: n.generation,
-        };
+        });
+        self.live.push_live(pos);
+        debug_assert!(pos <= u32::MAX as usize, "a log position fits a node's u32");
+        self.nodes[i as usize].pos = pos as u32;
+    }
+
+    /// Kills resident node `i`'s log entry (it leaves the window too).
+    fn unlink(&mut self, i: u32) {
+        let pos = self.nodes[i as usize].pos as usize;
+        self.live.clear(pos);
+        if pos < self.covered {
+            self.window_len -= 1;
+        }
+    }
+
+    /// Drops the dead log entries. The window's keys are the first live
+    /// ones, so it becomes the log's first `window_len` positions and the
+    /// heap is rebuilt from them.
+    fn compact(&mut self) {
+        let mut kept = 0;
+        let mut pos = self.head;
+        while let Some(p) = self.live.next_live(pos, self.log.len()) {
+            let e = self.log[p];
+            self.log[kept] = e;
+            self.nodes[e.node as usize].pos = kept as u32;
+            kept += 1;
+            pos = p + 1;
+        }
+        self.log.truncate(kept);
+        self.live.reset_to(kept);
+        self.head = 0;
+        self.covered = self.window_len;
+        self.rebuild_heap();
+    }
+
+    /// The heap becomes exactly the window's current predictions.
+    fn rebuild_heap(&mut self) {
+        self.pending.clear();
+        let (live, log, end) = (&self.live, &self.log, self.covered);
+        let positions = std::iter::successors(live.next_live(self.head, end), |&p| {
+            live.next_live(p + 1, end)
+        });
+        self.heap
+            .rebuild(positions.map(|p| Candidate::new(log[p].pred, p)));
+    }
+
+    fn live(&self, c: &Candidate) -> bool {
+        let p = c.pos();
+        p < self.covered && self.live.get(p) && order_bits(self.log[p].pred) == c.pred_bits()
+    }
+
+    fn push_candidate(&mut self, pos: usize) {
+        let c = Candidate::new(self.log[pos].pred, pos);
         // The last victim usually still sits on top: overwriting it costs
         // one sift-down instead of a pop and a push.
-        if let Some(mut top) = self.heap.peek_mut()
-            && !Self::live(&self.nodes, &top)
-        {
-            *top = c;
+        if self.heap.peek().is_some_and(|top| !self.live(top)) {
+            self.heap.replace_top(c);
         } else {
             self.heap.push(c);
         }
     }
 
-    fn live(nodes: &[Node], c: &Candidate) -> bool {
-        let n = &nodes[c.node as usize];
-        n.in_window && n.generation == c.generation
-    }
-
     /// Makes the window the `l` least-recent keys with every prediction in
     /// the heap, and sweeps the heap when mostly stale.
     fn prepare_window(&mut self, l: usize) {
-        while self.window_len > l {
-            let e = self.window_edge;
-            self.nodes[e as usize].in_window = false;
-            self.window_edge = self.nodes[e as usize].prev;
-            self.window_len -= 1;
+        if self.window_len > l {
+            self.covered = self.live.retreat(self.covered, self.window_len - l);
+            self.window_len = l;
+        }
+        let grow = l.saturating_sub(self.window_len);
+        if grow > self.heap.len() / 2 + HEAP_SLACK {
+            // A new phase resets λ and regrows the window by up to half the
+            // cache: one heapify over it beats a push per key.
+            let (covered, found) = self.live.advance(self.covered, grow);
+            self.covered = covered;
+            self.window_len += found;
+            self.rebuild_heap();
+            return;
         }
         while self.window_len < l {
-            let n = if self.window_edge == NIL {
-                self.oldest
-            } else {
-                self.nodes[self.window_edge as usize].next
-            };
-            if n == NIL {
+            let Some(p) = self.live.next_live(self.covered, self.log.len()) else {
                 break;
-            }
-            self.nodes[n as usize].in_window = true;
-            self.window_edge = n;
+            };
+            self.covered = p + 1;
             self.window_len += 1;
-            self.push_candidate(n);
+            self.push_candidate(p);
         }
         // Taken and put back so the buffer keeps its capacity (every eviction
         // passes here).
         let mut pending = std::mem::take(&mut self.pending);
-        for &i in &pending {
-            let n = self.nodes[i as usize];
-            if n.needs_push && n.in_window {
-                self.push_candidate(i);
+        for &p in &pending {
+            let p = p as usize;
+            if p < self.covered && self.live.get(p) {
+                self.push_candidate(p);
             }
-            self.nodes[i as usize].needs_push = false;
         }
         pending.clear();
         self.pending = pending;
         if self.heap.len() > 2 * self.window_len + HEAP_SLACK {
-            let nodes = &self.nodes;
-            self.heap.retain(|c| Self::live(nodes, c));
+            let mut heap = std::mem::take(&mut self.heap);
+            heap.retain(|c| self.live(c));
+            self.heap = heap;
         }
     }
 
-    /// The window key with the largest prediction (ties: least recent).
-    fn best_candidate(&mut self) -> Option<u32> {
+    /// Log position of the window key with the largest prediction (ties:
+    /// least recent).
+    fn best_candidate(&mut self) -> Option<usize> {
         while let Some(top) = self.heap.peek() {
-            if Self::live(&self.nodes, top) {
-                return Some(top.node);
+            if self.live(top) {
+                return Some(top.pos());
             }
             self.heap.pop();
         }
@@ -395,11 +510,15 @@ impl PredictiveLru {
     }
 
     fn set_node_prediction(&mut self, i: u32, pred: f64) {
+        let pred = sanitize(pred);
         let n = &mut self.nodes[i as usize];
-        n.pred = sanitize(pred);
-        if n.in_window && !n.needs_push {
-            n.needs_push = true;
-            self.pending.push(i);
+        n.pred = pred;
+        if n.resident {
+            let pos = n.pos as usize;
+            self.log[pos].pred = pred;
+            if pos < self.covered {
+                self.pending.push(pos as u32);
+            }
         }
     }
 
@@ -409,15 +528,18 @@ impl PredictiveLru {
             return;
         }
         self.phase += 1;
-        self.lambda = 1.0;
+        self.halvings = 0;
         self.distinct_in_phase = 0;
-        for key in std::mem::take(&mut self.phase_keys) {
-            if let Some(&i) = self.index.get(&key)
-                && !self.nodes[i as usize].resident
-            {
+        let ended = self.phase - 1;
+        let mut nodes = std::mem::take(&mut self.phase_nodes);
+        for &i in &nodes {
+            let n = &self.nodes[i as usize];
+            if !n.resident && (n.seen_phase == ended || n.pred_evicted_phase == ended) {
                 self.release(i);
             }
         }
+        nodes.clear();
+        self.phase_nodes = nodes;
     }
 
     /// Forget a key that just left the cache; a node the phase still needs
@@ -431,7 +553,7 @@ impl PredictiveLru {
         n.resident = false;
         let key = n.key;
         if laru && (n.seen_phase == phase || n.pred_evicted_phase == phase) {
-            self.phase_keys.push(key);
+            self.phase_nodes.push(i);
         } else {
             self.release(i);
         }
@@ -471,12 +593,17 @@ impl PredictiveLru {
 
     /// Resident nodes, least recent first.
     fn resident_lru_first(&self) -> impl Iterator<Item = u32> + '_ {
-        std::iter::successors(Some(self.oldest).filter(|&i| i != NIL), |&i| {
-            Some(self.nodes[i as usize].next).filter(|&n| n != NIL)
+        let end = self.log.len();
+        std::iter::successors(self.live.next_live(self.head, end), move |&p| {
+            self.live.next_live(p + 1, end)
         })
+        .map(|p| self.log[p].node)
     }
 
-    fn lru_victim(&self, ctx: &EvictCtx<'_>) -> Option<u32> {
+    fn lru_victim(&mut self, ctx: &EvictCtx<'_>) -> Option<u32> {
+        if let Some(p) = self.live.next_live(self.head, self.log.len()) {
+            self.head = p;
+        }
         self.resident_lru_first()
             .find(|&i| ctx.may_evict(self.nodes[i as usize].key))
     }
@@ -495,6 +622,11 @@ impl EvictionPolicy for PredictiveLru {
     fn access(&mut self, key: Key, now: u64) -> bool {
         let laru = self.is_laru();
         if laru {
+            if let Some(u) = self.unplaced.take()
+                && !self.nodes[u as usize].resident
+            {
+                self.phase_nodes.push(u);
+            }
             self.maybe_start_phase();
         }
         let phase = self.phase;
@@ -511,15 +643,16 @@ impl EvictionPolicy for PredictiveLru {
             }
         };
         let n = &mut self.nodes[i as usize];
+        // Any other non-resident node is a ghost already in phase_nodes.
+        let fresh = !n.resident && n.seen_phase == 0 && n.pred_evicted_phase == 0;
         if n.seen_phase != phase {
             n.seen_phase = phase;
             self.distinct_in_phase += 1;
         }
         n.last_access = now;
         if !n.resident {
-            if n.pred_evicted_phase != phase {
-                // Kept only for the phase count; dropped when the phase ends.
-                self.phase_keys.push(key);
+            if fresh {
+                self.unplaced = Some(i);
             }
             self.missing = Some(key);
             return false;
@@ -566,7 +699,7 @@ impl EvictionPolicy for PredictiveLru {
                 .is_some_and(|i| self.nodes[i as usize].pred_evicted_phase == phase);
         if proven_wrong {
             let victim = self.lru_victim(ctx)?;
-            self.lambda /= 2.0;
+            self.halvings = self.halvings.saturating_add(1);
             self.lru_fallbacks += 1;
             // One halving per returning key, however many pages its miss needs.
             self.missing = None;
@@ -582,6 +715,7 @@ impl EvictionPolicy for PredictiveLru {
         // Line 18: the candidate with the largest predicted next-access time.
         let best = self
             .best_candidate()
+            .map(|p| self.log[p].node)
             .expect("a non-empty window has a live entry");
         let victim = if ctx.may_evict(self.nodes[best as usize].key) {
             if self.is_laru() {
@@ -629,5 +763,54 @@ impl EvictionPolicy for PredictiveLru {
 
     fn uses_predictions(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LiveBits;
+    use rand::{RngExt, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn live_bits_walks_match_a_plain_scan() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for n in [0usize, 1, 63, 64, 65, 200, 517] {
+            let mut bits = LiveBits::default();
+            let mut plain = vec![true; n];
+            for p in 0..n {
+                bits.push_live(p);
+            }
+            for (p, live) in plain.iter_mut().enumerate() {
+                if rng.random_range(0..3) == 0 {
+                    bits.clear(p);
+                    *live = false;
+                }
+            }
+            let live: Vec<usize> = (0..n).filter(|&p| plain[p]).collect();
+            for from in 0..=n {
+                let after: Vec<usize> = live.iter().copied().filter(|&p| p >= from).collect();
+                assert_eq!(bits.next_live(from, n), after.first().copied());
+                for count in 0..=after.len() + 2 {
+                    let found = count.min(after.len());
+                    let end = if found == 0 {
+                        from
+                    } else {
+                        after[found - 1] + 1
+                    };
+                    assert_eq!(
+                        bits.advance(from, count),
+                        (end, found),
+                        "n {n} from {from} count {count}"
+                    );
+                }
+                let before: Vec<usize> = live.iter().copied().filter(|&p| p < from).collect();
+                for count in 1..=before.len() {
+                    assert_eq!(bits.retreat(from, count), before[before.len() - count]);
+                }
+            }
+            bits.reset_to(n);
+            assert_eq!(bits.advance(0, n + 1), (n, n));
+        }
     }
 }
