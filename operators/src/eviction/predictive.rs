@@ -163,6 +163,13 @@ impl LiveBits {
         }
     }
 
+    /// The live positions in `from..end`, in order.
+    fn positions(&self, from: usize, end: usize) -> impl Iterator<Item = usize> + '_ {
+        std::iter::successors(self.next_live(from, end), move |&p| {
+            self.next_live(p + 1, end)
+        })
+    }
+
     /// Moves from `from` past up to `count` live positions; returns the
     /// position just after the last one passed and how many were passed.
     fn advance(&self, from: usize, count: usize) -> (usize, usize) {
@@ -412,13 +419,11 @@ impl PredictiveLru {
     /// heap is rebuilt from them.
     fn compact(&mut self) {
         let mut kept = 0;
-        let mut pos = self.head;
-        while let Some(p) = self.live.next_live(pos, self.log.len()) {
+        for p in self.live.positions(self.head, self.log.len()) {
             let e = self.log[p];
             self.log[kept] = e;
             self.nodes[e.node as usize].pos = kept as u32;
             kept += 1;
-            pos = p + 1;
         }
         self.log.truncate(kept);
         self.live.reset_to(kept);
@@ -430,12 +435,10 @@ impl PredictiveLru {
     /// The heap becomes exactly the window's current predictions.
     fn rebuild_heap(&mut self) {
         self.pending.clear();
-        let (live, log, end) = (&self.live, &self.log, self.covered);
-        let positions = std::iter::successors(live.next_live(self.head, end), |&p| {
-            live.next_live(p + 1, end)
-        });
+        let log = &self.log;
+        let window = self.live.positions(self.head, self.covered);
         self.heap
-            .rebuild(positions.map(|p| Candidate::new(log[p].pred, p)));
+            .rebuild(window.map(|p| Candidate::new(log[p].pred, p)));
     }
 
     fn live(&self, c: &Candidate) -> bool {
@@ -593,11 +596,9 @@ impl PredictiveLru {
 
     /// Resident nodes, least recent first.
     fn resident_lru_first(&self) -> impl Iterator<Item = u32> + '_ {
-        let end = self.log.len();
-        std::iter::successors(self.live.next_live(self.head, end), move |&p| {
-            self.live.next_live(p + 1, end)
-        })
-        .map(|p| self.log[p].node)
+        self.live
+            .positions(self.head, self.log.len())
+            .map(|p| self.log[p].node)
     }
 
     fn lru_victim(&mut self, ctx: &EvictCtx<'_>) -> Option<u32> {
@@ -788,6 +789,7 @@ mod tests {
                 }
             }
             let live: Vec<usize> = (0..n).filter(|&p| plain[p]).collect();
+            assert_eq!(bits.positions(0, n).collect::<Vec<_>>(), live);
             for from in 0..=n {
                 let after: Vec<usize> = live.iter().copied().filter(|&p| p >= from).collect();
                 assert_eq!(bits.next_live(from, n), after.first().copied());
