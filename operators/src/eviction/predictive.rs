@@ -441,7 +441,9 @@ impl PredictiveLru {
             .rebuild(window.map(|p| Candidate::new(log[p].pred, p)));
     }
 
-    fn live(&self, c: &Candidate) -> bool {
+    /// Whether a heap entry still stands for a window key's current
+    /// prediction (its log entry is live, in the window and unchanged).
+    fn is_current(&self, c: &Candidate) -> bool {
         let p = c.pos();
         p < self.covered && self.live.get(p) && order_bits(self.log[p].pred) == c.pred_bits()
     }
@@ -450,7 +452,7 @@ impl PredictiveLru {
         let c = Candidate::new(self.log[pos].pred, pos);
         // The last victim usually still sits on top: overwriting it costs
         // one sift-down instead of a pop and a push.
-        if self.heap.peek().is_some_and(|top| !self.live(top)) {
+        if self.heap.peek().is_some_and(|top| !self.is_current(top)) {
             self.heap.replace_top(c);
         } else {
             self.heap.push(c);
@@ -495,7 +497,7 @@ impl PredictiveLru {
         self.pending = pending;
         if self.heap.len() > 2 * self.window_len + HEAP_SLACK {
             let mut heap = std::mem::take(&mut self.heap);
-            heap.retain(|c| self.live(c));
+            heap.retain(|c| self.is_current(c));
             self.heap = heap;
         }
     }
@@ -504,7 +506,7 @@ impl PredictiveLru {
     /// least recent).
     fn best_candidate(&mut self) -> Option<usize> {
         while let Some(top) = self.heap.peek() {
-            if self.live(top) {
+            if self.is_current(top) {
                 return Some(top.pos());
             }
             self.heap.pop();
