@@ -45,8 +45,10 @@ pub enum Mode {
 pub const HF_CANDIDATES: usize = 4;
 /// Rank of a key without a prediction.
 const UNKNOWN: f64 = f64::INFINITY;
-/// Stale heap entries tolerated beyond the live ones before a sweep.
-const HEAP_SLACK: usize = 64;
+/// Stale heap entries tolerated beyond twice the live ones before a sweep.
+/// A sweep costs a few instructions per entry; a stale entry that surfaces
+/// costs a whole sift, so sweep early (small caches halve λ often).
+const HEAP_SLACK: usize = 8;
 /// The log is compacted when it reaches this many times the resident keys
 /// (plus a slack): a compaction writes every resident node, so it should
 /// come rarely, and the dead entries cost only a bit scan meanwhile.
@@ -337,6 +339,7 @@ impl PredictiveLru {
         }
     }
 
+    #[inline(always)]
     fn find(&mut self, key: Key) -> Option<u32> {
         if let Some((k, i)) = self.recent
             && k == key
@@ -349,6 +352,7 @@ impl PredictiveLru {
     }
 
     /// The node of `key`, created (not resident) when new.
+    #[inline(always)]
     fn node_for(&mut self, key: Key, now: u64) -> u32 {
         if let Some(i) = self.find(key) {
             return i;
@@ -377,6 +381,7 @@ impl PredictiveLru {
         i
     }
 
+    #[inline(always)]
     fn release(&mut self, i: u32) {
         let n = &mut self.nodes[i as usize];
         debug_assert!(!n.resident);
@@ -391,6 +396,7 @@ impl PredictiveLru {
     }
 
     /// Appends resident node `i` as the most recent.
+    #[inline(always)]
     fn link_newest(&mut self, i: u32) {
         if self.log.len() >= LOG_GROWTH * self.resident + LOG_SLACK {
             self.compact();
@@ -406,6 +412,7 @@ impl PredictiveLru {
     }
 
     /// Kills resident node `i`'s log entry (it leaves the window too).
+    #[inline(always)]
     fn unlink(&mut self, i: u32) {
         let pos = self.nodes[i as usize].pos as usize;
         self.live.clear(pos);
@@ -443,11 +450,13 @@ impl PredictiveLru {
 
     /// Whether a heap entry still stands for a window key's current
     /// prediction (its log entry is live, in the window and unchanged).
+    #[inline(always)]
     fn is_current(&self, c: &Candidate) -> bool {
         let p = c.pos();
         p < self.covered && self.live.get(p) && order_bits(self.log[p].pred) == c.pred_bits()
     }
 
+    #[inline(always)]
     fn push_candidate(&mut self, pos: usize) {
         let c = Candidate::new(self.log[pos].pred, pos);
         // The last victim usually still sits on top: overwriting it costs
@@ -514,6 +523,7 @@ impl PredictiveLru {
         None
     }
 
+    #[inline(always)]
     fn set_node_prediction(&mut self, i: u32, pred: f64) {
         let pred = sanitize(pred);
         let n = &mut self.nodes[i as usize];
@@ -549,6 +559,7 @@ impl PredictiveLru {
 
     /// Forget a key that just left the cache; a node the phase still needs
     /// (requested or prediction-evicted in it) stays until the phase ends.
+    #[inline(always)]
     fn retire(&mut self, i: u32) -> Key {
         self.unlink(i);
         self.resident -= 1;

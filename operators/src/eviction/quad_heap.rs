@@ -51,12 +51,15 @@ impl<T: Ord + Copy> QuadHeap<T> {
     }
 
     /// Replaces the largest item by `item` (one sift instead of a pop and a
-    /// push); pushes when empty.
+    /// push); pushes when empty. The sift stops as soon as `item` is in
+    /// place: LARU's replacement is a fresh prediction, usually among the
+    /// largest, so going to the bottom and back (as `pop` does) would waste
+    /// both trips.
     pub fn replace_top(&mut self, item: T) {
         match self.items.first_mut() {
             Some(top) => {
                 *top = item;
-                self.sift_down_to_bottom();
+                self.sift_down(0);
             }
             None => self.items.push(item),
         }
