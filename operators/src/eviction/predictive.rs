@@ -65,13 +65,17 @@ struct Node {
     pred: f64,
     /// Position of its live log entry (resident keys only).
     pos: u32,
+    /// Tag of the phase in which the key was last requested (0: none).
+    seen_phase: u32,
+    /// Tag of the phase in which the key was last evicted by prediction
+    /// (Alg. 1 line 18; 0: none).
+    pred_evicted_phase: u32,
     resident: bool,
-    last_access: u64,
-    /// Phase in which the key was last requested.
-    seen_phase: u64,
-    /// Phase in which the key was last evicted by prediction (Alg. 1 line 18).
-    pred_evicted_phase: u64,
 }
+
+// Two nodes per cache line: on large caches a request's cost is mostly
+// cache misses on nodes.
+const _: () = assert!(std::mem::size_of::<Node>() == 32);
 
 /// One request in the recency log.
 #[derive(Debug, Clone, Copy)]
@@ -254,6 +258,11 @@ pub struct PredictiveLru {
     pending: Vec<u32>,
     /// Current phase (LARU), from 1.
     phase: u64,
+    /// The current phase's tag in nodes: 32 bits keep a node at 32 bytes;
+    /// every tag is cleared when it would wrap.
+    tag: u32,
+    /// Sync: each node's last request time (the predictor's query).
+    last_access: Vec<u64>,
     distinct_in_phase: usize,
     /// Confidence λ = 2^-halvings (it only ever halves and resets to 1).
     halvings: u32,
@@ -292,6 +301,8 @@ impl PredictiveLru {
             heap: QuadHeap::new(),
             pending: Vec::new(),
             phase: 1,
+            tag: 1,
+            last_access: Vec::new(),
             distinct_in_phase: 0,
             halvings: 0,
             phase_nodes: Vec::new(),
@@ -353,7 +364,7 @@ impl PredictiveLru {
 
     /// The node of `key`, created (not resident) when new.
     #[inline(always)]
-    fn node_for(&mut self, key: Key, now: u64) -> u32 {
+    fn node_for(&mut self, key: Key) -> u32 {
         if let Some(i) = self.find(key) {
             return i;
         }
@@ -361,10 +372,9 @@ impl PredictiveLru {
             key,
             pred: UNKNOWN,
             pos: 0,
-            resident: false,
-            last_access: now,
             seen_phase: 0,
             pred_evicted_phase: 0,
+            resident: false,
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -545,7 +555,7 @@ impl PredictiveLru {
         self.phase += 1;
         self.halvings = 0;
         self.distinct_in_phase = 0;
-        let ended = self.phase - 1;
+        let ended = self.tag;
         let mut nodes = std::mem::take(&mut self.phase_nodes);
         for &i in &nodes {
             let n = &self.nodes[i as usize];
@@ -555,6 +565,26 @@ impl PredictiveLru {
         }
         nodes.clear();
         self.phase_nodes = nodes;
+        self.tag = ended.checked_add(1).unwrap_or_else(|| {
+            // Only resident nodes are left, and an old tag means the same
+            // to them as none.
+            for n in &mut self.nodes {
+                n.seen_phase = 0;
+                n.pred_evicted_phase = 0;
+            }
+            1
+        });
+    }
+
+    /// Sync mode queries the predictor with each key's last request time.
+    fn note_request(&mut self, i: u32, now: u64) {
+        if self.mode == Mode::LaruSync {
+            let i = i as usize;
+            if i >= self.last_access.len() {
+                self.last_access.resize(i + 1, 0);
+            }
+            self.last_access[i] = now;
+        }
     }
 
     /// Forget a key that just left the cache; a node the phase still needs
@@ -563,7 +593,7 @@ impl PredictiveLru {
     fn retire(&mut self, i: u32) -> Key {
         self.unlink(i);
         self.resident -= 1;
-        let phase = self.phase;
+        let phase = self.tag;
         let laru = self.is_laru();
         let n = &mut self.nodes[i as usize];
         n.resident = false;
@@ -596,7 +626,7 @@ impl PredictiveLru {
             .filter_map(|k| {
                 let &i = self.index.get(&k)?;
                 let n = &self.nodes[i as usize];
-                n.resident.then_some((i, (k, n.last_access)))
+                n.resident.then_some((i, (k, self.last_access[i as usize])))
             })
             .collect();
         let queries: Vec<(Key, u64)> = items.iter().map(|&(_, q)| q).collect();
@@ -643,9 +673,9 @@ impl EvictionPolicy for PredictiveLru {
             }
             self.maybe_start_phase();
         }
-        let phase = self.phase;
+        let phase = self.tag;
         let i = if laru {
-            self.node_for(key, now)
+            self.node_for(key)
         } else {
             // Without phases a key's node lives exactly while it is resident.
             match self.find(key) {
@@ -663,8 +693,9 @@ impl EvictionPolicy for PredictiveLru {
             n.seen_phase = phase;
             self.distinct_in_phase += 1;
         }
-        n.last_access = now;
-        if !n.resident {
+        let resident = n.resident;
+        self.note_request(i, now);
+        if !resident {
             if fresh {
                 self.unplaced = Some(i);
             }
@@ -686,13 +717,12 @@ impl EvictionPolicy for PredictiveLru {
         if self.missing == Some(key) {
             self.missing = None;
         }
-        let i = self.node_for(key, now);
+        let i = self.node_for(key);
         if self.nodes[i as usize].resident {
             return;
         }
-        let n = &mut self.nodes[i as usize];
-        n.resident = true;
-        n.last_access = now;
+        self.nodes[i as usize].resident = true;
+        self.note_request(i, now);
         self.resident += 1;
         self.link_newest(i);
         if self.mode == Mode::LaruSync {
@@ -704,7 +734,7 @@ impl EvictionPolicy for PredictiveLru {
         if self.resident == 0 {
             return None;
         }
-        let phase = self.phase;
+        let phase = self.tag;
         // Line 10: the missing key was evicted by prediction in this phase.
         let proven_wrong = self.is_laru()
             && self
@@ -782,7 +812,8 @@ impl EvictionPolicy for PredictiveLru {
 
 #[cfg(test)]
 mod tests {
-    use super::LiveBits;
+    use super::{LiveBits, Mode, PredictiveLru};
+    use crate::eviction::{EvictCtx, EvictionPolicy};
     use rand::{RngExt, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -827,5 +858,34 @@ mod tests {
             bits.reset_to(n);
             assert_eq!(bits.advance(0, n + 1), (n, n));
         }
+    }
+
+    #[test]
+    fn phase_tags_wrap_without_changing_victims() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let cap = 8;
+        let mut plain = PredictiveLru::new(Mode::LaruAsync, cap);
+        let mut wrapping = PredictiveLru::new(Mode::LaruAsync, cap);
+        wrapping.tag = u32::MAX - 3;
+        for now in 0..5_000u64 {
+            let key = rng.random_range(0..30u64);
+            let pred = now as f64 + rng.random_range(0.0..60.0);
+            let mut victims = Vec::new();
+            for cache in [&mut plain, &mut wrapping] {
+                let hit = cache.access(key, now);
+                let mut victim = None;
+                if !hit {
+                    if cache.len() >= cap {
+                        victim = cache.evict(now, &mut EvictCtx::default());
+                    }
+                    cache.insert(key, now);
+                }
+                cache.set_prediction(key, pred);
+                victims.push((hit, victim, cache.lambda(), cache.eviction_counts()));
+            }
+            assert_eq!(victims[0], victims[1], "request {now}");
+        }
+        assert!(wrapping.tag < 1_000, "the tag wrapped");
+        assert!(plain.eviction_counts().1 > 0, "lambda halved at least once");
     }
 }
