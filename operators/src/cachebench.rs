@@ -71,6 +71,10 @@ pub struct BenchConfig {
     pub noise: Vec<f64>,
     pub predictor: PredictorConfig,
     pub noise_seed: u64,
+    /// Replays per cell; a row reports the fastest. The cells take turns
+    /// (every cell once, then again), so a slow spell of the machine falls
+    /// on all policies alike and their cost ratios hold.
+    pub repeat: usize,
 }
 
 impl Default for BenchConfig {
@@ -81,6 +85,7 @@ impl Default for BenchConfig {
             noise: vec![0.0],
             predictor: PredictorConfig::default(),
             noise_seed: 0x5eed,
+            repeat: 1,
         }
     }
 }
@@ -328,11 +333,29 @@ pub fn run_cell(
 pub fn run(trace: &str, stream: impl Into<AccessStream>, cfg: &BenchConfig) -> Vec<BenchRow> {
     let with_predictor = cfg.policies.iter().any(|p| p.uses_predictions());
     let prep = PreparedTrace::new(stream.into(), cfg.predictor, with_predictor);
-    let mut rows = Vec::new();
+    let mut cells = Vec::new();
     for &policy in &cfg.policies {
         for &ratio in &cfg.ratios {
             for &noise in &cfg.noise {
-                rows.push(run_cell(trace, &prep, policy, ratio, noise, cfg.noise_seed));
+                cells.push((policy, ratio, noise));
+            }
+        }
+    }
+    let mut rows: Vec<BenchRow> = Vec::with_capacity(cells.len());
+    for round in 0..cfg.repeat.max(1) {
+        for (c, &(policy, ratio, noise)) in cells.iter().enumerate() {
+            let row = run_cell(trace, &prep, policy, ratio, noise, cfg.noise_seed);
+            if round == 0 {
+                rows.push(row);
+                continue;
+            }
+            let best = &mut rows[c];
+            assert_eq!(
+                row.hits, best.hits,
+                "a replay of {policy:?} is not deterministic"
+            );
+            if row.ns_per_access < best.ns_per_access {
+                *best = row;
             }
         }
     }

@@ -99,8 +99,10 @@ fn perfect(keys: &[Key]) -> Vec<f64> {
 fn synthetic_trace_has_known_counts() {
     let keys = synthetic_keys();
     assert_eq!(keys.len(), 3000);
+    // Three rounds: repeated replays keep the rows, their order and counts.
     let cfg = BenchConfig {
         policies: vec![PolicyName::Lru, PolicyName::Opt],
+        repeat: 3,
         ..BenchConfig::default()
     };
     let rows = cachebench::run("synthetic", keys.clone(), &cfg);

@@ -31,6 +31,10 @@ pub struct Args {
     /// Prediction noise probabilities (LCR §5.2), comma list.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub noise: Vec<f64>,
+    /// Replays per cell, taking turns across cells; each row reports its
+    /// fastest replay (per-access costs on a shared machine are noisy).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
     /// Print a JSON array instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -72,14 +76,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         |n| n.to_string_lossy().into_owned(),
     );
     eprintln!(
-        "replaying {} accesses of {name} through {} cell(s)...",
+        "replaying {} accesses of {name} through {} cell(s), {} time(s) each...",
         accesses.keys.len(),
-        policies.len() * args.capacity_ratio.len() * args.noise.len()
+        policies.len() * args.capacity_ratio.len() * args.noise.len(),
+        args.repeat
     );
     let cfg = BenchConfig {
         ratios: args.capacity_ratio,
         policies,
         noise: args.noise,
+        repeat: args.repeat as usize,
         ..BenchConfig::default()
     };
     let rows = run_bench(&name, accesses, &cfg);
