@@ -593,12 +593,12 @@ impl PredictiveLru {
     fn retire(&mut self, i: u32) -> Key {
         self.unlink(i);
         self.resident -= 1;
-        let phase = self.tag;
+        let tag = self.tag;
         let laru = self.is_laru();
         let n = &mut self.nodes[i as usize];
         n.resident = false;
         let key = n.key;
-        if laru && (n.seen_phase == phase || n.pred_evicted_phase == phase) {
+        if laru && (n.seen_phase == tag || n.pred_evicted_phase == tag) {
             self.phase_nodes.push(i);
         } else {
             self.release(i);
@@ -673,7 +673,7 @@ impl EvictionPolicy for PredictiveLru {
             }
             self.maybe_start_phase();
         }
-        let phase = self.tag;
+        let tag = self.tag;
         let i = if laru {
             self.node_for(key)
         } else {
@@ -689,8 +689,8 @@ impl EvictionPolicy for PredictiveLru {
         let n = &mut self.nodes[i as usize];
         // Any other non-resident node is a ghost already in phase_nodes.
         let fresh = !n.resident && n.seen_phase == 0 && n.pred_evicted_phase == 0;
-        if n.seen_phase != phase {
-            n.seen_phase = phase;
+        if n.seen_phase != tag {
+            n.seen_phase = tag;
             self.distinct_in_phase += 1;
         }
         let resident = n.resident;
@@ -734,13 +734,13 @@ impl EvictionPolicy for PredictiveLru {
         if self.resident == 0 {
             return None;
         }
-        let phase = self.tag;
+        let tag = self.tag;
         // Line 10: the missing key was evicted by prediction in this phase.
         let proven_wrong = self.is_laru()
             && self
                 .missing
                 .and_then(|k| self.find(k))
-                .is_some_and(|i| self.nodes[i as usize].pred_evicted_phase == phase);
+                .is_some_and(|i| self.nodes[i as usize].pred_evicted_phase == tag);
         if proven_wrong {
             let victim = self.lru_victim(ctx)?;
             self.halvings = self.halvings.saturating_add(1);
@@ -763,7 +763,7 @@ impl EvictionPolicy for PredictiveLru {
             .expect("a non-empty window has a live entry");
         let victim = if ctx.may_evict(self.nodes[best as usize].key) {
             if self.is_laru() {
-                self.nodes[best as usize].pred_evicted_phase = phase;
+                self.nodes[best as usize].pred_evicted_phase = tag;
             }
             self.prediction_evictions += 1;
             best
