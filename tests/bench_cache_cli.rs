@@ -5,10 +5,12 @@ use std::process::Command;
 
 use serde_json::Value;
 
+#[path = "common/temp.rs"]
+mod temp;
+use temp::tmp_dir;
+
 fn seq_trace() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("grflow-test-{}-bench-cache", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tmp_dir("bench-cache");
     // 2,000 requests over 200 items, skewed so that caches of 10–40 keys
     // hit sometimes and miss often.
     let mut x: u64 = 12345;

@@ -7,7 +7,8 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::kafka::{Serve, Tail, Topics, answers_by_req, broker, produce, tmp_dir, write_config};
+use common::kafka::{Serve, Tail, Topics, answers_by_req, broker, produce, write_config};
+use common::temp::tmp_dir;
 use grflow_connectors::kafka::{KafkaSettings, RecordId, WireResponse, scan_answered};
 use serde_json::json;
 

@@ -6,15 +6,12 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "common/temp.rs"]
+mod temp;
+use temp::tmp_dir;
+
 fn grflow() -> Command {
     Command::new(env!("CARGO_BIN_EXE_grflow"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("grflow-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn ok(out: Output) -> Output {
@@ -90,7 +87,7 @@ fn conserved(summary: &Value) {
 
 #[test]
 fn replay_of_generated_trace_conserves_requests_on_1_2_4_workers() {
-    let dir = tmp("gen");
+    let dir = tmp_dir("gen");
     let trace = gen_trace(&dir, "burst", 400);
     for workers in [1, 2, 4] {
         let summary = replay_json(&trace, workers, None);
@@ -102,7 +99,7 @@ fn replay_of_generated_trace_conserves_requests_on_1_2_4_workers() {
 
 #[test]
 fn replay_of_imported_trace_conserves_requests() {
-    let dir = tmp("import");
+    let dir = tmp_dir("import");
     let inter = dir.join("tiny.inter");
     let mut text = String::from("user_id:token\titem_id:token\trating:float\ttimestamp:float\n");
     for i in 0..300u32 {
@@ -130,7 +127,7 @@ fn replay_of_imported_trace_conserves_requests() {
 
 #[test]
 fn replay_writes_the_documented_outputs() {
-    let dir = tmp("outputs");
+    let dir = tmp_dir("outputs");
     let trace = gen_trace(&dir, "steady", 200);
     let out = dir.join("out");
     let summary = replay_json(&trace, 2, Some(&out));
@@ -186,7 +183,7 @@ fn missing_trace_is_a_clear_error_with_exit_code_2() {
 
 #[test]
 fn corrupt_parquet_is_a_clear_error_with_exit_code_2() {
-    let dir = tmp("corrupt");
+    let dir = tmp_dir("corrupt");
     let trace = gen_trace(&dir, "steady", 100);
     let requests = trace.join("requests.parquet");
     let bytes = std::fs::read(&requests).unwrap();
@@ -208,7 +205,7 @@ fn corrupt_parquet_is_a_clear_error_with_exit_code_2() {
 
 #[test]
 fn unknown_config_key_is_a_clear_error_with_exit_code_2() {
-    let dir = tmp("config");
+    let dir = tmp_dir("config");
     let cfg = dir.join("bad.toml");
     std::fs::write(&cfg, "[memory]\nalpah = 0.3\n").unwrap();
     let out = grflow()
@@ -247,7 +244,7 @@ fn string_column(path: &Path, column: &str) -> Vec<String> {
 
 #[test]
 fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
-    let dir = tmp("bad-row");
+    let dir = tmp_dir("bad-row");
     let mut trace = grflow_traces::generate(&grflow_traces::GenConfig {
         users: 100,
         items: 1000,
@@ -290,7 +287,7 @@ fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
 
 #[test]
 fn retrieve_requests_are_served_by_beam_search_and_the_event_clock_is_deterministic() {
-    let dir = tmp("retrieve");
+    let dir = tmp_dir("retrieve");
     let trace = dir.join("trace");
     ok(grflow()
         .args(["gen-trace", "--regime", "steady", "--users", "80"])

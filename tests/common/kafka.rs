@@ -78,13 +78,6 @@ impl Topics {
     }
 }
 
-pub fn tmp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("grflow-kafka-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// A serve config for `topics`; `kafka_extra` lines go into [kafka].
 pub fn write_config(dir: &Path, topics: &Topics, kafka_extra: &str) -> PathBuf {
     let text = format!(

@@ -1,1 +1,2 @@
 pub mod kafka;
+pub mod temp;
