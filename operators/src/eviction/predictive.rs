@@ -7,23 +7,21 @@
 //! first model cannot sit in the cache forever, and with no predictions at
 //! all every mode is LRU.
 //!
-//! Recency is an append-only log: every request appends the key's entry
-//! (its prediction and node) and clears the bit of its previous one, so the
-//! live entries, in log order, are the resident keys from least to most
-//! recent. A request touches the key's node, one bit and the log's tail,
-//! instead of a linked list's neighbours. The log is compacted when it
-//! reaches four times the resident keys.
+//! Recency is a doubly linked list over a slab of nodes, exactly as in
+//! [`super::Lru`], so a hit costs what an LRU hit costs plus a few writes
+//! to the key's own node. Every link stamps the node with a counter, so
+//! stamps order the resident keys from least to most recent.
 //!
 //! The l least-recent keys (the *window*, Alg. 1 line 17's candidate set)
-//! are the live entries below `covered`, so the window only changes at its
-//! edge, and growing it reads the log sequentially. A max-heap holds the
-//! window's predictions with lazy deletion: an entry is skipped (or swept
-//! out when stale entries outnumber live ones) once its log entry died, left
-//! the window or got a new prediction. Heap pushes wait until an eviction
-//! needs the heap, so a hit costs a hash lookup and an append, and choosing
-//! a victim costs O(log k) amortised (a 4-ary heap: half the levels of a
-//! binary one). When a new phase resets λ and the window regrows by more
-//! than half the heap, one heapify replaces the pushes.
+//! are the list's oldest segment, up to a boundary node, and each node
+//! knows whether it is inside. The window changes only at its edge: a new
+//! eviction extends it towards newer keys, a halved λ pulls the edge back.
+//! A max-heap (4-ary) holds the window's predictions with lazy deletion: an
+//! entry is skipped, or swept out when stale entries outnumber live ones,
+//! once its node left the window, was linked again (new stamp) or got a new
+//! prediction. Choosing a victim costs O(log k) amortised. When a new phase
+//! resets λ and the window regrows by more than half the heap, one heapify
+//! replaces the pushes.
 
 use super::quad_heap::QuadHeap;
 use super::{EvictCtx, EvictionPolicy, Key, KeyMap, PredictOracle, key_map};
@@ -49,11 +47,8 @@ const UNKNOWN: f64 = f64::INFINITY;
 /// A sweep costs a few instructions per entry; a stale entry that surfaces
 /// costs a whole sift, so sweep early (small caches halve λ often).
 const HEAP_SLACK: usize = 8;
-/// The log is compacted when it reaches this many times the resident keys
-/// (plus a slack): a compaction writes every resident node, so it should
-/// come rarely, and the dead entries cost only a bit scan meanwhile.
-const LOG_GROWTH: usize = 4;
-const LOG_SLACK: usize = 64;
+/// No node (list ends, empty window).
+const NIL: u32 = u32::MAX;
 
 /// A key the policy knows: resident, or kept for the current phase's
 /// bookkeeping (requested or prediction-evicted in it).
@@ -63,40 +58,37 @@ struct Node {
     /// Its latest prediction (kept while not resident: the cache may
     /// predict before it inserts).
     pred: f64,
-    /// Position of its live log entry (resident keys only).
-    pos: u32,
+    /// Recency neighbours (resident keys only; NIL at the list's ends).
+    newer: u32,
+    older: u32,
+    /// Link counter at its last request: orders resident keys by recency.
+    stamp: u32,
     /// Tag of the phase in which the key was last requested (0: none).
     seen_phase: u32,
     /// Tag of the phase in which the key was last evicted by prediction
     /// (Alg. 1 line 18; 0: none).
     pred_evicted_phase: u32,
     resident: bool,
-}
-
-// Two nodes per cache line: on large caches a request's cost is mostly
-// cache misses on nodes.
-const _: () = assert!(std::mem::size_of::<Node>() == 32);
-
-/// One request in the recency log.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    pred: f64,
-    node: u32,
+    in_window: bool,
 }
 
 /// A heap entry, ordered as one integer: larger prediction first, then the
-/// less recent (smaller log position). One integer comparison instead of
-/// two float and one integer keeps the pop path short.
+/// less recent (smaller stamp), then the node (never reached: stamps are
+/// unique). One integer comparison keeps the sift short.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Candidate(u128);
 
 impl Candidate {
-    fn new(pred: f64, pos: usize) -> Self {
-        Self(((order_bits(pred) as u128) << 64) | (u64::MAX - pos as u64) as u128)
+    fn new(pred: f64, stamp: u32, node: u32) -> Self {
+        Self((order_bits(pred) as u128) << 64 | ((u32::MAX - stamp) as u128) << 32 | node as u128)
     }
 
-    fn pos(self) -> usize {
-        (u64::MAX - self.0 as u64) as usize
+    fn node(self) -> u32 {
+        self.0 as u32
+    }
+
+    fn stamp(self) -> u32 {
+        u32::MAX - (self.0 >> 32) as u32
     }
 
     fn pred_bits(self) -> u64 {
@@ -123,114 +115,6 @@ fn sanitize(pred: f64) -> f64 {
     }
 }
 
-/// One bit per log position: whether the entry is live.
-#[derive(Debug, Default)]
-struct LiveBits {
-    words: Vec<u64>,
-}
-
-impl LiveBits {
-    fn get(&self, pos: usize) -> bool {
-        self.words[pos >> 6] >> (pos & 63) & 1 == 1
-    }
-
-    /// Sets the bit of `pos`, the log's new last position.
-    fn push_live(&mut self, pos: usize) {
-        if pos >> 6 == self.words.len() {
-            self.words.push(0);
-        }
-        self.words[pos >> 6] |= 1 << (pos & 63);
-    }
-
-    fn clear(&mut self, pos: usize) {
-        self.words[pos >> 6] &= !(1 << (pos & 63));
-    }
-
-    /// Exactly positions `0..n` live.
-    fn reset_to(&mut self, n: usize) {
-        self.words.clear();
-        self.words.resize(n / 64, u64::MAX);
-        if !n.is_multiple_of(64) {
-            self.words.push((1 << (n % 64)) - 1);
-        }
-    }
-
-    /// The first live position at or after `from`, below `end`.
-    fn next_live(&self, from: usize, end: usize) -> Option<usize> {
-        let mut w = from >> 6;
-        let mut bits = self.words.get(w)? & (u64::MAX << (from & 63));
-        loop {
-            if bits != 0 {
-                let pos = (w << 6) + bits.trailing_zeros() as usize;
-                return (pos < end).then_some(pos);
-            }
-            w += 1;
-            bits = *self.words.get(w)?;
-        }
-    }
-
-    /// The live positions in `from..end`, in order.
-    fn positions(&self, from: usize, end: usize) -> impl Iterator<Item = usize> + '_ {
-        std::iter::successors(self.next_live(from, end), move |&p| {
-            self.next_live(p + 1, end)
-        })
-    }
-
-    /// Moves from `from` past up to `count` live positions; returns the
-    /// position just after the last one passed and how many were passed.
-    fn advance(&self, from: usize, count: usize) -> (usize, usize) {
-        let mut left = count;
-        let mut w = from >> 6;
-        let Some(&first) = self.words.get(w) else {
-            return (from, 0);
-        };
-        let mut bits = first & (u64::MAX << (from & 63));
-        let mut end = from;
-        while left > 0 {
-            let ones = bits.count_ones() as usize;
-            if ones >= left {
-                for _ in 1..left {
-                    bits &= bits - 1;
-                }
-                return ((w << 6) + bits.trailing_zeros() as usize + 1, count);
-            }
-            if ones > 0 {
-                end = (w << 6) + 64 - bits.leading_zeros() as usize;
-            }
-            left -= ones;
-            w += 1;
-            match self.words.get(w) {
-                Some(&b) => bits = b,
-                None => break,
-            }
-        }
-        (end, count - left)
-    }
-
-    /// The position `p` below `end` such that `p..end` holds exactly
-    /// `count` live positions, the first of them at `p`; there must be as
-    /// many before `end`.
-    fn retreat(&self, end: usize, count: usize) -> usize {
-        debug_assert!(count > 0);
-        let mut left = count;
-        let last = end - 1;
-        let mut w = last >> 6;
-        let mut bits = self.words[w] & (u64::MAX >> (63 - (last & 63)));
-        loop {
-            let ones = bits.count_ones() as usize;
-            if ones >= left {
-                for _ in 1..left {
-                    bits &= !(1 << (63 - bits.leading_zeros()));
-                }
-                return (w << 6) + 63 - bits.leading_zeros() as usize;
-            }
-            left -= ones;
-            w -= 1;
-            bits = self.words[w];
-        }
-    }
-}
-
 /// LARU / FPB / HF over one cache.
 #[derive(Debug)]
 pub struct PredictiveLru {
@@ -244,37 +128,35 @@ pub struct PredictiveLru {
     recent: Option<(Key, u32)>,
     nodes: Vec<Node>,
     free: Vec<u32>,
-    /// Recency log; its live entries are the resident keys, least recent first.
-    log: Vec<Entry>,
-    live: LiveBits,
-    /// No live entry lies before this position.
-    head: usize,
+    /// Ends of the recency list.
+    newest: u32,
+    oldest: u32,
     resident: usize,
-    /// The window is the live entries below this log position.
-    covered: usize,
+    /// The next link's stamp; stamps are renumbered on reaching the limit
+    /// (u32::MAX; tests lower it to renumber often).
+    next_stamp: u32,
+    stamp_limit: u32,
+    /// The newest node in the window (NIL: the window is empty); the window
+    /// runs from `oldest` up to it.
+    window_edge: u32,
     window_len: usize,
     heap: QuadHeap<Candidate>,
-    /// Window positions whose new prediction is not yet in the heap.
-    pending: Vec<u32>,
     /// Current phase (LARU), from 1.
     phase: u64,
-    /// The current phase's tag in nodes: 32 bits keep a node at 32 bytes;
-    /// every tag is cleared when it would wrap.
+    /// The current phase's tag in nodes: 32 bits keep nodes small; every
+    /// tag is cleared when it would wrap.
     tag: u32,
     /// Sync: each node's last request time (the predictor's query).
     last_access: Vec<u64>,
     distinct_in_phase: usize,
     /// Confidence λ = 2^-halvings (it only ever halves and resets to 1).
     halvings: u32,
-    /// Nodes the current phase needs (requested or prediction-evicted in
-    /// it); those not resident when it ends are released. Never released
-    /// before, so the indices stay valid.
+    /// Nodes the current phase needs (created, requested or
+    /// prediction-evicted in it); those not resident when it ends are
+    /// released. Never released before, so the indices stay valid.
     phase_nodes: Vec<u32>,
     /// The request being served when it missed (Alg. 1 line 10).
     missing: Option<Key>,
-    /// A node created by that miss: if the cache does not insert it, it
-    /// joins phase_nodes (kept for the phase count, dropped at its end).
-    unplaced: Option<u32>,
     /// Sync: model version the stored predictions were made with, and keys
     /// requested since (their history changed).
     synced_version: Option<u64>,
@@ -292,14 +174,14 @@ impl PredictiveLru {
             recent: None,
             nodes: Vec::new(),
             free: Vec::new(),
-            log: Vec::new(),
-            live: LiveBits::default(),
-            head: 0,
+            newest: NIL,
+            oldest: NIL,
             resident: 0,
-            covered: 0,
+            next_stamp: 1,
+            stamp_limit: u32::MAX,
+            window_edge: NIL,
             window_len: 0,
             heap: QuadHeap::new(),
-            pending: Vec::new(),
             phase: 1,
             tag: 1,
             last_access: Vec::new(),
@@ -307,7 +189,6 @@ impl PredictiveLru {
             halvings: 0,
             phase_nodes: Vec::new(),
             missing: None,
-            unplaced: None,
             synced_version: None,
             stale: Vec::new(),
             prediction_evictions: 0,
@@ -371,10 +252,13 @@ impl PredictiveLru {
         let fresh = Node {
             key,
             pred: UNKNOWN,
-            pos: 0,
+            newer: NIL,
+            older: NIL,
+            stamp: 0,
             seen_phase: 0,
             pred_evicted_phase: 0,
             resident: false,
+            in_window: false,
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -405,70 +289,91 @@ impl PredictiveLru {
         self.free.push(i);
     }
 
-    /// Appends resident node `i` as the most recent.
+    /// Links resident node `i` as the most recent.
     #[inline(always)]
     fn link_newest(&mut self, i: u32) {
-        if self.log.len() >= LOG_GROWTH * self.resident + LOG_SLACK {
-            self.compact();
+        if self.next_stamp >= self.stamp_limit {
+            self.restamp();
         }
-        let pos = self.log.len();
-        self.log.push(Entry {
-            pred: self.nodes[i as usize].pred,
-            node: i,
-        });
-        self.live.push_live(pos);
-        debug_assert!(pos <= u32::MAX as usize, "a log position fits a node's u32");
-        self.nodes[i as usize].pos = pos as u32;
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        let newest = self.newest;
+        let n = &mut self.nodes[i as usize];
+        n.stamp = stamp;
+        n.newer = NIL;
+        n.older = newest;
+        if newest == NIL {
+            self.oldest = i;
+        } else {
+            self.nodes[newest as usize].newer = i;
+        }
+        self.newest = i;
     }
 
-    /// Kills resident node `i`'s log entry (it leaves the window too).
+    /// Unlinks resident node `i` (it leaves the window too).
     #[inline(always)]
     fn unlink(&mut self, i: u32) {
-        let pos = self.nodes[i as usize].pos as usize;
-        self.live.clear(pos);
-        if pos < self.covered {
+        let n = self.nodes[i as usize];
+        if n.in_window {
+            self.nodes[i as usize].in_window = false;
             self.window_len -= 1;
+            if self.window_edge == i {
+                self.window_edge = n.older;
+            }
+        }
+        if n.newer == NIL {
+            self.newest = n.older;
+        } else {
+            self.nodes[n.newer as usize].older = n.older;
+        }
+        if n.older == NIL {
+            self.oldest = n.newer;
+        } else {
+            self.nodes[n.older as usize].newer = n.newer;
         }
     }
 
-    /// Drops the dead log entries. The window's keys are the first live
-    /// ones, so it becomes the log's first `window_len` positions and the
-    /// heap is rebuilt from them.
-    fn compact(&mut self) {
-        let mut kept = 0;
-        for p in self.live.positions(self.head, self.log.len()) {
-            let e = self.log[p];
-            self.log[kept] = e;
-            self.nodes[e.node as usize].pos = kept as u32;
-            kept += 1;
+    /// Stamps the resident keys 1, 2, … in recency order when the counter
+    /// would wrap (once per 4 billion requests), and rebuilds the heap
+    /// whose entries carry the old stamps.
+    #[cold]
+    fn restamp(&mut self) {
+        let mut stamp = 0;
+        let mut i = self.oldest;
+        while i != NIL {
+            stamp += 1;
+            self.nodes[i as usize].stamp = stamp;
+            i = self.nodes[i as usize].newer;
         }
-        self.log.truncate(kept);
-        self.live.reset_to(kept);
-        self.head = 0;
-        self.covered = self.window_len;
+        self.next_stamp = stamp + 1;
         self.rebuild_heap();
     }
 
     /// The heap becomes exactly the window's current predictions.
     fn rebuild_heap(&mut self) {
-        self.pending.clear();
-        let log = &self.log;
-        let window = self.live.positions(self.head, self.covered);
-        self.heap
-            .rebuild(window.map(|p| Candidate::new(log[p].pred, p)));
+        let nodes = &self.nodes;
+        let window = std::iter::successors((self.window_len > 0).then_some(self.oldest), |&i| {
+            Some(nodes[i as usize].newer)
+        })
+        .take(self.window_len);
+        self.heap.rebuild(window.map(|i| {
+            let n = &nodes[i as usize];
+            Candidate::new(n.pred, n.stamp, i)
+        }));
     }
 
     /// Whether a heap entry still stands for a window key's current
-    /// prediction (its log entry is live, in the window and unchanged).
+    /// prediction (in the window, not linked again, same prediction).
     #[inline(always)]
     fn is_current(&self, c: &Candidate) -> bool {
-        let p = c.pos();
-        p < self.covered && self.live.get(p) && order_bits(self.log[p].pred) == c.pred_bits()
+        let n = &self.nodes[c.node() as usize];
+        n.in_window && n.stamp == c.stamp() && order_bits(n.pred) == c.pred_bits()
     }
 
     #[inline(always)]
-    fn push_candidate(&mut self, pos: usize) {
-        let c = Candidate::new(self.log[pos].pred, pos);
+    fn push_candidate(&mut self, i: u32) {
+        let n = &self.nodes[i as usize];
+        let c = Candidate::new(n.pred, n.stamp, i);
         // The last victim usually still sits on top: overwriting it costs
         // one sift-down instead of a pop and a push.
         if self.heap.peek().is_some_and(|top| !self.is_current(top)) {
@@ -478,42 +383,51 @@ impl PredictiveLru {
         }
     }
 
+    /// Moves the window's edge one key newer; that key, if any.
+    #[inline(always)]
+    fn extend_window(&mut self) -> Option<u32> {
+        let next = if self.window_edge == NIL {
+            self.oldest
+        } else {
+            self.nodes[self.window_edge as usize].newer
+        };
+        if next == NIL {
+            return None;
+        }
+        self.nodes[next as usize].in_window = true;
+        self.window_edge = next;
+        self.window_len += 1;
+        Some(next)
+    }
+
     /// Makes the window the `l` least-recent keys with every prediction in
     /// the heap, and sweeps the heap when mostly stale.
     fn prepare_window(&mut self, l: usize) {
-        if self.window_len > l {
-            self.covered = self.live.retreat(self.covered, self.window_len - l);
-            self.window_len = l;
+        while self.window_len > l {
+            let e = self.window_edge;
+            let n = &mut self.nodes[e as usize];
+            n.in_window = false;
+            self.window_edge = n.older;
+            self.window_len -= 1;
         }
         let grow = l.saturating_sub(self.window_len);
         if grow > self.heap.len() / 2 + HEAP_SLACK {
             // A new phase resets λ and regrows the window by up to half the
             // cache: one heapify over it beats a push per key.
-            let (covered, found) = self.live.advance(self.covered, grow);
-            self.covered = covered;
-            self.window_len += found;
+            for _ in 0..grow {
+                if self.extend_window().is_none() {
+                    break;
+                }
+            }
             self.rebuild_heap();
             return;
         }
         while self.window_len < l {
-            let Some(p) = self.live.next_live(self.covered, self.log.len()) else {
+            let Some(i) = self.extend_window() else {
                 break;
             };
-            self.covered = p + 1;
-            self.window_len += 1;
-            self.push_candidate(p);
+            self.push_candidate(i);
         }
-        // Taken and put back so the buffer keeps its capacity (every eviction
-        // passes here).
-        let mut pending = std::mem::take(&mut self.pending);
-        for &p in &pending {
-            let p = p as usize;
-            if p < self.covered && self.live.get(p) {
-                self.push_candidate(p);
-            }
-        }
-        pending.clear();
-        self.pending = pending;
         if self.heap.len() > 2 * self.window_len + HEAP_SLACK {
             let mut heap = std::mem::take(&mut self.heap);
             heap.retain(|c| self.is_current(c));
@@ -521,12 +435,11 @@ impl PredictiveLru {
         }
     }
 
-    /// Log position of the window key with the largest prediction (ties:
-    /// least recent).
-    fn best_candidate(&mut self) -> Option<usize> {
+    /// The window key with the largest prediction (ties: least recent).
+    fn best_candidate(&mut self) -> Option<u32> {
         while let Some(top) = self.heap.peek() {
             if self.is_current(top) {
-                return Some(top.pos());
+                return Some(top.node());
             }
             self.heap.pop();
         }
@@ -538,20 +451,16 @@ impl PredictiveLru {
         let pred = sanitize(pred);
         let n = &mut self.nodes[i as usize];
         n.pred = pred;
-        if n.resident {
-            let pos = n.pos as usize;
-            self.log[pos].pred = pred;
-            if pos < self.covered {
-                self.pending.push(pos as u32);
-            }
+        // Async predictions name the key just requested, which is outside
+        // the window; re-predictions (Sync) of window keys take this path.
+        if n.in_window {
+            self.push_candidate(i);
         }
     }
 
-    /// Alg. 1 lines 4–7.
-    fn maybe_start_phase(&mut self) {
-        if self.distinct_in_phase < self.capacity {
-            return;
-        }
+    /// Alg. 1 lines 4–7: k distinct requests ended the phase.
+    #[inline(never)]
+    fn start_phase(&mut self) {
         self.phase += 1;
         self.halvings = 0;
         self.distinct_in_phase = 0;
@@ -574,6 +483,22 @@ impl PredictiveLru {
             }
             1
         });
+    }
+
+    /// A request for a key the policy does not know: a miss. LARU gives it
+    /// a node at once (the phase counts it) and lists it in phase_nodes, so
+    /// it is dropped at the phase's end if the cache never inserts it.
+    #[inline(never)]
+    fn access_unknown(&mut self, key: Key, now: u64) -> bool {
+        self.missing = Some(key);
+        if self.is_laru() {
+            let i = self.node_for(key);
+            self.nodes[i as usize].seen_phase = self.tag;
+            self.distinct_in_phase += 1;
+            self.phase_nodes.push(i);
+            self.note_request(i, now);
+        }
+        false
     }
 
     /// Sync mode queries the predictor with each key's last request time.
@@ -639,15 +564,13 @@ impl PredictiveLru {
 
     /// Resident nodes, least recent first.
     fn resident_lru_first(&self) -> impl Iterator<Item = u32> + '_ {
-        self.live
-            .positions(self.head, self.log.len())
-            .map(|p| self.log[p].node)
+        std::iter::successors((self.oldest != NIL).then_some(self.oldest), |&i| {
+            let newer = self.nodes[i as usize].newer;
+            (newer != NIL).then_some(newer)
+        })
     }
 
     fn lru_victim(&mut self, ctx: &EvictCtx<'_>) -> Option<u32> {
-        if let Some(p) = self.live.next_live(self.head, self.log.len()) {
-            self.head = p;
-        }
         self.resident_lru_first()
             .find(|&i| ctx.may_evict(self.nodes[i as usize].key))
     }
@@ -665,30 +588,16 @@ impl EvictionPolicy for PredictiveLru {
 
     fn access(&mut self, key: Key, now: u64) -> bool {
         let laru = self.is_laru();
-        if laru {
-            if let Some(u) = self.unplaced.take()
-                && !self.nodes[u as usize].resident
-            {
-                self.phase_nodes.push(u);
-            }
-            self.maybe_start_phase();
+        if laru && self.distinct_in_phase >= self.capacity {
+            self.start_phase();
         }
-        let tag = self.tag;
-        let i = if laru {
-            self.node_for(key)
-        } else {
-            // Without phases a key's node lives exactly while it is resident.
-            match self.find(key) {
-                Some(i) => i,
-                None => {
-                    self.missing = Some(key);
-                    return false;
-                }
-            }
+        // A request's first lookup: `recent` rarely holds its key here.
+        let Some(&i) = self.index.get(&key) else {
+            return self.access_unknown(key, now);
         };
+        self.recent = Some((key, i));
+        let tag = self.tag;
         let n = &mut self.nodes[i as usize];
-        // Any other non-resident node is a ghost already in phase_nodes.
-        let fresh = !n.resident && n.seen_phase == 0 && n.pred_evicted_phase == 0;
         if n.seen_phase != tag {
             n.seen_phase = tag;
             self.distinct_in_phase += 1;
@@ -696,9 +605,7 @@ impl EvictionPolicy for PredictiveLru {
         let resident = n.resident;
         self.note_request(i, now);
         if !resident {
-            if fresh {
-                self.unplaced = Some(i);
-            }
+            // A ghost: requested or prediction-evicted earlier in this phase.
             self.missing = Some(key);
             return false;
         }
@@ -759,8 +666,7 @@ impl EvictionPolicy for PredictiveLru {
         // Line 18: the candidate with the largest predicted next-access time.
         let best = self
             .best_candidate()
-            .map(|p| self.log[p].node)
-            .expect("a non-empty window has a live entry");
+            .expect("a non-empty window has a current entry");
         let victim = if ctx.may_evict(self.nodes[best as usize].key) {
             if self.is_laru() {
                 self.nodes[best as usize].pred_evicted_phase = tag;
@@ -812,66 +718,21 @@ impl EvictionPolicy for PredictiveLru {
 
 #[cfg(test)]
 mod tests {
-    use super::{LiveBits, Mode, PredictiveLru};
+    use super::{Mode, PredictiveLru};
     use crate::eviction::{EvictCtx, EvictionPolicy};
     use rand::{RngExt, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    #[test]
-    fn live_bits_walks_match_a_plain_scan() {
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        for n in [0usize, 1, 63, 64, 65, 200, 517] {
-            let mut bits = LiveBits::default();
-            let mut plain = vec![true; n];
-            for p in 0..n {
-                bits.push_live(p);
-            }
-            for (p, live) in plain.iter_mut().enumerate() {
-                if rng.random_range(0..3) == 0 {
-                    bits.clear(p);
-                    *live = false;
-                }
-            }
-            let live: Vec<usize> = (0..n).filter(|&p| plain[p]).collect();
-            assert_eq!(bits.positions(0, n).collect::<Vec<_>>(), live);
-            for from in 0..=n {
-                let after: Vec<usize> = live.iter().copied().filter(|&p| p >= from).collect();
-                assert_eq!(bits.next_live(from, n), after.first().copied());
-                for count in 0..=after.len() + 2 {
-                    let found = count.min(after.len());
-                    let end = if found == 0 {
-                        from
-                    } else {
-                        after[found - 1] + 1
-                    };
-                    assert_eq!(
-                        bits.advance(from, count),
-                        (end, found),
-                        "n {n} from {from} count {count}"
-                    );
-                }
-                let before: Vec<usize> = live.iter().copied().filter(|&p| p < from).collect();
-                for count in 1..=before.len() {
-                    assert_eq!(bits.retreat(from, count), before[before.len() - count]);
-                }
-            }
-            bits.reset_to(n);
-            assert_eq!(bits.advance(0, n + 1), (n, n));
-        }
-    }
-
-    #[test]
-    fn phase_tags_wrap_without_changing_victims() {
+    /// Replays the same random requests through `plain` and `tweaked`
+    /// (the same policy with some counter moved near its wrap) and checks
+    /// that every hit, victim, λ and eviction count agree.
+    fn replay_side_by_side(plain: &mut PredictiveLru, tweaked: &mut PredictiveLru, cap: usize) {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
-        let cap = 8;
-        let mut plain = PredictiveLru::new(Mode::LaruAsync, cap);
-        let mut wrapping = PredictiveLru::new(Mode::LaruAsync, cap);
-        wrapping.tag = u32::MAX - 3;
         for now in 0..5_000u64 {
             let key = rng.random_range(0..30u64);
             let pred = now as f64 + rng.random_range(0.0..60.0);
-            let mut victims = Vec::new();
-            for cache in [&mut plain, &mut wrapping] {
+            let mut outcomes = Vec::new();
+            for cache in [&mut *plain, &mut *tweaked] {
                 let hit = cache.access(key, now);
                 let mut victim = None;
                 if !hit {
@@ -881,11 +742,61 @@ mod tests {
                     cache.insert(key, now);
                 }
                 cache.set_prediction(key, pred);
-                victims.push((hit, victim, cache.lambda(), cache.eviction_counts()));
+                outcomes.push((hit, victim, cache.lambda(), cache.eviction_counts()));
             }
-            assert_eq!(victims[0], victims[1], "request {now}");
+            assert_eq!(outcomes[0], outcomes[1], "request {now}");
         }
-        assert!(wrapping.tag < 1_000, "the tag wrapped");
         assert!(plain.eviction_counts().1 > 0, "lambda halved at least once");
+    }
+
+    #[test]
+    fn phase_tags_wrap_without_changing_victims() {
+        let cap = 8;
+        let mut wrapping = PredictiveLru::new(Mode::LaruAsync, cap);
+        wrapping.tag = u32::MAX - 3;
+        replay_side_by_side(
+            &mut PredictiveLru::new(Mode::LaruAsync, cap),
+            &mut wrapping,
+            cap,
+        );
+        assert!(wrapping.tag < 1_000, "the tag wrapped");
+    }
+
+    #[test]
+    fn recency_stamps_wrap_without_changing_victims() {
+        let cap = 8;
+        let mut wrapping = PredictiveLru::new(Mode::LaruAsync, cap);
+        // Renumbers every few dozen links, with the heap and window in use.
+        wrapping.stamp_limit = 40;
+        replay_side_by_side(
+            &mut PredictiveLru::new(Mode::LaruAsync, cap),
+            &mut wrapping,
+            cap,
+        );
+        assert!(wrapping.next_stamp < 40, "the stamps wrapped");
+    }
+
+    #[test]
+    fn a_miss_the_cache_never_inserts_counts_once_and_is_forgotten_with_its_phase() {
+        let cap = 4;
+        let mut p = PredictiveLru::new(Mode::LaruAsync, cap);
+        // Key 99 misses and is never inserted (the cache bypassed it).
+        assert!(!p.access(99, 0));
+        assert!(p.index.contains_key(&99), "kept for the phase's count");
+        for (now, key) in [(1, 1), (2, 2), (3, 99)] {
+            if !p.access(key, now) && key != 99 {
+                p.insert(key, now);
+            }
+        }
+        assert_eq!(p.distinct_in_phase, 3, "99 counted once");
+        assert_eq!(p.phase(), 1);
+        p.access(3, 4);
+        p.insert(3, 4);
+        // The fifth distinct key starts phase 2, which drops 99's node.
+        p.access(4, 5);
+        assert_eq!(p.phase(), 2);
+        assert!(!p.index.contains_key(&99));
+        assert_eq!(p.len(), 3);
+        assert!((1..=3).all(|k| p.contains(k)));
     }
 }
