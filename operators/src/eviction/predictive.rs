@@ -351,15 +351,17 @@ impl PredictiveLru {
 
     /// The heap becomes exactly the window's current predictions.
     fn rebuild_heap(&mut self) {
-        let nodes = &self.nodes;
-        let window = std::iter::successors((self.window_len > 0).then_some(self.oldest), |&i| {
-            Some(nodes[i as usize].newer)
-        })
-        .take(self.window_len);
-        self.heap.rebuild(window.map(|i| {
-            let n = &nodes[i as usize];
-            Candidate::new(n.pred, n.stamp, i)
-        }));
+        let mut heap = std::mem::take(&mut self.heap);
+        let window = self.resident_lru_first().take(self.window_len);
+        heap.rebuild(window.map(|i| self.candidate(i)));
+        self.heap = heap;
+    }
+
+    /// Node `i`'s heap entry as it stands now.
+    #[inline(always)]
+    fn candidate(&self, i: u32) -> Candidate {
+        let n = &self.nodes[i as usize];
+        Candidate::new(n.pred, n.stamp, i)
     }
 
     /// Whether a heap entry still stands for a window key's current
@@ -372,8 +374,7 @@ impl PredictiveLru {
 
     #[inline(always)]
     fn push_candidate(&mut self, i: u32) {
-        let n = &self.nodes[i as usize];
-        let c = Candidate::new(n.pred, n.stamp, i);
+        let c = self.candidate(i);
         // The last victim usually still sits on top: overwriting it costs
         // one sift-down instead of a pop and a push.
         if self.heap.peek().is_some_and(|top| !self.is_current(top)) {
