@@ -13,15 +13,17 @@
 //! stamps order the resident keys from least to most recent.
 //!
 //! The l least-recent keys (the *window*, Alg. 1 line 17's candidate set)
-//! are the list's oldest segment, up to a boundary node, and each node
-//! knows whether it is inside. The window changes only at its edge: a new
-//! eviction extends it towards newer keys, a halved λ pulls the edge back.
+//! are the list's oldest segment, up to an edge node: a key is inside when
+//! its stamp is at most the edge's, so nothing is written to a key when the
+//! window moves past it. The window changes only at its edge: a new
+//! eviction extends it towards newer keys, a halved λ pulls the edge back,
+//! and a new phase (λ = 1) makes it the whole list at once.
 //! A max-heap (4-ary) holds the window's predictions with lazy deletion: an
 //! entry is skipped, or swept out when stale entries outnumber live ones,
 //! once its node left the window, was linked again (new stamp) or got a new
 //! prediction. Choosing a victim costs O(log k) amortised. When a new phase
 //! resets λ and the window regrows by more than half the heap, one heapify
-//! replaces the pushes.
+//! over a sequential scan of the nodes replaces the pushes.
 
 use super::quad_heap::QuadHeap;
 use super::{EvictCtx, EvictionPolicy, Key, KeyMap, PredictOracle, key_map};
@@ -49,27 +51,34 @@ const UNKNOWN: f64 = f64::INFINITY;
 const HEAP_SLACK: usize = 8;
 /// No node (list ends, empty window).
 const NIL: u32 = u32::MAX;
+/// The stamp of a key that is not resident (above every window edge).
+const NOT_RESIDENT: u32 = u32::MAX;
 
 /// A key the policy knows: resident, or kept for the current phase's
 /// bookkeeping (requested or prediction-evicted in it).
 #[derive(Debug, Clone, Copy)]
 struct Node {
     key: Key,
-    /// Its latest prediction (kept while not resident: the cache may
-    /// predict before it inserts).
-    pred: f64,
+    /// Its latest prediction as `rank` bits (kept while not resident: the
+    /// cache may predict before it inserts).
+    rank: u64,
     /// Recency neighbours (resident keys only; NIL at the list's ends).
     newer: u32,
     older: u32,
-    /// Link counter at its last request: orders resident keys by recency.
+    /// Link counter at its last request: orders resident keys by recency;
+    /// NOT_RESIDENT when not resident.
     stamp: u32,
     /// Tag of the phase in which the key was last requested (0: none).
-    seen_phase: u32,
+    seen_phase: u16,
     /// Tag of the phase in which the key was last evicted by prediction
     /// (Alg. 1 line 18; 0: none).
-    pred_evicted_phase: u32,
-    resident: bool,
-    in_window: bool,
+    pred_evicted_phase: u16,
+}
+
+impl Node {
+    fn is_resident(&self) -> bool {
+        self.stamp != NOT_RESIDENT
+    }
 }
 
 /// A heap entry, ordered as one integer: larger prediction first, then the
@@ -79,8 +88,8 @@ struct Node {
 struct Candidate(u128);
 
 impl Candidate {
-    fn new(pred: f64, stamp: u32, node: u32) -> Self {
-        Self((order_bits(pred) as u128) << 64 | ((u32::MAX - stamp) as u128) << 32 | node as u128)
+    fn new(rank: u64, stamp: u32, node: u32) -> Self {
+        Self((rank as u128) << 64 | ((u32::MAX - stamp) as u128) << 32 | node as u128)
     }
 
     fn node(self) -> u32 {
@@ -91,27 +100,25 @@ impl Candidate {
         u32::MAX - (self.0 >> 32) as u32
     }
 
-    fn pred_bits(self) -> u64 {
+    fn rank(self) -> u64 {
         (self.0 >> 64) as u64
     }
 }
 
-/// Maps a sanitized prediction to an integer of the same order.
-fn order_bits(pred: f64) -> u64 {
+/// A prediction as an integer of the same order, computed once when it
+/// arrives so that heap entries and staleness checks compare integers.
+/// "Cannot say" (NaN, -inf) ranks highest; -0.0 equals 0.0.
+fn rank(pred: f64) -> u64 {
+    let pred = if pred.is_nan() || pred == f64::NEG_INFINITY {
+        UNKNOWN
+    } else {
+        pred + 0.0
+    };
     let bits = pred.to_bits();
     if bits >> 63 == 1 {
         !bits
     } else {
         bits | 1 << 63
-    }
-}
-
-/// "Cannot say" ranks highest; -0.0 equals 0.0.
-fn sanitize(pred: f64) -> f64 {
-    if pred.is_nan() || pred == f64::NEG_INFINITY {
-        UNKNOWN
-    } else {
-        pred + 0.0
     }
 }
 
@@ -139,13 +146,18 @@ pub struct PredictiveLru {
     /// The newest node in the window (NIL: the window is empty); the window
     /// runs from `oldest` up to it.
     window_edge: u32,
+    /// Resident keys with a stamp up to this are in the window. It may
+    /// exceed the edge's own stamp after the edge left (no resident key has
+    /// a stamp in between), and is 0 for an empty window.
+    edge_stamp: u32,
     window_len: usize,
     heap: QuadHeap<Candidate>,
     /// Current phase (LARU), from 1.
     phase: u64,
-    /// The current phase's tag in nodes: 32 bits keep nodes small; every
-    /// tag is cleared when it would wrap.
-    tag: u32,
+    /// The current phase's tag in nodes: 16 bits keep nodes at 32 bytes;
+    /// every tag is cleared when it would wrap (after 65,535 phases of at
+    /// least k requests each).
+    tag: u16,
     /// Sync: each node's last request time (the predictor's query).
     last_access: Vec<u64>,
     distinct_in_phase: usize,
@@ -180,6 +192,7 @@ impl PredictiveLru {
             next_stamp: 1,
             stamp_limit: u32::MAX,
             window_edge: NIL,
+            edge_stamp: 0,
             window_len: 0,
             heap: QuadHeap::new(),
             phase: 1,
@@ -246,19 +259,23 @@ impl PredictiveLru {
     /// The node of `key`, created (not resident) when new.
     #[inline(always)]
     fn node_for(&mut self, key: Key) -> u32 {
-        if let Some(i) = self.find(key) {
-            return i;
+        match self.find(key) {
+            Some(i) => i,
+            None => self.new_node(key),
         }
+    }
+
+    /// A node for `key`, which has none (not resident).
+    #[inline(always)]
+    fn new_node(&mut self, key: Key) -> u32 {
         let fresh = Node {
             key,
-            pred: UNKNOWN,
+            rank: rank(UNKNOWN),
             newer: NIL,
             older: NIL,
-            stamp: 0,
+            stamp: NOT_RESIDENT,
             seen_phase: 0,
             pred_evicted_phase: 0,
-            resident: false,
-            in_window: false,
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -278,7 +295,7 @@ impl PredictiveLru {
     #[inline(always)]
     fn release(&mut self, i: u32) {
         let n = &mut self.nodes[i as usize];
-        debug_assert!(!n.resident);
+        debug_assert!(!n.is_resident());
         // A node listed twice in phase_nodes is released once.
         n.seen_phase = 0;
         n.pred_evicted_phase = 0;
@@ -310,16 +327,15 @@ impl PredictiveLru {
         self.newest = i;
     }
 
-    /// Unlinks resident node `i` (it leaves the window too).
+    /// Unlinks resident node `i` (it leaves the window too; the caller
+    /// gives it a new stamp or NOT_RESIDENT).
     #[inline(always)]
     fn unlink(&mut self, i: u32) {
         let n = self.nodes[i as usize];
-        if n.in_window {
-            self.nodes[i as usize].in_window = false;
-            self.window_len -= 1;
-            if self.window_edge == i {
-                self.window_edge = n.older;
-            }
+        // Branch-free: whether a hit lands in the window is data.
+        self.window_len -= (n.stamp <= self.edge_stamp) as usize;
+        if self.window_edge == i {
+            self.window_edge = n.older;
         }
         if n.newer == NIL {
             self.newest = n.older;
@@ -346,22 +362,37 @@ impl PredictiveLru {
             i = self.nodes[i as usize].newer;
         }
         self.next_stamp = stamp + 1;
+        self.set_window_edge(self.window_edge);
         self.rebuild_heap();
     }
 
-    /// The heap becomes exactly the window's current predictions.
+    /// Puts the window's edge at `edge` (NIL: an empty window), with the
+    /// edge's own stamp as the threshold.
+    fn set_window_edge(&mut self, edge: u32) {
+        self.window_edge = edge;
+        self.edge_stamp = if edge == NIL {
+            0
+        } else {
+            self.nodes[edge as usize].stamp
+        };
+    }
+
+    /// The heap becomes exactly the window's current predictions. Scans
+    /// the node slab in order (no pointer chasing): the window is every
+    /// node with a stamp up to the edge's.
     fn rebuild_heap(&mut self) {
-        let mut heap = std::mem::take(&mut self.heap);
-        let window = self.resident_lru_first().take(self.window_len);
-        heap.rebuild(window.map(|i| self.candidate(i)));
-        self.heap = heap;
+        let edge = self.edge_stamp;
+        let every_node =
+            (self.nodes.iter().enumerate()).map(|(i, n)| Candidate::new(n.rank, n.stamp, i as u32));
+        self.heap
+            .rebuild_retaining(every_node, |c| c.stamp() <= edge);
     }
 
     /// Node `i`'s heap entry as it stands now.
     #[inline(always)]
     fn candidate(&self, i: u32) -> Candidate {
         let n = &self.nodes[i as usize];
-        Candidate::new(n.pred, n.stamp, i)
+        Candidate::new(n.rank, n.stamp, i)
     }
 
     /// Whether a heap entry still stands for a window key's current
@@ -369,7 +400,9 @@ impl PredictiveLru {
     #[inline(always)]
     fn is_current(&self, c: &Candidate) -> bool {
         let n = &self.nodes[c.node() as usize];
-        n.in_window && n.stamp == c.stamp() && order_bits(n.pred) == c.pred_bits()
+        // `&`, not `&&`: one branch for the caller instead of three
+        // unpredictable ones (sweeps test half-stale heaps).
+        (c.stamp() <= self.edge_stamp) & (n.stamp == c.stamp()) & (n.rank == c.rank())
     }
 
     #[inline(always)]
@@ -395,8 +428,7 @@ impl PredictiveLru {
         if next == NIL {
             return None;
         }
-        self.nodes[next as usize].in_window = true;
-        self.window_edge = next;
+        self.set_window_edge(next);
         self.window_len += 1;
         Some(next)
     }
@@ -404,22 +436,36 @@ impl PredictiveLru {
     /// Makes the window the `l` least-recent keys with every prediction in
     /// the heap, and sweeps the heap when mostly stale.
     fn prepare_window(&mut self, l: usize) {
-        while self.window_len > l {
-            let e = self.window_edge;
-            let n = &mut self.nodes[e as usize];
-            n.in_window = false;
-            self.window_edge = n.older;
-            self.window_len -= 1;
+        if self.window_len > l {
+            // λ halved: the edge retreats; the heap entries it passes
+            // become stale.
+            let mut edge = self.window_edge;
+            for _ in l..self.window_len {
+                edge = self.nodes[edge as usize].older;
+            }
+            self.set_window_edge(edge);
+            self.window_len = l;
         }
         let grow = l.saturating_sub(self.window_len);
         if grow > self.heap.len() / 2 + HEAP_SLACK {
             // A new phase resets λ and regrows the window by up to half the
-            // cache: one heapify over it beats a push per key.
-            for _ in 0..grow {
-                if self.extend_window().is_none() {
-                    break;
+            // cache: one heapify over it beats a push per key. With λ = 1
+            // the window is the whole list and the edge jumps there.
+            let edge = if l >= self.resident {
+                self.newest
+            } else {
+                let mut edge = self.window_edge;
+                for _ in 0..grow {
+                    edge = if edge == NIL {
+                        self.oldest
+                    } else {
+                        self.nodes[edge as usize].newer
+                    };
                 }
-            }
+                edge
+            };
+            self.set_window_edge(edge);
+            self.window_len = l.min(self.resident);
             self.rebuild_heap();
             return;
         }
@@ -449,12 +495,11 @@ impl PredictiveLru {
 
     #[inline(always)]
     fn set_node_prediction(&mut self, i: u32, pred: f64) {
-        let pred = sanitize(pred);
         let n = &mut self.nodes[i as usize];
-        n.pred = pred;
+        n.rank = rank(pred);
         // Async predictions name the key just requested, which is outside
         // the window; re-predictions (Sync) of window keys take this path.
-        if n.in_window {
+        if n.stamp <= self.edge_stamp {
             self.push_candidate(i);
         }
     }
@@ -469,7 +514,7 @@ impl PredictiveLru {
         let mut nodes = std::mem::take(&mut self.phase_nodes);
         for &i in &nodes {
             let n = &self.nodes[i as usize];
-            if !n.resident && (n.seen_phase == ended || n.pred_evicted_phase == ended) {
+            if !n.is_resident() && (n.seen_phase == ended || n.pred_evicted_phase == ended) {
                 self.release(i);
             }
         }
@@ -493,7 +538,8 @@ impl PredictiveLru {
     fn access_unknown(&mut self, key: Key, now: u64) -> bool {
         self.missing = Some(key);
         if self.is_laru() {
-            let i = self.node_for(key);
+            // `access` just looked the key up: no second lookup.
+            let i = self.new_node(key);
             self.nodes[i as usize].seen_phase = self.tag;
             self.distinct_in_phase += 1;
             self.phase_nodes.push(i);
@@ -522,7 +568,7 @@ impl PredictiveLru {
         let tag = self.tag;
         let laru = self.is_laru();
         let n = &mut self.nodes[i as usize];
-        n.resident = false;
+        n.stamp = NOT_RESIDENT;
         let key = n.key;
         if laru && (n.seen_phase == tag || n.pred_evicted_phase == tag) {
             self.phase_nodes.push(i);
@@ -552,7 +598,8 @@ impl PredictiveLru {
             .filter_map(|k| {
                 let &i = self.index.get(&k)?;
                 let n = &self.nodes[i as usize];
-                n.resident.then_some((i, (k, self.last_access[i as usize])))
+                n.is_resident()
+                    .then_some((i, (k, self.last_access[i as usize])))
             })
             .collect();
         let queries: Vec<(Key, u64)> = items.iter().map(|&(_, q)| q).collect();
@@ -599,11 +646,11 @@ impl EvictionPolicy for PredictiveLru {
         self.recent = Some((key, i));
         let tag = self.tag;
         let n = &mut self.nodes[i as usize];
-        if n.seen_phase != tag {
-            n.seen_phase = tag;
-            self.distinct_in_phase += 1;
-        }
-        let resident = n.resident;
+        // Branch-free: whether this is the key's first request in the phase
+        // is data, not a pattern.
+        self.distinct_in_phase += (n.seen_phase != tag) as usize;
+        n.seen_phase = tag;
+        let resident = n.is_resident();
         self.note_request(i, now);
         if !resident {
             // A ghost: requested or prediction-evicted earlier in this phase.
@@ -626,10 +673,9 @@ impl EvictionPolicy for PredictiveLru {
             self.missing = None;
         }
         let i = self.node_for(key);
-        if self.nodes[i as usize].resident {
+        if self.nodes[i as usize].is_resident() {
             return;
         }
-        self.nodes[i as usize].resident = true;
         self.note_request(i, now);
         self.resident += 1;
         self.link_newest(i);
@@ -684,7 +730,7 @@ impl EvictionPolicy for PredictiveLru {
 
     fn remove(&mut self, key: Key) -> bool {
         match self.find(key) {
-            Some(i) if self.nodes[i as usize].resident => {
+            Some(i) if self.nodes[i as usize].is_resident() => {
                 self.retire(i);
                 true
             }
@@ -695,7 +741,7 @@ impl EvictionPolicy for PredictiveLru {
     fn contains(&self, key: Key) -> bool {
         self.index
             .get(&key)
-            .is_some_and(|&i| self.nodes[i as usize].resident)
+            .is_some_and(|&i| self.nodes[i as usize].is_resident())
     }
 
     fn len(&self) -> usize {
@@ -754,7 +800,7 @@ mod tests {
     fn phase_tags_wrap_without_changing_victims() {
         let cap = 8;
         let mut wrapping = PredictiveLru::new(Mode::LaruAsync, cap);
-        wrapping.tag = u32::MAX - 3;
+        wrapping.tag = u16::MAX - 3;
         replay_side_by_side(
             &mut PredictiveLru::new(Mode::LaruAsync, cap),
             &mut wrapping,
