@@ -79,6 +79,11 @@ impl Node {
     fn is_resident(&self) -> bool {
         self.stamp != NOT_RESIDENT
     }
+
+    /// The heap entry of this node (number `i`) as it stands now.
+    fn candidate(&self, i: u32) -> Candidate {
+        Candidate::new(self.rank, self.stamp, i)
+    }
 }
 
 /// A heap entry, ordered as one integer: larger prediction first, then the
@@ -382,17 +387,9 @@ impl PredictiveLru {
     /// node with a stamp up to the edge's.
     fn rebuild_heap(&mut self) {
         let edge = self.edge_stamp;
-        let every_node =
-            (self.nodes.iter().enumerate()).map(|(i, n)| Candidate::new(n.rank, n.stamp, i as u32));
+        let every_node = (self.nodes.iter().enumerate()).map(|(i, n)| n.candidate(i as u32));
         self.heap
             .rebuild_retaining(every_node, |c| c.stamp() <= edge);
-    }
-
-    /// Node `i`'s heap entry as it stands now.
-    #[inline(always)]
-    fn candidate(&self, i: u32) -> Candidate {
-        let n = &self.nodes[i as usize];
-        Candidate::new(n.rank, n.stamp, i)
     }
 
     /// Whether a heap entry still stands for a window key's current
@@ -407,7 +404,7 @@ impl PredictiveLru {
 
     #[inline(always)]
     fn push_candidate(&mut self, i: u32) {
-        let c = self.candidate(i);
+        let c = self.nodes[i as usize].candidate(i);
         // The last victim usually still sits on top: overwriting it costs
         // one sift-down instead of a pop and a push.
         if self.heap.peek().is_some_and(|top| !self.is_current(top)) {
@@ -417,14 +414,21 @@ impl PredictiveLru {
         }
     }
 
+    /// The key just newer than `edge` (NIL: the window is empty, so the
+    /// oldest key); NIL past the newest.
+    #[inline(always)]
+    fn newer_than(&self, edge: u32) -> u32 {
+        if edge == NIL {
+            self.oldest
+        } else {
+            self.nodes[edge as usize].newer
+        }
+    }
+
     /// Moves the window's edge one key newer; that key, if any.
     #[inline(always)]
     fn extend_window(&mut self) -> Option<u32> {
-        let next = if self.window_edge == NIL {
-            self.oldest
-        } else {
-            self.nodes[self.window_edge as usize].newer
-        };
+        let next = self.newer_than(self.window_edge);
         if next == NIL {
             return None;
         }
@@ -454,15 +458,7 @@ impl PredictiveLru {
             let edge = if l >= self.resident {
                 self.newest
             } else {
-                let mut edge = self.window_edge;
-                for _ in 0..grow {
-                    edge = if edge == NIL {
-                        self.oldest
-                    } else {
-                        self.nodes[edge as usize].newer
-                    };
-                }
-                edge
+                (0..grow).fold(self.window_edge, |edge, _| self.newer_than(edge))
             };
             self.set_window_edge(edge);
             self.window_len = l.min(self.resident);
