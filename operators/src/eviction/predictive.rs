@@ -440,6 +440,7 @@ impl PredictiveLru {
     /// Makes the window the `l` least-recent keys with every prediction in
     /// the heap, and sweeps the heap when mostly stale.
     fn prepare_window(&mut self, l: usize) {
+        debug_assert!(l <= self.resident, "the window is within the cache");
         if self.window_len > l {
             // λ halved: the edge retreats; the heap entries it passes
             // become stale.
@@ -455,13 +456,13 @@ impl PredictiveLru {
             // A new phase resets λ and regrows the window by up to half the
             // cache: one heapify over it beats a push per key. With λ = 1
             // the window is the whole list and the edge jumps there.
-            let edge = if l >= self.resident {
+            let edge = if l == self.resident {
                 self.newest
             } else {
                 (0..grow).fold(self.window_edge, |edge, _| self.newer_than(edge))
             };
             self.set_window_edge(edge);
-            self.window_len = l.min(self.resident);
+            self.window_len = l;
             self.rebuild_heap();
             return;
         }
