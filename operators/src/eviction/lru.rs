@@ -57,6 +57,15 @@ impl Lru {
         self.head = i;
     }
 
+    /// An empty LRU whose index has room for `capacity` keys.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            index: KeyMap::with_capacity_and_hasher(capacity, Default::default()),
+            nodes: Vec::with_capacity(capacity),
+            ..Self::new()
+        }
+    }
+
     /// Resident keys from least to most recent (tests, debugging).
     pub fn keys_lru_first(&self) -> Vec<Key> {
         let mut out = Vec::with_capacity(self.index.len());

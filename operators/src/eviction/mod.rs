@@ -153,7 +153,7 @@ impl PolicyName {
     /// needs the trace's future: build it with [`Belady::new`].
     pub fn build_online(self, capacity: usize) -> Option<Box<dyn EvictionPolicy>> {
         Some(match self {
-            Self::Lru => Box::new(Lru::new()),
+            Self::Lru => Box::new(Lru::with_capacity(capacity)),
             Self::Laru => Box::new(PredictiveLru::new(Mode::LaruAsync, capacity)),
             Self::LaruSync => Box::new(PredictiveLru::new(Mode::LaruSync, capacity)),
             Self::Fpb => Box::new(PredictiveLru::new(Mode::Fpb, capacity)),
