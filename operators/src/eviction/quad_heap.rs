@@ -4,48 +4,67 @@
 //! Halving the depth of std's binary heap halves the dependent loads of a
 //! pop, and a node's four children sit next to each other in memory, so
 //! choosing among them costs one or two cache lines instead of one per level.
+//!
+//! The storage past the last item always holds at least four copies of a
+//! *floor* value that no item is below, so every node that has a child has
+//! four readable children: choosing the largest is one fixed-size
+//! tournament with no case for a short last family.
 
 /// Children per node.
 const ARITY: usize = 4;
 
-/// Max-heap of `T` by its `Ord`.
+/// Max-heap of `T` by its `Ord`; every item must be at least `floor`.
 #[derive(Debug, Clone)]
 pub struct QuadHeap<T> {
+    /// `len` items in heap order, then at least ARITY copies of `floor`.
     items: Vec<T>,
-}
-
-impl<T> Default for QuadHeap<T> {
-    fn default() -> Self {
-        Self { items: Vec::new() }
-    }
+    len: usize,
+    floor: T,
 }
 
 impl<T: Ord + Copy> QuadHeap<T> {
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty heap for items no smaller than `floor`.
+    pub fn new(floor: T) -> Self {
+        Self {
+            items: vec![floor; ARITY],
+            len: 0,
+            floor,
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.len
+    }
+
+    pub fn clear(&mut self) {
+        self.truncate(0);
     }
 
     /// The largest item.
     pub fn peek(&self) -> Option<&T> {
-        self.items.first()
+        (self.len > 0).then(|| &self.items[0])
     }
 
     pub fn push(&mut self, item: T) {
-        self.items.push(item);
-        self.sift_up(self.items.len() - 1);
+        debug_assert!(item >= self.floor, "an item below the floor");
+        self.items.push(self.floor);
+        self.items[self.len] = item;
+        self.len += 1;
+        self.sift_up(self.len - 1);
     }
 
     /// Removes and returns the largest item.
     pub fn pop(&mut self) -> Option<T> {
-        let last = self.items.pop()?;
-        let Some(top) = self.items.first_mut() else {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        let last = std::mem::replace(&mut self.items[self.len], self.floor);
+        self.items.pop();
+        if self.len == 0 {
             return Some(last);
-        };
-        let top = std::mem::replace(top, last);
+        }
+        let top = std::mem::replace(&mut self.items[0], last);
         self.sift_down_to_bottom();
         Some(top)
     }
@@ -56,12 +75,12 @@ impl<T: Ord + Copy> QuadHeap<T> {
     /// largest, so going to the bottom and back (as `pop` does) would waste
     /// both trips.
     pub fn replace_top(&mut self, item: T) {
-        match self.items.first_mut() {
-            Some(top) => {
-                *top = item;
-                self.sift_down(0);
-            }
-            None => self.items.push(item),
+        if self.len == 0 {
+            self.push(item);
+        } else {
+            debug_assert!(item >= self.floor, "an item below the floor");
+            self.items[0] = item;
+            self.sift_down(0);
         }
     }
 
@@ -71,34 +90,38 @@ impl<T: Ord + Copy> QuadHeap<T> {
         self.heapify();
     }
 
-    /// Replaces the contents by those of `items` for which `keep` holds,
-    /// in O(n).
-    pub fn rebuild_retaining(
-        &mut self,
-        items: impl IntoIterator<Item = T>,
-        keep: impl FnMut(&T) -> bool,
-    ) {
+    /// Replaces the contents by `items`, in O(n).
+    pub fn rebuild(&mut self, items: impl IntoIterator<Item = T>) {
         self.items.clear();
         self.items.extend(items);
-        self.retain(keep);
+        self.len = self.items.len();
+        self.items.extend([self.floor; ARITY]);
+        debug_assert!(self.items[..self.len].iter().all(|&x| x >= self.floor));
+        self.heapify();
     }
 
     /// Drops the items for which `keep` fails, without a branch on it: a
     /// sweep keeps about half, in no pattern a predictor could learn.
     fn compact(&mut self, mut keep: impl FnMut(&T) -> bool) {
         let mut kept = 0;
-        for i in 0..self.items.len() {
+        for i in 0..self.len {
             let item = self.items[i];
             self.items[kept] = item;
             kept += keep(&item) as usize;
         }
-        self.items.truncate(kept);
+        self.truncate(kept);
+    }
+
+    /// Keeps the first `len` items; the floor follows them.
+    fn truncate(&mut self, len: usize) {
+        self.items.truncate(len);
+        self.items.extend([self.floor; ARITY]);
+        self.len = len;
     }
 
     fn heapify(&mut self) {
-        let n = self.items.len();
-        if n > 1 {
-            for i in (0..=(n - 2) / ARITY).rev() {
+        if self.len > 1 {
+            for i in (0..=(self.len - 2) / ARITY).rev() {
                 self.sift_down(i);
             }
         }
@@ -118,26 +141,22 @@ impl<T: Ord + Copy> QuadHeap<T> {
     }
 
     /// The largest child of `i`, if it has any.
-    #[inline]
+    #[inline(always)]
     fn largest_child(&self, i: usize) -> Option<usize> {
         let first = ARITY * i + 1;
-        if let Some(kids) = self.items.get(first..first + ARITY) {
-            // The common case, all four present: a fixed-size tournament
-            // the compiler can keep branch-light.
-            let a = if kids[1] > kids[0] { 1 } else { 0 };
-            let b = if kids[3] > kids[2] { 3 } else { 2 };
-            return Some(first + if kids[b] > kids[a] { b } else { a });
+        if first >= self.len {
+            return None;
         }
-        let kids = self.items.get(first..)?;
-        let mut best = 0;
-        for c in 1..kids.len() {
-            if kids[c] > kids[best] {
-                best = c;
-            }
-        }
-        (!kids.is_empty()).then_some(first + best)
+        // In bounds: the floor pads the storage past the last item.
+        let kids: &[T; ARITY] = self.items[first..first + ARITY]
+            .try_into()
+            .expect("four children");
+        let a = (kids[1] > kids[0]) as usize;
+        let b = 2 + (kids[3] > kids[2]) as usize;
+        Some(first + if kids[b] > kids[a] { b } else { a })
     }
 
+    #[inline(always)]
     fn sift_down(&mut self, mut hole: usize) {
         let item = self.items[hole];
         while let Some(c) = self.largest_child(hole) {
@@ -175,10 +194,10 @@ mod tests {
     #[test]
     fn matches_std_binary_heap_under_random_operations() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
-        let mut ours = QuadHeap::new();
+        let mut ours = QuadHeap::new(0);
         let mut reference = BinaryHeap::new();
         for step in 0..20_000 {
-            match rng.random_range(0..10) {
+            match rng.random_range(0..11) {
                 0..=4 => {
                     let v: u32 = rng.random_range(0..500);
                     ours.push(v);
@@ -194,21 +213,31 @@ mod tests {
                         reference.push(v);
                     }
                 }
-                _ if step % 2 == 0 => {
+                9 if step % 2 == 0 => {
                     let m = rng.random_range(2..5);
                     ours.retain(|v| v % m != 0);
                     reference.retain(|v| v % m != 0);
                 }
-                _ => {
+                9 => {
                     let items: Vec<u32> = (0..rng.random_range(0..40))
                         .map(|_| rng.random_range(0..500))
                         .collect();
-                    ours.rebuild_retaining(items.iter().copied(), |v| v % 7 != 0);
-                    reference = items.into_iter().filter(|v| v % 7 != 0).collect();
+                    ours.rebuild(items.iter().copied());
+                    reference = items.into_iter().collect();
                 }
+                _ if step % 97 == 0 => {
+                    ours.clear();
+                    reference.clear();
+                }
+                _ => {}
             }
             assert_eq!(ours.peek(), reference.peek(), "peek at step {step}");
             assert_eq!(ours.len(), reference.len());
+            assert!(
+                ours.items[ours.len..].len() >= ARITY
+                    && ours.items[ours.len..].iter().all(|&x| x == 0),
+                "the floor pads the storage at step {step}"
+            );
         }
         let mut rest = Vec::new();
         while let Some(v) = ours.pop() {
@@ -226,7 +255,7 @@ mod tests {
 
     #[test]
     fn pops_in_descending_order() {
-        let mut h = QuadHeap::new();
+        let mut h = QuadHeap::new(0);
         for v in [5, 1, 9, 3, 7, 2, 8, 6, 4, 0, 11, 10] {
             h.push(v);
         }
