@@ -1,5 +1,7 @@
 //! Least-recently-used: a doubly linked list in a slab plus a key index.
 
+use std::collections::hash_map::Entry;
+
 use super::{EvictCtx, EvictionPolicy, Key, KeyMap, key_map};
 
 const NIL: u32 = u32::MAX;
@@ -97,9 +99,10 @@ impl EvictionPolicy for Lru {
     }
 
     fn insert(&mut self, key: Key, _now: u64) {
-        if self.index.contains_key(&key) {
+        // One probe finds the key or its slot.
+        let Entry::Vacant(slot) = self.index.entry(key) else {
             return;
-        }
+        };
         let node = Node {
             key,
             prev: NIL,
@@ -115,7 +118,7 @@ impl EvictionPolicy for Lru {
                 (self.nodes.len() - 1) as u32
             }
         };
-        self.index.insert(key, i);
+        slot.insert(i);
         self.push_front(i);
     }
 

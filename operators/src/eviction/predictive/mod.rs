@@ -28,6 +28,8 @@ mod window;
 use recency::{HEAD, NOT_RESIDENT, Recency};
 use window::{NO_PREDICTION, Window, rank};
 
+use std::collections::hash_map::Entry;
+
 use super::{EvictCtx, EvictionPolicy, Key, KeyMap, PredictOracle};
 
 /// Which prediction-guided policy.
@@ -246,20 +248,15 @@ impl PredictiveLru {
         });
     }
 
-    /// A request for a key the policy does not know: a miss. LARU gives it
-    /// a node at once (the phase counts it): a ghost until the cache
-    /// inserts it.
+    /// A request (LARU) for a key the policy did not know: a miss. Its
+    /// new node `i` counts for the phase: a ghost until the cache inserts it.
     #[inline(never)]
-    fn access_unknown(&mut self, key: Key, now: u64) -> bool {
-        self.missing = HEAD;
-        if self.laru {
-            // `access` just looked the key up: no second lookup.
-            let i = self.new_node(key);
-            self.recency.node_mut(i).seen_phase = self.tag;
-            self.distinct_in_phase += 1;
-            self.missing = i;
-            self.note_request(i, now);
-        }
+    fn access_new(&mut self, i: u32, key: Key, now: u64) -> bool {
+        self.recent = Some((key, i));
+        self.recency.node_mut(i).seen_phase = self.tag;
+        self.distinct_in_phase += 1;
+        self.missing = i;
+        self.note_request(i, now);
         false
     }
 
@@ -380,9 +377,19 @@ impl EvictionPolicy for PredictiveLru {
         if self.distinct_in_phase >= self.phase_len {
             self.start_phase();
         }
-        // A request's first lookup: `recent` rarely holds its key here.
-        let Some(&i) = self.index.get(&key) else {
-            return self.access_unknown(key, now);
+        // A request's first lookup (`recent` rarely holds its key here); a
+        // key LARU does not know gets its node in the same probe.
+        let i = match self.index.entry(key) {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(v) if self.laru => {
+                let i = self.recency.alloc(key, NO_PREDICTION);
+                v.insert(i);
+                return self.access_new(i, key, now);
+            }
+            Entry::Vacant(_) => {
+                self.missing = HEAD;
+                return false;
+            }
         };
         self.recent = Some((key, i));
         let tag = self.tag;
