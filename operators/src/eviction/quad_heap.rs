@@ -140,30 +140,32 @@ impl<T: Ord + Copy> QuadHeap<T> {
         self.items[hole] = item;
     }
 
-    /// The largest child of `i`, if it has any.
+    /// The largest child of `i` and its value, if `i` has children.
     #[inline(always)]
-    fn largest_child(&self, i: usize) -> Option<usize> {
+    fn largest_child(&self, i: usize) -> Option<(usize, T)> {
         let first = ARITY * i + 1;
         if first >= self.len {
             return None;
         }
-        // In bounds: the floor pads the storage past the last item.
-        let kids: &[T; ARITY] = self.items[first..first + ARITY]
+        // In bounds: the floor pads the storage past the last item. The
+        // tournament runs on the values, so no load waits on a comparison.
+        let k: &[T; ARITY] = self.items[first..first + ARITY]
             .try_into()
             .expect("four children");
-        let a = (kids[1] > kids[0]) as usize;
-        let b = 2 + (kids[3] > kids[2]) as usize;
-        Some(first + if kids[b] > kids[a] { b } else { a })
+        let (a, ia) = if k[1] > k[0] { (k[1], 1) } else { (k[0], 0) };
+        let (b, ib) = if k[3] > k[2] { (k[3], 3) } else { (k[2], 2) };
+        let (c, ic) = if b > a { (b, ib) } else { (a, ia) };
+        Some((first + ic, c))
     }
 
     #[inline(always)]
     fn sift_down(&mut self, mut hole: usize) {
         let item = self.items[hole];
-        while let Some(c) = self.largest_child(hole) {
-            if self.items[c] <= item {
+        while let Some((c, kid)) = self.largest_child(hole) {
+            if kid <= item {
                 break;
             }
-            self.items[hole] = self.items[c];
+            self.items[hole] = kid;
             hole = c;
         }
         self.items[hole] = item;
@@ -175,8 +177,8 @@ impl<T: Ord + Copy> QuadHeap<T> {
     fn sift_down_to_bottom(&mut self) {
         let item = self.items[0];
         let mut hole = 0;
-        while let Some(c) = self.largest_child(hole) {
-            self.items[hole] = self.items[c];
+        while let Some((c, kid)) = self.largest_child(hole) {
+            self.items[hole] = kid;
             hole = c;
         }
         self.items[hole] = item;
