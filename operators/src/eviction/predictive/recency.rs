@@ -43,6 +43,19 @@ const _: () = assert!(
 );
 
 impl Node {
+    /// A node of `key` in no list, with no phase tags.
+    fn unlinked(key: Key, rank: u64, stamp: u32) -> Self {
+        Self {
+            key,
+            rank,
+            newer: HEAD,
+            older: HEAD,
+            stamp,
+            seen_phase: 0,
+            pred_evicted_phase: 0,
+        }
+    }
+
     pub fn is_resident(&self) -> bool {
         self.stamp != NOT_RESIDENT
     }
@@ -64,15 +77,8 @@ impl Recency {
     /// An empty list with room for `capacity` nodes before it grows.
     pub fn with_capacity(capacity: usize) -> Self {
         let mut nodes = Vec::with_capacity(capacity + 1);
-        nodes.push(Node {
-            key: 0,
-            rank: 0,
-            newer: HEAD,
-            older: HEAD,
-            stamp: 0,
-            seen_phase: 0,
-            pred_evicted_phase: 0,
-        });
+        // The sentinel: stamp 0 is below every window edge but an empty one.
+        nodes.push(Node::unlinked(0, 0, 0));
         Self {
             nodes,
             free: Vec::new(),
@@ -112,15 +118,7 @@ impl Recency {
     /// A node for `key`, not resident, with no prediction and no tags.
     #[inline(always)]
     pub fn alloc(&mut self, key: Key, no_prediction: u64) -> u32 {
-        let fresh = Node {
-            key,
-            rank: no_prediction,
-            newer: HEAD,
-            older: HEAD,
-            stamp: NOT_RESIDENT,
-            seen_phase: 0,
-            pred_evicted_phase: 0,
-        };
+        let fresh = Node::unlinked(key, no_prediction, NOT_RESIDENT);
         match self.free.pop() {
             Some(i) => {
                 *self.node_mut(i) = fresh;
