@@ -94,8 +94,8 @@ impl<T: Ord + Copy> QuadHeap<T> {
     pub fn rebuild(&mut self, items: impl IntoIterator<Item = T>) {
         self.items.clear();
         self.items.extend(items);
-        self.len = self.items.len();
-        self.items.extend([self.floor; ARITY]);
+        // Counts the items and puts the floor after them.
+        self.truncate(self.items.len());
         debug_assert!(self.items[..self.len].iter().all(|&x| x >= self.floor));
         self.heapify();
     }
