@@ -22,15 +22,15 @@
 //! the phase, k new). When λ has collapsed to l = 1 the victim is the
 //! least-recent key and the heap is not used at all.
 
+mod index;
 mod recency;
 mod window;
 
+use index::{KeyIndex, Slot};
 use recency::{HEAD, NOT_RESIDENT, Recency};
 use window::{NO_PREDICTION, Window, rank};
 
-use std::collections::hash_map::Entry;
-
-use super::{EvictCtx, EvictionPolicy, Key, KeyMap, PredictOracle};
+use super::{EvictCtx, EvictionPolicy, Key, PredictOracle};
 
 /// Which prediction-guided policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub struct PredictiveLru {
     sync: bool,
     /// k: the cache's capacity in keys.
     capacity: usize,
-    index: KeyMap<Key, u32>,
+    index: KeyIndex,
     /// The last key looked up and its node: a request's `access`, `evict`,
     /// `insert` and `set_prediction` all name the same key, so one hash
     /// lookup serves all four.
@@ -106,7 +106,7 @@ impl PredictiveLru {
             laru,
             sync: mode == Mode::LaruSync,
             capacity,
-            index: KeyMap::with_capacity_and_hasher(known, Default::default()),
+            index: KeyIndex::with_capacity(known),
             recent: None,
             recency: Recency::with_capacity(known),
             window: Window::new(),
@@ -168,7 +168,7 @@ impl PredictiveLru {
         {
             return Some(i);
         }
-        let i = *self.index.get(&key)?;
+        let i = self.index.get(key, &self.recency)?;
         self.recent = Some((key, i));
         Some(i)
     }
@@ -177,7 +177,7 @@ impl PredictiveLru {
     #[inline(always)]
     fn new_node(&mut self, key: Key) -> u32 {
         let i = self.recency.alloc(key, NO_PREDICTION);
-        self.index.insert(key, i);
+        self.index.insert(key, i, &self.recency);
         self.recent = Some((key, i));
         i
     }
@@ -235,9 +235,7 @@ impl PredictiveLru {
         // then saves its key a hash removal and reinsertion).
         if self.recency.known() - self.resident > self.capacity + GHOST_SLACK {
             let index = &mut self.index;
-            self.recency.release_ghosts(|key| {
-                index.remove(&key);
-            });
+            self.recency.release_ghosts(|key, i| index.remove(key, i));
             self.recent = None;
             self.missing = HEAD;
         }
@@ -297,7 +295,7 @@ impl PredictiveLru {
         n.stamp = NOT_RESIDENT;
         let key = n.key;
         if !self.laru {
-            self.index.remove(&key);
+            self.index.remove(key, i);
             self.recency.release(i);
             if self.recent.is_some_and(|(k, _)| k == key) {
                 self.recent = None;
@@ -325,7 +323,7 @@ impl PredictiveLru {
         let items: Vec<(u32, (Key, u64))> = keys
             .into_iter()
             .filter_map(|k| {
-                let &i = self.index.get(&k)?;
+                let i = self.index.get(k, &self.recency)?;
                 (self.recency.node(i).is_resident())
                     .then_some((i, (k, self.last_access[i as usize])))
             })
@@ -379,14 +377,14 @@ impl EvictionPolicy for PredictiveLru {
         }
         // A request's first lookup (`recent` rarely holds its key here); a
         // key LARU does not know gets its node in the same probe.
-        let i = match self.index.entry(key) {
-            Entry::Occupied(e) => *e.get(),
-            Entry::Vacant(v) if self.laru => {
+        let i = match self.index.slot(key, &self.recency) {
+            Slot::Known(i) => i,
+            Slot::Unknown(v) if self.laru => {
                 let i = self.recency.alloc(key, NO_PREDICTION);
                 v.insert(i);
                 return self.access_new(i, key, now);
             }
-            Entry::Vacant(_) => {
+            Slot::Unknown(_) => {
                 self.missing = HEAD;
                 return false;
             }
@@ -472,7 +470,7 @@ impl EvictionPolicy for PredictiveLru {
     }
 
     fn contains(&self, key: Key) -> bool {
-        (self.index.get(&key)).is_some_and(|&i| self.recency.node(i).is_resident())
+        (self.index.get(key, &self.recency)).is_some_and(|i| self.recency.node(i).is_resident())
     }
 
     fn len(&self) -> usize {
@@ -576,7 +574,10 @@ mod tests {
         let mut p = PredictiveLru::new(Mode::LaruAsync, cap);
         // Key 99 misses and is never inserted (the cache bypassed it).
         assert!(!p.access(99, 0));
-        assert!(p.index.contains_key(&99), "kept for the phase's count");
+        assert!(
+            p.index.get(99, &p.recency).is_some(),
+            "kept for the phase's count"
+        );
         for (now, key) in [(1, 1), (2, 2), (3, 99)] {
             if !p.access(key, now) && key != 99 {
                 p.insert(key, now);

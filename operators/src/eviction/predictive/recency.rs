@@ -140,12 +140,12 @@ impl Recency {
         self.free.push(i);
     }
 
-    /// Releases every non-resident node, telling `forget` its key.
-    pub fn release_ghosts(&mut self, mut forget: impl FnMut(Key)) {
+    /// Releases every non-resident node, telling `forget` its key and number.
+    pub fn release_ghosts(&mut self, mut forget: impl FnMut(Key, u32)) {
         for i in 1..self.nodes.len() as u32 {
             let n = self.node(i);
             if !n.is_resident() && n.older != FREE {
-                forget(n.key);
+                forget(n.key, i);
                 self.release(i);
             }
         }
@@ -271,12 +271,12 @@ mod tests {
         r.link_newest(a);
         assert_eq!(r.known(), 2);
         let mut forgotten = Vec::new();
-        r.release_ghosts(|k| forgotten.push(k));
-        assert_eq!(forgotten, vec![2], "only the non-resident node");
+        r.release_ghosts(|k, i| forgotten.push((k, i)));
+        assert_eq!(forgotten, vec![(2, b)], "only the non-resident node");
         assert_eq!(r.known(), 1);
         assert_eq!(r.alloc(3, 0), b, "the freed slot is reused");
         // A released node is not released again.
-        r.release_ghosts(|k| forgotten.push(k));
-        assert_eq!(forgotten, vec![2, 3]);
+        r.release_ghosts(|k, i| forgotten.push((k, i)));
+        assert_eq!(forgotten, vec![(2, b), (3, b)]);
     }
 }
