@@ -74,6 +74,19 @@ impl KeyIndex {
             .insert_unique(hash(key), i, |&j| hash(nodes.node(j).key));
     }
 
+    /// Forgets every key, keeping the table's room.
+    pub fn clear(&mut self) {
+        self.table.clear();
+    }
+
+    /// Indexes node `i` for `key` while the table has room for it (the
+    /// keys it held before a `clear`); grows only if it has not.
+    #[inline(always)]
+    pub fn insert_fresh(&mut self, key: Key, i: u32) {
+        self.table
+            .insert_unique(hash(key), i, |_| unreachable!("the table kept its room"));
+    }
+
     /// Forgets node `i`, which holds `key`.
     #[inline(always)]
     pub fn remove(&mut self, key: Key, i: u32) {

@@ -232,10 +232,14 @@ impl PredictiveLru {
         self.distinct_in_phase = 0;
         // The ended phase's ghosts are no longer needed; collect them in
         // bulk once they outnumber the cache (a ghost requested again before
-        // then saves its key a hash removal and reinsertion).
+        // then saves its key a hash removal and reinsertion). The index is
+        // then rebuilt from the resident keys: fewer than the ghosts, and
+        // inserting into an emptied table beats removing key by key.
         if self.recency.known() - self.resident > self.capacity + GHOST_SLACK {
             let index = &mut self.index;
-            self.recency.release_ghosts(|key, i| index.remove(key, i));
+            index.clear();
+            self.recency
+                .release_ghosts(|key, i| index.insert_fresh(key, i));
             self.recent = None;
             self.missing = HEAD;
         }

@@ -140,12 +140,14 @@ impl Recency {
         self.free.push(i);
     }
 
-    /// Releases every non-resident node, telling `forget` its key and number.
-    pub fn release_ghosts(&mut self, mut forget: impl FnMut(Key, u32)) {
+    /// Releases every non-resident node and tells `keep` each resident
+    /// one (key and number), in one pass over the slab.
+    pub fn release_ghosts(&mut self, mut keep: impl FnMut(Key, u32)) {
         for i in 1..self.nodes.len() as u32 {
             let n = self.node(i);
-            if !n.is_resident() && n.older != FREE {
-                forget(n.key, i);
+            if n.is_resident() {
+                keep(n.key, i);
+            } else if n.older != FREE {
                 self.release(i);
             }
         }
@@ -270,13 +272,14 @@ mod tests {
         let b = r.alloc(2, 0);
         r.link_newest(a);
         assert_eq!(r.known(), 2);
-        let mut forgotten = Vec::new();
-        r.release_ghosts(|k, i| forgotten.push((k, i)));
-        assert_eq!(forgotten, vec![(2, b)], "only the non-resident node");
+        let mut kept = Vec::new();
+        r.release_ghosts(|k, i| kept.push((k, i)));
+        assert_eq!(kept, vec![(1, a)], "the resident node is kept");
         assert_eq!(r.known(), 1);
         assert_eq!(r.alloc(3, 0), b, "the freed slot is reused");
         // A released node is not released again.
-        r.release_ghosts(|k, i| forgotten.push((k, i)));
-        assert_eq!(forgotten, vec![(2, b), (3, b)]);
+        r.release_ghosts(|k, i| kept.push((k, i)));
+        assert_eq!(kept, vec![(1, a), (1, a)]);
+        assert_eq!(r.known(), 1, "3 is released");
     }
 }
