@@ -8,7 +8,6 @@
 use std::hash::Hasher;
 
 use hashbrown::HashTable;
-use hashbrown::hash_table::Entry;
 
 use super::recency::Recency;
 use crate::eviction::Key;
@@ -19,14 +18,6 @@ fn hash(key: Key) -> u64 {
     let mut h = KeyHasher::default();
     h.write_u64(key);
     h.finish()
-}
-
-/// Where a key stands in the index.
-#[derive(Debug)]
-pub(super) enum Slot<'a> {
-    Known(u32),
-    /// Not known: `insert` gives it a node (one probe for both).
-    Unknown(hashbrown::hash_table::VacantEntry<'a, u32>),
 }
 
 /// Node numbers by their nodes' keys.
@@ -54,19 +45,6 @@ impl KeyIndex {
             .copied()
     }
 
-    /// The key's node, or its free slot.
-    #[inline(always)]
-    pub fn slot(&mut self, key: Key, nodes: &Recency) -> Slot<'_> {
-        match self.table.entry(
-            hash(key),
-            |&i| nodes.node(i).key == key,
-            |&i| hash(nodes.node(i).key),
-        ) {
-            Entry::Occupied(e) => Slot::Known(*e.get()),
-            Entry::Vacant(v) => Slot::Unknown(v),
-        }
-    }
-
     /// Indexes node `i`, which holds `key`, known to be absent.
     #[inline(always)]
     pub fn insert(&mut self, key: Key, i: u32, nodes: &Recency) {
@@ -79,8 +57,9 @@ impl KeyIndex {
         self.table.clear();
     }
 
-    /// Indexes node `i` for `key` while the table has room for it (the
-    /// keys it held before a `clear`); grows only if it has not.
+    /// Indexes node `i` for `key` after a `clear`, for at most as many keys
+    /// as the table held before it: the room is there, so it never rehashes
+    /// (which would need the nodes, borrowed by the caller's slab pass).
     #[inline(always)]
     pub fn insert_fresh(&mut self, key: Key, i: u32) {
         self.table
@@ -102,7 +81,8 @@ mod tests {
     use std::collections::HashMap;
 
     /// Random inserts and removals, with the table growing several times,
-    /// against a `HashMap`; keys collide in their low bits on purpose.
+    /// then a clear and refill, against a `HashMap`; keys collide in their
+    /// low bits on purpose.
     #[test]
     fn agrees_with_a_hash_map_through_growth_and_removals() {
         let mut nodes = Recency::with_capacity(0);
@@ -123,20 +103,30 @@ mod tests {
                 (Some(i), _) => assert_eq!(index.get(key, &nodes), Some(i)),
                 (None, _) => {
                     assert_eq!(index.get(key, &nodes), None, "step {step}");
-                    match index.slot(key, &nodes) {
-                        Slot::Unknown(v) => {
-                            let i = nodes.alloc(key, 0);
-                            v.insert(i);
-                            reference.insert(key, i);
-                        }
-                        Slot::Known(i) => panic!("{key} known as {i} at step {step}"),
-                    }
+                    let i = nodes.alloc(key, 0);
+                    index.insert(key, i, &nodes);
+                    reference.insert(key, i);
                 }
             }
             assert_eq!(index.len(), reference.len());
         }
         for (&key, &i) in &reference {
-            assert!(matches!(index.slot(key, &nodes), Slot::Known(j) if j == i));
+            assert_eq!(index.get(key, &nodes), Some(i));
+        }
+        // Emptied and refilled with every other key, as a ghost collection does.
+        index.clear();
+        let kept: Vec<(Key, u32)> = reference.iter().map(|(&k, &i)| (k, i)).step_by(2).collect();
+        for &(key, i) in &kept {
+            index.insert_fresh(key, i);
+        }
+        assert_eq!(index.len(), kept.len());
+        for (&key, &i) in &reference {
+            let expected = kept.contains(&(key, i)).then_some(i);
+            assert_eq!(
+                index.get(key, &nodes),
+                expected,
+                "key {key} after the refill"
+            );
         }
         let i = nodes.alloc(u64::MAX, 0);
         index.insert(u64::MAX, i, &nodes);

@@ -26,7 +26,7 @@ mod index;
 mod recency;
 mod window;
 
-use index::{KeyIndex, Slot};
+use index::KeyIndex;
 use recency::{HEAD, NOT_RESIDENT, Recency};
 use window::{NO_PREDICTION, Window, rank};
 
@@ -381,17 +381,14 @@ impl EvictionPolicy for PredictiveLru {
         }
         // A request's first lookup (`recent` rarely holds its key here); a
         // key LARU does not know gets its node in the same probe.
-        let i = match self.index.slot(key, &self.recency) {
-            Slot::Known(i) => i,
-            Slot::Unknown(v) if self.laru => {
+        let Some(i) = self.index.get(key, &self.recency) else {
+            if self.laru {
                 let i = self.recency.alloc(key, NO_PREDICTION);
-                v.insert(i);
+                self.index.insert(key, i, &self.recency);
                 return self.access_new(i, key, now);
             }
-            Slot::Unknown(_) => {
-                self.missing = HEAD;
-                return false;
-            }
+            self.missing = HEAD;
+            return false;
         };
         self.recent = Some((key, i));
         let tag = self.tag;
