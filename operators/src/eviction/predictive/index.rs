@@ -78,6 +78,8 @@ impl KeyIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{RngExt, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
     use std::collections::HashMap;
 
     /// Random inserts and removals, with the table growing several times,
@@ -88,12 +90,9 @@ mod tests {
         let mut nodes = Recency::with_capacity(0);
         let mut index = KeyIndex::with_capacity(0);
         let mut reference: HashMap<Key, u32> = HashMap::new();
-        let mut x = 1u64;
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
         for step in 0..20_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let key = (x % 3_000) << 40;
+            let key = rng.random_range(0..3_000u64) << 40;
             match (reference.get(&key).copied(), step % 3) {
                 (Some(i), 0) => {
                     index.remove(key, i);

@@ -16,7 +16,7 @@
 //! evicted by prediction earlier in the phase. Such a key keeps its node as
 //! a *ghost* after it leaves the cache; ghosts are released in bulk at a
 //! phase's start once they outnumber the cache, and a ghost requested again
-//! before then costs no hash insertion and removal. A phase creates nodes
+//! before then costs no new node and no hash insertion. A phase creates nodes
 //! only for the at most k new keys it requests, so the policy never knows
 //! more than 3k + 64 keys (k resident, at most k + 64 ghosts carried into
 //! the phase, k new). When λ has collapsed to l = 1 the victim is the
@@ -232,7 +232,7 @@ impl PredictiveLru {
         self.distinct_in_phase = 0;
         // The ended phase's ghosts are no longer needed; collect them in
         // bulk once they outnumber the cache (a ghost requested again before
-        // then saves its key a hash removal and reinsertion). The index is
+        // then saves its key a new node and a hash insertion). The index is
         // then rebuilt from the resident keys: fewer than the ghosts, and
         // inserting into an emptied table beats removing key by key.
         if self.recency.known() - self.resident > self.capacity + GHOST_SLACK {
@@ -251,10 +251,10 @@ impl PredictiveLru {
     }
 
     /// A request (LARU) for a key the policy did not know: a miss. Its
-    /// new node `i` counts for the phase: a ghost until the cache inserts it.
+    /// new node counts for the phase: a ghost until the cache inserts it.
     #[inline(never)]
-    fn access_new(&mut self, i: u32, key: Key, now: u64) -> bool {
-        self.recent = Some((key, i));
+    fn access_new(&mut self, key: Key, now: u64) -> bool {
+        let i = self.new_node(key);
         self.recency.node_mut(i).seen_phase = self.tag;
         self.distinct_in_phase += 1;
         self.missing = i;
@@ -383,9 +383,7 @@ impl EvictionPolicy for PredictiveLru {
         // key LARU does not know gets its node in the same probe.
         let Some(i) = self.index.get(key, &self.recency) else {
             if self.laru {
-                let i = self.recency.alloc(key, NO_PREDICTION);
-                self.index.insert(key, i, &self.recency);
-                return self.access_new(i, key, now);
+                return self.access_new(key, now);
             }
             self.missing = HEAD;
             return false;
