@@ -2,7 +2,7 @@
 //!
 //! A slot holds only the node number; the key is compared through the node,
 //! which the caller loads next anyway. LARU's index also names its ghosts
-//! (up to about three times the cache), so a `HashMap<Key, u32>` (16-byte
+//! (up to 2k + max(k + 64, 2048) keys), so a `HashMap<Key, u32>` (16-byte
 //! slots) would spill the index and the node slab out of the L1 cache.
 
 use std::hash::Hasher;

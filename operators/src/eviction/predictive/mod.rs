@@ -54,7 +54,7 @@ const GHOST_SLACK: usize = 64;
 /// collection passes over every node and refills the key index, and a small
 /// cache's phases are short, so with a budget of only k it would collect
 /// every few phases and re-create the same few thousand keys each time
-/// (2,048 ghosts are 48 KiB of nodes and index).
+/// (2,048 ghosts are 64 KiB of nodes and about 10 KiB of index).
 const GHOST_FLOOR: usize = 2_048;
 
 /// Ghosts a LARU cache of `capacity` keys keeps before a collection.
@@ -107,7 +107,8 @@ impl PredictiveLru {
     pub fn new(mode: Mode, capacity: usize) -> Self {
         let capacity = capacity.max(1);
         let laru = matches!(mode, Mode::LaruAsync | Mode::LaruSync);
-        // Resident keys and, for LARU, up to about as many ghosts.
+        // Room to start with: resident keys and, for LARU, about as many
+        // ghosts (the slab and index grow to the ghost budget if needed).
         let known = if laru {
             2 * capacity + GHOST_SLACK
         } else {
@@ -243,10 +244,11 @@ impl PredictiveLru {
         self.halvings = 0;
         self.distinct_in_phase = 0;
         // The ended phase's ghosts are no longer needed; collect them in
-        // bulk once they outnumber the cache (a ghost requested again before
-        // then saves its key a new node and a hash insertion). The index is
-        // then rebuilt from the resident keys: fewer than the ghosts, and
-        // inserting into an emptied table beats removing key by key.
+        // bulk once they exceed the ghost budget (a ghost requested again
+        // before then saves its key a new node and a hash insertion). The
+        // index is then rebuilt from the resident keys: fewer than the
+        // ghosts, and inserting into an emptied table beats removing key by
+        // key.
         if self.recency.known() - self.resident > ghost_budget(self.capacity) {
             let index = &mut self.index;
             index.clear();
@@ -392,7 +394,7 @@ impl EvictionPolicy for PredictiveLru {
             self.start_phase();
         }
         // A request's first lookup (`recent` rarely holds its key here); a
-        // key LARU does not know gets its node in the same probe.
+        // key LARU does not know gets a node (`access_new`).
         let Some(i) = self.index.get(key, &self.recency) else {
             if self.laru {
                 return self.access_new(key, now);
