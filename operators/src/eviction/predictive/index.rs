@@ -21,7 +21,7 @@ fn hash(key: Key) -> u64 {
 }
 
 /// Node numbers by their nodes' keys.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct KeyIndex {
     table: HashTable<u32>,
 }
