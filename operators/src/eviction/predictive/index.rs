@@ -3,7 +3,8 @@
 //! A slot holds only the node number; the key is compared through the node,
 //! which the caller loads next anyway. LARU's index also names its ghosts
 //! (up to 2k + max(k + 64, 2048) keys), so a `HashMap<Key, u32>` (16-byte
-//! slots) would spill the index and the node slab out of the L1 cache.
+//! slots) would take four times the cache room, next to a node slab that
+//! on a small trace (ml-100k: 1,682 keys, 54 KiB) already outgrows L1.
 
 use std::hash::Hasher;
 
