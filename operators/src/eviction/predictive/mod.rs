@@ -15,9 +15,9 @@
 //! LARU needs to know, for a missed key, whether it was requested or
 //! evicted by prediction earlier in the phase. Such a key keeps its node as
 //! a *ghost* after it leaves the cache; ghosts are released in bulk at a
-//! phase's start once they exceed a budget (the cache's size, but at least
-//! 2,048 keys), and a ghost requested again before then costs no new node
-//! and no hash insertion. A phase creates nodes only for the at most k new
+//! phase's start once they exceed a budget (k + 64 keys, but at least
+//! 2,048), and a ghost requested again before then costs no new node and
+//! no hash insertion. A phase creates nodes only for the at most k new
 //! keys it requests, so the policy never knows more than
 //! 2k + max(k + 64, 2048) keys (k resident, the ghosts carried into the
 //! phase, k new). When λ has collapsed to l = 1 the victim is the
