@@ -277,7 +277,7 @@ impl PredictiveLru {
     }
 
     /// A request for a ghost (LARU): a miss.
-    #[inline(never)]
+    #[inline(always)]
     fn access_ghost(&mut self, i: u32, now: u64) -> bool {
         self.missing = i;
         self.note_request(i, now);

@@ -8,10 +8,14 @@
 //! or a new phase rebuilds the window from the oldest key, one walk and
 //! one heapify, which leaves no stale entries behind.
 //!
-//! The heap (4-ary) deletes lazily: an entry is skipped, or swept out when
-//! stale entries outnumber live ones, once its node left the window, was
-//! linked again (new stamp) or got a new prediction. Choosing a victim
-//! costs O(log l) amortised.
+//! The heap (4-ary) orders node numbers by one `u64` each, the prediction's
+//! rank: a sift compares single words, and four children's keys fill half
+//! a cache line. Equal predictions tie in the heap; they sit together at
+//! the top when they matter, where the victim choice breaks the tie by
+//! recency, so the victims are exactly Alg. 1's with LRU order among equal
+//! predictions. The heap deletes lazily: an entry is skipped, or swept out
+//! when stale entries outnumber live ones, once its node left the window
+//! or got another prediction. Choosing a victim costs O(log l) amortised.
 
 use super::recency::{HEAD, Node, Recency};
 use crate::eviction::quad_heap::QuadHeap;
@@ -40,43 +44,35 @@ pub(super) const fn rank(pred: f64) -> u64 {
 /// The rank of a key without a prediction: it goes first.
 pub(super) const NO_PREDICTION: u64 = rank(f64::INFINITY);
 
-/// A heap entry, ordered as one integer: larger prediction first, then the
-/// less recent (smaller stamp), then the node (never reached: stamps are
-/// unique). One integer comparison keeps the sift short.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Candidate(u128);
+/// Heap keys of keys without a prediction start here, above every rank.
+const UNPREDICTED: u64 = NO_PREDICTION + 1;
 
-impl Candidate {
-    /// Below every real entry (ranks are never 0): the heap's floor.
-    const FLOOR: Self = Self(0);
-
-    /// Node `i` as it stands now.
-    #[inline(always)]
-    fn of(n: &Node, i: u32) -> Self {
-        Self((n.rank as u128) << 64 | ((u32::MAX - n.stamp) as u128) << 32 | i as u128)
+/// A window key's heap key as it stands now: its rank, so the largest
+/// prediction comes out first; for a key without a prediction, a key above
+/// every rank that is larger the older the key is (they go first, least
+/// recent first). Keys with an equal rank tie in the heap; [`Window::best`]
+/// breaks the tie by recency.
+#[inline(always)]
+fn heap_key(n: &Node) -> u64 {
+    let unpredicted = UNPREDICTED + (u32::MAX - n.stamp) as u64;
+    if n.rank == NO_PREDICTION {
+        unpredicted
+    } else {
+        n.rank
     }
+}
 
-    fn node(self) -> u32 {
-        self.0 as u32
-    }
-
-    fn stamp(self) -> u32 {
-        u32::MAX - (self.0 >> 32) as u32
-    }
-
-    fn rank(self) -> u64 {
-        (self.0 >> 64) as u64
-    }
-
-    /// Whether the entry still stands for a window key's current
-    /// prediction (in the window, not linked again, same prediction).
-    #[inline(always)]
-    fn is_current(self, nodes: &Recency, edge_stamp: u32) -> bool {
-        let n = nodes.node(self.node());
-        // `&`, not `&&`: one branch for the caller instead of three
-        // unpredictable ones (sweeps test half-stale heaps).
-        (self.stamp() <= edge_stamp) & (n.stamp == self.stamp()) & (n.rank == self.rank())
-    }
+/// Whether heap entry (`key`, node `i`) stands for a window key's current
+/// state: in the window (so resident) with the same heap key, i.e. the
+/// same prediction (and, without one, the same stamp). An entry left from
+/// before the key was linked again is current only when nothing it is
+/// ordered by changed, and then it is a harmless duplicate.
+#[inline(always)]
+fn is_current(key: u64, i: u32, nodes: &Recency, edge_stamp: u32) -> bool {
+    let n = nodes.node(i);
+    // `&`, not `&&`: one branch for the caller instead of two
+    // unpredictable ones (sweeps test half-stale heaps).
+    (n.stamp <= edge_stamp) & (heap_key(n) == key)
 }
 
 /// The window and its heap.
@@ -89,7 +85,8 @@ pub(super) struct Window {
     /// a stamp in between), and is 0 for an empty window.
     edge_stamp: u32,
     len: usize,
-    heap: QuadHeap<Candidate>,
+    /// Window nodes by heap key (lazily deleted: see `is_current`).
+    heap: QuadHeap<u32>,
 }
 
 impl Window {
@@ -98,7 +95,7 @@ impl Window {
             edge: HEAD,
             edge_stamp: 0,
             len: 0,
-            heap: QuadHeap::new(Candidate::FLOOR),
+            heap: QuadHeap::new(),
         }
     }
 
@@ -139,10 +136,10 @@ impl Window {
     /// their predictions: one walk from the oldest key and one heapify.
     pub fn rebuild(&mut self, nodes: &Recency, l: usize) {
         let mut edge = HEAD;
-        self.heap.rebuild((0..l).map(|_| {
+        self.heap.rebuild(l, |_| {
             edge = nodes.node(edge).newer;
-            Candidate::of(nodes.node(edge), edge)
-        }));
+            (heap_key(nodes.node(edge)), edge)
+        });
         self.edge = edge;
         self.edge_stamp = nodes.node(edge).stamp;
         self.len = l;
@@ -151,18 +148,14 @@ impl Window {
     /// Node `i`'s prediction enters the heap (a window key's new one).
     #[inline(always)]
     pub fn push(&mut self, nodes: &Recency, i: u32) {
-        let c = Candidate::of(nodes.node(i), i);
+        let key = heap_key(nodes.node(i));
         // The last victim usually still sits on top: overwriting it costs
         // one sift-down instead of a pop and a push.
         let edge_stamp = self.edge_stamp;
-        if self
-            .heap
-            .peek()
-            .is_some_and(|top| !top.is_current(nodes, edge_stamp))
-        {
-            self.heap.replace_top(c);
+        if (self.heap.peek()).is_some_and(|(k, j)| !is_current(k, j, nodes, edge_stamp)) {
+            self.heap.replace_top(key, i);
         } else {
-            self.heap.push(c);
+            self.heap.push(key, i);
         }
     }
 
@@ -173,11 +166,24 @@ impl Window {
     pub fn best(&mut self, nodes: &Recency, l: usize) -> u32 {
         self.prepare(nodes, l);
         let edge_stamp = self.edge_stamp;
-        while let Some(&top) = self.heap.peek() {
-            if top.is_current(nodes, edge_stamp) {
-                return top.node();
+        while let Some((key, i)) = self.heap.peek() {
+            if !is_current(key, i, nodes, edge_stamp) {
+                self.heap.pop();
+                continue;
             }
-            self.heap.pop();
+            if key >= UNPREDICTED {
+                // Its stamp is in the key: no other current entry ties.
+                return i;
+            }
+            // Equal predictions: the least recent goes (Alg. 1 names no
+            // order; this is LRU's, and makes the victim unique).
+            let mut best = (nodes.node(i).stamp, i);
+            self.heap.ties_of_top(|j| {
+                if is_current(key, j, nodes, edge_stamp) {
+                    best = best.min((nodes.node(j).stamp, j));
+                }
+            });
+            return best.1;
         }
         unreachable!("a non-empty window has a current entry")
     }
@@ -203,7 +209,7 @@ impl Window {
         }
         if self.heap.len() > 2 * self.len + HEAP_SLACK {
             let edge_stamp = self.edge_stamp;
-            self.heap.retain(|c| c.is_current(nodes, edge_stamp));
+            self.heap.retain(|k, i| is_current(k, i, nodes, edge_stamp));
         }
     }
 }
@@ -223,9 +229,6 @@ mod tests {
             assert_eq!(rank(unknown), NO_PREDICTION);
             assert!(rank(f64::MAX) < NO_PREDICTION);
         }
-        assert!(
-            rank(f64::MIN) > Candidate::FLOOR.rank(),
-            "the floor is below every rank"
-        );
+        assert!(rank(f64::MIN) > 0, "the heap's floor is below every rank");
     }
 }
