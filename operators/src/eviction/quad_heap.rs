@@ -53,8 +53,8 @@ impl<V: Copy> QuadHeap<V> {
 
     pub fn push(&mut self, key: u64, value: V) {
         let hole = self.len();
+        // One more padding key; the sift writes the item's slot.
         self.keys.push(FLOOR);
-        self.keys[hole] = key;
         self.values.push(value);
         self.sift_up(hole, key, value);
     }
@@ -110,16 +110,12 @@ impl<V: Copy> QuadHeap<V> {
         let mut stack = Vec::new();
         let mut parent = 0;
         loop {
+            // Real children only: padding equals a top of FLOOR.
             let first = ARITY * parent + 1;
-            if first < self.len() {
-                for c in first..first + ARITY {
-                    // Padding is never equal: no key of a tie is the floor
-                    // unless the top is, and then padding would be visited;
-                    // the bound check rules it out.
-                    if self.keys[c] == top && c < self.len() {
-                        visit(self.values[c]);
-                        stack.push(c);
-                    }
+            for c in first..(first + ARITY).min(self.len()) {
+                if self.keys[c] == top {
+                    visit(self.values[c]);
+                    stack.push(c);
                 }
             }
             match stack.pop() {
@@ -250,12 +246,6 @@ impl<V: Copy> QuadHeap<V> {
     }
 }
 
-impl<V: Copy> Default for QuadHeap<V> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,11 +351,15 @@ mod tests {
                 // Few distinct keys, zeros (the floor value) included.
                 let k = rng.random_range(0..4u64) * (round % 3) as u64;
                 items.push((k, v));
-                if v % 2 == 0 {
+            }
+            // Heaps built both ways: pushes (sift-ups) and one heapify.
+            if round % 2 == 0 {
+                for &(k, v) in &items {
                     h.push(k, v);
                 }
+            } else {
+                h.rebuild(items.len(), |i| items[i]);
             }
-            h.rebuild(items.len(), |i| items[i]);
             for _ in 0..rng.random_range(0..20) {
                 h.pop();
             }
