@@ -227,6 +227,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             })
             .collect();
         let c = node.counters();
+        let busy = df.busy.borrow().shares(crate::events::now_ns());
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         let node_summary = NodeSummary {
             node: node.id(),
@@ -240,6 +241,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             kv_total_tokens: c.kv_total_tokens,
             link_bytes: c.link_bytes,
             oov_items: c.oov_items,
+            busy_share: busy.whole,
+            busy_share_peak: busy.peak,
             ..NodeSummary::default()
         };
         WorkerResult {

@@ -43,6 +43,11 @@ pub struct NodeSummary {
     pub kv_total_tokens: u64,
     pub link_bytes: u64,
     pub oov_items: u64,
+    /// Wall time inside the node's serve calls ÷ wall time of the run.
+    pub busy_share: f64,
+    /// The same share in the node's busiest wall-time interval (one window
+    /// long); near 1.0 the node queues requests.
+    pub busy_share_peak: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -115,8 +120,15 @@ impl Summary {
         );
         for n in &self.nodes {
             s += &format!(
-                "  node {}: {} responses  alpha {:.2}  emb {:.3}  kv {:.3}  p99 {:.2} ms\n",
-                n.node, n.responses_out, n.alpha, n.emb_hit_rate, n.kv_hit_rate, n.latency_ms.p99
+                "  node {}: {} responses  alpha {:.2}  emb {:.3}  kv {:.3}  p99 {:.2} ms  busy {:.2} (peak {:.2})\n",
+                n.node,
+                n.responses_out,
+                n.alpha,
+                n.emb_hit_rate,
+                n.kv_hit_rate,
+                n.latency_ms.p99,
+                n.busy_share,
+                n.busy_share_peak
             );
         }
         s += &format!(

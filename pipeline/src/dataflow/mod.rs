@@ -26,6 +26,7 @@ use timely::worker::Worker;
 
 use grflow_connectors::parquet::RequestSource;
 use grflow_connectors::{ErrorRow, ResponseRow};
+use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::ServingNode;
 use grflow_operators::router::{NodeReport, Router};
 
@@ -47,6 +48,8 @@ pub struct WorkerOutputs {
 pub struct WorkerDataflow {
     pub router: Rc<RefCell<Router>>,
     pub node: Rc<RefCell<ServingNode>>,
+    /// Time the node spent serving, for its busy share.
+    pub busy: Rc<RefCell<BusyMeter>>,
     pub windows: WindowTable,
     pub outputs: Rc<RefCell<WorkerOutputs>>,
     pub probe: ProbeHandle<u64>,
@@ -88,6 +91,7 @@ pub struct ServingParts {
 pub struct ServingHandles {
     pub router: Rc<RefCell<Router>>,
     pub node: Rc<RefCell<ServingNode>>,
+    pub busy: Rc<RefCell<BusyMeter>>,
     pub windows: WindowTable,
 }
 
@@ -98,6 +102,11 @@ pub fn serving<'s>(
 ) -> (StreamVec<'s, u64, NodeEvent>, ServingHandles) {
     let router = Rc::new(RefCell::new(parts.router));
     let node = Rc::new(RefCell::new(parts.node));
+    // Busy shares are measured over wall-time intervals as long as a window.
+    let busy = Rc::new(RefCell::new(BusyMeter::new(
+        crate::events::now_ns(),
+        parts.window_ms.saturating_mul(1_000_000),
+    )));
     let windows_table: WindowTable = Default::default();
 
     let (reports_handle, reports) = scope.feedback::<Vec<NodeReport>>(1);
@@ -105,6 +114,7 @@ pub fn serving<'s>(
     let events = node::serve(
         routed,
         node.clone(),
+        busy.clone(),
         parts.side,
         parts.slo_ms,
         parts.clock,
@@ -130,6 +140,7 @@ pub fn serving<'s>(
         ServingHandles {
             router,
             node,
+            busy,
             windows: windows_table,
         },
     )
@@ -193,6 +204,7 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
     WorkerDataflow {
         router: handles.router,
         node: handles.node,
+        busy: handles.busy,
         windows: handles.windows,
         outputs,
         probe,

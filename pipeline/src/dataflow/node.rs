@@ -12,6 +12,7 @@ use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::generic::Operator;
 
 use grflow_connectors::{ErrorRow, ResponseRow};
+use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::{RankRequest, RetrieveRequest, ServingNode};
 use grflow_operators::windows::TelemetrySample;
 use grflow_traces::Mode;
@@ -24,6 +25,7 @@ use crate::side::SideTables;
 pub fn serve<'s>(
     routed: StreamVec<'s, u64, Routed>,
     node: Rc<RefCell<ServingNode>>,
+    busy: Rc<RefCell<BusyMeter>>,
     side: Arc<SideTables>,
     slo_ms: f64,
     clock: Clock,
@@ -47,6 +49,7 @@ pub fn serve<'s>(
                         r.admitted.request.req_id,
                     )
                 });
+                let busy_since = now_ns();
                 let mut node = node.borrow_mut();
                 let mut session = output.session(&cap);
                 for routed in batch {
@@ -145,6 +148,7 @@ pub fn serve<'s>(
                     }
                 }
                 session.give(NodeEvent::Report(node.report(time)));
+                busy.borrow_mut().record(busy_since, now_ns());
             }
         }
     })

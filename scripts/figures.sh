@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Regenerates every figure README.md quotes, with the machine it ran on and
+# that machine's GEMM rate measured in the same run. Each figure comes from
+# one command, printed before it runs; the JSON of each lands in $OUT.
+#
+#   ./scripts/figures.sh            # kernels, default replay, unpaced replay, in-node laru
+#   ./scripts/figures.sh --all      # also bench cache on ../shared/data, bench kafka
+#                                   # (needs GRFLOW_KAFKA_BROKERS) and the
+#                                   # 1M-request memory soak (~10 min)
+#
+# Figures differ by 1.4x and more between VMs: quote them with the machine
+# line and gemm_gflops this script prints.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+all=false
+[ "${1:-}" = "--all" ] && all=true
+OUT=${OUT:-target/figures/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+bin=./target/release/grflow
+
+log() { printf '\n== %s\n' "$*" >&2; }
+run() {
+    # run NAME CMD...: prints the command, keeps its JSON in $OUT/NAME.json
+    local name=$1
+    shift
+    log "$*"
+    "$@" >"$OUT/$name.json"
+}
+field() {
+    # field FILE EXPR: one value from a JSON file (python3 is on every dev VM)
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$1" "$2"
+}
+
+log "cargo build --release --locked"
+cargo build --release --locked >&2
+
+cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
+echo "machine: ${cpu:-unknown}, $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB" | tee "$OUT/machine.txt"
+
+run kernels "$bin" bench kernels --json
+echo "gemm_gflops: $(field "$OUT/kernels.json" "d['gemm_gflops']")" | tee -a "$OUT/machine.txt"
+
+# The first command, three times: the paced default and its busy shares.
+for i in 1 2 3; do
+    run "replay_default_$i" "$bin" replay --json
+done
+run replay_max "$bin" replay --speed max --json
+run replay_event "$bin" replay --speed max --clock event --json
+
+# In-node learned eviction: the default config with laru for EMB and user KV.
+laru_cfg="$OUT/laru.toml"
+sed -e 's/^emb_policy = "lru"/emb_policy = "laru"/' \
+    -e 's/^user_kv_policy = "lru"/user_kv_policy = "laru"/' configs/default.toml >"$laru_cfg"
+run replay_laru_max "$bin" replay --speed max --config "$laru_cfg" --json
+
+if $all; then
+    data=../shared/data
+    if [ -d "$data" ]; then
+        run cache_ml100k "$bin" bench cache --trace "$data/ml-100k/ml-100k.inter" \
+            --format recbole --noise 0,1 --repeat 5 --json
+        run cache_mooncake "$bin" bench cache --trace "$data/mooncake/conversation_trace_part1.jsonl" \
+            --format mooncake --noise 0,1 --repeat 5 --json
+    else
+        log "skipped bench cache: $data is not here"
+    fi
+    if [ -n "${GRFLOW_KAFKA_BROKERS:-}" ]; then
+        run kafka "$bin" bench kafka --brokers "$GRFLOW_KAFKA_BROKERS" --json
+    else
+        log "skipped bench kafka: GRFLOW_KAFKA_BROKERS is not set"
+    fi
+    log "memory soak (1M requests): cargo test --release --locked -p grflow-pipeline --test memory_soak -- --ignored --nocapture"
+    cargo test --release --locked -p grflow-pipeline --test memory_soak -- --ignored --nocapture \
+        2>&1 | tee "$OUT/memory_soak.txt" >&2
+fi
+
+log "summary ($OUT)"
+python3 - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    p = os.path.join(out, name + ".json")
+    return json.load(open(p)) if os.path.exists(p) else None
+k = load("kernels")
+print(open(os.path.join(out, "machine.txt")).read().strip())
+if k:
+    for key in sorted(k):
+        if not isinstance(k[key], (dict, list)):
+            print(f"kernels.{key}: {k[key]}")
+gemm = k["gemm_gflops"] if k else None
+for i in (1, 2, 3):
+    s = load(f"replay_default_{i}")
+    if not s:
+        continue
+    peak = max(n["busy_share_peak"] for n in s["nodes"])
+    at60 = f"  (x gemm/60 = {peak * gemm / 60:.2f})" if gemm else ""
+    print(f"replay default run {i}: {s['throughput_rps']:.0f} req/s  p50 {s['latency_ms']['p50']:.2f}"
+          f"  p99 {s['latency_ms']['p99']:.2f} ms  SLO met {100 * s['slo_satisfaction']:.1f}%"
+          f"  emb {s['emb_hit_rate']:.3f}  kv {s['kv_hit_rate']:.3f}"
+          f"  busiest node peak busy_share {peak:.2f}{at60}")
+for name in ("replay_max", "replay_laru_max"):
+    s = load(name)
+    if s:
+        print(f"{name}: {s['throughput_rps']:.0f} req/s  emb {s['emb_hit_rate']:.3f}  kv {s['kv_hit_rate']:.3f}")
+s = load("replay_event")
+if s:
+    r = s["router"]
+    print(f"replay_event: kv_hits {r['kv_hits']}  affinity_wins {r['affinity_wins']}"
+          f"  overload_fallbacks {r['overload_fallbacks']}  requests {s['requests_in']}"
+          f"  event_time_s {s['event_time_s']:.1f}")
+EOF
