@@ -174,6 +174,8 @@ pub struct DefaultTraceConfig {
     pub rps: f64,
     pub seed: u64,
     pub tables: u16,
+    /// Candidates per request (the label plus popularity-sampled items).
+    pub candidates: usize,
 }
 
 impl Default for DefaultTraceConfig {
@@ -186,6 +188,7 @@ impl Default for DefaultTraceConfig {
             rps: 140.0,
             seed: 42,
             tables: 4,
+            candidates: grflow_traces::GenConfig::default().candidates,
         }
     }
 }
@@ -204,6 +207,7 @@ impl DefaultTraceConfig {
             rps: self.rps,
             seed: self.seed,
             tables: self.tables,
+            candidates: self.candidates,
             ..grflow_traces::GenConfig::default()
         })
     }
