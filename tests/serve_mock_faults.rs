@@ -2,7 +2,9 @@
 //! broker, so these run in CI. A broker that stops acknowledging outputs
 //! during the shutdown drain (the drain times out, unanswered offsets stay
 //! uncommitted), and a broker that refuses every output, dead letters
-//! included (the job stops with exit code 1 and says why).
+//! included (the job stops with exit code 1 and says why), and requests
+//! stamped far in the future among normal ones (the broker version, with
+//! 2,000 requests, is tests/kafka_event_time.rs).
 
 mod common;
 
@@ -40,7 +42,7 @@ fn cluster(group: &str) -> Mock {
         (RESPONSES, PARTITIONS, RESPONSE_LEADER),
         (LETTERS, 1, 1),
     ] {
-        mock.create_topic(topic, partitions, 1).unwrap();
+        mock.create_topic(topic, partitions, 3).unwrap();
         for p in 0..partitions {
             mock.partition_leader(topic, p, Some(leader)).unwrap();
         }
@@ -78,16 +80,20 @@ metrics_interval_ms = 1000
 
 /// Requests `from..to`, alternating partitions.
 fn produce_requests(brokers: &str, from: u64, to: u64) {
+    produce_stamped(brokers, from, (from..to).map(|i| 1_000 + i).collect());
+}
+
+/// Requests `from..` stamped `stamps`, alternating partitions.
+fn produce_stamped(brokers: &str, from: u64, stamps: Vec<u64>) {
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("linger.ms", "1")
         .create()
         .unwrap();
-    for i in from..to {
+    for (i, ts) in (from..).zip(stamps) {
         let body = format!(
-            r#"{{"req_id":{i},"user_id":{},"ts_ms":{},"candidates":[1,2,3],"hist_len":2}}"#,
+            r#"{{"req_id":{i},"user_id":{},"ts_ms":{ts},"candidates":[1,2,3],"hist_len":2}}"#,
             i % 200,
-            1_000 + i
         );
         producer
             .send(
@@ -277,4 +283,51 @@ fn mock_outputs_refused_everywhere_stop_the_job_with_exit_code_1() {
     assert!((1..=8).contains(&lines), "{lines} failure lines:\n{stderr}");
     // Nothing was answered, so nothing is committed.
     assert_eq!(committed(&brokers, group), vec![-1; PARTITIONS as usize]);
+}
+
+#[test]
+fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
+    const NORMAL: u64 = 200;
+    let group = "far-future";
+    let mock = cluster(group);
+    let brokers = mock.bootstrap_servers();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // Epoch and trace-relative stamps interleaved, and three hostile ones.
+    let mut stamps: Vec<u64> = (0..NORMAL)
+        .map(|i| if i % 2 == 0 { now + i } else { 1_000 + i * 5 })
+        .collect();
+    for (k, ts) in [now + 10 * 365 * 86_400_000, now * 1_000, u64::MAX]
+        .into_iter()
+        .enumerate()
+    {
+        stamps.insert((k + 1) * NORMAL as usize / 4, ts);
+    }
+    let total = stamps.len();
+    produce_stamped(&brokers, 0, stamps);
+    // The shipped deadline.
+    let config = Config::parse(
+        &config_text(&brokers, group, "deadline_ms = 2000\nmax_in_flight = 64"),
+        "far-future.toml",
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let job_stop = stop.clone();
+    let job = std::thread::spawn(move || grflow_pipeline::serve(ServeOptions { config }, job_stop));
+    let responses = read_records(&brokers, RESPONSES, PARTITIONS, total);
+    stop.store(true, Ordering::Relaxed);
+    let summary = job.join().unwrap().expect("serve");
+    let mut req_ids = std::collections::BTreeSet::new();
+    for r in &responses {
+        let v: serde_json::Value = serde_json::from_slice(r).unwrap();
+        assert!(v["error"].is_null(), "not served: {v}");
+        assert!(v["latency_ms"].as_f64().unwrap() <= 2_000.0, "too late: {v}");
+        req_ids.insert(v["req_id"].as_u64().unwrap());
+    }
+    assert_eq!(req_ids.len(), total, "none missing");
+    assert_eq!(summary.clamped_ts, 3, "{summary:?}");
+    assert_eq!(summary.shed, 0, "{summary:?}");
+    assert_eq!(summary.responses, total as u64, "{summary:?}");
 }

@@ -34,7 +34,7 @@ pub struct ServeCounters {
     pub unservable: AtomicU64,
     /// Outputs the broker acknowledged.
     pub delivered: AtomicU64,
-    /// Outputs the producer gave up on and the job sent again.
+    /// Outputs offered again after a failed attempt (see `produce_failures`).
     pub resent: AtomicU64,
     /// Failed attempts to produce an output (refused at once or reported
     /// failed by the producer).
