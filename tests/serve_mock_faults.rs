@@ -30,7 +30,7 @@ const RESPONSES: &str = "responses";
 const LETTERS: &str = "dead-letters";
 const PARTITIONS: i32 = 2;
 /// Upper bound for anything that waits; a healthy run needs a fraction.
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(20);
 /// Broker 2 leads the response topic only; broker 1 everything else,
 /// including the group coordinator, so cutting off 2 cuts off only answers.
 const RESPONSE_LEADER: i32 = 2;
@@ -70,7 +70,6 @@ response_topic = "{RESPONSES}"
 dead_letter_topic = "{LETTERS}"
 group_id = "{group}"
 create_partitions = 0
-deadline_ms = 600000
 commit_interval_ms = 100
 metrics_interval_ms = 1000
 {kafka_extra}
@@ -167,7 +166,11 @@ fn mock_drain_times_out_when_answers_cannot_be_delivered_and_commits_only_answer
     let mock = cluster(group);
     let brokers = mock.bootstrap_servers();
     let config = Config::parse(
-        &config_text(&brokers, group, "drain_timeout_ms = 1000"),
+        &config_text(
+            &brokers,
+            group,
+            "deadline_ms = 600000\ndrain_timeout_ms = 1000",
+        ),
         "drain-timeout.toml",
     )
     .unwrap();
@@ -248,7 +251,7 @@ fn mock_outputs_refused_everywhere_stop_the_job_with_exit_code_1() {
         config_text(
             &brokers,
             group,
-            "produce_retries = 2\nproduce_retry_backoff_ms = 10",
+            "deadline_ms = 600000\nproduce_retries = 2\nproduce_retry_backoff_ms = 10",
         ),
     )
     .unwrap();
@@ -265,7 +268,11 @@ fn mock_outputs_refused_everywhere_stop_the_job_with_exit_code_1() {
     while child.try_wait().unwrap().is_none() {
         if started.elapsed() > WAIT {
             let _ = child.kill();
-            panic!("grflow serve did not stop on an undeliverable dead letter");
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "grflow serve did not stop on an undeliverable dead letter; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -323,7 +330,10 @@ fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
     for r in &responses {
         let v: serde_json::Value = serde_json::from_slice(r).unwrap();
         assert!(v["error"].is_null(), "not served: {v}");
-        assert!(v["latency_ms"].as_f64().unwrap() <= 2_000.0, "too late: {v}");
+        assert!(
+            v["latency_ms"].as_f64().unwrap() <= 2_000.0,
+            "too late: {v}"
+        );
         req_ids.insert(v["req_id"].as_u64().unwrap());
     }
     assert_eq!(req_ids.len(), total, "none missing");

@@ -313,6 +313,13 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 ingest.borrow_mut().commit(true)
             };
         ingest.borrow().measure_lag();
+        if !probe.done() {
+            // Left early (drain timeout, fatal error): timely would keep
+            // stepping an unfinished dataflow after this closure returns.
+            for id in worker.installed_dataflows() {
+                worker.drop_dataflow(id);
+            }
+        }
         let node = handles.node.borrow();
         WorkerResult {
             committed,
