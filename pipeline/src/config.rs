@@ -66,6 +66,18 @@ pub struct KafkaSection {
     /// Event time may trail the newest request by at most this much before
     /// older requests count as late (processed, never dropped).
     pub max_skew_ms: u64,
+    /// A request whose `ts_ms` is more than this ahead of both the wall
+    /// clock and the job's event time is served at the current event time
+    /// (counted in `clamped_ts`) and moves no watermark.
+    pub max_future_ms: u64,
+    /// Retries of an output the client or broker refused for good, before
+    /// it goes to the dead-letter topic as `undeliverable`.
+    pub produce_retries: u32,
+    /// Wait before the first of those retries; doubles with each (at most 10 s).
+    pub produce_retry_backoff_ms: u64,
+    /// Longest wait at shutdown for in-flight requests to be answered and
+    /// delivered; past it, their offsets stay uncommitted.
+    pub drain_timeout_ms: u64,
     /// How often consumed offsets whose answers are durable get committed.
     pub commit_interval_ms: u64,
     /// How often consumer lag and counters are logged.
@@ -95,6 +107,10 @@ impl Default for KafkaSection {
             max_in_flight: 2_048,
             idle_timeout_ms: 50,
             max_skew_ms: 2_000,
+            max_future_ms: 60_000,
+            produce_retries: 5,
+            produce_retry_backoff_ms: 100,
+            drain_timeout_ms: 30_000,
             commit_interval_ms: 500,
             metrics_interval_ms: 5_000,
             max_message_bytes: 1 << 20,
@@ -470,6 +486,7 @@ impl Config {
             ("kafka.commit_interval_ms", k.commit_interval_ms),
             ("kafka.metrics_interval_ms", k.metrics_interval_ms),
             ("kafka.max_message_bytes", k.max_message_bytes as u64),
+            ("kafka.drain_timeout_ms", k.drain_timeout_ms),
         ] {
             if value == 0 {
                 return Err(invalid(field, "must be >= 1".into()));
@@ -541,6 +558,46 @@ mod tests {
         assert_eq!("max".parse::<Speed>().unwrap(), Speed::Max);
         assert_eq!("4x".parse::<Speed>().unwrap(), Speed::Factor(4.0));
         assert!("0x".parse::<Speed>().is_err());
+    }
+
+    #[test]
+    fn shipped_kafka_config_resumes_at_the_committed_offset() {
+        // Apache Kafka's behaviour ships; tansu's workaround has its own file,
+        // identical but for that one key.
+        let kafka = Config::parse(
+            include_str!("../../configs/kafka.toml"),
+            "configs/kafka.toml",
+        )
+        .unwrap();
+        assert!(!kafka.kafka.refetch_from_start);
+        assert_eq!(kafka.kafka.deadline_ms, 2_000);
+        assert_eq!(kafka.kafka.max_future_ms, 60_000);
+        let mut tansu = Config::parse(
+            include_str!("../../configs/kafka-tansu.toml"),
+            "configs/kafka-tansu.toml",
+        )
+        .unwrap();
+        assert!(tansu.kafka.refetch_from_start);
+        tansu.kafka.refetch_from_start = false;
+        assert_eq!(tansu, kafka);
+    }
+
+    #[test]
+    fn kafka_hardening_keys_default_and_validate() {
+        let k = Config::parse("", "x.toml").unwrap().kafka;
+        assert_eq!(
+            (
+                k.max_future_ms,
+                k.produce_retries,
+                k.produce_retry_backoff_ms,
+                k.drain_timeout_ms
+            ),
+            (60_000, 5, 100, 30_000)
+        );
+        let err = Config::parse("[kafka]\ndrain_timeout_ms = 0\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kafka.drain_timeout_ms"), "{err}");
     }
 
     #[test]

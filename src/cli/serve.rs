@@ -1,6 +1,8 @@
 //! `grflow serve`: the long-lived Kafka job. SIGINT/SIGTERM stop reading,
-//! drain what is in flight, commit, print the summary and exit 0; a second
-//! signal exits at once (1).
+//! drain what is in flight (for at most `kafka.drain_timeout_ms`; the
+//! summary then says `drain_timed_out: true`), commit, print the summary and
+//! exit 0; a second signal exits at once (1). An output that can be neither
+//! delivered nor dead-lettered stops the job with an error (1).
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -14,8 +14,9 @@ use grflow_connectors::kafka::{
 };
 use grflow_traces::Request;
 
-use super::clock::PartitionClock;
+use super::clock::{Entry, PartitionClock, entry_time};
 use super::outputs::OutputQueue;
+use super::ratelimit::LogLimiter;
 use super::shared::{ServeCounters, SharedState};
 use crate::events::{Admitted, now_ns};
 
@@ -28,7 +29,17 @@ pub struct IngestSettings {
     pub max_message_bytes: usize,
     pub idle_timeout: Duration,
     pub max_skew_ms: u64,
+    /// A request stamped further than this ahead of both the wall clock
+    /// and the job's event time is served at the current event time.
+    pub max_future_ms: u64,
     pub commit_interval: Duration,
+}
+
+/// Milliseconds since the Unix epoch by the system clock.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What one call of [`KafkaIngest::pump`] read.
@@ -51,6 +62,7 @@ pub struct KafkaIngest {
     /// Request records the response topic already answers (restart scan).
     answered: HashSet<RecordId>,
     last_commit: Instant,
+    clamp_log: LogLimiter,
 }
 
 impl KafkaIngest {
@@ -74,6 +86,7 @@ impl KafkaIngest {
             clock,
             answered,
             last_commit: Instant::now(),
+            clamp_log: LogLimiter::default(),
         }
     }
 
@@ -89,6 +102,7 @@ impl KafkaIngest {
     ) -> Pumped {
         self.apply_backpressure();
         let mut pumped = Pumped::default();
+        let wall = wall_ms();
         if !self.consumer.is_paused() {
             while pumped.admitted.len() < max {
                 match self.consumer.poll(Duration::ZERO) {
@@ -104,7 +118,7 @@ impl KafkaIngest {
                         break;
                     }
                     Some(Ok(record)) => {
-                        if let Some(a) = self.admit(record, outputs, now, emit_floor) {
+                        if let Some(a) = self.admit(record, outputs, now, emit_floor, wall) {
                             pumped.admitted.push(a);
                         }
                     }
@@ -128,6 +142,7 @@ impl KafkaIngest {
         outputs: &mut OutputQueue,
         now: Instant,
         emit_floor: u64,
+        wall_ms: u64,
     ) -> Option<Admitted> {
         ServeCounters::add(&self.shared.counters.consumed, 1);
         let source = RecordId {
@@ -162,23 +177,58 @@ impl KafkaIngest {
         match decode_request(&payload, self.settings.max_message_bytes) {
             Ok(wire) => {
                 // Event time tracks the time the request enters at, so a
-                // late request is released like any other.
-                let enters_at = wire.ts_ms.max(emit_floor);
-                if enters_at != wire.ts_ms {
-                    ServeCounters::add(&self.shared.counters.late, 1);
+                // late request is released like any other. A stamp too far
+                // in the future (a typo, microseconds) is served now and
+                // moves no watermark: one such request would otherwise make
+                // every later request late.
+                let newest = self.shared.counters.newest_event_ms.load(Ordering::Relaxed);
+                let entry = entry_time(
+                    wire.ts_ms,
+                    emit_floor,
+                    wall_ms,
+                    newest,
+                    self.settings.max_future_ms,
+                );
+                match entry {
+                    Entry::OnTime(_) => {}
+                    Entry::Late(_) => ServeCounters::add(&self.shared.counters.late, 1),
+                    Entry::Clamped(_) => {
+                        ServeCounters::add(&self.shared.counters.clamped_ts, 1);
+                        if let Some(suppressed) = self.clamp_log.admit(now) {
+                            tracing::warn!(
+                                partition = record.partition,
+                                offset = record.offset,
+                                ts_ms = wire.ts_ms,
+                                served_at = entry.at(),
+                                max_future_ms = self.settings.max_future_ms,
+                                suppressed,
+                                "field `ts_ms` is too far ahead of the wall clock and the job's \
+                                 event time: served at the current event time (clamped_ts)"
+                            );
+                        }
+                    }
                 }
-                self.clock.observe(record.partition, enters_at, now);
-                self.shared
-                    .counters
-                    .newest_event_ms
-                    .fetch_max(enters_at, Ordering::Relaxed);
+                let enters_at = entry.at();
+                if !matches!(entry, Entry::Clamped(_)) {
+                    self.clock.observe(record.partition, enters_at, now);
+                    self.shared
+                        .counters
+                        .newest_event_ms
+                        .fetch_max(enters_at, Ordering::Relaxed);
+                }
+                // A clamped request carries the time it is served at, which
+                // the response's `ts_ms` reports; a late one keeps its own.
+                let ts_ms = match entry {
+                    Entry::Clamped(at) => at,
+                    Entry::OnTime(_) | Entry::Late(_) => wire.ts_ms,
+                };
                 let (hist_len, inline_history) = match wire.history {
                     History::Prefix(n) => (n, None),
                     History::Inline(items) => (items.len() as u32, Some(items)),
                 };
                 Some(Admitted {
                     request: Request {
-                        ts_ms: wire.ts_ms,
+                        ts_ms,
                         req_id: wire.req_id,
                         user_id: wire.user_id,
                         hist_len,
@@ -255,6 +305,23 @@ impl KafkaIngest {
             }
         };
         if let Err(e) = self.consumer.commit(&commits, final_commit) {
+            tracing::warn!(worker = self.worker, error = %e, "offset commit");
+        }
+        commits
+    }
+
+    /// Commits every partition's safe offset without waiting for the broker:
+    /// the drain timed out, perhaps because the broker is away, and a sync
+    /// commit has no deadline of its own. What is unanswered stays
+    /// uncommitted either way.
+    pub fn commit_without_waiting(&mut self) -> Vec<(i32, i64)> {
+        let commits = self
+            .shared
+            .book(self.worker)
+            .lock()
+            .expect("offset book lock")
+            .safe_commits();
+        if let Err(e) = self.consumer.commit(&commits, false) {
             tracing::warn!(worker = self.worker, error = %e, "offset commit");
         }
         commits

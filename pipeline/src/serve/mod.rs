@@ -10,6 +10,7 @@ pub mod clock;
 pub mod histogram;
 pub mod ingest;
 pub mod outputs;
+pub mod ratelimit;
 pub mod shared;
 
 use std::cell::RefCell;
@@ -36,7 +37,7 @@ use crate::dataflow::{self, ServingParts};
 use crate::params::node_params;
 use crate::side::SideTables;
 use ingest::{IngestSettings, KafkaIngest};
-use outputs::OutputQueue;
+use outputs::{OutputQueue, OutputSettings};
 pub use shared::{ServeSummary, SharedState};
 
 /// Timeout of blocking metadata, commit and watermark calls.
@@ -54,6 +55,9 @@ pub enum ServeError {
     Timely(String),
     #[error("worker {0} panicked")]
     WorkerPanicked(usize),
+    /// An output could neither be delivered nor dead-lettered.
+    #[error("stopped: {0}")]
+    Fatal(String),
 }
 
 #[derive(Clone, Debug)]
@@ -195,6 +199,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             max_message_bytes: k.max_message_bytes,
             idle_timeout: Duration::from_millis(k.idle_timeout_ms),
             max_skew_ms: k.max_skew_ms,
+            max_future_ms: k.max_future_ms,
             commit_interval: Duration::from_millis(k.commit_interval_ms),
         };
         ingests.push(Some((consumer, ingest_settings, mine)));
@@ -215,7 +220,13 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         let outputs = Rc::new(RefCell::new(OutputQueue::new(
             worker_producer.clone(),
             worker_shared.clone(),
-            &worker_cfg.kafka.response_topic,
+            OutputSettings {
+                request_topic: worker_cfg.kafka.request_topic.clone(),
+                response_topic: worker_cfg.kafka.response_topic.clone(),
+                dead_letter_topic: worker_cfg.kafka.dead_letter_topic.clone(),
+                max_retries: worker_cfg.kafka.produce_retries,
+                retry_backoff: Duration::from_millis(worker_cfg.kafka.produce_retry_backoff_ms),
+            },
         )));
         let ingest = Rc::new(RefCell::new(KafkaIngest::new(
             index,
@@ -256,7 +267,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
 
         let mut last_metrics = Instant::now();
         let mut said_stopping = false;
+        let mut drain = DrainClock::new(Duration::from_millis(worker_cfg.kafka.drain_timeout_ms));
         while !probe.done() {
+            if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
+                break;
+            }
             worker.step_or_park(Some(Duration::from_millis(1)));
             if index == 0 && !said_stopping && stop.load(Ordering::Relaxed) {
                 said_stopping = true;
@@ -277,8 +292,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         // Drained: everything this worker will ever send is queued or sent.
         // Wait for the broker to acknowledge it, then commit for good.
         loop {
+            if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
+                break;
+            }
             let waiting = outputs.borrow_mut().retry();
-            if let Err(e) = worker_producer.flush(Duration::from_secs(1)) {
+            if let Err(e) = worker_producer.flush(drain.flush_wait()) {
                 tracing::info!(worker = index, error = %e, "waiting for deliveries");
             }
             if waiting == 0 && worker_producer.in_flight() == 0 {
@@ -288,8 +306,20 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 }
             }
         }
-        let committed = ingest.borrow_mut().commit(true);
+        let committed =
+            if worker_shared.drain_timed_out.load(Ordering::Relaxed) || worker_shared.is_fatal() {
+                ingest.borrow_mut().commit_without_waiting()
+            } else {
+                ingest.borrow_mut().commit(true)
+            };
         ingest.borrow().measure_lag();
+        if !probe.done() {
+            // Left early (drain timeout, fatal error): timely would keep
+            // stepping an unfinished dataflow after this closure returns.
+            for id in worker.installed_dataflows() {
+                worker.drop_dataflow(id);
+            }
+        }
         let node = handles.node.borrow();
         WorkerResult {
             committed,
@@ -302,6 +332,9 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let mut results = Vec::with_capacity(workers);
     for (i, r) in guards.join().into_iter().enumerate() {
         results.push(r.map_err(|_| ServeError::WorkerPanicked(i))?);
+    }
+    if let Some(reason) = shared.fatal() {
+        return Err(ServeError::Fatal(reason));
     }
     Ok(summarise(&cfg, &settings, &shared, results, started))
 }
@@ -317,6 +350,8 @@ fn log_metrics(shared: &SharedState) {
         dead_lettered = c.dead_lettered.load(Ordering::Relaxed),
         delivered = c.delivered.load(Ordering::Relaxed),
         late = c.late.load(Ordering::Relaxed),
+        clamped_ts = c.clamped_ts.load(Ordering::Relaxed),
+        undeliverable = c.undeliverable.load(Ordering::Relaxed),
         in_flight = shared.in_flight(),
         p99_ms = latency.quantile(0.99),
         lag = ?lag,
@@ -349,8 +384,12 @@ fn summarise(
         duplicates_skipped: load(&c.duplicates),
         already_answered: load(&c.already_answered),
         late: load(&c.late),
+        clamped_ts: load(&c.clamped_ts),
         delivered: load(&c.delivered),
         resent: load(&c.resent),
+        produce_failures: load(&c.produce_failures),
+        undeliverable: load(&c.undeliverable),
+        drain_timed_out: shared.drain_timed_out.load(Ordering::Relaxed),
         pauses: load(&c.pauses),
         oov_items: results.iter().map(|r| r.oov_items).sum(),
         in_flight_at_exit: shared.in_flight(),
@@ -366,5 +405,52 @@ fn summarise(
             .first()
             .map(|r| r.model_version.clone())
             .unwrap_or_default(),
+    }
+}
+
+/// The shutdown drain's deadline: `timeout` after this worker first sees
+/// `stop`. Expiry is shared, so every worker leaves the dataflow together
+/// (one that stayed would wait forever for its peers' progress).
+struct DrainClock {
+    timeout: Duration,
+    started: bool,
+    deadline: Option<Instant>,
+}
+
+impl DrainClock {
+    fn new(timeout: Duration) -> Self {
+        Self {
+            timeout,
+            started: false,
+            deadline: None,
+        }
+    }
+
+    fn expired(&mut self, stop: &AtomicBool, shared: &SharedState) -> bool {
+        if shared.drain_timed_out.load(Ordering::Relaxed) {
+            return true;
+        }
+        if !self.started && stop.load(Ordering::Relaxed) {
+            self.started = true;
+            // None: a timeout too long to represent never expires.
+            self.deadline = Instant::now().checked_add(self.timeout);
+        }
+        let expired = self.deadline.is_some_and(|d| Instant::now() >= d);
+        if expired && !shared.drain_timed_out.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                timeout_ms = self.timeout.as_millis() as u64,
+                in_flight = shared.in_flight(),
+                "drain timed out: unanswered requests stay uncommitted and are read again on restart"
+            );
+        }
+        expired
+    }
+
+    /// How long one flush may wait without overshooting the deadline.
+    fn flush_wait(&self) -> Duration {
+        let left = self.deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        });
+        left.clamp(Duration::from_millis(1), Duration::from_secs(1))
     }
 }

@@ -1,11 +1,12 @@
 //! State the workers of a serve job share with each other and with the
 //! producer's delivery thread: each worker's offset book (acks arrive on the
 //! delivery thread, commits are made by the owning worker), outputs the
-//! broker refused for good (to be sent again), and the job's counters.
+//! broker refused for good (to be sent again, a bounded number of times),
+//! the job's counters, and why the job must stop early, if it must.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::Serialize;
 
@@ -25,13 +26,22 @@ pub struct ServeCounters {
     pub dead_lettered: AtomicU64,
     /// Requests behind the event-time frontier (processed anyway).
     pub late: AtomicU64,
+    /// Requests stamped too far in the future, served at the current event
+    /// time instead of their own (see `kafka.max_future_ms`).
+    pub clamped_ts: AtomicU64,
     pub responses: AtomicU64,
     pub shed: AtomicU64,
     pub unservable: AtomicU64,
     /// Outputs the broker acknowledged.
     pub delivered: AtomicU64,
-    /// Outputs the producer gave up on and the job sent again.
+    /// Outputs offered again after a failed attempt (see `produce_failures`).
     pub resent: AtomicU64,
+    /// Failed attempts to produce an output (refused at once or reported
+    /// failed by the producer).
+    pub produce_failures: AtomicU64,
+    /// Outputs that failed `kafka.produce_retries` retries and went to the
+    /// dead-letter topic instead, with their source record's position.
+    pub undeliverable: AtomicU64,
     /// Times reads were paused because too many requests were in flight.
     pub pauses: AtomicU64,
     pub newest_event_ms: AtomicU64,
@@ -50,6 +60,8 @@ pub struct FailedOutput {
     pub topic: String,
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
+    /// What the broker or client said.
+    pub error: String,
 }
 
 #[derive(Debug)]
@@ -57,6 +69,16 @@ pub struct SharedState {
     request_topic: String,
     books: Vec<Mutex<OffsetBook>>,
     failed: Mutex<Vec<FailedOutput>>,
+    /// Failed attempts of the output of each source record still failing.
+    /// Shared because a failure reported by the delivery thread may be
+    /// picked up by any worker.
+    failures: Mutex<HashMap<RecordId, u32>>,
+    /// Why the job must stop now (an output that cannot be delivered nor
+    /// dead-lettered); every worker checks it.
+    fatal: Mutex<Option<String>>,
+    is_fatal: AtomicBool,
+    /// The shutdown drain ran out of `kafka.drain_timeout_ms`.
+    pub drain_timed_out: AtomicBool,
     pub counters: ServeCounters,
     pub latency: Mutex<LatencyHistogram>,
     /// Consumer lag per request partition, as last measured.
@@ -71,6 +93,10 @@ impl SharedState {
                 .map(|_| Mutex::new(OffsetBook::new()))
                 .collect(),
             failed: Mutex::default(),
+            failures: Mutex::default(),
+            fatal: Mutex::default(),
+            is_fatal: AtomicBool::new(false),
+            drain_timed_out: AtomicBool::new(false),
             counters: ServeCounters::default(),
             latency: Mutex::default(),
             lag: Mutex::default(),
@@ -104,6 +130,7 @@ impl SharedState {
         match delivery {
             Delivery::Delivered { source } => {
                 ServeCounters::add(&self.counters.delivered, 1);
+                self.clear_failures(source);
                 self.ack(source);
             }
             Delivery::Failed {
@@ -113,16 +140,54 @@ impl SharedState {
                 payload,
                 error,
             } => {
-                tracing::warn!(%topic, partition = source.partition, offset = source.offset,
-                    %error, "delivery failed; sending again");
+                // Logged (rate-limited) by the worker that sends it again.
                 self.failed.lock().expect("failed lock").push(FailedOutput {
                     source,
                     topic,
                     key,
                     payload,
+                    error,
                 });
             }
         }
+    }
+
+    /// One more failed attempt for the output of `source`; returns how many
+    /// it has had.
+    pub fn note_failure(&self, source: RecordId) -> u32 {
+        ServeCounters::add(&self.counters.produce_failures, 1);
+        let mut failures = self.failures.lock().expect("failures lock");
+        let n = failures.entry(source).or_default();
+        *n += 1;
+        *n
+    }
+
+    /// The output of `source` was delivered or replaced: forget its failures.
+    pub fn clear_failures(&self, source: RecordId) {
+        let mut failures = self.failures.lock().expect("failures lock");
+        if !failures.is_empty() {
+            failures.remove(&source);
+        }
+    }
+
+    /// Stops the job: the first reason given is kept.
+    pub fn set_fatal(&self, reason: String) {
+        let mut fatal = self.fatal.lock().expect("fatal lock");
+        if fatal.is_none() {
+            tracing::error!(%reason, "stopping the job");
+            *fatal = Some(reason);
+            self.is_fatal.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the job must stop now (cheap: checked on every step).
+    pub fn is_fatal(&self) -> bool {
+        self.is_fatal.load(Ordering::Acquire)
+    }
+
+    /// Why the job must stop, if it must.
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.lock().expect("fatal lock").clone()
     }
 
     /// Outputs to send again (taken: the caller owns them now).
@@ -159,8 +224,17 @@ pub struct ServeSummary {
     pub duplicates_skipped: u64,
     pub already_answered: u64,
     pub late: u64,
+    /// Requests whose `ts_ms` was too far in the future: served at the
+    /// current event time.
+    pub clamped_ts: u64,
     pub delivered: u64,
     pub resent: u64,
+    pub produce_failures: u64,
+    /// Outputs dead-lettered after failing every retry.
+    pub undeliverable: u64,
+    /// The shutdown drain stopped at `kafka.drain_timeout_ms`: what was not
+    /// answered by then is not committed and is read again on restart.
+    pub drain_timed_out: bool,
     pub pauses: u64,
     pub oov_items: u64,
     pub in_flight_at_exit: usize,

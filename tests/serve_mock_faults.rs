@@ -1,0 +1,343 @@
+//! `grflow serve` against librdkafka's in-process mock cluster: no external
+//! broker, so these run in CI. A broker that stops acknowledging outputs
+//! during the shutdown drain (the drain times out, unanswered offsets stay
+//! uncommitted), and a broker that refuses every output, dead letters
+//! included (the job stops with exit code 1 and says why), and requests
+//! stamped far in the future among normal ones (the broker version, with
+//! 2,000 requests, is tests/kafka_event_time.rs).
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::temp::tmp_dir;
+use grflow_pipeline::{Config, ServeOptions};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::mocking::{MockCluster, MockCoordinator};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use rdkafka::{Offset, TopicPartitionList};
+
+type Mock = MockCluster<'static, DefaultProducerContext>;
+
+const REQUESTS: &str = "requests";
+const RESPONSES: &str = "responses";
+const LETTERS: &str = "dead-letters";
+const PARTITIONS: i32 = 2;
+/// Upper bound for anything that waits; a healthy run needs a fraction.
+const WAIT: Duration = Duration::from_secs(20);
+/// Broker 2 leads the response topic only; broker 1 everything else,
+/// including the group coordinator, so cutting off 2 cuts off only answers.
+const RESPONSE_LEADER: i32 = 2;
+
+fn cluster(group: &str) -> Mock {
+    let mock = MockCluster::new(3).expect("mock cluster");
+    for (topic, partitions, leader) in [
+        (REQUESTS, PARTITIONS, 1),
+        (RESPONSES, PARTITIONS, RESPONSE_LEADER),
+        (LETTERS, 1, 1),
+    ] {
+        mock.create_topic(topic, partitions, 3).unwrap();
+        for p in 0..partitions {
+            mock.partition_leader(topic, p, Some(leader)).unwrap();
+        }
+    }
+    mock.coordinator(MockCoordinator::Group(group.into()), 1)
+        .unwrap();
+    mock
+}
+
+fn config_text(brokers: &str, group: &str, kafka_extra: &str) -> String {
+    format!(
+        r#"
+[run]
+workers = 2
+
+[trace]
+users = 200
+items = 2000
+requests = 100
+
+[kafka]
+brokers = "{brokers}"
+request_topic = "{REQUESTS}"
+response_topic = "{RESPONSES}"
+dead_letter_topic = "{LETTERS}"
+group_id = "{group}"
+create_partitions = 0
+commit_interval_ms = 100
+metrics_interval_ms = 1000
+{kafka_extra}
+"#
+    )
+}
+
+/// Requests `from..to`, alternating partitions.
+fn produce_requests(brokers: &str, from: u64, to: u64) {
+    produce_stamped(brokers, from, (from..to).map(|i| 1_000 + i).collect());
+}
+
+/// Requests `from..` stamped `stamps`, alternating partitions.
+fn produce_stamped(brokers: &str, from: u64, stamps: Vec<u64>) {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "1")
+        .create()
+        .unwrap();
+    for (i, ts) in (from..).zip(stamps) {
+        let body = format!(
+            r#"{{"req_id":{i},"user_id":{},"ts_ms":{ts},"candidates":[1,2,3],"hist_len":2}}"#,
+            i % 200,
+        );
+        producer
+            .send(
+                BaseRecord::<(), _>::to(REQUESTS)
+                    .partition((i % PARTITIONS as u64) as i32)
+                    .payload(&body),
+            )
+            .expect("send");
+    }
+    producer.flush(WAIT).expect("flush");
+}
+
+/// Reads `topic` from the start until `want` records arrived.
+fn read_records(brokers: &str, topic: &str, partitions: i32, want: usize) -> Vec<Vec<u8>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("{topic}-reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let mut records = Vec::new();
+    while records.len() < want {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {want} records on `{topic}`",
+            records.len()
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
+            records.push(m.payload().unwrap_or_default().to_vec());
+        }
+    }
+    records
+}
+
+/// The group's committed offset of each request partition (-1 = none).
+fn committed(brokers: &str, group: &str) -> Vec<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition(REQUESTS, p);
+    }
+    let got = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap();
+    (0..PARTITIONS)
+        .map(
+            |p| match got.find_partition(REQUESTS, p).unwrap().offset() {
+                Offset::Offset(o) => o,
+                _ => -1,
+            },
+        )
+        .collect()
+}
+
+#[test]
+fn mock_drain_times_out_when_answers_cannot_be_delivered_and_commits_only_answered() {
+    const ANSWERED: u64 = 20;
+    const STUCK: u64 = 20;
+    let group = "drain-timeout";
+    let mock = cluster(group);
+    let brokers = mock.bootstrap_servers();
+    let config = Config::parse(
+        &config_text(
+            &brokers,
+            group,
+            "deadline_ms = 600000\ndrain_timeout_ms = 1000",
+        ),
+        "drain-timeout.toml",
+    )
+    .unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let job_stop = stop.clone();
+    let job = std::thread::spawn(move || grflow_pipeline::serve(ServeOptions { config }, job_stop));
+    produce_requests(&brokers, 0, ANSWERED);
+    read_records(&brokers, RESPONSES, PARTITIONS, ANSWERED as usize);
+
+    // Answers can no longer be acknowledged; requests still arrive.
+    mock.broker_down(RESPONSE_LEADER).unwrap();
+    produce_requests(&brokers, ANSWERED, ANSWERED + STUCK);
+    // Time for the job to consume them (it needs milliseconds); checked
+    // below through `consumed`.
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let stopped = Instant::now();
+    while !job.is_finished() {
+        assert!(
+            stopped.elapsed() < WAIT,
+            "the drain did not time out: the job still runs {WAIT:?} after the stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let summary = job.join().unwrap().expect("serve");
+    eprintln!(
+        "drain timed out after {:.2?}: {}",
+        stopped.elapsed(),
+        serde_json::to_string(&summary).unwrap()
+    );
+    assert_eq!(
+        summary.consumed,
+        ANSWERED + STUCK,
+        "the job had not consumed every request before the stop"
+    );
+    assert!(summary.drain_timed_out, "{summary:?}");
+    assert_eq!(summary.in_flight_at_exit as u64, STUCK, "{summary:?}");
+    assert_eq!(summary.delivered, ANSWERED, "{summary:?}");
+    // Only what was answered is committed, here and on the broker.
+    let per_partition = (ANSWERED / PARTITIONS as u64) as i64;
+    assert_eq!(
+        summary.committed.values().copied().collect::<Vec<_>>(),
+        vec![per_partition; PARTITIONS as usize],
+        "{summary:?}"
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // The final commit does not wait for the broker: poll for it.
+        let on_broker = committed(&brokers, group);
+        if on_broker == vec![per_partition; PARTITIONS as usize] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "committed on the broker: {on_broker:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn mock_outputs_refused_everywhere_stop_the_job_with_exit_code_1() {
+    let group = "refused";
+    let mock = cluster(group);
+    let brokers = mock.bootstrap_servers();
+    produce_requests(&brokers, 0, 4);
+    // Every produce request from now on fails with an error librdkafka
+    // does not retry: responses, then their dead letters.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED; 500],
+    );
+    let dir = tmp_dir("serve-refused");
+    let path = dir.join("serve.toml");
+    std::fs::write(
+        &path,
+        config_text(
+            &brokers,
+            group,
+            "deadline_ms = 600000\nproduce_retries = 2\nproduce_retry_backoff_ms = 10",
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("GRFLOW_KAFKA_BROKERS", &brokers)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn grflow serve");
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "grflow serve did not stop on an undeliverable dead letter; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot write to the dead-letter topic `{LETTERS}`"
+        )),
+        "stderr:\n{stderr}"
+    );
+    // Rate-limited: a handful of lines, not one per attempt.
+    let lines = stderr.matches("cannot produce").count();
+    assert!((1..=8).contains(&lines), "{lines} failure lines:\n{stderr}");
+    // Nothing was answered, so nothing is committed.
+    assert_eq!(committed(&brokers, group), vec![-1; PARTITIONS as usize]);
+}
+
+#[test]
+fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
+    const NORMAL: u64 = 200;
+    let group = "far-future";
+    let mock = cluster(group);
+    let brokers = mock.bootstrap_servers();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // Epoch and trace-relative stamps interleaved, and three hostile ones.
+    let mut stamps: Vec<u64> = (0..NORMAL)
+        .map(|i| if i % 2 == 0 { now + i } else { 1_000 + i * 5 })
+        .collect();
+    for (k, ts) in [now + 10 * 365 * 86_400_000, now * 1_000, u64::MAX]
+        .into_iter()
+        .enumerate()
+    {
+        stamps.insert((k + 1) * NORMAL as usize / 4, ts);
+    }
+    let total = stamps.len();
+    produce_stamped(&brokers, 0, stamps);
+    // The shipped deadline.
+    let config = Config::parse(
+        &config_text(&brokers, group, "deadline_ms = 2000\nmax_in_flight = 64"),
+        "far-future.toml",
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let job_stop = stop.clone();
+    let job = std::thread::spawn(move || grflow_pipeline::serve(ServeOptions { config }, job_stop));
+    let responses = read_records(&brokers, RESPONSES, PARTITIONS, total);
+    stop.store(true, Ordering::Relaxed);
+    let summary = job.join().unwrap().expect("serve");
+    let mut req_ids = std::collections::BTreeSet::new();
+    for r in &responses {
+        let v: serde_json::Value = serde_json::from_slice(r).unwrap();
+        assert!(v["error"].is_null(), "not served: {v}");
+        assert!(
+            v["latency_ms"].as_f64().unwrap() <= 2_000.0,
+            "too late: {v}"
+        );
+        req_ids.insert(v["req_id"].as_u64().unwrap());
+    }
+    assert_eq!(req_ids.len(), total, "none missing");
+    assert_eq!(summary.clamped_ts, 3, "{summary:?}");
+    assert_eq!(summary.shed, 0, "{summary:?}");
+    assert_eq!(summary.responses, total as u64, "{summary:?}");
+}
