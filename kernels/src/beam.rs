@@ -115,9 +115,10 @@ impl BeamSearch {
         self.bw
     }
 
-    /// Bytes of the unshared beam KV (exactly BW × steps tokens).
+    /// Bytes allocated for the unshared beam KV (the capacity of its
+    /// buffer: BW × steps tokens).
     pub fn unshared_kv_bytes(&self) -> usize {
-        self.unshared.bytes()
+        self.unshared.allocated_bytes()
     }
 
     /// The last step's per-beam candidate lists: (candidates, stride, lens);

@@ -8,25 +8,40 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::{Backend, CpuBackend, MatMut, MatRef};
-use crate::beam::{BeamSearch, beam_kv_bytes};
+use crate::beam::{BeamSearch, SID_STEPS, beam_kv_bytes};
 use crate::config::ModelConfig;
 use crate::error::KernelError;
 use crate::flops::{beam_search_flops, prefill_flops};
 use crate::kv_store::VecKvStore;
 use crate::model::GrModel;
-use crate::staged::{SharedPrompt, StagedScratch, UnsharedKv, concat_attention, staged_attention};
-use crate::topk::{Candidate, TopBw, select_full_sort};
+use crate::staged::{
+    SharedPrompt, StagedScratch, UnsharedKv, concat_attention, per_beam_attention, staged_attention,
+};
+use crate::topk::{Candidate, TopBw, select_full_sort, select_nth_then_sort};
 use crate::trie::SidTrie;
+
+/// The GEMM shapes `(m, n, k)` of `gemm_gflops` by default: a square one and
+/// the two prefill-shaped ones of `hstu-3l` (d_model 512, d_ff 2048).
+pub const DEFAULT_GEMM_SHAPES: [[usize; 3]; 3] =
+    [[1024, 1024, 1024], [2048, 2048, 512], [2048, 512, 2048]];
 
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
     /// Threads of the CPU backend (matmuls only).
     pub threads: usize,
+    /// GEMM shapes `[m, n, k]` timed for `gemm_gflops` (the best is kept).
+    pub gemm_shapes: Vec<[usize; 3]>,
     /// Prefill prompt length (the preset: 2,048).
     pub prefill_tokens: usize,
     /// Beam width = per-beam K of the beam benches (the issue's: 512).
     pub beam_width: usize,
+    /// Codebook size C of the beam benches (>= 32 and >= `beam_width`): the
+    /// catalog is the dense 32 × 32 × C, so every beam has C valid codes at
+    /// the last step.
+    pub codebook_size: usize,
+    /// Prompt tokens of the beam benches.
+    pub beam_prompt: usize,
     /// Repetitions per timing (the best is kept).
     pub reps: usize,
 }
@@ -35,11 +50,23 @@ impl Default for BenchOptions {
     fn default() -> Self {
         Self {
             threads: 1,
+            gemm_shapes: DEFAULT_GEMM_SHAPES.to_vec(),
             prefill_tokens: 2048,
             beam_width: 512,
+            codebook_size: 1024,
+            beam_prompt: 200,
             reps: 3,
         }
     }
+}
+
+/// One timed GEMM shape.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct GemmRate {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub gflops: f64,
 }
 
 /// The measured numbers (one JSON object).
@@ -47,8 +74,10 @@ impl Default for BenchOptions {
 pub struct BenchReport {
     pub threads: usize,
     pub backend: String,
-    /// Best of square 1024³ and prefill-shaped GEMMs, GFLOP/s.
+    /// Best GFLOP/s over `gemm_shapes`, reached at `gemm_shape` ([m, n, k]).
     pub gemm_gflops: f64,
+    pub gemm_shape: [usize; 3],
+    pub gemm_shapes: Vec<GemmRate>,
     pub prefill_model: String,
     pub prefill_tokens: usize,
     pub prefill_ms: f64,
@@ -62,27 +91,51 @@ pub struct BenchReport {
     /// cached, then ranking 100 candidates.
     pub small_rank_request_ms: f64,
     /// Decode attention of one layer, `beam_width` beams over a shared
-    /// prompt: staged (shared GEMM + unshared + merge) vs per-beam
-    /// concatenated KV.
+    /// prompt of `staged_attention_prompt` tokens, at step 2.
     pub staged_attention_prompt: usize,
+    /// Staged: the prompt's KV read once for all beams (one GEMM per block),
+    /// the beams' own rows, merged by online softmax.
     pub staged_attention_ms: f64,
-    pub concat_attention_ms: f64,
+    /// Baseline: each beam attends over [prompt | its rows] read in place,
+    /// with the same matmul and `exp` (no sharing, no copy).
+    pub per_beam_attention_ms: f64,
+    /// `per_beam_attention_ms / staged_attention_ms`.
     pub staged_attention_speedup: f64,
+    /// Round-1 baseline: per-beam copy of the KV, scalar dots, libm `exp`.
+    pub concat_attention_ms: f64,
+    /// `concat_attention_ms / staged_attention_ms` (the round-1 figure).
+    pub staged_attention_speedup_vs_copy: f64,
     pub beam_width: usize,
     pub beam_top_k: usize,
     pub beam_prompt: usize,
     pub beam_search_ms: f64,
     pub beam_search_gflops: f64,
+    /// Bytes allocated for the beam KV (capacities of the prompt's block
+    /// arena and of the unshared beam buffer, both measured).
     pub beam_kv_bytes: usize,
+    pub beam_kv_prompt_bytes: usize,
+    pub beam_kv_unshared_bytes: usize,
+    /// Peak of a simulated block-per-beam copy-on-write layout.
     pub beam_kv_bytes_baseline: usize,
+    /// One copy of the prompt + BW × steps tokens (a lower bound).
     pub beam_kv_bytes_ideal: usize,
     pub beam_kv_overhead_vs_ideal: f64,
     /// Top-BW of BW × K candidates from the model's last decode step.
     pub topk_candidates: usize,
     pub topk_visited: usize,
+    /// Early termination from unordered per-beam top-K lists: the per-beam
+    /// sorts it relies on, the heap, and the sort of the BW selected.
     pub topk_early_termination_us: f64,
-    pub topk_full_sort_us: f64,
+    /// Baseline: `select_nth_unstable` of all candidates, then a sort of
+    /// the BW selected.
+    pub topk_select_nth_us: f64,
+    /// `topk_select_nth_us / topk_early_termination_us`.
     pub topk_early_termination_speedup: f64,
+    /// Round-1 figures: the heap alone on presorted lists vs a full sort of
+    /// all candidates.
+    pub topk_presorted_heap_us: f64,
+    pub topk_full_sort_us: f64,
+    pub topk_presorted_vs_full_sort_speedup: f64,
 }
 
 fn best_secs(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -90,6 +143,24 @@ fn best_secs(reps: usize, mut f: impl FnMut()) -> f64 {
         .map(|_| {
             let t = Instant::now();
             f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Like [`best_secs`], but `setup` runs untimed on `state` before every
+/// repetition (to restore inputs that `f` reorders in place).
+fn best_secs_with_setup<T: ?Sized>(
+    reps: usize,
+    state: &mut T,
+    mut setup: impl FnMut(&mut T),
+    mut f: impl FnMut(&mut T),
+) -> f64 {
+    (0..reps.max(1))
+        .map(|_| {
+            setup(state);
+            let t = Instant::now();
+            f(state);
             t.elapsed().as_secs_f64()
         })
         .fold(f64::INFINITY, f64::min)
@@ -119,24 +190,43 @@ fn shuffled(n: usize, seed: u64) -> Vec<u32> {
     ids
 }
 
-fn gemm_gflops(be: &dyn Backend, reps: usize) -> f64 {
-    let mut best: f64 = 0.0;
-    for (m, n, k) in [(1024, 1024, 1024), (2048, 2048, 512), (2048, 512, 2048)] {
-        let a = rows(m, k, 1);
-        let b = rows(k, n, 2);
-        let mut c = vec![0f32; m * n];
-        let secs = best_secs(reps, || {
-            be.matmul(
-                MatMut::row_major(&mut c, m, n),
-                MatRef::row_major(&a, m, k),
-                MatRef::row_major(&b, k, n),
-                1.0,
-                false,
-            )
-        });
-        best = best.max(2.0 * (m * n * k) as f64 / secs / 1e9);
+fn gemm_rates(be: &dyn Backend, shapes: &[[usize; 3]], reps: usize) -> Vec<GemmRate> {
+    shapes
+        .iter()
+        .map(|&[m, n, k]| {
+            let a = rows(m, k, 1);
+            let b = rows(k, n, 2);
+            let mut c = vec![0f32; m * n];
+            let secs = best_secs(reps, || {
+                be.matmul(
+                    MatMut::row_major(&mut c, m, n),
+                    MatRef::row_major(&a, m, k),
+                    MatRef::row_major(&b, k, n),
+                    1.0,
+                    false,
+                )
+            });
+            GemmRate {
+                m,
+                n,
+                k,
+                gflops: 2.0 * (m * n * k) as f64 / secs / 1e9,
+            }
+        })
+        .collect()
+}
+
+/// Shuffles each beam's valid candidates (deterministically), standing in
+/// for the unordered top-K that `select_nth_unstable` leaves per beam.
+fn unordered(cands: &[Candidate], stride: usize, lens: &[usize]) -> Vec<Candidate> {
+    let mut out = cands.to_vec();
+    for (b, &len) in lens.iter().enumerate() {
+        let beam = &mut out[b * stride..b * stride + len];
+        for (i, j) in shuffled(len, 13 + b as u64).into_iter().enumerate() {
+            beam[i] = cands[b * stride + j as usize];
+        }
     }
-    best
+    out
 }
 
 /// Runs every measurement.
@@ -147,8 +237,25 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
             opts.prefill_tokens
         )));
     }
+    if opts.codebook_size < 32.max(opts.beam_width) || opts.codebook_size > 1 << 16 {
+        return Err(KernelError::InvalidConfig(format!(
+            "codebook_size {} must be in max(32, beam_width {})..=65536",
+            opts.codebook_size, opts.beam_width
+        )));
+    }
+    if opts.gemm_shapes.is_empty() || opts.gemm_shapes.iter().any(|s| s.contains(&0)) {
+        return Err(KernelError::InvalidConfig(
+            "gemm_shapes must name at least one shape with m, n, k >= 1".into(),
+        ));
+    }
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new(opts.threads));
-    let gemm = gemm_gflops(backend.as_ref(), opts.reps);
+    let gemm_shapes = gemm_rates(backend.as_ref(), &opts.gemm_shapes, opts.reps);
+    let best =
+        gemm_shapes.iter().copied().fold(
+            gemm_shapes[0],
+            |a, b| if b.gflops > a.gflops { b } else { a },
+        );
+    let gemm = best.gflops;
 
     // Prefill: hstu-3l on a fresh prompt, then with 90% cached.
     let cfg = ModelConfig::preset("hstu-3l").expect("preset exists");
@@ -186,24 +293,24 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
     std::mem::replace(&mut result, Ok(()))?;
     scores?;
 
-    // Generative retrieval on `small` with C = 1024 and a dense catalog
-    // (32 × 32 × 1024 items) so that every beam has >= K valid codes at the
-    // last step.
+    // Generative retrieval on `small` with a dense catalog (32 × 32 × C
+    // items) so that every beam has >= K valid codes at the last step.
     let bw = opts.beam_width;
+    let c = opts.codebook_size;
     let gcfg = ModelConfig {
-        codebook_size: 1024,
+        codebook_size: c,
         ..small.clone()
     };
     let gm = GrModel::try_new(gcfg.clone(), 8)?.with_backend(backend.clone());
-    let beam_prompt = 200;
+    let beam_prompt = opts.beam_prompt;
     let mut gstore = VecKvStore::new(gcfg.blocks_for(beam_prompt), gcfg.kv_block_floats());
     let gtable = shuffled(gcfg.blocks_for(beam_prompt), 9);
     let gprompt = rows(beam_prompt, gcfg.d_model, 10);
     gm.prefill(&mut gstore, &gtable, 0, &gprompt)?;
     let catalog: Vec<[u16; 3]> = (0..32u16)
-        .flat_map(|a| (0..32u16).flat_map(move |b| (0..1024u16).map(move |c| [a, b, c])))
+        .flat_map(|a| (0..32u16).flat_map(move |b| (0..c as u16).map(move |x| [a, b, x])))
         .collect();
-    let trie = SidTrie::new(&catalog, 1024)?;
+    let trie = SidTrie::new(&catalog, c)?;
     let mut search = BeamSearch::new(&gcfg, bw, bw, beam_prompt)?;
     let mut gen_result = Ok(());
     let beam_secs = best_secs(opts.reps, || {
@@ -212,31 +319,70 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
             .map(|_| ())
     });
     gen_result?;
+    // Bytes: the prompt's blocks and the unshared buffer as allocated; the
+    // paged baseline and the ideal come from the search's actual forks.
     let kv = beam_kv_bytes(&gcfg, beam_prompt, bw, search.parents_per_step());
+    let kv_prompt = gstore.allocated_bytes();
+    let kv_unshared = search.unshared_kv_bytes();
+    let kv_measured = kv_prompt + kv_unshared;
 
-    // Top-BW on the model's last-step candidates.
+    // Top-BW on the model's last-step candidates. Early termination needs
+    // every beam's list sorted, so its timed region starts from unordered
+    // lists and includes those sorts; the baseline starts from the same
+    // lists, contiguous.
     let (cand, stride, lens) = search.last_candidates();
     let total: usize = lens.iter().sum();
+    let loose = unordered(cand, stride, lens);
+    let loose_all: Vec<Candidate> = lens
+        .iter()
+        .enumerate()
+        .flat_map(|(b, &len)| loose[b * stride..b * stride + len].iter().copied())
+        .collect();
     let mut top = TopBw::with_capacity(bw);
-    let mut buf: Vec<Candidate> = Vec::with_capacity(total);
+    let mut work = loose.clone();
+    let mut all = loose_all.clone();
     let reps = opts.reps * 10;
-    let early = best_secs(reps, || {
+    let early = best_secs_with_setup(
+        reps,
+        &mut work[..],
+        |w| w.copy_from_slice(&loose),
+        |w| {
+            std::hint::black_box(top.sort_and_select(w, stride, lens, bw));
+        },
+    );
+    let nth = best_secs_with_setup(
+        reps,
+        &mut all[..],
+        |a| a.copy_from_slice(&loose_all),
+        |a| {
+            std::hint::black_box(select_nth_then_sort(a, bw));
+        },
+    );
+    work.copy_from_slice(&loose);
+    all.copy_from_slice(&loose_all);
+    if top.sort_and_select(&mut work, stride, lens, bw) != select_nth_then_sort(&mut all, bw) {
+        return Err(KernelError::Beam(
+            "early termination and select_nth disagree".into(),
+        ));
+    }
+    let presorted = best_secs(reps, || {
         std::hint::black_box(top.select(cand, stride, lens, bw));
     });
     let visited = top.visited();
+    let mut buf: Vec<Candidate> = Vec::with_capacity(total);
     let sorted = best_secs(reps, || {
         std::hint::black_box(select_full_sort(cand, stride, lens, bw, &mut buf));
     });
 
-    // Staged vs concatenated decode attention, one layer, step 2.
+    // Staged vs per-beam decode attention, one layer, step 2.
     let cur = 2;
-    let mut un = UnsharedKv::new(&gcfg, bw, 3);
-    let fill = rows(bw * 3, gcfg.d_model, 11);
+    let mut un = UnsharedKv::new(&gcfg, bw, SID_STEPS);
+    let fill = rows(bw * SID_STEPS, gcfg.d_model, 11);
     for l in 0..gcfg.n_layers {
         for k in 0..2 {
             for b in 0..bw {
                 for s in 0..cur {
-                    let i = b * 3 + s;
+                    let i = b * SID_STEPS + s;
                     un.row_mut(l, k, b, s)
                         .copy_from_slice(&fill[i * gcfg.d_model..(i + 1) * gcfg.d_model]);
                 }
@@ -266,6 +412,33 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
             &mut out,
         )
     });
+    let mut beam_scores = vec![0f32; beam_prompt + cur];
+    let mut out_per_beam = vec![0f32; bw * gcfg.d_model];
+    let per_beam = best_secs(opts.reps, || {
+        per_beam_attention(
+            backend.as_ref(),
+            &gcfg,
+            0,
+            &q,
+            gcfg.d_model,
+            bw,
+            shared,
+            &un,
+            cur,
+            &mut beam_scores,
+            &mut out_per_beam,
+        )
+    });
+    let diff = out
+        .iter()
+        .zip(&out_per_beam)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    if diff > 1e-4 {
+        return Err(KernelError::Beam(format!(
+            "staged and per-beam attention differ by {diff}"
+        )));
+    }
     let concat = best_secs(opts.reps, || {
         concat_attention(&gcfg, 0, &q, gcfg.d_model, bw, shared, &un, cur, &mut out);
     });
@@ -274,6 +447,8 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
         threads: opts.threads,
         backend: backend.name().to_string(),
         gemm_gflops: gemm,
+        gemm_shape: [best.m, best.n, best.k],
+        gemm_shapes,
         prefill_model: "hstu-3l".into(),
         prefill_tokens: n,
         prefill_ms: full * 1e3,
@@ -284,21 +459,28 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
         small_rank_request_ms: rank * 1e3,
         staged_attention_prompt: beam_prompt,
         staged_attention_ms: staged * 1e3,
+        per_beam_attention_ms: per_beam * 1e3,
+        staged_attention_speedup: per_beam / staged,
         concat_attention_ms: concat * 1e3,
-        staged_attention_speedup: concat / staged,
+        staged_attention_speedup_vs_copy: concat / staged,
         beam_width: bw,
         beam_top_k: bw,
         beam_prompt,
         beam_search_ms: beam_secs * 1e3,
         beam_search_gflops: beam_search_flops(&gcfg, beam_prompt, bw) / beam_secs / 1e9,
-        beam_kv_bytes: kv.separated,
+        beam_kv_bytes: kv_measured,
+        beam_kv_prompt_bytes: kv_prompt,
+        beam_kv_unshared_bytes: kv_unshared,
         beam_kv_bytes_baseline: kv.paged_baseline,
         beam_kv_bytes_ideal: kv.ideal,
-        beam_kv_overhead_vs_ideal: kv.separated as f64 / kv.ideal as f64 - 1.0,
+        beam_kv_overhead_vs_ideal: kv_measured as f64 / kv.ideal as f64 - 1.0,
         topk_candidates: total,
         topk_visited: visited,
         topk_early_termination_us: early * 1e6,
+        topk_select_nth_us: nth * 1e6,
+        topk_early_termination_speedup: nth / early,
+        topk_presorted_heap_us: presorted * 1e6,
         topk_full_sort_us: sorted * 1e6,
-        topk_early_termination_speedup: sorted / early,
+        topk_presorted_vs_full_sort_speedup: sorted / presorted,
     })
 }

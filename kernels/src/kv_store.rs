@@ -27,6 +27,10 @@ impl VecKvStore {
     pub fn num_blocks(&self) -> usize {
         self.data.len() / self.block_floats.max(1)
     }
+    /// Bytes of the arena actually allocated (its capacity).
+    pub fn allocated_bytes(&self) -> usize {
+        self.data.capacity() * std::mem::size_of::<f32>()
+    }
 }
 
 impl KvBlockStore for VecKvStore {
@@ -57,4 +61,17 @@ pub fn kv_row<'s, S: KvBlockStore + ?Sized>(
     let b = cfg.block_size;
     let off = cfg.kv_offset(layer, kv, token % b);
     &store.block(block_table[token / b])[off..off + cfg.d_model]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocated_bytes_is_the_arena_capacity() {
+        let store = VecKvStore::new(3, 40);
+        assert_eq!(store.num_blocks(), 3);
+        assert!(store.allocated_bytes() >= 3 * 40 * 4);
+        assert_eq!(store.allocated_bytes(), store.data.capacity() * 4);
+    }
 }

@@ -32,6 +32,8 @@ pub use forward::ItemKvRef;
 pub use kv_store::{KvBlockStore, VecKvStore, kv_row};
 pub use model::GrModel;
 pub use ops::sum_rows;
-pub use staged::{SharedPrompt, StagedScratch, UnsharedKv, concat_attention, staged_attention};
-pub use topk::{Candidate, TopBw, rank_order, select_full_sort, sort_beam};
+pub use staged::{
+    SharedPrompt, StagedScratch, UnsharedKv, concat_attention, per_beam_attention, staged_attention,
+};
+pub use topk::{Candidate, TopBw, rank_order, select_full_sort, select_nth_then_sort, sort_beam};
 pub use trie::SidTrie;

@@ -8,7 +8,7 @@ use crate::attention::Segment;
 use crate::backend::{Backend, MatMut, MatRef};
 use crate::config::ModelConfig;
 use crate::kv_store::KvBlockStore;
-use crate::ops::{exp_neg, row_max};
+use crate::ops::{exp_neg, exp_shift_sum, row_max};
 
 /// Per-beam KV of generated tokens, token-granular, layout
 /// `[layer][K|V][beam][step][d]`.
@@ -31,9 +31,17 @@ impl UnsharedKv {
         }
     }
 
-    /// Bytes held (exactly BW × steps tokens of KV).
-    pub fn bytes(&self) -> usize {
-        self.buf.len() * 4
+    /// Bytes of the buffer actually allocated (its capacity), which is
+    /// BW × steps tokens of KV.
+    pub fn allocated_bytes(&self) -> usize {
+        self.buf.capacity() * std::mem::size_of::<f32>()
+    }
+
+    /// K (`kv = 0`) or V rows `0..len` of `beam` in `layer`, contiguous
+    /// (`len × d`), read in place.
+    pub fn rows(&self, layer: usize, kv: usize, beam: usize, len: usize) -> &[f32] {
+        let o = self.base(layer, kv, beam);
+        &self.buf[o..o + len * self.d]
     }
 
     fn base(&self, layer: usize, kv: usize, beam: usize) -> usize {
@@ -239,9 +247,100 @@ pub fn staged_attention<S: KvBlockStore + ?Sized>(
 /// Decode steps the unshared stage supports (semantic IDs have 3 codes).
 pub const MAX_STEPS: usize = 3;
 
-/// The baseline: for every beam, materialise the concatenated KV
-/// `[prompt | beam's tokens]` (as a per-beam paged layout reads it) and
-/// attend over it. Returns the bytes of KV materialised.
+/// The honest baseline of [`staged_attention`]: every beam attends on its
+/// own over its logically concatenated KV `[prompt | beam's first cur
+/// tokens]`, read in place (prompt rows from their paged blocks, beam rows
+/// from `unshared`), with the same [`Backend::matmul`] for QKᵀ and PV and
+/// the same `exp`. What it lacks is only the sharing: the prompt's KV is
+/// read once per beam instead of once per step. `scores` needs at least
+/// `shared.len + cur` floats. Allocates nothing beyond the backend.
+#[allow(clippy::too_many_arguments)]
+pub fn per_beam_attention<S: KvBlockStore + ?Sized>(
+    be: &dyn Backend,
+    cfg: &ModelConfig,
+    layer: usize,
+    q: &[f32],
+    q_rs: usize,
+    nb: usize,
+    shared: SharedPrompt<'_, S>,
+    unshared: &UnsharedKv,
+    cur: usize,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let (d, dh, b, p) = (cfg.d_model, cfg.head_dim(), cfg.block_size, shared.len);
+    let scale = 1.0 / (dh as f32).sqrt();
+    let n = p + cur;
+    assert!(
+        scores.len() >= n,
+        "scores shorter than prompt + beam tokens"
+    );
+    let s = &mut scores[..n];
+    for i in 0..nb {
+        let (kb, vb) = (
+            unshared.rows(layer, 0, i, cur),
+            unshared.rows(layer, 1, i, cur),
+        );
+        for h in 0..cfg.n_heads {
+            let qh = MatRef::new(&q[i * q_rs + h * dh..], 1, dh, q_rs, 1);
+            let mut t0 = 0;
+            while t0 < p {
+                let run = (b - t0 % b).min(p - t0);
+                let block = shared.store.block(shared.blocks[t0 / b]);
+                let koff = cfg.kv_offset(layer, 0, t0 % b) + h * dh;
+                be.matmul(
+                    MatMut::new(&mut s[t0..], 1, run, n, 1),
+                    qh,
+                    MatRef::new(&block[koff..], dh, run, 1, d),
+                    scale,
+                    false,
+                );
+                t0 += run;
+            }
+            if cur > 0 {
+                be.matmul(
+                    MatMut::new(&mut s[p..], 1, cur, n, 1),
+                    qh,
+                    MatRef::new(&kb[h * dh..], dh, cur, 1, d),
+                    scale,
+                    false,
+                );
+            }
+            let m = row_max(s);
+            let inv = 1.0 / exp_shift_sum(s, m);
+            s.iter_mut().for_each(|v| *v *= inv);
+            let o = &mut out[i * d + h * dh..];
+            let mut t0 = 0;
+            while t0 < p {
+                let run = (b - t0 % b).min(p - t0);
+                let block = shared.store.block(shared.blocks[t0 / b]);
+                let voff = cfg.kv_offset(layer, 1, t0 % b) + h * dh;
+                be.matmul(
+                    MatMut::new(o, 1, dh, d, 1),
+                    MatRef::new(&s[t0..], 1, run, n, 1),
+                    MatRef::new(&block[voff..], run, dh, d, 1),
+                    1.0,
+                    t0 > 0,
+                );
+                t0 += run;
+            }
+            if cur > 0 {
+                be.matmul(
+                    MatMut::new(o, 1, dh, d, 1),
+                    MatRef::new(&s[p..], 1, cur, n, 1),
+                    MatRef::new(&vb[h * dh..], cur, dh, d, 1),
+                    1.0,
+                    p > 0,
+                );
+            }
+        }
+    }
+}
+
+/// The round-1 baseline, kept as a second figure: for every beam,
+/// materialise the concatenated KV `[prompt | beam's tokens]` (as a
+/// per-beam paged layout reads it) and attend over it with scalar dot
+/// products and libm `exp`. Returns the bytes of KV materialised.
 #[allow(clippy::too_many_arguments)]
 pub fn concat_attention<S: KvBlockStore + ?Sized>(
     cfg: &ModelConfig,

@@ -84,6 +84,26 @@ impl TopBw {
         &self.heap
     }
 
+    /// The whole cost of early termination when each beam's top-K arrives
+    /// unordered (as `select_nth_unstable` leaves it): sorts every beam's
+    /// valid candidates in place (the visiting order [`TopBw::select`]
+    /// relies on), selects, and returns the best `bw` in selection order.
+    pub fn sort_and_select(
+        &mut self,
+        cands: &mut [Candidate],
+        stride: usize,
+        lens: &[usize],
+        bw: usize,
+    ) -> &[Candidate] {
+        for (b, &len) in lens.iter().enumerate() {
+            sort_beam(&mut cands[b * stride..b * stride + len]);
+        }
+        self.select(cands, stride, lens, bw);
+        // `select` rebuilds the heap from scratch, so sorting it is safe.
+        self.heap.sort_unstable_by(rank_order);
+        &self.heap
+    }
+
     /// `true` when `a` is worse than `b` (the heap's "less").
     #[inline]
     fn worse(a: &Candidate, b: &Candidate) -> bool {
@@ -124,7 +144,23 @@ impl TopBw {
     }
 }
 
-/// The baseline: copy every candidate into `buf` (preallocated), full
+/// The baseline of [`TopBw::sort_and_select`]: `select_nth_unstable` of
+/// all candidates (contiguous, any order; reordered in place), then a sort
+/// of the best `bw`. Returns them in selection order.
+pub fn select_nth_then_sort(all: &mut [Candidate], bw: usize) -> &[Candidate] {
+    let keep = bw.min(all.len());
+    if keep == 0 {
+        return &all[..0];
+    }
+    if keep < all.len() {
+        all.select_nth_unstable_by(keep - 1, rank_order);
+    }
+    let top = &mut all[..keep];
+    top.sort_unstable_by(rank_order);
+    top
+}
+
+/// The round-1 baseline: copy every candidate into `buf` (preallocated), full
 /// `sort_unstable_by`, keep the first `bw`.
 pub fn select_full_sort<'a>(
     cands: &[Candidate],

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 use grflow_kernels::{
     Backend, BeamSearch, GrModel, MatMut, MatRef, ModelConfig, SharedPrompt, SidTrie,
-    StagedScratch, UnsharedKv, concat_attention, staged_attention,
+    StagedScratch, UnsharedKv, concat_attention, per_beam_attention, staged_attention,
 };
 use rand_chacha::rand_core::Rng;
 
@@ -149,6 +149,24 @@ fn decode_loop_and_staged_attention_do_not_allocate() {
             &un,
             cur,
             &mut scratch,
+            &mut out,
+        )
+    });
+    assert_eq!((allocs, bytes), (0, 0));
+    // The honest baseline reads [prompt | beam] in place: no copy either.
+    let mut beam_scores = vec![0f32; p + cur];
+    let (_, allocs, bytes) = counted(|| {
+        per_beam_attention(
+            model.backend(),
+            &cfg,
+            0,
+            &q,
+            d,
+            nb,
+            shared,
+            &un,
+            cur,
+            &mut beam_scores,
             &mut out,
         )
     });

@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use grflow_kernels::{
     BeamSearch, Candidate, GrModel, ModelConfig, SharedPrompt, SidTrie, StagedScratch, TopBw,
-    UnsharedKv, beam_kv_bytes, concat_attention, rank_order, reference, select_full_sort,
-    sort_beam, staged_attention,
+    UnsharedKv, beam_kv_bytes, concat_attention, per_beam_attention, rank_order, reference,
+    select_full_sort, select_nth_then_sort, sort_beam, staged_attention,
 };
 use proptest::prelude::*;
 use rand_chacha::rand_core::Rng;
@@ -78,6 +78,84 @@ fn staged_attention_equals_attention_over_concatenated_kv() {
     }
 }
 
+/// The bench's honest baseline (each beam over its own [prompt | rows], read
+/// in place, same matmul and exp) computes what staged attention computes,
+/// on the real `gemm` backend, for prompts that end mid-block or are empty
+/// and for every number of beam tokens.
+#[test]
+fn per_beam_attention_equals_staged_attention() {
+    let cfg = gr_config(32);
+    let model = GrModel::new(cfg.clone(), 9);
+    let d = cfg.d_model;
+    let mut r = rng(19);
+    let (nb, steps) = (5, 3);
+    for p in [0usize, 1, 16, 37] {
+        let prompt = tokens(&mut r, p, d);
+        let mut pool = Pool::new(&cfg, 8, &mut r);
+        let table = pool.alloc(cfg.blocks_for(p));
+        if p > 0 {
+            model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+        }
+        let mut un = UnsharedKv::new(&cfg, nb, steps);
+        for l in 0..cfg.n_layers {
+            for kv in 0..2 {
+                for b in 0..nb {
+                    for s in 0..steps {
+                        un.row_mut(l, kv, b, s)
+                            .copy_from_slice(&tokens(&mut r, 1, d));
+                    }
+                }
+            }
+        }
+        // Queries with a row stride wider than d, as the decode loop's QKV.
+        let q = tokens(&mut r, nb, 3 * d);
+        let shared = SharedPrompt {
+            store: &pool.store,
+            blocks: &table,
+            len: p,
+        };
+        let mut scratch = StagedScratch::new(&cfg, nb, p.max(1));
+        let mut scores = vec![0f32; p + steps];
+        for l in 0..cfg.n_layers {
+            for c in (if p == 0 { 1 } else { 0 })..=steps {
+                let mut staged = vec![0f32; nb * d];
+                let mut per_beam = vec![7f32; nb * d];
+                staged_attention(
+                    model.backend(),
+                    &cfg,
+                    l,
+                    &q,
+                    3 * d,
+                    nb,
+                    shared,
+                    &un,
+                    c,
+                    &mut scratch,
+                    &mut staged,
+                );
+                per_beam_attention(
+                    model.backend(),
+                    &cfg,
+                    l,
+                    &q,
+                    3 * d,
+                    nb,
+                    shared,
+                    &un,
+                    c,
+                    &mut scores,
+                    &mut per_beam,
+                );
+                assert!(
+                    max_diff(&staged, &per_beam) <= 1e-4,
+                    "prompt {p} layer {l} cur {c}: {}",
+                    max_diff(&staged, &per_beam)
+                );
+            }
+        }
+    }
+}
+
 fn random_candidates(
     r: &mut rand_chacha::ChaCha8Rng,
     bw: usize,
@@ -120,6 +198,42 @@ fn early_termination_selects_the_full_sort_set() {
                 top.visited() < lens.iter().sum::<usize>(),
                 "early termination skipped nothing"
             );
+        }
+    }
+}
+
+/// The bench's top-k pair: early termination from unordered per-beam lists
+/// (its per-beam sorts included) and `select_nth_unstable` + sort of the
+/// top BW select the same candidates in the same order.
+#[test]
+fn early_termination_with_beam_sorts_equals_select_nth() {
+    let mut r = rng(4);
+    for (bw, k) in [(1usize, 1usize), (7, 3), (64, 64), (128, 256), (512, 128)] {
+        let (sorted, lens) = random_candidates(&mut r, bw, k);
+        // Shuffle every beam's valid candidates.
+        let mut cands = sorted.clone();
+        for (b, &len) in lens.iter().enumerate() {
+            let beam = &mut cands[b * k..b * k + len];
+            for i in (1..len).rev() {
+                beam.swap(i, r.next_u32() as usize % (i + 1));
+            }
+        }
+        let mut all: Vec<Candidate> = lens
+            .iter()
+            .enumerate()
+            .flat_map(|(b, &len)| cands[b * k..b * k + len].iter().copied())
+            .collect();
+        for want in [bw, bw / 2 + 1, all.len() + 3] {
+            let mut top = TopBw::with_capacity(want);
+            let fast = top.sort_and_select(&mut cands, k, &lens, want).to_vec();
+            let slow = select_nth_then_sort(&mut all, want).to_vec();
+            assert_eq!(fast, slow, "bw {bw} k {k} want {want}");
+            assert_eq!(fast.len(), want.min(all.len()));
+            assert!(fast.windows(2).all(|w| rank_order(&w[0], &w[1]).is_lt()));
+            // The per-beam sorts left every list in visiting order.
+            for (b, &len) in lens.iter().enumerate() {
+                assert_eq!(cands[b * k..b * k + len], sorted[b * k..b * k + len]);
+            }
         }
     }
 }

@@ -1,8 +1,8 @@
 //! `grflow bench kernels`: measures the compute core (kernels/) and prints
 //! one JSON object (`--json`) or a table.
 
-use anyhow::Context;
-use grflow_kernels::bench::{BenchOptions, run as run_bench};
+use anyhow::{Context, bail};
+use grflow_kernels::bench::{BenchOptions, DEFAULT_GEMM_SHAPES, run as run_bench};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -12,22 +12,59 @@ pub struct Args {
     /// Threads for the CPU backend's matmuls (a serving node uses 1).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// GEMM shapes MxNxK timed for gemm_gflops, comma-separated (the best
+    /// is reported, with every shape's rate).
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_GEMM_SHAPES.map(shape_name))]
+    pub gemm_shapes: Vec<String>,
     /// Prompt length of the prefill measurement (hstu-3l).
     #[arg(long, default_value_t = 2048)]
     pub prefill_tokens: usize,
     /// Beam width (= per-beam top-K) of the beam measurements.
     #[arg(long, default_value_t = 512)]
     pub beam_width: usize,
+    /// Codebook size of the beam measurements (>= 32 and >= beam width).
+    #[arg(long, default_value_t = 1024)]
+    pub codebook_size: usize,
+    /// Prompt length of the beam measurements.
+    #[arg(long, default_value_t = 200)]
+    pub beam_prompt: usize,
     /// Repetitions per timing; the best is reported.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
 }
 
+fn shape_name([m, n, k]: [usize; 3]) -> String {
+    format!("{m}x{n}x{k}")
+}
+
+/// Parses `MxNxK` (each >= 1); `i` is the shape's position in the list.
+fn parse_shape(i: usize, text: &str) -> anyhow::Result<[usize; 3]> {
+    let dims: Vec<usize> = text
+        .trim()
+        .split('x')
+        .map(|d| d.parse::<usize>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--gemm-shapes[{i}] = {text:?} is not MxNxK"))?;
+    match dims[..] {
+        [m, n, k] if m > 0 && n > 0 && k > 0 => Ok([m, n, k]),
+        _ => bail!("--gemm-shapes[{i}] = {text:?} is not MxNxK with every size >= 1"),
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let gemm_shapes = args
+        .gemm_shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| parse_shape(i, s))
+        .collect::<anyhow::Result<_>>()?;
     let opts = BenchOptions {
         threads: args.threads.max(1),
+        gemm_shapes,
         prefill_tokens: args.prefill_tokens,
         beam_width: args.beam_width,
+        codebook_size: args.codebook_size,
+        beam_prompt: args.beam_prompt,
         reps: args.reps.max(1),
     };
     eprintln!(
@@ -43,6 +80,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let fields = value.as_object().context("report is an object")?;
     let width = fields.keys().map(|k| k.len()).max().unwrap_or(0);
     for (name, v) in fields {
+        if name == "gemm_shapes" {
+            for g in &report.gemm_shapes {
+                let shape = shape_name([g.m, g.n, g.k]);
+                println!(
+                    "{:<width$}  {:.3}",
+                    format!("gemm_gflops[{shape}]"),
+                    g.gflops
+                );
+            }
+            continue;
+        }
         let shown = match v.as_f64() {
             Some(x) if v.is_f64() => format!("{x:.3}"),
             _ => v.to_string().trim_matches('"').to_string(),
