@@ -2,6 +2,7 @@
 pub mod cache;
 pub mod cachebench;
 pub mod eviction;
+pub mod history;
 pub mod host;
 pub mod hotness;
 pub mod link;
