@@ -43,6 +43,9 @@ pub struct NodeSummary {
     pub kv_total_tokens: u64,
     pub link_bytes: u64,
     pub oov_items: u64,
+    /// Requests served with only the most recent part of their history.
+    #[serde(default)]
+    pub truncated_histories: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -64,6 +67,10 @@ pub struct Summary {
     pub slo_satisfaction: f64,
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
+    /// Requests served with only the most recent part of their history
+    /// (the model's limit; oldest items dropped in block-aligned chunks).
+    #[serde(default)]
+    pub truncated_histories: u64,
     pub model_version: String,
     pub nodes: Vec<NodeSummary>,
     pub router: RouterStats,
@@ -110,8 +117,8 @@ impl Summary {
             self.slo_satisfaction * 100.0
         );
         s += &format!(
-            "emb_hit_rate {:.3}  kv_hit_rate {:.3}\n",
-            self.emb_hit_rate, self.kv_hit_rate
+            "emb_hit_rate {:.3}  kv_hit_rate {:.3}  truncated_histories {}\n",
+            self.emb_hit_rate, self.kv_hit_rate, self.truncated_histories
         );
         for n in &self.nodes {
             s += &format!(
