@@ -51,6 +51,13 @@ pub struct ResponseRow {
     pub scores: Vec<f32>,
     pub latency_ms: f64,
     pub model_version: String,
+    /// History items the model saw: after a long history was truncated to
+    /// its most recent items that fit.
+    #[serde(default)]
+    pub history_len: u32,
+    /// Of those, items whose KV came from the prefix cache.
+    #[serde(default)]
+    pub kv_reused_tokens: u32,
 }
 
 /// One row of windows.parquet: HLEM Table I state vector of one node and window.

@@ -30,6 +30,8 @@ fn response(i: u64) -> ResponseRow {
         scores: vec![0.5, 0.25, -1.0],
         latency_ms: i as f64 / 4.0,
         model_version: "v1".into(),
+        history_len: 40 + i as u32,
+        kv_reused_tokens: 32,
     }
 }
 
@@ -68,6 +70,11 @@ fn responses_windows_and_errors_round_trip() {
             .value(3),
         "item"
     );
+    let history = b
+        .column_by_name("history_len")
+        .unwrap()
+        .as_primitive::<UInt32Type>();
+    assert_eq!(history.value(3), 43);
 
     let window = WindowRow {
         node: 1,

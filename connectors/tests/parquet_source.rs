@@ -214,7 +214,7 @@ fn truncated_file_is_a_clear_error() {
 }
 
 #[test]
-fn corrupted_row_group_is_reported_and_the_rest_still_comes() {
+fn corrupted_row_group_is_one_bad_record_per_row_and_the_rest_still_comes() {
     let (dir, trace) = written("corrupt");
     let path = dir.join("requests.parquet");
     let mut bytes = std::fs::read(&path).unwrap();
@@ -225,18 +225,70 @@ fn corrupted_row_group_is_reported_and_the_rest_still_comes() {
     std::fs::write(&path, &bytes).unwrap();
     let mut s = ParquetRequestSource::open(&dir, 0, 1).unwrap();
     let (records, errors) = drain(&mut s);
-    assert!(!errors.is_empty(), "the damaged row group is reported");
-    for e in &errors {
-        assert!(
-            matches!(e, SourceError::RowGroup { row_group: 0, .. }),
-            "{e}"
-        );
-        assert_eq!(e.position(), format!("{}: row group 0", path.display()));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(records.len(), trace.requests.len(), "one record per row");
+    let mut bad_rows = Vec::new();
+    for r in &records {
+        let SourcePosition::Parquet { row_group, row, .. } = r.position() else {
+            panic!("parquet position")
+        };
+        match r {
+            SourceRecord::Bad { reason, .. } => {
+                assert_eq!(*row_group, 0);
+                assert!(reason.contains("row group 0 unreadable"), "{reason}");
+                bad_rows.push(*row);
+            }
+            SourceRecord::Request { request, .. } => {
+                assert_ne!(*row_group, 0);
+                assert_eq!(request, &trace.requests[*row as usize]);
+            }
+        }
     }
-    assert_eq!(
-        records.len(),
-        trace.requests.len() - ROW_GROUP,
-        "every other row group is read"
+    // Row count of the damaged group from the footer.
+    assert_eq!(bad_rows, (0..ROW_GROUP as u64).collect::<Vec<_>>());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn rows_with_too_many_candidates_are_bad_records_with_positions() {
+    let dir = tmp("max-candidates");
+    let mut trace = small_trace();
+    trace.requests[7].candidates = (0..1_001).collect();
+    let limit = 1_000;
+    write_trace(
+        &dir,
+        &trace,
+        &WriteOptions {
+            row_group_rows: ROW_GROUP,
+            ..WriteOptions::default()
+        },
+    )
+    .unwrap();
+    let mut s = ParquetRequestSource::open(&dir, 0, 1)
+        .unwrap()
+        .with_max_candidates(limit);
+    let (records, _) = drain(&mut s);
+    assert_eq!(records.len(), trace.requests.len());
+    let bad: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            SourceRecord::Bad { position, reason } => Some((position.to_string(), reason)),
+            SourceRecord::Request { .. } => None,
+        })
+        .collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0].0.ends_with("requests.parquet: row group 0, row 7"),
+        "{}",
+        bad[0].0
+    );
+    assert!(
+        bad[0].1.starts_with("too_many_candidates")
+            && bad[0].1.contains("`candidates`")
+            && bad[0].1.contains("1001")
+            && bad[0].1.contains("1000"),
+        "{}",
+        bad[0].1
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,6 +3,7 @@ pub mod busy;
 pub mod cache;
 pub mod cachebench;
 pub mod eviction;
+pub mod history;
 pub mod host;
 pub mod hotness;
 pub mod link;

@@ -13,6 +13,7 @@ use grflow_kernels::{BeamSearch, GrModel, ModelConfig, SID_STEPS};
 use crate::cache::{
     BoundaryMove, KvTenant, MemoryError, MemoryStats, NodeMemory, NodeMemoryConfig, PrefixMatch,
 };
+use crate::history::{HistoryLimits, Task, pinnable_pages};
 use crate::host::HostTables;
 use crate::link::LinkConfig;
 use crate::retrieval::RetrievalIndex;
@@ -133,6 +134,9 @@ pub struct NodeCounters {
     pub kv_total_tokens: u64,
     pub link_bytes: u64,
     pub oov_items: u64,
+    /// Requests served with only the most recent part of their history.
+    #[serde(default)]
+    pub truncated_histories: u64,
 }
 
 #[derive(Debug)]
@@ -143,6 +147,8 @@ pub struct ServingNode {
     model_version: String,
     host: HostTables,
     memory: NodeMemory,
+    /// How much of a history a request is served with.
+    history_limits: HistoryLimits,
     counters: NodeCounters,
     /// Resident rows per shard, and the shards the router was last told about.
     shard_rows_resident: HashMap<ShardId, u32>,
@@ -180,6 +186,9 @@ impl ServingNode {
             item_kv_policy: m.item_kv_policy.clone(),
             link: params.link,
         })?;
+        let stats = memory.stats();
+        let history_limits =
+            HistoryLimits::new(&params.model, pinnable_pages(stats.pages - stats.emb_pages));
         Ok(Self {
             id,
             params,
@@ -187,6 +196,7 @@ impl ServingNode {
             model_version,
             host,
             memory,
+            history_limits,
             counters: NodeCounters::default(),
             shard_rows_resident: HashMap::new(),
             shards_reported: HashSet::new(),
@@ -217,6 +227,17 @@ impl ServingNode {
         &self.counters
     }
 
+    /// The most recent items of a history this node serves a request with
+    /// (decoders truncate with the same limits before any cache work).
+    pub fn history_limits(&self) -> HistoryLimits {
+        self.history_limits
+    }
+
+    /// The memory pool and its caches, read-only (residency checks).
+    pub fn memory(&self) -> &NodeMemory {
+        &self.memory
+    }
+
     /// Pool, cache and link telemetry.
     pub fn memory_stats(&self) -> MemoryStats {
         self.memory.stats()
@@ -243,6 +264,7 @@ impl ServingNode {
         if req.candidates.is_empty() {
             return Err(ServeError::NoCandidates { req_id: req.req_id });
         }
+        let history = self.truncate(history, Task::Rank);
         self.advance_refill();
         let mut emb = EmbStats::default();
         // Token embeddings: each item is the sum of its rows over all tables.
@@ -298,6 +320,7 @@ impl ServingNode {
         if index.is_empty() {
             return Err(ServeError::EmptyCatalog { req_id: req.req_id });
         }
+        let history = self.truncate(history, Task::Retrieve);
         self.advance_refill();
         let mut emb = EmbStats::default();
         let history_tokens = self.item_tokens(history, catalog, &mut emb);
@@ -352,6 +375,16 @@ impl ServingNode {
             history.len(),
             &emb,
         ))
+    }
+
+    /// The most recent part of `history` that fits, before any cache work;
+    /// counted when something was dropped.
+    fn truncate<'h>(&mut self, history: &'h [u32], task: Task) -> &'h [u32] {
+        let kept = self.history_limits.keep(history, task);
+        if kept.len() < history.len() {
+            self.counters.truncated_histories += 1;
+        }
+        kept
     }
 
     /// Computes the KV of `history` (token embeddings `history_tokens`) on
@@ -409,9 +442,11 @@ impl ServingNode {
             .kv_commit(history, &prefix.block_table, &prefix.matched);
         let block = self.params.model.block_size;
         if history.len() >= block {
-            self.user_heads
-                .entry(user_id)
-                .or_insert_with(|| history[..block].to_vec());
+            // A truncated history starts elsewhere once per chunk: follow it.
+            let head = &history[..block];
+            if self.user_heads.get(&user_id).map(Vec::as_slice) != Some(head) {
+                self.user_heads.insert(user_id, head.to_vec());
+            }
             self.users_touched.insert(user_id);
         }
     }

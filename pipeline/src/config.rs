@@ -240,6 +240,9 @@ pub struct ModelSection {
     /// Retrieve requests: beam width BW and per-beam top-K (xGR).
     pub beam_width: usize,
     pub beam_top_k: usize,
+    /// A request with more candidates is answered with a
+    /// `too_many_candidates` error when it is decoded, before any work.
+    pub max_candidates: usize,
 }
 
 impl Default for ModelSection {
@@ -250,6 +253,7 @@ impl Default for ModelSection {
             top_k: 10,
             beam_width: 32,
             beam_top_k: 32,
+            max_candidates: 1_000,
         }
     }
 }
@@ -457,6 +461,9 @@ impl Config {
         }
         if self.model.beam_top_k == 0 {
             return Err(invalid("model.beam_top_k", "must be >= 1".into()));
+        }
+        if self.model.max_candidates == 0 {
+            return Err(invalid("model.max_candidates", "must be >= 1".into()));
         }
         self.router
             .validate()

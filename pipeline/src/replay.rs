@@ -162,7 +162,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         let peers = worker.peers();
         let source: Box<dyn RequestSource> = match &worker_trace {
             TraceInput::Parquet(dir) => match ParquetRequestSource::open(dir, index, peers) {
-                Ok(s) => Box::new(s),
+                Ok(s) => Box::new(s.with_max_candidates(worker_cfg.model.max_candidates)),
                 Err(e) => {
                     *worker_setup_error.lock().expect("lock") = Some(e.to_string());
                     Box::new(MemoryRequestSource::new(Arc::new(Vec::new()), index, peers))
@@ -243,6 +243,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             oov_items: c.oov_items,
             busy_share: busy.whole,
             busy_share_peak: busy.peak,
+            truncated_histories: c.truncated_histories,
             ..NodeSummary::default()
         };
         WorkerResult {
@@ -321,6 +322,7 @@ fn assemble(
         latency_ms: LatencySummary::from_unsorted(latencies),
         emb_hit_rate: ratio(sum(|n| n.emb_hits), sum(|n| n.emb_lookups)),
         kv_hit_rate: ratio(sum(|n| n.kv_reused_tokens), sum(|n| n.kv_total_tokens)),
+        truncated_histories: sum(|n| n.truncated_histories),
         model_version,
         nodes,
         router,

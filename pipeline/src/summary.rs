@@ -48,6 +48,9 @@ pub struct NodeSummary {
     /// The same share in the node's busiest wall-time interval (one window
     /// long); near 1.0 the node queues requests.
     pub busy_share_peak: f64,
+    /// Requests served with only the most recent part of their history.
+    #[serde(default)]
+    pub truncated_histories: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -69,6 +72,10 @@ pub struct Summary {
     pub slo_satisfaction: f64,
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
+    /// Requests served with only the most recent part of their history
+    /// (the model's limit; oldest items dropped in block-aligned chunks).
+    #[serde(default)]
+    pub truncated_histories: u64,
     pub model_version: String,
     pub nodes: Vec<NodeSummary>,
     pub router: RouterStats,
@@ -115,8 +122,8 @@ impl Summary {
             self.slo_satisfaction * 100.0
         );
         s += &format!(
-            "emb_hit_rate {:.3}  kv_hit_rate {:.3}\n",
-            self.emb_hit_rate, self.kv_hit_rate
+            "emb_hit_rate {:.3}  kv_hit_rate {:.3}  truncated_histories {}\n",
+            self.emb_hit_rate, self.kv_hit_rate, self.truncated_histories
         );
         for n in &self.nodes {
             s += &format!(

@@ -25,6 +25,9 @@ pub struct Args {
     /// Embedding tables T of the item catalog (table 0 is the item id).
     #[arg(long, default_value_t = ImportConfig::default().tables)]
     pub tables: u16,
+    /// Candidates per request: the true item plus popularity-sampled negatives.
+    #[arg(long, default_value_t = ImportConfig::default().candidates)]
+    pub candidates: usize,
     /// Rows per row group of requests.parquet.
     #[arg(long, default_value_t = grflow_traces::DEFAULT_ROW_GROUP_ROWS)]
     pub row_group_rows: usize,
@@ -42,10 +45,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.tables == 0 {
         return Err(InputError::from_display("--tables must be >= 1 (got 0)"));
     }
+    if args.candidates == 0 {
+        return Err(InputError::from_display(
+            "--candidates must be >= 1 (got 0)",
+        ));
+    }
     let cfg = ImportConfig {
         format: args.format,
         seed: args.seed,
         tables: args.tables,
+        candidates: args.candidates,
         ..ImportConfig::default()
     };
     let start = Instant::now();

@@ -21,6 +21,6 @@ pub use client::{
 };
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets};
 pub use wire::{
-    AnswerError, DeadLetter, History, MAX_MESSAGE_BYTES, RecordId, WireError, WireRequest,
-    WireResponse, decode_request, round_score,
+    AnswerError, DeadLetter, DecodeLimits, History, MAX_CANDIDATES, MAX_MESSAGE_BYTES, RecordId,
+    WireError, WireRequest, WireResponse, decode_request, decode_request_within, round_score,
 };

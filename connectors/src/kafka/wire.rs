@@ -4,6 +4,7 @@
 //! Requests are decoded field by field (not with a derive) so that a bad
 //! message names the field, array index and JSON type that were wrong.
 
+use grflow_operators::history::{HistoryLimits, Task};
 use grflow_traces::schema::Mode;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -13,6 +14,31 @@ use serde_json::{Map, Value};
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// Bytes of a bad payload kept in its dead letter.
 const DEAD_LETTER_PAYLOAD_BYTES: usize = 1024;
+/// Default cap on candidates per request (`model.max_candidates`).
+pub const MAX_CANDIDATES: usize = 1_000;
+
+/// Bounds a request is held to while it is decoded, before any cache or
+/// model work: its size, its candidates, and the history it is served with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeLimits {
+    pub max_message_bytes: usize,
+    /// More candidates than this is an error (`too_many_candidates`).
+    pub max_candidates: usize,
+    /// Inline histories keep only their most recent items (as the node
+    /// would), so a long history never reaches a cache.
+    pub history: HistoryLimits,
+}
+
+impl DecodeLimits {
+    /// Only the message size is bounded.
+    pub fn bytes_only(max_message_bytes: usize) -> Self {
+        Self {
+            max_message_bytes,
+            max_candidates: usize::MAX,
+            history: HistoryLimits::unbounded(),
+        }
+    }
+}
 
 /// The user's history: sent inline, or a prefix of the users table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +58,8 @@ pub struct WireRequest {
     pub candidates: Vec<u32>,
     pub history: History,
     pub mode: Mode,
+    /// Oldest inline-history items dropped by the history limit.
+    pub history_dropped: usize,
 }
 
 /// Why a message is not a request. Every variant names the field at fault.
@@ -59,6 +87,10 @@ pub enum WireError {
     TwoHistories,
     #[error("field `candidates`: a rank request needs at least one candidate")]
     NoCandidates,
+    #[error(
+        "field `candidates`: {count} candidates, more than the limit of {limit} (model.max_candidates)"
+    )]
+    TooManyCandidates { count: usize, limit: usize },
 }
 
 impl WireError {
@@ -72,6 +104,7 @@ impl WireError {
             WireError::WrongType { .. } => "wrong_type",
             WireError::TwoHistories => "two_histories",
             WireError::NoCandidates => "no_candidates",
+            WireError::TooManyCandidates { .. } => "too_many_candidates",
         }
     }
 }
@@ -124,19 +157,35 @@ fn as_u32(v: &Value, field: &str) -> Result<u32, WireError> {
         .ok_or_else(|| wrong(field, "an integer in 0..=4294967295", v))
 }
 
-fn item_ids(v: &Value, field: &'static str) -> Result<Vec<u32>, WireError> {
-    let items = v
-        .as_array()
-        .ok_or_else(|| wrong(field, "an array of item ids", v))?;
-    items
-        .iter()
+/// The item ids of `v[skip..]`: items before `skip` are not looked at.
+fn item_ids(v: &[Value], skip: usize, field: &'static str) -> Result<Vec<u32>, WireError> {
+    v.iter()
         .enumerate()
+        .skip(skip)
         .map(|(i, x)| as_u32(x, &format!("{field}[{i}]")))
         .collect()
 }
 
-/// Decodes one request message; `limit` caps its size in bytes.
+fn item_array<'a>(v: &'a Value, field: &'static str) -> Result<&'a [Value], WireError> {
+    v.as_array()
+        .map(Vec::as_slice)
+        .ok_or_else(|| wrong(field, "an array of item ids", v))
+}
+
+/// Decodes one request message; `limit` caps its size in bytes. Nothing
+/// else is bounded: the job decodes with [`decode_request_within`].
 pub fn decode_request(payload: &[u8], limit: usize) -> Result<WireRequest, WireError> {
+    decode_request_within(payload, &DecodeLimits::bytes_only(limit))
+}
+
+/// Decodes one request message within `limits`: an oversized message or
+/// too many candidates is an error, an inline history keeps its most
+/// recent items that fit.
+pub fn decode_request_within(
+    payload: &[u8],
+    limits: &DecodeLimits,
+) -> Result<WireRequest, WireError> {
+    let limit = limits.max_message_bytes;
     if payload.len() > limit {
         return Err(WireError::Oversized {
             bytes: payload.len(),
@@ -167,17 +216,35 @@ pub fn decode_request(payload: &[u8], limit: usize) -> Result<WireRequest, WireE
                 field: "candidates",
             });
         }
-        Some(v) => item_ids(v, "candidates")?,
+        Some(v) => {
+            let items = item_array(v, "candidates")?;
+            if items.len() > limits.max_candidates {
+                return Err(WireError::TooManyCandidates {
+                    count: items.len(),
+                    limit: limits.max_candidates,
+                });
+            }
+            item_ids(items, 0, "candidates")?
+        }
     };
     if mode == Mode::Rank && candidates.is_empty() {
         return Err(WireError::NoCandidates);
     }
+    let task = match mode {
+        Mode::Rank => Task::Rank,
+        Mode::Retrieve => Task::Retrieve,
+    };
+    let mut history_dropped = 0;
     let history = match (
         obj.get("history").filter(|v| !v.is_null()),
         obj.get("hist_len").filter(|v| !v.is_null()),
     ) {
         (Some(_), Some(_)) => return Err(WireError::TwoHistories),
-        (Some(h), None) => History::Inline(item_ids(h, "history")?),
+        (Some(h), None) => {
+            let items = item_array(h, "history")?;
+            history_dropped = limits.history.dropped(items.len(), task);
+            History::Inline(item_ids(items, history_dropped, "history")?)
+        }
         (None, Some(n)) => History::Prefix(as_u32(n, "hist_len")?),
         (None, None) => return Err(WireError::Missing { field: "history" }),
     };
@@ -188,6 +255,7 @@ pub fn decode_request(payload: &[u8], limit: usize) -> Result<WireRequest, WireE
         candidates,
         history,
         mode,
+        history_dropped,
     })
 }
 
@@ -360,6 +428,7 @@ mod tests {
                 candidates: vec![5, 6],
                 history: History::Prefix(12),
                 mode: Mode::Rank,
+                history_dropped: 0,
             }
         );
     }
@@ -444,6 +513,61 @@ mod tests {
         );
         let e = decode_request(&[0xff, 0xfe], 64).unwrap_err();
         assert_eq!(e.kind(), "malformed_json");
+    }
+
+    fn limits() -> DecodeLimits {
+        DecodeLimits {
+            max_message_bytes: MAX_MESSAGE_BYTES,
+            max_candidates: 3,
+            history: HistoryLimits {
+                rank: 10,
+                retrieve: 8,
+                chunk: 4,
+            },
+        }
+    }
+
+    fn message(candidates: usize, history: usize, mode: &str) -> String {
+        let ids = |n: usize| (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        format!(
+            r#"{{"req_id":1,"user_id":2,"ts_ms":3,"mode":"{mode}","candidates":[{}],"history":[{}]}}"#,
+            ids(candidates),
+            ids(history)
+        )
+    }
+
+    #[test]
+    fn too_many_candidates_is_rejected_by_name() {
+        let e = decode_request_within(message(4, 2, "rank").as_bytes(), &limits()).unwrap_err();
+        assert_eq!(e.kind(), "too_many_candidates");
+        assert_eq!(
+            e.to_string(),
+            "field `candidates`: 4 candidates, more than the limit of 3 (model.max_candidates)"
+        );
+        assert!(decode_request_within(message(3, 2, "rank").as_bytes(), &limits()).is_ok());
+        // Without limits the same message decodes.
+        assert!(decode(&message(4, 2, "rank")).is_ok());
+    }
+
+    #[test]
+    fn long_inline_histories_keep_their_most_recent_items() {
+        let r = decode_request_within(message(1, 23, "rank").as_bytes(), &limits()).unwrap();
+        // 23 items over a limit of 10: drop 16 (multiples of 4), keep 16..23.
+        assert_eq!(r.history, History::Inline((16..23).collect()));
+        assert_eq!(r.history_dropped, 16);
+        let r = decode_request_within(message(0, 10, "retrieve").as_bytes(), &limits()).unwrap();
+        assert_eq!(r.history, History::Inline((4..10).collect()));
+        let r = decode_request_within(message(1, 10, "rank").as_bytes(), &limits()).unwrap();
+        assert_eq!(
+            (r.history_dropped, r.history),
+            (0, History::Inline((0..10).collect()))
+        );
+        // Dropped items are not even decoded; kept ones are checked by index.
+        let bad_old = r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":[1],"history":["x",1,2,3,4,5,6,7,8,9,10,11]}"#;
+        assert!(decode_request_within(bad_old.as_bytes(), &limits()).is_ok());
+        let bad_new = r#"{"req_id":1,"user_id":2,"ts_ms":3,"candidates":[1],"history":[0,1,2,3,4,5,6,7,8,9,10,"x"]}"#;
+        let e = decode_request_within(bad_new.as_bytes(), &limits()).unwrap_err();
+        assert!(e.to_string().contains("`history[11]`"), "{e}");
     }
 
     #[test]

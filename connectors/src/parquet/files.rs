@@ -72,6 +72,22 @@ impl CheckedFile {
         reader.map(|b| b.map_err(|e| e.to_string())).collect()
     }
 
+    /// The record batches of row group `g`, one at a time, so that rows
+    /// read before an error are kept.
+    pub fn read_group(
+        &self,
+        g: usize,
+    ) -> Result<impl Iterator<Item = Result<RecordBatch, String>>, String> {
+        let file = self.file.try_clone().map_err(|e| e.to_string())?;
+        let reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
+                .with_row_groups(vec![g])
+                .with_batch_size(8192)
+                .build()
+                .map_err(|e| e.to_string())?;
+        Ok(reader.map(|b| b.map_err(|e| e.to_string())))
+    }
+
     /// Row counts of every row group.
     pub fn row_group_rows(&self) -> Vec<u64> {
         self.metadata

@@ -131,6 +131,8 @@ impl SinkRow for ResponseRow {
             Field::new("scores", list_of(DataType::Float32), false),
             Field::new("latency_ms", DataType::Float64, false),
             Field::new("model_version", DataType::Utf8, false),
+            Field::new("history_len", DataType::UInt32, false),
+            Field::new("kv_reused_tokens", DataType::UInt32, false),
         ]))
     }
 
@@ -164,6 +166,12 @@ impl SinkRow for ResponseRow {
             )),
             Arc::new(StringArray::from_iter_values(
                 rows.iter().map(|r| &r.model_version),
+            )),
+            Arc::new(UInt32Array::from_iter_values(
+                rows.iter().map(|r| r.history_len),
+            )),
+            Arc::new(UInt32Array::from_iter_values(
+                rows.iter().map(|r| r.kv_reused_tokens),
             )),
         ];
         RecordBatch::try_new(Self::schema(), columns).expect("columns match the schema")

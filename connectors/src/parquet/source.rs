@@ -51,8 +51,10 @@ pub struct SourceBatch {
 /// A worker's share of a request stream.
 pub trait RequestSource {
     /// The next batch; `None` when the worker's share is exhausted. An `Err`
-    /// is an unreadable part of the input (for Parquet, one row group): the
-    /// caller may report it and call again to go on with the rest.
+    /// is an unreadable part of the input whose records are unknown: the
+    /// caller may report it and call again to go on with the rest. (The
+    /// Parquet source knows every row group's row count from the footer, so
+    /// an unreadable row group comes as one bad record per row instead.)
     fn next_batch(&mut self) -> Option<Result<SourceBatch, SourceError>>;
 }
 
@@ -132,6 +134,8 @@ pub struct ParquetRequestSource {
     next_group: usize,
     staged: Staged,
     batch_rows: usize,
+    /// More candidates than this makes a row bad (`too_many_candidates`).
+    max_candidates: usize,
 }
 
 impl ParquetRequestSource {
@@ -162,7 +166,15 @@ impl ParquetRequestSource {
             next_group: 0,
             staged: Staged::default(),
             batch_rows: DEFAULT_BATCH_ROWS,
+            max_candidates: usize::MAX,
         })
+    }
+
+    /// Rows with more than `n` candidates become bad records (default: no
+    /// bound), checked as the row is decoded.
+    pub fn with_max_candidates(mut self, n: usize) -> Self {
+        self.max_candidates = n;
+        self
     }
 
     /// Hands out at most `n` records per batch (default 1,024).
@@ -195,42 +207,74 @@ impl ParquetRequestSource {
         &self.file.path
     }
 
-    fn stage(&mut self, g: usize) -> Result<(), SourceError> {
-        let batches = self
-            .file
-            .read(Some(vec![g]))
-            .map_err(|message| SourceError::RowGroup {
-                file: self.file.path.clone(),
-                row_group: g,
-                message,
-            })?;
-        let mut records = Vec::new();
-        let mut row = self.group_start[g];
-        for batch in &batches {
-            let decoded = decode_requests(batch).map_err(|e| SourceError::Schema {
-                file: self.file.path.clone(),
-                column: e.column(),
-                problem: e.to_string(),
-            })?;
-            for r in decoded {
-                let position = SourcePosition::Parquet {
-                    file: self.name.clone(),
-                    row_group: g as u32,
-                    row,
-                };
-                records.push(match r {
-                    Ok(request) => SourceRecord::Request { request, position },
-                    Err(e) => SourceRecord::Bad {
-                        position,
-                        reason: e.to_string(),
-                    },
+    /// Decodes row group `g` into records: one per row, always. A row group
+    /// (or the rest of one) that cannot be read becomes one bad record per
+    /// row, the row count coming from the footer.
+    fn stage(&mut self, g: usize) {
+        let first = self.group_start[g];
+        let rows = self.file.row_group_rows()[g];
+        let mut records = Vec::with_capacity(rows as usize);
+        let position = |row| SourcePosition::Parquet {
+            file: self.name.clone(),
+            row_group: g as u32,
+            row,
+        };
+        let mut unreadable = None;
+        match self.file.read_group(g) {
+            Err(message) => unreadable = Some(message),
+            Ok(batches) => {
+                for batch in batches {
+                    let decoded = batch.and_then(|b| {
+                        decode_requests(&b).map_err(|e| format!("column `{}`: {e}", e.column()))
+                    });
+                    let decoded = match decoded {
+                        Ok(d) => d,
+                        Err(message) => {
+                            unreadable = Some(message);
+                            break;
+                        }
+                    };
+                    for r in decoded {
+                        let position = position(first + records.len() as u64);
+                        records.push(match r {
+                            Ok(request) if request.candidates.len() > self.max_candidates => {
+                                SourceRecord::Bad {
+                                    position,
+                                    reason: too_many_candidates(
+                                        request.candidates.len(),
+                                        self.max_candidates,
+                                    ),
+                                }
+                            }
+                            Ok(request) => SourceRecord::Request { request, position },
+                            Err(e) => SourceRecord::Bad {
+                                position,
+                                reason: e.to_string(),
+                            },
+                        });
+                    }
+                }
+            }
+        }
+        if let Some(message) = unreadable {
+            let reason = format!("row group {g} unreadable: {message}");
+            while (records.len() as u64) < rows {
+                records.push(SourceRecord::Bad {
+                    position: position(first + records.len() as u64),
+                    reason: reason.clone(),
                 });
-                row += 1;
             }
         }
         self.staged = Staged::new(records);
-        Ok(())
     }
+}
+
+/// The reason of a row with too many candidates; names the kind, the
+/// column and the limit.
+fn too_many_candidates(count: usize, limit: usize) -> String {
+    format!(
+        "too_many_candidates: column `candidates`: {count} candidates, more than the limit of {limit} (model.max_candidates)"
+    )
 }
 
 impl RequestSource for ParquetRequestSource {
@@ -238,9 +282,7 @@ impl RequestSource for ParquetRequestSource {
         while self.staged.is_done() {
             let &g = self.groups.get(self.next_group)?;
             self.next_group += 1;
-            if let Err(e) = self.stage(g) {
-                return Some(Err(e));
-            }
+            self.stage(g);
         }
         let (records, staged_min) = self.staged.take(self.batch_rows);
         let watermark_ms = staged_min.min(self.later_min[self.next_group]);

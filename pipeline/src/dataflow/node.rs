@@ -136,6 +136,8 @@ pub fn serve<'s>(
                                 scores: out.scores,
                                 latency_ms,
                                 model_version: node.model_version().to_string(),
+                                history_len: out.kv_total_tokens,
+                                kv_reused_tokens: out.kv_reused_tokens,
                             };
                             session.give(NodeEvent::Response(Box::new((row, origin))));
                         }

@@ -54,7 +54,10 @@ impl Pacing {
 /// Counters the source shares with the progress display.
 #[derive(Debug, Default)]
 pub struct SourceCounters {
+    /// Every record the source met, readable or not: each one is answered
+    /// by a response or an error, so `requests_in == responses_out + errors`.
     pub requests_in: AtomicU64,
+    /// Records that could not be read (also in `requests_in`).
     pub bad_records: AtomicU64,
     /// Records whose event time was behind this worker's watermark.
     pub late: AtomicU64,
@@ -91,6 +94,7 @@ pub fn request_source<'s>(
                         }
                         Some(Err(e)) => {
                             // The batch is unreadable; say so and go on with the next one.
+                            counters.requests_in.fetch_add(1, Ordering::Relaxed);
                             counters.bad_records.fetch_add(1, Ordering::Relaxed);
                             output.session(&*c).give(Ingest::Bad(ErrorRow {
                                 position: e.position(),
@@ -110,6 +114,7 @@ pub fn request_source<'s>(
                         else {
                             unreachable!()
                         };
+                        counters.requests_in.fetch_add(1, Ordering::Relaxed);
                         counters.bad_records.fetch_add(1, Ordering::Relaxed);
                         output.session(&*c).give(Ingest::Bad(ErrorRow {
                             position: position.to_string(),

@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use grflow_connectors::SourcePosition;
 use grflow_connectors::kafka::{
-    Admission, DeadLetter, History, RawRecord, RecordId, RequestConsumer, decode_request,
+    Admission, DeadLetter, DecodeLimits, History, RawRecord, RecordId, RequestConsumer,
+    decode_request_within,
 };
+use grflow_operators::history::HistoryLimits;
 use grflow_traces::Request;
 
 use super::clock::{Entry, PartitionClock, entry_time};
@@ -27,6 +29,10 @@ pub struct IngestSettings {
     pub dead_letter_topic: String,
     pub max_in_flight: usize,
     pub max_message_bytes: usize,
+    /// `model.max_candidates`: more is a `too_many_candidates` dead letter.
+    pub max_candidates: usize,
+    /// Inline histories keep their most recent items that the nodes serve.
+    pub history: HistoryLimits,
     pub idle_timeout: Duration,
     pub max_skew_ms: u64,
     /// A request stamped further than this ahead of both the wall clock
@@ -174,8 +180,16 @@ impl KafkaIngest {
             return None;
         }
         let payload = record.payload.unwrap_or_default();
-        match decode_request(&payload, self.settings.max_message_bytes) {
+        let limits = DecodeLimits {
+            max_message_bytes: self.settings.max_message_bytes,
+            max_candidates: self.settings.max_candidates,
+            history: self.settings.history,
+        };
+        match decode_request_within(&payload, &limits) {
             Ok(wire) => {
+                if wire.history_dropped > 0 {
+                    ServeCounters::add(&self.shared.counters.truncated_histories, 1);
+                }
                 // Event time tracks the time the request enters at, so a
                 // late request is released like any other. A stamp too far
                 // in the future (a typo, microseconds) is served now and

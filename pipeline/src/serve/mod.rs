@@ -98,6 +98,7 @@ fn side_tables(config: &Config) -> Result<SideTables, ServeError> {
 struct WorkerResult {
     committed: Vec<(i32, i64)>,
     oov_items: u64,
+    truncated_histories: u64,
     model_version: String,
 }
 
@@ -124,6 +125,12 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         HotUsers::new(cfg.hotness.clone()),
     )
     .map_err(|e| ServeError::Config(e.to_string()))?;
+    // Every node has the same parameters, hence the same history limits.
+    let history_limits = nodes
+        .first()
+        .and_then(|n| n.as_ref())
+        .map(ServingNode::history_limits)
+        .ok_or_else(|| ServeError::Config("run.workers must be >= 1".into()))?;
 
     if k.create_partitions > 0 {
         ensure_topics(
@@ -197,6 +204,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             dead_letter_topic: k.dead_letter_topic.clone(),
             max_in_flight: k.max_in_flight,
             max_message_bytes: k.max_message_bytes,
+            max_candidates: cfg.model.max_candidates,
+            history: history_limits,
             idle_timeout: Duration::from_millis(k.idle_timeout_ms),
             max_skew_ms: k.max_skew_ms,
             max_future_ms: k.max_future_ms,
@@ -324,6 +333,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         WorkerResult {
             committed,
             oov_items: node.counters().oov_items,
+            truncated_histories: node.counters().truncated_histories,
             model_version: node.model_version().to_string(),
         }
     })
@@ -392,6 +402,8 @@ fn summarise(
         drain_timed_out: shared.drain_timed_out.load(Ordering::Relaxed),
         pauses: load(&c.pauses),
         oov_items: results.iter().map(|r| r.oov_items).sum(),
+        truncated_histories: load(&c.truncated_histories)
+            + results.iter().map(|r| r.truncated_histories).sum::<u64>(),
         in_flight_at_exit: shared.in_flight(),
         latency_p50_ms: latency.quantile(0.5),
         latency_p99_ms: latency.quantile(0.99),

@@ -24,6 +24,8 @@ pub struct ServeCounters {
     /// Requests skipped because the response topic already answers them.
     pub already_answered: AtomicU64,
     pub dead_lettered: AtomicU64,
+    /// Inline histories truncated to the model's limit at decode time.
+    pub truncated_histories: AtomicU64,
     /// Requests behind the event-time frontier (processed anyway).
     pub late: AtomicU64,
     /// Requests stamped too far in the future, served at the current event
@@ -237,6 +239,9 @@ pub struct ServeSummary {
     pub drain_timed_out: bool,
     pub pauses: u64,
     pub oov_items: u64,
+    /// Requests served with only the most recent part of their history
+    /// (inline ones truncated at decode time, `hist_len` ones at the node).
+    pub truncated_histories: u64,
     pub in_flight_at_exit: usize,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,

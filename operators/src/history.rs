@@ -1,0 +1,200 @@
+//! Long histories: which of a user's items a request is served with.
+//!
+//! The model sees at most `limit` items (its position table, and the KV
+//! pages one request may pin), and users expect the most recent ones, as
+//! sequential recommenders do with a maximum length. A sliding window would
+//! move the first kept item on every request; KV depends on every earlier
+//! token and on absolute positions, so every cached block would change and
+//! exactly the heavy users would never reuse their prefix. Instead the
+//! oldest items are dropped in chunks (a quarter of the limit, whole KV
+//! blocks): the first kept item is always a multiple of the chunk, so it
+//! moves once every `chunk` new items and the prefix is reused in between.
+//!
+//! Pure arithmetic, no I/O: decoders (Kafka, Parquet) and the serving node
+//! call the same functions, so a history truncated at decode time is not
+//! truncated again (the result is a fixed point).
+
+use grflow_kernels::{ModelConfig, SID_STEPS};
+
+/// Share of the node's KV pages one request may pin for its history: a
+/// long history cannot evict every other user's prefix.
+pub const MAX_PIN_SHARE: f64 = 0.5;
+
+/// What a history is used for; the two have different position budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// User-as-prefix ranking: history, then every candidate at one shared
+    /// position and the instruction token (2 positions).
+    Rank,
+    /// Generative retrieval: history, then `SID_STEPS` decoded tokens.
+    Retrieve,
+}
+
+/// History limits of one model on one memory pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryLimits {
+    /// Most history items a rank request is served with.
+    pub rank: usize,
+    /// Most history items a retrieve request is served with.
+    pub retrieve: usize,
+    /// Oldest items are dropped in multiples of this many (≥ 1, ≤ both
+    /// limits when they are ≥ 1).
+    pub chunk: usize,
+}
+
+impl HistoryLimits {
+    /// Limits of `model` when one request may pin at most `max_pages` KV
+    /// pages (blocks of `model.block_size` tokens).
+    pub fn new(model: &ModelConfig, max_pages: usize) -> Self {
+        let pinnable = max_pages.saturating_mul(model.block_size);
+        let rank = model.max_positions.saturating_sub(2).min(pinnable);
+        let retrieve = model.max_positions.saturating_sub(SID_STEPS).min(pinnable);
+        Self {
+            rank,
+            retrieve,
+            chunk: chunk_for(rank.min(retrieve), model.block_size),
+        }
+    }
+
+    /// No bound at all (tools and tests that decode without a model).
+    pub fn unbounded() -> Self {
+        Self {
+            rank: usize::MAX,
+            retrieve: usize::MAX,
+            chunk: 1,
+        }
+    }
+
+    pub fn limit(&self, task: Task) -> usize {
+        match task {
+            Task::Rank => self.rank,
+            Task::Retrieve => self.retrieve,
+        }
+    }
+
+    /// How many of the oldest items a history of `len` items loses.
+    pub fn dropped(&self, len: usize, task: Task) -> usize {
+        oldest_dropped(len, self.limit(task), self.chunk)
+    }
+
+    /// The most recent items of `history` that a request is served with.
+    pub fn keep<'a>(&self, history: &'a [u32], task: Task) -> &'a [u32] {
+        &history[self.dropped(history.len(), task)..]
+    }
+}
+
+/// KV pages one request may pin on a pool of `kv_pages` KV pages.
+pub fn pinnable_pages(kv_pages: usize) -> usize {
+    (kv_pages as f64 * MAX_PIN_SHARE) as usize
+}
+
+/// The drop step for `limit`: a quarter of it rounded down to whole blocks
+/// of `block` tokens, at least one block, never more than the limit.
+pub fn chunk_for(limit: usize, block: usize) -> usize {
+    let block = block.max(1);
+    let quarter = limit / 4 / block * block;
+    quarter.max(block).min(limit).max(1)
+}
+
+/// Oldest items to drop from a history of `len` items so that at most
+/// `limit` remain: 0 when it fits, otherwise the least multiple of `chunk`
+/// that is enough (so at least `limit - chunk + 1` items remain).
+pub fn oldest_dropped(len: usize, limit: usize, chunk: usize) -> usize {
+    if len <= limit {
+        return 0;
+    }
+    if limit == 0 {
+        return len;
+    }
+    let chunk = chunk.clamp(1, limit);
+    (len - limit).div_ceil(chunk) * chunk
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> ModelConfig {
+        ModelConfig::preset("small").unwrap()
+    }
+
+    #[test]
+    fn small_preset_limits_come_from_the_position_table() {
+        let l = HistoryLimits::new(&small(), 96);
+        assert_eq!((l.rank, l.retrieve), (1022, 1024 - SID_STEPS));
+        // A quarter of 1021 is 255, rounded down to 16-token blocks.
+        assert_eq!(l.chunk, 240);
+    }
+
+    #[test]
+    fn large_presets_are_bounded_by_the_pages_one_request_may_pin() {
+        let hstu = ModelConfig::preset("hstu-6l").unwrap();
+        let l = HistoryLimits::new(&hstu, 3);
+        assert_eq!((l.rank, l.retrieve, l.chunk), (48, 48, 16));
+        let l = HistoryLimits::new(&hstu, 1_000);
+        assert_eq!((l.rank, l.retrieve), (4094, 4096 - SID_STEPS));
+        assert_eq!(l.chunk % hstu.block_size, 0);
+        // No KV at all: nothing of the history can be served.
+        let none = HistoryLimits::new(&hstu, 0);
+        assert!(none.keep(&[1, 2, 3], Task::Rank).is_empty());
+        assert_eq!(pinnable_pages(7), 3);
+    }
+
+    #[test]
+    fn the_most_recent_items_are_kept() {
+        let l = HistoryLimits::new(&small(), 96);
+        let history: Vec<u32> = (0..3000).collect();
+        let kept = l.keep(&history, Task::Rank);
+        assert!(kept.len() <= 1022 && kept.len() > 1022 - 240);
+        assert_eq!(kept.last(), Some(&2999));
+        assert_eq!(
+            kept[0] as usize % 240,
+            0,
+            "the first kept item is chunk-aligned"
+        );
+        assert_eq!(l.keep(&history[..1022], Task::Rank).len(), 1022);
+        assert_eq!(l.keep(&history[..1022], Task::Retrieve).len(), 782);
+    }
+
+    #[test]
+    fn the_first_kept_item_moves_once_per_chunk() {
+        let (limit, chunk) = (1022, 240);
+        let mut starts = Vec::new();
+        for len in 0..=5000 {
+            let d = oldest_dropped(len, limit, chunk);
+            let kept = len - d;
+            assert!(kept <= limit, "len {len}");
+            assert!(len <= limit || kept > limit - chunk, "len {len}");
+            assert_eq!(d % chunk, 0);
+            if starts.last() != Some(&d) {
+                starts.push(d);
+            }
+        }
+        // One move per `chunk` growth of the history, not one per item.
+        assert_eq!(starts.len(), (5000 - limit).div_ceil(chunk) + 1);
+    }
+
+    #[test]
+    fn truncating_twice_changes_nothing() {
+        let l = HistoryLimits::new(&small(), 96);
+        for len in [0, 5, 1022, 1023, 1262, 1263, 2999, 100_000] {
+            let history: Vec<u32> = (0..len as u32).collect();
+            for task in [Task::Rank, Task::Retrieve] {
+                let once = l.keep(&history, task);
+                assert_eq!(l.keep(once, task), once, "len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn degenerate_limits_keep_at_least_one_item_when_they_can() {
+        assert_eq!(chunk_for(0, 16), 1);
+        assert_eq!(chunk_for(5, 16), 5);
+        assert_eq!(chunk_for(64, 16), 16);
+        assert_eq!(oldest_dropped(10, 0, 1), 10);
+        assert_eq!(oldest_dropped(10, 3, 3), 9);
+        assert_eq!(oldest_dropped(10, 3, 99), 9, "chunk clamped to the limit");
+        let u = HistoryLimits::unbounded();
+        assert_eq!(u.dropped(usize::MAX - 1, Task::Rank), 0);
+    }
+}

@@ -1,0 +1,142 @@
+//! A serving node with histories longer than the model's positions: served
+//! with the most recent items that fit, counted, and a growing history keeps
+//! reusing its prefix KV between the rare moves of its first kept item.
+
+use std::collections::HashMap;
+
+use grflow_kernels::ModelConfig;
+use grflow_operators::history::Task;
+use grflow_operators::link::LinkConfig;
+use grflow_operators::node::{
+    ItemCatalog, MemoryParams, NodeParams, RankRequest, RetrieveRequest, ServingNode,
+};
+use grflow_operators::retrieval::RetrievalIndex;
+use grflow_operators::shards::ShardMap;
+
+const TABLE_ROWS: [u32; 2] = [200, 300];
+const ITEMS: u32 = 500;
+
+struct Catalog(HashMap<u32, Vec<u32>>);
+
+impl ItemCatalog for Catalog {
+    fn feature_ids(&self, item: u32) -> Option<&[u32]> {
+        self.0.get(&item).map(|f| f.as_slice())
+    }
+}
+
+fn catalog() -> Catalog {
+    Catalog(
+        (0..ITEMS)
+            .map(|i| (i, vec![i % TABLE_ROWS[0], (i * 7) % TABLE_ROWS[1]]))
+            .collect(),
+    )
+}
+
+fn params(pool_bytes: u64) -> NodeParams {
+    let mut model = ModelConfig::preset("small").unwrap();
+    model.n_tables = TABLE_ROWS.len();
+    model.codebook_size = 16;
+    NodeParams {
+        model,
+        model_seed: 3,
+        top_k: 5,
+        beam_width: 4,
+        beam_top_k: 4,
+        memory: MemoryParams {
+            pool_bytes,
+            alpha: 0.25,
+            emb_policy: "lru".into(),
+            user_kv_policy: "lru".into(),
+            item_kv_policy: "lru".into(),
+        },
+        table_rows: TABLE_ROWS.to_vec(),
+        emb_seed: 11,
+        shards: ShardMap::new(&TABLE_ROWS, 16),
+        shard_resident_share: 0.5,
+        link: LinkConfig {
+            bytes_per_s: 25e9,
+            latency_ns: 1_000,
+            refill_bytes_per_s: 5e9,
+        },
+        service_tokens_per_ms: 20.0,
+        token_capacity: 2000.0,
+    }
+}
+
+fn history(len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 37 + 5) % ITEMS).collect()
+}
+
+#[test]
+fn histories_past_max_positions_are_served_with_their_most_recent_items() {
+    let catalog = catalog();
+    let mut node = ServingNode::new(0, params(8 << 20)).unwrap();
+    let limits = node.history_limits();
+    assert_eq!((limits.rank, limits.chunk), (1022, 240));
+    let candidates: Vec<u32> = (100..104).collect();
+    let full = history(1_500);
+    let req = RankRequest {
+        req_id: 1,
+        user_id: 7,
+        candidates: &candidates,
+    };
+    let served = node.serve(0, req, &full, &catalog).unwrap();
+    let kept = limits.keep(&full, Task::Rank);
+    assert_eq!(served.kv_total_tokens as usize, kept.len());
+    // Exactly what a node given only the kept items answers.
+    let mut fresh = ServingNode::new(1, params(8 << 20)).unwrap();
+    let expected = fresh.serve(0, req, kept, &catalog).unwrap();
+    assert_eq!(
+        (served.items, served.scores),
+        (expected.items, expected.scores)
+    );
+    assert_eq!(node.counters().truncated_histories, 1);
+    assert_eq!(fresh.counters().truncated_histories, 0);
+
+    // Retrieval has its own position budget (SID_STEPS after the prompt).
+    let index = RetrievalIndex::new(
+        (0..ITEMS).map(|i| (i, [(i % 16) as u16, (i / 16 % 16) as u16, (i / 256) as u16])),
+        16,
+    )
+    .unwrap();
+    let retrieve = RetrieveRequest {
+        req_id: 2,
+        user_id: 8,
+    };
+    let got = node
+        .serve_retrieve(1, retrieve, &full, &catalog, &index)
+        .unwrap();
+    assert_eq!(
+        got.kv_total_tokens as usize,
+        limits.keep(&full, Task::Retrieve).len()
+    );
+    assert_eq!(node.counters().truncated_histories, 2);
+}
+
+#[test]
+fn a_growing_long_history_keeps_reusing_its_prefix() {
+    let catalog = catalog();
+    let mut node = ServingNode::new(0, params(8 << 20)).unwrap();
+    let limits = node.history_limits();
+    let candidates: Vec<u32> = (100..104).collect();
+    let full = history(1_600);
+    let (mut reused, mut total, mut cold) = (0u64, 0u64, 0);
+    // One request per new item, from past the limit on: as a heavy user.
+    for len in 1_000..1_600 {
+        let req = RankRequest {
+            req_id: len as u64,
+            user_id: 7,
+            candidates: &candidates,
+        };
+        let s = node.serve(len as u64, req, &full[..len], &catalog).unwrap();
+        assert!(s.kv_total_tokens as usize <= limits.rank);
+        reused += s.kv_reused_tokens as u64;
+        total += s.kv_total_tokens as u64;
+        cold += (s.kv_reused_tokens == 0) as u32;
+    }
+    // Cold once at the start, then once per move of the first kept item
+    // (at 1,023, 1,263 and 1,503 items); a sliding window would move it on
+    // every request.
+    assert_eq!(cold, 4);
+    assert!(reused as f64 / total as f64 > 0.9, "{reused} / {total}");
+}
