@@ -138,6 +138,7 @@ pub fn request_source<'s>(
                             position,
                             admitted_ns: now_ns(),
                             inline_history: None,
+                            recovered: false,
                         })));
                     }
                 }

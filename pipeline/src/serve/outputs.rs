@@ -63,6 +63,9 @@ impl OutputQueue {
                     return;
                 };
                 ServeCounters::add(&self.shared.counters.responses, 1);
+                if origin.recovered_late {
+                    ServeCounters::add(&self.shared.counters.recovered_unshed, 1);
+                }
                 let response = WireResponse::ranking(
                     source,
                     row.req_id,
