@@ -21,6 +21,7 @@
 //!   deadline when served. Requests produced after the restart wait as long
 //!   and must still be shed: the fix keeps shedding for new work.
 
+#[allow(dead_code)] // the shared helpers serve several test binaries
 mod common;
 
 use std::collections::BTreeMap;
