@@ -755,3 +755,52 @@ fn mock_sync_commit_lands_after_a_coordinator_outage() {
         done.saturating_duration_since(up)
     );
 }
+
+#[test]
+fn mock_records_in_the_log_at_start_are_recovered_and_later_ones_are_not() {
+    const AT_START: i64 = 10;
+    const LATER: i64 = 5;
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1, 2]);
+    let settings = settings(&mock, "recovered");
+    produce_fixed(&settings.brokers, topic, &[0, 1], 0, AT_START);
+    // A restart after a crash: nothing was committed, so every record in
+    // the log may have been in flight.
+    let (consumer, _) = open_consumer(&settings, topic, &[0, 1], Refetch::FromCommitted);
+    let mut book = OffsetBook::new();
+    book.resume(0, 0);
+    book.resume(1, 0);
+    // One record of each partition first: their fetches fix the ends.
+    let (first, _) = consume_until(&consumer, &mut book, "a record of each partition", |b| {
+        next_offset(b, 0) >= 1 && next_offset(b, 1) >= 1
+    });
+    produce_fixed(
+        &settings.brokers,
+        topic,
+        &[0, 1],
+        AT_START,
+        AT_START + LATER,
+    );
+    let (rest, _) = consume_until(&consumer, &mut book, "the rest", |b| {
+        next_offset(b, 0) >= AT_START + LATER && next_offset(b, 1) >= AT_START + LATER
+    });
+    check_contiguous(
+        &first.iter().chain(&rest).cloned().collect::<Vec<_>>(),
+        &BTreeMap::from([(0, 0), (1, 0)]),
+    );
+    for (r, _) in first.iter().chain(&rest) {
+        assert_eq!(
+            consumer.is_recovered(r.partition, r.offset),
+            r.offset < AT_START,
+            "partition {} offset {}",
+            r.partition,
+            r.offset
+        );
+    }
+    let bounds = consumer.recovery_bounds();
+    assert_eq!(
+        (bounds.end(0), bounds.end(1)),
+        (Some(AT_START), Some(AT_START))
+    );
+}

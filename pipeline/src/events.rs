@@ -19,6 +19,24 @@ pub struct Admitted {
     /// The user's history when the request carried it inline (Kafka);
     /// `None` means the first `hist_len` items of the users table.
     pub inline_history: Option<Vec<u32>>,
+    /// A Kafka record that was in the log when the job started: a previous
+    /// incarnation may have answered it with a ranking that reaches the
+    /// response topic only after the restart scan, so it is never shed.
+    #[serde(default)]
+    pub recovered: bool,
+}
+
+/// What the deadline says about a request a node is about to serve.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DeadlineCheck {
+    /// In time, or no deadline.
+    Serve,
+    /// Past the deadline but recovered (see [`Admitted::recovered`]):
+    /// served anyway, so that a crash never leaves a shed error beside a
+    /// ranking for one request.
+    ServeRecovered { waited_ms: f64 },
+    /// Past the deadline: answered with a `shed` error record.
+    Shed { waited_ms: f64, deadline_ms: u128 },
 }
 
 impl Admitted {
@@ -27,6 +45,31 @@ impl Admitted {
         match &self.inline_history {
             Some(items) => Ok(items),
             None => side.history(self.request.user_id, self.request.hist_len),
+        }
+    }
+
+    /// The overload decision at wall time `now_ns`: a request that waited
+    /// longer than `deadline` since admission is shed, unless recovered.
+    pub fn deadline_check(
+        &self,
+        deadline: Option<std::time::Duration>,
+        now_ns: u64,
+    ) -> DeadlineCheck {
+        let Some(deadline) = deadline else {
+            return DeadlineCheck::Serve;
+        };
+        let waited_ns = now_ns.saturating_sub(self.admitted_ns);
+        if waited_ns <= deadline.as_nanos() as u64 {
+            return DeadlineCheck::Serve;
+        }
+        let waited_ms = waited_ns as f64 / 1e6;
+        if self.recovered {
+            DeadlineCheck::ServeRecovered { waited_ms }
+        } else {
+            DeadlineCheck::Shed {
+                waited_ms,
+                deadline_ms: deadline.as_millis(),
+            }
         }
     }
 }
@@ -59,6 +102,9 @@ pub struct Origin {
     pub position: SourcePosition,
     pub ts_ms: u64,
     pub admitted_ns: u64,
+    /// Served past its deadline because it was recovered after a restart.
+    #[serde(default)]
+    pub recovered_late: bool,
 }
 
 /// Why a request was answered with an error record.
@@ -93,4 +139,59 @@ pub fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn admitted(admitted_ns: u64, recovered: bool) -> Admitted {
+        Admitted {
+            request: Request {
+                ts_ms: 1,
+                req_id: 7,
+                user_id: 3,
+                hist_len: 0,
+                candidates: vec![1, 2],
+                mode: grflow_traces::Mode::Rank,
+                label: None,
+            },
+            position: SourcePosition::Kafka {
+                topic: "requests".into(),
+                partition: 0,
+                offset: 4,
+            },
+            admitted_ns,
+            inline_history: Some(vec![5]),
+            recovered,
+        }
+    }
+
+    #[test]
+    fn a_recovered_request_past_its_deadline_is_served_and_a_new_one_is_shed() {
+        let deadline = Some(Duration::from_millis(2_000));
+        let admitted_ns = 1_000_000_000;
+        let late = admitted_ns + 2_500_000_000;
+        assert_eq!(
+            admitted(admitted_ns, false).deadline_check(deadline, late),
+            DeadlineCheck::Shed {
+                waited_ms: 2_500.0,
+                deadline_ms: 2_000
+            }
+        );
+        assert_eq!(
+            admitted(admitted_ns, true).deadline_check(deadline, late),
+            DeadlineCheck::ServeRecovered { waited_ms: 2_500.0 }
+        );
+        // In time, or without a deadline, both are simply served.
+        let in_time = admitted_ns + 2_000_000_000;
+        for recovered in [false, true] {
+            let a = admitted(admitted_ns, recovered);
+            assert_eq!(a.deadline_check(deadline, in_time), DeadlineCheck::Serve);
+            assert_eq!(a.deadline_check(None, late), DeadlineCheck::Serve);
+            // A clock that stepped back never sheds.
+            assert_eq!(a.deadline_check(deadline, 0), DeadlineCheck::Serve);
+        }
+    }
 }

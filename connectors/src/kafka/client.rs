@@ -17,6 +17,7 @@ use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use super::offsets::RecoveryBounds;
 use super::wire::{RecordId, WireResponse};
 
 /// How to reach the cluster, and extra librdkafka properties.
@@ -184,6 +185,9 @@ pub struct RequestConsumer {
     topic: String,
     partitions: Vec<i32>,
     paused: bool,
+    /// Which records were in the log at start (see [`RecoveryBounds`]);
+    /// settled by `poll`, hence the cell.
+    recovery: std::cell::RefCell<RecoveryBounds>,
 }
 
 impl RequestConsumer {
@@ -231,6 +235,15 @@ impl RequestConsumer {
                 .committed_offsets(wanted, timeout)
                 .map_err(kafka(format!("committed offsets of `{topic}`")))?
         };
+        // Where each log ends now: records below may have been in flight
+        // at a crash of a previous incarnation.
+        let mut listed = Vec::with_capacity(partitions.len());
+        for &p in partitions {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, timeout)
+                .map_err(kafka(format!("watermarks of `{topic}`[{p}]")))?;
+            listed.push((p, high));
+        }
         let mut resumed = Vec::with_capacity(partitions.len());
         let mut assignment = TopicPartitionList::new();
         for &p in partitions {
@@ -265,6 +278,7 @@ impl RequestConsumer {
                 topic: topic.to_string(),
                 partitions: partitions.to_vec(),
                 paused: false,
+                recovery: std::cell::RefCell::new(RecoveryBounds::new(listed)),
             },
             resumed,
         ))
@@ -282,14 +296,39 @@ impl RequestConsumer {
             return None;
         }
         self.consumer.poll(timeout).map(|r| {
-            r.map(|m| RawRecord {
-                partition: m.partition(),
-                offset: m.offset(),
-                timestamp_ms: m.timestamp().to_millis(),
-                payload: m.payload().map(<[u8]>::to_vec),
+            r.map(|m| {
+                self.settle(m.partition());
+                RawRecord {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    timestamp_ms: m.timestamp().to_millis(),
+                    payload: m.payload().map(<[u8]>::to_vec),
+                }
             })
             .map_err(kafka(format!("reading `{}`", self.topic)))
         })
+    }
+
+    /// Fixes `partition`'s end of log at start with the high watermark of
+    /// the fetch that brought its first record.
+    fn settle(&self, partition: i32) {
+        let mut recovery = self.recovery.borrow_mut();
+        if !recovery.settled(partition) {
+            let high = cached_high_watermark(&self.consumer, &self.topic, partition);
+            recovery.settle(partition, high);
+        }
+    }
+
+    /// Whether the record at `offset` of `partition` was in the log when
+    /// this consumer opened: a previous incarnation may have been answering
+    /// it when it stopped (see [`RecoveryBounds`]).
+    pub fn is_recovered(&self, partition: i32, offset: i64) -> bool {
+        self.recovery.borrow().is_recovered(partition, offset)
+    }
+
+    /// The ends of the logs at start, as far as they are known now.
+    pub fn recovery_bounds(&self) -> RecoveryBounds {
+        self.recovery.borrow().clone()
     }
 
     /// Stops (or restarts) handing out records. While paused, librdkafka's

@@ -19,8 +19,9 @@ pub use client::{
     Refetch, RequestConsumer, Resumed, SendError, StartPosition, ensure_topics, partition_count,
     scan_answered,
 };
-pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets};
+pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};
 pub use wire::{
     AnswerError, DeadLetter, DecodeLimits, History, MAX_CANDIDATES, MAX_MESSAGE_BYTES, RecordId,
-    WireError, WireRequest, WireResponse, decode_request, decode_request_within, round_score,
+    SCORE_TOLERANCE, WIRE_SCORE_TOLERANCE, WireError, WireRequest, WireResponse, decode_request,
+    decode_request_within, round_score,
 };

@@ -164,6 +164,69 @@ impl OffsetBook {
     }
 }
 
+/// Where each partition's log ended when this job started: records below
+/// that may have been consumed by a previous incarnation that crashed with
+/// their answers still on the way to the broker. Such an answer can reach
+/// the response topic after the restart scan looked, so a recovered record
+/// must be answered the way that incarnation most likely answered it (a
+/// ranking), never shed; records above it are new and may be shed.
+///
+/// The end comes from two places, taking the larger: the broker's
+/// ListOffsets answer at start ([`RecoveryBounds::new`]) and the high
+/// watermark of the fetch that delivered a partition's first record
+/// ([`RecoveryBounds::settle`]). Either may be past the true end at start
+/// (records produced meanwhile are then treated as recovered, which is
+/// safe); the second covers brokers whose ListOffsets answer lies before
+/// the end of the log (tansu 0.6 answers a batch's base offset).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryBounds {
+    /// partition -> (end of log, settled by a first fetch)
+    ends: BTreeMap<i32, (i64, bool)>,
+}
+
+impl RecoveryBounds {
+    /// `(partition, end of log as listed at start)`; a partition missing
+    /// here gets its end from its first fetch.
+    pub fn new(listed: impl IntoIterator<Item = (i32, i64)>) -> Self {
+        Self {
+            ends: listed
+                .into_iter()
+                .map(|(p, end)| (p, (end.max(0), false)))
+                .collect(),
+        }
+    }
+
+    /// The high watermark known when `partition`'s first record arrives;
+    /// later calls change nothing (later ends cover new records).
+    pub fn settle(&mut self, partition: i32, fetched_high: Option<i64>) {
+        let entry = self.ends.entry(partition).or_insert((0, false));
+        if !entry.1 {
+            entry.0 = entry.0.max(fetched_high.unwrap_or(0));
+            entry.1 = true;
+        }
+    }
+
+    /// Whether the record at `offset` of `partition` was in the log when
+    /// the job started (it may have been in flight at a crash).
+    pub fn is_recovered(&self, partition: i32, offset: i64) -> bool {
+        self.ends
+            .get(&partition)
+            .is_some_and(|&(end, _)| offset < end)
+    }
+
+    /// Whether `partition`'s first record fixed its end already.
+    pub fn settled(&self, partition: i32) -> bool {
+        self.ends
+            .get(&partition)
+            .is_some_and(|&(_, settled)| settled)
+    }
+
+    /// The end of `partition`'s log as far as it is known.
+    pub fn end(&self, partition: i32) -> Option<i64> {
+        self.ends.get(&partition).map(|&(end, _)| end)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +271,33 @@ mod tests {
         book.ack(0, 10).unwrap();
         assert_eq!(book.take_commits(), vec![(0, 11)]);
         assert!(book.consume(0, -1).is_err());
+    }
+
+    #[test]
+    fn records_in_the_log_at_start_are_recovered_and_later_ones_are_new() {
+        // Partition 0 listed its end; partition 1's ListOffsets answer lies
+        // before the end (tansu), which the first fetch corrects; partition
+        // 2 was not listed at all.
+        let mut bounds = RecoveryBounds::new([(0, 10), (1, 4)]);
+        assert!(bounds.is_recovered(0, 9));
+        assert!(!bounds.is_recovered(0, 10));
+        bounds.settle(1, Some(25));
+        assert!(bounds.is_recovered(1, 24));
+        assert!(!bounds.is_recovered(1, 25));
+        // Settled once: a later, larger watermark covers records produced
+        // after the start, which are new.
+        bounds.settle(1, Some(90));
+        assert!(!bounds.is_recovered(1, 30));
+        // A first fetch below the listed end keeps the listed end.
+        bounds.settle(0, Some(3));
+        assert_eq!(bounds.end(0), Some(10));
+        assert!(!bounds.is_recovered(2, 0));
+        bounds.settle(2, None);
+        assert!(
+            !bounds.is_recovered(2, 0),
+            "an empty partition recovers nothing"
+        );
+        assert_eq!(RecoveryBounds::new([(3, -1)]).end(3), Some(0));
     }
 
     proptest! {

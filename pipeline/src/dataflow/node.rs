@@ -19,7 +19,7 @@ use grflow_traces::Mode;
 
 use crate::config::Clock;
 use crate::dataflow::stash::TimeStash;
-use crate::events::{ErrorKind, NodeEvent, Origin, Routed, Telemetry, now_ns};
+use crate::events::{DeadlineCheck, ErrorKind, NodeEvent, Origin, Routed, Telemetry, now_ns};
 use crate::side::SideTables;
 
 pub fn serve<'s>(
@@ -54,24 +54,25 @@ pub fn serve<'s>(
                 let mut session = output.session(&cap);
                 for routed in batch {
                     let req = &routed.admitted.request;
+                    // Overload degrades by answering late requests with an
+                    // error record instead of spending compute on them.
+                    let check = routed.admitted.deadline_check(deadline, now_ns());
                     let origin = Origin {
                         position: routed.admitted.position.clone(),
                         ts_ms: req.ts_ms,
                         admitted_ns: routed.admitted.admitted_ns,
+                        recovered_late: matches!(check, DeadlineCheck::ServeRecovered { .. }),
                     };
-                    // Overload degrades by answering late requests with an
-                    // error record instead of spending compute on them.
-                    if let Some(deadline) = deadline {
-                        let waited_ns = now_ns().saturating_sub(routed.admitted.admitted_ns);
-                        if waited_ns > deadline.as_nanos() as u64 {
-                            let reason = format!(
-                                "shed: waited {:.1} ms, past the deadline of {} ms",
-                                waited_ns as f64 / 1e6,
-                                deadline.as_millis()
-                            );
-                            session.give(error_event(origin, req.req_id, reason, ErrorKind::Shed));
-                            continue;
-                        }
+                    if let DeadlineCheck::Shed {
+                        waited_ms,
+                        deadline_ms,
+                    } = check
+                    {
+                        let reason = format!(
+                            "shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms"
+                        );
+                        session.give(error_event(origin, req.req_id, reason, ErrorKind::Shed));
+                        continue;
                     }
                     let served = routed
                         .admitted

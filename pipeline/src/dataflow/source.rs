@@ -143,6 +143,7 @@ pub fn request_source<'s>(
                             position,
                             admitted_ns: now_ns(),
                             inline_history: None,
+                            recovered: false,
                         })));
                     }
                 }

@@ -257,6 +257,7 @@ impl KafkaIngest {
                     },
                     admitted_ns: now_ns(),
                     inline_history,
+                    recovered: self.consumer.is_recovered(record.partition, record.offset),
                 })
             }
             Err(error) => {

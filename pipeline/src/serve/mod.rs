@@ -4,7 +4,11 @@
 //! of every record before it are durable, a restarted job skips records the
 //! response topic already answers, so every request is answered, and only a
 //! request in flight at a crash can be answered twice; such a second answer
-//! comes from a fresh computation after the first was lost in flight.
+//! comes from a fresh computation after the first was lost in flight, or
+//! reached the broker only after the restart scan. Records that were in the
+//! request log at start are therefore never shed (a late first answer is a
+//! ranking), so both answers are the same within the tolerance of
+//! `WireResponse::same_answer`.
 
 pub mod clock;
 pub mod histogram;
@@ -357,6 +361,7 @@ fn log_metrics(shared: &SharedState) {
         consumed = c.consumed.load(Ordering::Relaxed),
         responses = c.responses.load(Ordering::Relaxed),
         shed = c.shed.load(Ordering::Relaxed),
+        recovered_unshed = c.recovered_unshed.load(Ordering::Relaxed),
         dead_lettered = c.dead_lettered.load(Ordering::Relaxed),
         delivered = c.delivered.load(Ordering::Relaxed),
         late = c.late.load(Ordering::Relaxed),
@@ -389,6 +394,7 @@ fn summarise(
         consumed: load(&c.consumed),
         responses: load(&c.responses),
         shed: load(&c.shed),
+        recovered_unshed: load(&c.recovered_unshed),
         unservable: load(&c.unservable),
         dead_lettered: load(&c.dead_lettered),
         duplicates_skipped: load(&c.duplicates),

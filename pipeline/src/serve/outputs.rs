@@ -122,6 +122,9 @@ impl<P: Produce> OutputQueue<P> {
                     return;
                 };
                 ServeCounters::add(&self.shared.counters.responses, 1);
+                if origin.recovered_late {
+                    ServeCounters::add(&self.shared.counters.recovered_unshed, 1);
+                }
                 let response = WireResponse::ranking(
                     source,
                     row.req_id,

@@ -33,6 +33,10 @@ pub struct ServeCounters {
     pub clamped_ts: AtomicU64,
     pub responses: AtomicU64,
     pub shed: AtomicU64,
+    /// Requests served past their deadline instead of shed because they
+    /// were in the request log when the job started (a crashed incarnation
+    /// may have answered them with a ranking the restart scan missed).
+    pub recovered_unshed: AtomicU64,
     pub unservable: AtomicU64,
     /// Outputs the broker acknowledged.
     pub delivered: AtomicU64,
@@ -221,6 +225,7 @@ pub struct ServeSummary {
     pub consumed: u64,
     pub responses: u64,
     pub shed: u64,
+    pub recovered_unshed: u64,
     pub unservable: u64,
     pub dead_lettered: u64,
     pub duplicates_skipped: u64,
