@@ -5,6 +5,7 @@ pub mod eviction;
 pub mod host;
 pub mod hotness;
 pub mod link;
+pub mod lru;
 pub mod node;
 pub mod pool;
 pub mod predictor;

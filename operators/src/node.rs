@@ -15,6 +15,7 @@ use crate::cache::{
 };
 use crate::host::HostTables;
 use crate::link::LinkConfig;
+use crate::lru::LruMap;
 use crate::retrieval::RetrievalIndex;
 use crate::router::NodeReport;
 use crate::shards::{ShardId, ShardMap};
@@ -91,6 +92,9 @@ pub struct NodeParams {
     /// Event-time service model for the load l(n).
     pub service_tokens_per_ms: f64,
     pub token_capacity: f64,
+    /// Users whose prefix head the node remembers at most (least recently
+    /// served dropped first): bounds per-user state however many users come.
+    pub max_users: usize,
 }
 
 /// The result of serving one request.
@@ -133,6 +137,8 @@ pub struct NodeCounters {
     pub kv_total_tokens: u64,
     pub link_bytes: u64,
     pub oov_items: u64,
+    /// User prefix heads dropped because the table was full (max_users).
+    pub user_head_evictions: u64,
 }
 
 #[derive(Debug)]
@@ -151,8 +157,9 @@ pub struct ServingNode {
     /// Users whose prefix KV the router was last told is here.
     kv_users_reported: HashSet<u64>,
     /// First KV block of each user's history (the tokens of that block): the
-    /// user's prefix is resident while this block is.
-    user_heads: HashMap<u64, Vec<u32>>,
+    /// user's prefix is resident while this block is. Bounded by
+    /// `max_users`; a dropped user is reported as no longer resident.
+    user_heads: LruMap<Vec<u32>>,
     users_touched: BTreeSet<u64>,
     /// Event-time backlog for l(n).
     backlog_tokens: f64,
@@ -180,6 +187,7 @@ impl ServingNode {
             item_kv_policy: m.item_kv_policy.clone(),
             link: params.link,
         })?;
+        let user_heads = LruMap::new(params.max_users);
         Ok(Self {
             id,
             params,
@@ -192,7 +200,7 @@ impl ServingNode {
             shards_reported: HashSet::new(),
             shards_touched: BTreeSet::new(),
             kv_users_reported: HashSet::new(),
-            user_heads: HashMap::new(),
+            user_heads,
             users_touched: BTreeSet::new(),
             backlog_tokens: 0.0,
             backlog_at_ms: 0,
@@ -215,6 +223,16 @@ impl ServingNode {
 
     pub fn counters(&self) -> &NodeCounters {
         &self.counters
+    }
+
+    /// Users whose prefix head the node tracks now (at most `max_users`).
+    pub fn user_heads(&self) -> usize {
+        self.user_heads.len()
+    }
+
+    /// The most user prefix heads ever tracked at once.
+    pub fn user_heads_peak(&self) -> usize {
+        self.user_heads.peak_len()
     }
 
     /// Pool, cache and link telemetry.
@@ -409,9 +427,16 @@ impl ServingNode {
             .kv_commit(history, &prefix.block_table, &prefix.matched);
         let block = self.params.model.block_size;
         if history.len() >= block {
-            self.user_heads
-                .entry(user_id)
-                .or_insert_with(|| history[..block].to_vec());
+            let head = &history[..block];
+            let kept = self
+                .user_heads
+                .get_or_insert_with(user_id, || head.to_vec());
+            if kept.as_slice() != head {
+                // The history's first block changed (e.g. truncated): track the new one.
+                kept.clear();
+                kept.extend_from_slice(head);
+            }
+            self.counters.user_head_evictions = self.user_heads.evictions();
             self.users_touched.insert(user_id);
         }
     }
@@ -474,7 +499,7 @@ impl ServingNode {
             let block = self.params.model.block_size;
             let resident = self
                 .user_heads
-                .get(&user)
+                .get(user)
                 .is_some_and(|head| self.memory.kv_cached_prefix_len(head) >= block);
             let known = self.kv_users_reported.contains(&user);
             if resident && !known {
