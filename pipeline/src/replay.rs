@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use grflow_connectors::parquet::{
-    MemoryRequestSource, ParquetRequestSource, RequestSource, ResponseSink, SinkError,
-    SourceError, load_side_tables,
+    MemoryRequestSource, ParquetRequestSource, RequestSource, ResponseSink, SinkError, SourceError,
+    load_side_tables,
 };
 use grflow_connectors::{ErrorRow, ResponseRow, WindowRow};
 use grflow_operators::hotness::HotUsers;

@@ -203,12 +203,20 @@ mod tests {
         let mut b = LatencyTally::default();
         let all: Vec<f64> = (1..=1000).map(|x| x as f64 * 0.05).collect();
         for (i, &l) in all.iter().enumerate() {
-            if i % 3 == 0 { a.record(l, 30.0) } else { b.record(l, 30.0) }
+            if i % 3 == 0 {
+                a.record(l, 30.0)
+            } else {
+                b.record(l, 30.0)
+            }
         }
         a.merge(&b);
         let exact = LatencySummary::from_unsorted(all.clone());
         let got = a.summary();
-        for (g, e) in [(got.p50, exact.p50), (got.p95, exact.p95), (got.p99, exact.p99)] {
+        for (g, e) in [
+            (got.p50, exact.p50),
+            (got.p95, exact.p95),
+            (got.p99, exact.p99),
+        ] {
             assert!((g - e).abs() <= e * 0.01, "{g} vs {e}");
         }
         assert_eq!(got.max, exact.max);

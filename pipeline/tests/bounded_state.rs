@@ -47,7 +47,7 @@ fn per_user_state_stays_within_bounds_and_nothing_is_lost() {
 
     // Each router replica sees the users hashed to it: far more than 5,000.
     assert!(
-        users.len() > 2 * 2 * 5_000,
+        users.len() >= 2 * 2 * 5_000,
         "{} distinct users",
         users.len()
     );
@@ -59,7 +59,10 @@ fn per_user_state_stays_within_bounds_and_nothing_is_lost() {
     let r = &s.router;
     assert_eq!(r.affinity_users_peak, 5_000, "{r:?}");
     assert!(r.affinity_evictions > 0, "{r:?}");
-    assert!(r.hotness_users_peak <= 4_000 && r.hotness_users_peak > 0, "{r:?}");
+    assert!(
+        r.hotness_users_peak <= 4_000 && r.hotness_users_peak > 0,
+        "{r:?}"
+    );
     assert!(r.hotness_evictions > 0, "{r:?}");
     assert_eq!(r.decisions, 50_000);
     for n in &s.nodes {

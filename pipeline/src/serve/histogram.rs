@@ -97,11 +97,18 @@ mod tests {
     #[test]
     fn merged_histograms_equal_one_fed_everything() {
         let (mut a, mut b, mut all) = Default::default();
-        let (a, b, all): (&mut LatencyHistogram, &mut LatencyHistogram, &mut LatencyHistogram) =
-            (&mut a, &mut b, &mut all);
+        let (a, b, all): (
+            &mut LatencyHistogram,
+            &mut LatencyHistogram,
+            &mut LatencyHistogram,
+        ) = (&mut a, &mut b, &mut all);
         for i in 1..=5_000 {
             let ms = (i * 7 % 1_000) as f64 * 0.1;
-            if i % 2 == 0 { a.record(ms) } else { b.record(ms) }
+            if i % 2 == 0 {
+                a.record(ms)
+            } else {
+                b.record(ms)
+            }
             all.record(ms);
         }
         a.merge(b);
