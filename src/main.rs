@@ -40,6 +40,8 @@ enum BenchCommand {
     Cache(cli::bench_cache::Args),
     /// The same trace through a Kafka broker and replayed from Parquet.
     Kafka(cli::bench_kafka::Args),
+    /// Resident memory over a long replay from many users (bounded per-user state).
+    Memory(cli::bench_memory::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Kernels(a)) => cli::bench_kernels::run(a),
         Command::Bench(BenchCommand::Cache(a)) => cli::bench_cache::run(a),
         Command::Bench(BenchCommand::Kafka(a)) => cli::bench_kafka::run(a),
+        Command::Bench(BenchCommand::Memory(a)) => cli::bench_memory::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

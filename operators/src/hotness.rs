@@ -4,9 +4,15 @@
 //! The hot set is recomputed at each window boundary from the counts of the
 //! previous W windows and then fixed for the window, so a decision depends
 //! only on requests already seen.
+//!
+//! Counters are kept for at most `max_users` users per replica: when full,
+//! the least recently seen user's counters are dropped (and counted), so a
+//! job that sees millions of users keeps a fixed-size table.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+
+use crate::lru::LruMap;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -15,6 +21,9 @@ pub struct HotnessConfig {
     pub windows: usize,
     /// Share of users (by recent request count) that count as hot.
     pub hot_share: f64,
+    /// Users with request counters at most; the least recently seen is
+    /// dropped first.
+    pub max_users: usize,
 }
 
 impl Default for HotnessConfig {
@@ -23,6 +32,7 @@ impl Default for HotnessConfig {
             window_ms: 5_000,
             windows: 12,
             hot_share: 0.05,
+            max_users: 100_000,
         }
     }
 }
@@ -32,7 +42,7 @@ pub struct HotUsers {
     cfg: HotnessConfig,
     /// Per user: request count per window, indexed by window id modulo W,
     /// tagged with the window id so stale slots read as zero.
-    counts: HashMap<u64, Vec<(u64, u32)>>,
+    counts: LruMap<Vec<(u64, u32)>>,
     current_window: Option<u64>,
     hot: HashSet<u64>,
 }
@@ -40,8 +50,8 @@ pub struct HotUsers {
 impl HotUsers {
     pub fn new(cfg: HotnessConfig) -> Self {
         Self {
+            counts: LruMap::new(cfg.max_users),
             cfg,
-            counts: HashMap::new(),
             current_window: None,
             hot: HashSet::new(),
         }
@@ -56,8 +66,7 @@ impl HotUsers {
         let w = self.cfg.windows.max(1);
         let slots = self
             .counts
-            .entry(user)
-            .or_insert_with(|| vec![(u64::MAX, 0); w]);
+            .get_or_insert_with(user, || vec![(u64::MAX, 0); w]);
         let slot = &mut slots[(window % w as u64) as usize];
         if slot.0 != window {
             *slot = (window, 0);
@@ -76,12 +85,27 @@ impl HotUsers {
         self.hot.len()
     }
 
+    /// Users with counters now.
+    pub fn tracked_users(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// The most users ever tracked at once (never above `max_users`).
+    pub fn tracked_users_peak(&self) -> usize {
+        self.counts.peak_len()
+    }
+
+    /// Users whose counters were dropped because the table was full.
+    pub fn evictions(&self) -> u64 {
+        self.counts.evictions()
+    }
+
     fn roll_to(&mut self, window: u64) {
         self.current_window = Some(window);
         let w = self.cfg.windows.max(1) as u64;
         // Counts over the W windows before `window`.
         let mut totals: Vec<(u32, u64)> = Vec::with_capacity(self.counts.len());
-        self.counts.retain(|&user, slots| {
+        self.counts.retain(|user, slots| {
             let total: u32 = slots
                 .iter()
                 .filter(|(id, _)| *id < window && window - *id <= w)
@@ -121,6 +145,7 @@ mod tests {
             window_ms: 1000,
             windows: 2,
             hot_share: 0.1,
+            ..Default::default()
         };
         let mut h = HotUsers::new(cfg);
         // 20 users; user 0 makes 10 requests, others 1.
@@ -138,5 +163,26 @@ mod tests {
         // Window 4: windows 2-3 were empty, so nobody is hot any more.
         assert!(!h.observe(4500, 0));
         assert_eq!(h.hot_users(), 0);
+    }
+
+    #[test]
+    fn counters_are_bounded_and_the_least_recent_user_is_dropped() {
+        let cfg = HotnessConfig {
+            window_ms: 1000,
+            windows: 2,
+            hot_share: 0.1,
+            max_users: 10,
+        };
+        let mut h = HotUsers::new(cfg);
+        // User 0 is busy and seen last; 100 one-off users pass by.
+        for u in 1..=100 {
+            h.observe(u, u);
+            h.observe(u, 0);
+            assert!(h.tracked_users() <= 10);
+        }
+        assert_eq!(h.tracked_users_peak(), 10);
+        assert_eq!(h.evictions(), 100 - 9);
+        // The busy user kept its counts and is hot in the next window.
+        assert!(h.observe(1000, 0));
     }
 }

@@ -7,6 +7,7 @@ pub mod history;
 pub mod host;
 pub mod hotness;
 pub mod link;
+pub mod lru;
 pub mod node;
 pub mod pool;
 pub mod predictor;

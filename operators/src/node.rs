@@ -16,6 +16,7 @@ use crate::cache::{
 use crate::history::{HistoryLimits, Task, pinnable_pages};
 use crate::host::HostTables;
 use crate::link::LinkConfig;
+use crate::lru::LruMap;
 use crate::retrieval::RetrievalIndex;
 use crate::router::NodeReport;
 use crate::shards::{ShardId, ShardMap};
@@ -92,6 +93,9 @@ pub struct NodeParams {
     /// Event-time service model for the load l(n).
     pub service_tokens_per_ms: f64,
     pub token_capacity: f64,
+    /// Users whose prefix head the node remembers at most (least recently
+    /// served dropped first): bounds per-user state however many users come.
+    pub max_users: usize,
 }
 
 /// The result of serving one request.
@@ -137,6 +141,8 @@ pub struct NodeCounters {
     /// Requests served with only the most recent part of their history.
     #[serde(default)]
     pub truncated_histories: u64,
+    /// User prefix heads dropped because the table was full (max_users).
+    pub user_head_evictions: u64,
 }
 
 #[derive(Debug)]
@@ -157,8 +163,9 @@ pub struct ServingNode {
     /// Users whose prefix KV the router was last told is here.
     kv_users_reported: HashSet<u64>,
     /// First KV block of each user's history (the tokens of that block): the
-    /// user's prefix is resident while this block is.
-    user_heads: HashMap<u64, Vec<u32>>,
+    /// user's prefix is resident while this block is. Bounded by
+    /// `max_users`; a dropped user is reported as no longer resident.
+    user_heads: LruMap<Vec<u32>>,
     users_touched: BTreeSet<u64>,
     /// Event-time backlog for l(n).
     backlog_tokens: f64,
@@ -189,6 +196,7 @@ impl ServingNode {
         let stats = memory.stats();
         let history_limits =
             HistoryLimits::new(&params.model, pinnable_pages(stats.pages - stats.emb_pages));
+        let user_heads = LruMap::new(params.max_users);
         Ok(Self {
             id,
             params,
@@ -202,7 +210,7 @@ impl ServingNode {
             shards_reported: HashSet::new(),
             shards_touched: BTreeSet::new(),
             kv_users_reported: HashSet::new(),
-            user_heads: HashMap::new(),
+            user_heads,
             users_touched: BTreeSet::new(),
             backlog_tokens: 0.0,
             backlog_at_ms: 0,
@@ -236,6 +244,16 @@ impl ServingNode {
     /// The memory pool and its caches, read-only (residency checks).
     pub fn memory(&self) -> &NodeMemory {
         &self.memory
+    }
+
+    /// Users whose prefix head the node tracks now (at most `max_users`).
+    pub fn user_heads(&self) -> usize {
+        self.user_heads.len()
+    }
+
+    /// The most user prefix heads ever tracked at once.
+    pub fn user_heads_peak(&self) -> usize {
+        self.user_heads.peak_len()
     }
 
     /// Pool, cache and link telemetry.
@@ -442,11 +460,16 @@ impl ServingNode {
             .kv_commit(history, &prefix.block_table, &prefix.matched);
         let block = self.params.model.block_size;
         if history.len() >= block {
-            // A truncated history starts elsewhere once per chunk: follow it.
             let head = &history[..block];
-            if self.user_heads.get(&user_id).map(Vec::as_slice) != Some(head) {
-                self.user_heads.insert(user_id, head.to_vec());
+            let kept = self
+                .user_heads
+                .get_or_insert_with(user_id, || head.to_vec());
+            if kept.as_slice() != head {
+                // The history's first block changed (e.g. truncated): track the new one.
+                kept.clear();
+                kept.extend_from_slice(head);
             }
+            self.counters.user_head_evictions = self.user_heads.evictions();
             self.users_touched.insert(user_id);
         }
     }
@@ -509,7 +532,7 @@ impl ServingNode {
             let block = self.params.model.block_size;
             let resident = self
                 .user_heads
-                .get(&user)
+                .get(user)
                 .is_some_and(|head| self.memory.kv_cached_prefix_len(head) >= block);
             let known = self.kv_users_reported.contains(&user);
             if resident && !known {

@@ -6,11 +6,17 @@
 //! the event-time feedback edge. Given the same reports in the same order it
 //! makes the same decisions: no clocks, no hash-map iteration order, ties to
 //! the lowest node index.
+//!
+//! Per-user state is bounded: at most `max_users` affinity entries per
+//! replica (the least recently routed user is dropped first; a dropped user
+//! just loses the affinity bonus once), so months of traffic fit a fixed
+//! table.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::hotness::HotUsers;
+use crate::lru::LruMap;
 use crate::shards::ShardId;
 
 /// Router parameters; defaults are the paper's (τ = 0.85, ε = 0.05, K = 20).
@@ -29,6 +35,8 @@ pub struct RouterConfig {
     pub affinity_bonus: f64,
     /// K: hot shards per user profile.
     pub profile_shards: usize,
+    /// Affinity entries (user → last node) per replica at most.
+    pub max_users: usize,
 }
 
 impl Default for RouterConfig {
@@ -40,6 +48,7 @@ impl Default for RouterConfig {
             overload_threshold: 0.85,
             affinity_bonus: 0.05,
             profile_shards: 20,
+            max_users: 100_000,
         }
     }
 }
@@ -53,6 +62,8 @@ pub enum RouterConfigError {
     ZeroCosts,
     #[error("router.profile_shards must be >= 1")]
     EmptyProfile,
+    #[error("router.max_users must be >= 1")]
+    NoUsers,
 }
 
 impl RouterConfig {
@@ -73,6 +84,9 @@ impl RouterConfig {
         }
         if self.profile_shards == 0 {
             return Err(RouterConfigError::EmptyProfile);
+        }
+        if self.max_users == 0 {
+            return Err(RouterConfigError::NoUsers);
         }
         Ok(())
     }
@@ -166,14 +180,31 @@ pub struct RouterStats {
     pub kv_hits: u64,
     pub affinity_wins: u64,
     pub overload_fallbacks: u64,
+    /// Affinity entries dropped because the table was full (router.max_users).
+    #[serde(default)]
+    pub affinity_evictions: u64,
+    /// The most affinity entries one replica ever held.
+    #[serde(default)]
+    pub affinity_users_peak: u64,
+    /// Hot-user counters dropped because the table was full (hotness.max_users).
+    #[serde(default)]
+    pub hotness_evictions: u64,
+    /// The most users with hot-user counters one replica ever held.
+    #[serde(default)]
+    pub hotness_users_peak: u64,
 }
 
 impl RouterStats {
+    /// Counters add up; peaks are per replica, so the merge keeps the largest.
     pub fn merge(&mut self, other: &RouterStats) {
         self.decisions += other.decisions;
         self.kv_hits += other.kv_hits;
         self.affinity_wins += other.affinity_wins;
         self.overload_fallbacks += other.overload_fallbacks;
+        self.affinity_evictions += other.affinity_evictions;
+        self.affinity_users_peak = self.affinity_users_peak.max(other.affinity_users_peak);
+        self.hotness_evictions += other.hotness_evictions;
+        self.hotness_users_peak = self.hotness_users_peak.max(other.hotness_users_peak);
     }
 }
 
@@ -183,7 +214,7 @@ pub struct Router {
     cfg: RouterConfig,
     weights: (f64, f64, f64),
     nodes: Vec<NodeView>,
-    affinity: HashMap<u64, u32>,
+    affinity: LruMap<u32>,
     hot: HotUsers,
     stats: RouterStats,
 }
@@ -192,10 +223,11 @@ impl Router {
     pub fn new(cfg: RouterConfig, nodes: usize, hot: HotUsers) -> Result<Self, RouterConfigError> {
         cfg.validate()?;
         Ok(Self {
+            affinity: LruMap::new(cfg.max_users),
             weights: cfg.weights(),
             cfg,
             nodes: vec![NodeView::default(); nodes],
-            affinity: HashMap::new(),
+
             hot,
             stats: RouterStats::default(),
         })
@@ -207,6 +239,16 @@ impl Router {
 
     pub fn stats(&self) -> &RouterStats {
         &self.stats
+    }
+
+    /// Users with an affinity entry now (at most `max_users`).
+    pub fn affinity_users(&self) -> usize {
+        self.affinity.len()
+    }
+
+    /// Users with hot-user counters now (at most `hotness.max_users`).
+    pub fn hotness_users(&self) -> usize {
+        self.hot.tracked_users()
     }
 
     /// Load l(n) at event time `now_ms` as this replica sees it.
@@ -243,7 +285,7 @@ impl Router {
     pub fn route(&mut self, ts_ms: u64, user: u64, profile: &[ShardId], tokens: f64) -> Decision {
         let hot_user = self.hot.observe(ts_ms, user);
         let (w_kv, w_emb, w_ld) = self.weights;
-        let n_aff = self.affinity.get(&user).copied();
+        let n_aff = self.affinity.get(user).copied();
 
         let mut best: Option<(u32, f64)> = None;
         let mut best_without_bonus: Option<(u32, f64)> = None;
@@ -286,6 +328,10 @@ impl Router {
         self.affinity.insert(user, chosen);
 
         self.stats.decisions += 1;
+        self.stats.affinity_evictions = self.affinity.evictions();
+        self.stats.affinity_users_peak = self.affinity.peak_len() as u64;
+        self.stats.hotness_evictions = self.hot.evictions();
+        self.stats.hotness_users_peak = self.hot.tracked_users_peak() as u64;
         self.stats.kv_hits += kv_hit as u64;
         self.stats.affinity_wins += (affinity_win && !overload_fallback) as u64;
         self.stats.overload_fallbacks += overload_fallback as u64;
@@ -479,5 +525,33 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn affinity_is_bounded_by_max_users_and_evictions_are_counted() {
+        let cfg = RouterConfig {
+            max_users: 3,
+            ..Default::default()
+        };
+        let hot = HotUsers::new(HotnessConfig {
+            max_users: 4,
+            ..Default::default()
+        });
+        let mut r = Router::new(cfg, 2, hot).unwrap();
+        for u in 0..50 {
+            r.route(u, u, &[], 1.0);
+            assert!(r.affinity_users() <= 3);
+            assert!(r.hotness_users() <= 4);
+        }
+        let s = r.stats();
+        assert_eq!(s.affinity_evictions, 47);
+        assert_eq!(s.affinity_users_peak, 3);
+        assert_eq!(s.hotness_evictions, 46);
+        assert_eq!(s.hotness_users_peak, 4);
+        let zero = RouterConfig {
+            max_users: 0,
+            ..Default::default()
+        };
+        assert_eq!(zero.validate(), Err(RouterConfigError::NoUsers));
     }
 }

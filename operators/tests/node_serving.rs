@@ -61,6 +61,7 @@ fn params() -> NodeParams {
         },
         service_tokens_per_ms: 20.0,
         token_capacity: 2000.0,
+        max_users: 100_000,
     }
 }
 
@@ -193,4 +194,47 @@ fn moving_the_boundary_reaches_the_router_through_the_next_report() {
     assert!(grown.pages_to_emb > 0);
     assert!(grown.refill_rows > 0);
     assert_eq!(node.memory_stats().refill_queued_bytes, grown.refill_bytes);
+}
+
+#[test]
+fn user_heads_are_bounded_and_a_dropped_user_is_reported_gone() {
+    let catalog = Catalog::new(500);
+    let candidates: Vec<u32> = (0..10).collect();
+    let mut node = ServingNode::new(
+        0,
+        NodeParams {
+            max_users: 3,
+            ..params()
+        },
+    )
+    .unwrap();
+    let req = |user| RankRequest {
+        req_id: user,
+        user_id: user,
+        candidates: &candidates,
+    };
+    // All users share one history, so every prefix stays resident: only
+    // the head table's bound can make the node forget a user.
+    for user in 1..=3 {
+        node.serve(user, req(user), &history(20), &catalog).unwrap();
+    }
+    assert_eq!(node.report(3).kv_users_added, vec![1, 2, 3]);
+    // User 1 is served again, so user 2 is the least recently served.
+    node.serve(4, req(1), &history(20), &catalog).unwrap();
+    node.serve(5, req(4), &history(20), &catalog).unwrap();
+    assert_eq!(node.user_heads(), 3);
+    assert_eq!(node.user_heads_peak(), 3);
+    assert_eq!(node.counters().user_head_evictions, 1);
+    let report = node.report(5);
+    assert_eq!(report.kv_users_added, vec![4]);
+    assert_eq!(
+        report.kv_users_removed,
+        vec![2],
+        "the router forgets user 2 here"
+    );
+    for user in 10..50 {
+        node.serve(user, req(user), &history(20), &catalog).unwrap();
+        assert!(node.user_heads() <= 3);
+    }
+    assert_eq!(node.counters().user_head_evictions, 41);
 }

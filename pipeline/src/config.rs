@@ -320,6 +320,9 @@ pub struct NodeSection {
     pub service_tokens_per_ms: f64,
     /// Token capacity l(n) is normalised by.
     pub token_capacity: f64,
+    /// Users whose prefix head a node tracks at most (least recently served
+    /// dropped first), so per-user state stays bounded in long jobs.
+    pub max_users: usize,
 }
 
 impl Default for NodeSection {
@@ -329,6 +332,7 @@ impl Default for NodeSection {
             shard_resident_share: 0.5,
             service_tokens_per_ms: 20.0,
             token_capacity: 2_000.0,
+            max_users: 100_000,
         }
     }
 }
@@ -453,6 +457,12 @@ impl Config {
                 "service_tokens_per_ms and token_capacity must be > 0".into(),
             ));
         }
+        if self.node.max_users == 0 {
+            return Err(invalid("node.max_users", "must be >= 1".into()));
+        }
+        if self.hotness.max_users == 0 {
+            return Err(invalid("hotness.max_users", "must be >= 1".into()));
+        }
         if self.model.top_k == 0 {
             return Err(invalid("model.top_k", "must be >= 1".into()));
         }
@@ -558,6 +568,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("miss_cost_kv"), "{err}");
+        for key in ["router.max_users", "node.max_users", "hotness.max_users"] {
+            let (section, field) = key.split_once('.').unwrap();
+            let err = Config::parse(&format!("[{section}]\n{field} = 0\n"), "x.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+        }
     }
 
     #[test]

@@ -54,5 +54,6 @@ pub fn node_params(cfg: &Config, meta: &TraceMeta) -> Result<NodeParams, ParamsE
         link,
         service_tokens_per_ms: cfg.node.service_tokens_per_ms,
         token_capacity: cfg.node.token_capacity,
+        max_users: cfg.node.max_users,
     })
 }

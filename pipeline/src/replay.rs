@@ -1,6 +1,9 @@
 //! `grflow replay`: runs the serving dataflow over a trace on N timely
-//! workers and gathers responses, errors, windowed statistics and the
-//! summary. Writing files is the caller's business.
+//! workers. Responses stream to their sink as they are produced (a Parquet
+//! file, or nowhere once counted); the summary's percentiles come from
+//! bounded histograms, so memory does not grow with the number of requests.
+//! Errors, windowed statistics and the summary are returned; writing them
+//! is the caller's business.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use grflow_connectors::parquet::{
-    MemoryRequestSource, ParquetRequestSource, RequestSource, SourceError, load_side_tables,
+    MemoryRequestSource, ParquetRequestSource, RequestSource, ResponseSink, SinkError, SourceError,
+    load_side_tables,
 };
 use grflow_connectors::{ErrorRow, ResponseRow, WindowRow};
 use grflow_operators::hotness::HotUsers;
@@ -21,9 +25,7 @@ use crate::dataflow::source::Pacing;
 use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
 use crate::params::node_params;
 use crate::side::SideTables;
-use crate::summary::{
-    LatencySummary, NodeSummary, Summary, node_latencies, slo_satisfaction, sort_windows,
-};
+use crate::summary::{LatencyTally, NodeSummary, Summary, sort_windows};
 
 /// Where the requests come from.
 #[derive(Clone, Debug)]
@@ -34,19 +36,36 @@ pub enum TraceInput {
     Memory(Arc<Trace>),
 }
 
+/// Where responses go as they are produced.
+#[derive(Clone, Debug, Default)]
+pub enum ResponseOutput {
+    /// Counted and tallied into the summary, then dropped.
+    #[default]
+    Drop,
+    /// Appended to a Parquet file (responses.parquet) in the order produced.
+    Parquet(PathBuf),
+    /// Kept in memory and returned in `ReplayOutput::responses`: for tests
+    /// and small runs only, since it grows with the run.
+    Collect,
+}
+
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {
     pub trace: TraceInput,
     pub config: Config,
     /// Called about every 200 ms with (requests_in, responses_out + errors, total expected).
     pub show_progress: bool,
+    pub responses: ResponseOutput,
+    /// Counters the job updates as it runs, for a caller that watches its
+    /// progress (e.g. `grflow bench memory`); fresh ones when `None`.
+    pub counters: Option<Arc<JobCounters>>,
 }
 
 /// What a replay produced.
 #[derive(Debug, Default)]
 pub struct ReplayOutput {
     pub summary: Summary,
-    /// Sorted by req_id.
+    /// With `ResponseOutput::Collect` only, sorted by req_id; empty otherwise.
     pub responses: Vec<ResponseRow>,
     pub windows: Vec<WindowRow>,
     pub errors: Vec<ErrorRow>,
@@ -62,13 +81,66 @@ pub enum ReplayError {
     Timely(String),
     #[error("worker {0} panicked")]
     WorkerPanicked(usize),
+    #[error("writing responses: {0}")]
+    Sink(#[from] SinkError),
+}
+
+/// The job's response sink, shared by the workers (each hands it batches).
+enum ResponseWriter {
+    Drop,
+    Parquet {
+        sink: ResponseSink,
+        /// The first write error; later batches are dropped and replay fails.
+        failed: Option<SinkError>,
+    },
+    Collect(Vec<ResponseRow>),
+}
+
+impl ResponseWriter {
+    fn open(output: &ResponseOutput) -> Result<Self, SinkError> {
+        Ok(match output {
+            ResponseOutput::Drop => Self::Drop,
+            ResponseOutput::Parquet(path) => Self::Parquet {
+                sink: ResponseSink::create(path)?,
+                failed: None,
+            },
+            ResponseOutput::Collect => Self::Collect(Vec::new()),
+        })
+    }
+
+    fn write(&mut self, rows: &mut Vec<ResponseRow>) {
+        match self {
+            Self::Drop => rows.clear(),
+            Self::Parquet { sink, failed } => {
+                if failed.is_none()
+                    && let Err(e) = sink.write(rows)
+                {
+                    *failed = Some(e);
+                }
+                rows.clear();
+            }
+            Self::Collect(all) => all.append(rows),
+        }
+    }
+
+    /// Closes the file; returns what was collected (Collect only).
+    fn finish(self) -> Result<Vec<ResponseRow>, SinkError> {
+        match self {
+            Self::Drop => Ok(Vec::new()),
+            Self::Parquet { sink, failed } => match failed {
+                Some(e) => Err(e),
+                None => sink.finish().map(|_| Vec::new()),
+            },
+            Self::Collect(all) => Ok(all),
+        }
+    }
 }
 
 /// What one worker hands back when its dataflow is complete.
 struct WorkerResult {
     node: NodeSummary,
     router: RouterStats,
-    responses: Vec<ResponseRow>,
+    latency: std::collections::BTreeMap<u32, LatencyTally>,
     errors: Vec<ErrorRow>,
     windows: Vec<WindowRow>,
     model_version: String,
@@ -138,7 +210,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     )
     .map_err(|e| ReplayError::Setup(e.to_string()))?;
 
-    let counters = Arc::new(JobCounters::default());
+    let writer = Arc::new(Mutex::new(ResponseWriter::open(&opts.responses)?));
+    let counters = opts.counters.clone().unwrap_or_default();
     let start = Instant::now();
     let pacing = Pacing {
         speed: cfg.speed(),
@@ -157,6 +230,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_side = side.clone();
     let worker_trace = opts.trace.clone();
     let worker_setup_error = setup_error.clone();
+    let worker_writer = writer.clone();
     let guards = timely::execute(timely::Config::process(workers), move |worker| {
         let index = worker.index();
         let peers = worker.peers();
@@ -183,6 +257,9 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         let node = nodes.lock().expect("lock")[index]
             .take()
             .expect("one node per worker");
+        let batch_writer = worker_writer.clone();
+        let responses: dataflow::ResponseBatchSink =
+            Box::new(move |rows| batch_writer.lock().expect("lock").write(rows));
         let df = dataflow::build(
             worker,
             DataflowParts {
@@ -198,6 +275,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     window_ms: worker_cfg.hotness.window_ms,
                 },
                 counters: worker_counters.clone(),
+                responses,
             },
         );
         while !df.probe.done() {
@@ -206,7 +284,15 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         // Let the last window updates drain.
         while worker.step() {}
 
-        let outputs = std::mem::take(&mut *df.outputs.borrow_mut());
+        let mut outputs = std::mem::take(&mut *df.outputs.borrow_mut());
+        // The sink flushes its last batch when its input closes; this only
+        // guards against a batch left behind.
+        if !outputs.pending_responses.is_empty() {
+            worker_writer
+                .lock()
+                .expect("lock")
+                .write(&mut outputs.pending_responses);
+        }
         let node = df.node.borrow();
         let windows = df
             .windows
@@ -244,12 +330,14 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             busy_share: busy.whole,
             busy_share_peak: busy.peak,
             truncated_histories: c.truncated_histories,
+            user_head_evictions: c.user_head_evictions,
+            user_heads_peak: node.user_heads_peak() as u64,
             ..NodeSummary::default()
         };
         WorkerResult {
             node: node_summary,
             router: df.router.borrow().stats().clone(),
-            responses: outputs.responses,
+            latency: outputs.latency,
             errors: outputs.errors,
             windows,
             model_version: node.model_version().to_string(),
@@ -269,7 +357,15 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         return Err(ReplayError::Setup(e));
     }
     let wall_s = start.elapsed().as_secs_f64();
-    Ok(assemble(results, &cfg, &counters, wall_s, trace_name))
+    let writer = Arc::try_unwrap(writer)
+        .map_err(|_| ReplayError::Setup("a worker still holds the response sink".into()))?
+        .into_inner()
+        .expect("lock");
+    let mut responses = writer.finish()?;
+    responses.sort_by_key(|r| r.req_id);
+    let mut out = assemble(results, &cfg, &counters, wall_s, trace_name);
+    out.responses = responses;
+    Ok(out)
 }
 
 fn assemble(
@@ -283,29 +379,36 @@ fn assemble(
     let mut router = RouterStats::default();
     let mut nodes = Vec::new();
     let mut model_version = String::new();
+    let mut latency: std::collections::BTreeMap<u32, LatencyTally> = Default::default();
     for r in results {
-        out.responses.extend(r.responses);
+        for (node, tally) in r.latency {
+            latency.entry(node).or_default().merge(&tally);
+        }
         out.errors.extend(r.errors);
         out.windows.extend(r.windows);
         router.merge(&r.router);
         nodes.push(r.node);
         model_version = r.model_version;
     }
-    out.responses.sort_by_key(|r| r.req_id);
     out.errors.sort_by(|a, b| a.position.cmp(&b.position));
     sort_windows(&mut out.windows);
     nodes.sort_by_key(|n| n.node);
+    let mut overall = LatencyTally::default();
     for n in &mut nodes {
-        let lat = node_latencies(&out.responses, n.node);
-        n.slo_satisfaction = slo_satisfaction(&lat, cfg.run.slo_ms);
-        n.latency_ms = LatencySummary::from_unsorted(lat);
+        let tally = latency.remove(&n.node).unwrap_or_default();
+        n.slo_satisfaction = tally.slo_satisfaction();
+        n.latency_ms = tally.summary();
+        overall.merge(&tally);
+    }
+    // Responses of a node no worker reported (none expected) still count.
+    for tally in latency.values() {
+        overall.merge(tally);
     }
 
-    let latencies: Vec<f64> = out.responses.iter().map(|r| r.latency_ms).collect();
     let sum = |f: fn(&NodeSummary) -> u64| nodes.iter().map(f).sum::<u64>();
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     let event_time_s = event_span_s(&out.windows);
-    let responses_out = out.responses.len() as u64;
+    let responses_out = counters.responses_out.load(Ordering::Relaxed);
     out.summary = Summary {
         trace,
         workers: cfg.run.workers,
@@ -318,8 +421,8 @@ fn assemble(
         throughput_rps: responses_out as f64 / wall_s.max(1e-9),
         slo_ms: cfg.run.slo_ms,
         clock: cfg.run.clock.as_str().to_string(),
-        slo_satisfaction: slo_satisfaction(&latencies, cfg.run.slo_ms),
-        latency_ms: LatencySummary::from_unsorted(latencies),
+        slo_satisfaction: overall.slo_satisfaction(),
+        latency_ms: overall.summary(),
         emb_hit_rate: ratio(sum(|n| n.emb_hits), sum(|n| n.emb_lookups)),
         kv_hit_rate: ratio(sum(|n| n.kv_reused_tokens), sum(|n| n.kv_total_tokens)),
         truncated_histories: sum(|n| n.truncated_histories),

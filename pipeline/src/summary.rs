@@ -2,9 +2,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use grflow_connectors::{ResponseRow, WindowRow};
+use grflow_connectors::WindowRow;
 use grflow_operators::router::RouterStats;
 use grflow_operators::windows::percentile;
+
+use crate::serve::histogram::LatencyHistogram;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
@@ -23,6 +25,52 @@ impl LatencySummary {
             p99: percentile(&latencies, 0.99),
             max: latencies.last().copied().unwrap_or(0.0),
         }
+    }
+
+    /// Percentiles from a bounded histogram (within 1%); the max is exact.
+    pub fn from_histogram(h: &LatencyHistogram) -> Self {
+        Self {
+            p50: h.quantile(0.50),
+            p95: h.quantile(0.95),
+            p99: h.quantile(0.99),
+            max: h.max_ms(),
+        }
+    }
+}
+
+/// The latencies of a run in bounded memory: a histogram for percentiles
+/// and an exact count of those within the SLO.
+#[derive(Clone, Debug, Default)]
+pub struct LatencyTally {
+    histogram: LatencyHistogram,
+    within_slo: u64,
+}
+
+impl LatencyTally {
+    pub fn record(&mut self, latency_ms: f64, slo_ms: f64) {
+        self.histogram.record(latency_ms);
+        self.within_slo += (latency_ms <= slo_ms) as u64;
+    }
+
+    pub fn merge(&mut self, other: &LatencyTally) {
+        self.histogram.merge(&other.histogram);
+        self.within_slo += other.within_slo;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.histogram.count()
+    }
+
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary::from_histogram(&self.histogram)
+    }
+
+    /// Share of latencies within the SLO (0 when nothing was recorded).
+    pub fn slo_satisfaction(&self) -> f64 {
+        if self.count() == 0 {
+            return 0.0;
+        }
+        self.within_slo as f64 / self.count() as f64
     }
 }
 
@@ -51,6 +99,12 @@ pub struct NodeSummary {
     /// Requests served with only the most recent part of their history.
     #[serde(default)]
     pub truncated_histories: u64,
+    /// User prefix heads dropped because the node's table was full
+    /// (node.max_users), and the most it ever held.
+    #[serde(default)]
+    pub user_head_evictions: u64,
+    #[serde(default)]
+    pub user_heads_peak: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -88,15 +142,6 @@ pub fn slo_satisfaction(latencies: &[f64], slo_ms: f64) -> f64 {
         return 0.0;
     }
     latencies.iter().filter(|&&l| l <= slo_ms).count() as f64 / latencies.len() as f64
-}
-
-/// Per-node latency figures from the node's responses.
-pub fn node_latencies(responses: &[ResponseRow], node: u32) -> Vec<f64> {
-    responses
-        .iter()
-        .filter(|r| r.node == node)
-        .map(|r| r.latency_ms)
-        .collect()
 }
 
 impl Summary {
@@ -145,6 +190,11 @@ impl Summary {
             self.router.affinity_wins,
             self.router.overload_fallbacks
         );
+        let head_evictions: u64 = self.nodes.iter().map(|n| n.user_head_evictions).sum();
+        s += &format!(
+            "per-user state evicted: {} affinity  {} hot-user counters  {} node prefix heads\n",
+            self.router.affinity_evictions, self.router.hotness_evictions, head_evictions
+        );
         s
     }
 }
@@ -164,6 +214,33 @@ mod tests {
         assert_eq!(s.p50, 50.0);
         assert_eq!(s.p99, 99.0);
         assert_eq!(s.max, 100.0);
+    }
+
+    #[test]
+    fn tally_matches_exact_figures_within_a_percent() {
+        let mut a = LatencyTally::default();
+        let mut b = LatencyTally::default();
+        let all: Vec<f64> = (1..=1000).map(|x| x as f64 * 0.05).collect();
+        for (i, &l) in all.iter().enumerate() {
+            if i % 3 == 0 {
+                a.record(l, 30.0)
+            } else {
+                b.record(l, 30.0)
+            }
+        }
+        a.merge(&b);
+        let exact = LatencySummary::from_unsorted(all.clone());
+        let got = a.summary();
+        for (g, e) in [
+            (got.p50, exact.p50),
+            (got.p95, exact.p95),
+            (got.p99, exact.p99),
+        ] {
+            assert!((g - e).abs() <= e * 0.01, "{g} vs {e}");
+        }
+        assert_eq!(got.max, exact.max);
+        assert_eq!(a.count(), 1000);
+        assert_eq!(a.slo_satisfaction(), slo_satisfaction(&all, 30.0));
     }
 
     #[test]

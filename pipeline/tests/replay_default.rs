@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{Config, ReplayOptions, ReplayOutput, TraceInput, replay};
 use grflow_traces::Trace;
 
@@ -18,6 +19,8 @@ fn run(cfg: &Config, trace: &Arc<Trace>) -> ReplayOutput {
         trace: TraceInput::Memory(trace.clone()),
         config: cfg,
         show_progress: false,
+        responses: ResponseOutput::Collect,
+        counters: None,
     })
     .unwrap()
 }

@@ -138,6 +138,8 @@ fn run_both(
         trace: TraceInput::Parquet(dir.clone()),
         config: config.clone(),
         show_progress: false,
+        responses: grflow_pipeline::replay::ResponseOutput::Drop,
+        counters: None,
     })
     .context("Parquet replay")?;
     let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;

@@ -3,6 +3,7 @@
 pub mod bench_cache;
 pub mod bench_kafka;
 pub mod bench_kernels;
+pub mod bench_memory;
 pub mod gen_trace;
 pub mod import;
 pub mod replay;

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use grflow_connectors::parquet::{ErrorSink, ResponseSink, WindowSink};
+use grflow_connectors::parquet::{ErrorSink, WindowSink};
+use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{Clock, Config, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput};
 
 use super::InputError;
@@ -75,10 +76,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let show_progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    // Responses stream into responses.parquet as they are produced.
+    let responses = match &args.out {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating output directory {}", dir.display()))?;
+            ResponseOutput::Parquet(dir.join("responses.parquet"))
+        }
+        None => ResponseOutput::Drop,
+    };
     let output = grflow_pipeline::replay(ReplayOptions {
         trace,
         config,
         show_progress,
+        responses,
+        counters: None,
     })
     .map_err(|e| match e {
         ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),
@@ -105,9 +117,6 @@ fn write_outputs(dir: &Path, output: &ReplayOutput) -> anyhow::Result<()> {
         dir.join("summary.json"),
         serde_json::to_string_pretty(&output.summary)?,
     )?;
-    let mut responses = ResponseSink::create(&dir.join("responses.parquet"))?;
-    responses.write(&output.responses)?;
-    responses.finish()?;
     let mut windows = WindowSink::create(&dir.join("windows.parquet"))?;
     windows.write(&output.windows)?;
     windows.finish()?;

@@ -18,6 +18,9 @@ use parquet::file::properties::WriterProperties;
 
 use crate::records::{ErrorRow, ResponseRow, WindowRow};
 
+/// Rows per row group (the writer holds one row group in memory).
+const ROW_GROUP_ROWS: usize = 64 * 1024;
+
 /// A row type with a fixed Arrow schema.
 pub trait SinkRow: Sized {
     fn schema() -> SchemaRef;
@@ -70,8 +73,11 @@ impl<R: SinkRow> ParquetSink<R> {
             file: path.to_path_buf(),
             source,
         })?;
+        // Rows stream in for the whole run and the writer buffers a row
+        // group in memory: keep row groups small so that buffer stays bounded.
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .build();
         let writer = ArrowWriter::try_new(file, R::schema(), Some(props)).map_err(|source| {
             SinkError::Parquet {

@@ -11,6 +11,7 @@ pub mod stash;
 pub mod windows;
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,14 +34,25 @@ use grflow_operators::router::{NodeReport, Router};
 use crate::config::Clock;
 use crate::events::{Admitted, Ingest, NodeEvent};
 use crate::side::SideTables;
+use crate::summary::LatencyTally;
 use source::{Pacing, SourceCounters};
 use windows::WindowTable;
 
-/// What a worker keeps of the outputs it produced.
+/// Responses leave a worker in batches of this many rows.
+const RESPONSE_BATCH: usize = 1_024;
+
+/// Receives each batch of responses as they are produced (draining it): the
+/// job's response sink, so no worker keeps responses for the whole run.
+pub type ResponseBatchSink = Box<dyn FnMut(&mut Vec<ResponseRow>)>;
+
+/// What a worker keeps of the outputs it produced: latencies as bounded
+/// tallies per node, responses only until the next batch goes to the sink.
 #[derive(Debug, Default)]
 pub struct WorkerOutputs {
-    pub responses: Vec<ResponseRow>,
+    /// Responses not yet handed to the sink (fewer than a batch).
+    pub pending_responses: Vec<ResponseRow>,
     pub errors: Vec<ErrorRow>,
+    pub latency: BTreeMap<u32, LatencyTally>,
 }
 
 /// Handles to the state of one worker's dataflow, read after it completes.
@@ -70,6 +82,8 @@ pub struct DataflowParts {
     pub pacing: Pacing,
     pub serving: ServingParts,
     pub counters: Arc<JobCounters>,
+    /// Where responses go; they are counted and tallied before.
+    pub responses: ResponseBatchSink,
 }
 
 /// The serving part every job shares: router, node, report feedback and
@@ -150,6 +164,8 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
     let outputs: Rc<RefCell<WorkerOutputs>> = Default::default();
     let probe = ProbeHandle::new();
     let counters = parts.counters;
+    let slo_ms = parts.serving.slo_ms;
+    let mut response_sink = parts.responses;
 
     let handles = worker.dataflow::<u64, _, _>(|scope| {
         let ingest =
@@ -169,14 +185,19 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
         let sink_counters = counters.clone();
         events
             .probe_with(&probe)
-            .sink(Pipeline, "Outputs", move |(input, _)| {
+            .sink(Pipeline, "Outputs", move |(input, frontier)| {
                 let mut out = sink_outputs.borrow_mut();
                 input.for_each(|_, data| {
                     for event in data.drain(..) {
                         match event {
                             NodeEvent::Response(r) => {
                                 sink_counters.responses_out.fetch_add(1, Ordering::Relaxed);
-                                out.responses.push(r.0);
+                                let row = r.0;
+                                out.latency
+                                    .entry(row.node)
+                                    .or_default()
+                                    .record(row.latency_ms, slo_ms);
+                                out.pending_responses.push(row);
                             }
                             NodeEvent::Error(e) => {
                                 sink_counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -186,6 +207,13 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                         }
                     }
                 });
+                // A full batch, or the last one once no more can come.
+                let done = frontier.frontier().is_empty();
+                if out.pending_responses.len() >= RESPONSE_BATCH
+                    || (done && !out.pending_responses.is_empty())
+                {
+                    response_sink(&mut out.pending_responses);
+                }
             });
         let bad_outputs = outputs.clone();
         let bad_counters = counters.clone();

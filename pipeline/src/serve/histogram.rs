@@ -40,6 +40,15 @@ impl LatencyHistogram {
         }
     }
 
+    /// Adds another histogram's samples (e.g. per-node into overall).
+    pub fn merge(&mut self, other: &LatencyHistogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.total += other.total;
+        self.max_ms = self.max_ms.max(other.max_ms);
+    }
+
     pub fn count(&self) -> u64 {
         self.total
     }
@@ -83,6 +92,31 @@ mod tests {
             );
         }
         assert_eq!(h.count(), 10_000);
+    }
+
+    #[test]
+    fn merged_histograms_equal_one_fed_everything() {
+        let (mut a, mut b, mut all) = Default::default();
+        let (a, b, all): (
+            &mut LatencyHistogram,
+            &mut LatencyHistogram,
+            &mut LatencyHistogram,
+        ) = (&mut a, &mut b, &mut all);
+        for i in 1..=5_000 {
+            let ms = (i * 7 % 1_000) as f64 * 0.1;
+            if i % 2 == 0 {
+                a.record(ms)
+            } else {
+                b.record(ms)
+            }
+            all.record(ms);
+        }
+        a.merge(b);
+        assert_eq!(a.count(), all.count());
+        assert_eq!(a.max_ms(), all.max_ms());
+        for q in [0.5, 0.95, 0.99, 1.0] {
+            assert_eq!(a.quantile(q), all.quantile(q));
+        }
     }
 
     #[test]

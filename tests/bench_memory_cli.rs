@@ -1,0 +1,69 @@
+//! `grflow bench memory` through the real binary: a small smoke run in CI,
+//! and the month-long-job soak behind `#[ignore]` (run it in release:
+//! `cargo test --release --test bench_memory_cli -- --ignored --nocapture`).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args(["bench", "memory", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_memory_samples_rss_through_a_replay() {
+    let r = bench(&[
+        "--requests",
+        "2000",
+        "--users",
+        "1500",
+        "--candidates",
+        "8",
+        "--interval-s",
+        "0.05",
+    ]);
+    assert_eq!(r["requests"].as_u64(), Some(2000), "{r}");
+    assert_eq!(r["errors"].as_u64(), Some(0), "{r}");
+    assert!(r["distinct_users"].as_u64().unwrap() > 100, "{r}");
+    for key in [
+        "rss_before_kib",
+        "rss_at_20_kib",
+        "rss_at_100_kib",
+        "rss_peak_kib",
+    ] {
+        assert!(r[key].as_u64().unwrap() > 0, "{key}: {r}");
+    }
+    let samples = r["samples"].as_array().unwrap();
+    assert!(
+        samples.last().unwrap()["answered"].as_u64() == Some(2000),
+        "{r}"
+    );
+}
+
+/// 1,000,000 requests from 1.5M generator users (over 500,000 distinct):
+/// resident memory when the last request is answered is within 10% of its
+/// value at 20% of the requests.
+#[test]
+#[ignore = "soak: 1M requests; run in release"]
+fn a_million_requests_from_half_a_million_users_run_in_bounded_memory() {
+    let r = bench(&[]);
+    eprintln!("{r}");
+    assert_eq!(r["requests"].as_u64(), Some(1_000_000), "{r}");
+    assert_eq!(r["errors"].as_u64(), Some(0), "{r}");
+    assert!(r["distinct_users"].as_u64().unwrap() >= 500_000, "{r}");
+    let growth = r["growth_ratio"].as_f64().unwrap();
+    assert!(
+        growth <= 1.10,
+        "RSS grew {growth:.3}x from 20% to 100%: {r}"
+    );
+}
