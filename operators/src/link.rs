@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Link parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -31,6 +31,19 @@ impl Default for LinkConfig {
     }
 }
 
+/// Where the refill jobs went: `submitted == completed + pending + cancelled`
+/// at every moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RefillCounts {
+    pub submitted: u64,
+    /// Finished and handed to the caller by [`Link::advance`].
+    pub completed: u64,
+    /// Queued, or finished but not yet handed over.
+    pub pending: u64,
+    /// Dropped by [`Link::cancel_refill`] before they finished.
+    pub cancelled: u64,
+}
+
 /// A link with a miss lane and a refill lane.
 #[derive(Debug)]
 pub struct Link {
@@ -39,6 +52,10 @@ pub struct Link {
     miss_busy_until: u64,
     /// Refill jobs (bytes left, tag), oldest first.
     refill: VecDeque<(f64, u64)>,
+    /// Tags of jobs that finished while the lane ran inside a miss transfer;
+    /// the next `advance` hands them over.
+    finished: Vec<u64>,
+    counts: RefillCounts,
     refill_queued: f64,
     /// Refill has been simulated up to here.
     refill_clock: u64,
@@ -52,6 +69,8 @@ impl Link {
             cfg,
             miss_busy_until: 0,
             refill: VecDeque::new(),
+            finished: Vec::new(),
+            counts: RefillCounts::default(),
             refill_queued: 0.0,
             refill_clock: 0,
             miss_bytes: 0,
@@ -73,7 +92,8 @@ impl Link {
     /// Schedules a miss transfer of `bytes` issued at `now`; returns when it
     /// completes. Refill never delays it.
     pub fn miss_transfer(&mut self, bytes: u64, now: u64) -> u64 {
-        self.advance(now);
+        // Jobs finishing here are kept for the next `advance`, not dropped.
+        self.run_refill(now);
         let start = now.max(self.miss_busy_until);
         let done = start + self.cfg.latency_ns + Self::ns_for(bytes as f64, self.cfg.bytes_per_s);
         self.miss_busy_until = done;
@@ -85,12 +105,21 @@ impl Link {
     pub fn queue_refill(&mut self, bytes: u64, tag: u64) {
         self.refill.push_back((bytes as f64, tag));
         self.refill_queued += bytes as f64;
+        self.counts.submitted += 1;
     }
 
     /// Runs the refill lane up to `now` in the time the miss lane left idle;
-    /// returns the tags of the refill jobs that completed, oldest first.
+    /// returns the tags of the refill jobs that completed since the last
+    /// call (including those that finished during a miss transfer), oldest
+    /// first.
     pub fn advance(&mut self, now: u64) -> Vec<u64> {
-        let mut done = Vec::new();
+        self.run_refill(now);
+        self.counts.completed += self.finished.len() as u64;
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Moves refill bytes up to `now`; finished tags go to `finished`.
+    fn run_refill(&mut self, now: u64) {
         let start = self.refill_clock.max(self.miss_busy_until);
         if now > start {
             let mut budget = (now - start) as f64 * 1e-9 * self.refill_bandwidth();
@@ -103,7 +132,7 @@ impl Link {
                 self.refill_queued -= used;
                 self.refill_bytes_done += used;
                 if front.0 <= 1e-6 {
-                    done.push(front.1);
+                    self.finished.push(front.1);
                     self.refill.pop_front();
                 }
             }
@@ -112,13 +141,24 @@ impl Link {
         if self.refill.is_empty() {
             self.refill_queued = 0.0;
         }
-        done
     }
 
-    /// Drops every queued refill job (e.g. the EMB share shrank again).
-    pub fn cancel_refill(&mut self) {
-        self.refill.clear();
+    /// Drops every unfinished refill job (e.g. the EMB share shrank again)
+    /// and returns their tags. Jobs already finished stay due to the next
+    /// `advance`: their bytes have crossed the link.
+    pub fn cancel_refill(&mut self) -> Vec<u64> {
+        let tags: Vec<u64> = self.refill.drain(..).map(|(_, tag)| tag).collect();
+        self.counts.cancelled += tags.len() as u64;
         self.refill_queued = 0.0;
+        tags
+    }
+
+    /// Refill jobs by outcome.
+    pub fn refill_counts(&self) -> RefillCounts {
+        RefillCounts {
+            pending: (self.refill.len() + self.finished.len()) as u64,
+            ..self.counts
+        }
     }
 
     /// Bytes waiting on the refill lane.
@@ -176,5 +216,72 @@ mod tests {
         assert_eq!(l.refill_queued_bytes(), 0);
         assert_eq!(l.bytes_moved(), (1100, 1000));
         assert_eq!(l.refill_bandwidth(), 0.5e9);
+    }
+
+    #[test]
+    fn refill_finishing_during_a_miss_is_handed_over() {
+        let mut l = link();
+        l.queue_refill(100, 1);
+        l.queue_refill(100, 2);
+        // Idle from 0 to 1000 at 0.5 byte/ns: both jobs finish before the miss.
+        assert_eq!(l.miss_transfer(10, 1000), 1110);
+        assert_eq!(l.advance(1110), vec![1, 2]);
+        assert!(l.advance(5000).is_empty());
+    }
+
+    /// Misses, refills, advances and cancels interleaved at random: every
+    /// job is handed over exactly once or cancelled, never lost.
+    #[test]
+    fn every_refill_job_completes_or_is_accounted_for() {
+        use rand::{RngExt, SeedableRng};
+        use std::collections::BTreeSet;
+        for seed in 0..40u64 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut l = link();
+            let (mut now, mut next_tag) = (0u64, 0u64);
+            let mut queued = BTreeSet::new();
+            let (mut completed, mut cancelled) = (BTreeSet::new(), BTreeSet::new());
+            for _ in 0..400 {
+                now += rng.random_range(0..400u64);
+                match rng.random_range(0..10u32) {
+                    0..=3 => {
+                        l.queue_refill(rng.random_range(0..300u64), next_tag);
+                        queued.insert(next_tag);
+                        next_tag += 1;
+                    }
+                    4..=6 => {
+                        l.miss_transfer(rng.random_range(1..500u64), now);
+                    }
+                    7..=8 => {
+                        for t in l.advance(now) {
+                            assert!(queued.contains(&t), "seed {seed}: unknown tag {t}");
+                            assert!(completed.insert(t), "seed {seed}: tag {t} twice");
+                        }
+                    }
+                    _ => {
+                        for t in l.cancel_refill() {
+                            assert!(!completed.contains(&t), "seed {seed}: {t} done");
+                            assert!(cancelled.insert(t), "seed {seed}: {t} cancelled twice");
+                        }
+                    }
+                }
+                let c = l.refill_counts();
+                assert_eq!(c.submitted, next_tag, "seed {seed}");
+                assert_eq!(
+                    c.submitted,
+                    c.completed + c.pending + c.cancelled,
+                    "seed {seed}: {c:?}"
+                );
+                assert_eq!(c.completed, completed.len() as u64, "seed {seed}");
+                assert_eq!(c.cancelled, cancelled.len() as u64, "seed {seed}");
+            }
+            // An idle link eventually hands over everything still pending.
+            now += 1_000_000_000;
+            completed.extend(l.advance(now));
+            let c = l.refill_counts();
+            assert_eq!(c.pending, 0, "seed {seed}: {c:?}");
+            assert_eq!(completed.len() + cancelled.len(), next_tag as usize);
+            assert!(completed.is_disjoint(&cancelled));
+        }
     }
 }

@@ -17,6 +17,22 @@ pub enum Tenant {
     Kv,
 }
 
+/// A page handed back to the pool that the pool did not lend out that way:
+/// a double free or a stray id. The pool is left unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("page {page} is out of range (pool of {pages} pages)")]
+    OutOfRange { page: u32, pages: usize },
+    #[error("double free of KV page {page} (it is already free)")]
+    DoubleFree { page: u32 },
+    #[error("page {page} returned as {expected:?} but it is held by {held:?}")]
+    WrongTenant {
+        page: u32,
+        expected: Tenant,
+        held: Tenant,
+    },
+}
+
 /// Fixed pages of `page_floats` f32 each.
 #[derive(Debug)]
 pub struct PagePool {
@@ -25,6 +41,8 @@ pub struct PagePool {
     tenant: Vec<Tenant>,
     /// Free pages of the KV share; popped from the back.
     free: Vec<u32>,
+    /// Frees refused by the checks (each a caller bug, counted not applied).
+    rejected_frees: u64,
 }
 
 impl PagePool {
@@ -34,6 +52,7 @@ impl PagePool {
             data: vec![0.0; pages * page_floats],
             tenant: vec![Tenant::Free; pages],
             free: (0..pages as u32).rev().collect(),
+            rejected_frees: 0,
         }
     }
 
@@ -72,11 +91,39 @@ impl PagePool {
         Some(p)
     }
 
-    /// Returns a KV block's page to the free list.
-    pub fn free_kv(&mut self, page: u32) {
-        debug_assert_eq!(self.tenant[page as usize], Tenant::Kv);
+    /// Returns a KV block's page to the free list. A page that is not a KV
+    /// page (already free, lent to EMB, out of range) is refused and counted:
+    /// pushing it would put one page on the free list twice, and two blocks
+    /// would later share storage.
+    pub fn free_kv(&mut self, page: u32) -> Result<(), PoolError> {
+        self.check(page, Tenant::Kv)?;
         self.tenant[page as usize] = Tenant::Free;
         self.free.push(page);
+        Ok(())
+    }
+
+    /// Frees refused so far by [`PagePool::free_kv`] and
+    /// [`PagePool::return_from_emb`].
+    pub fn rejected_frees(&self) -> u64 {
+        self.rejected_frees
+    }
+
+    fn check(&mut self, page: u32, expected: Tenant) -> Result<(), PoolError> {
+        let err = match self.tenant.get(page as usize) {
+            None => PoolError::OutOfRange {
+                page,
+                pages: self.tenant.len(),
+            },
+            Some(&held) if held == expected => return Ok(()),
+            Some(Tenant::Free) if expected == Tenant::Kv => PoolError::DoubleFree { page },
+            Some(&held) => PoolError::WrongTenant {
+                page,
+                expected,
+                held,
+            },
+        };
+        self.rejected_frees += 1;
+        Err(err)
     }
 
     /// Lends up to `n` free pages to the EMB cache (metadata only).
@@ -89,13 +136,20 @@ impl PagePool {
         pages
     }
 
-    /// EMB pages come back to the KV share.
-    pub fn return_from_emb(&mut self, pages: &[u32]) {
+    /// EMB pages come back to the KV share. A page not lent to EMB is
+    /// skipped and counted; the first such error is returned after the
+    /// valid pages came back.
+    pub fn return_from_emb(&mut self, pages: &[u32]) -> Result<(), PoolError> {
+        let mut first = Ok(());
         for &p in pages {
-            debug_assert_eq!(self.tenant[p as usize], Tenant::Emb);
+            if let Err(e) = self.check(p, Tenant::Emb) {
+                first = first.and(Err(e));
+                continue;
+            }
             self.tenant[p as usize] = Tenant::Free;
             self.free.push(p);
         }
+        first
     }
 
     pub fn page(&self, page: u32) -> &[f32] {
@@ -139,9 +193,47 @@ mod tests {
         assert_eq!(lent.len(), 3);
         assert_eq!(p.count(Tenant::Emb), 3);
         assert!(p.alloc_kv().is_none());
-        p.return_from_emb(&lent[..1]);
+        p.return_from_emb(&lent[..1]).unwrap();
         assert_eq!(p.free_pages(), 1);
         assert_eq!(p.block(kv)[3], 7.0);
         assert_eq!(p.tenant(kv), Tenant::Kv);
+    }
+
+    #[test]
+    fn double_free_is_a_checked_error_and_leaves_the_free_list_alone() {
+        let mut p = PagePool::new(3, 4);
+        let a = p.alloc_kv().unwrap();
+        let b = p.alloc_kv().unwrap();
+        assert_eq!(p.free_kv(a), Ok(()));
+        assert_eq!(p.free_kv(a), Err(PoolError::DoubleFree { page: a }));
+        assert_eq!(
+            p.free_kv(9),
+            Err(PoolError::OutOfRange { page: 9, pages: 3 })
+        );
+        let lent = p.lend_to_emb(1);
+        assert_eq!(
+            p.free_kv(lent[0]),
+            Err(PoolError::WrongTenant {
+                page: lent[0],
+                expected: Tenant::Kv,
+                held: Tenant::Emb
+            })
+        );
+        assert_eq!(
+            p.return_from_emb(&[b, lent[0]]),
+            Err(PoolError::WrongTenant {
+                page: b,
+                expected: Tenant::Emb,
+                held: Tenant::Kv
+            })
+        );
+        assert_eq!(p.rejected_frees(), 4);
+        // Two free pages (a, the returned EMB page), each listed once: two
+        // allocations give distinct pages and the third finds none.
+        assert_eq!(p.free_pages(), 2);
+        let (x, y) = (p.alloc_kv().unwrap(), p.alloc_kv().unwrap());
+        assert_ne!(x, y);
+        assert!(p.alloc_kv().is_none());
+        assert_eq!(p.tenant(b), Tenant::Kv);
     }
 }

@@ -159,6 +159,24 @@ fn boundary_moves_report_and_refill_on_the_slow_lane() {
     assert!(m.emb_contains(0, 3));
 }
 
+#[test]
+fn refill_that_finishes_during_a_miss_transfer_still_lands() {
+    let mut m = NodeMemory::new(cfg(0.5)).unwrap();
+    for r in 0..32 {
+        m.emb_insert(0, r, &[r as f32, 0.0]);
+    }
+    m.set_alpha(0.25).unwrap();
+    let up = m.set_alpha(0.5).unwrap();
+    assert_eq!(up.refill_rows, 16);
+    // A miss long after the refill finished runs the refill lane first.
+    m.link().miss_transfer(64, 1_000_000_000);
+    let host = |_t: u16, r: u32| vec![r as f32, 0.0];
+    assert_eq!(m.advance_refill(1_000_000_100, &host), 16);
+    assert!((0..16).all(|r| m.emb_contains(0, r)));
+    let jobs = m.stats().refill_jobs;
+    assert_eq!((jobs.submitted, jobs.completed, jobs.pending), (16, 16, 0));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 

@@ -3,22 +3,16 @@
 //! a few lines here (the product parsers live in grflow-traces::keystream
 //! and are unit-tested there).
 
-use std::path::Path;
-
 use grflow_operators::cachebench::{self, BenchConfig};
 use grflow_operators::eviction::PolicyName;
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data");
-
-fn read(rel: &str) -> Option<String> {
-    let path = Path::new(DATA).join(rel);
-    match std::fs::read_to_string(&path) {
-        Ok(s) => Some(s),
-        Err(_) => {
-            eprintln!("skipping: {} not found", path.display());
-            None
-        }
-    }
+/// The dataset file's text, or `None` after a visible skip.
+fn read(test: &str, rel: &str) -> Option<String> {
+    let path = grflow_testkit::shared_data(test, rel)?;
+    Some(
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display())),
+    )
 }
 
 fn hits(keys: Vec<u64>) -> Vec<(String, u64)> {
@@ -40,7 +34,10 @@ fn expect(lru: [u64; 3], opt: [u64; 3]) -> Vec<(String, u64)> {
 
 #[test]
 fn mooncake_part1_lru_and_opt_counts() {
-    let Some(text) = read("mooncake/conversation_trace_part1.jsonl") else {
+    let Some(text) = read(
+        "mooncake_part1_lru_and_opt_counts",
+        "mooncake/conversation_trace_part1.jsonl",
+    ) else {
         return;
     };
     let mut keys = Vec::new();
@@ -63,7 +60,7 @@ fn mooncake_part1_lru_and_opt_counts() {
 
 #[test]
 fn ml100k_lru_and_opt_counts() {
-    let Some(text) = read("ml-100k/ml-100k.inter") else {
+    let Some(text) = read("ml100k_lru_and_opt_counts", "ml-100k/ml-100k.inter") else {
         return;
     };
     let mut rows: Vec<(f64, u64, u64)> = text

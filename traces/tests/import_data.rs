@@ -1,22 +1,9 @@
-//! Importers on the real datasets in ../shared/data (skipped with a printed
-//! reason when the folder is absent; nothing of it is copied here).
+//! Importers on the real datasets in ../shared/data (skipped with a visible
+//! reason when a file is absent; nothing of it is copied here).
 
-use std::path::PathBuf;
-
+use grflow_testkit::shared_data;
 use grflow_traces::import::import_str;
 use grflow_traces::{ImportConfig, ImportFormat, Trace, import};
-
-fn data(rel: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data")
-        .join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: ../shared/data/{rel} not found");
-        None
-    }
-}
 
 /// The invariants every imported trace keeps.
 fn check(trace: &Trace, interactions: usize) {
@@ -50,7 +37,7 @@ fn check(trace: &Trace, interactions: usize) {
 
 #[test]
 fn ml_100k_recbole() {
-    let Some(path) = data("ml-100k/ml-100k.inter") else {
+    let Some(path) = shared_data("ml_100k_recbole", "ml-100k/ml-100k.inter") else {
         return;
     };
     let cfg = ImportConfig {
@@ -69,7 +56,10 @@ fn ml_100k_recbole() {
 
 #[test]
 fn ml_100k_as_movielens_csv_gives_the_same_trace() {
-    let Some(path) = data("ml-100k/ml-100k.inter") else {
+    let Some(path) = shared_data(
+        "ml_100k_as_movielens_csv_gives_the_same_trace",
+        "ml-100k/ml-100k.inter",
+    ) else {
         return;
     };
     // The same interactions rewritten as a GroupLens ratings.csv, in memory.
@@ -103,7 +93,7 @@ fn ml_100k_as_movielens_csv_gives_the_same_trace() {
 
 #[test]
 fn amazon_games_seq() {
-    let Some(path) = data("amazon-games/games.txt") else {
+    let Some(path) = shared_data("amazon_games_seq", "amazon-games/games.txt") else {
         return;
     };
     let lines = std::fs::read_to_string(&path)

@@ -1,5 +1,7 @@
 //! The item-prefix KV cache (BAT Item-as-prefix): one entry per item id,
-//! holding that item's few KV blocks; entries in use are pinned.
+//! holding that item's few KV blocks; entries in use are pinned. Entries are
+//! keyed by the item id itself (widened, never hashed to a shorter key), so
+//! one item can never be served another item's KV.
 
 use super::guided::GuidedPolicy;
 use crate::eviction::{Key, KeyMap, key_map};
@@ -65,9 +67,18 @@ impl ItemKvCache {
         }
     }
 
-    /// Caches `pages` (already written) for `item`, pinned once.
-    pub fn insert(&mut self, item: u32, pages: Vec<u32>) {
+    /// Caches `pages` (already written) for `item`, pinned once. When the
+    /// item is cached already, the older copy stays (pinned once more) and
+    /// `pages` go back to the pool instead of leaking under a lost entry.
+    pub fn insert(&mut self, pool: &mut PagePool, item: u32, pages: Vec<u32>) {
         let key = item as Key;
+        if let Some(e) = self.entries.get_mut(&key) {
+            e.pins += 1;
+            for p in pages {
+                super::prefix::free_page(pool, p);
+            }
+            return;
+        }
         self.pages += pages.len();
         self.entries.insert(key, Entry { pages, pins: 1 });
         self.policy.insert(key);
@@ -90,8 +101,32 @@ impl ItemKvCache {
         let e = self.entries.remove(&k).expect("policy tracks entries");
         self.pages -= e.pages.len();
         for p in e.pages {
-            pool.free_kv(p);
+            super::prefix::free_page(pool, p);
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_insert_keeps_the_first_copy_and_frees_its_pages() {
+        let mut pool = PagePool::new(4, 2);
+        let mut c = ItemKvCache::new(GuidedPolicy::new("lru", 4).unwrap());
+        let first = vec![pool.alloc_kv().unwrap(), pool.alloc_kv().unwrap()];
+        c.insert(&mut pool, 9, first.clone());
+        let again = vec![pool.alloc_kv().unwrap(), pool.alloc_kv().unwrap()];
+        c.insert(&mut pool, 9, again);
+        assert_eq!((c.entries(), c.pages(), pool.free_pages()), (1, 2, 2));
+        assert_eq!(c.get(9), Some(first));
+        // Pinned by two inserts and one get: evictable after three unpins.
+        for _ in 0..3 {
+            assert!(!c.evict_one(&mut pool));
+            c.unpin(9);
+        }
+        assert!(c.evict_one(&mut pool));
+        assert_eq!((pool.free_pages(), pool.rejected_frees()), (4, 0));
     }
 }

@@ -12,7 +12,8 @@ use super::emb::{EmbCache, TableCounters};
 use super::guided::GuidedPolicy;
 use super::item::ItemKvCache;
 use super::prefix::{PrefixKvCache, PrefixMatch};
-use crate::link::{Link, LinkConfig};
+use crate::eviction::{KeyMap, key_map};
+use crate::link::{Link, LinkConfig, RefillCounts};
 use crate::pool::PagePool;
 
 /// Memory of one node. Page and row sizes come from the model.
@@ -98,6 +99,11 @@ pub struct MemoryStats {
     pub item_kv_misses: u64,
     pub refill_queued_bytes: u64,
     pub refill_bytes_per_s: f64,
+    /// Refill jobs by outcome (submitted = completed + pending + cancelled).
+    pub refill_jobs: RefillCounts,
+    /// Page frees the pool refused (double frees, wrong tenant): each is a
+    /// bug, counted instead of corrupting the free list.
+    pub rejected_page_frees: u64,
 }
 
 impl MemoryStats {
@@ -123,9 +129,10 @@ pub struct NodeMemory {
     user_kv: PrefixKvCache,
     item_kv: ItemKvCache,
     link: Link,
-    /// Rows waiting on the refill lane, by link tag.
-    refill_rows: Vec<(u16, u32)>,
-    refill_tag_base: u64,
+    /// Rows waiting on the refill lane, by link tag (queued, or finished and
+    /// not yet placed).
+    refill_rows: KeyMap<u64, (u16, u32)>,
+    next_refill_tag: u64,
     alpha: f64,
 }
 
@@ -185,8 +192,8 @@ impl NodeMemory {
             emb,
             user_kv,
             item_kv,
-            refill_rows: Vec::new(),
-            refill_tag_base: 0,
+            refill_rows: key_map(),
+            next_refill_tag: 0,
             cfg,
         })
     }
@@ -242,10 +249,7 @@ impl NodeMemory {
     pub fn advance_refill(&mut self, now: u64, host: &dyn Fn(u16, u32) -> Vec<f32>) -> usize {
         let mut n = 0;
         for tag in self.link.advance(now) {
-            let Some(i) = tag.checked_sub(self.refill_tag_base) else {
-                continue;
-            };
-            let Some(&(t, r)) = self.refill_rows.get(i as usize) else {
+            let Some((t, r)) = self.refill_rows.remove(&tag) else {
                 continue;
             };
             if self.emb.refill(&mut self.pool, t, r, &host(t, r)) {
@@ -312,9 +316,10 @@ impl NodeMemory {
     }
 
     /// Caches an item's blocks (pages from `kv_alloc(.., ItemPrefix)`, already
-    /// written), pinned once.
+    /// written), pinned once. An item cached meanwhile keeps its older copy
+    /// (pinned once more) and `pages` are freed.
     pub fn item_insert(&mut self, item: u32, pages: Vec<u32>) {
-        self.item_kv.insert(item, pages);
+        self.item_kv.insert(&mut self.pool, item, pages);
     }
 
     pub fn item_unpin(&mut self, item: u32) {
@@ -349,22 +354,24 @@ impl NodeMemory {
             // Refill the new room with recently evicted rows, in background.
             let room = self.emb.capacity_rows() - self.emb.rows();
             let rows = self.emb.refill_candidates(room);
-            self.link.cancel_refill();
-            self.refill_tag_base += self.refill_rows.len() as u64;
+            self.cancel_refill();
             let row_bytes = self.emb_row_bytes();
-            for (i, _) in rows.iter().enumerate() {
-                self.link
-                    .queue_refill(row_bytes, self.refill_tag_base + i as u64);
+            for &row in &rows {
+                let tag = self.next_refill_tag;
+                self.next_refill_tag += 1;
+                self.link.queue_refill(row_bytes, tag);
+                self.refill_rows.insert(tag, row);
             }
             mv.refill_rows = rows.len();
             mv.refill_bytes = rows.len() as u64 * row_bytes;
-            self.refill_rows = rows;
         } else if target < current {
             let (back, evicted) = self.emb.shrink(&mut self.pool, current - target);
-            self.pool.return_from_emb(&back);
+            // A page the EMB cache did not hold is refused and counted by
+            // the pool (`rejected_page_frees`); the move itself stands.
+            let _ = self.pool.return_from_emb(&back);
             mv.pages_to_emb = -(back.len() as i64);
             mv.emb_rows_evicted = evicted;
-            self.link.cancel_refill();
+            self.cancel_refill();
         }
         let kv_pages = pages - self.emb.pages().len();
         self.user_kv.set_capacity(kv_pages);
@@ -372,6 +379,14 @@ impl NodeMemory {
         self.alpha = self.emb.pages().len() as f64 / pages as f64;
         mv.alpha = self.alpha;
         Ok(mv)
+    }
+
+    /// Drops unfinished refill jobs and forgets their rows; rows whose
+    /// transfer already finished are still placed by `advance_refill`.
+    fn cancel_refill(&mut self) {
+        for tag in self.link.cancel_refill() {
+            self.refill_rows.remove(&tag);
+        }
     }
 
     /// Telemetry snapshot.
@@ -401,6 +416,8 @@ impl NodeMemory {
             item_kv_misses: im,
             refill_queued_bytes: self.link.refill_queued_bytes(),
             refill_bytes_per_s: self.link.refill_bandwidth(),
+            refill_jobs: self.link.refill_counts(),
+            rejected_page_frees: self.pool.rejected_frees(),
         }
     }
 }

@@ -4,11 +4,22 @@
 //! blocks; only unpinned leaves are evicted. A matched path is touched leaf
 //! first, so ancestors are always more recent than their descendants and
 //! recency order reaches leaves before the nodes above them.
+//!
+//! The hash only finds a candidate: a block is reused only when its stored
+//! tokens and parent equal the request's, so a colliding history (crafted
+//! or not) never reads KV computed from another sequence (the class of
+//! vLLM's CVE-2025-25183). A colliding block is not cached, nor is anything
+//! after it in that sequence.
 
 use super::guided::GuidedPolicy;
 use crate::eviction::{Key, KeyMap, key_map};
 use crate::pool::PagePool;
 use crate::predictor::AccessContext;
+
+/// Hashes a block from its parent's hash and its tokens. Injectable so tests
+/// can force collisions; correctness never depends on it being collision
+/// free, only the hit rate does.
+pub type BlockHasher = fn(Option<u64>, &[u32]) -> u64;
 
 /// FNV-1a over the parent hash and the block's tokens: stable across runs.
 pub fn block_hash(parent: Option<u64>, tokens: &[u32]) -> u64 {
@@ -37,31 +48,50 @@ pub struct PrefixMatch {
     hashes: Vec<u64>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Block {
     page: u32,
     parent: Option<u64>,
     children: u32,
     pins: u32,
+    /// What the KV was computed from (with the parent chain): compared on
+    /// every hash hit.
+    tokens: Box<[u32]>,
+}
+
+impl Block {
+    /// Whether this block is the KV of `tokens` after the block `parent`.
+    fn holds(&self, parent: Option<u64>, tokens: &[u32]) -> bool {
+        self.parent == parent && *self.tokens == *tokens
+    }
 }
 
 #[derive(Debug)]
 pub struct PrefixKvCache {
     block_tokens: usize,
+    hasher: BlockHasher,
     blocks: KeyMap<u64, Block>,
     policy: GuidedPolicy,
     reused_tokens: u64,
     total_tokens: u64,
+    collisions: u64,
 }
 
 impl PrefixKvCache {
     pub fn new(block_tokens: usize, policy: GuidedPolicy) -> Self {
+        Self::with_hasher(block_tokens, policy, block_hash)
+    }
+
+    /// A cache whose blocks are keyed by `hasher` (tests force collisions).
+    pub fn with_hasher(block_tokens: usize, policy: GuidedPolicy, hasher: BlockHasher) -> Self {
         Self {
             block_tokens: block_tokens.max(1),
+            hasher,
             blocks: key_map(),
             policy,
             reused_tokens: 0,
             total_tokens: 0,
+            collisions: 0,
         }
     }
 
@@ -79,35 +109,35 @@ impl PrefixKvCache {
         self.policy.set_capacity(blocks);
     }
 
-    fn hashes(&self, tokens: &[u32]) -> Vec<u64> {
-        let mut parent = None;
-        tokens
-            .chunks_exact(self.block_tokens)
-            .map(|c| {
-                let h = block_hash(parent, c);
-                parent = Some(h);
-                h
-            })
-            .collect()
+    /// Hash hits whose tokens or parent differed (each a refused reuse).
+    pub fn collisions(&self) -> u64 {
+        self.collisions
     }
 
     /// Longest cached prefix of `tokens`, pinned; counts reuse.
     pub fn match_prefix(&mut self, tokens: &[u32]) -> PrefixMatch {
         let mut m = PrefixMatch::default();
-        let hashes = self.hashes(tokens);
-        for &h in &hashes {
+        let mut parent = None;
+        for chunk in tokens.chunks_exact(self.block_tokens) {
+            let h = (self.hasher)(parent, chunk);
             let Some(b) = self.blocks.get_mut(&h) else {
                 break;
             };
+            if !b.holds(parent, chunk) {
+                self.collisions += 1;
+                break;
+            }
             b.pins += 1;
             m.blocks.push(b.page);
             m.hashes.push(h);
+            parent = Some(h);
         }
+        let n_blocks = tokens.len() / self.block_tokens;
         // Leaf first: ancestors end up more recent than descendants.
         for (depth, &h) in m.hashes.iter().enumerate().rev() {
             self.policy.access(h);
             self.policy
-                .observed(h, AccessContext::block(depth, hashes.len()));
+                .observed(h, AccessContext::block(depth, n_blocks));
         }
         m.matched_tokens = m.blocks.len() * self.block_tokens;
         self.reused_tokens += m.matched_tokens as u64;
@@ -117,11 +147,17 @@ impl PrefixKvCache {
 
     /// Cached prefix length of `tokens`, touching nothing.
     pub fn cached_prefix_len(&self, tokens: &[u32]) -> usize {
-        self.hashes(tokens)
-            .into_iter()
-            .take_while(|h| self.blocks.contains_key(h))
-            .count()
-            * self.block_tokens
+        let mut parent = None;
+        let mut n = 0;
+        for chunk in tokens.chunks_exact(self.block_tokens) {
+            let h = (self.hasher)(parent, chunk);
+            if !self.blocks.get(&h).is_some_and(|b| b.holds(parent, chunk)) {
+                break;
+            }
+            n += 1;
+            parent = Some(h);
+        }
+        n * self.block_tokens
     }
 
     /// Evicts one unpinned leaf by policy and frees its page.
@@ -141,7 +177,7 @@ impl PrefixKvCache {
         {
             pb.children -= 1;
         }
-        pool.free_kv(b.page);
+        free_page(pool, b.page);
         true
     }
 
@@ -156,16 +192,28 @@ impl PrefixKvCache {
         block_table: &[u32],
         matched: &PrefixMatch,
     ) {
-        let hashes = self.hashes(tokens);
+        let bt = self.block_tokens;
+        let n_blocks = tokens.len() / bt;
         let mut parent = matched.hashes.last().copied();
         let mut added = Vec::new();
+        // After a collision nothing more of this sequence is cached: its
+        // KV depends on every token before it, and the chain has no key.
+        let mut chained = true;
         for (i, &page) in block_table.iter().enumerate().skip(matched.blocks.len()) {
-            let Some(&h) = hashes.get(i) else {
-                pool.free_kv(page);
+            if !chained || i >= n_blocks {
+                free_page(pool, page);
                 continue;
-            };
-            if self.blocks.contains_key(&h) {
-                pool.free_kv(page); // cached meanwhile: keep the older copy
+            }
+            let chunk = &tokens[i * bt..(i + 1) * bt];
+            let h = (self.hasher)(parent, chunk);
+            if let Some(b) = self.blocks.get(&h) {
+                free_page(pool, page);
+                if b.holds(parent, chunk) {
+                    // Cached meanwhile: keep the older copy.
+                } else {
+                    self.collisions += 1;
+                    chained = false;
+                }
             } else {
                 if let Some(p) = parent
                     && let Some(pb) = self.blocks.get_mut(&p)
@@ -179,6 +227,7 @@ impl PrefixKvCache {
                         parent,
                         children: 0,
                         pins: 0,
+                        tokens: chunk.into(),
                     },
                 );
                 added.push((i, h));
@@ -189,7 +238,7 @@ impl PrefixKvCache {
             self.policy.access(h);
             self.policy.insert(h);
             self.policy
-                .observed(h, AccessContext::block(depth, hashes.len()));
+                .observed(h, AccessContext::block(depth, n_blocks));
         }
         self.unpin(matched);
     }
@@ -198,7 +247,7 @@ impl PrefixKvCache {
     /// scratch pages.
     pub fn release(&mut self, pool: &mut PagePool, matched: &PrefixMatch, scratch: &[u32]) {
         for &p in scratch {
-            pool.free_kv(p);
+            free_page(pool, p);
         }
         self.unpin(matched);
     }
@@ -209,5 +258,114 @@ impl PrefixKvCache {
                 b.pins -= 1;
             }
         }
+    }
+}
+
+/// Frees a KV page. A refused free (a double free) is counted by the pool
+/// and surfaces as `MemoryStats::rejected_page_frees`; the cache goes on.
+pub(crate) fn free_page(pool: &mut PagePool, page: u32) {
+    let _ = pool.free_kv(page);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BT: usize = 2;
+
+    fn cache(hasher: BlockHasher) -> (PrefixKvCache, PagePool) {
+        let policy = GuidedPolicy::new("lru", 64).unwrap();
+        (
+            PrefixKvCache::with_hasher(BT, policy, hasher),
+            PagePool::new(64, 4),
+        )
+    }
+
+    /// Runs one request over `tokens`: match, a page per block (the new
+    /// ones stamped with `mark`), commit. Returns the matched pages.
+    fn serve(c: &mut PrefixKvCache, pool: &mut PagePool, tokens: &[u32], mark: f32) -> Vec<u32> {
+        let m = c.match_prefix(tokens);
+        let mut table = m.blocks.clone();
+        for _ in m.blocks.len()..tokens.len().div_ceil(BT) {
+            let p = pool.alloc_kv().unwrap();
+            pool.page_mut(p)[0] = mark;
+            table.push(p);
+        }
+        c.commit(pool, tokens, &table, &m);
+        m.blocks
+    }
+
+    /// Pages are held by cached blocks or free, nothing leaked or doubled.
+    fn check_pages(c: &PrefixKvCache, pool: &PagePool) {
+        assert_eq!(pool.free_pages() + c.blocks(), pool.pages());
+        assert_eq!(pool.rejected_frees(), 0);
+    }
+
+    #[test]
+    fn a_constant_hasher_never_shares_kv_between_different_histories() {
+        let (mut c, mut pool) = cache(|_, _| 7);
+        let a = [1, 2, 3, 4, 5];
+        let b = [5, 6, 3, 4, 5];
+        assert!(serve(&mut c, &mut pool, &a, 1.0).is_empty());
+        // Every block hashes to 7: only a's first block can be cached.
+        assert_eq!(c.blocks(), 1);
+        let m = c.match_prefix(&b);
+        assert_eq!(m.matched_tokens, 0, "b must not reuse a's KV");
+        c.release(&mut pool, &m, &[]);
+        assert!(serve(&mut c, &mut pool, &b, 2.0).is_empty());
+        assert_eq!(c.cached_prefix_len(&b), 0);
+        // Equal histories still share what is cached.
+        let shared = serve(&mut c, &mut pool, &a, 3.0);
+        assert_eq!(shared.len(), 1);
+        assert_eq!(pool.page(shared[0])[0], 1.0, "a's own KV");
+        assert_eq!(c.cached_prefix_len(&a), 2);
+        assert!(c.collisions() > 0);
+        check_pages(&c, &pool);
+    }
+
+    #[test]
+    fn a_collision_breaks_the_chain_for_everything_after_it() {
+        // Hashes depend on depth only: every sequence collides at every
+        // depth, yet chains of one sequence stay distinct.
+        let (mut c, mut pool) = cache(|parent, _| parent.map_or(1, |p| p + 1));
+        let a = [1, 2, 3, 4, 5, 6, 7];
+        assert!(serve(&mut c, &mut pool, &a, 1.0).is_empty());
+        assert_eq!(c.cached_prefix_len(&a), 6);
+        // Same first block, different second, same third: the third block's
+        // KV attended over a's second block, so only the first is shared.
+        let b = [1, 2, 9, 9, 5, 6];
+        let m = c.match_prefix(&b);
+        assert_eq!(m.matched_tokens, 2);
+        c.release(&mut pool, &m, &[]);
+        let shared = serve(&mut c, &mut pool, &b, 2.0);
+        assert_eq!(shared.len(), 1);
+        assert_eq!(
+            c.cached_prefix_len(&b),
+            2,
+            "b's later blocks are not cached"
+        );
+        // Nothing in common: nothing shared.
+        assert_eq!(c.cached_prefix_len(&[8, 8, 5, 6]), 0);
+        // a still reuses all of its own blocks.
+        let again = serve(&mut c, &mut pool, &a, 3.0);
+        assert_eq!(again.len(), 3);
+        assert!(again.iter().all(|&p| pool.page(p)[0] == 1.0));
+        assert_eq!(c.blocks(), 3);
+        check_pages(&c, &pool);
+    }
+
+    #[test]
+    fn the_default_hasher_shares_equal_prefixes_only() {
+        let (mut c, mut pool) = cache(block_hash);
+        let a = [1, 2, 3, 4, 5];
+        serve(&mut c, &mut pool, &a, 1.0);
+        assert_eq!(serve(&mut c, &mut pool, &[1, 2, 3, 4, 6, 7], 2.0).len(), 2);
+        assert_eq!(serve(&mut c, &mut pool, &[1, 2, 9, 4], 3.0).len(), 1);
+        assert_eq!(serve(&mut c, &mut pool, &[2, 1, 3, 4], 4.0).len(), 0);
+        assert_eq!(c.collisions(), 0);
+        // Eviction frees leaves only and keeps the pool consistent.
+        while c.evict_one(&mut pool) {}
+        assert_eq!(c.blocks(), 0);
+        check_pages(&c, &pool);
     }
 }
