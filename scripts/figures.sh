@@ -5,8 +5,8 @@
 #
 #   ./scripts/figures.sh            # kernels, default replay, unpaced replay, in-node laru
 #   ./scripts/figures.sh --all      # also bench cache on ../shared/data, bench kafka
-#                                   # (needs GRFLOW_KAFKA_BROKERS) and the
-#                                   # 1M-request memory soak (~10 min)
+#                                   # (needs GRFLOW_KAFKA_BROKERS) and
+#                                   # bench memory (1M requests, long)
 #
 # Figures differ by 1.4x and more between VMs: quote them with the machine
 # line and gemm_gflops this script prints.
@@ -69,9 +69,8 @@ if $all; then
     else
         log "skipped bench kafka: GRFLOW_KAFKA_BROKERS is not set"
     fi
-    log "memory soak (1M requests): cargo test --release --locked -p grflow-pipeline --test memory_soak -- --ignored --nocapture"
-    cargo test --release --locked -p grflow-pipeline --test memory_soak -- --ignored --nocapture \
-        2>&1 | tee "$OUT/memory_soak.txt" >&2
+    # 1M requests from ~500k distinct users: resident memory at 20% vs 100%.
+    run memory "$bin" bench memory --json
 fi
 
 log "summary ($OUT)"

@@ -321,20 +321,42 @@ fn kafka_overload_sheds_past_the_deadline_and_pauses_reads() {
         return;
     };
     const N: u64 = 600;
+    // One request per partition first: records already in the log when the
+    // job starts are recovered and never shed, so the overload is produced
+    // once the job has fetched from every partition.
+    const WARM: u64 = PARTITIONS as u64;
     let topics = Topics::fresh("overload");
     topics.create(&brokers, PARTITIONS);
-    let records: Vec<_> = (0..N)
-        .map(|i| ((i % PARTITIONS as u64) as i32, Some(request(i))))
-        .collect();
-    produce(&brokers, &topics.requests, &records);
     let dir = tmp_dir("overload");
     // A 1 ms deadline with a 50 ms idle timeout: requests that wait for
     // event time to advance are shed. 8 in flight per worker: reads pause.
     let config = write_config(&dir, &topics, "deadline_ms = 1\nmax_in_flight = 8");
     let serve = Serve::start(&brokers, &config, "serve");
     let mut responses = Tail::new(&brokers, &topics.responses, PARTITIONS);
+    // Stamped before the overload so that it does not arrive late.
+    let warm: Vec<_> = (N..N + WARM)
+        .map(|i| {
+            let mut r: serde_json::Value = serde_json::from_slice(&request(i)).unwrap();
+            r["ts_ms"] = json!(1_700_000_000_000u64 - 1_000 + i);
+            (
+                (i % PARTITIONS as u64) as i32,
+                Some(serde_json::to_vec(&r).unwrap()),
+            )
+        })
+        .collect();
+    produce(&brokers, &topics.requests, &warm);
     assert!(
-        responses.read_until(Duration::from_secs(180), |t| t.req_ids.len() as u64 >= N),
+        responses.read_until(Duration::from_secs(120), |t| t.req_ids.len() as u64 >= WARM),
+        "warm-up not answered; stderr:\n{}",
+        serve.stderr_text()
+    );
+    let records: Vec<_> = (0..N)
+        .map(|i| ((i % PARTITIONS as u64) as i32, Some(request(i))))
+        .collect();
+    produce(&brokers, &topics.requests, &records);
+    assert!(
+        responses.read_until(Duration::from_secs(180), |t| t.req_ids.len() as u64
+            >= N + WARM),
         "{} of {N} answered; stderr:\n{}",
         responses.req_ids.len(),
         serve.stderr_text()
@@ -346,14 +368,14 @@ fn kafka_overload_sheds_past_the_deadline_and_pauses_reads() {
     assert_eq!(summary["shed"], shed, "{summary}");
     assert_eq!(
         summary["shed"].as_u64().unwrap() + summary["responses"].as_u64().unwrap(),
-        N,
+        N + WARM,
         "{summary}"
     );
     assert!(
         summary["pauses"].as_u64().unwrap() > 0,
         "never paused: {summary}"
     );
-    assert_eq!(committed_total(&summary), N as i64, "{summary}");
+    assert_eq!(committed_total(&summary), (N + WARM) as i64, "{summary}");
 }
 
 #[test]

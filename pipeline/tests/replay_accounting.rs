@@ -70,6 +70,8 @@ fn a_bad_row_and_an_unreadable_row_group_are_counted_in_and_answered_per_row() {
         trace: TraceInput::Parquet(dir.clone()),
         config,
         show_progress: false,
+        responses: grflow_pipeline::replay::ResponseOutput::Collect,
+        counters: None,
     })
     .unwrap();
     let s = &out.summary;
