@@ -83,10 +83,15 @@ fn check_bounds(requests: u64, users: u64, [router_max, hot_max, node_max]: [usi
     );
     assert!(r.hotness_evictions > 0, "{r:?}");
     assert_eq!(r.decisions, requests);
+    // Routing may put most users on one node (affinity and KV residency win
+    // until it overloads): every node stays within the bound, and the
+    // busiest one reaches it and evicts.
     for n in &s.nodes {
-        assert_eq!(n.user_heads_peak, node_max as u64, "node {}: {n:?}", n.node);
-        assert!(n.user_head_evictions > 0, "node {}: {n:?}", n.node);
+        assert!(n.user_heads_peak <= node_max as u64, "node {}: {n:?}", n.node);
     }
+    let busiest = s.nodes.iter().max_by_key(|n| n.responses_out).unwrap();
+    assert_eq!(busiest.user_heads_peak, node_max as u64, "{busiest:?}");
+    assert!(busiest.user_head_evictions > 0, "{busiest:?}");
     // The latency summary still covers every response.
     assert!(s.latency_ms.p99 > 0.0 && s.latency_ms.max >= s.latency_ms.p99);
     assert!((0.0..=1.0).contains(&s.slo_satisfaction));
