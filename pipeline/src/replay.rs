@@ -89,7 +89,8 @@ pub enum ReplayError {
 enum ResponseWriter {
     Drop,
     Parquet {
-        sink: ResponseSink,
+        // Boxed: one per job, and it dwarfs the other variants.
+        sink: Box<ResponseSink>,
         /// The first write error; later batches are dropped and replay fails.
         failed: Option<SinkError>,
     },
@@ -101,7 +102,7 @@ impl ResponseWriter {
         Ok(match output {
             ResponseOutput::Drop => Self::Drop,
             ResponseOutput::Parquet(path) => Self::Parquet {
-                sink: ResponseSink::create(path)?,
+                sink: Box::new(ResponseSink::create(path)?),
                 failed: None,
             },
             ResponseOutput::Collect => Self::Collect(Vec::new()),

@@ -87,7 +87,11 @@ fn check_bounds(requests: u64, users: u64, [router_max, hot_max, node_max]: [usi
     // until it overloads): every node stays within the bound, and the
     // busiest one reaches it and evicts.
     for n in &s.nodes {
-        assert!(n.user_heads_peak <= node_max as u64, "node {}: {n:?}", n.node);
+        assert!(
+            n.user_heads_peak <= node_max as u64,
+            "node {}: {n:?}",
+            n.node
+        );
     }
     let busiest = s.nodes.iter().max_by_key(|n| n.responses_out).unwrap();
     assert_eq!(busiest.user_heads_peak, node_max as u64, "{busiest:?}");

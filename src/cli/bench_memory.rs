@@ -81,8 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.requests == 0
         || args.users == 0
         || args.workers == 0
-        || !(args.rps > 0.0)
-        || !(args.interval_s > 0.0)
+        // NaN is not positive either.
+        || args.rps.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        || args.interval_s.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
     {
         return Err(InputError::from_display(
             "--requests, --users, --workers, --rps and --interval-s must be > 0",
