@@ -139,7 +139,7 @@ impl Default for RunConfig {
     fn default() -> Self {
         Self {
             workers: 2,
-            speed: "2x".into(),
+            speed: "1x".into(),
             slo_ms: 30.0,
             clock: Clock::Wall,
         }
