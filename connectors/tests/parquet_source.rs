@@ -40,8 +40,12 @@ fn small_trace() -> Trace {
 }
 
 fn written(name: &str) -> (PathBuf, Trace) {
+    written_with(name, small_trace())
+}
+
+/// `trace` written to a fresh directory in row groups of `ROW_GROUP`.
+fn written_with(name: &str, trace: Trace) -> (PathBuf, Trace) {
     let dir = tmp(name);
-    let trace = small_trace();
     write_trace(
         &dir,
         &trace,
@@ -251,19 +255,10 @@ fn corrupted_row_group_is_one_bad_record_per_row_and_the_rest_still_comes() {
 
 #[test]
 fn rows_with_too_many_candidates_are_bad_records_with_positions() {
-    let dir = tmp("max-candidates");
     let mut trace = small_trace();
     trace.requests[7].candidates = (0..1_001).collect();
     let limit = 1_000;
-    write_trace(
-        &dir,
-        &trace,
-        &WriteOptions {
-            row_group_rows: ROW_GROUP,
-            ..WriteOptions::default()
-        },
-    )
-    .unwrap();
+    let (dir, trace) = written_with("max-candidates", trace);
     let mut s = ParquetRequestSource::open(&dir, 0, 1)
         .unwrap()
         .with_max_candidates(limit);
