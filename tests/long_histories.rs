@@ -5,14 +5,16 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Output};
 
 use arrow::array::AsArray;
 use arrow::datatypes::{DataType, UInt32Type, UInt64Type};
 use serde_json::Value;
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/temp.rs"]
 mod temp;
+use cli::{grflow, ok};
 use temp::tmp_dir;
 
 /// Users with 3,000 ratings each, and lighter users around them.
@@ -25,21 +27,6 @@ const ITEMS: u64 = 600;
 const LIMIT: u64 = 1_022;
 /// A quarter of the smaller (retrieve) limit 1,021, in whole 16-token blocks.
 const CHUNK: u64 = 240;
-
-fn grflow() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_grflow"))
-}
-
-fn ok(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "grflow failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// GroupLens `userId,movieId,rating,timestamp` (seconds). Heavy users rate
 /// in turns (one every 2 s, staggered by 1 s); light users every 250 s.

@@ -2,28 +2,15 @@
 //! and imported traces, 1/2/4 workers, outputs on disk, and clear errors.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/temp.rs"]
 mod temp;
+use cli::{grflow, ok};
 use temp::tmp_dir;
-
-fn grflow() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_grflow"))
-}
-
-fn ok(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "grflow failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn gen_trace(dir: &Path, regime: &str, requests: u32) -> PathBuf {
     let trace = dir.join(format!("{regime}-trace"));
