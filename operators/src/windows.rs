@@ -2,8 +2,9 @@
 //! (requests, hot-user share, EMB hit rate, KV token-reuse rate, mean
 //! sequence length, SLO-violation share, p99 latency) per node and window.
 //!
-//! Samples are integers so that the differential-dataflow wrapper can keep
-//! them in ordered collections; the aggregation itself is plain code.
+//! A window is aggregated as its samples arrive ([`WindowAccumulator`]) and
+//! retired once closed, so what a job holds is bounded by its open windows,
+//! not by the requests it has served.
 
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +84,64 @@ impl WindowStats {
     }
 }
 
+/// The running aggregate of one open (node, window): sums and the window's
+/// latencies (for its exact p99), dropped when the window closes.
+#[derive(Clone, Debug, Default)]
+pub struct WindowAccumulator {
+    requests: u64,
+    hot: u64,
+    emb_hits: u64,
+    emb_lookups: u64,
+    kv_reused: u64,
+    kv_total: u64,
+    seq: u64,
+    violated: u64,
+    alpha_milli: u64,
+    latencies_us: Vec<u64>,
+}
+
+impl WindowAccumulator {
+    pub fn add(&mut self, s: &TelemetrySample) {
+        self.requests += 1;
+        self.hot += s.hot_user as u64;
+        self.emb_hits += s.emb_hits as u64;
+        self.emb_lookups += s.emb_lookups as u64;
+        self.kv_reused += s.kv_reused_tokens as u64;
+        self.kv_total += s.kv_total_tokens as u64;
+        self.seq += s.seq_len as u64;
+        self.violated += s.slo_violated as u64;
+        self.alpha_milli += s.alpha_milli as u64;
+        self.latencies_us.push(s.latency_us);
+    }
+
+    /// Samples added so far.
+    pub fn requests(&self) -> u64 {
+        self.requests
+    }
+
+    /// The window's statistics; the same as [`WindowStats::from_samples`]
+    /// over the samples added.
+    pub fn finish(mut self) -> WindowStats {
+        let n = self.requests;
+        if n == 0 {
+            return WindowStats::default();
+        }
+        self.latencies_us.sort_unstable();
+        let rank = ((0.99 * n as f64).ceil() as usize).clamp(1, self.latencies_us.len());
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        WindowStats {
+            requests: n,
+            hot_user_share: ratio(self.hot, n),
+            emb_hit_rate: ratio(self.emb_hits, self.emb_lookups),
+            kv_hit_rate: ratio(self.kv_reused, self.kv_total),
+            mean_seq_len: ratio(self.seq, n),
+            slo_violation_share: ratio(self.violated, n),
+            p99_ms: self.latencies_us[rank - 1] as f64 / 1000.0,
+            alpha: ratio(self.alpha_milli, n) / 1000.0,
+        }
+    }
+}
+
 /// Nearest-rank percentile of sorted (value, count) pairs.
 pub fn percentile_weighted(sorted: &[(u64, u64)], q: f64) -> u64 {
     let total: u64 = sorted.iter().map(|(_, c)| c).sum();
@@ -149,6 +208,31 @@ mod tests {
         assert_eq!(percentile(&v, 0.5), 50.0);
         assert_eq!(percentile(&[], 0.5), 0.0);
         assert_eq!(percentile_weighted(&[(1, 98), (7, 2)], 0.99), 7);
+    }
+
+    #[test]
+    fn the_accumulator_agrees_with_the_batch_aggregate() {
+        let samples: Vec<TelemetrySample> = (0..257u64)
+            .map(|i| {
+                let mut s = sample((i * 7_919) % 90_001, i % 3 == 0, i % 5 == 0);
+                s.emb_hits = (i % 4) as u32;
+                s.kv_reused_tokens = (i % 40) as u32;
+                s.seq_len = 100 + (i % 50) as u32;
+                s.alpha_milli = 400 + (i % 3) as u32 * 100;
+                s
+            })
+            .collect();
+        let mut acc = WindowAccumulator::default();
+        for s in &samples {
+            acc.add(s);
+        }
+        assert_eq!(acc.requests(), 257);
+        let batch = WindowStats::from_samples(samples.iter().map(|s| (s, 1)));
+        assert_eq!(acc.finish(), batch);
+        assert_eq!(
+            WindowAccumulator::default().finish(),
+            WindowStats::default()
+        );
     }
 
     #[test]

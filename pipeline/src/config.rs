@@ -29,6 +29,8 @@ pub struct Config {
     pub hotness: HotnessConfig,
     #[serde(default)]
     pub node: NodeSection,
+    #[serde(default)]
+    pub windows: WindowsSection,
     /// `grflow serve` only: where requests come from and answers go.
     #[serde(default)]
     pub kafka: KafkaSection,
@@ -116,6 +118,26 @@ impl Default for KafkaSection {
             max_message_bytes: 1 << 20,
             restart_scan: 200_000,
             librdkafka: Default::default(),
+        }
+    }
+}
+
+/// The per-node statistics windows (HLEM Table I).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WindowsSection {
+    /// Event-time length of a window; also the interval of `busy_share_peak`.
+    pub epoch_ms: u64,
+    /// `grflow serve` only: where each closed window goes as one JSON line:
+    /// "stderr", "none", or a file path (appended).
+    pub out: String,
+}
+
+impl Default for WindowsSection {
+    fn default() -> Self {
+        Self {
+            epoch_ms: 5_000,
+            out: "stderr".into(),
         }
     }
 }
@@ -462,6 +484,15 @@ impl Config {
         }
         if self.hotness.max_users == 0 {
             return Err(invalid("hotness.max_users", "must be >= 1".into()));
+        }
+        if self.windows.epoch_ms == 0 {
+            return Err(invalid("windows.epoch_ms", "must be >= 1".into()));
+        }
+        if self.windows.out.trim().is_empty() {
+            return Err(invalid(
+                "windows.out",
+                "must be \"stderr\", \"none\" or a file path".into(),
+            ));
         }
         if self.model.top_k == 0 {
             return Err(invalid("model.top_k", "must be >= 1".into()));

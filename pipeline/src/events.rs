@@ -2,9 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use grflow_connectors::WindowRow;
 use grflow_connectors::{ErrorRow, ResponseRow, SourcePosition};
 use grflow_operators::router::{Decision, NodeReport};
-use grflow_operators::windows::TelemetrySample;
+use grflow_operators::windows::{TelemetrySample, WindowStats};
 use grflow_traces::Request;
 
 use crate::side::{SideError, SideTables};
@@ -94,6 +95,32 @@ pub struct Telemetry {
     pub node: u32,
     pub ts_ms: u64,
     pub sample: TelemetrySample,
+}
+
+/// The statistics of one node over one closed window `[start, start + epoch)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClosedWindow {
+    pub node: u32,
+    pub window_start_ms: u64,
+    pub stats: WindowStats,
+}
+
+impl ClosedWindow {
+    pub fn to_row(&self) -> WindowRow {
+        let s = &self.stats;
+        WindowRow {
+            node: self.node,
+            window_start_ms: self.window_start_ms,
+            requests: s.requests,
+            hot_user_share: s.hot_user_share,
+            emb_hit_rate: s.emb_hit_rate,
+            kv_hit_rate: s.kv_hit_rate,
+            mean_seq_len: s.mean_seq_len,
+            slo_violation_share: s.slo_violation_share,
+            p99_ms: s.p99_ms,
+            alpha: s.alpha,
+        }
+    }
 }
 
 /// Where an answer's request came from, for sinks that acknowledge sources.

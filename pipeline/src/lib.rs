@@ -12,6 +12,7 @@ pub mod replay;
 pub mod serve;
 pub mod side;
 pub mod summary;
+pub mod window_log;
 
 pub use config::{Clock, Config, ConfigError, Speed};
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};

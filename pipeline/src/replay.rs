@@ -273,7 +273,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     slo_ms: worker_cfg.run.slo_ms,
                     clock: worker_cfg.run.clock,
                     deadline: None,
-                    window_ms: worker_cfg.hotness.window_ms,
+                    window_ms: worker_cfg.windows.epoch_ms,
                 },
                 counters: worker_counters.clone(),
                 responses,
@@ -295,24 +295,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 .write(&mut outputs.pending_responses);
         }
         let node = df.node.borrow();
-        let windows = df
-            .windows
-            .borrow()
-            .iter()
-            .filter(|(_, count)| **count > 0)
-            .map(|(((node, start), stats), _)| WindowRow {
-                node: *node,
-                window_start_ms: *start,
-                requests: stats.0.requests,
-                hot_user_share: stats.0.hot_user_share,
-                emb_hit_rate: stats.0.emb_hit_rate,
-                kv_hit_rate: stats.0.kv_hit_rate,
-                mean_seq_len: stats.0.mean_seq_len,
-                slo_violation_share: stats.0.slo_violation_share,
-                p99_ms: stats.0.p99_ms,
-                alpha: stats.0.alpha,
-            })
-            .collect();
+        let windows = std::mem::take(&mut outputs.windows);
+        let gauge = *df.window_gauge.borrow();
         let c = node.counters();
         let busy = df.busy.borrow().shares(crate::events::now_ns());
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
@@ -333,6 +317,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             truncated_histories: c.truncated_histories,
             user_head_evictions: c.user_head_evictions,
             user_heads_peak: node.user_heads_peak() as u64,
+            windows_open_peak: gauge.open_peak as u64,
+            window_samples_peak: gauge.samples_peak,
             ..NodeSummary::default()
         };
         WorkerResult {

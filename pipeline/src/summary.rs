@@ -105,6 +105,13 @@ pub struct NodeSummary {
     pub user_head_evictions: u64,
     #[serde(default)]
     pub user_heads_peak: u64,
+    /// The most statistics windows the node's windows operator held open at
+    /// once, and the most telemetry samples buffered in them: closed windows
+    /// are emitted and forgotten, so these stay bounded however long the run.
+    #[serde(default)]
+    pub windows_open_peak: u64,
+    #[serde(default)]
+    pub window_samples_peak: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

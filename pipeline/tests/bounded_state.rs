@@ -53,6 +53,8 @@ fn check_bounds(requests: u64, users: u64, [router_max, hot_max, node_max]: [usi
     cfg.router.max_users = router_max;
     cfg.hotness.max_users = hot_max;
     cfg.node.max_users = node_max;
+    // Short windows, so that many close during the run.
+    cfg.windows.epoch_ms = 1_000;
     let out = replay(ReplayOptions {
         trace: TraceInput::Memory(trace.clone()),
         config: cfg,
@@ -96,6 +98,42 @@ fn check_bounds(requests: u64, users: u64, [router_max, hot_max, node_max]: [usi
     let busiest = s.nodes.iter().max_by_key(|n| n.responses_out).unwrap();
     assert_eq!(busiest.user_heads_peak, node_max as u64, "{busiest:?}");
     assert!(busiest.user_head_evictions > 0, "{busiest:?}");
+    // Closed windows are emitted and forgotten: the windows operator holds
+    // at most the windows still open, never the run's telemetry. Every
+    // response is in exactly one window row.
+    let mut window_requests = std::collections::BTreeMap::<u32, u64>::new();
+    for w in &out.windows {
+        *window_requests.entry(w.node).or_default() += w.requests;
+    }
+    for n in &s.nodes {
+        let rows: Vec<_> = out.windows.iter().filter(|w| w.node == n.node).collect();
+        let biggest = rows.iter().map(|w| w.requests).max().unwrap_or(0);
+        assert_eq!(
+            window_requests.get(&n.node).copied().unwrap_or(0),
+            n.responses_out,
+            "node {}",
+            n.node
+        );
+        assert!(
+            n.windows_open_peak <= 3,
+            "node {}: {} windows open at once",
+            n.node,
+            n.windows_open_peak
+        );
+        assert!(
+            n.window_samples_peak <= 3 * biggest,
+            "node {}: {} samples held, the biggest window has {biggest} of {} windows",
+            n.node,
+            n.window_samples_peak,
+            rows.len()
+        );
+    }
+    assert!(
+        out.windows.len() >= 10,
+        "{} windows: too few to show anything is retired",
+        out.windows.len()
+    );
+
     // The latency summary still covers every response.
     assert!(s.latency_ms.p99 > 0.0 && s.latency_ms.max >= s.latency_ms.p99);
     assert!((0.0..=1.0).contains(&s.slo_satisfaction));

@@ -191,6 +191,11 @@ fn measure(
             if last {
                 at_100 = Some(s.rss_kib);
             }
+            // Progress of a long soak, on stderr beside the JSON on stdout.
+            eprintln!(
+                "  {:>8.1} s {:>9} answered {:>9} KiB resident",
+                s.wall_s, s.answered, s.rss_kib
+            );
             samples.push(s);
             next_sample += interval;
         }

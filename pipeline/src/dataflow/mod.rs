@@ -1,7 +1,7 @@
 //! The serving dataflow of one worker (= one serving node):
 //! source → exchange by user → router → exchange by node → node → sinks,
 //! with node reports fed back to every router replica (+1 ms) and telemetry
-//! reduced into windowed statistics.
+//! aggregated into a stream of closed windows.
 
 pub mod kafka;
 pub mod node;
@@ -32,11 +32,11 @@ use grflow_operators::node::ServingNode;
 use grflow_operators::router::{NodeReport, Router};
 
 use crate::config::Clock;
-use crate::events::{Admitted, Ingest, NodeEvent};
+use crate::events::{Admitted, ClosedWindow, Ingest, NodeEvent};
 use crate::side::SideTables;
 use crate::summary::LatencyTally;
 use source::{Pacing, SourceCounters};
-use windows::WindowTable;
+use windows::WindowGauge;
 
 /// Responses leave a worker in batches of this many rows.
 const RESPONSE_BATCH: usize = 1_024;
@@ -53,6 +53,9 @@ pub struct WorkerOutputs {
     pub pending_responses: Vec<ResponseRow>,
     pub errors: Vec<ErrorRow>,
     pub latency: BTreeMap<u32, LatencyTally>,
+    /// Closed windows of this worker's node: one row per epoch, kept for
+    /// windows.parquet and the summary's event-time span.
+    pub windows: Vec<grflow_connectors::WindowRow>,
 }
 
 /// Handles to the state of one worker's dataflow, read after it completes.
@@ -62,7 +65,8 @@ pub struct WorkerDataflow {
     pub node: Rc<RefCell<ServingNode>>,
     /// Time the node spent serving, for its busy share.
     pub busy: Rc<RefCell<BusyMeter>>,
-    pub windows: WindowTable,
+    /// What the windows operator holds (open windows, buffered samples).
+    pub window_gauge: Rc<RefCell<WindowGauge>>,
     pub outputs: Rc<RefCell<WorkerOutputs>>,
     pub probe: ProbeHandle<u64>,
 }
@@ -97,6 +101,7 @@ pub struct ServingParts {
     pub clock: Clock,
     /// Requests waiting longer than this are answered with a `shed` error.
     pub deadline: Option<Duration>,
+    /// Length of a statistics window (`windows.epoch_ms`) and of a busy-share interval.
     pub window_ms: u64,
 }
 
@@ -106,14 +111,22 @@ pub struct ServingHandles {
     pub router: Rc<RefCell<Router>>,
     pub node: Rc<RefCell<ServingNode>>,
     pub busy: Rc<RefCell<BusyMeter>>,
-    pub windows: WindowTable,
+    pub window_gauge: Rc<RefCell<WindowGauge>>,
+}
+
+/// What the shared serving part produces: node events (responses, errors,
+/// telemetry, reports) and the node's closed windows.
+#[allow(missing_debug_implementations)]
+pub struct ServingStreams<'s> {
+    pub events: StreamVec<'s, u64, NodeEvent>,
+    pub windows: StreamVec<'s, u64, ClosedWindow>,
 }
 
 pub fn serving<'s>(
     scope: Scope<'s, u64>,
     requests: StreamVec<'s, u64, Admitted>,
     parts: ServingParts,
-) -> (StreamVec<'s, u64, NodeEvent>, ServingHandles) {
+) -> (ServingStreams<'s>, ServingHandles) {
     let router = Rc::new(RefCell::new(parts.router));
     let node = Rc::new(RefCell::new(parts.node));
     // Busy shares are measured over wall-time intervals as long as a window.
@@ -121,7 +134,7 @@ pub fn serving<'s>(
         crate::events::now_ns(),
         parts.window_ms.saturating_mul(1_000_000),
     )));
-    let windows_table: WindowTable = Default::default();
+    let window_gauge: Rc<RefCell<WindowGauge>> = Default::default();
 
     let (reports_handle, reports) = scope.feedback::<Vec<NodeReport>>(1);
     let routed = router::route(requests, reports, router.clone(), parts.side.clone());
@@ -148,14 +161,14 @@ pub fn serving<'s>(
         NodeEvent::Telemetry(t) => Some(t),
         _ => None,
     });
-    windows::window_stats(telemetry, parts.window_ms, windows_table.clone());
+    let windows = windows::closed_windows(telemetry, parts.window_ms, window_gauge.clone());
     (
-        events,
+        ServingStreams { events, windows },
         ServingHandles {
             router,
             node,
             busy,
-            windows: windows_table,
+            window_gauge,
         },
     )
 }
@@ -179,7 +192,17 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
             Ingest::Request(_) => None,
         });
 
-        let (events, handles) = serving(scope, requests, parts.serving);
+        let (streams, handles) = serving(scope, requests, parts.serving);
+        let events = streams.events;
+        let window_outputs = outputs.clone();
+        streams
+            .windows
+            .sink(Pipeline, "WindowRows", move |(input, _)| {
+                let mut out = window_outputs.borrow_mut();
+                input.for_each(|_, data| {
+                    out.windows.extend(data.drain(..).map(|w| w.to_row()));
+                });
+            });
 
         let sink_outputs = outputs.clone();
         let sink_counters = counters.clone();
@@ -233,7 +256,7 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
         router: handles.router,
         node: handles.node,
         busy: handles.busy,
-        windows: handles.windows,
+        window_gauge: handles.window_gauge,
         outputs,
         probe,
     }

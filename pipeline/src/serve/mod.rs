@@ -25,7 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use timely::dataflow::ProbeHandle;
+use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Probe;
+use timely::dataflow::operators::generic::Operator;
 
 use grflow_connectors::kafka::{
     KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, StartPosition,
@@ -220,6 +222,15 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let ingests = Arc::new(Mutex::new(ingests));
     let nodes = Arc::new(Mutex::new(nodes));
 
+    // Opened before the job starts, so an unwritable path fails at once.
+    let window_log = Arc::new(Mutex::new(
+        crate::window_log::WindowLog::open(&cfg.windows.out).map_err(|e| {
+            ServeError::Config(format!(
+                "windows.out {:?}: cannot open: {e}",
+                cfg.windows.out
+            ))
+        })?,
+    ));
     let worker_cfg = cfg.clone();
     let worker_shared = shared.clone();
     let worker_producer = producer.clone();
@@ -261,7 +272,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         let handles = worker.dataflow::<u64, _, _>(|scope| {
             let requests =
                 dataflow::kafka::kafka_source(scope, ingest.clone(), outputs.clone(), stop.clone());
-            let (events, handles) = dataflow::serving(
+            let (streams, handles) = dataflow::serving(
                 scope,
                 requests,
                 ServingParts {
@@ -271,10 +282,25 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     slo_ms: worker_cfg.run.slo_ms,
                     clock: worker_cfg.run.clock,
                     deadline: Some(Duration::from_millis(worker_cfg.kafka.deadline_ms)),
-                    window_ms: worker_cfg.hotness.window_ms,
+                    window_ms: worker_cfg.windows.epoch_ms,
                 },
             );
-            dataflow::kafka::kafka_sink(events.probe_with(&probe), outputs.clone());
+            dataflow::kafka::kafka_sink(streams.events.probe_with(&probe), outputs.clone());
+            let window_log = window_log.clone();
+            let mut failed = false;
+            streams
+                .windows
+                .sink(Pipeline, "WindowLog", move |(input, _)| {
+                    input.for_each(|_, data| {
+                        let written = window_log.lock().expect("window log lock").write(data);
+                        if let Err(e) = written
+                            && !std::mem::replace(&mut failed, true)
+                        {
+                            tracing::warn!(error = %e, "cannot write closed windows (windows.out); serving goes on");
+                        }
+                        data.clear();
+                    });
+                });
             handles
         });
 
