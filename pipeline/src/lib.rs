@@ -13,7 +13,7 @@ pub mod serve;
 pub mod side;
 pub mod summary;
 
-pub use config::{Clock, Config, ConfigError, Speed};
+pub use config::{Clock, Config, ConfigError, Release, ReleaseSetting, Speed};
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};
 pub use serve::{ServeError, ServeOptions, ServeSummary, serve};
 pub use summary::Summary;

@@ -1,10 +1,14 @@
 //! The serving dataflow of one worker (= one serving node):
 //! source → exchange by user → router → exchange by node → node → sinks,
 //! with node reports fed back to every router replica (+1 ms) and telemetry
-//! reduced into windowed statistics.
+//! reduced into windowed statistics. Router and node are event-time
+//! operators (`operator::EventOperator`) released by `run.release`; the
+//! node's control input carries commands (`control`).
 
+pub mod control;
 pub mod kafka;
 pub mod node;
+pub mod operator;
 pub mod router;
 pub mod source;
 pub mod stash;
@@ -28,14 +32,15 @@ use timely::worker::Worker;
 use grflow_connectors::parquet::RequestSource;
 use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::busy::BusyMeter;
-use grflow_operators::node::ServingNode;
+use grflow_operators::node::{DeadlineShedder, ServingNode};
 use grflow_operators::router::{NodeReport, Router};
 
-use crate::config::Clock;
-use crate::events::{Admitted, Ingest, NodeEvent};
+use crate::config::{Clock, Release};
+use crate::events::{Admitted, Ingest, NodeEvent, ScheduledCommand};
 use crate::side::SideTables;
 use crate::summary::LatencyTally;
-use source::{Pacing, SourceCounters};
+pub use source::Pacing;
+use source::SourceCounters;
 use windows::WindowTable;
 
 /// Responses leave a worker in batches of this many rows.
@@ -98,6 +103,11 @@ pub struct ServingParts {
     /// Requests waiting longer than this are answered with a `shed` error.
     pub deadline: Option<Duration>,
     pub window_ms: u64,
+    /// When router and node handle what arrives.
+    pub release: Release,
+    /// Commands for the nodes' control input, paced like the requests.
+    pub commands: Vec<ScheduledCommand>,
+    pub command_pacing: Pacing,
 }
 
 /// Shared handles to the serving state of one worker.
@@ -124,16 +134,23 @@ pub fn serving<'s>(
     let windows_table: WindowTable = Default::default();
 
     let (reports_handle, reports) = scope.feedback::<Vec<NodeReport>>(1);
-    let routed = router::route(requests, reports, router.clone(), parts.side.clone());
-    let events = node::serve(
-        routed,
-        node.clone(),
-        busy.clone(),
-        parts.side,
-        parts.slo_ms,
-        parts.clock,
-        parts.deadline,
+    let routed = router::route(
+        requests,
+        reports,
+        router.clone(),
+        parts.side.clone(),
+        parts.release,
     );
+    let controls = control::scheduled_commands(scope, parts.commands, parts.command_pacing);
+    let node_parts = node::NodeParts {
+        node: node.clone(),
+        busy: busy.clone(),
+        side: parts.side,
+        slo_ms: parts.slo_ms,
+        clock: parts.clock,
+        shedder: DeadlineShedder::new(parts.deadline),
+    };
+    let events = node::serve(routed, controls, node_parts, parts.release);
 
     events
         .clone()
