@@ -188,6 +188,9 @@ mod tests {
     type Outputs = Rc<RefCell<Vec<(u64, (u32, i64))>>>;
     type DataInput = InputHandleVec<u64, u32>;
     type ControlInput = InputHandleVec<u64, i64>;
+    type Calls = Rc<RefCell<Vec<Call>>>;
+    /// The inputs, the probe, the operator's calls and its outputs.
+    type Wired = (DataInput, ControlInput, ProbeHandle<u64>, Calls, Outputs);
 
     /// Collects the output's records with the time each was emitted at.
     fn collect<'s>(
@@ -208,20 +211,11 @@ mod tests {
     }
 
     /// The operator between a data and a control input.
-    fn two_inputs(
-        worker: &mut Worker,
-        release: Release,
-    ) -> (
-        DataInput,
-        ControlInput,
-        ProbeHandle<u64>,
-        Rc<RefCell<Vec<Call>>>,
-        Outputs,
-    ) {
+    fn two_inputs(worker: &mut Worker, release: Release) -> Wired {
         let mut data = InputHandleVec::new();
         let mut control = InputHandleVec::new();
         let probe = ProbeHandle::new();
-        let calls: Rc<RefCell<Vec<Call>>> = Rc::default();
+        let calls: Calls = Rc::default();
         let outputs: Outputs = Rc::default();
         worker.dataflow::<u64, _, _>(|scope| {
             let data = scope.input_from(&mut data);
