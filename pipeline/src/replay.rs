@@ -310,6 +310,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     release,
                     commands: worker_commands.clone(),
                     command_pacing: pacing,
+                    controller: None,
                 },
                 counters: worker_counters.clone(),
                 responses,

@@ -1,6 +1,7 @@
 //! Commands on the nodes' control input, through the serving dataflow: in
 //! `complete` mode a `SetAlpha` stamped t changes α for exactly the requests
-//! at t and after, on the nodes it is addressed to, on every run.
+//! at t and after, on the nodes it is addressed to, on every run; a command
+//! made from the nodes' events at t (fed back) applies from t + 1.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -14,8 +15,8 @@ use grflow_operators::hotness::HotUsers;
 use grflow_operators::node::{NodeCommand, ServingNode};
 use grflow_operators::router::Router;
 use grflow_pipeline::dataflow::source::{Pacing, request_source};
-use grflow_pipeline::dataflow::{ServingParts, serving};
-use grflow_pipeline::events::{Ingest, NodeEvent, ScheduledCommand, Target};
+use grflow_pipeline::dataflow::{Controller, ServingParts, serving};
+use grflow_pipeline::events::{Ingest, NodeControl, NodeEvent, ScheduledCommand, Target};
 use grflow_pipeline::params::node_params;
 use grflow_pipeline::side::SideTables;
 use grflow_pipeline::{Clock, Config, Release, Speed};
@@ -40,8 +41,24 @@ fn trace() -> Arc<Trace> {
     }))
 }
 
-/// Serves `trace` on two nodes with `commands` and records α per request.
-fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand]) -> Served {
+/// A controller that answers the first served request at `at_ms` with a
+/// `SetAlpha(alpha)` for every node (one per request at that time).
+fn set_alpha_after(at_ms: u64, alpha: f64) -> Controller {
+    Box::new(move |events| {
+        events.flat_map(move |e| match e {
+            NodeEvent::Telemetry(t) if t.ts_ms == at_ms => Some(NodeControl {
+                target: Target::All,
+                seq: 0,
+                command: NodeCommand::SetAlpha(alpha),
+            }),
+            _ => None,
+        })
+    })
+}
+
+/// Serves `trace` on two nodes with `commands` (and, with `fed_back`,
+/// `set_alpha_after(at_ms, alpha)`) and records α per request.
+fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand], fed_back: Option<(u64, f64)>) -> Served {
     let cfg = Config::embedded();
     let meta = trace.meta.clone().unwrap();
     let side = Arc::new(
@@ -91,6 +108,7 @@ fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand]) -> Served {
                 release: Release::Complete,
                 commands: commands.clone(),
                 command_pacing: pacing,
+                controller: fed_back.map(|(at, alpha)| set_alpha_after(at, alpha)),
             };
             let (events, _handles) = serving(scope, requests, parts);
             events
@@ -152,7 +170,7 @@ fn set_alpha_stamped_t_applies_to_exactly_the_requests_at_or_after_t() {
     );
     assert!(start != a1 && a1 != a2 && start != a2, "{start} {a1} {a2}");
 
-    let first = run(&trace, &commands);
+    let first = run(&trace, &commands, None);
     assert_eq!(first.len(), trace.requests.len(), "every request served");
     for &(ts, node, alpha) in &first {
         let expected = match (ts, node) {
@@ -181,5 +199,27 @@ fn set_alpha_stamped_t_applies_to_exactly_the_requests_at_or_after_t() {
     assert!(first.iter().any(|&(ts, _, _)| ts == t1));
     assert!(first.iter().any(|&(ts, _, _)| ts == t2));
     // And the same on every run.
-    assert_eq!(run(&trace, &commands), first);
+    assert_eq!(run(&trace, &commands, None), first);
+}
+
+#[test]
+fn a_command_made_from_events_at_t_applies_from_t_plus_1() {
+    let trace = trace();
+    let times: Vec<u64> = trace.requests.iter().map(|r| r.ts_ms).collect();
+    let t = times[times.len() / 2];
+    let start = alpha_milli_after(Config::embedded().memory.alpha, &trace);
+    let after = alpha_milli_after(0.10, &trace);
+    assert_ne!(start, after);
+    let served = run(&trace, &[], Some((t, 0.10)));
+    assert_eq!(served.len(), trace.requests.len());
+    for &(ts, node, alpha) in &served {
+        let expected = if ts <= t { start } else { after };
+        assert_eq!(alpha, expected, "request at {ts} on node {node}");
+    }
+    assert!(
+        served.iter().any(|&(ts, _, _)| ts == t),
+        "a request at t itself"
+    );
+    assert!(served.iter().any(|&(ts, _, _)| ts > t), "requests after t");
+    assert_eq!(run(&trace, &[], Some((t, 0.10))), served);
 }

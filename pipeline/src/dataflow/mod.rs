@@ -25,7 +25,7 @@ use timely::dataflow::ProbeHandle;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::vec::{Broadcast, Map};
-use timely::dataflow::operators::{ConnectLoop, Feedback, Probe};
+use timely::dataflow::operators::{Concat, ConnectLoop, Feedback, Probe};
 use timely::dataflow::{Scope, StreamVec};
 use timely::worker::Worker;
 
@@ -36,7 +36,7 @@ use grflow_operators::node::{DeadlineShedder, ServingNode};
 use grflow_operators::router::{NodeReport, Router};
 
 use crate::config::{Clock, Release};
-use crate::events::{Admitted, Ingest, NodeEvent, ScheduledCommand};
+use crate::events::{Admitted, Ingest, NodeControl, NodeEvent, ScheduledCommand};
 use crate::side::SideTables;
 use crate::summary::LatencyTally;
 pub use source::Pacing;
@@ -93,7 +93,7 @@ pub struct DataflowParts {
 
 /// The serving part every job shares: router, node, report feedback and
 /// windowed statistics, from admitted requests to node events.
-#[allow(missing_debug_implementations)] // holds the node
+#[allow(missing_debug_implementations)] // holds the node and a closure
 pub struct ServingParts {
     pub router: Router,
     pub node: ServingNode,
@@ -108,7 +108,17 @@ pub struct ServingParts {
     /// Commands for the nodes' control input, paced like the requests.
     pub commands: Vec<ScheduledCommand>,
     pub command_pacing: Pacing,
+    /// Makes commands from the nodes' events (e.g. an allocator reading
+    /// closed windows); they travel a feedback edge and apply from the next
+    /// millisecond.
+    pub controller: Option<Controller>,
 }
+
+/// Turns the stream of node events into commands for the nodes. What it
+/// emits at event time t is fed back stamped t + 1: a command made from a
+/// window that closes at W_end applies from W_end + 1.
+pub type Controller =
+    Box<dyn for<'s> FnOnce(StreamVec<'s, u64, NodeEvent>) -> StreamVec<'s, u64, NodeControl>>;
 
 /// Shared handles to the serving state of one worker.
 #[allow(missing_debug_implementations)]
@@ -141,7 +151,14 @@ pub fn serving<'s>(
         parts.side.clone(),
         parts.release,
     );
-    let controls = control::scheduled_commands(scope, parts.commands, parts.command_pacing);
+    let scheduled = control::scheduled_commands(scope, parts.commands, parts.command_pacing);
+    let (controls, commands_loop) = match parts.controller {
+        Some(controller) => {
+            let (handle, fed_back) = scope.feedback::<Vec<NodeControl>>(1);
+            (scheduled.concat(fed_back), Some((controller, handle)))
+        }
+        None => (scheduled, None),
+    };
     let node_parts = node::NodeParts {
         node: node.clone(),
         busy: busy.clone(),
@@ -151,6 +168,9 @@ pub fn serving<'s>(
         shedder: DeadlineShedder::new(parts.deadline),
     };
     let events = node::serve(routed, controls, node_parts, parts.release);
+    if let Some((controller, handle)) = commands_loop {
+        controller(events.clone()).connect_loop(handle);
+    }
 
     events
         .clone()

@@ -279,6 +279,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                         origin_ts_ms: 0,
                         start: Instant::now(),
                     },
+                    controller: None,
                 },
             );
             dataflow::kafka::kafka_sink(events.probe_with(&probe), outputs.clone());
