@@ -65,6 +65,10 @@ fn config(mock: &Mock, group: &str, response_topic: &str, kafka_extra: &str) -> 
         r#"
 [run]
 workers = 1
+# Requests are made late by holding them until the idle partition releases
+# event time (idle_timeout_ms 1500 > deadline_ms 500), which only `complete`
+# does; `arrival` would serve them at once.
+release = "complete"
 
 [trace]
 users = 500

@@ -298,10 +298,51 @@ fn retrieve_requests_are_served_by_beam_search_and_the_event_clock_is_determinis
     conserved(&a);
     assert_eq!(a["errors"].as_u64(), Some(0), "{a}");
     assert_eq!(a["clock"], "event");
+    assert_eq!(
+        a["release"], "complete",
+        "auto is complete on the event clock"
+    );
     let b = run(&dir.join("b"));
     assert_eq!(
         a["latency_ms"], b["latency_ms"],
         "event-clock latency is a pure function of the trace"
     );
     assert!(a["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn release_flag_picks_the_policy_and_auto_follows_the_clock() {
+    let dir = tmp_dir("release");
+    let trace = gen_trace(&dir, "steady", 100);
+    let release = |extra: &[&str]| {
+        let o = ok(grflow()
+            .args(["replay", "--speed", "max", "--json", "--trace"])
+            .arg(&trace)
+            .args(extra)
+            .output()
+            .unwrap());
+        let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+        conserved(&summary);
+        summary["release"].as_str().unwrap().to_string()
+    };
+    assert_eq!(
+        release(&[]),
+        "arrival",
+        "the wall clock releases on arrival"
+    );
+    assert_eq!(release(&["--clock", "event"]), "complete");
+    assert_eq!(release(&["--release", "complete"]), "complete");
+    assert_eq!(
+        release(&["--clock", "event", "--release", "arrival"]),
+        "arrival"
+    );
+
+    let out = grflow()
+        .args(["replay", "--release", "eager", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--release"), "names the flag: {err}");
 }

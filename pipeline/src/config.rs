@@ -155,6 +155,11 @@ pub struct RunConfig {
     /// What latency_ms measures: "wall" (admission to response on this
     /// machine) or "event" (the node's event-time service model).
     pub clock: Clock,
+    /// When router and nodes handle a request: "complete" (once every input
+    /// has passed its event time; deterministic), "arrival" (as it arrives,
+    /// with the state known so far) or "auto" (complete with clock = "event",
+    /// arrival with clock = "wall" and in `grflow serve`).
+    pub release: ReleaseSetting,
 }
 
 impl Default for RunConfig {
@@ -164,6 +169,73 @@ impl Default for RunConfig {
             speed: "1x".into(),
             slo_ms: 30.0,
             clock: Clock::Wall,
+            release: ReleaseSetting::Auto,
+        }
+    }
+}
+
+impl RunConfig {
+    /// The release policy of `grflow replay`: `auto` follows the clock.
+    pub fn replay_release(&self) -> Release {
+        match self.release {
+            ReleaseSetting::Complete => Release::Complete,
+            ReleaseSetting::Arrival => Release::Arrival,
+            ReleaseSetting::Auto => match self.clock {
+                Clock::Event => Release::Complete,
+                Clock::Wall => Release::Arrival,
+            },
+        }
+    }
+
+    /// The release policy of `grflow serve`: `auto` is arrival (a live
+    /// service does not hold requests back for its slowest partition).
+    pub fn serve_release(&self) -> Release {
+        match self.release {
+            ReleaseSetting::Complete => Release::Complete,
+            ReleaseSetting::Arrival | ReleaseSetting::Auto => Release::Arrival,
+        }
+    }
+}
+
+/// `run.release` as written in the config.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReleaseSetting {
+    #[default]
+    Auto,
+    Complete,
+    Arrival,
+}
+
+impl std::str::FromStr for ReleaseSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "complete" => Ok(Self::Complete),
+            "arrival" => Ok(Self::Arrival),
+            _ => Err(format!("release {s:?} is not complete, arrival or auto")),
+        }
+    }
+}
+
+/// When a stateful operator handles the data of an event time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Release {
+    /// Once every input's frontier has passed the time: control and data of
+    /// one time are handled together, in time order. Deterministic.
+    Complete,
+    /// As data arrives, with the state known so far (HLEM's asynchronous
+    /// state sync); frontiers only tell the operator a time is over.
+    Arrival,
+}
+
+impl Release {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Release::Complete => "complete",
+            Release::Arrival => "arrival",
         }
     }
 }
@@ -606,6 +678,24 @@ mod tests {
                 .to_string();
             assert!(err.contains(key), "{err}");
         }
+    }
+
+    #[test]
+    fn release_auto_follows_the_clock_in_replay_and_is_arrival_in_serve() {
+        let mut run = RunConfig::default();
+        assert_eq!(run.release, ReleaseSetting::Auto);
+        assert_eq!(run.replay_release(), Release::Arrival);
+        assert_eq!(run.serve_release(), Release::Arrival);
+        run.clock = Clock::Event;
+        assert_eq!(run.replay_release(), Release::Complete);
+        assert_eq!(run.serve_release(), Release::Arrival);
+        let cfg = Config::parse("[run]\nrelease = \"complete\"\n", "x.toml").unwrap();
+        assert_eq!(cfg.run.replay_release(), Release::Complete);
+        assert_eq!(cfg.run.serve_release(), Release::Complete);
+        let err = Config::parse("[run]\nrelease = \"eager\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("release"), "{err}");
     }
 
     #[test]

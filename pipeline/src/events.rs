@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use grflow_connectors::WindowRow;
 use grflow_connectors::{ErrorRow, ResponseRow, SourcePosition};
+use grflow_operators::node::{Deadlined, NodeCommand};
 use grflow_operators::router::{Decision, NodeReport};
 use grflow_operators::windows::{TelemetrySample, WindowStats};
 use grflow_traces::Request;
@@ -27,19 +28,6 @@ pub struct Admitted {
     pub recovered: bool,
 }
 
-/// What the deadline says about a request a node is about to serve.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum DeadlineCheck {
-    /// In time, or no deadline.
-    Serve,
-    /// Past the deadline but recovered (see [`Admitted::recovered`]):
-    /// served anyway, so that a crash never leaves a shed error beside a
-    /// ranking for one request.
-    ServeRecovered { waited_ms: f64 },
-    /// Past the deadline: answered with a `shed` error record.
-    Shed { waited_ms: f64, deadline_ms: u128 },
-}
-
 impl Admitted {
     /// The history this request is served with.
     pub fn history<'a>(&'a self, side: &'a SideTables) -> Result<&'a [u32], SideError> {
@@ -48,30 +36,14 @@ impl Admitted {
             None => side.history(self.request.user_id, self.request.hist_len),
         }
     }
+}
 
-    /// The overload decision at wall time `now_ns`: a request that waited
-    /// longer than `deadline` since admission is shed, unless recovered.
-    pub fn deadline_check(
-        &self,
-        deadline: Option<std::time::Duration>,
-        now_ns: u64,
-    ) -> DeadlineCheck {
-        let Some(deadline) = deadline else {
-            return DeadlineCheck::Serve;
-        };
-        let waited_ns = now_ns.saturating_sub(self.admitted_ns);
-        if waited_ns <= deadline.as_nanos() as u64 {
-            return DeadlineCheck::Serve;
-        }
-        let waited_ms = waited_ns as f64 / 1e6;
-        if self.recovered {
-            DeadlineCheck::ServeRecovered { waited_ms }
-        } else {
-            DeadlineCheck::Shed {
-                waited_ms,
-                deadline_ms: deadline.as_millis(),
-            }
-        }
+impl Deadlined for Routed {
+    fn admitted_ns(&self) -> u64 {
+        self.admitted.admitted_ns
+    }
+    fn recovered(&self) -> bool {
+        self.admitted.recovered
     }
 }
 
@@ -161,64 +133,37 @@ pub enum NodeEvent {
     Error(Box<(ErrorRow, ErrorKind, Origin)>),
 }
 
+/// Which nodes a command is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Target {
+    /// Every node (broadcast).
+    All,
+    /// One node, by id (= worker index).
+    Node(u32),
+}
+
+/// A command on its way to a node's control input. The event time it
+/// travels at is when it applies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeControl {
+    pub target: Target,
+    /// Order among commands of one time (ties keep arrival order).
+    pub seq: u64,
+    pub command: NodeCommand,
+}
+
+/// A command to apply at event time `at_ms`: a job's schedule of commands
+/// (tests, experiments) enters the dataflow as these.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScheduledCommand {
+    pub at_ms: u64,
+    pub target: Target,
+    pub command: NodeCommand,
+}
+
 /// Wall time now, ns since the Unix epoch; comparable across worker processes.
 pub fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    fn admitted(admitted_ns: u64, recovered: bool) -> Admitted {
-        Admitted {
-            request: Request {
-                ts_ms: 1,
-                req_id: 7,
-                user_id: 3,
-                hist_len: 0,
-                candidates: vec![1, 2],
-                mode: grflow_traces::Mode::Rank,
-                label: None,
-            },
-            position: SourcePosition::Kafka {
-                topic: "requests".into(),
-                partition: 0,
-                offset: 4,
-            },
-            admitted_ns,
-            inline_history: Some(vec![5]),
-            recovered,
-        }
-    }
-
-    #[test]
-    fn a_recovered_request_past_its_deadline_is_served_and_a_new_one_is_shed() {
-        let deadline = Some(Duration::from_millis(2_000));
-        let admitted_ns = 1_000_000_000;
-        let late = admitted_ns + 2_500_000_000;
-        assert_eq!(
-            admitted(admitted_ns, false).deadline_check(deadline, late),
-            DeadlineCheck::Shed {
-                waited_ms: 2_500.0,
-                deadline_ms: 2_000
-            }
-        );
-        assert_eq!(
-            admitted(admitted_ns, true).deadline_check(deadline, late),
-            DeadlineCheck::ServeRecovered { waited_ms: 2_500.0 }
-        );
-        // In time, or without a deadline, both are simply served.
-        let in_time = admitted_ns + 2_000_000_000;
-        for recovered in [false, true] {
-            let a = admitted(admitted_ns, recovered);
-            assert_eq!(a.deadline_check(deadline, in_time), DeadlineCheck::Serve);
-            assert_eq!(a.deadline_check(None, late), DeadlineCheck::Serve);
-            // A clock that stepped back never sheds.
-            assert_eq!(a.deadline_check(deadline, 0), DeadlineCheck::Serve);
-        }
-    }
 }

@@ -14,7 +14,7 @@ pub mod side;
 pub mod summary;
 pub mod window_log;
 
-pub use config::{Clock, Config, ConfigError, Speed};
+pub use config::{Clock, Config, ConfigError, Release, ReleaseSetting, Speed};
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};
 pub use serve::{ServeError, ServeOptions, ServeSummary, serve};
 pub use summary::Summary;

@@ -23,6 +23,7 @@ use grflow_traces::{Request, Trace};
 use crate::config::Config;
 use crate::dataflow::source::Pacing;
 use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
+use crate::events::{ScheduledCommand, Target};
 use crate::params::node_params;
 use crate::side::SideTables;
 use crate::summary::{LatencyTally, NodeSummary, Summary, sort_windows};
@@ -59,6 +60,24 @@ pub struct ReplayOptions {
     /// Counters the job updates as it runs, for a caller that watches its
     /// progress (e.g. `grflow bench memory`); fresh ones when `None`.
     pub counters: Option<Arc<JobCounters>>,
+    /// Commands for the nodes, each applied at its event time (in
+    /// `complete` mode exactly between the requests before and at it).
+    pub commands: Vec<ScheduledCommand>,
+}
+
+impl ReplayOptions {
+    /// A replay of `trace` under `config` that drops responses, shows no
+    /// progress and sends no commands.
+    pub fn new(trace: TraceInput, config: Config) -> Self {
+        Self {
+            trace,
+            config,
+            show_progress: false,
+            responses: ResponseOutput::Drop,
+            counters: None,
+            commands: Vec::new(),
+        }
+    }
 }
 
 /// What a replay produced.
@@ -211,6 +230,19 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     )
     .map_err(|e| ReplayError::Setup(e.to_string()))?;
 
+    for c in &opts.commands {
+        let bad_target = matches!(c.target, Target::Node(n) if n as usize >= workers);
+        if bad_target {
+            return Err(ReplayError::Setup(format!(
+                "command {:?} at {} ms is for {:?}, but the job has {workers} nodes",
+                c.command, c.at_ms, c.target
+            )));
+        }
+        c.command
+            .validate()
+            .map_err(|e| ReplayError::Setup(format!("command at {} ms: {e}", c.at_ms)))?;
+    }
+    let release = cfg.run.replay_release();
     let writer = Arc::new(Mutex::new(ResponseWriter::open(&opts.responses)?));
     let counters = opts.counters.clone().unwrap_or_default();
     let start = Instant::now();
@@ -232,6 +264,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_trace = opts.trace.clone();
     let worker_setup_error = setup_error.clone();
     let worker_writer = writer.clone();
+    let worker_commands = opts.commands.clone();
     let guards = timely::execute(timely::Config::process(workers), move |worker| {
         let index = worker.index();
         let peers = worker.peers();
@@ -274,6 +307,10 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     clock: worker_cfg.run.clock,
                     deadline: None,
                     window_ms: worker_cfg.windows.epoch_ms,
+                    release,
+                    commands: worker_commands.clone(),
+                    command_pacing: pacing,
+                    controller: None,
                 },
                 counters: worker_counters.clone(),
                 responses,
@@ -408,6 +445,7 @@ fn assemble(
         throughput_rps: responses_out as f64 / wall_s.max(1e-9),
         slo_ms: cfg.run.slo_ms,
         clock: cfg.run.clock.as_str().to_string(),
+        release: cfg.run.replay_release().as_str().to_string(),
         slo_satisfaction: overall.slo_satisfaction(),
         latency_ms: overall.summary(),
         emb_hit_rate: ratio(sum(|n| n.emb_hits), sum(|n| n.emb_lookups)),

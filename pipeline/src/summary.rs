@@ -130,6 +130,9 @@ pub struct Summary {
     pub slo_ms: f64,
     /// The clock latency_ms was measured on: "wall" or "event".
     pub clock: String,
+    /// When router and nodes handled requests: "complete" or "arrival".
+    #[serde(default)]
+    pub release: String,
     pub slo_satisfaction: f64,
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
@@ -164,8 +167,9 @@ impl Summary {
             self.wall_s, self.event_time_s, self.throughput_rps
         );
         s += &format!(
-            "latency ms ({} clock)  p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}   SLO {} ms met by {:.1}%\n",
+            "latency ms ({} clock, {} release)  p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}   SLO {} ms met by {:.1}%\n",
             self.clock,
+            self.release,
             self.latency_ms.p50,
             self.latency_ms.p95,
             self.latency_ms.p99,

@@ -61,6 +61,7 @@ fn check_bounds(requests: u64, users: u64, [router_max, hot_max, node_max]: [usi
         show_progress: false,
         responses: ResponseOutput::Drop,
         counters: None,
+        commands: Vec::new(),
     })
     .unwrap();
     let s = &out.summary;

@@ -72,6 +72,7 @@ fn a_bad_row_and_an_unreadable_row_group_are_counted_in_and_answered_per_row() {
         show_progress: false,
         responses: grflow_pipeline::replay::ResponseOutput::Collect,
         counters: None,
+        commands: Vec::new(),
     })
     .unwrap();
     let s = &out.summary;

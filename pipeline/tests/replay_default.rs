@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use grflow_pipeline::replay::ResponseOutput;
-use grflow_pipeline::{Config, ReplayOptions, ReplayOutput, TraceInput, replay};
+use grflow_pipeline::{Config, ReleaseSetting, ReplayOptions, ReplayOutput, TraceInput, replay};
 use grflow_traces::Trace;
 
 fn default_trace(cfg: &Config) -> Arc<Trace> {
@@ -13,14 +13,18 @@ fn default_trace(cfg: &Config) -> Arc<Trace> {
 
 fn run(cfg: &Config, trace: &Arc<Trace>) -> ReplayOutput {
     let mut cfg = cfg.clone();
-    // Routing is decided in event time, so pacing does not change decisions.
+    // Routing is decided in event time once each time is complete, so
+    // pacing does not change decisions (the default, wall clock, would
+    // release on arrival).
     cfg.run.speed = "max".into();
+    cfg.run.release = ReleaseSetting::Complete;
     replay(ReplayOptions {
         trace: TraceInput::Memory(trace.clone()),
         config: cfg,
         show_progress: false,
         responses: ResponseOutput::Collect,
         counters: None,
+        commands: Vec::new(),
     })
     .unwrap()
 }

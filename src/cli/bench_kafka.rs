@@ -140,6 +140,7 @@ fn run_both(
         show_progress: false,
         responses: grflow_pipeline::replay::ResponseOutput::Drop,
         counters: None,
+        commands: Vec::new(),
     })
     .context("Parquet replay")?;
     let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;

@@ -171,6 +171,7 @@ fn measure(
             show_progress: false,
             responses: ResponseOutput::Drop,
             counters: Some(job_counters),
+            commands: Vec::new(),
         })
     });
     let interval = Duration::from_secs_f64(args.interval_s);

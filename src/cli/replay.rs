@@ -7,7 +7,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use grflow_connectors::parquet::{ErrorSink, WindowSink};
 use grflow_pipeline::replay::ResponseOutput;
-use grflow_pipeline::{Clock, Config, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput};
+use grflow_pipeline::{
+    Clock, Config, ReleaseSetting, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput,
+};
 
 use super::InputError;
 
@@ -36,6 +38,11 @@ pub struct Args {
     /// node's deterministic service model); overrides run.clock.
     #[arg(long)]
     pub clock: Option<String>,
+    /// When router and nodes handle a request: complete (once every input
+    /// passed its event time; deterministic), arrival (on arrival) or auto
+    /// (complete with --clock event, else arrival); overrides run.release.
+    #[arg(long)]
+    pub release: Option<String>,
     /// No progress bar even on a terminal.
     #[arg(long)]
     pub quiet: bool,
@@ -61,6 +68,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.run.clock = c
             .parse::<Clock>()
             .map_err(|e| InputError::from_display(format!("--clock: {e}")))?;
+    }
+    if let Some(r) = &args.release {
+        config.run.release = r
+            .parse::<ReleaseSetting>()
+            .map_err(|e| InputError::from_display(format!("--release: {e}")))?;
     }
     let trace = match &args.trace {
         Some(dir) => TraceInput::Parquet(dir.clone()),
@@ -91,6 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         show_progress,
         responses,
         counters: None,
+        commands: Vec::new(),
     })
     .map_err(|e| match e {
         ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),

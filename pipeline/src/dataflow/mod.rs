@@ -1,10 +1,14 @@
 //! The serving dataflow of one worker (= one serving node):
 //! source → exchange by user → router → exchange by node → node → sinks,
 //! with node reports fed back to every router replica (+1 ms) and telemetry
-//! aggregated into a stream of closed windows.
+//! aggregated into a stream of closed windows. Router and node are
+//! event-time operators (`operator::EventOperator`) released by
+//! `run.release`; the node's control input carries commands (`control`).
 
+pub mod control;
 pub mod kafka;
 pub mod node;
+pub mod operator;
 pub mod router;
 pub mod source;
 pub mod stash;
@@ -21,21 +25,22 @@ use timely::dataflow::ProbeHandle;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::vec::{Broadcast, Map};
-use timely::dataflow::operators::{ConnectLoop, Feedback, Probe};
+use timely::dataflow::operators::{Concat, ConnectLoop, Feedback, Probe};
 use timely::dataflow::{Scope, StreamVec};
 use timely::worker::Worker;
 
 use grflow_connectors::parquet::RequestSource;
 use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::busy::BusyMeter;
-use grflow_operators::node::ServingNode;
+use grflow_operators::node::{DeadlineShedder, ServingNode};
 use grflow_operators::router::{NodeReport, Router};
 
-use crate::config::Clock;
-use crate::events::{Admitted, ClosedWindow, Ingest, NodeEvent};
+use crate::config::{Clock, Release};
+use crate::events::{Admitted, ClosedWindow, Ingest, NodeControl, NodeEvent, ScheduledCommand};
 use crate::side::SideTables;
 use crate::summary::LatencyTally;
-use source::{Pacing, SourceCounters};
+pub use source::Pacing;
+use source::SourceCounters;
 use windows::WindowGauge;
 
 /// Responses leave a worker in batches of this many rows.
@@ -92,7 +97,7 @@ pub struct DataflowParts {
 
 /// The serving part every job shares: router, node, report feedback and
 /// windowed statistics, from admitted requests to node events.
-#[allow(missing_debug_implementations)] // holds the node
+#[allow(missing_debug_implementations)] // holds the node and a closure
 pub struct ServingParts {
     pub router: Router,
     pub node: ServingNode,
@@ -103,7 +108,22 @@ pub struct ServingParts {
     pub deadline: Option<Duration>,
     /// Length of a statistics window (`windows.epoch_ms`) and of a busy-share interval.
     pub window_ms: u64,
+    /// When router and node handle what arrives.
+    pub release: Release,
+    /// Commands for the nodes' control input, paced like the requests.
+    pub commands: Vec<ScheduledCommand>,
+    pub command_pacing: Pacing,
+    /// Makes commands from the nodes' events (e.g. an allocator reading
+    /// closed windows); they travel a feedback edge and apply from the next
+    /// millisecond.
+    pub controller: Option<Controller>,
 }
+
+/// Turns the stream of node events into commands for the nodes. What it
+/// emits at event time t is fed back stamped t + 1: a command made from a
+/// window that closes at W_end applies from W_end + 1.
+pub type Controller =
+    Box<dyn for<'s> FnOnce(StreamVec<'s, u64, NodeEvent>) -> StreamVec<'s, u64, NodeControl>>;
 
 /// Shared handles to the serving state of one worker.
 #[allow(missing_debug_implementations)]
@@ -137,16 +157,33 @@ pub fn serving<'s>(
     let window_gauge: Rc<RefCell<WindowGauge>> = Default::default();
 
     let (reports_handle, reports) = scope.feedback::<Vec<NodeReport>>(1);
-    let routed = router::route(requests, reports, router.clone(), parts.side.clone());
-    let events = node::serve(
-        routed,
-        node.clone(),
-        busy.clone(),
-        parts.side,
-        parts.slo_ms,
-        parts.clock,
-        parts.deadline,
+    let routed = router::route(
+        requests,
+        reports,
+        router.clone(),
+        parts.side.clone(),
+        parts.release,
     );
+    let scheduled = control::scheduled_commands(scope, parts.commands, parts.command_pacing);
+    let (controls, commands_loop) = match parts.controller {
+        Some(controller) => {
+            let (handle, fed_back) = scope.feedback::<Vec<NodeControl>>(1);
+            (scheduled.concat(fed_back), Some((controller, handle)))
+        }
+        None => (scheduled, None),
+    };
+    let node_parts = node::NodeParts {
+        node: node.clone(),
+        busy: busy.clone(),
+        side: parts.side,
+        slo_ms: parts.slo_ms,
+        clock: parts.clock,
+        shedder: DeadlineShedder::new(parts.deadline),
+    };
+    let events = node::serve(routed, controls, node_parts, parts.release);
+    if let Some((controller, handle)) = commands_loop {
+        controller(events.clone()).connect_loop(handle);
+    }
 
     events
         .clone()

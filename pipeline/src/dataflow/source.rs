@@ -29,7 +29,7 @@ pub struct Pacing {
 
 impl Pacing {
     /// The latest event time allowed in now.
-    fn allowed(&self) -> u64 {
+    pub(crate) fn allowed(&self) -> u64 {
         match self.speed {
             Speed::Max => u64::MAX,
             Speed::Factor(f) => {
@@ -40,7 +40,7 @@ impl Pacing {
     }
 
     /// Wall time to wait until `ts_ms` is allowed in.
-    fn wait_for(&self, ts_ms: u64) -> Duration {
+    pub(crate) fn wait_for(&self, ts_ms: u64) -> Duration {
         match self.speed {
             Speed::Max => Duration::ZERO,
             Speed::Factor(f) => {

@@ -283,6 +283,14 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     clock: worker_cfg.run.clock,
                     deadline: Some(Duration::from_millis(worker_cfg.kafka.deadline_ms)),
                     window_ms: worker_cfg.windows.epoch_ms,
+                    release: worker_cfg.run.serve_release(),
+                    commands: Vec::new(),
+                    command_pacing: dataflow::Pacing {
+                        speed: crate::config::Speed::Max,
+                        origin_ts_ms: 0,
+                        start: Instant::now(),
+                    },
+                    controller: None,
                 },
             );
             dataflow::kafka::kafka_sink(streams.events.probe_with(&probe), outputs.clone());
@@ -416,6 +424,7 @@ fn summarise(
         response_topic: cfg.kafka.response_topic.clone(),
         dead_letter_topic: cfg.kafka.dead_letter_topic.clone(),
         workers: cfg.run.workers,
+        release: cfg.run.serve_release().as_str().to_string(),
         wall_s: started.elapsed().as_secs_f64(),
         consumed: load(&c.consumed),
         responses: load(&c.responses),

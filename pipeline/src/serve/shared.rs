@@ -221,6 +221,9 @@ pub struct ServeSummary {
     pub response_topic: String,
     pub dead_letter_topic: String,
     pub workers: usize,
+    /// When router and nodes handled requests: "arrival" unless
+    /// `run.release = "complete"`.
+    pub release: String,
     pub wall_s: f64,
     pub consumed: u64,
     pub responses: u64,

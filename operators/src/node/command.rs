@@ -1,0 +1,91 @@
+//! Commands a node takes on its control input: the allocator's, the
+//! trainer's and an operator's way to change a running node. Each command
+//! is applied at an event time, between the requests before it and those
+//! at or after it.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ServeError, ServingNode};
+
+/// A change to a running node. New kinds (model weights, LoRA deltas, the
+/// prefix policy) are new variants; `ServingNode::apply` must handle each.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum NodeCommand {
+    /// Moves the EMB/KV boundary of the memory pool to `alpha` (HLEM §IV-B).
+    SetAlpha(f64),
+}
+
+impl NodeCommand {
+    /// Checks what can be checked without a node, so a bad command is
+    /// refused where it is made rather than where it lands.
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            NodeCommand::SetAlpha(alpha) if !(0.0..=1.0).contains(alpha) => {
+                Err(format!("SetAlpha: alpha must be in [0, 1] (got {alpha})"))
+            }
+            NodeCommand::SetAlpha(_) => Ok(()),
+        }
+    }
+}
+
+/// What applying a command did, for logs and counters.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Applied {
+    /// The EMB share moved from `from` to `to` (pinned KV pages can keep
+    /// it short of the target); `pages_to_emb` pages changed sides.
+    Alpha {
+        from: f64,
+        to: f64,
+        pages_to_emb: i64,
+    },
+}
+
+impl ServingNode {
+    /// Applies `command` now: the caller decides when (in event time).
+    pub fn apply(&mut self, command: &NodeCommand) -> Result<Applied, ServeError> {
+        match *command {
+            NodeCommand::SetAlpha(alpha) => {
+                let from = self.alpha();
+                let moved = self.set_alpha(alpha)?;
+                Ok(Applied::Alpha {
+                    from,
+                    to: moved.alpha,
+                    pages_to_emb: moved.pages_to_emb,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_params;
+    use super::*;
+
+    #[test]
+    fn set_alpha_moves_the_boundary_and_says_how_far() {
+        let mut node = ServingNode::new(0, test_params()).unwrap();
+        assert_eq!(node.alpha(), 0.5);
+        let applied = node.apply(&NodeCommand::SetAlpha(0.25)).unwrap();
+        let Applied::Alpha {
+            from,
+            to,
+            pages_to_emb,
+        } = applied;
+        assert_eq!(from, 0.5);
+        assert!((to - 0.25).abs() < 0.01, "{to}");
+        assert!(pages_to_emb < 0, "EMB gave pages back: {pages_to_emb}");
+        assert_eq!(node.alpha(), to);
+    }
+
+    #[test]
+    fn a_bad_command_is_refused_where_it_is_made_and_where_it_lands() {
+        for alpha in [1.5, -0.1, f64::NAN] {
+            assert!(NodeCommand::SetAlpha(alpha).validate().is_err(), "{alpha}");
+        }
+        assert!(NodeCommand::SetAlpha(0.0).validate().is_ok());
+        let mut node = ServingNode::new(0, test_params()).unwrap();
+        assert!(node.apply(&NodeCommand::SetAlpha(1.5)).is_err());
+        assert_eq!(node.alpha(), 0.5, "a refused command changes nothing");
+    }
+}

@@ -1,0 +1,174 @@
+//! Deadline shedding: under overload a node answers requests that waited
+//! past their deadline with an error instead of spending compute on them.
+//! Expired requests are taken out of a batch before any of it is served.
+
+use std::time::Duration;
+
+/// When a request entered the job, and whether it may be shed.
+pub trait Deadlined {
+    /// Wall time of admission, ns since the Unix epoch.
+    fn admitted_ns(&self) -> u64;
+    /// A request recovered after a restart: a previous incarnation may have
+    /// answered it already, so it is served late rather than shed (a shed
+    /// error beside a ranking for one request would contradict it).
+    fn recovered(&self) -> bool;
+}
+
+/// What the deadline says about a request a node is about to serve.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DeadlineCheck {
+    /// In time, or no deadline.
+    Serve,
+    /// Past the deadline but recovered: served anyway.
+    ServeRecovered { waited_ms: f64 },
+    /// Past the deadline: answered with a `shed` error record.
+    Shed { waited_ms: f64, deadline_ms: u128 },
+}
+
+/// A batch after shedding: what to serve (with its check, `Serve` or
+/// `ServeRecovered`) and what was shed, each in the batch's order.
+#[derive(Debug)]
+pub struct Shedding<R> {
+    pub serve: Vec<(R, DeadlineCheck)>,
+    pub shed: Vec<(R, DeadlineCheck)>,
+}
+
+/// The shedding policy of a node: requests waiting longer than `limit`
+/// since admission are shed; `None` never sheds (replays).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeadlineShedder {
+    limit: Option<Duration>,
+}
+
+impl DeadlineShedder {
+    pub fn new(limit: Option<Duration>) -> Self {
+        Self { limit }
+    }
+
+    /// The decision for one request at wall time `now_ns`.
+    pub fn check(&self, request: &impl Deadlined, now_ns: u64) -> DeadlineCheck {
+        let Some(limit) = self.limit else {
+            return DeadlineCheck::Serve;
+        };
+        // A clock that stepped back never sheds.
+        let waited_ns = now_ns.saturating_sub(request.admitted_ns());
+        if waited_ns <= limit.as_nanos() as u64 {
+            return DeadlineCheck::Serve;
+        }
+        let waited_ms = waited_ns as f64 / 1e6;
+        if request.recovered() {
+            DeadlineCheck::ServeRecovered { waited_ms }
+        } else {
+            DeadlineCheck::Shed {
+                waited_ms,
+                deadline_ms: limit.as_millis(),
+            }
+        }
+    }
+
+    /// Splits `batch` at wall time `now_ns` before any of it is served.
+    pub fn split<R: Deadlined>(&self, batch: Vec<R>, now_ns: u64) -> Shedding<R> {
+        let mut out = Shedding {
+            serve: Vec::with_capacity(batch.len()),
+            shed: Vec::new(),
+        };
+        for request in batch {
+            let check = self.check(&request, now_ns);
+            match check {
+                DeadlineCheck::Shed { .. } => out.shed.push((request, check)),
+                _ => out.serve.push((request, check)),
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct Req {
+        id: u32,
+        admitted_ns: u64,
+        recovered: bool,
+    }
+
+    impl Deadlined for Req {
+        fn admitted_ns(&self) -> u64 {
+            self.admitted_ns
+        }
+        fn recovered(&self) -> bool {
+            self.recovered
+        }
+    }
+
+    fn req(id: u32, admitted_ns: u64, recovered: bool) -> Req {
+        Req {
+            id,
+            admitted_ns,
+            recovered,
+        }
+    }
+
+    #[test]
+    fn a_recovered_request_past_its_deadline_is_served_and_a_new_one_is_shed() {
+        let shedder = DeadlineShedder::new(Some(Duration::from_millis(2_000)));
+        let admitted_ns = 1_000_000_000;
+        let late = admitted_ns + 2_500_000_000;
+        assert_eq!(
+            shedder.check(&req(1, admitted_ns, false), late),
+            DeadlineCheck::Shed {
+                waited_ms: 2_500.0,
+                deadline_ms: 2_000
+            }
+        );
+        assert_eq!(
+            shedder.check(&req(1, admitted_ns, true), late),
+            DeadlineCheck::ServeRecovered { waited_ms: 2_500.0 }
+        );
+        // In time, or without a deadline, both are simply served.
+        let in_time = admitted_ns + 2_000_000_000;
+        for recovered in [false, true] {
+            let r = req(1, admitted_ns, recovered);
+            assert_eq!(shedder.check(&r, in_time), DeadlineCheck::Serve);
+            assert_eq!(
+                DeadlineShedder::new(None).check(&r, late),
+                DeadlineCheck::Serve
+            );
+            // A clock that stepped back never sheds.
+            assert_eq!(shedder.check(&r, 0), DeadlineCheck::Serve);
+        }
+    }
+
+    #[test]
+    fn split_takes_expired_requests_out_of_the_batch_in_order() {
+        let shedder = DeadlineShedder::new(Some(Duration::from_millis(10)));
+        let now = 100_000_000; // 100 ms
+        let batch = vec![
+            req(1, 95_000_000, false), // waited 5 ms
+            req(2, 50_000_000, false), // 50 ms: shed
+            req(3, 40_000_000, true),  // 60 ms, recovered: served late
+            req(4, 89_000_000, false), // 11 ms: shed
+            req(5, 90_000_000, false), // exactly 10 ms: in time
+        ];
+        let split = shedder.split(batch, now);
+        let ids = |v: &[(Req, DeadlineCheck)]| v.iter().map(|(r, _)| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(&split.serve), vec![1, 3, 5]);
+        assert_eq!(ids(&split.shed), vec![2, 4]);
+        assert_eq!(
+            split.serve[1].1,
+            DeadlineCheck::ServeRecovered { waited_ms: 60.0 }
+        );
+        assert!(split.shed.iter().all(|(_, c)| matches!(
+            c,
+            DeadlineCheck::Shed {
+                deadline_ms: 10,
+                ..
+            }
+        )));
+        // Without a deadline nothing is shed.
+        let all = DeadlineShedder::new(None).split(vec![req(6, 0, false)], u64::MAX);
+        assert_eq!((all.serve.len(), all.shed.len()), (1, 0));
+    }
+}

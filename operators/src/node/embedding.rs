@@ -1,0 +1,215 @@
+//! Embedding lookup: a request's items become token embeddings (each the
+//! sum of the item's rows over all tables) through the EMB cache; a miss is
+//! read from the host tier, paid for on the host→device link, and cached.
+
+use std::time::{Duration, Instant};
+
+use crate::cache::NodeMemory;
+use crate::host::HostTables;
+use crate::link::LinkConfig;
+use crate::shards::ShardMap;
+
+use super::ItemCatalog;
+use super::residency::Residency;
+
+/// Cache outcome of one request's lookups.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EmbStats {
+    pub hits: u32,
+    pub lookups: u32,
+    pub miss_bytes: usize,
+    pub oov_items: u32,
+}
+
+/// What a lookup reads and updates: the cache, the host tier, and the
+/// shard counts residency reports are made from.
+#[derive(Debug)]
+pub struct Lookup<'a> {
+    pub memory: &'a mut NodeMemory,
+    pub host: &'a HostTables,
+    pub shards: &'a ShardMap,
+    pub residency: &'a mut Residency,
+}
+
+impl Lookup<'_> {
+    /// Token embeddings of `items`, `host.dim()` floats each; unknown items
+    /// use each table's OOV row.
+    pub fn item_tokens(
+        &mut self,
+        items: &[u32],
+        catalog: &dyn ItemCatalog,
+        stats: &mut EmbStats,
+    ) -> Vec<f32> {
+        let d = self.host.dim();
+        let tables = self.host.tables();
+        let mut out = vec![0f32; items.len() * d];
+        for (i, &item) in items.iter().enumerate() {
+            let features = catalog.feature_ids(item);
+            if features.is_none() {
+                stats.oov_items += 1;
+            }
+            let token = &mut out[i * d..(i + 1) * d];
+            for t in 0..tables {
+                let table = t as u16;
+                let feature = features.and_then(|f| f.get(t).copied()).unwrap_or(u32::MAX);
+                let (row, _) = self.host.resolve(table, feature);
+                stats.lookups += 1;
+                if let Some(values) = self.memory.emb_lookup(table, row) {
+                    stats.hits += 1;
+                    add(token, values);
+                    continue;
+                }
+                let values = self.host.row(table, row);
+                add(token, values);
+                stats.miss_bytes += self.host.row_bytes();
+                let evicted = self.memory.emb_insert(table, row, values);
+                if self.memory.emb_contains(table, row) {
+                    self.residency.count_row(self.shards, table, row, 1);
+                }
+                for (table, row) in evicted {
+                    self.residency.count_row(self.shards, table, row, -1);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The link's nanosecond clock: time since the node started.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkClock {
+    started: Instant,
+}
+
+impl LinkClock {
+    pub fn start() -> Self {
+        Self {
+            started: Instant::now(),
+        }
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
+    /// Waits for a host→device transfer of `bytes` on the link's miss lane:
+    /// on the CPU backend the device pool is host memory, so the link paces
+    /// the copy to what PCIe would cost (queueing behind earlier misses).
+    pub fn pay(&self, memory: &mut NodeMemory, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let done = memory.link().miss_transfer(bytes as u64, self.now_ns());
+        let until = self.started + Duration::from_nanos(done);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Transfer time of `bytes` on an idle miss lane (the event-time model).
+pub fn link_cost(link: &LinkConfig, bytes: usize) -> Duration {
+    if bytes == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(link.latency_ns) + Duration::from_secs_f64(bytes as f64 / link.bytes_per_s)
+}
+
+fn add(acc: &mut [f32], row: &[f32]) {
+    for (a, r) in acc.iter_mut().zip(row) {
+        *a += r;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::NodeMemoryConfig;
+    use std::collections::HashMap;
+
+    struct Catalog(HashMap<u32, Vec<u32>>);
+
+    impl ItemCatalog for Catalog {
+        fn feature_ids(&self, item: u32) -> Option<&[u32]> {
+            self.0.get(&item).map(|f| f.as_slice())
+        }
+    }
+
+    const D: usize = 4;
+
+    fn memory(alpha: f64) -> NodeMemory {
+        NodeMemory::new(NodeMemoryConfig {
+            pool_bytes: 64 * 64 * 4,
+            page_floats: 64,
+            block_tokens: 4,
+            emb_row_floats: D,
+            alpha,
+            emb_policy: "lru".into(),
+            user_kv_policy: "lru".into(),
+            item_kv_policy: "lru".into(),
+            link: LinkConfig {
+                bytes_per_s: 1e9,
+                latency_ns: 1_000,
+                refill_bytes_per_s: 1e8,
+            },
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_token_is_the_sum_of_its_rows_and_a_second_lookup_hits() {
+        let host = HostTables::new(&[10, 20], D, 5);
+        let shards = ShardMap::new(&[10, 20], 4);
+        let mut memory = memory(0.5);
+        let mut residency = Residency::default();
+        let catalog = Catalog(HashMap::from([(7, vec![3, 11])]));
+        let mut lookup = Lookup {
+            memory: &mut memory,
+            host: &host,
+            shards: &shards,
+            residency: &mut residency,
+        };
+        let mut first = EmbStats::default();
+        let tokens = lookup.item_tokens(&[7], &catalog, &mut first);
+        let expected: Vec<f32> = (0..D)
+            .map(|i| host.row(0, host.resolve(0, 3).0)[i] + host.row(1, host.resolve(1, 11).0)[i])
+            .collect();
+        assert_eq!(tokens, expected);
+        assert_eq!((first.hits, first.lookups), (0, 2));
+        assert_eq!(first.miss_bytes, 2 * host.row_bytes());
+
+        let mut second = EmbStats::default();
+        assert_eq!(lookup.item_tokens(&[7], &catalog, &mut second), expected);
+        assert_eq!((second.hits, second.lookups, second.miss_bytes), (2, 2, 0));
+    }
+
+    #[test]
+    fn an_unknown_item_is_counted_and_uses_the_oov_rows() {
+        let host = HostTables::new(&[10], D, 5);
+        let shards = ShardMap::new(&[10], 4);
+        let mut memory = memory(0.5);
+        let mut residency = Residency::default();
+        let mut lookup = Lookup {
+            memory: &mut memory,
+            host: &host,
+            shards: &shards,
+            residency: &mut residency,
+        };
+        let mut stats = EmbStats::default();
+        let tokens = lookup.item_tokens(&[99], &Catalog(HashMap::new()), &mut stats);
+        assert_eq!(stats.oov_items, 1);
+        assert_eq!(tokens, host.row(0, host.oov_row(0)));
+    }
+
+    #[test]
+    fn the_link_costs_its_latency_plus_bytes_over_bandwidth_and_nothing_for_no_bytes() {
+        let link = LinkConfig {
+            bytes_per_s: 1e9,
+            latency_ns: 10_000,
+            refill_bytes_per_s: 1e8,
+        };
+        assert_eq!(link_cost(&link, 0), Duration::ZERO);
+        let cost = link_cost(&link, 1_000_000).as_nanos() as i64;
+        assert!((cost - 1_010_000).abs() <= 1, "{cost} ns");
+    }
+}

@@ -1,0 +1,517 @@
+//! One serving node: the GR model forward from kernels/ on top of the EMB
+//! cache and user-prefix KV reuse. Plain structs, no timely types: the
+//! dataflow wrapper calls `serve` per request in event-time order, `apply`
+//! for commands, and `report` once per batch. Each file does one job:
+//! - `plan`: what a request is served with and what it costs;
+//! - `embedding`: token embeddings through the EMB cache and the link;
+//! - `prefix`: user-prefix KV reuse, and the one release path on failure;
+//! - `residency`: what the router is told;
+//! - `load`: the event-time backlog behind l(n) and modelled latency;
+//! - `deadline`: shedding requests that waited too long;
+//! - `command`: commands from the control input.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use grflow_kernels::{BeamSearch, GrModel, ModelConfig, SID_STEPS};
+
+use crate::cache::{BoundaryMove, MemoryError, MemoryStats, NodeMemory, NodeMemoryConfig};
+use crate::history::{HistoryLimits, pinnable_pages};
+use crate::host::HostTables;
+use crate::link::LinkConfig;
+use crate::retrieval::RetrievalIndex;
+use crate::router::NodeReport;
+use crate::shards::ShardMap;
+
+mod command;
+mod deadline;
+pub mod embedding;
+pub mod load;
+pub mod plan;
+pub mod prefix;
+pub mod residency;
+
+pub use command::{Applied, NodeCommand};
+pub use deadline::{DeadlineCheck, DeadlineShedder, Deadlined, Shedding};
+
+use embedding::{EmbStats, LinkClock, Lookup, link_cost};
+use load::Backlog;
+use plan::{Plan, top_k};
+use prefix::UserPrefixes;
+use residency::Residency;
+
+/// What the node needs to know about items: their embedding feature ids.
+pub trait ItemCatalog {
+    /// Feature id per embedding table, or `None` for an unknown item.
+    fn feature_ids(&self, item: u32) -> Option<&[u32]>;
+}
+
+/// The part of a request a node needs (operators/ does not know the trace
+/// schema).
+#[derive(Clone, Copy, Debug)]
+pub struct RankRequest<'a> {
+    pub req_id: u64,
+    pub user_id: u64,
+    pub candidates: &'a [u32],
+}
+
+/// A generative-retrieval request: the user's history is the prompt.
+#[derive(Clone, Copy, Debug)]
+pub struct RetrieveRequest {
+    pub req_id: u64,
+    pub user_id: u64,
+}
+
+/// Which side of the bipartite sequence was the prefix (BAT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Prefix {
+    User,
+    Item,
+}
+
+impl Prefix {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Prefix::User => "user",
+            Prefix::Item => "item",
+        }
+    }
+}
+
+/// The node's device memory pool; page and row sizes come from the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryParams {
+    pub pool_bytes: u64,
+    /// EMB share α of the pool.
+    pub alpha: f64,
+    /// Eviction policies by name: lru | laru | fpb | hf.
+    pub emb_policy: String,
+    pub user_kv_policy: String,
+    pub item_kv_policy: String,
+}
+
+/// Everything a node is built from.
+#[derive(Clone, Debug)]
+pub struct NodeParams {
+    pub model: ModelConfig,
+    pub model_seed: u64,
+    /// Items returned per response.
+    pub top_k: usize,
+    /// Generative retrieval: beam width BW and per-beam top-K (xGR).
+    pub beam_width: usize,
+    pub beam_top_k: usize,
+    pub memory: MemoryParams,
+    /// Rows of each embedding table (the host tier adds one OOV row each).
+    pub table_rows: Vec<u32>,
+    pub emb_seed: u64,
+    pub shards: ShardMap,
+    /// A shard is resident once this share of its rows is cached.
+    pub shard_resident_share: f64,
+    /// Host→device link: miss lane bandwidth and latency, refill lane cap.
+    pub link: LinkConfig,
+    /// Event-time service model for the load l(n).
+    pub service_tokens_per_ms: f64,
+    pub token_capacity: f64,
+    /// Users whose prefix head the node remembers at most (least recently
+    /// served dropped first): bounds per-user state however many users come.
+    pub max_users: usize,
+}
+
+/// The result of serving one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Served {
+    pub items: Vec<u32>,
+    pub scores: Vec<f32>,
+    pub prefix: Prefix,
+    pub emb_hits: u32,
+    pub emb_lookups: u32,
+    pub kv_reused_tokens: u32,
+    pub kv_total_tokens: u32,
+    pub seq_len: u32,
+    pub oov_items: u32,
+    /// Latency under the event-time service model: the node's backlog
+    /// including this request over its service rate, plus the link time of
+    /// the request's embedding misses. Deterministic, unlike wall latency.
+    pub modelled_latency_ms: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("memory: {0}")]
+    Memory(#[from] MemoryError),
+    #[error("model: {0}")]
+    Model(String),
+    #[error("request {req_id} has no candidates")]
+    NoCandidates { req_id: u64 },
+    #[error("request {req_id}: the catalog has no semantic IDs to retrieve from")]
+    EmptyCatalog { req_id: u64 },
+}
+
+/// Cumulative counters of a node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeCounters {
+    pub responses: u64,
+    pub emb_hits: u64,
+    pub emb_lookups: u64,
+    pub kv_reused_tokens: u64,
+    pub kv_total_tokens: u64,
+    pub link_bytes: u64,
+    pub oov_items: u64,
+    /// Requests served with only the most recent part of their history.
+    #[serde(default)]
+    pub truncated_histories: u64,
+    /// User prefix heads dropped because the table was full (max_users).
+    pub user_head_evictions: u64,
+}
+
+#[derive(Debug)]
+pub struct ServingNode {
+    id: u32,
+    params: NodeParams,
+    model: GrModel,
+    model_version: String,
+    host: HostTables,
+    memory: NodeMemory,
+    /// How much of a history a request is served with.
+    history_limits: HistoryLimits,
+    counters: NodeCounters,
+    residency: Residency,
+    prefixes: UserPrefixes,
+    backlog: Backlog,
+    /// Beam buffers, allocated on the first retrieve request and reused.
+    beam: Option<BeamSearch>,
+    link_clock: LinkClock,
+}
+
+impl ServingNode {
+    pub fn new(id: u32, params: NodeParams) -> Result<Self, ServeError> {
+        let model = GrModel::new(params.model.clone(), params.model_seed);
+        let model_version = model.model_version();
+        let host = HostTables::new(&params.table_rows, params.model.d_model, params.emb_seed);
+        let m = &params.memory;
+        let memory = NodeMemory::new(NodeMemoryConfig {
+            pool_bytes: m.pool_bytes,
+            page_floats: params.model.kv_block_floats(),
+            block_tokens: params.model.block_size,
+            emb_row_floats: params.model.d_model,
+            alpha: m.alpha,
+            emb_policy: m.emb_policy.clone(),
+            user_kv_policy: m.user_kv_policy.clone(),
+            item_kv_policy: m.item_kv_policy.clone(),
+            link: params.link,
+        })?;
+        let stats = memory.stats();
+        let history_limits =
+            HistoryLimits::new(&params.model, pinnable_pages(stats.pages - stats.emb_pages));
+        let prefixes = UserPrefixes::new(params.max_users, params.model.block_size);
+        let backlog = Backlog::new(params.service_tokens_per_ms);
+        Ok(Self {
+            id,
+            params,
+            model,
+            model_version,
+            host,
+            memory,
+            history_limits,
+            counters: NodeCounters::default(),
+            residency: Residency::default(),
+            prefixes,
+            backlog,
+            beam: None,
+            link_clock: LinkClock::start(),
+        })
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn alpha(&self) -> f64 {
+        self.memory.alpha()
+    }
+
+    pub fn model_version(&self) -> &str {
+        &self.model_version
+    }
+
+    pub fn counters(&self) -> &NodeCounters {
+        &self.counters
+    }
+
+    /// The most recent items of a history this node serves a request with
+    /// (decoders truncate with the same limits before any cache work).
+    pub fn history_limits(&self) -> HistoryLimits {
+        self.history_limits
+    }
+
+    /// The memory pool and its caches, read-only (residency checks).
+    pub fn memory(&self) -> &NodeMemory {
+        &self.memory
+    }
+
+    /// Users whose prefix head the node tracks now (at most `max_users`).
+    pub fn user_heads(&self) -> usize {
+        self.prefixes.len()
+    }
+
+    /// The most user prefix heads ever tracked at once.
+    pub fn user_heads_peak(&self) -> usize {
+        self.prefixes.peak_len()
+    }
+
+    /// Pool, cache and link telemetry.
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.memory.stats()
+    }
+
+    /// Moves the EMB/KV boundary (HLEM §IV-B); commands call this.
+    /// Shard residency is recounted so the next report tells the router.
+    pub fn set_alpha(&mut self, alpha: f64) -> Result<BoundaryMove, ServeError> {
+        let moved = self.memory.set_alpha(alpha)?;
+        self.recount_shards();
+        Ok(moved)
+    }
+
+    /// Serves one rank request at event time `now_ms` whose user history is
+    /// `history` (the first hist_len items): User-as-prefix ranking of the
+    /// candidates on top of the user's cached history KV.
+    pub fn serve(
+        &mut self,
+        now_ms: u64,
+        req: RankRequest<'_>,
+        history: &[u32],
+        catalog: &dyn ItemCatalog,
+    ) -> Result<Served, ServeError> {
+        let plan = Plan::rank(
+            &self.history_limits,
+            req.req_id,
+            history,
+            req.candidates.len(),
+        )?;
+        self.begin(&plan);
+        let mut emb = EmbStats::default();
+        let history_tokens = self.lookup().item_tokens(plan.history, catalog, &mut emb);
+        let candidate_tokens = self.lookup().item_tokens(req.candidates, catalog, &mut emb);
+        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
+
+        let model = &self.model;
+        let (scores, reused) = self.prefixes.with_prefix(
+            &mut self.memory,
+            model,
+            req.user_id,
+            plan.history,
+            &history_tokens,
+            |store, prefix| {
+                model
+                    .rank_user_prefix(
+                        store,
+                        &prefix.block_table,
+                        plan.history.len(),
+                        &candidate_tokens,
+                    )
+                    .map_err(|e| ServeError::Model(e.to_string()))
+            },
+        )?;
+        let order = top_k(&scores, self.params.top_k);
+        let items = order.iter().map(|&i| req.candidates[i]).collect();
+        let top_scores = order.iter().map(|&i| scores[i]).collect();
+        Ok(self.finish(now_ms, &plan, items, top_scores, reused, &emb))
+    }
+
+    /// Serves one generative-retrieval request (xGR): the user's history is
+    /// the shared prompt, beam search decodes semantic-ID triplets constrained
+    /// to the catalog, and the best `top_k` items come back with their
+    /// log-probabilities as scores.
+    pub fn serve_retrieve(
+        &mut self,
+        now_ms: u64,
+        req: RetrieveRequest,
+        history: &[u32],
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+    ) -> Result<Served, ServeError> {
+        let plan = Plan::retrieve(
+            &self.history_limits,
+            req.req_id,
+            history,
+            self.params.beam_width,
+            index.is_empty(),
+        )?;
+        // Buffers first: failing here has taken nothing yet.
+        if self.beam.is_none() {
+            let cfg = &self.params.model;
+            let max_prompt = cfg.max_positions.saturating_sub(SID_STEPS);
+            let beam = BeamSearch::new(
+                cfg,
+                self.params.beam_width,
+                self.params.beam_top_k,
+                max_prompt,
+            )
+            .map_err(|e| ServeError::Model(e.to_string()))?;
+            self.beam = Some(beam);
+        }
+        self.begin(&plan);
+        let mut emb = EmbStats::default();
+        let history_tokens = self.lookup().item_tokens(plan.history, catalog, &mut emb);
+        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
+
+        let model = &self.model;
+        let beam = self.beam.as_mut().expect("created above");
+        let top = self.params.top_k;
+        let ((items, scores), reused) = self.prefixes.with_prefix(
+            &mut self.memory,
+            model,
+            req.user_id,
+            plan.history,
+            &history_tokens,
+            |store, prefix| {
+                let hits = beam
+                    .generate(
+                        model,
+                        store,
+                        &prefix.block_table,
+                        plan.history.len(),
+                        index.trie(),
+                    )
+                    .map_err(|e| ServeError::Model(e.to_string()))?;
+                Ok(hits
+                    .iter()
+                    .filter_map(|h| index.item(h.sid).map(|item| (item, h.log_prob)))
+                    .take(top)
+                    .unzip::<u32, f32, Vec<u32>, Vec<f32>>())
+            },
+        )?;
+        Ok(self.finish(now_ms, &plan, items, scores, reused, &emb))
+    }
+
+    /// Before any cache work: count a truncation, and let background
+    /// refill (after an α move) use the idle link up to now.
+    fn begin(&mut self, plan: &Plan<'_>) {
+        if plan.truncated {
+            self.counters.truncated_histories += 1;
+        }
+        let now = self.link_clock.now_ns();
+        let host = &self.host;
+        let refilled = self
+            .memory
+            .advance_refill(now, &|t, r| host.row(t, r).to_vec());
+        if refilled > 0 {
+            self.recount_shards();
+        }
+    }
+
+    /// Embedding lookups through this node's cache.
+    fn lookup(&mut self) -> Lookup<'_> {
+        Lookup {
+            memory: &mut self.memory,
+            host: &self.host,
+            shards: &self.params.shards,
+            residency: &mut self.residency,
+        }
+    }
+
+    /// Books a served request: backlog, counters, and the response.
+    fn finish(
+        &mut self,
+        now_ms: u64,
+        plan: &Plan<'_>,
+        items: Vec<u32>,
+        scores: Vec<f32>,
+        reused: usize,
+        emb: &EmbStats,
+    ) -> Served {
+        let backlog = self
+            .backlog
+            .add(now_ms, plan.computed_tokens(reused) as f64);
+        let link_ms = link_cost(&self.params.link, emb.miss_bytes).as_secs_f64() * 1e3;
+        let history_len = plan.history.len();
+        let c = &mut self.counters;
+        c.responses += 1;
+        c.emb_hits += emb.hits as u64;
+        c.emb_lookups += emb.lookups as u64;
+        c.kv_reused_tokens += reused as u64;
+        c.kv_total_tokens += history_len as u64;
+        c.link_bytes += emb.miss_bytes as u64;
+        c.oov_items += emb.oov_items as u64;
+        c.user_head_evictions = self.prefixes.evictions();
+        Served {
+            items,
+            scores,
+            prefix: Prefix::User,
+            emb_hits: emb.hits,
+            emb_lookups: emb.lookups,
+            kv_reused_tokens: reused as u32,
+            kv_total_tokens: history_len as u32,
+            seq_len: plan.tokens as u32,
+            oov_items: emb.oov_items,
+            modelled_latency_ms: self.backlog.drain_ms(backlog) + link_ms,
+        }
+    }
+
+    /// Residency changes since the previous report, and the load now.
+    pub fn report(&mut self, now_ms: u64) -> NodeReport {
+        let mut report = NodeReport {
+            node: self.id,
+            at_ms: now_ms,
+            inflight_tokens: self.backlog.at(now_ms),
+            token_capacity: self.params.token_capacity,
+            service_tokens_per_ms: self.params.service_tokens_per_ms,
+            ..Default::default()
+        };
+        let touched: BTreeSet<u64> = self.prefixes.take_touched();
+        let (prefixes, memory) = (&self.prefixes, &self.memory);
+        self.residency.report_users(
+            touched,
+            |user| prefixes.is_resident(memory, user),
+            &mut report,
+        );
+        let threshold =
+            (self.params.shards.shard_rows() as f64 * self.params.shard_resident_share).max(1.0);
+        self.residency.report_shards(threshold, &mut report);
+        report
+    }
+
+    /// Recounts resident rows of every shard ever seen (after the EMB share
+    /// changed under the counters: boundary moves and refill).
+    fn recount_shards(&mut self) {
+        let memory = &self.memory;
+        self.residency
+            .recount(&self.params.shards, |t, r| memory.emb_contains(t, r));
+    }
+}
+
+/// A small node for the unit tests of this module's files.
+#[cfg(test)]
+pub(crate) fn test_params() -> NodeParams {
+    const TABLE_ROWS: [u32; 2] = [200, 300];
+    let mut model = ModelConfig::preset("small").expect("preset");
+    model.n_tables = TABLE_ROWS.len();
+    model.codebook_size = 16;
+    NodeParams {
+        model,
+        model_seed: 3,
+        top_k: 5,
+        beam_width: 8,
+        beam_top_k: 8,
+        memory: MemoryParams {
+            pool_bytes: 4 << 20,
+            alpha: 0.5,
+            emb_policy: "lru".into(),
+            user_kv_policy: "lru".into(),
+            item_kv_policy: "lru".into(),
+        },
+        table_rows: TABLE_ROWS.to_vec(),
+        emb_seed: 11,
+        shards: ShardMap::new(&TABLE_ROWS, 16),
+        shard_resident_share: 0.5,
+        link: LinkConfig {
+            bytes_per_s: 25e9,
+            latency_ns: 1_000,
+            refill_bytes_per_s: 5e9,
+        },
+        service_tokens_per_ms: 20.0,
+        token_capacity: 2000.0,
+        max_users: 100,
+    }
+}
