@@ -57,6 +57,7 @@ impl Params {
         for v in &mut p.emb {
             *v = ((rng.next_u32() >> 8) as f32 / 8_388_608.0 - 1.0) * a;
         }
+        p.pos = sinusoidal(p.cfg.max_positions, p.cfg.d_model);
         Ok(p)
     }
 
@@ -283,6 +284,23 @@ impl Params {
     pub fn to_kernels(&self) -> Result<GrModel, TrainError> {
         Ok(GrModel::from_safetensors(&self.to_safetensors())?)
     }
+}
+
+/// Sinusoidal rows: the learned positions start translation-equivariant,
+/// so "attend to the previous item" is one pattern for every position
+/// instead of one to learn per absolute position.
+fn sinusoidal(rows: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * d];
+    for (p, row) in out.chunks_exact_mut(d).enumerate() {
+        for (i, pair) in row.chunks_mut(2).enumerate() {
+            let f = (p as f64) / 10_000f64.powf(2.0 * i as f64 / d as f64);
+            pair[0] = f.sin() as f32;
+            if let Some(c) = pair.get_mut(1) {
+                *c = f.cos() as f32;
+            }
+        }
+    }
+    out
 }
 
 fn le_bytes(t: &[f32]) -> Vec<u8> {

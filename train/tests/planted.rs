@@ -180,3 +180,31 @@ fn a_seed_gives_the_same_model_and_resume_continues_it() {
     };
     assert_eq!(losses(&c.history), losses(&a.history));
 }
+
+/// Prints the learning curve on the planted data (a tuning aid).
+#[test]
+#[ignore = "diagnostic: prints epochs"]
+fn planted_learning_curve() {
+    struct Print;
+    impl grflow_train::fit::Observer for Print {
+        fn step(&mut self, _: usize, _: usize, _: usize, _: f64, _: f64) {}
+        fn epoch(&mut self, r: &grflow_train::fit::EpochReport, best: usize) {
+            eprintln!("{r:?} best {best}");
+        }
+    }
+    let env = |k: &str, d: usize| std::env::var(k).map_or(d, |v| v.parse().unwrap());
+    let data = planted(env("ITEMS", ITEMS), USERS, env("SUCC", SUCC), std::env::var("SHUFFLE").is_ok(), 1);
+    let mut cfg = tiny_config(7);
+    if let Ok(lr) = std::env::var("LR") {
+        cfg.adamw.lr = lr.parse().unwrap();
+    }
+    if let Ok(b) = std::env::var("BATCH") {
+        cfg.batch_users = b.parse().unwrap();
+    }
+    if let Ok(k) = std::env::var("NEG") {
+        cfg.negatives = k.parse().unwrap();
+    }
+    cfg.model.d_model = env("D", 32);
+    cfg.max_epochs = 15;
+    fit(&data, &cfg, None, None, &mut Print).unwrap();
+}
