@@ -52,7 +52,7 @@ impl Observer for Bar {
     }
 
     fn epoch(&mut self, r: &EpochReport, best_epoch: usize) {
-        self.bar.println(format!(
+        let line = format!(
             "epoch {:>3}  loss {:.4}  valid HR@10 {:.4} NDCG@10 {:.4}  {:.0} tokens/s  {:.1} s{}",
             r.epoch,
             r.loss,
@@ -61,7 +61,13 @@ impl Observer for Bar {
             r.tokens_per_s,
             r.secs,
             if best_epoch == r.epoch { "  *best" } else { "" }
-        ));
+        );
+        // A hidden bar (not a terminal, or --quiet) prints nothing.
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
     }
 }
 

@@ -55,7 +55,7 @@ impl TrainConfig {
             arch: "small".into(),
             model,
             max_history: 50,
-            negatives: 1,
+            negatives: 4,
             batch_users: 128,
             adamw: AdamWConfig::default(),
             max_epochs: 200,

@@ -14,13 +14,13 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-const ITEMS: usize = 200;
-const USERS: usize = 1500;
+const ITEMS: usize = 100;
+const USERS: usize = 1000;
 const SUCC: usize = 8;
 
 fn trained(data: &Dataset) -> Params {
     let mut cfg = tiny_config(7);
-    cfg.max_epochs = 40;
+    cfg.max_epochs = 20;
     fit(data, &cfg, None, None, &mut Quiet).unwrap().params
 }
 
@@ -193,7 +193,13 @@ fn planted_learning_curve() {
         }
     }
     let env = |k: &str, d: usize| std::env::var(k).map_or(d, |v| v.parse().unwrap());
-    let data = planted(env("ITEMS", ITEMS), USERS, env("SUCC", SUCC), std::env::var("SHUFFLE").is_ok(), 1);
+    let data = planted(
+        env("ITEMS", ITEMS),
+        USERS,
+        env("SUCC", SUCC),
+        std::env::var("SHUFFLE").is_ok(),
+        1,
+    );
     let mut cfg = tiny_config(7);
     if let Ok(lr) = std::env::var("LR") {
         cfg.adamw.lr = lr.parse().unwrap();

@@ -24,14 +24,15 @@ pub fn tiny_config(seed: u64) -> TrainConfig {
         max_positions: 64,
     };
     cfg.max_history = 30;
-    cfg.batch_users = 64;
+    cfg.batch_users = 16;
     cfg.adamw.lr = 3e-3;
     cfg
 }
 
 /// Users walking a random successor graph: each item's next item is drawn
 /// uniformly from a fixed random set of `succ` items, independent of
-/// popularity; walks start at a uniform item. With `shuffle`, each user's
+/// popularity; walks start at a uniform item and never revisit an item
+/// (they end early when every successor was visited). With `shuffle`, each user's
 /// items are permuted (same sets, no order).
 pub fn planted(n_items: usize, users: usize, succ: usize, shuffle: bool, seed: u64) -> Dataset {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -48,7 +49,16 @@ pub fn planted(n_items: usize, users: usize, succ: usize, shuffle: bool, seed: u
             let mut items = vec![rng.random_range(0..n_items as u32)];
             while items.len() < len {
                 let last = *items.last().expect("non-empty") as usize;
-                items.push(next[last][rng.random_range(0..succ)]);
+                // No repeats: "seen before" would be a signal without order.
+                let fresh: Vec<u32> = next[last]
+                    .iter()
+                    .copied()
+                    .filter(|i| !items.contains(i))
+                    .collect();
+                if fresh.is_empty() {
+                    break;
+                }
+                items.push(fresh[rng.random_range(0..fresh.len())]);
             }
             if shuffle {
                 items.shuffle(&mut rng);
