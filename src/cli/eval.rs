@@ -8,7 +8,7 @@ use grflow_kernels::CpuBackend;
 use grflow_kernels::bench::{DEFAULT_GEMM_SHAPES, gemm_rates};
 use grflow_train::artifact::{items_hash, load_model_dir};
 use grflow_train::data::Dataset;
-use grflow_train::eval::{EvalOptions, evaluate};
+use grflow_train::eval::{EvalOptions, Subject, evaluate};
 use indicatif::ProgressBar;
 
 use super::InputError;
@@ -63,19 +63,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         ProgressBar::new(1)
     };
-    let report = evaluate(
-        &dir.params,
-        dir.json.max_history,
-        &dir.json.arch,
-        &dir.json.model_version,
-        &data,
-        &opts,
-        gemm,
-        &mut |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        },
-    )?;
+    let subject = Subject {
+        params: &dir.params,
+        max_history: dir.json.max_history,
+        arch: &dir.json.arch,
+        model_version: &dir.json.model_version,
+    };
+    let report = evaluate(subject, &data, &opts, gemm, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
     bar.finish_and_clear();
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

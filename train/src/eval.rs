@@ -221,18 +221,30 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
+/// The model under evaluation and what the report says about it.
+#[derive(Clone, Copy, Debug)]
+pub struct Subject<'a> {
+    pub params: &'a Params,
+    pub max_history: usize,
+    pub arch: &'a str,
+    pub model_version: &'a str,
+}
+
 /// Runs the protocol: sampled-100 for the model and popularity, and the
 /// full-catalog ranking when asked.
 pub fn evaluate(
-    p: &Params,
-    max_history: usize,
-    arch: &str,
-    model_version: &str,
+    subject: Subject<'_>,
     data: &Dataset,
     opts: &EvalOptions,
     gemm_gflops: f64,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<EvalReport, TrainError> {
+    let Subject {
+        params: p,
+        max_history,
+        arch,
+        model_version,
+    } = subject;
     if p.n_items() != data.n_items {
         return Err(TrainError::Invalid(format!(
             "the model has {} items, the trace {}",

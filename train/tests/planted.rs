@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 use common::{planted, tiny_config};
 use grflow_train::Params;
 use grflow_train::data::{Dataset, User, train_sequence};
-use grflow_train::eval::{EvalOptions, Served, evaluate, score_served, test_questions};
+use grflow_train::eval::{EvalOptions, Served, Subject, evaluate, score_served, test_questions};
+use grflow_train::fit::TrainConfig;
 use grflow_train::fit::{Quiet, fit};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -22,6 +23,15 @@ fn trained(data: &Dataset) -> Params {
     let mut cfg = tiny_config(7);
     cfg.max_epochs = 20;
     fit(data, &cfg, None, None, &mut Quiet).unwrap().params
+}
+
+fn subject<'a>(p: &'a Params, cfg: &TrainConfig) -> Subject<'a> {
+    Subject {
+        params: p,
+        max_history: cfg.max_history,
+        arch: "tiny",
+        model_version: "test",
+    }
 }
 
 fn ordered() -> &'static (Dataset, Params) {
@@ -38,17 +48,7 @@ fn a_planted_order_is_learned_and_a_shuffled_one_is_not() {
     let (data, p) = ordered();
     let cfg = tiny_config(7);
     let opts = EvalOptions::default();
-    let r = evaluate(
-        p,
-        cfg.max_history,
-        "tiny",
-        "v",
-        data,
-        &opts,
-        0.0,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let r = evaluate(subject(p, &cfg), data, &opts, 0.0, &mut |_, _| {}).unwrap();
     let (hr, pop) = (r.sampled_100.hr_at_10, r.popularity.sampled_100.hr_at_10);
     eprintln!(
         "ordered: model HR@10 {hr:.4} NDCG@10 {:.4}, popularity {pop:.4}",
@@ -58,17 +58,7 @@ fn a_planted_order_is_learned_and_a_shuffled_one_is_not() {
 
     let shuffled = planted(ITEMS, USERS, SUCC, true, 1);
     let ps = trained(&shuffled);
-    let r = evaluate(
-        &ps,
-        cfg.max_history,
-        "tiny",
-        "v",
-        &shuffled,
-        &opts,
-        0.0,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let r = evaluate(subject(&ps, &cfg), &shuffled, &opts, 0.0, &mut |_, _| {}).unwrap();
     let (hr, pop) = (r.sampled_100.hr_at_10, r.popularity.sampled_100.hr_at_10);
     eprintln!("shuffled: model HR@10 {hr:.4}, popularity {pop:.4}");
     assert!(
