@@ -89,3 +89,39 @@ fn gradients_match_finite_differences() {
     }
     assert_eq!(checked, grads.len() * 3);
 }
+
+/// Tokens per second of one training step at the Games shape: 128 users
+/// with 50-item histories, every position a target with 4 negatives, on
+/// the `small` dimensions and 2 gradient threads (a measurement aid).
+#[test]
+#[ignore = "throughput measurement"]
+fn step_throughput() {
+    use grflow_train::data::{User, train_sequence};
+    use rand::SeedableRng;
+    let mut cfg = ModelConfig::preset("small").unwrap();
+    cfg.n_tables = 1;
+    let p = Params::init(cfg, 20_000, 1).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let seqs: Vec<Sequence> = (0..128u32)
+        .map(|u| {
+            let items: Vec<u32> = (0..53).map(|i| (u * 131 + i * 17) % 20_000).collect();
+            train_sequence(&User::new(u as u64, items), 20_000, 50, 4, &mut rng).unwrap()
+        })
+        .collect();
+    let tokens: usize = seqs
+        .iter()
+        .map(|s| s.history.len() + s.targets.iter().map(|t| t.cands.len() + 1).sum::<usize>())
+        .sum();
+    let halves: Vec<&[Sequence]> = seqs.chunks(64).collect();
+    let t0 = std::time::Instant::now();
+    for _ in 0..3 {
+        std::thread::scope(|s| {
+            for h in &halves {
+                let p = &p;
+                s.spawn(move || loss_and_grad(p, h, &CpuBackend::default()).unwrap());
+            }
+        });
+    }
+    let secs = t0.elapsed().as_secs_f64() / 3.0;
+    eprintln!("{tokens} tokens per step, {secs:.3} s per step, {:.0} tokens/s", tokens as f64 / secs);
+}
