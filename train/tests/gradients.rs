@@ -123,5 +123,8 @@ fn step_throughput() {
         });
     }
     let secs = t0.elapsed().as_secs_f64() / 3.0;
-    eprintln!("{tokens} tokens per step, {secs:.3} s per step, {:.0} tokens/s", tokens as f64 / secs);
+    eprintln!(
+        "{tokens} tokens per step, {secs:.3} s per step, {:.0} tokens/s",
+        tokens as f64 / secs
+    );
 }

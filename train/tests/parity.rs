@@ -174,8 +174,10 @@ fn weights_written_by_hand_in_the_documented_format_load_and_serve() {
     assert_eq!(p.item_row(3), &[3.0; 8]);
     assert_eq!(p.layers.len(), 1);
     assert_eq!(p.layers[0].wqkv.len(), 8 * 24);
-    // The same bytes are a kernels model, and the loaded table serves.
+    // The same bytes are a kernels model with its tables, and they serve.
     GrModel::from_safetensors(&bytes).unwrap();
+    let tables = grflow_kernels::EmbeddingTables::from_safetensors(&cfg, &bytes).unwrap();
+    assert_eq!(tables.row(0, 3).unwrap(), &[3.0; 8]);
     let scores = Served::new(&p, 8)
         .unwrap()
         .rank(&[1, 2], &[0, 3, 4])
