@@ -27,6 +27,10 @@ enum Command {
     GenTrace(cli::gen_trace::Args),
     /// Convert a public dataset into a grflow trace.
     Import(cli::import::Args),
+    /// Train the GR transformer on a trace's user sequences; writes a model directory.
+    Train(cli::train::Args),
+    /// Evaluate a trained model (SASRec's sampled-100 protocol) beside a popularity baseline.
+    Eval(cli::eval::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -56,6 +60,8 @@ fn main() -> ExitCode {
         Command::Serve(a) => cli::serve::run(a),
         Command::GenTrace(a) => cli::gen_trace::run(a),
         Command::Import(a) => cli::import::run(a),
+        Command::Train(a) => cli::train::run(a),
+        Command::Eval(a) => cli::eval::run(a),
         Command::Bench(BenchCommand::Kernels(a)) => cli::bench_kernels::run(a),
         Command::Bench(BenchCommand::Cache(a)) => cli::bench_cache::run(a),
         Command::Bench(BenchCommand::Kafka(a)) => cli::bench_kafka::run(a),

@@ -16,7 +16,9 @@ pub(crate) enum LocalMask {
     /// Query i sees local keys 0..=i.
     Causal,
     /// The first `n_items` local tokens are single-token items that see only
-    /// themselves (BAT: items masked from each other); later tokens are causal.
+    /// themselves (BAT: items masked from each other); later tokens (the
+    /// instruction) are causal among themselves but never see the items, so a
+    /// candidate's score depends on the user and that candidate only.
     ItemsThenCausal { n_items: usize },
 }
 
@@ -182,7 +184,20 @@ fn attend_tile(a: AttnArgs<'_>, r0: usize, out: &mut [f32], scores: &mut [f32]) 
                     let inv = 1.0 / sum;
                     row.iter_mut().for_each(|v| *v *= inv);
                 }
-                _ => {
+                LocalMask::ItemsThenCausal { n_items } => {
+                    // Context and local tokens n_items..=i; the items are hidden.
+                    let (ctx, rest) = row.split_at_mut(c);
+                    let (items, rest) = rest.split_at_mut(n_items);
+                    let seen = &mut rest[..i + 1 - n_items];
+                    let m = row_max(ctx).max(row_max(seen));
+                    let sum = exp_shift_sum(ctx, m) + exp_shift_sum(seen, m);
+                    let inv = 1.0 / sum;
+                    ctx.iter_mut().for_each(|v| *v *= inv);
+                    seen.iter_mut().for_each(|v| *v *= inv);
+                    items.fill(0.0);
+                    rest[i + 1 - n_items..].fill(0.0);
+                }
+                LocalMask::Causal => {
                     let vis = c + i + 1;
                     let (seen, hidden) = row.split_at_mut(vis);
                     let m = row_max(seen);

@@ -190,7 +190,8 @@ fn shuffled(n: usize, seed: u64) -> Vec<u32> {
     ids
 }
 
-fn gemm_rates(be: &dyn Backend, shapes: &[[usize; 3]], reps: usize) -> Vec<GemmRate> {
+/// GFLOP/s of each GEMM shape on `be` (best of `reps`).
+pub fn gemm_rates(be: &dyn Backend, shapes: &[[usize; 3]], reps: usize) -> Vec<GemmRate> {
     shapes
         .iter()
         .map(|&[m, n, k]| {

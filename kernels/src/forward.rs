@@ -201,8 +201,9 @@ impl GrModel {
     /// User-as-prefix ranking `[U, I1..IN, Instr]`: the user's `prefix_len`
     /// tokens are read from the blocks; the N candidates (one token each)
     /// share position `prefix_len` and are masked from each other; the
-    /// instruction token at `prefix_len + 1` sees everything. Nothing is
-    /// written. Returns one softmax score per candidate.
+    /// instruction token at `prefix_len + 1` sees the user and itself, never
+    /// the candidates, so a candidate's logit does not depend on the others.
+    /// Nothing is written. Returns one softmax score per candidate.
     pub fn rank_user_prefix<S: KvBlockStore + ?Sized>(
         &self,
         store: &S,

@@ -21,6 +21,7 @@ mod model;
 mod ops;
 pub mod reference;
 mod staged;
+pub mod tables;
 mod topk;
 mod trie;
 
@@ -35,5 +36,6 @@ pub use ops::sum_rows;
 pub use staged::{
     SharedPrompt, StagedScratch, UnsharedKv, concat_attention, per_beam_attention, staged_attention,
 };
+pub use tables::EmbeddingTables;
 pub use topk::{Candidate, TopBw, rank_order, select_full_sort, select_nth_then_sort, sort_beam};
 pub use trie::SidTrie;

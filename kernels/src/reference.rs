@@ -138,7 +138,8 @@ fn rank_scores(
 }
 
 /// User-as-prefix `[U, I1..IN, Instr]` recomputed from scratch: items share
-/// position |U| and see U and themselves; Instr sees all.
+/// position |U| and see U and themselves; Instr sees U and itself, never
+/// the items.
 pub fn rank_user_prefix(
     model: &GrModel,
     history: &[f32],
@@ -153,7 +154,7 @@ pub fn rank_user_prefix(
         .collect();
     let is_item = |t: usize| t >= u && t < u + n;
     let out = forward(model, &tokens, &positions, &|i, j| {
-        j <= i && !(is_item(i) && is_item(j) && i != j)
+        j <= i && (!is_item(j) || i == j)
     });
     let items: Vec<usize> = (u..u + n).collect();
     (rank_scores(model, &out, u + n, &items), out)

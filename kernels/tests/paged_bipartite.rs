@@ -70,6 +70,33 @@ fn user_prefix_ranking_equals_recomputation() {
 }
 
 #[test]
+fn a_candidates_score_does_not_depend_on_the_other_candidates() {
+    // The instruction token never sees the candidates, so the logit gap
+    // between two candidates is the same whatever else is ranked with them.
+    let model = small_model(13);
+    let cfg = model.config().clone();
+    let d = cfg.d_model;
+    let mut r = rng(17);
+    let u = 9;
+    let hist = tokens(&mut r, u, d);
+    let pair = tokens(&mut r, 2, d);
+    let mut pool = Pool::new(&cfg, 8, &mut r);
+    let table = pool.alloc(cfg.blocks_for(u));
+    model.prefill(&mut pool.store, &table, 0, &hist).unwrap();
+    let gap = |others: &[f32]| {
+        let cands = [&pair[..], others].concat();
+        let s = model
+            .rank_user_prefix(&pool.store, &table, u, &cands)
+            .unwrap();
+        s[0].ln() - s[1].ln()
+    };
+    let a = gap(&tokens(&mut r, 3, d));
+    let b = gap(&tokens(&mut r, 40, d));
+    let c = gap(&[]);
+    assert!((a - b).abs() < 1e-4 && (a - c).abs() < 1e-4, "{a} {b} {c}");
+}
+
+#[test]
 fn item_entries_equal_their_kv_inside_the_full_sequence_and_scores_match() {
     let model = small_model(21);
     let cfg = model.config().clone();

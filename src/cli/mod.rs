@@ -4,10 +4,12 @@ pub mod bench_cache;
 pub mod bench_kafka;
 pub mod bench_kernels;
 pub mod bench_memory;
+pub mod eval;
 pub mod gen_trace;
 pub mod import;
 pub mod replay;
 pub mod serve;
+pub mod train;
 
 /// The user's input (a file, a flag, a config) is wrong: exit code 2.
 /// Wrap library errors that are the user's to fix in this.

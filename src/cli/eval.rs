@@ -1,0 +1,102 @@
+//! `grflow eval`: SASRec's sampled-100 protocol (and optionally the full
+//! catalog) on a trace's test items, scored through the serving kernels,
+//! beside a popularity baseline.
+
+use std::path::PathBuf;
+
+use grflow_kernels::CpuBackend;
+use grflow_kernels::bench::{DEFAULT_GEMM_SHAPES, gemm_rates};
+use grflow_train::artifact::{items_hash, load_model_dir};
+use grflow_train::data::Dataset;
+use grflow_train::eval::{EvalOptions, Subject, evaluate};
+use indicatif::ProgressBar;
+
+use super::InputError;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model directory written by `grflow train`.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The trace the model was trained on.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Also rank the whole catalog (slow: FULL_USERS users).
+    #[arg(long)]
+    pub full: bool,
+    /// Test users of the full-catalog ranking.
+    #[arg(long, default_value_t = 1000)]
+    pub full_users: usize,
+    /// Seeds the sampled negatives of each test question.
+    #[arg(long, default_value_t = EvalOptions::default().seed)]
+    pub seed: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let dir = load_model_dir(&args.model).map_err(InputError::from_display)?;
+    let data = Dataset::from_trace(&args.trace).map_err(InputError::from_display)?;
+    if items_hash(&data.catalog) != dir.json.vocabulary.items_hash {
+        return Err(InputError::from_display(format!(
+            "{}: the trace's {} items (hash {}) are not the model's {} (hash {})",
+            args.trace.display(),
+            data.n_items,
+            items_hash(&data.catalog),
+            dir.json.vocabulary.items,
+            dir.json.vocabulary.items_hash
+        )));
+    }
+    let opts = EvalOptions {
+        seed: args.seed,
+        full: args.full,
+        full_users: args.full_users,
+        ..EvalOptions::default()
+    };
+    let gemm = gemm_rates(&CpuBackend::new(1), &DEFAULT_GEMM_SHAPES, 2)
+        .iter()
+        .map(|r| r.gflops)
+        .fold(0.0, f64::max);
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(1)
+    };
+    let subject = Subject {
+        params: &dir.params,
+        max_history: dir.json.max_history,
+        arch: &dir.json.arch,
+        model_version: &dir.json.model_version,
+    };
+    let report = evaluate(subject, &data, &opts, gemm, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    let row = |name: &str, m: &grflow_train::metrics::RankMetrics| {
+        println!(
+            "{name:<24} HR@10 {:.4}  NDCG@10 {:.4}  MRR@10 {:.4}",
+            m.hr_at_10, m.ndcg_at_10, m.mrr_at_10
+        )
+    };
+    println!(
+        "{} ({}), {} test users",
+        report.model_version, report.arch, report.users
+    );
+    row("model, sampled 100", &report.sampled_100);
+    row("popularity, sampled 100", &report.popularity.sampled_100);
+    if let (Some(f), Some(pf)) = (&report.full, &report.popularity.full) {
+        row(&format!("model, full ({} users)", f.users), &f.metrics);
+        row("popularity, full", &pf.metrics);
+    }
+    println!(
+        "latency per request p50 {:.2} ms p99 {:.2} ms; GEMM {:.1} GFLOP/s (1 thread)",
+        report.latency_ms.p50, report.latency_ms.p99, report.gemm_gflops
+    );
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! `grflow train`: trains the GR transformer on a trace's user sequences
+//! and writes a model directory.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use grflow_train::artifact::{DatasetInfo, ModelJson, Vocabulary, items_hash, write_model_dir};
+use grflow_train::checkpoint::Checkpoint;
+use grflow_train::data::Dataset;
+use grflow_train::fit::{EpochReport, Observer, TrainConfig, fit};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::InputError;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Trace directory (from `grflow import` or `grflow gen-trace`); its
+    /// users table holds the sequences.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Model directory to write (checkpoints go to OUT/checkpoint).
+    #[arg(long, default_value = "model")]
+    pub out: PathBuf,
+    /// Seeds initialisation, batches and negatives.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Continue the checkpoint in this directory (e.g. OUT/checkpoint).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Upper bound on epochs (early stopping usually ends the run first).
+    #[arg(long)]
+    pub max_epochs: Option<usize>,
+    /// No progress display.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+struct Bar {
+    bar: ProgressBar,
+}
+
+impl Observer for Bar {
+    fn step(&mut self, epoch: usize, step: usize, steps: usize, loss: f64, tps: f64) {
+        if step == 1 {
+            self.bar.set_length(steps as u64);
+            self.bar.set_position(0);
+            self.bar.set_prefix(format!("epoch {epoch}"));
+        }
+        self.bar.set_position(step as u64);
+        self.bar
+            .set_message(format!("loss {loss:.4}  {tps:.0} tokens/s"));
+    }
+
+    fn epoch(&mut self, r: &EpochReport, best_epoch: usize) {
+        let line = format!(
+            "epoch {:>3}  loss {:.4}  valid HR@10 {:.4} NDCG@10 {:.4}  {:.0} tokens/s  {:.1} s{}",
+            r.epoch,
+            r.loss,
+            r.valid.hr_at_10,
+            r.valid.ndcg_at_10,
+            r.tokens_per_s,
+            r.secs,
+            if best_epoch == r.epoch { "  *best" } else { "" }
+        );
+        // A hidden bar (not a terminal, or --quiet) prints nothing.
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+}
+
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let data = Dataset::from_trace(&args.trace).map_err(InputError::from_display)?;
+    let mut cfg = TrainConfig::defaults(args.seed);
+    if let Some(e) = args.max_epochs {
+        cfg.max_epochs = e;
+    }
+    let resume = match &args.resume {
+        Some(dir) => Some(Checkpoint::load(dir).map_err(InputError::from_display)?),
+        None => None,
+    };
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(1)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(500));
+    let ckpt = args.out.join("checkpoint");
+    let mut obs = Bar { bar: bar.clone() };
+    let fitted = fit(&data, &cfg, resume, Some(&ckpt), &mut obs).map_err(|e| match e {
+        grflow_train::TrainError::Invalid(_) => InputError::from_display(e),
+        other => anyhow::Error::new(other),
+    })?;
+    bar.finish_and_clear();
+    let best = fitted
+        .history
+        .iter()
+        .find(|r| r.epoch == fitted.best_epoch)
+        .map(|r| r.valid)
+        .unwrap_or_default();
+    let json = ModelJson {
+        model_version: String::new(),
+        arch: cfg.arch.clone(),
+        model_config: cfg.model.clone(),
+        max_history: cfg.max_history,
+        vocabulary: Vocabulary {
+            items: data.n_items,
+            items_hash: items_hash(&data.catalog),
+            tables: vec![0],
+        },
+        dataset: DatasetInfo {
+            trace: args.trace.display().to_string(),
+            fingerprint: data.fingerprint(),
+            users: data.users.len(),
+        },
+        seed: cfg.seed,
+        hyper_parameters: cfg.clone(),
+        commit: commit(),
+        epochs: fitted.history.len(),
+        best_epoch: fitted.best_epoch,
+        valid: best,
+        history: fitted.history.clone(),
+        training_secs: fitted.train_secs,
+    };
+    let version = write_model_dir(&args.out, &fitted.params, &data.catalog, json)?;
+    let tps = fitted.history.iter().map(|r| r.tokens_per_s).sum::<f64>()
+        / fitted.history.len().max(1) as f64;
+    println!(
+        "trained {version}: {} epochs (best {}), valid HR@10 {:.4} NDCG@10 {:.4}, {:.0} tokens/s, {:.1} s -> {}",
+        fitted.history.len(),
+        fitted.best_epoch,
+        best.hr_at_10,
+        best.ndcg_at_10,
+        tps,
+        fitted.train_secs,
+        args.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! The interaction sequences of a trace, SASRec's leave-one-out split and
+//! the negative samplers of training and evaluation.
+
+use std::path::Path;
+
+use rand::{Rng, RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::TrainError;
+use crate::net::{Sequence, Target};
+
+/// Every user's items in time order, over a dense item space `0..n_items`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    pub n_items: usize,
+    pub users: Vec<User>,
+    /// The trace's item rows (item `i` is row `i`), written to the model
+    /// directory as its item space.
+    pub catalog: Vec<grflow_traces::Item>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct User {
+    pub user_id: u64,
+    pub items: Vec<u32>,
+    /// The distinct items, sorted (negatives are drawn outside it).
+    seen: Vec<u32>,
+}
+
+impl User {
+    pub fn new(user_id: u64, items: Vec<u32>) -> Self {
+        let mut seen = items.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        User {
+            user_id,
+            items,
+            seen,
+        }
+    }
+
+    /// SASRec's training part: all but the validation and test items (all
+    /// items of a user with fewer than 3).
+    pub fn train_items(&self) -> &[u32] {
+        let n = self.items.len();
+        if n < 3 {
+            &self.items
+        } else {
+            &self.items[..n - 2]
+        }
+    }
+
+    /// History and target of the validation question.
+    pub fn valid(&self) -> Option<(&[u32], u32)> {
+        let n = self.items.len();
+        (n >= 3).then(|| (&self.items[..n - 2], self.items[n - 2]))
+    }
+
+    /// History and target of the test question.
+    pub fn test(&self) -> Option<(&[u32], u32)> {
+        let n = self.items.len();
+        (n >= 3).then(|| (&self.items[..n - 1], self.items[n - 1]))
+    }
+
+    pub fn has_seen(&self, item: u32) -> bool {
+        self.seen.binary_search(&item).is_ok()
+    }
+
+    /// An item drawn uniformly from those the user never interacted with
+    /// (any item when the user has seen them all).
+    pub fn negative(&self, n_items: usize, rng: &mut impl Rng) -> u32 {
+        loop {
+            let i = rng.random_range(0..n_items as u32);
+            if !self.has_seen(i) || self.seen.len() >= n_items {
+                return i;
+            }
+        }
+    }
+}
+
+impl Dataset {
+    pub fn new(n_items: usize, users: Vec<User>) -> Result<Self, TrainError> {
+        if let Some((u, i)) = users.iter().find_map(|u| {
+            u.items
+                .iter()
+                .find(|&&i| i as usize >= n_items)
+                .map(|i| (u, i))
+        }) {
+            return Err(TrainError::Invalid(format!(
+                "user {} has item {i}, outside the {n_items} items",
+                u.user_id
+            )));
+        }
+        let catalog = (0..n_items as u32)
+            .map(|i| grflow_traces::Item {
+                item_id: i,
+                feature_ids: vec![i],
+                token_len: 1,
+                sid: [0; 3],
+            })
+            .collect();
+        Ok(Dataset {
+            n_items,
+            users,
+            catalog,
+        })
+    }
+
+    /// The users table and item catalog of a trace made by `grflow import`
+    /// or `grflow gen-trace`.
+    pub fn from_trace(dir: &Path) -> Result<Self, TrainError> {
+        let side =
+            grflow_connectors::parquet::load_side_tables(dir).map_err(|e| TrainError::Trace {
+                dir: dir.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+        let n_items = side.items.len();
+        let side_users = side.users;
+        if side
+            .items
+            .iter()
+            .enumerate()
+            .any(|(i, it)| it.item_id as usize != i)
+        {
+            return Err(TrainError::Trace {
+                dir: dir.to_path_buf(),
+                reason: "item ids are not the dense range 0..items".into(),
+            });
+        }
+        let users = side_users
+            .into_iter()
+            .map(|u| User::new(u.user_id, u.items))
+            .collect();
+        let mut data = Dataset::new(n_items, users).map_err(|e| TrainError::Trace {
+            dir: dir.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        data.catalog = side.items;
+        Ok(data)
+    }
+
+    /// FNV-1a over the item count and every sequence: two traces with the
+    /// same fingerprint train the same model.
+    pub fn fingerprint(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |v: u64| {
+            for b in v.to_le_bytes() {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        eat(self.n_items as u64);
+        for u in &self.users {
+            eat(u.user_id);
+            eat(u.items.len() as u64);
+            u.items.iter().for_each(|&i| eat(i as u64));
+        }
+        format!("{h:016x}")
+    }
+
+    /// Interactions per item in the training parts (the popularity baseline).
+    pub fn train_counts(&self) -> Vec<u64> {
+        let mut c = vec![0u64; self.n_items];
+        for u in &self.users {
+            u.train_items().iter().for_each(|&i| c[i as usize] += 1);
+        }
+        c
+    }
+}
+
+/// A user's training sequence: the last `max_history + 1` training items;
+/// every item after the first is a target, with the positive first and
+/// `negatives` sampled items after it. `None` for fewer than 2 items.
+pub fn train_sequence(
+    user: &User,
+    n_items: usize,
+    max_history: usize,
+    negatives: usize,
+    rng: &mut impl Rng,
+) -> Option<Sequence> {
+    let s = user.train_items();
+    let s = &s[s.len().saturating_sub(max_history + 1)..];
+    if s.len() < 2 {
+        return None;
+    }
+    let targets = (1..s.len())
+        .map(|t| {
+            let mut cands = Vec::with_capacity(negatives + 1);
+            cands.push(s[t]);
+            cands.extend((0..negatives).map(|_| user.negative(n_items, rng)));
+            Target { prefix: t, cands }
+        })
+        .collect();
+    Some(Sequence {
+        history: s[..s.len() - 1].to_vec(),
+        targets,
+    })
+}
+
+/// SASRec's evaluation question: the history (cut to `max_history`) and
+/// the target followed by `negatives` items the user never interacted
+/// with, drawn from an RNG of (`seed`, user) so every scorer sees the same.
+pub fn eval_question(
+    user: &User,
+    history: &[u32],
+    target: u32,
+    n_items: usize,
+    max_history: usize,
+    negatives: usize,
+    seed: u64,
+) -> Sequence {
+    let history = &history[history.len().saturating_sub(max_history)..];
+    let mut rng =
+        ChaCha8Rng::seed_from_u64(seed ^ user.user_id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut cands = Vec::with_capacity(negatives + 1);
+    cands.push(target);
+    cands.extend((0..negatives).map(|_| user.negative(n_items, &mut rng)));
+    Sequence {
+        history: history.to_vec(),
+        targets: vec![Target {
+            prefix: history.len(),
+            cands,
+        }],
+    }
+}

@@ -1,0 +1,215 @@
+//! The trainer's forward against the serving kernels on the same weights,
+//! and a model whose weights were written by hand in the documented format.
+
+use std::collections::HashMap;
+
+use grflow_kernels::{CpuBackend, GrModel, ModelConfig};
+use grflow_train::eval::Served;
+use grflow_train::net::logits;
+use grflow_train::params::CONFIG_KEY;
+use grflow_train::{Params, Sequence, Target};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use safetensors::{Dtype, tensor::TensorView};
+
+fn softmax(s: &[f32]) -> Vec<f32> {
+    let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let z: f32 = s.iter().map(|v| (v - m).exp()).sum();
+    s.iter().map(|v| (v - m).exp() / z).collect()
+}
+
+fn small() -> ModelConfig {
+    let mut cfg = ModelConfig::preset("small").unwrap();
+    cfg.n_tables = 1;
+    cfg
+}
+
+/// Perturbs every trained tensor so the gains are not all 1.
+fn jitter(p: &mut Params, seed: u64) {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    for t in p.trainable_mut() {
+        for v in t.iter_mut() {
+            *v += r.random_range(-0.05f32..0.05);
+        }
+    }
+}
+
+#[test]
+fn trainer_forward_equals_kernels_forward() {
+    let n_items = 300;
+    let mut p = Params::init(small(), n_items, 9).unwrap();
+    jitter(&mut p, 1);
+    let mut served = Served::new(&p, 50).unwrap();
+    let mut r = ChaCha8Rng::seed_from_u64(4);
+    let mut worst = 0f32;
+    for (h, n) in [(1usize, 5usize), (7, 101), (50, 30), (23, 2)] {
+        let history: Vec<u32> = (0..h).map(|_| r.random_range(0..n_items as u32)).collect();
+        let cands: Vec<u32> = (0..n).map(|_| r.random_range(0..n_items as u32)).collect();
+        let seq = Sequence {
+            history: history.clone(),
+            targets: vec![Target {
+                prefix: h,
+                cands: cands.clone(),
+            }],
+        };
+        let ours = softmax(&logits(&p, &[seq], &CpuBackend::default()).unwrap()[0]);
+        let theirs = served.rank(&history, &cands).unwrap();
+        for (a, b) in ours.iter().zip(&theirs) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    assert!(worst < 1e-4, "trainer and kernels differ by {worst}");
+}
+
+#[test]
+fn every_prefix_of_one_pass_equals_its_own_request() {
+    // Training scores all targets of a sequence in one pass; each must
+    // equal the request made of its prefix alone.
+    let mut p = Params::init(small(), 50, 2).unwrap();
+    jitter(&mut p, 2);
+    let history: Vec<u32> = vec![3, 9, 27, 4, 11, 8];
+    let targets: Vec<Target> = (0..=history.len())
+        .map(|t| Target {
+            prefix: t,
+            cands: vec![(t as u32 * 7) % 50, 13, 21],
+        })
+        .collect();
+    let be = CpuBackend::default();
+    let one = logits(
+        &p,
+        &[Sequence {
+            history: history.clone(),
+            targets: targets.clone(),
+        }],
+        &be,
+    )
+    .unwrap();
+    for (t, target) in targets.into_iter().enumerate() {
+        let alone = logits(
+            &p,
+            &[Sequence {
+                history: history[..t].to_vec(),
+                targets: vec![target],
+            }],
+            &be,
+        )
+        .unwrap();
+        for (a, b) in one[t].iter().zip(&alone[0]) {
+            assert!((a - b).abs() < 1e-4, "target {t}: {a} vs {b}");
+        }
+    }
+}
+
+/// Builds a model file tensor by tensor from the names and shapes of
+/// train/README.md, without the trainer's writer.
+fn hand_written(cfg: &ModelConfig, n_items: usize, emb_row: impl Fn(usize) -> Vec<f32>) -> Vec<u8> {
+    let (d, f, c) = (cfg.d_model, cfg.d_ff, cfg.codebook_size);
+    let fill = |n: usize, v: f32| vec![v; n];
+    let ramp = |n: usize, a: f32| {
+        (0..n)
+            .map(|i| ((i % 17) as f32 - 8.0) * a)
+            .collect::<Vec<f32>>()
+    };
+    let mut t: Vec<(String, Vec<usize>, Vec<f32>)> = vec![
+        (
+            "emb.0".into(),
+            vec![n_items, d],
+            (0..n_items).flat_map(&emb_row).collect(),
+        ),
+        (
+            "pos_emb".into(),
+            vec![cfg.max_positions, d],
+            ramp(cfg.max_positions * d, 0.01),
+        ),
+        ("instr_token".into(), vec![d], ramp(d, 0.1)),
+        ("gen_token".into(), vec![d], fill(d, 0.0)),
+        ("ln_f".into(), vec![d], fill(d, 1.0)),
+        ("w_rank".into(), vec![d, d], ramp(d * d, 0.02)),
+        ("sid_emb".into(), vec![2, c, d], fill(2 * c * d, 0.0)),
+        ("sid_head".into(), vec![3, d, c], fill(3 * d * c, 0.0)),
+    ];
+    for l in 0..cfg.n_layers {
+        let n = |s: &str| format!("layers.{l}.{s}");
+        t.push((n("ln1"), vec![d], fill(d, 1.0)));
+        t.push((n("wqkv"), vec![d, 3 * d], ramp(d * 3 * d, 0.01)));
+        t.push((n("wo"), vec![d, d], ramp(d * d, 0.01)));
+        t.push((n("ln2"), vec![d], fill(d, 1.0)));
+        t.push((n("w1"), vec![d, f], ramp(d * f, 0.01)));
+        t.push((n("w2"), vec![f, d], ramp(f * d, 0.01)));
+    }
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = t
+        .into_iter()
+        .map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    let meta = HashMap::from([(CONFIG_KEY.to_string(), serde_json::to_string(cfg).unwrap())]);
+    safetensors::serialize(views, Some(meta)).unwrap()
+}
+
+#[test]
+fn weights_written_by_hand_in_the_documented_format_load_and_serve() {
+    let cfg = ModelConfig {
+        d_model: 8,
+        n_layers: 1,
+        n_heads: 2,
+        d_ff: 16,
+        block_size: 4,
+        n_tables: 1,
+        codebook_size: 4,
+        max_positions: 12,
+    };
+    let n_items = 5;
+    // Item i's row is i in every coordinate: easy to find after loading.
+    let bytes = hand_written(&cfg, n_items, |i| vec![i as f32; 8]);
+    let p = Params::from_safetensors(&bytes, "hand-written").unwrap();
+    assert_eq!(p.n_items(), n_items);
+    assert_eq!(p.item_row(3), &[3.0; 8]);
+    assert_eq!(p.layers.len(), 1);
+    assert_eq!(p.layers[0].wqkv.len(), 8 * 24);
+    // The same bytes are a kernels model with its tables, and they serve.
+    GrModel::from_safetensors(&bytes).unwrap();
+    let tables = grflow_kernels::EmbeddingTables::from_safetensors(&cfg, &bytes).unwrap();
+    assert_eq!(tables.row(0, 3).unwrap(), &[3.0; 8]);
+    let scores = Served::new(&p, 8)
+        .unwrap()
+        .rank(&[1, 2], &[0, 3, 4])
+        .unwrap();
+    assert!((scores.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+    // A table of the wrong width is named in the error.
+    let mut wide = cfg.clone();
+    wide.d_model = 16;
+    wide.n_heads = 2;
+    let err = Params::from_safetensors(&hand_written_with_cfg(&wide, &cfg, n_items), "bad")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("emb.0"), "{err}");
+}
+
+/// Tensors shaped for `real` under a header claiming `claimed`.
+fn hand_written_with_cfg(claimed: &ModelConfig, real: &ModelConfig, n_items: usize) -> Vec<u8> {
+    let ok = hand_written(real, n_items, |_| vec![0.0; real.d_model]);
+    let st = safetensors::SafeTensors::deserialize(&ok).unwrap();
+    let views: Vec<(String, TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            (
+                n,
+                TensorView::new(v.dtype(), v.shape().to_vec(), v.data()).unwrap(),
+            )
+        })
+        .collect();
+    let meta = HashMap::from([(
+        CONFIG_KEY.to_string(),
+        serde_json::to_string(claimed).unwrap(),
+    )]);
+    safetensors::serialize(views, Some(meta)).unwrap()
+}
