@@ -56,6 +56,17 @@ impl HistoryLimits {
         }
     }
 
+    /// At most `max` items for either task (a trained model's
+    /// `max_history`: it never saw longer histories).
+    pub fn capped(self, max: usize, block: usize) -> Self {
+        let (rank, retrieve) = (self.rank.min(max), self.retrieve.min(max));
+        Self {
+            rank,
+            retrieve,
+            chunk: chunk_for(rank.min(retrieve), block),
+        }
+    }
+
     /// No bound at all (tools and tests that decode without a model).
     pub fn unbounded() -> Self {
         Self {
