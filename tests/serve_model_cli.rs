@@ -192,6 +192,32 @@ fn replay_serves_the_scores_eval_computes_with_the_trained_model_version() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn retrieve_requests_run_on_the_trained_transformer() {
+    let dir = tmp_dir("serve-model-retrieve");
+    let trace = dir.join("trace");
+    ok(grflow()
+        .args(["gen-trace", "--regime", "steady", "--users", "60"])
+        .args(["--items", "300", "--requests", "120", "--rps", "100"])
+        .args(["--seed", "3", "--retrieve-share", "0.5", "--out"])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    let model = dir.join("model");
+    train(&trace, &model);
+    let run = ok(grflow()
+        .args(["replay", "--speed", "max", "--json", "--trace"])
+        .arg(&trace)
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap());
+    let summary: Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(summary["errors"].as_u64(), Some(0), "{summary}");
+    assert_eq!(summary["responses_out"].as_u64(), Some(120), "{summary}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 fn refused(config: Option<&Path>, trace: &Path, model: Option<&Path>) -> String {
     let mut cmd = grflow();
     cmd.args(["replay", "--speed", "max", "--quiet", "--trace"])

@@ -137,10 +137,19 @@ pub fn load(dir: &Path, meta: &TraceMeta, items: &[Item]) -> Result<Trained, Wei
     // Fails here, before any node, if the kernels cannot load it.
     grflow_kernels::GrModel::from_safetensors(&safetensors)
         .map_err(|e| bad(WEIGHTS_FILE, e.to_string()))?;
-    let mut config = m.params.cfg.clone();
-    config.n_tables = meta.n_tables as usize;
+    // Retrieve requests decode semantic IDs of the trace's codebook.
+    if m.params.cfg.codebook_size != meta.codebook_size as usize {
+        return Err(bad(
+            WEIGHTS_FILE,
+            format!(
+                "codebook_size {} but the trace's semantic IDs use {}",
+                m.params.cfg.codebook_size, meta.codebook_size
+            ),
+        ));
+    }
+    // The config stays the file's: beam search checks it against the model.
     Ok(Trained {
-        config,
+        config: m.params.cfg.clone(),
         weights: Arc::new(TrainedWeights {
             safetensors,
             tables,
