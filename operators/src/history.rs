@@ -130,6 +130,18 @@ mod tests {
     }
 
     #[test]
+    fn a_trained_max_history_caps_both_tasks() {
+        let l = HistoryLimits::new(&small(), 1_000).capped(50, 16);
+        assert_eq!((l.rank, l.retrieve, l.chunk), (50, 50, 16));
+        assert_eq!(l.keep(&[0u32; 50], Task::Rank).len(), 50);
+        // 60 items: one chunk of 16 goes, 44 remain.
+        assert_eq!(l.keep(&[0u32; 60], Task::Retrieve).len(), 44);
+        // A cap above the memory limit changes nothing.
+        let m = HistoryLimits::new(&small(), 2);
+        assert_eq!(m.capped(10_000, 16), m);
+    }
+
+    #[test]
     fn small_preset_limits_come_from_the_position_table() {
         let l = HistoryLimits::new(&small(), 96);
         assert_eq!((l.rank, l.retrieve), (1022, 1024 - SID_STEPS));
