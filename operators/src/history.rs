@@ -56,6 +56,17 @@ impl HistoryLimits {
         }
     }
 
+    /// At most `max` items for either task (a trained model's
+    /// `max_history`: it never saw longer histories).
+    pub fn capped(self, max: usize, block: usize) -> Self {
+        let (rank, retrieve) = (self.rank.min(max), self.retrieve.min(max));
+        Self {
+            rank,
+            retrieve,
+            chunk: chunk_for(rank.min(retrieve), block),
+        }
+    }
+
     /// No bound at all (tools and tests that decode without a model).
     pub fn unbounded() -> Self {
         Self {
@@ -116,6 +127,18 @@ mod tests {
 
     fn small() -> ModelConfig {
         ModelConfig::preset("small").unwrap()
+    }
+
+    #[test]
+    fn a_trained_max_history_caps_both_tasks() {
+        let l = HistoryLimits::new(&small(), 1_000).capped(50, 16);
+        assert_eq!((l.rank, l.retrieve, l.chunk), (50, 50, 16));
+        assert_eq!(l.keep(&[0u32; 50], Task::Rank).len(), 50);
+        // 60 items: one chunk of 16 goes, 44 remain.
+        assert_eq!(l.keep(&[0u32; 60], Task::Retrieve).len(), 44);
+        // A cap above the memory limit changes nothing.
+        let m = HistoryLimits::new(&small(), 2);
+        assert_eq!(m.capped(10_000, 16), m);
     }
 
     #[test]

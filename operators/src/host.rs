@@ -8,6 +8,19 @@
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// Trained tables that do not fit the catalog's table layout.
+#[derive(Debug, thiserror::Error)]
+pub enum HostTablesError {
+    #[error("{got} embedding tables, the catalog has {expected}")]
+    Tables { expected: usize, got: usize },
+    #[error("emb.{table}: {got} floats, expected {expected}")]
+    Shape {
+        table: usize,
+        expected: usize,
+        got: usize,
+    },
+}
+
 #[derive(Debug, Clone)]
 pub struct HostTables {
     dim: usize,
@@ -44,6 +57,43 @@ impl HostTables {
             offsets,
             values,
         }
+    }
+
+    /// Trained tables: `values[t]` holds `table_rows[t]` rows of `dim`
+    /// floats, row-major; each table gets a zero OOV row (an unknown id
+    /// adds nothing to the item's token).
+    pub fn from_values(
+        table_rows: &[u32],
+        dim: usize,
+        values: &[Vec<f32>],
+    ) -> Result<Self, HostTablesError> {
+        if values.len() != table_rows.len() {
+            return Err(HostTablesError::Tables {
+                expected: table_rows.len(),
+                got: values.len(),
+            });
+        }
+        let rows: Vec<u32> = table_rows.iter().map(|r| r + 1).collect();
+        let mut offsets = Vec::with_capacity(rows.len());
+        let mut flat = Vec::new();
+        for (t, (v, &r)) in values.iter().zip(table_rows).enumerate() {
+            if v.len() != r as usize * dim {
+                return Err(HostTablesError::Shape {
+                    table: t,
+                    expected: r as usize * dim,
+                    got: v.len(),
+                });
+            }
+            offsets.push(flat.len());
+            flat.extend_from_slice(v);
+            flat.extend(std::iter::repeat_n(0f32, dim));
+        }
+        Ok(Self {
+            dim,
+            rows,
+            offsets,
+            values: flat,
+        })
     }
 
     pub fn dim(&self) -> usize {
@@ -90,6 +140,19 @@ mod tests {
         assert_eq!(a.row(1, 2), b.row(1, 2));
         assert_ne!(a.row(0, 0), a.row(0, 1));
         assert!(a.row(0, 5).iter().all(|v| v.abs() <= (1.0f32 / 8.0).sqrt()));
+    }
+
+    #[test]
+    fn trained_values_are_served_as_given_with_a_zero_oov_row() {
+        let t0: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        let t = HostTables::from_values(&[3, 1], 2, &[t0, vec![9.0, 8.0]]).unwrap();
+        assert_eq!(t.row(0, 2), &[4.0, 5.0]);
+        assert_eq!(t.row(1, 0), &[9.0, 8.0]);
+        assert_eq!(t.resolve(0, 7), (3, true));
+        assert_eq!(t.row(0, 3), &[0.0, 0.0]);
+        let err = HostTables::from_values(&[3, 1], 2, &[vec![0.0; 5], vec![0.0; 2]]).unwrap_err();
+        assert!(err.to_string().contains("emb.0"), "{err}");
+        assert!(HostTables::from_values(&[3], 2, &[]).is_err());
     }
 
     #[test]

@@ -61,6 +61,7 @@ fn params(pool_bytes: u64) -> NodeParams {
         service_tokens_per_ms: 20.0,
         token_capacity: 2000.0,
         max_users: 100_000,
+        trained: None,
     }
 }
 

@@ -62,6 +62,7 @@ fn params() -> NodeParams {
         service_tokens_per_ms: 20.0,
         token_capacity: 2000.0,
         max_users: 100_000,
+        trained: None,
     }
 }
 

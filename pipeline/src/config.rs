@@ -2,7 +2,7 @@
 //! rejected. `configs/default.toml` is compiled in as the embedded default.
 
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use grflow_operators::hotness::HotnessConfig;
 use grflow_operators::router::RouterConfig;
@@ -337,6 +337,9 @@ pub struct ModelSection {
     /// A request with more candidates is answered with a
     /// `too_many_candidates` error when it is decoded, before any work.
     pub max_candidates: usize,
+    /// A `grflow train` model directory: serve its transformer and
+    /// embedding tables (and its model_version) instead of seeded ones.
+    pub weights: Option<PathBuf>,
 }
 
 impl Default for ModelSection {
@@ -348,6 +351,7 @@ impl Default for ModelSection {
             beam_width: 32,
             beam_top_k: 32,
             max_candidates: 1_000,
+            weights: None,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod replay;
 pub mod serve;
 pub mod side;
 pub mod summary;
+pub mod trained;
 pub mod window_log;
 
 pub use config::{Clock, Config, ConfigError, Release, ReleaseSetting, Speed};

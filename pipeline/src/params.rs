@@ -4,9 +4,10 @@ use grflow_kernels::ModelConfig;
 use grflow_operators::link::LinkConfig;
 use grflow_operators::node::{MemoryParams, NodeParams};
 use grflow_operators::shards::ShardMap;
-use grflow_traces::TraceMeta;
+use grflow_traces::{Item, TraceMeta};
 
 use crate::config::Config;
+use crate::trained::{self, WeightsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ParamsError {
@@ -14,9 +15,16 @@ pub enum ParamsError {
     UnknownPreset(String),
     #[error("trace metadata: n_tables {n_tables} but {rows} table_rows")]
     Tables { n_tables: u16, rows: usize },
+    #[error("model.weights: {0}")]
+    Weights(#[from] WeightsError),
 }
 
-pub fn node_params(cfg: &Config, meta: &TraceMeta) -> Result<NodeParams, ParamsError> {
+/// `items` is the trace's catalog, which trained weights must match.
+pub fn node_params(
+    cfg: &Config,
+    meta: &TraceMeta,
+    items: &[Item],
+) -> Result<NodeParams, ParamsError> {
     let mut model = ModelConfig::preset(&cfg.model.preset)
         .ok_or_else(|| ParamsError::UnknownPreset(cfg.model.preset.clone()))?;
     if meta.table_rows.len() != meta.n_tables as usize {
@@ -27,6 +35,15 @@ pub fn node_params(cfg: &Config, meta: &TraceMeta) -> Result<NodeParams, ParamsE
     }
     model.n_tables = meta.n_tables as usize;
     model.codebook_size = meta.codebook_size as usize;
+    let trained = match &cfg.model.weights {
+        Some(dir) => {
+            let t = trained::load(dir, meta, items)?;
+            // The trained dimensions replace the preset's.
+            model = t.config;
+            Some(t.weights)
+        }
+        None => None,
+    };
     let memory = MemoryParams {
         pool_bytes: (cfg.memory.pool_mib * 1024.0 * 1024.0) as u64,
         alpha: cfg.memory.alpha,
@@ -55,5 +72,6 @@ pub fn node_params(cfg: &Config, meta: &TraceMeta) -> Result<NodeParams, ParamsE
         service_tokens_per_ms: cfg.node.service_tokens_per_ms,
         token_capacity: cfg.node.token_capacity,
         max_users: cfg.node.max_users,
+        trained,
     })
 }

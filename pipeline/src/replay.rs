@@ -211,7 +211,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         }
     };
     let side = Arc::new(side);
-    let params = node_params(&cfg, &side.meta).map_err(|e| ReplayError::Setup(e.to_string()))?;
+    let params = node_params(&cfg, &side.meta, &side.catalog())
+        .map_err(|e| ReplayError::Setup(e.to_string()))?;
     // Nodes are built here so that a bad memory or model config fails
     // before any thread starts; each worker takes its own.
     let mut nodes = Vec::with_capacity(workers);

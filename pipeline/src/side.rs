@@ -76,6 +76,14 @@ impl SideTables {
         self.items.get(&item)
     }
 
+    /// The catalog in item_id order (what trained weights are checked
+    /// against).
+    pub fn catalog(&self) -> Vec<Item> {
+        let mut items: Vec<Item> = self.items.values().cloned().collect();
+        items.sort_by_key(|i| i.item_id);
+        items
+    }
+
     pub fn num_items(&self) -> usize {
         self.items.len()
     }

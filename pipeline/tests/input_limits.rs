@@ -34,7 +34,8 @@ fn setup() -> (Config, Trace, SideTables) {
 
 /// A node that served the trace's rank requests: every cache holds entries.
 fn warm_node(cfg: &Config, trace: &Trace, side: &SideTables) -> ServingNode {
-    let mut node = ServingNode::new(0, node_params(cfg, &side.meta).unwrap()).unwrap();
+    let mut node =
+        ServingNode::new(0, node_params(cfg, &side.meta, &side.catalog()).unwrap()).unwrap();
     for r in trace.requests.iter().filter(|r| r.mode == Mode::Rank) {
         let history = side.history(r.user_id, r.hist_len).unwrap();
         let req = RankRequest {

@@ -70,7 +70,7 @@ fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand], fed_back: Option<(u64,
         )
         .unwrap(),
     );
-    let params = node_params(&cfg, &side.meta).unwrap();
+    let params = node_params(&cfg, &side.meta, &side.catalog()).unwrap();
     let requests = Arc::new(trace.requests.clone());
     let served: Arc<Mutex<Served>> = Arc::default();
     let (log, commands) = (served.clone(), commands.to_vec());
@@ -137,7 +137,7 @@ fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand], fed_back: Option<(u64,
 /// α in thousandths a fresh node has after `alpha` is set (α snaps to pages).
 fn alpha_milli_after(alpha: f64, trace: &Trace) -> u32 {
     let cfg = Config::embedded();
-    let params = node_params(&cfg, trace.meta.as_ref().unwrap()).unwrap();
+    let params = node_params(&cfg, trace.meta.as_ref().unwrap(), &trace.items).unwrap();
     let mut node = ServingNode::new(0, params).unwrap();
     node.apply(&NodeCommand::SetAlpha(alpha)).unwrap();
     (node.alpha() * 1000.0).round() as u32

@@ -46,6 +46,10 @@ pub struct Args {
     /// No progress bar even on a terminal.
     #[arg(long)]
     pub quiet: bool,
+    /// Serve a `grflow train` model directory (its item space must be the
+    /// trace's catalog); overrides model.weights.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -53,6 +57,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => Config::load(path).map_err(InputError::from_display)?,
         None => Config::embedded(),
     };
+    if let Some(m) = &args.model {
+        config.model.weights = Some(m.clone());
+    }
     if let Some(w) = args.workers {
         if w == 0 {
             return Err(InputError::from_display("--workers must be >= 1"));

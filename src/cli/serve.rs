@@ -27,6 +27,10 @@ pub struct Args {
     /// Consumer group; overrides kafka.group_id.
     #[arg(long)]
     pub group: Option<String>,
+    /// Serve a `grflow train` model directory (its item space must be the
+    /// catalog's); overrides model.weights.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -38,6 +42,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(b) = args.brokers {
         config.kafka.brokers = b;
+    }
+    if let Some(m) = args.model {
+        config.model.weights = Some(m);
     }
     if let Some(g) = args.group {
         config.kafka.group_id = g;

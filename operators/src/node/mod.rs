@@ -11,6 +11,7 @@
 //! - `command`: commands from the control input.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -91,6 +92,20 @@ pub struct MemoryParams {
     pub item_kv_policy: String,
 }
 
+/// Trained weights served instead of the seeded ones (a `grflow train`
+/// model directory, checked against the catalog by the caller).
+#[derive(Clone, Debug)]
+pub struct TrainedWeights {
+    /// The transformer as a kernels safetensors file (each node builds its
+    /// own model from it).
+    pub safetensors: Vec<u8>,
+    /// Host-tier values per table: `table_rows[t] × d_model` floats.
+    pub tables: Vec<Vec<f32>>,
+    pub model_version: String,
+    /// Histories are cut to their most recent `max_history` items.
+    pub max_history: usize,
+}
+
 /// Everything a node is built from.
 #[derive(Clone, Debug)]
 pub struct NodeParams {
@@ -116,6 +131,8 @@ pub struct NodeParams {
     /// Users whose prefix head the node remembers at most (least recently
     /// served dropped first): bounds per-user state however many users come.
     pub max_users: usize,
+    /// Serve these weights and tables instead of the seeded ones.
+    pub trained: Option<Arc<TrainedWeights>>,
 }
 
 /// The result of serving one request.
@@ -186,9 +203,23 @@ pub struct ServingNode {
 
 impl ServingNode {
     pub fn new(id: u32, params: NodeParams) -> Result<Self, ServeError> {
-        let model = GrModel::new(params.model.clone(), params.model_seed);
-        let model_version = model.model_version();
-        let host = HostTables::new(&params.table_rows, params.model.d_model, params.emb_seed);
+        let (model, model_version, host) = match &params.trained {
+            Some(t) => {
+                let model = GrModel::from_safetensors(&t.safetensors)
+                    .map_err(|e| ServeError::Model(e.to_string()))?;
+                let host =
+                    HostTables::from_values(&params.table_rows, params.model.d_model, &t.tables)
+                        .map_err(|e| ServeError::Model(e.to_string()))?;
+                (model, t.model_version.clone(), host)
+            }
+            None => {
+                let model = GrModel::new(params.model.clone(), params.model_seed);
+                let version = model.model_version();
+                let host =
+                    HostTables::new(&params.table_rows, params.model.d_model, params.emb_seed);
+                (model, version, host)
+            }
+        };
         let m = &params.memory;
         let memory = NodeMemory::new(NodeMemoryConfig {
             pool_bytes: m.pool_bytes,
@@ -202,8 +233,11 @@ impl ServingNode {
             link: params.link,
         })?;
         let stats = memory.stats();
-        let history_limits =
+        let mut history_limits =
             HistoryLimits::new(&params.model, pinnable_pages(stats.pages - stats.emb_pages));
+        if let Some(t) = &params.trained {
+            history_limits = history_limits.capped(t.max_history, params.model.block_size);
+        }
         let prefixes = UserPrefixes::new(params.max_users, params.model.block_size);
         let backlog = Backlog::new(params.service_tokens_per_ms);
         Ok(Self {
@@ -513,5 +547,6 @@ pub(crate) fn test_params() -> NodeParams {
         service_tokens_per_ms: 20.0,
         token_capacity: 2000.0,
         max_users: 100,
+        trained: None,
     }
 }

@@ -117,7 +117,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let started = Instant::now();
 
     let side = Arc::new(side_tables(&cfg)?);
-    let params = node_params(&cfg, &side.meta).map_err(|e| ServeError::Config(e.to_string()))?;
+    let params = node_params(&cfg, &side.meta, &side.catalog())
+        .map_err(|e| ServeError::Config(e.to_string()))?;
     let mut nodes = Vec::with_capacity(workers);
     for n in 0..workers {
         nodes.push(Some(
