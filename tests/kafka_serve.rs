@@ -77,9 +77,12 @@ fn kafka_kill_restart_with_the_shipped_deadline_leaves_one_answer_per_request() 
     let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
 
     let first = Serve::start(&brokers, &config, "first");
+    // Killed at 15% seen: answers already in the log but not yet
+    // read by the tail (a few thousand at the arrival release's pace) still
+    // count below, and the kill must land mid-run.
     assert!(
         tail.read_until(Duration::from_secs(300), |t| t.req_ids.len() as u64
-            >= N * 40 / 100),
+            >= N * 15 / 100),
         "only {} answers before the kill; stderr:\n{}",
         tail.req_ids.len(),
         first.stderr_text()
@@ -88,9 +91,13 @@ fn kafka_kill_restart_with_the_shipped_deadline_leaves_one_answer_per_request() 
     tail.settle(Duration::from_secs(2));
     let at_kill = tail.req_ids.len() as u64;
     eprintln!("answered at SIGKILL: {at_kill} of {N}");
+    // The kill must land mid-run: at least a thousand answered and a
+    // thousand still to recover. The tail reads the response log in bursts,
+    // so how far past the trigger the log already was varies (30-77% over
+    // ten runs here with the arrival release).
     assert!(
-        (N * 30 / 100..=N * 70 / 100).contains(&at_kill),
-        "the kill must land with 30-70% answered, not {at_kill}"
+        (N * 10 / 100..=N * 90 / 100).contains(&at_kill),
+        "the kill must land with 10-90% answered, not {at_kill}"
     );
 
     let second = Serve::start(&brokers, &config, "second");
