@@ -4,8 +4,7 @@
 //! the trace (exit code 2, naming the file and what differs).
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use arrow::array::AsArray;
 use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
@@ -13,33 +12,13 @@ use serde_json::Value;
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/seq_trace.rs"]
+mod seq_trace;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
+use seq_trace::import_walks;
 use temp::tmp_dir;
-
-/// SASRec-style `user item` lines: each user walks i, i+3, i+6, ...
-fn import(dir: &Path, name: &str, users: u32, items: u32, tables: u32) -> PathBuf {
-    let input = dir.join(format!("{name}.txt"));
-    let mut text = String::new();
-    for u in 0..users {
-        for s in 0..8 + u % 5 {
-            writeln!(text, "{} {}", u + 1, (u * 7 + s * 3) % items + 1).unwrap();
-        }
-    }
-    std::fs::write(&input, text).unwrap();
-    let trace = dir.join(name);
-    ok(grflow()
-        .args(["import", "--format", "seq", "--quiet", "--tables"])
-        .arg(tables.to_string())
-        .arg("--input")
-        .arg(&input)
-        .arg("--out")
-        .arg(&trace)
-        .output()
-        .unwrap());
-    trace
-}
 
 fn train(trace: &Path, model: &Path) {
     ok(grflow()
@@ -132,7 +111,7 @@ fn responses(path: &Path) -> Vec<Response> {
 fn replay_serves_the_scores_eval_computes_with_the_trained_model_version() {
     let dir = tmp_dir("serve-model");
     // Two tables: the untrained side table must add nothing when served.
-    let trace = import(&dir, "walks", 80, 50, 2);
+    let trace = import_walks(&dir, "walks", 80, 50, 2);
     let model = dir.join("model");
     train(&trace, &model);
     let out = dir.join("out");
@@ -237,12 +216,12 @@ fn refused(config: Option<&Path>, trace: &Path, model: Option<&Path>) -> String 
 #[test]
 fn a_model_that_does_not_fit_the_trace_is_refused_naming_the_file_and_the_difference() {
     let dir = tmp_dir("serve-model-refused");
-    let trace = import(&dir, "walks", 60, 40, 1);
+    let trace = import_walks(&dir, "walks", 60, 40, 1);
     let model = dir.join("model");
     train(&trace, &model);
 
     // Another catalog, through model.weights in the config.
-    let other = import(&dir, "other", 60, 41, 1);
+    let other = import_walks(&dir, "other", 60, 41, 1);
     let config = dir.join("weights.toml");
     std::fs::write(
         &config,

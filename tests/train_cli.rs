@@ -1,50 +1,22 @@
 //! `grflow train` and `grflow eval` through the real binary: the model
 //! directory, `--resume`, the JSON shape and a mismatched trace.
 
-use std::fmt::Write as _;
-use std::path::Path;
-
 use serde_json::Value;
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/seq_trace.rs"]
+mod seq_trace;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
+use seq_trace::import_walks;
 use temp::tmp_dir;
-
-/// SASRec-style `user item` lines: each user walks i, i+3, i+6, ... over
-/// `items` items.
-fn seq_file(path: &Path, users: u32, items: u32) {
-    let mut text = String::new();
-    for u in 0..users {
-        for s in 0..8 + u % 5 {
-            writeln!(text, "{} {}", u + 1, (u * 7 + s * 3) % items + 1).unwrap();
-        }
-    }
-    std::fs::write(path, text).unwrap();
-}
-
-fn import(dir: &Path, name: &str, users: u32, items: u32) -> std::path::PathBuf {
-    let input = dir.join(format!("{name}.txt"));
-    seq_file(&input, users, items);
-    let trace = dir.join(name);
-    ok(grflow()
-        .args([
-            "import", "--format", "seq", "--quiet", "--tables", "1", "--input",
-        ])
-        .arg(&input)
-        .arg("--out")
-        .arg(&trace)
-        .output()
-        .unwrap());
-    trace
-}
 
 #[test]
 fn train_writes_a_model_that_eval_scores_and_resume_continues() {
     let dir = tmp_dir("train-cli");
-    let trace = import(&dir, "walks", 120, 60);
+    let trace = import_walks(&dir, "walks", 120, 60, 1);
     let model = dir.join("model");
     let train = |extra: &[&str]| {
         ok(grflow()
@@ -97,7 +69,7 @@ fn train_writes_a_model_that_eval_scores_and_resume_continues() {
     assert!(r.get("full").is_none());
 
     // Another catalog is refused with exit code 2, naming what differs.
-    let other = import(&dir, "other", 40, 30);
+    let other = import_walks(&dir, "other", 40, 30, 1);
     let out = grflow()
         .args(["eval", "--model"])
         .arg(&model)
