@@ -16,6 +16,30 @@ pub struct ItemKvRef<'a> {
     pub len: usize,
 }
 
+/// One sequence of a batched pass: its cached context, its local rows
+/// (position embeddings added) and their mask.
+pub(crate) struct SeqIn<'a> {
+    pub ctx: Vec<Segment<'a>>,
+    pub x: Vec<f32>,
+    pub mask: LocalMask,
+}
+
+/// One user's history suffix to prefill in a batch ([`GrModel::prefill_batch`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillJob<'a> {
+    pub block_table: &'a [u32],
+    pub cached_len: usize,
+    pub new_tokens: &'a [f32],
+}
+
+/// One User-as-prefix ranking in a batch ([`GrModel::rank_user_prefix_batch`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RankJob<'a> {
+    pub block_table: &'a [u32],
+    pub prefix_len: usize,
+    pub candidate_tokens: &'a [f32],
+}
+
 /// What one pass over a token sequence leaves behind.
 pub(crate) struct SeqOut {
     /// Residual stream after the last layer (`n × d`, before the final norm).
@@ -66,96 +90,132 @@ impl GrModel {
         &self,
         store: &S,
         ctx: &[Segment<'_>],
-        mut x: Vec<f32>,
+        x: Vec<f32>,
         mask: LocalMask,
     ) -> SeqOut {
+        let seq = SeqIn {
+            ctx: ctx.to_vec(),
+            x,
+            mask,
+        };
+        self.forward_batch(store, vec![seq])
+            .pop()
+            .expect("one sequence in, one out")
+    }
+
+    /// Runs all layers over several independent sequences at once: their
+    /// rows are packed into one matrix for every projection and FFN GEMM
+    /// (ragged, no padding), and each attends only to its own context and
+    /// local tokens. Equal to one [`Self::forward_seq`] per sequence.
+    pub(crate) fn forward_batch<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &S,
+        seqs: Vec<SeqIn<'_>>,
+    ) -> Vec<SeqOut> {
         let cfg = &self.cfg;
         let be = self.backend.as_ref();
         let (d, f) = (cfg.d_model, cfg.d_ff);
-        let n = x.len() / d;
-        let c: usize = ctx.iter().map(|s| s.len).sum();
-        let mut h = vec![0f32; n * d];
-        let mut qkv = vec![0f32; n * 3 * d];
-        let mut kall = vec![0f32; (c + n) * d];
-        let mut vall = vec![0f32; (c + n) * d];
-        let mut attn = vec![0f32; n * d];
-        let mut ff = vec![0f32; n * f];
-        let mut kv = vec![0f32; cfg.n_layers * 2 * n * d];
+        // Row offset of each sequence in the packed matrix.
+        let mut offsets = Vec::with_capacity(seqs.len() + 1);
+        offsets.push(0);
+        for s in &seqs {
+            offsets.push(offsets.last().copied().unwrap_or(0) + s.x.len() / d);
+        }
+        let n_all = *offsets.last().expect("at least the 0");
+        let mut x = Vec::with_capacity(n_all * d);
+        for s in &seqs {
+            x.extend_from_slice(&s.x);
+        }
+        let mut h = vec![0f32; n_all * d];
+        let mut qkv = vec![0f32; n_all * 3 * d];
+        let mut attn = vec![0f32; n_all * d];
+        let mut ff = vec![0f32; n_all * f];
+        // Per sequence: its context + local keys and values, and the KV of
+        // its local tokens for every layer.
+        let mut kvs: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = seqs
+            .iter()
+            .map(|s| {
+                let n = s.x.len() / d;
+                let c: usize = s.ctx.iter().map(|g| g.len).sum();
+                (
+                    vec![0f32; (c + n) * d],
+                    vec![0f32; (c + n) * d],
+                    vec![0f32; cfg.n_layers * 2 * n * d],
+                )
+            })
+            .collect();
         let mut scratch = AttnScratch::default();
         for (l, w) in self.layers.iter().enumerate() {
             rms_norm(&x, &w.ln1, &mut h);
             be.matmul(
-                MatMut::row_major(&mut qkv, n, 3 * d),
-                MatRef::row_major(&h, n, d),
+                MatMut::row_major(&mut qkv, n_all, 3 * d),
+                MatRef::row_major(&h, n_all, d),
                 MatRef::row_major(&w.wqkv, d, 3 * d),
                 1.0,
                 false,
             );
-            let mut at = 0;
-            for seg in ctx {
-                gather(
+            for (i, (seq, (kall, vall, kv))) in seqs.iter().zip(&mut kvs).enumerate() {
+                let (r0, n) = (offsets[i], offsets[i + 1] - offsets[i]);
+                let c = kall.len() / d - n;
+                let mut at = 0;
+                for seg in &seq.ctx {
+                    let rows = at * d..(at + seg.len) * d;
+                    gather(cfg, store, *seg, l, 0, &mut kall[rows.clone()]);
+                    gather(cfg, store, *seg, l, 1, &mut vall[rows]);
+                    at += seg.len;
+                }
+                let q = &qkv[r0 * 3 * d..(r0 + n) * 3 * d];
+                for (j, row) in q.chunks_exact(3 * d).enumerate() {
+                    kall[(c + j) * d..(c + j + 1) * d].copy_from_slice(&row[d..2 * d]);
+                    vall[(c + j) * d..(c + j + 1) * d].copy_from_slice(&row[2 * d..]);
+                }
+                kv[(l * 2) * n * d..(l * 2 + 1) * n * d].copy_from_slice(&kall[c * d..]);
+                kv[(l * 2 + 1) * n * d..(l * 2 + 2) * n * d].copy_from_slice(&vall[c * d..]);
+                attend(
+                    be,
                     cfg,
-                    store,
-                    *seg,
-                    l,
-                    0,
-                    &mut kall[at * d..(at + seg.len) * d],
+                    q,
+                    3 * d,
+                    kall,
+                    vall,
+                    c,
+                    n,
+                    seq.mask,
+                    &mut scratch,
+                    &mut attn[r0 * d..(r0 + n) * d],
                 );
-                gather(
-                    cfg,
-                    store,
-                    *seg,
-                    l,
-                    1,
-                    &mut vall[at * d..(at + seg.len) * d],
-                );
-                at += seg.len;
             }
-            for i in 0..n {
-                let row = &qkv[i * 3 * d..(i + 1) * 3 * d];
-                kall[(c + i) * d..(c + i + 1) * d].copy_from_slice(&row[d..2 * d]);
-                vall[(c + i) * d..(c + i + 1) * d].copy_from_slice(&row[2 * d..]);
-            }
-            kv[(l * 2) * n * d..(l * 2 + 1) * n * d].copy_from_slice(&kall[c * d..]);
-            kv[(l * 2 + 1) * n * d..(l * 2 + 2) * n * d].copy_from_slice(&vall[c * d..]);
-            attend(
-                be,
-                cfg,
-                &qkv,
-                3 * d,
-                &kall,
-                &vall,
-                c,
-                n,
-                mask,
-                &mut scratch,
-                &mut attn,
-            );
             be.matmul(
-                MatMut::row_major(&mut x, n, d),
-                MatRef::row_major(&attn, n, d),
+                MatMut::row_major(&mut x, n_all, d),
+                MatRef::row_major(&attn, n_all, d),
                 MatRef::row_major(&w.wo, d, d),
                 1.0,
                 true,
             );
             rms_norm(&x, &w.ln2, &mut h);
             be.matmul(
-                MatMut::row_major(&mut ff, n, f),
-                MatRef::row_major(&h, n, d),
+                MatMut::row_major(&mut ff, n_all, f),
+                MatRef::row_major(&h, n_all, d),
                 MatRef::row_major(&w.w1, d, f),
                 1.0,
                 false,
             );
             gelu(&mut ff);
             be.matmul(
-                MatMut::row_major(&mut x, n, d),
-                MatRef::row_major(&ff, n, f),
+                MatMut::row_major(&mut x, n_all, d),
+                MatRef::row_major(&ff, n_all, f),
                 MatRef::row_major(&w.w2, f, d),
                 1.0,
                 true,
             );
         }
-        SeqOut { hidden: x, kv }
+        kvs.into_iter()
+            .enumerate()
+            .map(|(i, (_, _, kv))| SeqOut {
+                hidden: x[offsets[i] * d..offsets[i + 1] * d].to_vec(),
+                kv,
+            })
+            .collect()
     }
 
     /// Input rows `tokens + pos[positions]`.
@@ -233,6 +293,97 @@ impl GrModel {
         let last_k = &out.kv[(self.cfg.n_layers - 1) * 2 * n * d..][..n * d];
         let keys = last_k.chunks_exact(d).take(n_items);
         Ok(self.rank_head(&out.hidden[n_items * d..], keys))
+    }
+
+    /// [`Self::prefill`] for several users' history suffixes in one set of
+    /// GEMMs. Jobs must write disjoint blocks (each request's fresh ones).
+    /// Nothing is written unless every job is valid.
+    pub fn prefill_batch<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &mut S,
+        jobs: &[PrefillJob<'_>],
+    ) -> Result<(), KernelError> {
+        self.check_store(store)?;
+        let mut seqs = Vec::with_capacity(jobs.len());
+        let mut kept = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let n = self.check_tokens("new_tokens", job.new_tokens)?;
+            self.check_table(job.block_table, job.cached_len + n)?;
+            self.check_pos(job.cached_len + n)?;
+            if n == 0 {
+                continue;
+            }
+            seqs.push(SeqIn {
+                ctx: vec![Segment {
+                    blocks: job.block_table,
+                    len: job.cached_len,
+                }],
+                x: self.with_positions(job.new_tokens, job.cached_len..),
+                mask: LocalMask::Causal,
+            });
+            kept.push((job, n));
+        }
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let outs = self.forward_batch(&*store, seqs);
+        for ((job, n), out) in kept.into_iter().zip(outs) {
+            scatter(
+                &self.cfg,
+                store,
+                job.block_table,
+                job.cached_len,
+                n,
+                &out.kv,
+            );
+        }
+        Ok(())
+    }
+
+    /// [`Self::rank_user_prefix`] for several requests in one set of GEMMs
+    /// (their candidate and instruction rows packed together). One score
+    /// vector per job, in order.
+    pub fn rank_user_prefix_batch<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &S,
+        jobs: &[RankJob<'_>],
+    ) -> Result<Vec<Vec<f32>>, KernelError> {
+        self.check_store(store)?;
+        let d = self.cfg.d_model;
+        let mut seqs = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let n_items = self.check_tokens("candidate_tokens", job.candidate_tokens)?;
+            if n_items == 0 {
+                return Err(KernelError::Empty("candidate_tokens"));
+            }
+            self.check_table(job.block_table, job.prefix_len)?;
+            self.check_pos(job.prefix_len + 2)?;
+            let mut tokens = Vec::with_capacity((n_items + 1) * d);
+            tokens.extend_from_slice(job.candidate_tokens);
+            tokens.extend_from_slice(&self.instr);
+            let positions =
+                std::iter::repeat_n(job.prefix_len, n_items).chain([job.prefix_len + 1]);
+            seqs.push(SeqIn {
+                ctx: vec![Segment {
+                    blocks: job.block_table,
+                    len: job.prefix_len,
+                }],
+                x: self.with_positions(&tokens, positions),
+                mask: LocalMask::ItemsThenCausal { n_items },
+            });
+        }
+        let outs = self.forward_batch(store, seqs);
+        Ok(jobs
+            .iter()
+            .zip(outs)
+            .map(|(job, out)| {
+                let n_items = job.candidate_tokens.len() / d;
+                let n = n_items + 1;
+                let last_k = &out.kv[(self.cfg.n_layers - 1) * 2 * n * d..][..n * d];
+                let keys = last_k.chunks_exact(d).take(n_items);
+                self.rank_head(&out.hidden[n_items * d..], keys)
+            })
+            .collect())
     }
 
     /// Item-as-prefix cache entry: the KV of one item computed alone

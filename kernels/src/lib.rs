@@ -29,7 +29,7 @@ pub use backend::{Backend, CpuBackend, MatMut, MatRef};
 pub use beam::{BeamHit, BeamKvBytes, BeamSearch, SID_STEPS, beam_kv_bytes};
 pub use config::ModelConfig;
 pub use error::KernelError;
-pub use forward::ItemKvRef;
+pub use forward::{ItemKvRef, PrefillJob, RankJob};
 pub use kv_store::{KvBlockStore, VecKvStore, kv_row};
 pub use model::GrModel;
 pub use ops::sum_rows;
