@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use grflow_kernels::ModelConfig;
 use grflow_operators::link::LinkConfig;
 use grflow_operators::node::{
-    ItemCatalog, MemoryParams, NodeParams, RankRequest, RetrieveRequest, ServingNode,
+    ItemCatalog, MemoryParams, NodeParams, RankRequest, RankWork, RetrieveRequest, ServingNode,
 };
 use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::shards::ShardMap;
@@ -238,4 +238,81 @@ fn user_heads_are_bounded_and_a_dropped_user_is_reported_gone() {
         assert!(node.user_heads() <= 3);
     }
     assert_eq!(node.counters().user_head_evictions, 41);
+}
+
+/// A batch of rank requests (mixed history lengths, a cached prefix, a
+/// repeated user, one request that must fail) gives the same items and
+/// scores as serving them one at a time on an identical node, and the one
+/// failure fails alone. A pool too small for the whole batch splits it into
+/// sub-batches with the same results.
+#[test]
+fn a_rank_batch_equals_serving_one_request_at_a_time() {
+    let catalog = Catalog::new(500);
+    let users: [(u64, usize); 6] = [(1, 53), (2, 7), (3, 40), (1, 60), (4, 0), (5, 33)];
+    let histories: Vec<Vec<u32>> = users.iter().map(|&(_, len)| history(len)).collect();
+    let candidates: Vec<Vec<u32>> = (0..users.len() as u32)
+        .map(|i| (100 + i * 13..100 + i * 13 + 5 + i * 7).collect())
+        .collect();
+    let no_candidates: Vec<u32> = Vec::new();
+    let request = |i: usize| RankRequest {
+        req_id: i as u64,
+        user_id: users[i].0,
+        // Request 2 has no candidates: refused by itself.
+        candidates: if i == 2 {
+            &no_candidates
+        } else {
+            &candidates[i]
+        },
+    };
+    for pool_bytes in [4u64 << 20, 200 << 10] {
+        let mut p = params();
+        p.memory.pool_bytes = pool_bytes;
+        let mut one = ServingNode::new(0, p.clone()).unwrap();
+        let mut batched = ServingNode::new(0, p).unwrap();
+        // User 3's prefix is cached on both before the batch.
+        for node in [&mut one, &mut batched] {
+            node.serve(0, request(0), &histories[2], &catalog).unwrap();
+        }
+        let expected: Vec<_> = (0..users.len())
+            .map(|i| one.serve(5, request(i), &histories[i], &catalog))
+            .collect();
+        let work: Vec<RankWork<'_>> = (0..users.len())
+            .map(|i| RankWork {
+                req: request(i),
+                history: &histories[i],
+            })
+            .collect();
+        let got = batched.serve_rank_batch(5, &work, &catalog);
+        assert_eq!(got.len(), expected.len());
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            match (g, e) {
+                (Ok(g), Ok(e)) => {
+                    assert_eq!(g.items, e.items, "request {i} (pool {pool_bytes})");
+                    let diff = g
+                        .scores
+                        .iter()
+                        .zip(&e.scores)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(diff <= 1e-4, "request {i}: scores differ by {diff}");
+                    assert_eq!(g.seq_len, e.seq_len);
+                    assert_eq!(g.kv_total_tokens, e.kv_total_tokens);
+                }
+                (Err(_), Err(_)) => assert_eq!(i, 2, "only request 2 fails"),
+                _ => panic!("request {i}: batched {g:?} vs one at a time {e:?}"),
+            }
+        }
+        assert_eq!(
+            batched.counters().responses,
+            one.counters().responses,
+            "pool {pool_bytes}"
+        );
+        // Every page a request took was cached or given back.
+        let (b, o) = (batched.memory_stats(), one.memory_stats());
+        assert_eq!(b.scratch_pages, 0, "{b:?}");
+        assert_eq!(
+            b.free_pages + b.user_kv_pages,
+            o.free_pages + o.user_kv_pages
+        );
+    }
 }

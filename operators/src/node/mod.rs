@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use grflow_kernels::{BeamSearch, GrModel, ModelConfig, SID_STEPS};
+use grflow_kernels::{BeamSearch, GrModel, ModelConfig, PrefillJob, RankJob, SID_STEPS, flops};
 
 use crate::cache::{BoundaryMove, MemoryError, MemoryStats, NodeMemory, NodeMemoryConfig};
 use crate::history::{HistoryLimits, pinnable_pages};
@@ -39,7 +39,7 @@ pub use deadline::{DeadlineCheck, DeadlineShedder, Deadlined, Shedding};
 use embedding::{EmbStats, LinkClock, Lookup, link_cost};
 use load::Backlog;
 use plan::{Plan, top_k};
-use prefix::UserPrefixes;
+use prefix::{UserPrefix, UserPrefixes};
 use residency::Residency;
 
 /// What the node needs to know about items: their embedding feature ids.
@@ -55,6 +55,23 @@ pub struct RankRequest<'a> {
     pub req_id: u64,
     pub user_id: u64,
     pub candidates: &'a [u32],
+}
+
+/// A rank request of a batch with the history it is served with.
+#[derive(Clone, Copy, Debug)]
+pub struct RankWork<'a> {
+    pub req: RankRequest<'a>,
+    pub history: &'a [u32],
+}
+
+/// A planned request of a batch with its looked-up token embeddings.
+struct Ready<'h> {
+    /// Its position in the batch.
+    index: usize,
+    plan: Plan<'h>,
+    emb: EmbStats,
+    history_tokens: Vec<f32>,
+    candidate_tokens: Vec<f32>,
 }
 
 /// A generative-retrieval request: the user's history is the prompt.
@@ -180,6 +197,43 @@ pub struct NodeCounters {
     pub truncated_histories: u64,
     /// User prefix heads dropped because the table was full (max_users).
     pub user_head_evictions: u64,
+    /// Model FLOPs executed: uncached history suffixes, candidates and
+    /// instruction tokens, decode steps; cached tokens cost nothing.
+    #[serde(default)]
+    pub model_flops: f64,
+    /// Tokens computed (those of the event-time service model: cached
+    /// history tokens excluded).
+    #[serde(default)]
+    pub computed_tokens: u64,
+    /// Model calls (a batch of rank requests, or one retrieve request).
+    #[serde(default)]
+    pub model_calls: u64,
+    /// Model calls by requests served together: 1, 2, 3–4, 5–8, … 65+
+    /// (see [`BATCH_BUCKETS`]).
+    #[serde(default)]
+    pub batch_size_hist: Vec<u64>,
+    /// Requests by wall time from admission to the start of their batch,
+    /// in [`WAIT_BUCKETS_MS`] (the last bucket is everything above).
+    #[serde(default)]
+    pub queue_wait_hist: Vec<u64>,
+}
+
+/// Upper bounds of the batch-size buckets (requests per model call); the
+/// last bucket holds everything larger.
+pub const BATCH_BUCKETS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// Upper bounds (ms) of the queue-wait buckets; the last bucket holds
+/// everything larger.
+pub const WAIT_BUCKETS_MS: [f64; 9] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0];
+
+/// Adds one to the bucket of `value` under `bounds` (one more bucket above).
+fn bump<T: PartialOrd>(hist: &mut Vec<u64>, bounds: &[T], value: T) {
+    hist.resize(bounds.len() + 1, 0);
+    let i = bounds
+        .iter()
+        .position(|b| value <= *b)
+        .unwrap_or(bounds.len());
+    hist[i] += 1;
 }
 
 #[derive(Debug)]
@@ -350,7 +404,167 @@ impl ServingNode {
         let order = top_k(&scores, self.params.top_k);
         let items = order.iter().map(|&i| req.candidates[i]).collect();
         let top_scores = order.iter().map(|&i| scores[i]).collect();
-        Ok(self.finish(now_ms, &plan, items, top_scores, reused, &emb))
+        self.count_call(1);
+        let flops = self.rank_flops(&plan, reused, req.candidates.len());
+        Ok(self.finish(now_ms, &plan, items, top_scores, reused, &emb, flops))
+    }
+
+    /// Serves several rank requests at event time `now_ms` with batched
+    /// model calls (xGR's token-capacity batching): their uncached history
+    /// suffixes are prefilled in one set of GEMMs, then their candidates
+    /// and instruction tokens are ranked in another. Results, in order,
+    /// equal [`Self::serve`] one request at a time (within float rounding);
+    /// each request fails or succeeds alone. Requests whose pages do not
+    /// fit in the pool beside the others run in a later sub-batch.
+    pub fn serve_rank_batch(
+        &mut self,
+        now_ms: u64,
+        work: &[RankWork<'_>],
+        catalog: &dyn ItemCatalog,
+    ) -> Vec<Result<Served, ServeError>> {
+        let mut results: Vec<Option<Result<Served, ServeError>>> =
+            work.iter().map(|_| None).collect();
+        let mut ready = Vec::with_capacity(work.len());
+        for (i, w) in work.iter().enumerate() {
+            let plan = match Plan::rank(
+                &self.history_limits,
+                w.req.req_id,
+                w.history,
+                w.req.candidates.len(),
+            ) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            self.begin(&plan);
+            let mut emb = EmbStats::default();
+            let history_tokens = self.lookup().item_tokens(plan.history, catalog, &mut emb);
+            let candidate_tokens = self
+                .lookup()
+                .item_tokens(w.req.candidates, catalog, &mut emb);
+            ready.push(Ready {
+                index: i,
+                plan,
+                emb,
+                history_tokens,
+                candidate_tokens,
+            });
+        }
+        let miss_bytes = ready.iter().map(|r| r.emb.miss_bytes).sum();
+        self.link_clock.pay(&mut self.memory, miss_bytes);
+
+        let mut next = 0;
+        while next < ready.len() {
+            let mut reserved = Vec::new();
+            while next < ready.len() {
+                match self
+                    .prefixes
+                    .reserve(&mut self.memory, ready[next].plan.history)
+                {
+                    Ok(prefix) => reserved.push((next, prefix)),
+                    // Alone it does not fit either: its own error.
+                    Err(e) if reserved.is_empty() => results[ready[next].index] = Some(Err(e)),
+                    // Serve what fits first; this one starts the next sub-batch.
+                    Err(_) => break,
+                }
+                next += 1;
+            }
+            if reserved.is_empty() {
+                continue;
+            }
+            let scores = self.rank_reserved(&ready, &reserved);
+            self.count_call(reserved.len());
+            for ((k, prefix), scored) in reserved.into_iter().zip(scores) {
+                let r = &ready[k];
+                let w = &work[r.index];
+                let scores = match scored {
+                    Ok(scores) => {
+                        self.prefixes.commit(
+                            &mut self.memory,
+                            w.req.user_id,
+                            r.plan.history,
+                            &prefix,
+                        );
+                        scores
+                    }
+                    Err(e) => {
+                        prefix::release(&mut self.memory, &prefix);
+                        results[r.index] = Some(Err(e));
+                        continue;
+                    }
+                };
+                let order = top_k(&scores, self.params.top_k);
+                let items = order.iter().map(|&i| w.req.candidates[i]).collect();
+                let top_scores = order.iter().map(|&i| scores[i]).collect();
+                let flops = self.rank_flops(&r.plan, prefix.reused, w.req.candidates.len());
+                let served = self.finish(
+                    now_ms,
+                    &r.plan,
+                    items,
+                    top_scores,
+                    prefix.reused,
+                    &r.emb,
+                    flops,
+                );
+                results[r.index] = Some(Ok(served));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every request of the batch has a result"))
+            .collect()
+    }
+
+    /// Prefills and ranks the reserved requests of a batch in two batched
+    /// model calls. Should the batch fail as a whole (the plans rule that
+    /// out), each request is retried alone so that it fails by itself.
+    fn rank_reserved(
+        &mut self,
+        ready: &[Ready<'_>],
+        reserved: &[(usize, UserPrefix)],
+    ) -> Vec<Result<Vec<f32>, ServeError>> {
+        let d = self.params.model.d_model;
+        let run = |model: &GrModel,
+                   memory: &mut NodeMemory,
+                   group: &[(usize, UserPrefix)]|
+         -> Result<Vec<Vec<f32>>, ServeError> {
+            let prefills: Vec<PrefillJob<'_>> = group
+                .iter()
+                .map(|(k, p)| PrefillJob {
+                    block_table: &p.block_table,
+                    cached_len: p.reused,
+                    new_tokens: &ready[*k].history_tokens[p.reused * d..],
+                })
+                .collect();
+            let ranks: Vec<RankJob<'_>> = group
+                .iter()
+                .map(|(k, p)| RankJob {
+                    block_table: &p.block_table,
+                    prefix_len: ready[*k].plan.history.len(),
+                    candidate_tokens: &ready[*k].candidate_tokens,
+                })
+                .collect();
+            let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
+            model
+                .prefill_batch(memory.kv_store(), &prefills)
+                .map_err(model_err)?;
+            model
+                .rank_user_prefix_batch(memory.kv_store(), &ranks)
+                .map_err(model_err)
+        };
+        match run(&self.model, &mut self.memory, reserved) {
+            Ok(scores) => scores.into_iter().map(Ok).collect(),
+            Err(e) if reserved.len() == 1 => vec![Err(e)],
+            Err(_) => reserved
+                .iter()
+                .map(|one| {
+                    run(&self.model, &mut self.memory, std::slice::from_ref(one))
+                        .map(|mut s| s.pop().expect("one job, one result"))
+                })
+                .collect(),
+        }
     }
 
     /// Serves one generative-retrieval request (xGR): the user's history is
@@ -416,7 +630,12 @@ impl ServingNode {
                     .unzip::<u32, f32, Vec<u32>, Vec<f32>>())
             },
         )?;
-        Ok(self.finish(now_ms, &plan, items, scores, reused, &emb))
+        self.count_call(1);
+        let cfg = &self.params.model;
+        let len = plan.history.len();
+        let flops = flops::prefill_flops(cfg, reused, len - reused.min(len))
+            + flops::beam_search_flops(cfg, len, self.params.beam_width);
+        Ok(self.finish(now_ms, &plan, items, scores, reused, &emb, flops))
     }
 
     /// Before any cache work: count a truncation, and let background
@@ -446,6 +665,7 @@ impl ServingNode {
     }
 
     /// Books a served request: backlog, counters, and the response.
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
         now_ms: u64,
@@ -454,6 +674,7 @@ impl ServingNode {
         scores: Vec<f32>,
         reused: usize,
         emb: &EmbStats,
+        flops: f64,
     ) -> Served {
         let backlog = self
             .backlog
@@ -469,6 +690,8 @@ impl ServingNode {
         c.link_bytes += emb.miss_bytes as u64;
         c.oov_items += emb.oov_items as u64;
         c.user_head_evictions = self.prefixes.evictions();
+        c.model_flops += flops;
+        c.computed_tokens += plan.computed_tokens(reused) as u64;
         Served {
             items,
             scores,
@@ -481,6 +704,29 @@ impl ServingNode {
             oov_items: emb.oov_items,
             modelled_latency_ms: self.backlog.drain_ms(backlog) + link_ms,
         }
+    }
+
+    /// One model call serving `requests` requests together.
+    fn count_call(&mut self, requests: usize) {
+        self.counters.model_calls += 1;
+        bump(
+            &mut self.counters.batch_size_hist,
+            &BATCH_BUCKETS,
+            requests as u64,
+        );
+    }
+
+    /// A request waited `ms` (wall time) from admission to its batch.
+    pub fn record_wait(&mut self, ms: f64) {
+        bump(&mut self.counters.queue_wait_hist, &WAIT_BUCKETS_MS, ms);
+    }
+
+    /// FLOPs of a rank request on `reused` cached history tokens.
+    fn rank_flops(&self, plan: &Plan<'_>, reused: usize, candidates: usize) -> f64 {
+        let cfg = &self.params.model;
+        let len = plan.history.len();
+        flops::prefill_flops(cfg, reused, len - reused.min(len))
+            + flops::rank_user_prefix_flops(cfg, len, candidates)
     }
 
     /// Residency changes since the previous report, and the load now.

@@ -80,6 +80,29 @@ impl UserPrefixes {
         history_tokens: &[f32],
     ) -> Result<UserPrefix, ServeError> {
         let d = model.config().d_model;
+        let prefix = self.reserve(memory, history)?;
+        let prefilled = model.prefill(
+            memory.kv_store(),
+            &prefix.block_table,
+            prefix.reused,
+            &history_tokens[prefix.reused * d..],
+        );
+        if let Err(e) = prefilled {
+            release(memory, &prefix);
+            return Err(ServeError::Model(e.to_string()));
+        }
+        Ok(prefix)
+    }
+
+    /// The first half of serving on a prefix, for batches: matches the
+    /// longest cached prefix of `history` (pinning it) and allocates blocks
+    /// for the rest, computing nothing. The caller prefills the suffix, then
+    /// ends the request with [`Self::commit`] or [`release`].
+    pub fn reserve(
+        &self,
+        memory: &mut NodeMemory,
+        history: &[u32],
+    ) -> Result<UserPrefix, ServeError> {
         let matched = memory.kv_match(history);
         let reused = matched.matched_tokens.min(history.len());
         let blocks_needed = history
@@ -99,22 +122,12 @@ impl UserPrefixes {
                 return Err(e.into());
             }
         }
-        let prefilled = model.prefill(
-            memory.kv_store(),
-            &prefix.block_table,
-            reused,
-            &history_tokens[reused * d..],
-        );
-        if let Err(e) = prefilled {
-            release(memory, &prefix);
-            return Err(ServeError::Model(e.to_string()));
-        }
         Ok(prefix)
     }
 
     /// Full blocks of the history join the prefix cache; the partial tail
     /// block is scratch.
-    fn commit(
+    pub fn commit(
         &mut self,
         memory: &mut NodeMemory,
         user_id: u64,
@@ -167,7 +180,7 @@ impl UserPrefixes {
 
 /// Gives a request's pages back without caching anything: the one release
 /// path of a failed request.
-fn release(memory: &mut NodeMemory, prefix: &UserPrefix) {
+pub fn release(memory: &mut NodeMemory, prefix: &UserPrefix) {
     let fresh = &prefix.block_table[prefix.matched.blocks.len()..];
     memory.kv_release(&prefix.matched, fresh);
 }
