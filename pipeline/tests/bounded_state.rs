@@ -5,7 +5,10 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use grflow_pipeline::dataflow::JobCounters;
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{Clock, Config, ReplayOptions, TraceInput, replay};
 use grflow_traces::{GenConfig, Regime};
@@ -138,4 +141,69 @@ fn check_bounds(requests: u64, users: u64, [router_max, hot_max, node_max]: [usi
     // The latency summary still covers every response.
     assert!(s.latency_ms.p99 > 0.0 && s.latency_ms.max >= s.latency_ms.p99);
     assert!((0.0..=1.0).contains(&s.slo_satisfaction));
+}
+
+/// At `--speed max` the source runs at most `run.max_ahead_ms` of event
+/// time ahead of the oldest unanswered time, so the requests in flight stay
+/// bounded however long the trace; without the bound the whole trace
+/// entered at once (memory grew with the trace, and timely's progress
+/// tracking slowed with every distinct time in flight).
+#[test]
+fn speed_max_keeps_the_source_within_max_ahead_of_the_answered_frontier() {
+    let gen_cfg = GenConfig {
+        regime: Regime::Steady,
+        users: 2_000,
+        requests: 4_000,
+        rps: 200.0,
+        seed: 29,
+        candidates: 8,
+        min_history: 16,
+        max_history: 24,
+        ..GenConfig::default()
+    };
+    let trace = Arc::new(grflow_traces::generate(&gen_cfg));
+    // The most requests admitted but not yet answered, sampled every 200 µs.
+    let peak_in_flight = |max_ahead_ms: u64| {
+        let mut cfg = Config::embedded();
+        cfg.run.speed = "max".into();
+        cfg.run.clock = Clock::Event;
+        cfg.run.max_ahead_ms = max_ahead_ms;
+        cfg.windows.out = "none".into();
+        let counters = Arc::new(JobCounters::default());
+        let opts = ReplayOptions {
+            trace: TraceInput::Memory(trace.clone()),
+            config: cfg,
+            show_progress: false,
+            responses: ResponseOutput::Drop,
+            counters: Some(counters.clone()),
+            commands: Vec::new(),
+        };
+        let job = std::thread::spawn(move || replay(opts));
+        let mut peak = 0;
+        while !job.is_finished() {
+            // Answers are read first: a sample can only overstate the
+            // requests in flight, never understate them.
+            let answered = counters.responses_out.load(Ordering::Relaxed)
+                + counters.errors.load(Ordering::Relaxed);
+            let admitted = counters.source.requests_in.load(Ordering::Relaxed);
+            peak = peak.max(admitted.saturating_sub(answered));
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let s = job.join().unwrap().unwrap().summary;
+        assert_eq!(s.requests_in, 4_000);
+        assert_eq!(s.responses_out + s.errors, 4_000);
+        peak
+    };
+    // 200 requests/s over 2 sources: 500 ms ahead is about 100 requests,
+    // plus the oldest time's own and the nodes' batches.
+    let bounded = peak_in_flight(500);
+    assert!(
+        bounded <= 400,
+        "{bounded} requests in flight with max_ahead_ms 500"
+    );
+    let unbounded = peak_in_flight(u64::MAX);
+    assert!(
+        unbounded > 1_000,
+        "without the bound the trace floods in: peak {unbounded} in flight"
+    );
 }

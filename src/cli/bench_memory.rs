@@ -10,6 +10,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use grflow_kernels::CpuBackend;
+use grflow_kernels::bench::{DEFAULT_GEMM_SHAPES, gemm_rates};
 use grflow_pipeline::dataflow::JobCounters;
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{Clock, Config, ReplayOptions, TraceInput};
@@ -74,6 +76,8 @@ struct MemoryBench {
     hotness_evictions: u64,
     user_head_evictions: u64,
     errors: u64,
+    /// This machine's f32 GEMM rate (one core), measured before the replay.
+    gemm_gflops: f64,
     samples: Vec<Sample>,
 }
 
@@ -97,6 +101,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.run.speed = "max".into();
     config.run.clock = Clock::Event;
 
+    let gemm_gflops = gemm_rates(&CpuBackend::new(1), &DEFAULT_GEMM_SHAPES, 2)
+        .iter()
+        .map(|r| r.gflops)
+        .fold(0.0, f64::max);
     eprintln!(
         "generating {} requests from {} users...",
         args.requests, args.users
@@ -119,7 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     write_trace(&dir, &trace, &WriteOptions::default()).context("writing the bench trace")?;
     drop(trace);
-    let result = measure(&args, config, &dir, distinct_users);
+    let result = measure(&args, config, &dir, distinct_users, gemm_gflops);
     let _ = std::fs::remove_dir_all(&dir);
     let report = result?;
     if args.json {
@@ -150,6 +158,7 @@ fn measure(
     config: Config,
     dir: &std::path::Path,
     distinct_users: usize,
+    gemm_gflops: f64,
 ) -> anyhow::Result<MemoryBench> {
     let counters = Arc::new(JobCounters::default());
     let answered = {
@@ -228,6 +237,7 @@ fn measure(
         hotness_evictions: s.router.hotness_evictions,
         user_head_evictions: s.nodes.iter().map(|n| n.user_head_evictions).sum(),
         errors: s.errors,
+        gemm_gflops,
         samples,
     })
 }

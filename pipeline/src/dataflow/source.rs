@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use timely::dataflow::operators::generic::operator::source;
-use timely::dataflow::{Scope, StreamVec};
+use timely::dataflow::{ProbeHandle, Scope, StreamVec};
 
 use grflow_connectors::ErrorRow;
 use grflow_connectors::parquet::{RequestSource, SourceRecord};
@@ -17,6 +17,9 @@ use crate::events::{Admitted, Ingest, now_ns};
 
 /// Records emitted per activation before yielding to other operators.
 const MAX_PER_ACTIVATION: usize = 512;
+
+/// How soon a source held back by [`Ahead`] looks at the frontier again.
+const AHEAD_RECHECK: Duration = Duration::from_micros(200);
 
 /// Maps event time to the wall time at which it may enter.
 #[derive(Clone, Copy, Debug)]
@@ -51,6 +54,29 @@ impl Pacing {
     }
 }
 
+/// Backpressure for unpaced runs: the source emits a record only while its
+/// event time is at most `max_ms` past the probe's frontier (the oldest
+/// time not yet fully answered). Without it `--speed max` pours the whole
+/// trace into the channels at once: memory grows with the trace, and every
+/// distinct time in flight is a pointstamp that timely's progress tracking
+/// sorts on each change, so the job slows quadratically.
+#[derive(Clone, Debug)]
+pub struct Ahead {
+    pub probe: ProbeHandle<u64>,
+    pub max_ms: u64,
+}
+
+impl Ahead {
+    /// The latest event time the source may emit now.
+    fn allowed(&self) -> u64 {
+        self.probe.with_frontier(|f| match f.iter().min() {
+            Some(&t) => t.saturating_add(self.max_ms),
+            // Nothing in flight anywhere: nothing to wait for.
+            None => u64::MAX,
+        })
+    }
+}
+
 /// Counters the source shares with the progress display.
 #[derive(Debug, Default)]
 pub struct SourceCounters {
@@ -67,6 +93,7 @@ pub fn request_source<'s>(
     scope: Scope<'s, u64>,
     mut records: Box<dyn RequestSource>,
     pacing: Pacing,
+    ahead: Option<Ahead>,
     counters: Arc<SourceCounters>,
 ) -> StreamVec<'s, u64, Ingest> {
     source(scope, "RequestSource", move |capability, info| {
@@ -78,7 +105,8 @@ pub fn request_source<'s>(
 
         move |output| {
             let Some(c) = cap.as_mut() else { return };
-            let allowed = pacing.allowed();
+            let paced = pacing.allowed();
+            let allowed = ahead.as_ref().map_or(paced, |a| paced.min(a.allowed()));
             let mut emitted = 0;
             loop {
                 if pending.is_empty() {
@@ -160,8 +188,13 @@ pub fn request_source<'s>(
                 c.downgrade(&next);
             }
             match pending.front() {
-                Some(SourceRecord::Request { request, .. }) if request.ts_ms > allowed => {
+                Some(SourceRecord::Request { request, .. }) if request.ts_ms > paced => {
                     activator.activate_after(pacing.wait_for(request.ts_ms));
+                }
+                // Held back by `ahead`: look again shortly, after the nodes
+                // have made progress (parking, not spinning, meanwhile).
+                Some(SourceRecord::Request { request, .. }) if request.ts_ms > allowed => {
+                    activator.activate_after(AHEAD_RECHECK);
                 }
                 _ => activator.activate(),
             }
