@@ -7,7 +7,7 @@ use grflow_connectors::{ErrorRow, ResponseRow, SourcePosition};
 use grflow_operators::node::{Deadlined, NodeCommand};
 use grflow_operators::router::{Decision, NodeReport};
 use grflow_operators::windows::{TelemetrySample, WindowStats};
-use grflow_traces::Request;
+use grflow_traces::{Mode, Request};
 
 use crate::side::{SideError, SideTables};
 
@@ -104,6 +104,13 @@ pub struct Origin {
     /// Served past its deadline because it was recovered after a restart.
     #[serde(default)]
     pub recovered_late: bool,
+    /// Rank or retrieve: latency is tallied against that kind's SLO.
+    #[serde(default = "rank")]
+    pub mode: Mode,
+}
+
+fn rank() -> Mode {
+    Mode::Rank
 }
 
 /// Why a request was answered with an error record.

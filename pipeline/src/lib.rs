@@ -15,7 +15,7 @@ pub mod summary;
 pub mod trained;
 pub mod window_log;
 
-pub use config::{Clock, Config, ConfigError, Release, ReleaseSetting, Speed};
+pub use config::{Clock, Config, ConfigError, Release, ReleaseSetting, SloMs, Speed};
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};
 pub use serve::{ServeError, ServeOptions, ServeSummary, serve};
 pub use summary::Summary;

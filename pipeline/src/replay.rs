@@ -21,12 +21,15 @@ use grflow_operators::router::{Router, RouterStats};
 use grflow_traces::{Request, Trace};
 
 use crate::config::Config;
+use crate::config::Speed;
 use crate::dataflow::source::Pacing;
 use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
 use crate::events::{ScheduledCommand, Target};
 use crate::params::node_params;
 use crate::side::SideTables;
-use crate::summary::{LatencyTally, NodeSummary, Summary, sort_windows};
+use crate::summary::{
+    LatencyTally, ModeSummaries, ModeSummary, NodeSummary, Summary, sort_windows,
+};
 
 /// Where the requests come from.
 #[derive(Clone, Debug)]
@@ -161,6 +164,8 @@ struct WorkerResult {
     node: NodeSummary,
     router: RouterStats,
     latency: std::collections::BTreeMap<u32, LatencyTally>,
+    /// Rank, then retrieve.
+    by_mode: [LatencyTally; 2],
     errors: Vec<ErrorRow>,
     windows: Vec<WindowRow>,
     model_version: String,
@@ -300,6 +305,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             DataflowParts {
                 source,
                 pacing,
+                max_ahead_ms: (pacing.speed == Speed::Max).then_some(worker_cfg.run.max_ahead_ms),
                 serving: ServingParts {
                     router,
                     node,
@@ -309,6 +315,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     deadline: None,
                     window_ms: worker_cfg.windows.epoch_ms,
                     release,
+                    batch_max_tokens: worker_cfg.batch.max_tokens,
                     commands: worker_commands.clone(),
                     command_pacing: pacing,
                     controller: None,
@@ -355,6 +362,11 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             truncated_histories: c.truncated_histories,
             user_head_evictions: c.user_head_evictions,
             user_heads_peak: node.user_heads_peak() as u64,
+            model_gflop: c.model_flops / 1e9,
+            computed_tokens: c.computed_tokens,
+            model_calls: c.model_calls,
+            batch_size_hist: c.batch_size_hist.clone(),
+            queue_wait_hist: c.queue_wait_hist.clone(),
             windows_open_peak: gauge.open_peak as u64,
             window_samples_peak: gauge.samples_peak,
             ..NodeSummary::default()
@@ -363,6 +375,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             node: node_summary,
             router: df.router.borrow().stats().clone(),
             latency: outputs.latency,
+            by_mode: [outputs.latency_rank, outputs.latency_retrieve],
             errors: outputs.errors,
             windows,
             model_version: node.model_version().to_string(),
@@ -405,9 +418,13 @@ fn assemble(
     let mut nodes = Vec::new();
     let mut model_version = String::new();
     let mut latency: std::collections::BTreeMap<u32, LatencyTally> = Default::default();
+    let mut by_mode: [LatencyTally; 2] = Default::default();
     for r in results {
         for (node, tally) in r.latency {
             latency.entry(node).or_default().merge(&tally);
+        }
+        for (all, worker) in by_mode.iter_mut().zip(&r.by_mode) {
+            all.merge(worker);
         }
         out.errors.extend(r.errors);
         out.windows.extend(r.windows);
@@ -444,7 +461,11 @@ fn assemble(
         wall_s,
         event_time_s,
         throughput_rps: responses_out as f64 / wall_s.max(1e-9),
-        slo_ms: cfg.run.slo_ms,
+        slo_ms: cfg.run.slo_ms.rank,
+        by_mode: ModeSummaries {
+            rank: ModeSummary::new(&by_mode[0], cfg.run.slo_ms.rank),
+            retrieve: ModeSummary::new(&by_mode[1], cfg.run.slo_ms.retrieve),
+        },
         clock: cfg.run.clock.as_str().to_string(),
         release: cfg.run.replay_release().as_str().to_string(),
         slo_satisfaction: overall.slo_satisfaction(),

@@ -105,6 +105,23 @@ pub struct NodeSummary {
     pub user_head_evictions: u64,
     #[serde(default)]
     pub user_heads_peak: u64,
+    /// Model GFLOPs executed (uncached suffixes, candidates, instruction
+    /// tokens, decode steps), model calls, requests per call (buckets
+    /// 1, 2, 3–4, 5–8, 9–16, 17–32, 33–64, 65+) and wall-time queue wait
+    /// before the batch (ms buckets ≤1, ≤2, ≤5, ≤10, ≤20, ≤50, ≤100, ≤200,
+    /// ≤500, more).
+    #[serde(default)]
+    pub model_gflop: f64,
+    /// Tokens computed (cached history excluded): with busy_share, the
+    /// node's measured service rate (calibrates node.service_tokens_per_ms).
+    #[serde(default)]
+    pub computed_tokens: u64,
+    #[serde(default)]
+    pub model_calls: u64,
+    #[serde(default)]
+    pub batch_size_hist: Vec<u64>,
+    #[serde(default)]
+    pub queue_wait_hist: Vec<u64>,
     /// The most statistics windows the node's windows operator held open at
     /// once, and the most telemetry samples buffered in them: closed windows
     /// are emitted and forgotten, so these stay bounded however long the run.
@@ -127,7 +144,12 @@ pub struct Summary {
     pub event_time_s: f64,
     pub throughput_rps: f64,
     pub latency_ms: LatencySummary,
+    /// The rank SLO (`run.slo_ms.rank`); each kind's is in `by_mode`, and
+    /// `slo_satisfaction` counts each request against its own kind's.
     pub slo_ms: f64,
+    /// Latency of rank and of retrieve requests, each against its SLO.
+    #[serde(default)]
+    pub by_mode: ModeSummaries,
     /// The clock latency_ms was measured on: "wall" or "event".
     pub clock: String,
     /// When router and nodes handled requests: "complete" or "arrival".
@@ -144,6 +166,33 @@ pub struct Summary {
     pub nodes: Vec<NodeSummary>,
     pub router: RouterStats,
     pub windows: usize,
+}
+
+/// Rank and retrieve requests apart.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModeSummaries {
+    pub rank: ModeSummary,
+    pub retrieve: ModeSummary,
+}
+
+/// The responses of one request kind.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModeSummary {
+    pub responses: u64,
+    pub slo_ms: f64,
+    pub latency_ms: LatencySummary,
+    pub slo_satisfaction: f64,
+}
+
+impl ModeSummary {
+    pub fn new(tally: &LatencyTally, slo_ms: f64) -> Self {
+        Self {
+            responses: tally.count(),
+            slo_ms,
+            latency_ms: tally.summary(),
+            slo_satisfaction: tally.slo_satisfaction(),
+        }
+    }
 }
 
 /// Share of latencies within the SLO.
@@ -177,6 +226,21 @@ impl Summary {
             self.slo_ms,
             self.slo_satisfaction * 100.0
         );
+        for (kind, m) in [
+            ("rank", &self.by_mode.rank),
+            ("retrieve", &self.by_mode.retrieve),
+        ] {
+            if m.responses > 0 {
+                s += &format!(
+                    "  {kind:<8} {:>7} responses  p50 {:.2}  p99 {:.2} ms   SLO {} ms met by {:.1}%\n",
+                    m.responses,
+                    m.latency_ms.p50,
+                    m.latency_ms.p99,
+                    m.slo_ms,
+                    m.slo_satisfaction * 100.0
+                );
+            }
+        }
         s += &format!(
             "emb_hit_rate {:.3}  kv_hit_rate {:.3}  truncated_histories {}\n",
             self.emb_hit_rate, self.kv_hit_rate, self.truncated_histories

@@ -92,7 +92,7 @@ fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand], fed_back: Option<(u64,
         let probe = ProbeHandle::new();
         let log = log.clone();
         worker.dataflow::<u64, _, _>(|scope| {
-            let ingest = request_source(scope, Box::new(source), pacing, Default::default());
+            let ingest = request_source(scope, Box::new(source), pacing, None, Default::default());
             let requests = ingest.flat_map(|i| match i {
                 Ingest::Request(a) => Some(*a),
                 Ingest::Bad(_) => None,
@@ -106,6 +106,7 @@ fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand], fed_back: Option<(u64,
                 deadline: None,
                 window_ms: cfg.windows.epoch_ms,
                 release: Release::Complete,
+                batch_max_tokens: cfg.batch.max_tokens,
                 commands: commands.clone(),
                 command_pacing: pacing,
                 controller: fed_back.map(|(at, alpha)| set_alpha_after(at, alpha)),

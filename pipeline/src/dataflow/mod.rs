@@ -34,8 +34,9 @@ use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::{DeadlineShedder, ServingNode};
 use grflow_operators::router::{NodeReport, Router};
+use grflow_traces::Mode;
 
-use crate::config::{Clock, Release};
+use crate::config::{Clock, Release, SloMs};
 use crate::events::{Admitted, ClosedWindow, Ingest, NodeControl, NodeEvent, ScheduledCommand};
 use crate::side::SideTables;
 use crate::summary::LatencyTally;
@@ -58,6 +59,9 @@ pub struct WorkerOutputs {
     pub pending_responses: Vec<ResponseRow>,
     pub errors: Vec<ErrorRow>,
     pub latency: BTreeMap<u32, LatencyTally>,
+    /// The same latencies by request kind, each against its own SLO.
+    pub latency_rank: LatencyTally,
+    pub latency_retrieve: LatencyTally,
     /// Closed windows of this worker's node: one row per epoch, kept for
     /// windows.parquet and the summary's event-time span.
     pub windows: Vec<grflow_connectors::WindowRow>,
@@ -89,6 +93,9 @@ pub struct JobCounters {
 pub struct DataflowParts {
     pub source: Box<dyn RequestSource>,
     pub pacing: Pacing,
+    /// With `--speed max`: how far (event ms) the source may run ahead of
+    /// the oldest time not yet answered (`run.max_ahead_ms`).
+    pub max_ahead_ms: Option<u64>,
     pub serving: ServingParts,
     pub counters: Arc<JobCounters>,
     /// Where responses go; they are counted and tallied before.
@@ -102,7 +109,7 @@ pub struct ServingParts {
     pub router: Router,
     pub node: ServingNode,
     pub side: Arc<SideTables>,
-    pub slo_ms: f64,
+    pub slo_ms: SloMs,
     pub clock: Clock,
     /// Requests waiting longer than this are answered with a `shed` error.
     pub deadline: Option<Duration>,
@@ -110,6 +117,8 @@ pub struct ServingParts {
     pub window_ms: u64,
     /// When router and node handle what arrives.
     pub release: Release,
+    /// Rank requests per batched model call, by tokens (`batch.max_tokens`).
+    pub batch_max_tokens: usize,
     /// Commands for the nodes' control input, paced like the requests.
     pub commands: Vec<ScheduledCommand>,
     pub command_pacing: Pacing,
@@ -179,6 +188,7 @@ pub fn serving<'s>(
         slo_ms: parts.slo_ms,
         clock: parts.clock,
         shedder: DeadlineShedder::new(parts.deadline),
+        batch_max_tokens: parts.batch_max_tokens,
     };
     let events = node::serve(routed, controls, node_parts, parts.release);
     if let Some((controller, handle)) = commands_loop {
@@ -218,8 +228,17 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
     let mut response_sink = parts.responses;
 
     let handles = worker.dataflow::<u64, _, _>(|scope| {
-        let ingest =
-            source::request_source(scope, parts.source, parts.pacing, counters.source.clone());
+        let ahead = parts.max_ahead_ms.map(|max_ms| source::Ahead {
+            probe: probe.clone(),
+            max_ms,
+        });
+        let ingest = source::request_source(
+            scope,
+            parts.source,
+            parts.pacing,
+            ahead,
+            counters.source.clone(),
+        );
         let requests = ingest.clone().flat_map(|i| match i {
             Ingest::Request(a) => Some(*a),
             Ingest::Bad(_) => None,
@@ -252,11 +271,17 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                         match event {
                             NodeEvent::Response(r) => {
                                 sink_counters.responses_out.fetch_add(1, Ordering::Relaxed);
-                                let row = r.0;
+                                let (row, origin) = *r;
+                                let slo = slo_ms.for_mode(origin.mode);
                                 out.latency
                                     .entry(row.node)
                                     .or_default()
-                                    .record(row.latency_ms, slo_ms);
+                                    .record(row.latency_ms, slo);
+                                match origin.mode {
+                                    Mode::Rank => &mut out.latency_rank,
+                                    Mode::Retrieve => &mut out.latency_retrieve,
+                                }
+                                .record(row.latency_ms, slo);
                                 out.pending_responses.push(row);
                             }
                             NodeEvent::Error(e) => {

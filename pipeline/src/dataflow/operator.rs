@@ -39,6 +39,19 @@ pub trait EventOperator: 'static {
     /// is emitted at `time`.
     fn on_data(&mut self, time: u64, data: Vec<Self::Data>, out: &mut Vec<Self::Output>);
 
+    /// `arrival` mode: all data that arrived in one activation, per time
+    /// (so that an operator can batch across times); `out[i]` is emitted
+    /// at `arrivals[i].0`. The default hands each time to `on_data`.
+    fn on_arrivals(
+        &mut self,
+        arrivals: Vec<(u64, Vec<Self::Data>)>,
+        out: &mut [Vec<Self::Output>],
+    ) {
+        for ((time, data), out) in arrivals.into_iter().zip(out) {
+            self.on_data(time, data, out);
+        }
+    }
+
     /// Every input has passed `time` (a time this operator saw records at).
     fn on_complete(&mut self, time: u64, out: &mut Vec<Self::Output>) {
         let _ = (time, out);
@@ -89,21 +102,32 @@ where
                         }
                     }
                 });
+                // Arrival mode: everything that arrived now, handed over at once.
+                let mut arrived: Vec<(Capability<u64>, Vec<Op::Data>)> = Vec::new();
                 data_in.for_each_stamp(|cap, batches| {
                     let cap = cap.retain_least(0).expect("data comes with a time");
                     let time = *cap.time();
                     let records = batches.flat_map(|b| b.drain(..));
                     match release {
                         Release::Complete => held.push_data(time, cap, records),
-                        Release::Arrival => {
-                            op.on_data(time, records.collect(), &mut out);
-                            if !out.is_empty() {
-                                output.session(&cap).give_iterator(out.drain(..));
-                            }
-                            held.hold(time, cap);
-                        }
+                        Release::Arrival => arrived.push((cap, records.collect())),
                     }
                 });
+                if !arrived.is_empty() {
+                    let mut outs: Vec<Vec<Op::Output>> =
+                        arrived.iter().map(|_| Vec::new()).collect();
+                    let data = arrived
+                        .iter_mut()
+                        .map(|(cap, records)| (*cap.time(), std::mem::take(records)))
+                        .collect();
+                    op.on_arrivals(data, &mut outs);
+                    for ((cap, _), records) in arrived.into_iter().zip(outs) {
+                        if !records.is_empty() {
+                            output.session(&cap).give_iterator(records.into_iter());
+                        }
+                        held.hold(*cap.time(), cap);
+                    }
+                }
                 let passed =
                     |t: u64| !data_frontier.less_equal(&t) && !control_frontier.less_equal(&t);
                 while let Some((time, h)) = held.pop_complete(passed) {

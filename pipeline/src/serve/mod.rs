@@ -285,6 +285,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     deadline: Some(Duration::from_millis(worker_cfg.kafka.deadline_ms)),
                     window_ms: worker_cfg.windows.epoch_ms,
                     release: worker_cfg.run.serve_release(),
+                    batch_max_tokens: worker_cfg.batch.max_tokens,
                     commands: Vec::new(),
                     command_pacing: dataflow::Pacing {
                         speed: crate::config::Speed::Max,
