@@ -46,6 +46,8 @@ enum BenchCommand {
     Kafka(cli::bench_kafka::Args),
     /// Resident memory over a long replay from many users (bounded per-user state).
     Memory(cli::bench_memory::Args),
+    /// Goodput under a latency SLO, one request per model call vs batched.
+    Serve(cli::bench_serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Cache(a)) => cli::bench_cache::run(a),
         Command::Bench(BenchCommand::Kafka(a)) => cli::bench_kafka::run(a),
         Command::Bench(BenchCommand::Memory(a)) => cli::bench_memory::run(a),
+        Command::Bench(BenchCommand::Serve(a)) => cli::bench_serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,448 @@
+//! `grflow bench serve`: goodput under a latency SLO with one request per
+//! model call and with token-capacity batching, in one run. A rank/retrieve
+//! mix is replayed on the wall clock at offered rates found by bisection;
+//! goodput is the highest rate whose p99 meets the SLO with every request
+//! answered. Also reports the model FLOPs executed per second at batched
+//! goodput against this machine's GEMM rate.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use grflow_kernels::CpuBackend;
+use grflow_kernels::bench::{DEFAULT_GEMM_SHAPES, gemm_rates};
+use grflow_pipeline::replay::ResponseOutput;
+use grflow_pipeline::{Clock, Config, ReleaseSetting, ReplayOptions, SloMs, Summary, TraceInput};
+use grflow_traces::{Regime, Trace};
+use serde::Serialize;
+
+use super::InputError;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model preset: small | hstu-3l | hstu-6l.
+    #[arg(long, default_value = "hstu-3l")]
+    pub preset: String,
+    /// Latency objective on p99 (ms); default 30 for small, 200 otherwise.
+    #[arg(long)]
+    pub slo_ms: Option<f64>,
+    /// Requests served at each load point.
+    #[arg(long, default_value_t = 1000)]
+    pub requests: u64,
+    /// Share of generative-retrieval requests in the mix.
+    #[arg(long, default_value_t = 0.2)]
+    pub retrieve_share: f64,
+    /// Candidates per rank request.
+    #[arg(long, default_value_t = 100)]
+    pub candidates: usize,
+    /// Timely workers (= serving nodes).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Token budget of a batch in the batched mode (`batch.max_tokens`).
+    #[arg(long, default_value_t = 2048)]
+    pub max_tokens: usize,
+    /// Device pool per node (MiB): room for a batch's prefixes.
+    #[arg(long, default_value_t = 256.0)]
+    pub pool_mib: f64,
+    /// Goodput is bracketed to within this relative width (0.1 = ±5%).
+    #[arg(long, default_value_t = 0.1)]
+    pub precision: f64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write bench.json and a latency–throughput plot (latency.svg) here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Event-time request rate of the generated trace; the replay speed
+/// factor scales it to the offered rate.
+const TRACE_RPS: f64 = 100.0;
+
+/// Requests of the one-at-a-time latency run.
+const SINGLE_REQUESTS: usize = 50;
+
+#[derive(Debug, Clone, Serialize)]
+struct LoadPoint {
+    mode: &'static str,
+    offered_rps: f64,
+    served_rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+    meets_slo: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct ServeBench {
+    preset: String,
+    slo_ms: f64,
+    workers: usize,
+    requests_per_point: u64,
+    retrieve_share: f64,
+    max_tokens: usize,
+    /// The router's service-rate assumption, measured in the capacity run.
+    service_tokens_per_ms: f64,
+    single_request_p50_ms: f64,
+    capacity_rps_unbatched: f64,
+    goodput_rps_unbatched: f64,
+    goodput_rps_batched: f64,
+    goodput_ratio: f64,
+    gemm_gflops: f64,
+    /// Model GFLOPs executed per second at batched goodput (cached tokens
+    /// are not credited).
+    served_gflops: f64,
+    /// served_gflops / (gemm_gflops × workers).
+    efficiency: f64,
+    /// Requests per model call at batched goodput: 1, 2, 3–4, 5–8, 9–16,
+    /// 17–32, 33–64, 65+.
+    batch_size_hist: Vec<u64>,
+    /// Wall-time wait before the batch at batched goodput (ms): ≤1, ≤2, ≤5,
+    /// ≤10, ≤20, ≤50, ≤100, ≤200, ≤500, more.
+    queue_wait_hist: Vec<u64>,
+    wall_s: f64,
+    points: Vec<LoadPoint>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.requests == 0 || args.workers == 0 || args.max_tokens == 0 {
+        return Err(InputError::from_display(
+            "--requests, --workers and --max-tokens must be > 0",
+        ));
+    }
+    if !(0.0..=1.0).contains(&args.retrieve_share) {
+        return Err(InputError::from_display(
+            "--retrieve-share must be in 0..=1",
+        ));
+    }
+    if !(args.precision > 0.0 && args.precision < 1.0) {
+        return Err(InputError::from_display("--precision must be in (0, 1)"));
+    }
+    if grflow_kernels::ModelConfig::preset(&args.preset).is_none() {
+        return Err(InputError::from_display(format!(
+            "--preset {:?} is not one of {:?}",
+            args.preset,
+            grflow_kernels::ModelConfig::PRESETS
+        )));
+    }
+    let slo_ms = args
+        .slo_ms
+        .unwrap_or(if args.preset == "small" { 30.0 } else { 200.0 });
+    let mut base = Config::embedded();
+    base.model.preset = args.preset.clone();
+    base.run.workers = args.workers;
+    base.run.slo_ms = SloMs::both(slo_ms);
+    base.run.clock = Clock::Wall;
+    base.run.release = ReleaseSetting::Arrival;
+    base.memory.pool_mib = args.pool_mib;
+    base.windows.out = "none".into();
+
+    let started = std::time::Instant::now();
+    let gemm_gflops = gemm_rates(&CpuBackend::new(1), &DEFAULT_GEMM_SHAPES, 2)
+        .iter()
+        .map(|r| r.gflops)
+        .fold(0.0, f64::max);
+    let mut gen_cfg = base.trace.gen_config().map_err(InputError::from_display)?;
+    gen_cfg.regime = Regime::Steady;
+    gen_cfg.requests = args.requests;
+    gen_cfg.rps = TRACE_RPS;
+    gen_cfg.candidates = args.candidates;
+    gen_cfg.retrieve_share = args.retrieve_share;
+    let trace = Arc::new(grflow_traces::generate(&gen_cfg));
+
+    let configured = |base: &Config, max_tokens: usize, speed: &str| {
+        let mut c = base.clone();
+        c.batch.max_tokens = max_tokens;
+        c.run.speed = speed.into();
+        c
+    };
+
+    eprintln!("capacity: unbatched at --speed max...");
+    let capacity = replay(&trace, configured(&base, 1, "max"))?;
+    let capacity_rps_unbatched = capacity.throughput_rps;
+    // The router's load model assumes a service rate per node; the
+    // embedded default is the small model's. Calibrate it from this run,
+    // as a user would for their model and machine.
+    let busy_ms: f64 = capacity
+        .nodes
+        .iter()
+        .map(|n| n.busy_share * capacity.wall_s * 1e3)
+        .sum();
+    let tokens: u64 = capacity.nodes.iter().map(|n| n.computed_tokens).sum();
+    let service_tokens_per_ms = tokens as f64 / busy_ms.max(1e-9);
+    base.node.service_tokens_per_ms = service_tokens_per_ms;
+    eprintln!(
+        "  {capacity_rps_unbatched:.1} req/s; node.service_tokens_per_ms = {service_tokens_per_ms:.2}"
+    );
+
+    // One request at a time: the first requests of the trace offered far
+    // below capacity (few of them, so that a slow model stays quick).
+    let mut few = (*trace).clone();
+    few.requests.truncate(SINGLE_REQUESTS);
+    let single = replay(
+        &Arc::new(few),
+        configured(&base, 1, &speed_for(capacity_rps_unbatched * 0.2)),
+    )?;
+    let single_request_p50_ms = single.latency_ms.p50;
+    eprintln!("single request p50: {single_request_p50_ms:.1} ms");
+
+    let mut points = Vec::new();
+    let mut point = |mode: &'static str, rate: f64| -> anyhow::Result<(bool, Summary)> {
+        let speed = speed_for(rate);
+        let max_tokens = if mode == "batched" {
+            args.max_tokens
+        } else {
+            1
+        };
+        let cfg = configured(&base, max_tokens, &speed);
+        let s = replay(&trace, cfg)?;
+        let meets = s.latency_ms.p99 <= slo_ms && s.errors == 0 && s.responses_out == args.requests;
+        eprintln!(
+            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms{}",
+            s.throughput_rps,
+            s.latency_ms.p50,
+            s.latency_ms.p99,
+            if meets { "" } else { "  (misses)" }
+        );
+        points.push(LoadPoint {
+            mode,
+            offered_rps: rate,
+            served_rps: s.throughput_rps,
+            p50_ms: s.latency_ms.p50,
+            p99_ms: s.latency_ms.p99,
+            errors: s.errors,
+            meets_slo: meets,
+        });
+        Ok((meets, s))
+    };
+
+    let mut goodput = |mode: &'static str| -> anyhow::Result<(f64, Option<Summary>)> {
+        eprintln!("goodput, {mode}:");
+        bisect(capacity_rps_unbatched, args.precision, |rate| {
+            point(mode, rate)
+        })
+    };
+    let (goodput_rps_unbatched, _) = goodput("unbatched")?;
+    let (goodput_rps_batched, at_goodput) = goodput("batched")?;
+
+    let (served_gflops, batch_size_hist, queue_wait_hist) = match &at_goodput {
+        Some(s) => {
+            let gflop: f64 = s.nodes.iter().map(|n| n.model_gflop).sum();
+            (
+                gflop / s.wall_s.max(1e-9),
+                sum_hists(s.nodes.iter().map(|n| &n.batch_size_hist)),
+                sum_hists(s.nodes.iter().map(|n| &n.queue_wait_hist)),
+            )
+        }
+        None => (0.0, Vec::new(), Vec::new()),
+    };
+    let report = ServeBench {
+        preset: args.preset.clone(),
+        slo_ms,
+        workers: args.workers,
+        requests_per_point: args.requests,
+        retrieve_share: args.retrieve_share,
+        max_tokens: args.max_tokens,
+        service_tokens_per_ms: base.node.service_tokens_per_ms,
+        single_request_p50_ms,
+        capacity_rps_unbatched,
+        goodput_rps_unbatched,
+        goodput_rps_batched,
+        goodput_ratio: goodput_rps_batched / goodput_rps_unbatched.max(1e-9),
+        gemm_gflops,
+        served_gflops,
+        efficiency: served_gflops / (gemm_gflops * args.workers as f64).max(1e-9),
+        batch_size_hist,
+        queue_wait_hist,
+        wall_s: started.elapsed().as_secs_f64(),
+        points,
+    };
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join("bench.json"), serde_json::to_vec_pretty(&report)?)?;
+        std::fs::write(dir.join("latency.svg"), plot(&report))?;
+        eprintln!("wrote {}/bench.json and latency.svg", dir.display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        let mut v = serde_json::to_value(&report)?;
+        let obj = v.as_object_mut().context("object")?;
+        obj.remove("points");
+        for (k, v) in obj.iter() {
+            println!("{k:<24} {v}");
+        }
+    }
+    Ok(())
+}
+
+/// The replay speed factor that offers `rate` requests per second.
+fn speed_for(rate: f64) -> String {
+    format!("{}x", (rate / TRACE_RPS).max(1e-3))
+}
+
+fn replay(trace: &Arc<Trace>, config: Config) -> anyhow::Result<Summary> {
+    let out = grflow_pipeline::replay(ReplayOptions {
+        trace: TraceInput::Memory(trace.clone()),
+        config,
+        show_progress: false,
+        responses: ResponseOutput::Drop,
+        counters: None,
+        commands: Vec::new(),
+    })
+    .context("replay")?;
+    Ok(out.summary)
+}
+
+/// The highest rate for which `meets` holds, bracketed to within
+/// `precision` (relative): grows or shrinks from `start` by 1.5× until the
+/// bracket is found, then bisects. Returns the rate and the summary of the
+/// last run that met the objective.
+fn bisect<S>(
+    start: f64,
+    precision: f64,
+    mut meets: impl FnMut(f64) -> anyhow::Result<(bool, S)>,
+) -> anyhow::Result<(f64, Option<S>)> {
+    let (mut good, mut bad): (Option<(f64, S)>, Option<f64>) = (None, None);
+    let mut rate = start.max(1e-3);
+    // Bracket: at most 12 steps of 1.5× either way.
+    for _ in 0..12 {
+        let (ok, s) = meets(rate)?;
+        if ok {
+            good = Some((rate, s));
+            if bad.is_some() {
+                break;
+            }
+            rate *= 1.5;
+        } else {
+            bad = Some(rate);
+            if good.is_some() {
+                break;
+            }
+            rate /= 1.5;
+        }
+    }
+    let (Some(mut g), Some(mut b)) = (good, bad) else {
+        return Ok((0.0, None));
+    };
+    while b / g.0 > 1.0 + precision {
+        let mid = (g.0 * b).sqrt();
+        let (ok, s) = meets(mid)?;
+        if ok {
+            g = (mid, s);
+        } else {
+            b = mid;
+        }
+    }
+    Ok((g.0, Some(g.1)))
+}
+
+fn sum_hists<'a>(hists: impl Iterator<Item = &'a Vec<u64>>) -> Vec<u64> {
+    let mut sum: Vec<u64> = Vec::new();
+    for h in hists {
+        if sum.len() < h.len() {
+            sum.resize(h.len(), 0);
+        }
+        for (s, v) in sum.iter_mut().zip(h) {
+            *s += v;
+        }
+    }
+    sum
+}
+
+/// p99 latency against offered rate for both modes, with the SLO line.
+fn plot(r: &ServeBench) -> String {
+    let (w, h, m) = (640.0, 400.0, 60.0);
+    let max_x = r.points.iter().map(|p| p.offered_rps).fold(1.0, f64::max) * 1.05;
+    let max_y = r
+        .points
+        .iter()
+        .map(|p| p.p99_ms)
+        .fold(r.slo_ms * 1.5, f64::max)
+        .min(r.slo_ms * 4.0);
+    let x = |v: f64| m + v / max_x * (w - 2.0 * m);
+    let y = |v: f64| h - m - v.min(max_y) / max_y * (h - 2.0 * m);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"20\" text-anchor=\"middle\">grflow bench serve: {} ({} workers), p99 vs offered load</text>\n\
+         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">offered req/s (max {:.0})</text>\n\
+         <text x=\"15\" y=\"{}\" transform=\"rotate(-90 15 {})\" text-anchor=\"middle\">p99 ms (max {:.0})</text>\n\
+         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"gray\" stroke-dasharray=\"4\"/>\n\
+         <text x=\"{}\" y=\"{}\" fill=\"gray\">SLO {} ms</text>\n",
+        w / 2.0,
+        r.preset,
+        r.workers,
+        h - m,
+        w - m,
+        h - m,
+        h - m,
+        w / 2.0,
+        h - 20.0,
+        max_x,
+        h / 2.0,
+        h / 2.0,
+        max_y,
+        y(r.slo_ms),
+        w - m,
+        y(r.slo_ms),
+        w - m - 70.0,
+        y(r.slo_ms) - 4.0,
+        r.slo_ms,
+    );
+    for (mode, color, row) in [("unbatched", "#d62728", 40.0), ("batched", "#1f77b4", 56.0)] {
+        let mut pts: Vec<&LoadPoint> = r.points.iter().filter(|p| p.mode == mode).collect();
+        pts.sort_by(|a, b| a.offered_rps.total_cmp(&b.offered_rps));
+        let path: Vec<String> = pts
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.offered_rps), y(p.p99_ms)))
+            .collect();
+        svg += &format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            path.join(" ")
+        );
+        for p in &pts {
+            svg += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n",
+                x(p.offered_rps),
+                y(p.p99_ms)
+            );
+        }
+        svg += &format!(
+            "<text x=\"{}\" y=\"{row}\" fill=\"{color}\">{mode}</text>\n",
+            m + 10.0
+        );
+    }
+    svg + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bisection_brackets_the_threshold_within_the_precision() {
+        let threshold = 137.0;
+        let mut calls = 0;
+        let (g, s) = bisect(50.0, 0.1, |r| {
+            calls += 1;
+            Ok((r <= threshold, r))
+        })
+        .unwrap();
+        assert!(g <= threshold && g >= threshold / 1.1, "{g}");
+        assert_eq!(s, Some(g));
+        assert!(calls < 12, "{calls} calls");
+        // Nothing meets the objective: no goodput.
+        let (g, s) = bisect(50.0, 0.1, |r| Ok((false, r))).unwrap();
+        assert_eq!((g, s), (0.0, None));
+    }
+
+    #[test]
+    fn histograms_add_bucketwise() {
+        let a = vec![1, 2, 3];
+        let b = vec![1, 1];
+        assert_eq!(sum_hists([&a, &b].into_iter()), vec![2, 3, 3]);
+    }
+}

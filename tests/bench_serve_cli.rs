@@ -1,0 +1,68 @@
+//! `grflow bench serve` through the real binary at smoke scale (small
+//! model, 150 requests per load point): both modes are bisected, the JSON
+//! carries every figure, and `--out` writes the report and the plot.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[path = "common/temp.rs"]
+mod temp;
+
+#[test]
+fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
+    let dir = temp::tmp_dir("bench-serve");
+    let out = Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args(["bench", "serve", "--json", "--preset", "small"])
+        .args(["--requests", "150", "--precision", "0.5", "--pool-mib", "8"])
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "slo_ms",
+        "single_request_p50_ms",
+        "capacity_rps_unbatched",
+        "goodput_rps_unbatched",
+        "goodput_rps_batched",
+        "goodput_ratio",
+        "gemm_gflops",
+        "served_gflops",
+        "efficiency",
+    ] {
+        assert!(v[key].as_f64().is_some(), "{key} missing: {v}");
+    }
+    assert_eq!(v["slo_ms"].as_f64(), Some(30.0), "small's default SLO");
+    assert!(v["capacity_rps_unbatched"].as_f64().unwrap() > 0.0);
+    let points = v["points"].as_array().unwrap();
+    for mode in ["unbatched", "batched"] {
+        assert!(
+            points.iter().filter(|p| p["mode"] == mode).count() >= 2,
+            "{mode} was bisected: {points:?}"
+        );
+    }
+    // Every batched point answered every request.
+    assert!(points.iter().all(|p| p["errors"].as_u64() == Some(0)));
+    let svg = std::fs::read_to_string(dir.join("latency.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("batched") && svg.contains("polyline"));
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("bench.json")).unwrap()).unwrap();
+    assert_eq!(saved["goodput_rps_batched"], v["goodput_rps_batched"]);
+}
+
+#[test]
+fn bench_serve_rejects_an_unknown_preset_by_name() {
+    let out = Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args(["bench", "serve", "--preset", "huge"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--preset") && err.contains("huge"), "{err}");
+}
