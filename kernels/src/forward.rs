@@ -241,21 +241,12 @@ impl GrModel {
         cached_len: usize,
         new_tokens: &[f32],
     ) -> Result<(), KernelError> {
-        self.check_store(store)?;
-        let n = self.check_tokens("new_tokens", new_tokens)?;
-        self.check_table(block_table, cached_len + n)?;
-        self.check_pos(cached_len + n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let x = self.with_positions(new_tokens, cached_len..);
-        let ctx = [Segment {
-            blocks: block_table,
-            len: cached_len,
-        }];
-        let out = self.forward_seq(&*store, &ctx, x, LocalMask::Causal);
-        scatter(&self.cfg, store, block_table, cached_len, n, &out.kv);
-        Ok(())
+        let job = PrefillJob {
+            block_table,
+            cached_len,
+            new_tokens,
+        };
+        self.prefill_batch(store, &[job])
     }
 
     /// User-as-prefix ranking `[U, I1..IN, Instr]`: the user's `prefix_len`
@@ -271,28 +262,13 @@ impl GrModel {
         prefix_len: usize,
         candidate_tokens: &[f32],
     ) -> Result<Vec<f32>, KernelError> {
-        self.check_store(store)?;
-        let n_items = self.check_tokens("candidate_tokens", candidate_tokens)?;
-        if n_items == 0 {
-            return Err(KernelError::Empty("candidate_tokens"));
-        }
-        self.check_table(block_table, prefix_len)?;
-        self.check_pos(prefix_len + 2)?;
-        let d = self.cfg.d_model;
-        let mut tokens = Vec::with_capacity((n_items + 1) * d);
-        tokens.extend_from_slice(candidate_tokens);
-        tokens.extend_from_slice(&self.instr);
-        let positions = std::iter::repeat_n(prefix_len, n_items).chain([prefix_len + 1]);
-        let x = self.with_positions(&tokens, positions);
-        let ctx = [Segment {
-            blocks: block_table,
-            len: prefix_len,
-        }];
-        let n = n_items + 1;
-        let out = self.forward_seq(store, &ctx, x, LocalMask::ItemsThenCausal { n_items });
-        let last_k = &out.kv[(self.cfg.n_layers - 1) * 2 * n * d..][..n * d];
-        let keys = last_k.chunks_exact(d).take(n_items);
-        Ok(self.rank_head(&out.hidden[n_items * d..], keys))
+        let job = RankJob {
+            block_table,
+            prefix_len,
+            candidate_tokens,
+        };
+        let mut scores = self.rank_user_prefix_batch(store, &[job])?;
+        Ok(scores.pop().expect("one job, one score vector"))
     }
 
     /// [`Self::prefill`] for several users' history suffixes in one set of
