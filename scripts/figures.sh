@@ -4,7 +4,7 @@
 # one command, printed before it runs; the JSON of each lands in $OUT.
 #
 #   ./scripts/figures.sh            # kernels, default replay, unpaced replay, in-node laru
-#   ./scripts/figures.sh --all      # also bench cache on ../shared/data, bench kafka
+#   ./scripts/figures.sh --all      # also bench cache on ../shared/data, bench kafka, memory, serve
 #                                   # (needs GRFLOW_KAFKA_BROKERS) and
 #                                   # bench memory (1M requests, long)
 #
@@ -71,6 +71,8 @@ if $all; then
     fi
     # 1M requests from ~500k distinct users: resident memory at 20% vs 100%.
     run memory "$bin" bench memory --json
+    # Goodput under a 200 ms p99 SLO on hstu-3l, unbatched vs batched (~7 min).
+    run serve "$bin" bench serve --json --out "$OUT/serve"
 fi
 
 log "summary ($OUT)"
@@ -107,4 +109,9 @@ if s:
     print(f"replay_event: kv_hits {r['kv_hits']}  affinity_wins {r['affinity_wins']}"
           f"  overload_fallbacks {r['overload_fallbacks']}  requests {s['requests_in']}"
           f"  event_time_s {s['event_time_s']:.1f}")
+for name, keys in (("memory", ("requests", "distinct_users", "growth_ratio", "rss_at_20_kib", "rss_at_100_kib", "errors")),
+                   ("serve", ("goodput_rps_unbatched", "goodput_rps_batched", "goodput_ratio", "efficiency", "gemm_gflops"))):
+    b = load(name)
+    if b:
+        print(f"bench {name}: " + "  ".join(f"{k} {b[k]:.3f}" if isinstance(b[k], float) else f"{k} {b[k]}" for k in keys))
 EOF
