@@ -75,6 +75,10 @@ impl Lookup<'_> {
     }
 }
 
+/// The part of a link wait spent yielding rather than asleep (the timer's
+/// usual overshoot).
+const SLEEP_SLACK: Duration = Duration::from_micros(100);
+
 /// The link's nanosecond clock: time since the node started.
 #[derive(Clone, Copy, Debug)]
 pub struct LinkClock {
@@ -95,14 +99,22 @@ impl LinkClock {
     /// Waits for a host→device transfer of `bytes` on the link's miss lane:
     /// on the CPU backend the device pool is host memory, so the link paces
     /// the copy to what PCIe would cost (queueing behind earlier misses).
+    /// The wait gives the core away: it sleeps through all but the last
+    /// [`SLEEP_SLACK`] of a long transfer and yields for the rest, so other
+    /// workers run meanwhile.
     pub fn pay(&self, memory: &mut NodeMemory, bytes: usize) {
         if bytes == 0 {
             return;
         }
         let done = memory.link().miss_transfer(bytes as u64, self.now_ns());
         let until = self.started + Duration::from_nanos(done);
+        let left = until.saturating_duration_since(Instant::now());
+        if left > SLEEP_SLACK {
+            // Sleeps overshoot by tens of µs: wake a little early.
+            std::thread::sleep(left - SLEEP_SLACK);
+        }
         while Instant::now() < until {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
     }
 }
@@ -211,5 +223,30 @@ mod tests {
         assert_eq!(link_cost(&link, 0), Duration::ZERO);
         let cost = link_cost(&link, 1_000_000).as_nanos() as i64;
         assert!((cost - 1_010_000).abs() <= 1, "{cost} ns");
+    }
+
+    /// CPU time this thread has used (Linux: /proc/thread-self/schedstat).
+    #[cfg(target_os = "linux")]
+    fn thread_cpu() -> Duration {
+        let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+        let ns: u64 = stat.split_whitespace().next().unwrap().parse().unwrap();
+        Duration::from_nanos(ns)
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn paying_for_a_transfer_waits_its_time_without_spinning_a_core() {
+        let mut m = memory(0.5);
+        let clock = LinkClock::start();
+        // 20 MB at 1 GB/s: a 20 ms transfer.
+        let (wall, cpu) = (Instant::now(), thread_cpu());
+        clock.pay(&mut m, 20_000_000);
+        let (waited, used) = (wall.elapsed(), thread_cpu() - cpu);
+        assert!(waited >= Duration::from_millis(20), "{waited:?}");
+        // A spin would use the whole 20 ms; a sleep uses almost none.
+        assert!(
+            used < Duration::from_millis(5),
+            "{used:?} of CPU in {waited:?}"
+        );
     }
 }
