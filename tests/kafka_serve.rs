@@ -420,3 +420,43 @@ fn kafka_restart_scan_reads_to_the_end_of_a_batched_response_topic() {
     .unwrap();
     assert_eq!(answered.len() as i64, N);
 }
+
+/// `grflow bench kafka` end to end at smoke scale: the job is warmed up on
+/// every partition before load is offered, every request of the trace is
+/// answered through the broker, and the JSON carries both paths' figures.
+#[test]
+fn bench_kafka_smoke_warms_up_then_answers_every_request() {
+    let Some(brokers) = broker("bench_kafka_smoke_warms_up_then_answers_every_request") else {
+        return;
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args([
+            "bench",
+            "kafka",
+            "--json",
+            "--requests",
+            "300",
+            "--rps",
+            "200",
+        ])
+        .args(["--brokers", &brokers])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("waiting for the job to answer on every partition"),
+        "{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "kafka_rps",
+        "parquet_rps",
+        "throughput_ratio",
+        "kafka_p99_ms",
+        "parquet_p99_ms",
+    ] {
+        assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
+    }
+    assert_eq!(v["requests"].as_u64(), Some(300), "{v}");
+}
