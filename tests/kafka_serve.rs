@@ -2,7 +2,11 @@
 //! started by ./scripts/test.sh, address in GRFLOW_KAFKA_BROKERS). Without
 //! that variable these tests print why and pass without running.
 
+#[path = "common/cli.rs"]
+mod cli;
 mod common;
+#[path = "common/seq_trace.rs"]
+mod seq_trace;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -459,4 +463,92 @@ fn bench_kafka_smoke_warms_up_then_answers_every_request() {
         assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
     }
     assert_eq!(v["requests"].as_u64(), Some(300), "{v}");
+}
+
+/// `grflow serve` with a `grflow train` model (`model.weights`): requests
+/// from the model's own trace, produced to the broker, are answered with the
+/// trained model_version and ranked items from their candidates.
+#[test]
+fn serve_with_a_trained_model_answers_with_its_model_version() {
+    let Some(brokers) = broker("serve_with_a_trained_model_answers_with_its_model_version") else {
+        return;
+    };
+    let dir = tmp_dir("kafka-serve-model");
+    let trace = seq_trace::import_walks(&dir, "walks", 40, 60, 2);
+    let model = dir.join("model");
+    cli::ok(
+        cli::grflow()
+            .args([
+                "train",
+                "--quiet",
+                "--seed",
+                "5",
+                "--max-epochs",
+                "1",
+                "--trace",
+            ])
+            .arg(&trace)
+            .arg("--out")
+            .arg(&model)
+            .output()
+            .unwrap(),
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(model.join("model.json")).unwrap()).unwrap();
+    let version = json["model_version"].as_str().unwrap().to_string();
+
+    let topics = Topics::fresh("serve-model");
+    topics.create(&brokers, PARTITIONS);
+    let extra = format!(
+        "catalog = {:?}\n\n[model]\nweights = {:?}\n",
+        trace.display().to_string(),
+        model.display().to_string()
+    );
+    let config = write_config(&dir, &topics, &extra);
+    let serve = Serve::start(&brokers, &config, "model");
+
+    let mut requests: Vec<_> = seq_trace::trace_requests(&trace).into_values().collect();
+    requests.sort_by_key(|r| r.req_id);
+    requests.truncate(40);
+    let records: Vec<(i32, Option<Vec<u8>>)> = requests
+        .iter()
+        .map(|r| {
+            let body = json!({
+                "req_id": r.req_id, "user_id": r.user_id, "ts_ms": r.ts_ms,
+                "candidates": r.candidates, "hist_len": r.hist_len, "mode": "rank",
+            });
+            (
+                (r.req_id % PARTITIONS as u64) as i32,
+                Some(body.to_string().into_bytes()),
+            )
+        })
+        .collect();
+    produce(&brokers, &topics.requests, &records);
+    let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
+    let n = records.len();
+    assert!(
+        tail.read_until(Duration::from_secs(90), |t| t.req_ids.len() >= n),
+        "{} of {n} answered; stderr:\n{}",
+        tail.req_ids.len(),
+        serve.stderr_text()
+    );
+    let summary = serve.stop();
+    for read in &tail.records {
+        let v: serde_json::Value = serde_json::from_slice(&read.payload).unwrap();
+        assert_eq!(v["model_version"], version.as_str(), "{v}");
+        let req = requests
+            .iter()
+            .find(|r| Some(r.req_id) == v["req_id"].as_u64())
+            .unwrap();
+        let items = v["items"].as_array().unwrap();
+        assert!(!items.is_empty(), "{v}");
+        assert!(
+            items
+                .iter()
+                .all(|i| req.candidates.contains(&(i.as_u64().unwrap() as u32))),
+            "{v}"
+        );
+    }
+    assert_eq!(summary["model_version"], version.as_str(), "{summary}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -17,7 +17,7 @@ mod seq_trace;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
-use seq_trace::import_walks;
+use seq_trace::{batches, import_walks, trace_requests as requests};
 use temp::tmp_dir;
 
 fn train(trace: &Path, model: &Path) {
@@ -36,35 +36,6 @@ fn train(trace: &Path, model: &Path) {
         .arg(model)
         .output()
         .unwrap());
-}
-
-fn batches(path: &Path) -> Vec<arrow::record_batch::RecordBatch> {
-    let file = std::fs::File::open(path).unwrap();
-    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .unwrap()
-        .build()
-        .unwrap()
-        .map(|b| b.unwrap())
-        .collect()
-}
-
-/// Every request of the trace by req_id.
-fn requests(trace: &Path) -> HashMap<u64, grflow_traces::Request> {
-    let mut out = HashMap::new();
-    for entry in std::fs::read_dir(trace).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().to_string();
-        if !name.starts_with("requests") || !name.ends_with(".parquet") {
-            continue;
-        }
-        for b in batches(&path) {
-            for r in grflow_traces::columnar::decode_requests(&b).unwrap() {
-                let r = r.unwrap();
-                out.insert(r.req_id, r);
-            }
-        }
-    }
-    out
 }
 
 struct Response {

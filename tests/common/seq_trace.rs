@@ -1,6 +1,10 @@
 //! A small trace for the train/eval/serve tests, imported through the real
-//! binary from SASRec-style `user item` lines.
+//! binary from SASRec-style `user item` lines, and readers of what the
+//! binary writes.
 
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -29,4 +33,34 @@ pub fn import_walks(dir: &Path, name: &str, users: u32, items: u32, tables: u32)
         .output()
         .unwrap());
     trace
+}
+
+/// Every record batch of a Parquet file.
+pub fn batches(path: &Path) -> Vec<arrow::record_batch::RecordBatch> {
+    let file = std::fs::File::open(path).unwrap();
+    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
+}
+
+/// Every request of a trace directory by req_id.
+pub fn trace_requests(trace: &Path) -> HashMap<u64, grflow_traces::Request> {
+    let mut out = HashMap::new();
+    for entry in std::fs::read_dir(trace).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.starts_with("requests") || !name.ends_with(".parquet") {
+            continue;
+        }
+        for b in batches(&path) {
+            for r in grflow_traces::columnar::decode_requests(&b).unwrap() {
+                let r = r.unwrap();
+                out.insert(r.req_id, r);
+            }
+        }
+    }
+    out
 }
