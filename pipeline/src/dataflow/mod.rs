@@ -189,6 +189,7 @@ pub fn serving<'s>(
         clock: parts.clock,
         shedder: DeadlineShedder::new(parts.deadline),
         batch_max_tokens: parts.batch_max_tokens,
+        wall_ns: crate::events::now_ns,
     };
     let events = node::serve(routed, controls, node_parts, parts.release);
     if let Some((controller, handle)) = commands_loop {

@@ -23,7 +23,7 @@ use grflow_traces::Mode;
 
 use crate::config::{Clock, Release, SloMs};
 use crate::dataflow::operator::{EventOperator, event_operator};
-use crate::events::{ErrorKind, NodeControl, NodeEvent, Origin, Routed, Target, Telemetry, now_ns};
+use crate::events::{ErrorKind, NodeControl, NodeEvent, Origin, Routed, Target, Telemetry};
 use crate::side::SideTables;
 
 /// What a node wrapper needs besides its streams.
@@ -38,6 +38,8 @@ pub struct NodeParts {
     /// Rank requests served per batched model call, by tokens (history,
     /// candidates, instruction); 1 serves one request per call.
     pub batch_max_tokens: usize,
+    /// Wall clock, ns since the Unix epoch (`events::now_ns`; tests step it).
+    pub wall_ns: fn() -> u64,
 }
 
 impl EventOperator for NodeParts {
@@ -92,39 +94,18 @@ impl EventOperator for NodeParts {
             let r = &s.routed.admitted.request;
             (r.ts_ms, r.user_id, r.req_id)
         });
-        let busy_since = now_ns();
-        // Overload degrades by answering late requests with an error
-        // record instead of spending compute on them.
-        let split = self.shedder.split(all, busy_since);
-        for (s, check) in split.shed {
-            let DeadlineCheck::Shed {
-                waited_ms,
-                deadline_ms,
-            } = check
-            else {
-                unreachable!("only shed requests are here")
-            };
-            let reason =
-                format!("shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms");
-            let req_id = s.routed.admitted.request.req_id;
-            out[s.slot].push(error_event(
-                origin(&s.routed, false),
-                req_id,
-                reason,
-                ErrorKind::Shed,
-            ));
-        }
+        let busy_since = (self.wall_ns)();
         // Rank requests are served in batches of up to `batch_max_tokens`;
-        // a retrieve request is served alone, in order.
-        let mut batch: Vec<(Slotted, bool)> = Vec::new();
+        // a retrieve request is served alone, in order. Each batch is
+        // checked against the deadline when it starts, so a request queued
+        // behind earlier batches of the same activation is shed too.
+        let mut batch: Vec<Slotted> = Vec::new();
         let mut batch_tokens = 0;
-        for (s, check) in split.serve {
-            let recovered_late = matches!(check, DeadlineCheck::ServeRecovered { .. });
-            let req = &s.routed.admitted.request;
-            if req.mode == Mode::Retrieve {
+        for s in all {
+            if s.routed.admitted.request.mode == Mode::Retrieve {
                 self.serve_rank_batch(std::mem::take(&mut batch), out);
                 batch_tokens = 0;
-                self.serve_retrieve(s, recovered_late, out);
+                self.serve_retrieve(s, out);
                 continue;
             }
             let tokens = request_tokens(&s.routed, &self.side);
@@ -133,12 +114,12 @@ impl EventOperator for NodeParts {
                 batch_tokens = 0;
             }
             batch_tokens += tokens;
-            batch.push((s, recovered_late));
+            batch.push(s);
         }
         self.serve_rank_batch(batch, out);
         let (slot, time) = last;
         out[slot].push(NodeEvent::Report(self.node.borrow_mut().report(time)));
-        self.busy.borrow_mut().record(busy_since, now_ns());
+        self.busy.borrow_mut().record(busy_since, (self.wall_ns)());
     }
 }
 
@@ -159,8 +140,7 @@ impl Deadlined for Slotted {
 }
 
 /// Wall time each request waited from admission to the start of its batch.
-fn record_waits<'r>(node: &mut ServingNode, batch: impl IntoIterator<Item = &'r Routed>) {
-    let now = now_ns();
+fn record_waits<'r>(node: &mut ServingNode, now: u64, batch: impl IntoIterator<Item = &'r Routed>) {
     for r in batch {
         node.record_wait(now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6);
     }
@@ -176,8 +156,44 @@ fn request_tokens(routed: &Routed, side: &SideTables) -> usize {
 }
 
 impl NodeParts {
+    /// Answers the requests whose deadline has passed with a `shed` error
+    /// and returns the rest, each with whether it is served late after a
+    /// restart. Overload degrades this way instead of spending compute on
+    /// requests nobody waits for any more.
+    fn shed_expired(
+        &self,
+        batch: Vec<Slotted>,
+        out: &mut [Vec<NodeEvent>],
+    ) -> Vec<(Slotted, bool)> {
+        let split = self.shedder.split(batch, (self.wall_ns)());
+        for (s, check) in split.shed {
+            let DeadlineCheck::Shed {
+                waited_ms,
+                deadline_ms,
+            } = check
+            else {
+                unreachable!("only shed requests are here")
+            };
+            let reason =
+                format!("shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms");
+            let req_id = s.routed.admitted.request.req_id;
+            out[s.slot].push(error_event(
+                origin(&s.routed, false),
+                req_id,
+                reason,
+                ErrorKind::Shed,
+            ));
+        }
+        split
+            .serve
+            .into_iter()
+            .map(|(s, check)| (s, matches!(check, DeadlineCheck::ServeRecovered { .. })))
+            .collect()
+    }
+
     /// Serves rank requests with batched model calls.
-    fn serve_rank_batch(&mut self, batch: Vec<(Slotted, bool)>, out: &mut [Vec<NodeEvent>]) {
+    fn serve_rank_batch(&mut self, batch: Vec<Slotted>, out: &mut [Vec<NodeEvent>]) {
+        let batch = self.shed_expired(batch, out);
         if batch.is_empty() {
             return;
         }
@@ -210,7 +226,11 @@ impl NodeParts {
         // in `complete` mode).
         let now_ms = members.iter().map(|(s, _)| s.time).max().unwrap_or(0);
         let mut node = self.node.borrow_mut();
-        record_waits(&mut node, members.iter().map(|(s, _)| &s.routed));
+        record_waits(
+            &mut node,
+            (self.wall_ns)(),
+            members.iter().map(|(s, _)| &s.routed),
+        );
         let results = node.serve_rank_batch(now_ms, &work, side);
         drop(node);
         for ((s, recovered_late), result) in members.into_iter().zip(results) {
@@ -219,7 +239,10 @@ impl NodeParts {
         }
     }
 
-    fn serve_retrieve(&mut self, s: Slotted, recovered_late: bool, out: &mut [Vec<NodeEvent>]) {
+    fn serve_retrieve(&mut self, s: Slotted, out: &mut [Vec<NodeEvent>]) {
+        let Some((s, recovered_late)) = self.shed_expired(vec![s], out).pop() else {
+            return;
+        };
         let side = &*self.side;
         let req = &s.routed.admitted.request;
         let served = s
@@ -233,7 +256,7 @@ impl NodeParts {
                     user_id: req.user_id,
                 };
                 let mut node = self.node.borrow_mut();
-                record_waits(&mut node, [&s.routed]);
+                record_waits(&mut node, (self.wall_ns)(), [&s.routed]);
                 node.serve_retrieve(s.time, retrieve, history, side, &side.retrieval)
                     .map_err(|e| e.to_string())
             });
@@ -265,7 +288,9 @@ impl NodeParts {
         };
         let node = self.node.borrow();
         let latency_ms = match self.clock {
-            Clock::Wall => now_ns().saturating_sub(routed.admitted.admitted_ns) as f64 / 1e6,
+            Clock::Wall => {
+                (self.wall_ns)().saturating_sub(routed.admitted.admitted_ns) as f64 / 1e6
+            }
             Clock::Event => served.modelled_latency_ms,
         };
         let sample = TelemetrySample {
@@ -345,4 +370,139 @@ fn error_event(origin: Origin, req_id: u64, reason: String, kind: ErrorKind) -> 
         req_id: Some(req_id),
     };
     NodeEvent::Error(Box::new((row, kind, origin)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use grflow_connectors::SourcePosition;
+    use grflow_operators::router::Decision;
+    use grflow_traces::{GenConfig, Regime};
+
+    use super::*;
+    use crate::Config;
+    use crate::events::Admitted;
+    use crate::params::node_params;
+
+    thread_local! {
+        /// A wall clock that moves 1 ms every time it is read.
+        static NOW_NS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    fn stepping_clock() -> u64 {
+        NOW_NS.with(|t| {
+            let now = t.get();
+            t.set(now + 1_000_000);
+            now
+        })
+    }
+
+    /// A node wrapper with a 10 ms deadline, one request per batch, on the
+    /// stepping clock, and `n` rank requests admitted at time 0.
+    fn setup(n: u64) -> (NodeParts, Vec<Routed>) {
+        let cfg = Config::embedded();
+        let trace = grflow_traces::generate(&GenConfig {
+            regime: Regime::Steady,
+            users: 20,
+            items: 300,
+            requests: n,
+            candidates: 8,
+            retrieve_share: 0.0,
+            ..GenConfig::default()
+        });
+        let meta = trace.meta.clone().unwrap();
+        let side = SideTables::new(meta, trace.users, trace.items, cfg.node.shard_rows).unwrap();
+        let params = node_params(&cfg, &side.meta, &side.catalog()).unwrap();
+        let parts = NodeParts {
+            node: Rc::new(RefCell::new(ServingNode::new(0, params).unwrap())),
+            busy: Rc::new(RefCell::new(BusyMeter::new(0, 1_000_000_000))),
+            side: Arc::new(side),
+            slo_ms: cfg.run.slo_ms,
+            clock: Clock::Wall,
+            shedder: DeadlineShedder::new(Some(Duration::from_millis(10))),
+            batch_max_tokens: 1,
+            wall_ns: stepping_clock,
+        };
+        let routed = trace
+            .requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, request)| Routed {
+                admitted: Admitted {
+                    request,
+                    position: SourcePosition::Parquet {
+                        file: "t".into(),
+                        row_group: 0,
+                        row: i as u64,
+                    },
+                    admitted_ns: 0,
+                    inline_history: None,
+                    recovered: false,
+                },
+                decision: Decision {
+                    node: 0,
+                    kv_hit: false,
+                    affinity_win: false,
+                    overload_fallback: false,
+                    emb_coverage: 0.0,
+                    hot_user: false,
+                },
+            })
+            .collect();
+        (parts, routed)
+    }
+
+    #[test]
+    fn each_batch_is_checked_against_the_deadline_when_it_starts() {
+        NOW_NS.with(|t| t.set(0));
+        let (mut parts, routed) = setup(12);
+        let mut out = [Vec::new()];
+        parts.on_arrivals(vec![(5, routed)], &mut out);
+        let (mut served, mut shed) = (Vec::new(), Vec::new());
+        for event in &out[0] {
+            match event {
+                NodeEvent::Response(r) => served.push(r.0.req_id),
+                NodeEvent::Error(e) if e.1 == ErrorKind::Shed => shed.push(e.0.req_id.unwrap()),
+                NodeEvent::Error(e) => panic!("unexpected error {:?}", e.0),
+                _ => {}
+            }
+        }
+        // The clock moves 1 ms per read and a batch reads it several
+        // times, so the first batches start within the 10 ms deadline and
+        // the later ones after it: those are shed, though all twelve were
+        // in time when the activation began.
+        assert_eq!(served.len() + shed.len(), 12, "{served:?} {shed:?}");
+        assert!(
+            !served.is_empty() && !shed.is_empty(),
+            "{served:?} {shed:?}"
+        );
+        assert!(
+            served.iter().max() < shed.iter().min(),
+            "the shed ones are the later batches: {served:?} {shed:?}"
+        );
+    }
+
+    #[test]
+    fn without_a_deadline_every_request_is_served_in_batches() {
+        NOW_NS.with(|t| t.set(0));
+        let (mut parts, routed) = setup(12);
+        parts.shedder = DeadlineShedder::new(None);
+        parts.batch_max_tokens = 10_000;
+        let mut out = [Vec::new()];
+        parts.on_arrivals(vec![(5, routed)], &mut out);
+        let served = out[0]
+            .iter()
+            .filter(|e| matches!(e, NodeEvent::Response(_)))
+            .count();
+        assert_eq!(served, 12);
+        let counters = parts.node.borrow().counters().clone();
+        assert_eq!(counters.responses, 12);
+        assert!(
+            counters.model_calls < 12,
+            "batched: {} calls",
+            counters.model_calls
+        );
+    }
 }
