@@ -17,26 +17,8 @@ mod seq_trace;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
-use seq_trace::{batches, import_walks, trace_requests as requests};
+use seq_trace::{batches, import_walks, trace_requests as requests, train_one_epoch as train};
 use temp::tmp_dir;
-
-fn train(trace: &Path, model: &Path) {
-    ok(grflow()
-        .args([
-            "train",
-            "--quiet",
-            "--seed",
-            "5",
-            "--max-epochs",
-            "1",
-            "--trace",
-        ])
-        .arg(trace)
-        .arg("--out")
-        .arg(model)
-        .output()
-        .unwrap());
-}
 
 struct Response {
     req_id: u64,

@@ -64,3 +64,22 @@ pub fn trace_requests(trace: &Path) -> HashMap<u64, grflow_traces::Request> {
     }
     out
 }
+
+/// Trains a model on `trace` into `model` with the CLI: one epoch, seed 5.
+pub fn train_one_epoch(trace: &Path, model: &Path) {
+    ok(grflow()
+        .args([
+            "train",
+            "--quiet",
+            "--seed",
+            "5",
+            "--max-epochs",
+            "1",
+            "--trace",
+        ])
+        .arg(trace)
+        .arg("--out")
+        .arg(model)
+        .output()
+        .unwrap());
+}
