@@ -534,5 +534,23 @@ fn serve_with_a_trained_model_answers_with_its_model_version() {
         );
     }
     assert_eq!(summary["model_version"], version.as_str(), "{summary}");
+    // Rankings only: the per-kind summary counts them all as rank, each
+    // against the rank SLO.
+    let by_mode = &summary["by_mode"];
+    assert_eq!(
+        by_mode["rank"]["responses"].as_u64(),
+        Some(n as u64),
+        "{summary}"
+    );
+    assert_eq!(
+        by_mode["retrieve"]["responses"].as_u64(),
+        Some(0),
+        "{summary}"
+    );
+    assert_eq!(by_mode["rank"]["slo_ms"].as_f64(), Some(30.0), "{summary}");
+    assert!(
+        by_mode["rank"]["latency_ms"]["p99"].as_f64().unwrap() > 0.0,
+        "{summary}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

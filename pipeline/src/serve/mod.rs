@@ -42,6 +42,7 @@ use crate::config::Config;
 use crate::dataflow::{self, ServingParts};
 use crate::params::node_params;
 use crate::side::SideTables;
+use crate::summary::{ModeSummaries, ModeSummary};
 use ingest::{IngestSettings, KafkaIngest};
 use outputs::{OutputQueue, OutputSettings};
 pub use shared::{ServeSummary, SharedState};
@@ -251,6 +252,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 dead_letter_topic: worker_cfg.kafka.dead_letter_topic.clone(),
                 max_retries: worker_cfg.kafka.produce_retries,
                 retry_backoff: Duration::from_millis(worker_cfg.kafka.produce_retry_backoff_ms),
+                slo_ms: worker_cfg.run.slo_ms,
             },
         )));
         let ingest = Rc::new(RefCell::new(KafkaIngest::new(
@@ -451,6 +453,13 @@ fn summarise(
         latency_p50_ms: latency.quantile(0.5),
         latency_p99_ms: latency.quantile(0.99),
         latency_max_ms: latency.max_ms(),
+        by_mode: {
+            let by_mode = shared.by_mode.lock().expect("latency lock");
+            ModeSummaries {
+                rank: ModeSummary::new(&by_mode[0], cfg.run.slo_ms.rank),
+                retrieve: ModeSummary::new(&by_mode[1], cfg.run.slo_ms.retrieve),
+            }
+        },
         lag: shared.lag.lock().expect("lag lock").clone(),
         committed: results
             .iter()

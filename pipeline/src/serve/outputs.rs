@@ -19,6 +19,7 @@ use grflow_connectors::kafka::{DeadLetter, OutputProducer, RecordId, SendError, 
 
 use super::ratelimit::LogLimiter;
 use super::shared::{FailedOutput, ServeCounters, SharedState};
+use crate::config::SloMs;
 use crate::events::{ErrorKind, NodeEvent, now_ns};
 
 /// Why a record was not taken by [`Produce::send`].
@@ -67,6 +68,8 @@ pub struct OutputSettings {
     pub max_retries: u32,
     /// Wait before the first retry; doubles with each one (capped at 10 s).
     pub retry_backoff: Duration,
+    /// Each request kind's latency objective, for the summary's `by_mode`.
+    pub slo_ms: SloMs,
 }
 
 #[derive(Debug)]
@@ -115,7 +118,8 @@ impl<P: Produce> OutputQueue<P> {
 
     /// Turns a node's answer into a response record and sends it.
     pub fn answer(&mut self, event: NodeEvent) {
-        let (response, admitted_ns) = match event {
+        // The kind of a ranking or retrieval; errors have no kind's latency.
+        let (response, admitted_ns, mode) = match event {
             NodeEvent::Response(boxed) => {
                 let (row, origin) = *boxed;
                 let Some(source) = record_id(&origin.position) else {
@@ -135,6 +139,7 @@ impl<P: Produce> OutputQueue<P> {
                 (
                     response.timed(row.node, origin.ts_ms, 0.0),
                     origin.admitted_ns,
+                    Some(origin.mode),
                 )
             }
             NodeEvent::Error(boxed) => {
@@ -149,7 +154,11 @@ impl<P: Produce> OutputQueue<P> {
                 ServeCounters::add(counter, 1);
                 let req_id = row.req_id.unwrap_or_default();
                 let response = WireResponse::failed(source, req_id, kind.as_str(), row.reason);
-                (response.timed(0, origin.ts_ms, 0.0), origin.admitted_ns)
+                (
+                    response.timed(0, origin.ts_ms, 0.0),
+                    origin.admitted_ns,
+                    None,
+                )
             }
             NodeEvent::Telemetry(_) | NodeEvent::Report(_) => return,
         };
@@ -157,6 +166,10 @@ impl<P: Produce> OutputQueue<P> {
         let mut response = response;
         response.latency_ms = (latency_ms * 1e3).round() / 1e3;
         self.shared.record_latency(latency_ms);
+        if let Some(mode) = mode {
+            self.shared
+                .record_mode_latency(mode, latency_ms, self.settings.slo_ms.for_mode(mode));
+        }
         let payload = serde_json::to_vec(&response).expect("responses serialize");
         let key = response.req_id.to_string().into_bytes();
         let topic = self.settings.response_topic.clone();
@@ -439,6 +452,7 @@ mod tests {
                 dead_letter_topic: LETTERS.into(),
                 max_retries: RETRIES,
                 retry_backoff: BACKOFF,
+                slo_ms: SloMs::both(30.0),
             },
         );
         (producer, shared, queue)

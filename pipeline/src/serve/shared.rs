@@ -12,7 +12,10 @@ use serde::Serialize;
 
 use grflow_connectors::kafka::{Delivery, OffsetBook, RecordId, partition_owner};
 
+use grflow_traces::Mode;
+
 use super::histogram::LatencyHistogram;
+use crate::summary::{LatencyTally, ModeSummaries};
 
 /// Counters of a serve job; logged periodically and summarised at exit.
 #[derive(Debug, Default)]
@@ -87,6 +90,8 @@ pub struct SharedState {
     pub drain_timed_out: AtomicBool,
     pub counters: ServeCounters,
     pub latency: Mutex<LatencyHistogram>,
+    /// Latency of rankings and of retrievals, each against its SLO.
+    pub by_mode: Mutex<[LatencyTally; 2]>,
     /// Consumer lag per request partition, as last measured.
     pub lag: Mutex<BTreeMap<i32, i64>>,
 }
@@ -105,6 +110,7 @@ impl SharedState {
             drain_timed_out: AtomicBool::new(false),
             counters: ServeCounters::default(),
             latency: Mutex::default(),
+            by_mode: Mutex::default(),
             lag: Mutex::default(),
         }
     }
@@ -205,6 +211,15 @@ impl SharedState {
         self.latency.lock().expect("latency lock").record(ms);
     }
 
+    pub fn record_mode_latency(&self, mode: Mode, ms: f64, slo_ms: f64) {
+        let mut by_mode = self.by_mode.lock().expect("latency lock");
+        let i = match mode {
+            Mode::Rank => 0,
+            Mode::Retrieve => 1,
+        };
+        by_mode[i].record(ms, slo_ms);
+    }
+
     pub fn in_flight(&self) -> usize {
         self.books
             .iter()
@@ -254,6 +269,8 @@ pub struct ServeSummary {
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
     pub latency_max_ms: f64,
+    /// Rankings and retrievals apart, each against its own SLO.
+    pub by_mode: ModeSummaries,
     /// Messages behind the end of each request partition at exit.
     pub lag: BTreeMap<i32, i64>,
     pub committed: BTreeMap<i32, i64>,
