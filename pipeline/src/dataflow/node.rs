@@ -146,13 +146,11 @@ fn record_waits<'r>(node: &mut ServingNode, now: u64, batch: impl IntoIterator<I
     }
 }
 
-/// Tokens a rank request adds to a batch: its whole history (cached or
-/// not, an upper bound known before the cache is asked), its candidates
-/// and the instruction token.
+/// Tokens a rank request adds to a batch: the router's count (its whole
+/// history, cached or not, an upper bound known before the cache is asked).
 fn request_tokens(routed: &Routed, side: &SideTables) -> usize {
-    let req = &routed.admitted.request;
-    let history = routed.admitted.history(side).map_or(0, |h| h.len());
-    history + req.candidates.len() + 1
+    let history = routed.admitted.history(side).unwrap_or(&[]);
+    side.request_tokens(&routed.admitted.request, history) as usize
 }
 
 impl NodeParts {
