@@ -363,7 +363,7 @@ impl ServingNode {
 
     /// Serves one rank request at event time `now_ms` whose user history is
     /// `history` (the first hist_len items): User-as-prefix ranking of the
-    /// candidates on top of the user's cached history KV.
+    /// candidates on top of the user's cached history KV. A batch of one.
     pub fn serve(
         &mut self,
         now_ms: u64,
@@ -371,42 +371,9 @@ impl ServingNode {
         history: &[u32],
         catalog: &dyn ItemCatalog,
     ) -> Result<Served, ServeError> {
-        let plan = Plan::rank(
-            &self.history_limits,
-            req.req_id,
-            history,
-            req.candidates.len(),
-        )?;
-        self.begin(&plan);
-        let mut emb = EmbStats::default();
-        let history_tokens = self.lookup().item_tokens(plan.history, catalog, &mut emb);
-        let candidate_tokens = self.lookup().item_tokens(req.candidates, catalog, &mut emb);
-        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
-
-        let model = &self.model;
-        let (scores, reused) = self.prefixes.with_prefix(
-            &mut self.memory,
-            model,
-            req.user_id,
-            plan.history,
-            &history_tokens,
-            |store, prefix| {
-                model
-                    .rank_user_prefix(
-                        store,
-                        &prefix.block_table,
-                        plan.history.len(),
-                        &candidate_tokens,
-                    )
-                    .map_err(|e| ServeError::Model(e.to_string()))
-            },
-        )?;
-        let order = top_k(&scores, self.params.top_k);
-        let items = order.iter().map(|&i| req.candidates[i]).collect();
-        let top_scores = order.iter().map(|&i| scores[i]).collect();
-        self.count_call(1);
-        let flops = self.rank_flops(&plan, reused, req.candidates.len());
-        Ok(self.finish(now_ms, &plan, items, top_scores, reused, &emb, flops))
+        self.serve_rank_batch(now_ms, &[RankWork { req, history }], catalog)
+            .pop()
+            .expect("one request, one result")
     }
 
     /// Serves several rank requests at event time `now_ms` with batched
