@@ -151,6 +151,15 @@ fn replay_writes_the_documented_outputs() {
         assert!(summary["router"][key].is_u64(), "router.{key}");
     }
     assert_eq!(summary["slo_ms"].as_f64(), Some(30.0));
+    // Every response is tallied under its kind, against that kind's SLO.
+    let by_mode = &summary["by_mode"];
+    let kinds = ["rank", "retrieve"].map(|k| by_mode[k]["responses"].as_u64().unwrap());
+    assert_eq!(
+        kinds[0] + kinds[1],
+        summary["responses_out"].as_u64().unwrap()
+    );
+    assert_eq!(by_mode["rank"]["slo_ms"].as_f64(), Some(30.0));
+    assert_eq!(by_mode["retrieve"]["slo_ms"].as_f64(), Some(50.0));
 }
 
 #[test]

@@ -27,9 +27,7 @@ use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
 use crate::events::{ScheduledCommand, Target};
 use crate::params::node_params;
 use crate::side::SideTables;
-use crate::summary::{
-    LatencyTally, ModeSummaries, ModeSummary, NodeSummary, Summary, sort_windows,
-};
+use crate::summary::{LatencyTally, ModeTallies, NodeSummary, Summary, sort_windows};
 
 /// Where the requests come from.
 #[derive(Clone, Debug)]
@@ -164,8 +162,7 @@ struct WorkerResult {
     node: NodeSummary,
     router: RouterStats,
     latency: std::collections::BTreeMap<u32, LatencyTally>,
-    /// Rank, then retrieve.
-    by_mode: [LatencyTally; 2],
+    by_mode: ModeTallies,
     errors: Vec<ErrorRow>,
     windows: Vec<WindowRow>,
     model_version: String,
@@ -375,7 +372,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             node: node_summary,
             router: df.router.borrow().stats().clone(),
             latency: outputs.latency,
-            by_mode: [outputs.latency_rank, outputs.latency_retrieve],
+            by_mode: outputs.by_mode,
             errors: outputs.errors,
             windows,
             model_version: node.model_version().to_string(),
@@ -418,14 +415,12 @@ fn assemble(
     let mut nodes = Vec::new();
     let mut model_version = String::new();
     let mut latency: std::collections::BTreeMap<u32, LatencyTally> = Default::default();
-    let mut by_mode: [LatencyTally; 2] = Default::default();
+    let mut by_mode = ModeTallies::default();
     for r in results {
         for (node, tally) in r.latency {
             latency.entry(node).or_default().merge(&tally);
         }
-        for (all, worker) in by_mode.iter_mut().zip(&r.by_mode) {
-            all.merge(worker);
-        }
+        by_mode.merge(&r.by_mode);
         out.errors.extend(r.errors);
         out.windows.extend(r.windows);
         router.merge(&r.router);
@@ -462,10 +457,7 @@ fn assemble(
         event_time_s,
         throughput_rps: responses_out as f64 / wall_s.max(1e-9),
         slo_ms: cfg.run.slo_ms.rank,
-        by_mode: ModeSummaries {
-            rank: ModeSummary::new(&by_mode[0], cfg.run.slo_ms.rank),
-            retrieve: ModeSummary::new(&by_mode[1], cfg.run.slo_ms.retrieve),
-        },
+        by_mode: by_mode.summaries(&cfg.run.slo_ms),
         clock: cfg.run.clock.as_str().to_string(),
         release: cfg.run.replay_release().as_str().to_string(),
         slo_satisfaction: overall.slo_satisfaction(),

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 use grflow_connectors::WindowRow;
 use grflow_operators::router::RouterStats;
 use grflow_operators::windows::percentile;
+use grflow_traces::Mode;
 
+use crate::config::SloMs;
 use crate::serve::histogram::LatencyHistogram;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -166,6 +168,36 @@ pub struct Summary {
     pub nodes: Vec<NodeSummary>,
     pub router: RouterStats,
     pub windows: usize,
+}
+
+/// Latencies of rank and of retrieve responses, each recorded against its
+/// own kind's SLO (replay's sink and serve's output queue both keep one).
+#[derive(Clone, Debug, Default)]
+pub struct ModeTallies {
+    rank: LatencyTally,
+    retrieve: LatencyTally,
+}
+
+impl ModeTallies {
+    pub fn record(&mut self, mode: Mode, latency_ms: f64, slo_ms: &SloMs) {
+        let tally = match mode {
+            Mode::Rank => &mut self.rank,
+            Mode::Retrieve => &mut self.retrieve,
+        };
+        tally.record(latency_ms, slo_ms.for_mode(mode));
+    }
+
+    pub fn merge(&mut self, other: &ModeTallies) {
+        self.rank.merge(&other.rank);
+        self.retrieve.merge(&other.retrieve);
+    }
+
+    pub fn summaries(&self, slo_ms: &SloMs) -> ModeSummaries {
+        ModeSummaries {
+            rank: ModeSummary::new(&self.rank, slo_ms.rank),
+            retrieve: ModeSummary::new(&self.retrieve, slo_ms.retrieve),
+        }
+    }
 }
 
 /// Rank and retrieve requests apart.

@@ -34,12 +34,11 @@ use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::{DeadlineShedder, ServingNode};
 use grflow_operators::router::{NodeReport, Router};
-use grflow_traces::Mode;
 
 use crate::config::{Clock, Release, SloMs};
 use crate::events::{Admitted, ClosedWindow, Ingest, NodeControl, NodeEvent, ScheduledCommand};
 use crate::side::SideTables;
-use crate::summary::LatencyTally;
+use crate::summary::{LatencyTally, ModeTallies};
 pub use source::Pacing;
 use source::SourceCounters;
 use windows::WindowGauge;
@@ -60,8 +59,7 @@ pub struct WorkerOutputs {
     pub errors: Vec<ErrorRow>,
     pub latency: BTreeMap<u32, LatencyTally>,
     /// The same latencies by request kind, each against its own SLO.
-    pub latency_rank: LatencyTally,
-    pub latency_retrieve: LatencyTally,
+    pub by_mode: ModeTallies,
     /// Closed windows of this worker's node: one row per epoch, kept for
     /// windows.parquet and the summary's event-time span.
     pub windows: Vec<grflow_connectors::WindowRow>,
@@ -273,16 +271,11 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                             NodeEvent::Response(r) => {
                                 sink_counters.responses_out.fetch_add(1, Ordering::Relaxed);
                                 let (row, origin) = *r;
-                                let slo = slo_ms.for_mode(origin.mode);
                                 out.latency
                                     .entry(row.node)
                                     .or_default()
-                                    .record(row.latency_ms, slo);
-                                match origin.mode {
-                                    Mode::Rank => &mut out.latency_rank,
-                                    Mode::Retrieve => &mut out.latency_retrieve,
-                                }
-                                .record(row.latency_ms, slo);
+                                    .record(row.latency_ms, slo_ms.for_mode(origin.mode));
+                                out.by_mode.record(origin.mode, row.latency_ms, &slo_ms);
                                 out.pending_responses.push(row);
                             }
                             NodeEvent::Error(e) => {

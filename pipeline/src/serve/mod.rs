@@ -42,7 +42,6 @@ use crate::config::Config;
 use crate::dataflow::{self, ServingParts};
 use crate::params::node_params;
 use crate::side::SideTables;
-use crate::summary::{ModeSummaries, ModeSummary};
 use ingest::{IngestSettings, KafkaIngest};
 use outputs::{OutputQueue, OutputSettings};
 pub use shared::{ServeSummary, SharedState};
@@ -453,13 +452,11 @@ fn summarise(
         latency_p50_ms: latency.quantile(0.5),
         latency_p99_ms: latency.quantile(0.99),
         latency_max_ms: latency.max_ms(),
-        by_mode: {
-            let by_mode = shared.by_mode.lock().expect("latency lock");
-            ModeSummaries {
-                rank: ModeSummary::new(&by_mode[0], cfg.run.slo_ms.rank),
-                retrieve: ModeSummary::new(&by_mode[1], cfg.run.slo_ms.retrieve),
-            }
-        },
+        by_mode: shared
+            .by_mode
+            .lock()
+            .expect("latency lock")
+            .summaries(&cfg.run.slo_ms),
         lag: shared.lag.lock().expect("lag lock").clone(),
         committed: results
             .iter()

@@ -168,7 +168,7 @@ impl<P: Produce> OutputQueue<P> {
         self.shared.record_latency(latency_ms);
         if let Some(mode) = mode {
             self.shared
-                .record_mode_latency(mode, latency_ms, self.settings.slo_ms.for_mode(mode));
+                .record_mode_latency(mode, latency_ms, &self.settings.slo_ms);
         }
         let payload = serde_json::to_vec(&response).expect("responses serialize");
         let key = response.req_id.to_string().into_bytes();

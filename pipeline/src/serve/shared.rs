@@ -15,7 +15,8 @@ use grflow_connectors::kafka::{Delivery, OffsetBook, RecordId, partition_owner};
 use grflow_traces::Mode;
 
 use super::histogram::LatencyHistogram;
-use crate::summary::{LatencyTally, ModeSummaries};
+use crate::config::SloMs;
+use crate::summary::{ModeSummaries, ModeTallies};
 
 /// Counters of a serve job; logged periodically and summarised at exit.
 #[derive(Debug, Default)]
@@ -91,7 +92,7 @@ pub struct SharedState {
     pub counters: ServeCounters,
     pub latency: Mutex<LatencyHistogram>,
     /// Latency of rankings and of retrievals, each against its SLO.
-    pub by_mode: Mutex<[LatencyTally; 2]>,
+    pub by_mode: Mutex<ModeTallies>,
     /// Consumer lag per request partition, as last measured.
     pub lag: Mutex<BTreeMap<i32, i64>>,
 }
@@ -211,13 +212,11 @@ impl SharedState {
         self.latency.lock().expect("latency lock").record(ms);
     }
 
-    pub fn record_mode_latency(&self, mode: Mode, ms: f64, slo_ms: f64) {
-        let mut by_mode = self.by_mode.lock().expect("latency lock");
-        let i = match mode {
-            Mode::Rank => 0,
-            Mode::Retrieve => 1,
-        };
-        by_mode[i].record(ms, slo_ms);
+    pub fn record_mode_latency(&self, mode: Mode, ms: f64, slo_ms: &SloMs) {
+        self.by_mode
+            .lock()
+            .expect("latency lock")
+            .record(mode, ms, slo_ms);
     }
 
     pub fn in_flight(&self) -> usize {
