@@ -190,6 +190,15 @@ fn shuffled(n: usize, seed: u64) -> Vec<u32> {
     ids
 }
 
+/// This machine's one-core f32 GEMM rate: the best of the default shapes,
+/// two repetitions each. Benches print it beside their absolute figures.
+pub fn gemm_peak_gflops() -> f64 {
+    gemm_rates(&crate::CpuBackend::new(1), &DEFAULT_GEMM_SHAPES, 2)
+        .iter()
+        .map(|r| r.gflops)
+        .fold(0.0, f64::max)
+}
+
 /// GFLOP/s of each GEMM shape on `be` (best of `reps`).
 pub fn gemm_rates(be: &dyn Backend, shapes: &[[usize; 3]], reps: usize) -> Vec<GemmRate> {
     shapes

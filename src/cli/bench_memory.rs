@@ -10,8 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use grflow_kernels::CpuBackend;
-use grflow_kernels::bench::{DEFAULT_GEMM_SHAPES, gemm_rates};
+use grflow_kernels::bench::gemm_peak_gflops;
 use grflow_pipeline::dataflow::JobCounters;
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{Clock, Config, ReplayOptions, TraceInput};
@@ -101,10 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.run.speed = "max".into();
     config.run.clock = Clock::Event;
 
-    let gemm_gflops = gemm_rates(&CpuBackend::new(1), &DEFAULT_GEMM_SHAPES, 2)
-        .iter()
-        .map(|r| r.gflops)
-        .fold(0.0, f64::max);
+    let gemm_gflops = gemm_peak_gflops();
     eprintln!(
         "generating {} requests from {} users...",
         args.requests, args.users

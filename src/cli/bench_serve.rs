@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use grflow_kernels::CpuBackend;
-use grflow_kernels::bench::{DEFAULT_GEMM_SHAPES, gemm_rates};
+use grflow_kernels::bench::gemm_peak_gflops;
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{Clock, Config, ReleaseSetting, ReplayOptions, SloMs, Summary, TraceInput};
 use grflow_traces::{Regime, Trace};
@@ -138,10 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     base.windows.out = "none".into();
 
     let started = std::time::Instant::now();
-    let gemm_gflops = gemm_rates(&CpuBackend::new(1), &DEFAULT_GEMM_SHAPES, 2)
-        .iter()
-        .map(|r| r.gflops)
-        .fold(0.0, f64::max);
+    let gemm_gflops = gemm_peak_gflops();
     let mut gen_cfg = base.trace.gen_config().map_err(InputError::from_display)?;
     gen_cfg.regime = Regime::Steady;
     gen_cfg.requests = args.requests;

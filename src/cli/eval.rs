@@ -4,8 +4,7 @@
 
 use std::path::PathBuf;
 
-use grflow_kernels::CpuBackend;
-use grflow_kernels::bench::{DEFAULT_GEMM_SHAPES, gemm_rates};
+use grflow_kernels::bench::gemm_peak_gflops;
 use grflow_train::artifact::{items_hash, load_model_dir};
 use grflow_train::data::Dataset;
 use grflow_train::eval::{EvalOptions, Subject, evaluate};
@@ -54,10 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         full_users: args.full_users,
         ..EvalOptions::default()
     };
-    let gemm = gemm_rates(&CpuBackend::new(1), &DEFAULT_GEMM_SHAPES, 2)
-        .iter()
-        .map(|r| r.gflops)
-        .fold(0.0, f64::max);
+    let gemm = gemm_peak_gflops();
     let bar = if args.json {
         ProgressBar::hidden()
     } else {
