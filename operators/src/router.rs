@@ -122,6 +122,33 @@ pub struct NodeReport {
     /// Tokens the node serves per ms of event time, so a replica can let the
     /// backlog drain between reports exactly as the node does.
     pub service_tokens_per_ms: f64,
+    /// Tokens of the requests the node has finished (served, failed or
+    /// shed) since it started, by the router replica that routed them:
+    /// [`LoadSignal::InFlight`] subtracts them from what a replica sent.
+    #[serde(default)]
+    pub completed_tokens: Vec<f64>,
+}
+
+/// What l(n) measures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum LoadSignal {
+    /// The node's event-time backlog drained at its service rate: the same
+    /// on every run (`complete` release, `--clock event`).
+    #[default]
+    EventBacklog,
+    /// Work sent and not yet finished, as replica `replica` of `replicas`
+    /// sees it: the tokens it routed to the node minus those the node
+    /// reported finished, scaled by the replica count (every replica routes
+    /// a like share of the users). Real queues on real time (`arrival`
+    /// release): an event-time model drains at a made-up rate, and at
+    /// `--speed max` it let one node take nearly every request. Normalised
+    /// by `token_capacity` (`node.token_capacity`), known before any report
+    /// so that the first burst is spread too.
+    InFlight {
+        replica: usize,
+        replicas: usize,
+        token_capacity: f64,
+    },
 }
 
 /// The router's replicated view of one node.
@@ -136,6 +163,10 @@ struct NodeView {
     backlog_at_ms: u64,
     service_tokens_per_ms: f64,
     token_capacity: f64,
+    /// Tokens this replica routed to the node, ever.
+    sent_tokens: f64,
+    /// Of those, the tokens the node reported finished.
+    finished_tokens: f64,
 }
 
 impl NodeView {
@@ -144,16 +175,33 @@ impl NodeView {
         (self.backlog_tokens - drained).max(0.0)
     }
 
-    fn load(&self, now_ms: u64) -> f64 {
-        if self.token_capacity <= 0.0 {
+    /// Queued work over capacity, not clamped (1.0 = at capacity).
+    fn pressure(&self, signal: LoadSignal, now_ms: u64) -> f64 {
+        let (queued, capacity) = match signal {
+            LoadSignal::EventBacklog => (self.backlog(now_ms), self.token_capacity),
+            LoadSignal::InFlight {
+                replicas,
+                token_capacity,
+                ..
+            } => (
+                (self.sent_tokens - self.finished_tokens).max(0.0) * replicas as f64,
+                token_capacity,
+            ),
+        };
+        if capacity <= 0.0 {
             return 0.0;
         }
-        (self.backlog(now_ms) / self.token_capacity).clamp(0.0, 1.0)
+        queued / capacity
+    }
+
+    fn load(&self, signal: LoadSignal, now_ms: u64) -> f64 {
+        self.pressure(signal, now_ms).clamp(0.0, 1.0)
     }
 
     fn dispatch(&mut self, now_ms: u64, tokens: f64) {
         self.backlog_tokens = self.backlog(now_ms) + tokens;
         self.backlog_at_ms = self.backlog_at_ms.max(now_ms);
+        self.sent_tokens += tokens;
     }
 }
 
@@ -217,6 +265,7 @@ pub struct Router {
     affinity: LruMap<u32>,
     hot: HotUsers,
     stats: RouterStats,
+    signal: LoadSignal,
 }
 
 impl Router {
@@ -230,7 +279,13 @@ impl Router {
 
             hot,
             stats: RouterStats::default(),
+            signal: LoadSignal::default(),
         })
+    }
+
+    /// Chooses what l(n) measures (the event-time backlog by default).
+    pub fn set_load_signal(&mut self, signal: LoadSignal) {
+        self.signal = signal;
     }
 
     pub fn config(&self) -> &RouterConfig {
@@ -253,7 +308,7 @@ impl Router {
 
     /// Load l(n) at event time `now_ms` as this replica sees it.
     pub fn load(&self, node: u32, now_ms: u64) -> f64 {
-        self.nodes[node as usize].load(now_ms)
+        self.nodes[node as usize].load(self.signal, now_ms)
     }
 
     /// Whether the replica believes `node` holds `user`'s prefix KV.
@@ -278,6 +333,11 @@ impl Router {
         view.backlog_at_ms = report.at_ms;
         view.token_capacity = report.token_capacity;
         view.service_tokens_per_ms = report.service_tokens_per_ms;
+        if let LoadSignal::InFlight { replica, .. } = self.signal {
+            // Reports may overtake each other: finished work only grows.
+            let finished = report.completed_tokens.get(replica).copied().unwrap_or(0.0);
+            view.finished_tokens = view.finished_tokens.max(finished);
+        }
     }
 
     /// Routes one request of `user` at event time `ts_ms` whose user profile
@@ -297,7 +357,7 @@ impl Router {
                 0.0
             };
             let h_emb = coverage(profile, &view.emb_shards);
-            let base = w_kv * h_kv + w_emb * h_emb + w_ld * (1.0 - view.load(ts_ms));
+            let base = w_kv * h_kv + w_emb * h_emb + w_ld * (1.0 - view.load(self.signal, ts_ms));
             let bonus = if Some(n) == n_aff {
                 self.cfg.affinity_bonus
             } else {
@@ -315,7 +375,7 @@ impl Router {
         let affinity_win = Some(chosen) == n_aff && best_without_bonus.map(|b| b.0) != n_aff;
 
         let mut overload_fallback = false;
-        if self.nodes[chosen as usize].load(ts_ms) > self.cfg.overload_threshold {
+        if self.load(chosen, ts_ms) > self.cfg.overload_threshold {
             let least = self.least_loaded(ts_ms);
             overload_fallback = least != chosen;
             chosen = least;
@@ -345,14 +405,17 @@ impl Router {
         }
     }
 
+    /// The node with the least queued work; unclamped, so that among nodes
+    /// all past capacity the least overloaded one is taken, not node 0.
     fn least_loaded(&self, now_ms: u64) -> u32 {
-        let mut least = 0u32;
-        for (n, view) in self.nodes.iter().enumerate() {
-            if view.load(now_ms) < self.nodes[least as usize].load(now_ms) {
-                least = n as u32;
+        let pressure = |n: usize| self.nodes[n].pressure(self.signal, now_ms);
+        let mut least = 0;
+        for n in 1..self.nodes.len() {
+            if pressure(n) < pressure(least) {
+                least = n;
             }
         }
-        least
+        least as u32
     }
 }
 
@@ -553,5 +616,65 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(zero.validate(), Err(RouterConfigError::NoUsers));
+    }
+
+    #[test]
+    fn in_flight_load_is_what_was_sent_minus_what_the_node_finished() {
+        let mut r = router(2);
+        r.set_load_signal(LoadSignal::InFlight {
+            replica: 1,
+            replicas: 2,
+            token_capacity: 1000.0,
+        });
+        // No report yet: the configured capacity already counts, so a
+        // burst before the first report is spread too.
+        assert_eq!(r.route(0, 99, &[], 600.0).node, 0);
+        assert_eq!(r.route(0, 98, &[], 10.0).node, 1);
+        let mut r = router(2);
+        r.set_load_signal(LoadSignal::InFlight {
+            replica: 1,
+            replicas: 2,
+            token_capacity: 1000.0,
+        });
+        // User 9's KV is on node 0; 300 tokens sent there × 2 replicas
+        // over a capacity of 1000 = 0.6, however much event time passes
+        // (an event-time backlog would have drained by now).
+        r.apply_report(&report(0, &[9], &[], 0.0));
+        r.route(0, 9, &[], 300.0);
+        assert!((r.load(0, 1_000_000) - 0.6).abs() < 1e-9);
+        assert_eq!(r.load(1, 1_000_000), 0.0);
+        // The node finished 200 of replica 1's tokens (and some of
+        // replica 0's, which this replica does not count).
+        let mut done = report(0, &[], &[], 0.0);
+        done.completed_tokens = vec![5_000.0, 200.0];
+        r.apply_report(&done);
+        assert!((r.load(0, 0) - 0.2).abs() < 1e-9);
+        // An older report arriving late does not undo finished work.
+        let mut stale = report(0, &[], &[], 0.0);
+        stale.completed_tokens = vec![0.0, 100.0];
+        r.apply_report(&stale);
+        assert!((r.load(0, 0) - 0.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn past_capacity_everywhere_the_least_overloaded_node_is_taken() {
+        let mut r = router(3);
+        r.set_load_signal(LoadSignal::InFlight {
+            replica: 0,
+            replicas: 1,
+            token_capacity: 1000.0,
+        });
+        for n in 0..3 {
+            r.apply_report(&report(n, &[], &[], 0.0));
+        }
+        r.apply_report(&report(0, &[7], &[], 0.0));
+        // Every node past capacity: 3000, 1500 and 2000 tokens queued.
+        assert_eq!(r.route(0, 100, &[], 3_000.0).node, 0);
+        assert_eq!(r.route(0, 101, &[], 1_500.0).node, 1);
+        assert_eq!(r.route(0, 102, &[], 2_000.0).node, 2);
+        // User 7's KV is on node 0, which is overloaded.
+        let d = r.route(0, 7, &[], 10.0);
+        assert!(d.overload_fallback);
+        assert_eq!(d.node, 1, "1500 is the least past capacity, not node 0");
     }
 }

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use grflow_kernels::ModelConfig;
 use grflow_operators::link::LinkConfig;
 use grflow_operators::node::{
-    ItemCatalog, MemoryParams, NodeParams, RankRequest, RankWork, RetrieveRequest, ServingNode,
+    ItemCatalog, MemoryParams, NodeParams, RankRequest, RankWork, RetrieveRequest, RetrieveWork,
+    ServingNode,
 };
 use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::shards::ShardMap;
@@ -104,19 +105,7 @@ fn a_reused_prefix_ranks_exactly_like_a_cold_node() {
 #[test]
 fn retrieval_returns_only_catalog_items_deterministically() {
     let catalog = Catalog::new(500);
-    // A sparse catalog: 60 of the 16^3 semantic IDs exist.
-    let sids: Vec<(u32, [u16; 3])> = (0..60u32)
-        .map(|i| {
-            (
-                i * 3,
-                [
-                    (i % 16) as u16,
-                    ((i * 5) % 16) as u16,
-                    ((i * 11) % 16) as u16,
-                ],
-            )
-        })
-        .collect();
+    let sids = sparse_sids();
     let index = RetrievalIndex::new(sids.iter().copied(), 16).unwrap();
     let req = RetrieveRequest {
         req_id: 9,
@@ -134,6 +123,22 @@ fn retrieval_returns_only_catalog_items_deterministically() {
     assert!(a.scores.windows(2).all(|w| w[0] >= w[1]));
     assert!(a.scores.iter().all(|&s| s <= 0.0), "log-probabilities");
     assert_eq!(a, run());
+}
+
+/// A sparse catalog: 60 of the 16^3 semantic IDs exist.
+fn sparse_sids() -> Vec<(u32, [u16; 3])> {
+    (0..60u32)
+        .map(|i| {
+            (
+                i * 3,
+                [
+                    (i % 16) as u16,
+                    ((i * 5) % 16) as u16,
+                    ((i * 11) % 16) as u16,
+                ],
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -264,11 +269,18 @@ fn a_rank_batch_equals_serving_one_request_at_a_time() {
             &candidates[i]
         },
     };
-    for pool_bytes in [4u64 << 20, 200 << 10] {
+    // Lanes = 3: the batch is computed in three threads at once.
+    for (pool_bytes, lanes) in [
+        (4u64 << 20, 1),
+        (200 << 10, 1),
+        (4 << 20, 3),
+        (200 << 10, 3),
+    ] {
         let mut p = params();
         p.memory.pool_bytes = pool_bytes;
         let mut one = ServingNode::new(0, p.clone()).unwrap();
         let mut batched = ServingNode::new(0, p).unwrap();
+        batched.set_lanes(lanes);
         // User 3's prefix is cached on both before the batch.
         for node in [&mut one, &mut batched] {
             node.serve(0, request(0), &histories[2], &catalog).unwrap();
@@ -287,7 +299,10 @@ fn a_rank_batch_equals_serving_one_request_at_a_time() {
         for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
             match (g, e) {
                 (Ok(g), Ok(e)) => {
-                    assert_eq!(g.items, e.items, "request {i} (pool {pool_bytes})");
+                    assert_eq!(
+                        g.items, e.items,
+                        "request {i} (pool {pool_bytes}, lanes {lanes})"
+                    );
                     let diff = g
                         .scores
                         .iter()
@@ -315,4 +330,82 @@ fn a_rank_batch_equals_serving_one_request_at_a_time() {
             o.free_pages + o.user_kv_pages
         );
     }
+}
+
+#[test]
+fn retrieve_requests_in_lanes_beside_a_rank_batch_equal_serving_them_in_turn() {
+    let catalog = Catalog::new(500);
+    let index = RetrievalIndex::new(sparse_sids(), 16).unwrap();
+    let users: [(u64, usize); 4] = [(1, 53), (2, 7), (3, 40), (4, 33)];
+    let histories: Vec<Vec<u32>> = users.iter().map(|&(_, len)| history(len)).collect();
+    let candidates: Vec<u32> = (100..130).collect();
+    let work: Vec<RankWork<'_>> = users
+        .iter()
+        .zip(&histories)
+        .map(|(&(user, _), h)| RankWork {
+            req: RankRequest {
+                req_id: user,
+                user_id: user,
+                candidates: &candidates,
+            },
+            history: h,
+        })
+        .collect();
+    // Two retrieve requests; one user also has a rank request in the batch.
+    let retrieve_histories = [history(45), history(20)];
+    let retrieve: Vec<RetrieveWork<'_>> = [3, 8]
+        .into_iter()
+        .zip(&retrieve_histories)
+        .map(|(user, h)| RetrieveWork {
+            req: RetrieveRequest {
+                req_id: 90 + user,
+                user_id: user,
+            },
+            history: h,
+        })
+        .collect();
+    let mut in_turn = ServingNode::new(0, params()).unwrap();
+    let mut laned = ServingNode::new(0, params()).unwrap();
+    laned.set_lanes(2);
+    for node in [&mut in_turn, &mut laned] {
+        // A cached prefix for user 1 first.
+        node.serve(0, work[0].req, &histories[0], &catalog).unwrap();
+    }
+    let want_retrieved: Vec<_> = retrieve
+        .iter()
+        .map(|r| {
+            in_turn
+                .serve_retrieve(5, r.req, r.history, &catalog, &index)
+                .unwrap()
+        })
+        .collect();
+    let want_ranked = in_turn.serve_rank_batch(5, &work, &catalog);
+    let (ranked, retrieved) = laned.serve_step(5, &work, &retrieve, &catalog, &index);
+    let diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    assert_eq!(retrieved.len(), 2);
+    for (got, want) in retrieved.iter().zip(&want_retrieved) {
+        let got = got.as_ref().unwrap();
+        assert_eq!(got.items, want.items);
+        assert!(diff(&got.scores, &want.scores) <= 1e-4);
+    }
+    for (i, (g, e)) in ranked.iter().zip(&want_ranked).enumerate() {
+        let (g, e) = (g.as_ref().unwrap(), e.as_ref().unwrap());
+        assert_eq!(g.items, e.items, "rank request {i}");
+        assert!(diff(&g.scores, &e.scores) <= 1e-4, "rank request {i}");
+        assert_eq!(g.kv_reused_tokens, e.kv_reused_tokens);
+    }
+    // Same bookkeeping: every request answered, every page cached or freed.
+    assert_eq!(laned.counters().responses, in_turn.counters().responses);
+    let (l, t) = (laned.memory_stats(), in_turn.memory_stats());
+    assert_eq!(l.scratch_pages, 0, "{l:?}");
+    assert_eq!(
+        l.free_pages + l.user_kv_pages,
+        t.free_pages + t.user_kv_pages
+    );
+    assert_eq!(l.user_kv_pages, t.user_kv_pages);
 }

@@ -8,14 +8,18 @@
 //! - `residency`: what the router is told;
 //! - `load`: the event-time backlog behind l(n) and modelled latency;
 //! - `deadline`: shedding requests that waited too long;
-//! - `command`: commands from the control input.
+//! - `command`: commands from the control input;
+//! - `batching`: which queued requests form the next batches (xSchedule);
+//! - `lanes`: several batches computed at once over one KV pool.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use grflow_kernels::{BeamSearch, GrModel, ModelConfig, PrefillJob, RankJob, SID_STEPS, flops};
+use grflow_kernels::{
+    BeamSearch, GrModel, KvBlockStore, ModelConfig, PrefillJob, RankJob, SID_STEPS, flops,
+};
 
 use crate::cache::{BoundaryMove, MemoryError, MemoryStats, NodeMemory, NodeMemoryConfig};
 use crate::history::{HistoryLimits, pinnable_pages};
@@ -25,9 +29,11 @@ use crate::retrieval::RetrievalIndex;
 use crate::router::NodeReport;
 use crate::shards::ShardMap;
 
+pub mod batching;
 mod command;
 mod deadline;
 pub mod embedding;
+pub mod lanes;
 pub mod load;
 pub mod plan;
 pub mod prefix;
@@ -79,6 +85,49 @@ struct Ready<'h> {
 pub struct RetrieveRequest {
     pub req_id: u64,
     pub user_id: u64,
+}
+
+/// A retrieve request with the history it is served with.
+#[derive(Clone, Copy, Debug)]
+pub struct RetrieveWork<'a> {
+    pub req: RetrieveRequest,
+    pub history: &'a [u32],
+}
+
+/// A retrieve request ready for its model work: planned, its prompt
+/// looked up and its prefix reserved.
+struct RetrievePrep<'h> {
+    user_id: u64,
+    plan: Plan<'h>,
+    emb: EmbStats,
+    history_tokens: Vec<f32>,
+    prefix: UserPrefix,
+}
+
+/// Items and scores of a retrieve request.
+type Retrieved = (Vec<u32>, Vec<f32>);
+
+/// A request's response or why it failed.
+pub type Outcome = Result<Served, ServeError>;
+
+/// A rank request's scores or why its model work failed.
+type Scored = Result<Vec<f32>, ServeError>;
+
+/// A retrieve request run in a lane beside rank batches.
+struct SideRetrieve<'a, 'h> {
+    prep: &'a RetrievePrep<'h>,
+    index: &'a RetrievalIndex,
+}
+
+/// What one lane computes.
+enum LaneJob<'a, 'h> {
+    Rank(&'a [(usize, UserPrefix)]),
+    Retrieve(SideRetrieve<'a, 'h>, &'a mut BeamSearch),
+}
+
+enum LaneOut {
+    Rank(Result<Vec<Vec<f32>>, ServeError>),
+    Retrieve(Result<Retrieved, ServeError>),
 }
 
 /// Which side of the bipartite sequence was the prefix (BAT).
@@ -250,9 +299,12 @@ pub struct ServingNode {
     residency: Residency,
     prefixes: UserPrefixes,
     backlog: Backlog,
-    /// Beam buffers, allocated on the first retrieve request and reused.
-    beam: Option<BeamSearch>,
+    /// Beam buffers, one per retrieve request computed at once (a lane
+    /// each), allocated on first use and reused.
+    beams: Vec<BeamSearch>,
     link_clock: LinkClock,
+    /// Execution lanes a rank batch is split over (1 = this thread only).
+    lanes: usize,
 }
 
 impl ServingNode {
@@ -306,13 +358,20 @@ impl ServingNode {
             residency: Residency::default(),
             prefixes,
             backlog,
-            beam: None,
+            beams: Vec::new(),
             link_clock: LinkClock::start(),
+            lanes: 1,
         })
     }
 
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    /// Splits each rank batch over up to `lanes` threads (`node.lanes`):
+    /// the same results, computed at once with no lock around the model.
+    pub fn set_lanes(&mut self, lanes: usize) {
+        self.lanes = lanes.max(1);
     }
 
     pub fn alpha(&self) -> f64 {
@@ -389,6 +448,64 @@ impl ServingNode {
         work: &[RankWork<'_>],
         catalog: &dyn ItemCatalog,
     ) -> Vec<Result<Served, ServeError>> {
+        self.serve_rank_inner(now_ms, work, catalog, Vec::new()).0
+    }
+
+    /// Serves a batch of rank requests and retrieve requests in the same
+    /// step: with two lanes or more each retrieve request's prefill and
+    /// beam search is a job of its own beside the rank batch's groups, and
+    /// the lanes take the jobs as they come free, so neither kind waits for
+    /// the other. Results equal serving them one after another.
+    pub fn serve_step(
+        &mut self,
+        now_ms: u64,
+        rank: &[RankWork<'_>],
+        retrieve: &[RetrieveWork<'_>],
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+    ) -> (Vec<Outcome>, Vec<Outcome>) {
+        if self.lanes < 2 {
+            let retrieved = retrieve
+                .iter()
+                .map(|r| self.serve_retrieve(now_ms, r.req, r.history, catalog, index))
+                .collect();
+            return (self.serve_rank_batch(now_ms, rank, catalog), retrieved);
+        }
+        let mut retrieved: Vec<Option<Result<Served, ServeError>>> =
+            retrieve.iter().map(|_| None).collect();
+        let mut preps = Vec::with_capacity(retrieve.len());
+        for (i, r) in retrieve.iter().enumerate() {
+            match self.prepare_retrieve(r.req, r.history, catalog, index, preps.len()) {
+                Ok(prep) => preps.push((i, prep)),
+                Err(e) => retrieved[i] = Some(Err(e)),
+            }
+        }
+        let sides = preps
+            .iter()
+            .map(|(_, prep)| SideRetrieve { prep, index })
+            .collect();
+        let (ranked, outs) = self.serve_rank_inner(now_ms, rank, catalog, sides);
+        for ((i, prep), out) in preps.iter().zip(outs) {
+            retrieved[*i] = Some(self.finish_retrieve(now_ms, prep, out));
+        }
+        let retrieved = retrieved
+            .into_iter()
+            .map(|r| r.expect("every retrieve request has a result"))
+            .collect();
+        (ranked, retrieved)
+    }
+
+    /// Rank batch serving; the retrieve requests of `sides` (whose beam
+    /// buffers are `beams[i]`) are computed in lanes beside the first
+    /// sub-batch (or by themselves, should no rank request get that far).
+    fn serve_rank_inner(
+        &mut self,
+        now_ms: u64,
+        work: &[RankWork<'_>],
+        catalog: &dyn ItemCatalog,
+        mut sides: Vec<SideRetrieve<'_, '_>>,
+    ) -> (Vec<Outcome>, Vec<Result<Retrieved, ServeError>>) {
+        let mut retrieved = Vec::new();
         let mut results: Vec<Option<Result<Served, ServeError>>> =
             work.iter().map(|_| None).collect();
         let mut ready = Vec::with_capacity(work.len());
@@ -441,8 +558,11 @@ impl ServingNode {
             if reserved.is_empty() {
                 continue;
             }
-            let scores = self.rank_reserved(&ready, &reserved);
-            self.count_call(reserved.len());
+            let (scores, side_out) =
+                self.rank_reserved(&ready, &reserved, std::mem::take(&mut sides));
+            if !side_out.is_empty() {
+                retrieved = side_out;
+            }
             for ((k, prefix), scored) in reserved.into_iter().zip(scores) {
                 let r = &ready[k];
                 let w = &work[r.index];
@@ -478,60 +598,99 @@ impl ServingNode {
                 results[r.index] = Some(Ok(served));
             }
         }
-        results
+        if !sides.is_empty() {
+            let (_, out) = self.rank_reserved(&[], &[], sides);
+            retrieved = out;
+        }
+        let results = results
             .into_iter()
             .map(|r| r.expect("every request of the batch has a result"))
-            .collect()
+            .collect();
+        (results, retrieved)
     }
 
     /// Prefills and ranks the reserved requests of a batch in two batched
-    /// model calls. Should the batch fail as a whole (the plans rule that
-    /// out), each request is retried alone so that it fails by itself.
+    /// model calls, split over the node's lanes, with `side` in a lane of
+    /// its own. Should a group fail as a whole (the plans rule that out),
+    /// each of its requests is retried alone so that it fails by itself.
     fn rank_reserved(
         &mut self,
         ready: &[Ready<'_>],
         reserved: &[(usize, UserPrefix)],
-    ) -> Vec<Result<Vec<f32>, ServeError>> {
+        sides: Vec<SideRetrieve<'_, '_>>,
+    ) -> (Vec<Scored>, Vec<Result<Retrieved, ServeError>>) {
         let d = self.params.model.d_model;
-        let run = |model: &GrModel,
-                   memory: &mut NodeMemory,
-                   group: &[(usize, UserPrefix)]|
-         -> Result<Vec<Vec<f32>>, ServeError> {
-            let prefills: Vec<PrefillJob<'_>> = group
-                .iter()
-                .map(|(k, p)| PrefillJob {
-                    block_table: &p.block_table,
-                    cached_len: p.reused,
-                    new_tokens: &ready[*k].history_tokens[p.reused * d..],
-                })
-                .collect();
-            let ranks: Vec<RankJob<'_>> = group
-                .iter()
-                .map(|(k, p)| RankJob {
-                    block_table: &p.block_table,
-                    prefix_len: ready[*k].plan.history.len(),
-                    candidate_tokens: &ready[*k].candidate_tokens,
-                })
-                .collect();
-            let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
-            model
-                .prefill_batch(memory.kv_store(), &prefills)
-                .map_err(model_err)?;
-            model
-                .rank_user_prefix_batch(memory.kv_store(), &ranks)
-                .map_err(model_err)
+        let lanes = self.lanes.min(reserved.len()).max(1);
+        let groups: Vec<&[(usize, UserPrefix)]> = if reserved.is_empty() {
+            Vec::new()
+        } else {
+            reserved.chunks(reserved.len().div_ceil(lanes)).collect()
         };
-        match run(&self.model, &mut self.memory, reserved) {
-            Ok(scores) => scores.into_iter().map(Ok).collect(),
-            Err(e) if reserved.len() == 1 => vec![Err(e)],
-            Err(_) => reserved
-                .iter()
-                .map(|one| {
-                    run(&self.model, &mut self.memory, std::slice::from_ref(one))
-                        .map(|mut s| s.pop().expect("one job, one result"))
-                })
-                .collect(),
+        for group in &groups {
+            self.count_call(group.len());
         }
+        let model = &self.model;
+        let top = self.params.top_k;
+        let mut retrieved = Vec::with_capacity(sides.len());
+        let outcomes =
+            if groups.len() == 1 && sides.is_empty() {
+                vec![rank_group(
+                    model,
+                    d,
+                    ready,
+                    self.memory.kv_store(),
+                    groups[0],
+                )]
+            } else {
+                // The retrieve request first: the lane that takes it takes a
+                // rank group after it.
+                let mut jobs: Vec<LaneJob<'_, '_>> = Vec::with_capacity(groups.len() + sides.len());
+                debug_assert!(
+                    sides.len() <= self.beams.len(),
+                    "prepared with the requests"
+                );
+                for (side, beam) in sides.into_iter().zip(self.beams.iter_mut()) {
+                    jobs.push(LaneJob::Retrieve(side, beam));
+                }
+                jobs.extend(groups.iter().map(|g| LaneJob::Rank(g)));
+                let outs =
+                    lanes::run_lanes(self.memory.kv_store(), jobs, self.lanes, |job, store| {
+                        match job {
+                            LaneJob::Rank(group) => {
+                                LaneOut::Rank(rank_group(model, d, ready, store, group))
+                            }
+                            LaneJob::Retrieve(side, beam) => {
+                                LaneOut::Retrieve(retrieve_in(model, store, side, beam, top))
+                            }
+                        }
+                    });
+                let mut ranked = Vec::with_capacity(groups.len());
+                for out in outs {
+                    match out {
+                        LaneOut::Rank(r) => ranked.push(r),
+                        LaneOut::Retrieve(r) => retrieved.push(r),
+                    }
+                }
+                ranked
+            };
+        let mut out = Vec::with_capacity(reserved.len());
+        for (group, outcome) in groups.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(scores) => out.extend(scores.into_iter().map(Ok)),
+                Err(e) if group.len() == 1 => out.push(Err(e)),
+                Err(_) => out.extend(group.iter().map(|one| {
+                    rank_group(
+                        model,
+                        d,
+                        ready,
+                        self.memory.kv_store(),
+                        std::slice::from_ref(one),
+                    )
+                    .map(|mut s| s.pop().expect("one job, one result"))
+                })),
+            }
+        }
+        (out, retrieved)
     }
 
     /// Serves one generative-retrieval request (xGR): the user's history is
@@ -546,6 +705,26 @@ impl ServingNode {
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
     ) -> Result<Served, ServeError> {
+        let prep = self.prepare_retrieve(req, history, catalog, index, 0)?;
+        let top = self.params.top_k;
+        let beam = &mut self.beams[0];
+        let side = SideRetrieve { prep: &prep, index };
+        let retrieved = retrieve_in(&self.model, self.memory.kv_store(), side, beam, top);
+        self.finish_retrieve(now_ms, &prep, retrieved)
+    }
+
+    /// Everything of a retrieve request before its model work: plan, beam
+    /// buffers, prompt embeddings (paying the link for misses) and the
+    /// prefix reservation. Nothing is held on failure. `lane` is the
+    /// request's place among those computed at once (its beam buffers).
+    fn prepare_retrieve<'h>(
+        &mut self,
+        req: RetrieveRequest,
+        history: &'h [u32],
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+        lane: usize,
+    ) -> Result<RetrievePrep<'h>, ServeError> {
         let plan = Plan::retrieve(
             &self.history_limits,
             req.req_id,
@@ -554,7 +733,7 @@ impl ServingNode {
             index.is_empty(),
         )?;
         // Buffers first: failing here has taken nothing yet.
-        if self.beam.is_none() {
+        while self.beams.len() <= lane {
             let cfg = &self.params.model;
             let max_prompt = cfg.max_positions.saturating_sub(SID_STEPS);
             let beam = BeamSearch::new(
@@ -564,45 +743,46 @@ impl ServingNode {
                 max_prompt,
             )
             .map_err(|e| ServeError::Model(e.to_string()))?;
-            self.beam = Some(beam);
+            self.beams.push(beam);
         }
         self.begin(&plan);
         let mut emb = EmbStats::default();
         let history_tokens = self.lookup().item_tokens(plan.history, catalog, &mut emb);
         self.link_clock.pay(&mut self.memory, emb.miss_bytes);
+        let prefix = self.prefixes.reserve(&mut self.memory, plan.history)?;
+        Ok(RetrievePrep {
+            user_id: req.user_id,
+            plan,
+            emb,
+            history_tokens,
+            prefix,
+        })
+    }
 
-        let model = &self.model;
-        let beam = self.beam.as_mut().expect("created above");
-        let top = self.params.top_k;
-        let ((items, scores), reused) = self.prefixes.with_prefix(
-            &mut self.memory,
-            model,
-            req.user_id,
-            plan.history,
-            &history_tokens,
-            |store, prefix| {
-                let hits = beam
-                    .generate(
-                        model,
-                        store,
-                        &prefix.block_table,
-                        plan.history.len(),
-                        index.trie(),
-                    )
-                    .map_err(|e| ServeError::Model(e.to_string()))?;
-                Ok(hits
-                    .iter()
-                    .filter_map(|h| index.item(h.sid).map(|item| (item, h.log_prob)))
-                    .take(top)
-                    .unzip::<u32, f32, Vec<u32>, Vec<f32>>())
-            },
-        )?;
+    /// Caches the prefix of a computed retrieve request and books it, or
+    /// gives its pages back.
+    fn finish_retrieve(
+        &mut self,
+        now_ms: u64,
+        prep: &RetrievePrep<'_>,
+        retrieved: Result<Retrieved, ServeError>,
+    ) -> Result<Served, ServeError> {
+        let (items, scores) = match retrieved {
+            Ok(r) => r,
+            Err(e) => {
+                prefix::release(&mut self.memory, &prep.prefix);
+                return Err(e);
+            }
+        };
+        let history = prep.plan.history;
+        self.prefixes
+            .commit(&mut self.memory, prep.user_id, history, &prep.prefix);
         self.count_call(1);
         let cfg = &self.params.model;
-        let len = plan.history.len();
+        let (len, reused) = (history.len(), prep.prefix.reused);
         let flops = flops::prefill_flops(cfg, reused, len - reused.min(len))
             + flops::beam_search_flops(cfg, len, self.params.beam_width);
-        Ok(self.finish(now_ms, &plan, items, scores, reused, &emb, flops))
+        Ok(self.finish(now_ms, &prep.plan, items, scores, reused, &prep.emb, flops))
     }
 
     /// Before any cache work: count a truncation, and let background
@@ -726,6 +906,75 @@ impl ServingNode {
         self.residency
             .recount(&self.params.shards, |t, r| memory.emb_contains(t, r));
     }
+}
+
+/// Prefill of a retrieve request's uncached prompt, then beam search over
+/// `store` (the pool, or a lane's view of it).
+fn retrieve_in<S: KvBlockStore + ?Sized>(
+    model: &GrModel,
+    store: &mut S,
+    side: SideRetrieve<'_, '_>,
+    beam: &mut BeamSearch,
+    top: usize,
+) -> Result<Retrieved, ServeError> {
+    let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
+    let (prep, index) = (side.prep, side.index);
+    let prefix = &prep.prefix;
+    let d = model.config().d_model;
+    model
+        .prefill(
+            store,
+            &prefix.block_table,
+            prefix.reused,
+            &prep.history_tokens[prefix.reused * d..],
+        )
+        .map_err(model_err)?;
+    let hits = beam
+        .generate(
+            model,
+            &*store,
+            &prefix.block_table,
+            prep.plan.history.len(),
+            index.trie(),
+        )
+        .map_err(model_err)?;
+    Ok(hits
+        .iter()
+        .filter_map(|h| index.item(h.sid).map(|item| (item, h.log_prob)))
+        .take(top)
+        .unzip())
+}
+
+/// Prefill then ranking of one group of reserved requests, in two batched
+/// model calls over `store` (the pool, or a lane's view of it).
+fn rank_group<S: KvBlockStore + ?Sized>(
+    model: &GrModel,
+    d: usize,
+    ready: &[Ready<'_>],
+    store: &mut S,
+    group: &[(usize, UserPrefix)],
+) -> Result<Vec<Vec<f32>>, ServeError> {
+    let prefills: Vec<PrefillJob<'_>> = group
+        .iter()
+        .map(|(k, p)| PrefillJob {
+            block_table: &p.block_table,
+            cached_len: p.reused,
+            new_tokens: &ready[*k].history_tokens[p.reused * d..],
+        })
+        .collect();
+    let ranks: Vec<RankJob<'_>> = group
+        .iter()
+        .map(|(k, p)| RankJob {
+            block_table: &p.block_table,
+            prefix_len: ready[*k].plan.history.len(),
+            candidate_tokens: &ready[*k].candidate_tokens,
+        })
+        .collect();
+    let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
+    model.prefill_batch(store, &prefills).map_err(model_err)?;
+    model
+        .rank_user_prefix_batch(store, &ranks)
+        .map_err(model_err)
 }
 
 /// A small node for the unit tests of this module's files.

@@ -1,0 +1,219 @@
+//! Token-capacity batching with a bounded wait (xGR's xSchedule): which
+//! queued requests a node serves next, in how many lanes, or how long it
+//! waits for a batch to fill. Pure: the queue is described by kind, tokens
+//! and wait, and the answer is indices into it.
+
+/// One queued request as the batcher sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Queued {
+    /// Generative retrieval (served alone) rather than ranking.
+    pub retrieve: bool,
+    /// Tokens it adds to a batch (history, candidates, instruction).
+    pub tokens: usize,
+    /// Wall time it has waited since admission (ms).
+    pub waited_ms: f64,
+}
+
+/// Batching settings of a node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchPolicy {
+    /// Token budget of one batch; a request larger than it is served alone.
+    pub max_tokens: usize,
+    /// How long the oldest request may wait for a batch to fill (ms); 0
+    /// serves what is there.
+    pub max_wait_ms: f64,
+    /// Batches served at once (execution lanes).
+    pub lanes: usize,
+}
+
+/// What to do next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Next {
+    /// Serve these together: retrieve requests (each a lane job of its own
+    /// beside the rank batch when there are two lanes or more) and rank
+    /// requests (one batch the node splits over its lanes), as indices in
+    /// queue order.
+    Serve {
+        retrieve: Vec<usize>,
+        rank: Vec<usize>,
+    },
+    /// Nothing yet: call again after this many ms (or when more arrives).
+    Wait(f64),
+    /// The queue is empty.
+    Nothing,
+}
+
+impl BatchPolicy {
+    /// The next step for `queue` (oldest arrival first).
+    /// - One lane: a retrieve request at the front goes alone; otherwise
+    ///   rank requests are taken in queue order (passing over retrieve
+    ///   ones) up to `max_tokens`.
+    /// - Two lanes or more: the first `lanes` retrieve requests in the
+    ///   queue run beside rank requests up to `lanes × max_tokens` (the
+    ///   node's lanes take the retrieve requests and the rank batches as
+    ///   they come free).
+    ///
+    /// Should the rank requests alone be less than one batch's budget while
+    /// the oldest of them has waited less than `max_wait_ms`, the node
+    /// waits instead.
+    pub fn next(&self, queue: &[Queued]) -> Next {
+        let Some(first) = queue.first() else {
+            return Next::Nothing;
+        };
+        let lanes = self.lanes.max(1);
+        if lanes == 1 && first.retrieve {
+            return Next::Serve {
+                retrieve: vec![0],
+                rank: Vec::new(),
+            };
+        }
+        let retrieve: Vec<usize> = if lanes == 1 {
+            Vec::new()
+        } else {
+            let kinds = queue.iter().enumerate();
+            kinds
+                .filter(|(_, q)| q.retrieve)
+                .map(|(i, _)| i)
+                .take(lanes)
+                .collect()
+        };
+        let budget = self.max_tokens.max(1).saturating_mul(lanes);
+        let mut rank = Vec::new();
+        let mut tokens = 0;
+        for (i, q) in queue.iter().enumerate() {
+            if q.retrieve {
+                continue;
+            }
+            if !rank.is_empty() && tokens + q.tokens > budget {
+                break;
+            }
+            rank.push(i);
+            tokens += q.tokens;
+        }
+        let oldest = rank.iter().map(|&i| queue[i].waited_ms).fold(0.0, f64::max);
+        let short = tokens < self.max_tokens && oldest < self.max_wait_ms;
+        if retrieve.is_empty() && short {
+            return Next::Wait(self.max_wait_ms - oldest);
+        }
+        Next::Serve { retrieve, rank }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(tokens: usize, waited_ms: f64) -> Queued {
+        Queued {
+            retrieve: false,
+            tokens,
+            waited_ms,
+        }
+    }
+
+    fn retrieve() -> Queued {
+        Queued {
+            retrieve: true,
+            tokens: 100,
+            waited_ms: 0.0,
+        }
+    }
+
+    fn policy(max_tokens: usize, max_wait_ms: f64, lanes: usize) -> BatchPolicy {
+        BatchPolicy {
+            max_tokens,
+            max_wait_ms,
+            lanes,
+        }
+    }
+
+    fn rank_only(rank: Vec<usize>) -> Next {
+        Next::Serve {
+            retrieve: Vec::new(),
+            rank,
+        }
+    }
+
+    #[test]
+    fn rank_requests_fill_a_batch_up_to_the_token_budget() {
+        let q = [rank(100, 0.0), rank(100, 0.0), rank(100, 0.0)];
+        assert_eq!(policy(250, 0.0, 1).next(&q), rank_only(vec![0, 1]));
+        // One request per call.
+        assert_eq!(policy(1, 0.0, 1).next(&q), rank_only(vec![0]));
+        // Larger than the budget: alone.
+        assert_eq!(
+            policy(50, 0.0, 1).next(&[rank(80, 0.0), rank(10, 0.0)]),
+            rank_only(vec![0])
+        );
+        assert_eq!(policy(50, 0.0, 1).next(&[]), Next::Nothing);
+    }
+
+    #[test]
+    fn one_lane_serves_a_retrieve_request_in_front_alone_and_passes_over_others() {
+        let q = [retrieve(), rank(10, 0.0)];
+        assert_eq!(
+            policy(1000, 0.0, 1).next(&q),
+            Next::Serve {
+                retrieve: vec![0],
+                rank: vec![]
+            }
+        );
+        let q = [rank(10, 0.0), retrieve(), rank(10, 0.0)];
+        assert_eq!(policy(1000, 0.0, 1).next(&q), rank_only(vec![0, 2]));
+    }
+
+    #[test]
+    fn with_lanes_a_retrieve_request_runs_beside_the_rank_batch() {
+        let q = [rank(100, 0.0), retrieve(), rank(100, 0.0), retrieve()];
+        // Two lanes: the first retrieve request and rank work up to
+        // 2 × 150 tokens.
+        assert_eq!(
+            policy(150, 0.0, 2).next(&q),
+            Next::Serve {
+                retrieve: vec![1, 3],
+                rank: vec![0, 2]
+            }
+        );
+        assert_eq!(
+            policy(100, 0.0, 2).next(&q),
+            Next::Serve {
+                retrieve: vec![1, 3],
+                rank: vec![0, 2]
+            }
+        );
+        assert_eq!(
+            policy(60, 0.0, 2).next(&q),
+            Next::Serve {
+                retrieve: vec![1, 3],
+                rank: vec![0]
+            }
+        );
+        // No retrieve request: every lane ranks, up to lanes × max_tokens.
+        let q = [rank(100, 0.0); 5];
+        assert_eq!(policy(200, 0.0, 2).next(&q), rank_only(vec![0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn a_short_batch_waits_until_its_oldest_request_has_waited_max_wait() {
+        let p = policy(300, 5.0, 1);
+        assert_eq!(p.next(&[rank(100, 1.0), rank(100, 0.5)]), Next::Wait(4.0));
+        assert_eq!(
+            p.next(&[rank(100, 5.0), rank(100, 0.5)]),
+            rank_only(vec![0, 1])
+        );
+        // Full: no wait.
+        assert_eq!(
+            p.next(&[rank(200, 0.0), rank(100, 0.0)]),
+            rank_only(vec![0, 1])
+        );
+        // A retrieve request to serve: no wait either.
+        let p = policy(300, 5.0, 2);
+        assert_eq!(
+            p.next(&[rank(100, 0.0), retrieve()]),
+            Next::Serve {
+                retrieve: vec![1],
+                rank: vec![0]
+            }
+        );
+    }
+}

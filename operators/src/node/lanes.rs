@@ -1,0 +1,179 @@
+//! Execution lanes (xGR's multi-stream): several batches of one node
+//! computed at once, one thread each, with no lock around the model call.
+//! Each lane reads the node's KV pool through a shared reference and
+//! writes into a private overlay of the pages it touches; the overlays are
+//! written back once every lane is done. Lanes write disjoint pages (each
+//! request prefills into the fresh blocks reserved for it; cached blocks
+//! are full and only read), so the result equals running the batches one
+//! after another.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use grflow_kernels::KvBlockStore;
+
+use crate::pool::PagePool;
+
+/// A lane's view of the pool: reads fall through to the pool unless the
+/// lane wrote the page; the first write copies the page.
+#[derive(Debug)]
+pub struct LaneStore<'p> {
+    base: &'p PagePool,
+    written: HashMap<u32, Vec<f32>>,
+}
+
+impl<'p> LaneStore<'p> {
+    pub fn new(base: &'p PagePool) -> Self {
+        Self {
+            base,
+            written: HashMap::new(),
+        }
+    }
+
+    /// Page ids this lane wrote.
+    pub fn written_pages(&self) -> impl Iterator<Item = u32> + '_ {
+        self.written.keys().copied()
+    }
+}
+
+impl KvBlockStore for LaneStore<'_> {
+    fn block_floats(&self) -> usize {
+        self.base.block_floats()
+    }
+    fn block(&self, id: u32) -> &[f32] {
+        match self.written.get(&id) {
+            Some(page) => page,
+            None => self.base.block(id),
+        }
+    }
+    fn block_mut(&mut self, id: u32) -> &mut [f32] {
+        let base = self.base;
+        self.written
+            .entry(id)
+            .or_insert_with(|| base.block(id).to_vec())
+    }
+}
+
+/// What one thread did: (job index, result) pairs and the pages it wrote.
+type LaneDone<T> = (Vec<(usize, T)>, HashMap<u32, Vec<f32>>);
+
+/// Runs `work(job, store)` for every job on up to `lanes` threads (this
+/// one and `lanes - 1` more): each thread takes the next job not yet taken,
+/// so a short job (a retrieve request) and long ones (rank batches) share
+/// the threads evenly. Then writes the pages they wrote back into `pool`.
+/// Results come back in job order; a panicking job panics here after the
+/// others finished.
+pub fn run_lanes<J, T, F>(pool: &mut PagePool, jobs: Vec<J>, lanes: usize, work: F) -> Vec<T>
+where
+    J: Send,
+    T: Send,
+    F: Fn(J, &mut LaneStore<'_>) -> T + Sync,
+{
+    let n = jobs.len();
+    let threads = lanes.clamp(1, n.max(1));
+    let jobs: Vec<Mutex<Option<J>>> = jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let next = AtomicUsize::new(0);
+    let base: &PagePool = pool;
+    let lane = || {
+        let mut store = LaneStore::new(base);
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(slot) = jobs.get(i) else { break };
+            let job = slot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .expect("each job is taken once");
+            done.push((i, work(job, &mut store)));
+        }
+        (done, store.written)
+    };
+    let lanes_done: Vec<LaneDone<T>> = std::thread::scope(|s| {
+        let others: Vec<_> = (1..threads).map(|_| s.spawn(lane)).collect();
+        let mut all = vec![lane()];
+        for other in others {
+            match other.join() {
+                Ok(d) => all.push(d),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        all
+    });
+    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    let mut seen = std::collections::HashSet::new();
+    for (done, written) in lanes_done {
+        for (id, page) in written {
+            debug_assert!(seen.insert(id), "two lanes wrote page {id}");
+            pool.block_mut(id).copy_from_slice(&page);
+        }
+        for (i, out) in done {
+            results[i] = Some(out);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every job ran"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_write_their_own_pages_back_and_read_the_shared_ones() {
+        let mut pool = PagePool::new(6, 4);
+        pool.block_mut(0).copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        // Each job reads page 0 and writes its sum into its own page.
+        let jobs: Vec<u32> = vec![1, 2, 3];
+        let sums = run_lanes(&mut pool, jobs, 2, |page, store| {
+            let sum: f32 = store.block(0).iter().sum();
+            let out = store.block_mut(page);
+            out[0] = sum + page as f32;
+            // A lane reads its own write back.
+            store.block(page)[0]
+        });
+        assert_eq!(sums, vec![11.0, 12.0, 13.0]);
+        for page in 1..=3 {
+            assert_eq!(pool.block(page)[0], 10.0 + page as f32);
+            assert_eq!(
+                &pool.block(page)[1..],
+                &[0.0; 3],
+                "the rest of the page is kept"
+            );
+        }
+        assert_eq!(pool.block(0), &[1.0, 2.0, 3.0, 4.0]);
+        assert!(run_lanes(&mut pool, Vec::<u32>::new(), 2, |_, _| 0).is_empty());
+    }
+
+    #[test]
+    fn jobs_share_the_lanes_threads() {
+        let mut pool = PagePool::new(2, 1);
+        // Two lanes, two slow jobs: they overlap on two threads.
+        let started = std::time::Instant::now();
+        let slow = |_, _: &mut LaneStore<'_>| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::thread::current().id()
+        };
+        let threads = run_lanes(&mut pool, vec![0, 1], 2, slow);
+        assert_ne!(threads[0], threads[1]);
+        assert!(started.elapsed() < std::time::Duration::from_millis(190));
+        // Five jobs on two lanes: two threads, every job once, in order.
+        let ids = run_lanes(&mut pool, (0..5).collect(), 2, |j: u32, _| {
+            (j, std::thread::current().id())
+        });
+        assert_eq!(
+            ids.iter().map(|x| x.0).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 4]
+        );
+        let distinct: std::collections::HashSet<_> = ids.iter().map(|x| x.1).collect();
+        assert!(distinct.len() <= 2);
+        // One lane: all on this thread.
+        let here = run_lanes(&mut pool, vec![0, 1, 2], 1, |_, _| {
+            std::thread::current().id()
+        });
+        assert!(here.iter().all(|&t| t == std::thread::current().id()));
+    }
+}
