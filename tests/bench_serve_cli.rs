@@ -35,11 +35,16 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
         "gemm_gflops",
         "served_gflops",
         "efficiency",
+        "capacity_rps_one_worker_one_lane",
+        "capacity_rps_one_worker_lanes",
+        "lanes_capacity_ratio",
     ] {
         assert!(v[key].as_f64().is_some(), "{key} missing: {v}");
     }
     assert_eq!(v["slo_ms"].as_f64(), Some(30.0), "small's default SLO");
     assert!(v["capacity_rps_unbatched"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["lanes"].as_u64(), Some(2));
+    assert!(v["capacity_rps_one_worker_lanes"].as_f64().unwrap() > 0.0);
     let points = v["points"].as_array().unwrap();
     for mode in ["unbatched", "batched"] {
         assert!(

@@ -1,6 +1,7 @@
 //! The job configuration: one TOML file, every section optional, unknown keys
 //! rejected. `configs/default.toml` is compiled in as the embedded default.
 
+use grflow_operators::node::batching::BatchPolicy;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -491,11 +492,15 @@ pub struct NodeSection {
     /// Users whose prefix head a node tracks at most (least recently served
     /// dropped first), so per-user state stays bounded in long jobs.
     pub max_users: usize,
+    /// Execution lanes: rank batches a node runs at once (threads on the
+    /// CPU backend), `arrival` mode only.
+    pub lanes: usize,
 }
 
 impl Default for NodeSection {
     fn default() -> Self {
         Self {
+            lanes: 1,
             shard_rows: 32,
             shard_resident_share: 0.5,
             service_tokens_per_ms: 20.0,
@@ -510,15 +515,33 @@ impl Default for NodeSection {
 /// everything that arrived in `arrival` mode) are cut into batches of at
 /// most `max_tokens` tokens each (history + candidates + instruction); a
 /// larger request is served alone. 1 serves one request per model call.
+/// In `arrival` mode a node serves one batch per step and, with
+/// `max_wait_ms > 0`, waits up to that long for a short batch to fill.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchSection {
     pub max_tokens: usize,
+    /// How long the oldest request may wait for its batch to fill (ms).
+    pub max_wait_ms: f64,
 }
 
 impl Default for BatchSection {
     fn default() -> Self {
-        Self { max_tokens: 2_048 }
+        Self {
+            max_tokens: 2_048,
+            max_wait_ms: 0.0,
+        }
+    }
+}
+
+impl Config {
+    /// The node's batching policy (`[batch]` and `node.lanes`).
+    pub fn batch_policy(&self) -> BatchPolicy {
+        BatchPolicy {
+            max_tokens: self.batch.max_tokens,
+            max_wait_ms: self.batch.max_wait_ms,
+            lanes: self.node.lanes,
+        }
     }
 }
 
@@ -652,6 +675,15 @@ impl Config {
         }
         if self.batch.max_tokens == 0 {
             return Err(invalid("batch.max_tokens", "must be >= 1".into()));
+        }
+        if !(self.batch.max_wait_ms >= 0.0 && self.batch.max_wait_ms.is_finite()) {
+            return Err(invalid(
+                "batch.max_wait_ms",
+                "must be a finite number >= 0".into(),
+            ));
+        }
+        if self.node.lanes == 0 || self.node.lanes > 64 {
+            return Err(invalid("node.lanes", "must be in 1..=64".into()));
         }
         if self.windows.epoch_ms == 0 {
             return Err(invalid("windows.epoch_ms", "must be >= 1".into()));

@@ -59,6 +59,9 @@ pub enum Ingest {
 pub struct Routed {
     pub admitted: Admitted,
     pub decision: Decision,
+    /// The worker whose router replica decided (the node reports finished
+    /// work back to it: `LoadSignal::InFlight`).
+    pub router: u32,
 }
 
 /// Telemetry of one served request, keyed for windowing.

@@ -40,6 +40,10 @@ pub struct Args {
     /// Token budget of a batch in the batched mode (`batch.max_tokens`).
     #[arg(long, default_value_t = 2048)]
     pub max_tokens: usize,
+    /// Execution lanes compared against one lane at `--workers 1`
+    /// (capacity at `--speed max`, batched); 1 skips the comparison.
+    #[arg(long, default_value_t = 2)]
+    pub lanes: usize,
     /// Device pool per node (MiB): room for a batch's prefixes.
     #[arg(long, default_value_t = 256.0)]
     pub pool_mib: f64,
@@ -99,14 +103,20 @@ struct ServeBench {
     /// Wall-time wait before the batch at batched goodput (ms): ≤1, ≤2, ≤5,
     /// ≤10, ≤20, ≤50, ≤100, ≤200, ≤500, more.
     queue_wait_hist: Vec<u64>,
+    /// Execution lanes (`node.lanes`): batched capacity of one worker at
+    /// `--speed max` with one lane and with `lanes`.
+    lanes: usize,
+    capacity_rps_one_worker_one_lane: f64,
+    capacity_rps_one_worker_lanes: f64,
+    lanes_capacity_ratio: f64,
     wall_s: f64,
     points: Vec<LoadPoint>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.requests == 0 || args.workers == 0 || args.max_tokens == 0 {
+    if args.requests == 0 || args.workers == 0 || args.max_tokens == 0 || args.lanes == 0 {
         return Err(InputError::from_display(
-            "--requests, --workers and --max-tokens must be > 0",
+            "--requests, --workers, --max-tokens and --lanes must be > 0",
         ));
     }
     if !(0.0..=1.0).contains(&args.retrieve_share) {
@@ -152,6 +162,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         c.run.speed = speed.into();
         c
     };
+
+    // Lanes: one worker, batched, at --speed max, one lane against `lanes`.
+    let (mut one_lane, mut laned) = (0.0, 0.0);
+    if args.lanes > 1 {
+        eprintln!(
+            "lanes: one worker, batched, --speed max, 1 vs {} lanes...",
+            args.lanes
+        );
+        let mut one = configured(&base, args.max_tokens, "max");
+        one.run.workers = 1;
+        one_lane = replay(&trace, one.clone())?.throughput_rps;
+        one.node.lanes = args.lanes;
+        laned = replay(&trace, one)?.throughput_rps;
+        eprintln!(
+            "  {one_lane:.1} vs {laned:.1} req/s: {:.2}x",
+            laned / one_lane.max(1e-9)
+        );
+    }
 
     eprintln!("capacity: unbatched at --speed max...");
     let capacity = replay(&trace, configured(&base, 1, "max"))?;
@@ -250,6 +278,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         efficiency: served_gflops / (gemm_gflops * args.workers as f64).max(1e-9),
         batch_size_hist,
         queue_wait_hist,
+        lanes: args.lanes,
+        capacity_rps_one_worker_one_lane: one_lane,
+        capacity_rps_one_worker_lanes: laned,
+        lanes_capacity_ratio: laned / one_lane.max(1e-9),
         wall_s: started.elapsed().as_secs_f64(),
         points,
     };

@@ -32,8 +32,9 @@ use timely::worker::Worker;
 use grflow_connectors::parquet::RequestSource;
 use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::busy::BusyMeter;
+use grflow_operators::node::batching::BatchPolicy;
 use grflow_operators::node::{DeadlineShedder, ServingNode};
-use grflow_operators::router::{NodeReport, Router};
+use grflow_operators::router::{LoadSignal, NodeReport, Router};
 
 use crate::config::{Clock, Release, SloMs};
 use crate::events::{Admitted, ClosedWindow, Ingest, NodeControl, NodeEvent, ScheduledCommand};
@@ -115,8 +116,10 @@ pub struct ServingParts {
     pub window_ms: u64,
     /// When router and node handle what arrives.
     pub release: Release,
-    /// Rank requests per batched model call, by tokens (`batch.max_tokens`).
-    pub batch_max_tokens: usize,
+    /// Batch budget, wait bound and lanes (`Config::batch_policy`).
+    pub batch: BatchPolicy,
+    /// In-flight tokens at load 1.0 (`node.token_capacity`).
+    pub token_capacity: f64,
     /// Commands for the nodes' control input, paced like the requests.
     pub commands: Vec<ScheduledCommand>,
     pub command_pacing: Pacing,
@@ -154,8 +157,20 @@ pub fn serving<'s>(
     requests: StreamVec<'s, u64, Admitted>,
     parts: ServingParts,
 ) -> (ServingStreams<'s>, ServingHandles) {
-    let router = Rc::new(RefCell::new(parts.router));
-    let node = Rc::new(RefCell::new(parts.node));
+    let mut router = parts.router;
+    if parts.release == Release::Arrival {
+        // Arrival serves on real time: l(n) is the work sent and not yet
+        // finished, not an event-time model of it.
+        router.set_load_signal(LoadSignal::InFlight {
+            replica: scope.index(),
+            replicas: scope.peers(),
+            token_capacity: parts.token_capacity,
+        });
+    }
+    let router = Rc::new(RefCell::new(router));
+    let mut node = parts.node;
+    node.set_lanes(parts.batch.lanes);
+    let node = Rc::new(RefCell::new(node));
     // Busy shares are measured over wall-time intervals as long as a window.
     let busy = Rc::new(RefCell::new(BusyMeter::new(
         crate::events::now_ns(),
@@ -186,8 +201,9 @@ pub fn serving<'s>(
         slo_ms: parts.slo_ms,
         clock: parts.clock,
         shedder: DeadlineShedder::new(parts.deadline),
-        batch_max_tokens: parts.batch_max_tokens,
+        batch: parts.batch,
         wall_ns: crate::events::now_ns,
+        completed_tokens: vec![0.0; scope.peers()],
     };
     let events = node::serve(routed, controls, node_parts, parts.release);
     if let Some((controller, handle)) = commands_loop {

@@ -5,8 +5,10 @@
 //! load. When a batch is handed over is the release policy's business.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use timely::dataflow::StreamVec;
 use timely::dataflow::channels::pact::Exchange;
@@ -14,15 +16,16 @@ use timely::dataflow::operators::vec::Map;
 
 use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::busy::BusyMeter;
+use grflow_operators::node::batching::{BatchPolicy, Next, Queued};
 use grflow_operators::node::{
-    DeadlineCheck, DeadlineShedder, Deadlined, RankRequest, RankWork, RetrieveRequest, Served,
-    ServingNode,
+    DeadlineCheck, DeadlineShedder, Deadlined, RankRequest, RankWork, RetrieveRequest,
+    RetrieveWork, Served, ServingNode,
 };
 use grflow_operators::windows::TelemetrySample;
 use grflow_traces::Mode;
 
 use crate::config::{Clock, Release, SloMs};
-use crate::dataflow::operator::{EventOperator, event_operator};
+use crate::dataflow::operator::{EventOperator, Step, event_operator};
 use crate::events::{ErrorKind, NodeControl, NodeEvent, Origin, Routed, Target, Telemetry};
 use crate::side::SideTables;
 
@@ -35,11 +38,14 @@ pub struct NodeParts {
     pub slo_ms: SloMs,
     pub clock: Clock,
     pub shedder: DeadlineShedder,
-    /// Rank requests served per batched model call, by tokens (history,
-    /// candidates, instruction); 1 serves one request per call.
-    pub batch_max_tokens: usize,
+    /// Token budget of a batch, its wait bound and lanes (`[batch]`,
+    /// `node.lanes`); `max_tokens = 1` serves one request per call.
+    pub batch: BatchPolicy,
     /// Wall clock, ns since the Unix epoch (`events::now_ns`; tests step it).
     pub wall_ns: fn() -> u64,
+    /// Tokens of the requests finished here (answered, failed or shed), by
+    /// the router replica that sent them; every report carries them.
+    pub completed_tokens: Vec<f64>,
 }
 
 impl EventOperator for NodeParts {
@@ -65,37 +71,138 @@ impl EventOperator for NodeParts {
         }
     }
 
+    /// `complete` mode: every request of one event time, in batches.
     fn on_data(&mut self, time: u64, batch: Vec<Routed>, out: &mut Vec<NodeEvent>) {
         let mut outs = [std::mem::take(out)];
-        self.on_arrivals(vec![(time, batch)], &mut outs);
+        // A batch per lane at once (the node splits it).
+        let budget = self
+            .batch
+            .max_tokens
+            .saturating_mul(self.batch.lanes.max(1));
+        self.serve_all(vec![(time, batch)], budget, &mut outs);
         let [served] = outs;
         *out = served;
     }
 
-    fn on_arrivals(&mut self, arrivals: Vec<(u64, Vec<Routed>)>, out: &mut [Vec<NodeEvent>]) {
-        let Some(last) = arrivals
+    /// `arrival` mode: one step per activation (a retrieve request, or up
+    /// to `lanes` rank batches), so that the router on this worker routes
+    /// between batches; or a wait for a short batch to fill.
+    fn on_queue(
+        &mut self,
+        queue: &mut VecDeque<(u64, Routed)>,
+        out: &mut Vec<(u64, NodeEvent)>,
+    ) -> Step {
+        let now = (self.wall_ns)();
+        let view: Vec<Queued> = queue
             .iter()
-            .map(|(t, _)| *t)
-            .enumerate()
-            .max_by_key(|(_, t)| *t)
-        else {
-            return;
+            .map(|(_, r)| Queued {
+                retrieve: r.admitted.request.mode == Mode::Retrieve,
+                tokens: request_tokens(r, &self.side),
+                waited_ms: now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6,
+            })
+            .collect();
+        let (retrieve, rank) = match self.batch.next(&view) {
+            Next::Nothing => return Step::Idle,
+            Next::Wait(ms) => return Step::After(Duration::from_secs_f64(ms / 1e3)),
+            Next::Serve { retrieve, rank } => (retrieve, rank),
         };
-        let mut all: Vec<Slotted> = arrivals
+        let mut take = vec![false; queue.len()];
+        for i in rank.into_iter().chain(retrieve) {
+            take[i] = true;
+        }
+        let mut items = Vec::new();
+        let mut rest = VecDeque::with_capacity(queue.len());
+        for (item, take) in queue.drain(..).zip(take) {
+            if take {
+                items.push(item);
+            } else {
+                rest.push_back(item);
+            }
+        }
+        *queue = rest;
+        let (times, slotted) = self.begin_step(items);
+        let mut outs: Vec<Vec<NodeEvent>> = times.iter().map(|_| Vec::new()).collect();
+        let (retrieve, rank): (Vec<Slotted>, Vec<Slotted>) = slotted
             .into_iter()
-            .enumerate()
-            .flat_map(|(slot, (time, batch))| {
-                batch
-                    .into_iter()
-                    .map(move |routed| Slotted { slot, time, routed })
+            .partition(|s| s.routed.admitted.request.mode == Mode::Retrieve);
+        // The policy bounded the step already; the node splits the rank
+        // batch over its lanes.
+        self.serve_batch(rank, retrieve, &mut outs);
+        self.end_step(&times, &mut outs, now);
+        for (time, events) in times.into_iter().zip(outs) {
+            out.extend(events.into_iter().map(|e| (time, e)));
+        }
+        if queue.is_empty() {
+            Step::Idle
+        } else {
+            Step::Again
+        }
+    }
+}
+
+impl NodeParts {
+    /// The output slot of each distinct time of a step (slot i is emitted
+    /// at `times[i]`), its requests in (ts, user, req_id) order, and their
+    /// tokens booked as finished for the routers: every request handed to
+    /// a step is answered by its end.
+    fn begin_step(&mut self, items: Vec<(u64, Routed)>) -> (Vec<u64>, Vec<Slotted>) {
+        let mut times: Vec<u64> = Vec::new();
+        let mut all: Vec<Slotted> = items
+            .into_iter()
+            .map(|(time, routed)| {
+                let slot = match times.iter().position(|&t| t == time) {
+                    Some(slot) => slot,
+                    None => {
+                        times.push(time);
+                        times.len() - 1
+                    }
+                };
+                Slotted { slot, time, routed }
             })
             .collect();
         all.sort_by_key(|s| {
             let r = &s.routed.admitted.request;
             (r.ts_ms, r.user_id, r.req_id)
         });
+        for s in &all {
+            let replica = s.routed.router as usize;
+            if self.completed_tokens.len() <= replica {
+                self.completed_tokens.resize(replica + 1, 0.0);
+            }
+            self.completed_tokens[replica] += request_tokens(&s.routed, &self.side) as f64;
+        }
+        (times, all)
+    }
+
+    /// Reports residency, load and finished work at the step's latest
+    /// time, and books the step's wall time as busy.
+    fn end_step(&mut self, times: &[u64], out: &mut [Vec<NodeEvent>], busy_since: u64) {
+        let Some((slot, &time)) = times.iter().enumerate().max_by_key(|(_, t)| **t) else {
+            return;
+        };
+        let mut report = self.node.borrow_mut().report(time);
+        report.completed_tokens = self.completed_tokens.clone();
+        out[slot].push(NodeEvent::Report(report));
+        self.busy.borrow_mut().record(busy_since, (self.wall_ns)());
+    }
+
+    /// Serves `arrivals` (requests per event time) in (ts, user, req_id)
+    /// order: rank requests in batches of up to `max_tokens`, each
+    /// retrieve request alone; then reports. `out[i]` is emitted at
+    /// `arrivals[i].0` (distinct times).
+    fn serve_all(
+        &mut self,
+        arrivals: Vec<(u64, Vec<Routed>)>,
+        max_tokens: usize,
+        out: &mut [Vec<NodeEvent>],
+    ) {
         let busy_since = (self.wall_ns)();
-        // Rank requests are served in batches of up to `batch_max_tokens`;
+        let items = arrivals
+            .into_iter()
+            .flat_map(|(time, batch)| batch.into_iter().map(move |r| (time, r)))
+            .collect();
+        let (times, all) = self.begin_step(items);
+        // Rank requests are served in batches of up to `max_tokens`;
         // a retrieve request is served alone, in order. Each batch is
         // checked against the deadline when it starts, so a request queued
         // behind earlier batches of the same activation is shed too.
@@ -103,23 +210,21 @@ impl EventOperator for NodeParts {
         let mut batch_tokens = 0;
         for s in all {
             if s.routed.admitted.request.mode == Mode::Retrieve {
-                self.serve_rank_batch(std::mem::take(&mut batch), out);
+                self.serve_batch(std::mem::take(&mut batch), Vec::new(), out);
                 batch_tokens = 0;
-                self.serve_retrieve(s, out);
+                self.serve_batch(Vec::new(), vec![s], out);
                 continue;
             }
             let tokens = request_tokens(&s.routed, &self.side);
-            if !batch.is_empty() && batch_tokens + tokens > self.batch_max_tokens {
-                self.serve_rank_batch(std::mem::take(&mut batch), out);
+            if !batch.is_empty() && batch_tokens + tokens > max_tokens {
+                self.serve_batch(std::mem::take(&mut batch), Vec::new(), out);
                 batch_tokens = 0;
             }
             batch_tokens += tokens;
             batch.push(s);
         }
-        self.serve_rank_batch(batch, out);
-        let (slot, time) = last;
-        out[slot].push(NodeEvent::Report(self.node.borrow_mut().report(time)));
-        self.busy.borrow_mut().record(busy_since, (self.wall_ns)());
+        self.serve_batch(batch, Vec::new(), out);
+        self.end_step(&times, out, busy_since);
     }
 }
 
@@ -189,12 +294,17 @@ impl NodeParts {
             .collect()
     }
 
-    /// Serves rank requests with batched model calls.
-    fn serve_rank_batch(&mut self, batch: Vec<Slotted>, out: &mut [Vec<NodeEvent>]) {
+    /// Serves rank requests with batched model calls and retrieve
+    /// requests, which run in lanes beside them when the node has two lanes
+    /// or more (else before them, one at a time).
+    fn serve_batch(
+        &mut self,
+        batch: Vec<Slotted>,
+        retrieve: Vec<Slotted>,
+        out: &mut [Vec<NodeEvent>],
+    ) {
         let batch = self.shed_expired(batch, out);
-        if batch.is_empty() {
-            return;
-        }
+        let retrieve = self.shed_expired(retrieve, out);
         let side = &*self.side;
         let mut work = Vec::with_capacity(batch.len());
         let mut members = Vec::with_capacity(batch.len());
@@ -212,53 +322,58 @@ impl NodeParts {
                     });
                     members.push((s, *recovered_late));
                 }
-                Err(e) => out[s.slot].push(error_event(
-                    origin(&s.routed, *recovered_late),
-                    req.req_id,
-                    e.to_string(),
-                    ErrorKind::Unservable,
-                )),
+                Err(e) => out[s.slot].push(unservable(s, *recovered_late, e.to_string())),
             }
+        }
+        let mut retrieve_work = Vec::with_capacity(retrieve.len());
+        let mut retrieving = Vec::with_capacity(retrieve.len());
+        for (s, recovered_late) in &retrieve {
+            let req = &s.routed.admitted.request;
+            match s.routed.admitted.history(side) {
+                Ok(history) => {
+                    retrieve_work.push(RetrieveWork {
+                        req: RetrieveRequest {
+                            req_id: req.req_id,
+                            user_id: req.user_id,
+                        },
+                        history,
+                    });
+                    retrieving.push((s, *recovered_late));
+                }
+                Err(e) => out[s.slot].push(unservable(s, *recovered_late, e.to_string())),
+            }
+        }
+        if members.is_empty() && retrieving.is_empty() {
+            return;
         }
         // One event time per batch: the latest of its requests (all equal
         // in `complete` mode).
-        let now_ms = members.iter().map(|(s, _)| s.time).max().unwrap_or(0);
+        let now_ms = members
+            .iter()
+            .chain(&retrieving)
+            .map(|(s, _)| s.time)
+            .max()
+            .unwrap_or(0);
         let mut node = self.node.borrow_mut();
         record_waits(
             &mut node,
             (self.wall_ns)(),
-            members.iter().map(|(s, _)| &s.routed),
+            members.iter().chain(&retrieving).map(|(s, _)| &s.routed),
         );
-        let results = node.serve_rank_batch(now_ms, &work, side);
+        let (results, retrieved) = if retrieve_work.is_empty() {
+            (node.serve_rank_batch(now_ms, &work, side), Vec::new())
+        } else {
+            node.serve_step(now_ms, &work, &retrieve_work, side, &side.retrieval)
+        };
         drop(node);
         for ((s, recovered_late), result) in members.into_iter().zip(results) {
             let served = result.map_err(|e| e.to_string());
             self.emit(s, recovered_late, served, &mut out[s.slot]);
         }
-    }
-
-    fn serve_retrieve(&mut self, s: Slotted, out: &mut [Vec<NodeEvent>]) {
-        let Some((s, recovered_late)) = self.shed_expired(vec![s], out).pop() else {
-            return;
-        };
-        let side = &*self.side;
-        let req = &s.routed.admitted.request;
-        let served = s
-            .routed
-            .admitted
-            .history(side)
-            .map_err(|e| e.to_string())
-            .and_then(|history| {
-                let retrieve = RetrieveRequest {
-                    req_id: req.req_id,
-                    user_id: req.user_id,
-                };
-                let mut node = self.node.borrow_mut();
-                record_waits(&mut node, (self.wall_ns)(), [&s.routed]);
-                node.serve_retrieve(s.time, retrieve, history, side, &side.retrieval)
-                    .map_err(|e| e.to_string())
-            });
-        self.emit(&s, recovered_late, served, &mut out[s.slot]);
+        for ((s, recovered_late), served) in retrieving.into_iter().zip(retrieved) {
+            let served = served.map_err(|e| e.to_string());
+            self.emit(s, recovered_late, served, &mut out[s.slot]);
+        }
     }
 
     /// The response (with its telemetry) or the error of one request.
@@ -360,6 +475,16 @@ fn origin(routed: &Routed, recovered_late: bool) -> Origin {
     }
 }
 
+/// A request that cannot be served (e.g. its history is missing).
+fn unservable(s: &Slotted, recovered_late: bool, reason: String) -> NodeEvent {
+    error_event(
+        origin(&s.routed, recovered_late),
+        s.routed.admitted.request.req_id,
+        reason,
+        ErrorKind::Unservable,
+    )
+}
+
 /// An error record in place of a response.
 fn error_event(origin: Origin, req_id: u64, reason: String, kind: ErrorKind) -> NodeEvent {
     let row = ErrorRow {
@@ -420,8 +545,13 @@ mod tests {
             slo_ms: cfg.run.slo_ms,
             clock: Clock::Wall,
             shedder: DeadlineShedder::new(Some(Duration::from_millis(10))),
-            batch_max_tokens: 1,
+            batch: BatchPolicy {
+                max_tokens: 1,
+                max_wait_ms: 0.0,
+                lanes: 1,
+            },
             wall_ns: stepping_clock,
+            completed_tokens: Vec::new(),
         };
         let routed = trace
             .requests
@@ -447,6 +577,7 @@ mod tests {
                     emb_coverage: 0.0,
                     hot_user: false,
                 },
+                router: 0,
             })
             .collect();
         (parts, routed)
@@ -457,7 +588,7 @@ mod tests {
         NOW_NS.with(|t| t.set(0));
         let (mut parts, routed) = setup(12);
         let mut out = [Vec::new()];
-        parts.on_arrivals(vec![(5, routed)], &mut out);
+        parts.serve_all(vec![(5, routed)], parts.batch.max_tokens, &mut out);
         let (mut served, mut shed) = (Vec::new(), Vec::new());
         for event in &out[0] {
             match event {
@@ -487,9 +618,9 @@ mod tests {
         NOW_NS.with(|t| t.set(0));
         let (mut parts, routed) = setup(12);
         parts.shedder = DeadlineShedder::new(None);
-        parts.batch_max_tokens = 10_000;
+        parts.batch.max_tokens = 10_000;
         let mut out = [Vec::new()];
-        parts.on_arrivals(vec![(5, routed)], &mut out);
+        parts.serve_all(vec![(5, routed)], parts.batch.max_tokens, &mut out);
         let served = out[0]
             .iter()
             .filter(|e| matches!(e, NodeEvent::Response(_)))

@@ -13,6 +13,15 @@
 //! In both modes output is emitted at the event time of what caused it, and
 //! `on_complete(t)` runs once the frontiers have passed `t`: the only point
 //! at which an operator waits on a frontier in arrival mode.
+//!
+//! In arrival mode data waits in a queue the wrapper owns and the operator
+//! takes from ([`EventOperator::on_queue`]): it may handle a bounded step
+//! per activation (the node serves one batch, so that the router on the
+//! same worker keeps routing between batches) or wait for a batch to fill.
+//! A time is not complete while queued data at it remains.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use timely::dataflow::StreamVec;
 use timely::dataflow::channels::pact::ParallelizationContract;
@@ -39,17 +48,29 @@ pub trait EventOperator: 'static {
     /// is emitted at `time`.
     fn on_data(&mut self, time: u64, data: Vec<Self::Data>, out: &mut Vec<Self::Output>);
 
-    /// `arrival` mode: all data that arrived in one activation, per time
-    /// (so that an operator can batch across times); `out[i]` is emitted
-    /// at `arrivals[i].0`. The default hands each time to `on_data`.
-    fn on_arrivals(
+    /// `arrival` mode: data not yet handled, oldest arrival first, each
+    /// with its event time. The operator removes what it handles now and
+    /// pushes outputs with the time each is emitted at (the time of the
+    /// record that caused it); [`Step`] says when to call again if anything
+    /// is left. The default hands everything to `on_data`, per time.
+    fn on_queue(
         &mut self,
-        arrivals: Vec<(u64, Vec<Self::Data>)>,
-        out: &mut [Vec<Self::Output>],
-    ) {
-        for ((time, data), out) in arrivals.into_iter().zip(out) {
-            self.on_data(time, data, out);
+        queue: &mut VecDeque<(u64, Self::Data)>,
+        out: &mut Vec<(u64, Self::Output)>,
+    ) -> Step {
+        let mut times: Vec<(u64, Vec<Self::Data>)> = Vec::new();
+        for (time, datum) in queue.drain(..) {
+            match times.iter_mut().find(|(t, _)| *t == time) {
+                Some((_, data)) => data.push(datum),
+                None => times.push((time, vec![datum])),
+            }
         }
+        let mut outs = Vec::new();
+        for (time, data) in times {
+            self.on_data(time, data, &mut outs);
+            out.extend(outs.drain(..).map(|o| (time, o)));
+        }
+        Step::Idle
     }
 
     /// Every input has passed `time` (a time this operator saw records at).
@@ -59,6 +80,40 @@ pub trait EventOperator: 'static {
 
     /// Both inputs are closed and nothing is held: called once.
     fn on_close(&mut self) {}
+}
+
+/// What an arrival-mode operator wants after [`EventOperator::on_queue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Call again when more data arrives (whatever is queued waits for it).
+    Idle,
+    /// More is ready: call again as soon as the worker has run the rest of
+    /// the dataflow once.
+    Again,
+    /// Call again after this long even if nothing arrives (a batch's wait
+    /// bound).
+    After(Duration),
+}
+
+/// Counts of queued records per time: a time with queued data is not
+/// complete, so its emit token stays held.
+#[derive(Debug, Default)]
+struct Queued(BTreeMap<u64, usize>);
+
+impl Queued {
+    fn add(&mut self, time: u64) {
+        *self.0.entry(time).or_default() += 1;
+    }
+    /// Recounts after the operator took from the queue.
+    fn recount<D>(&mut self, queue: &VecDeque<(u64, D)>) {
+        self.0.clear();
+        for (t, _) in queue {
+            self.add(*t);
+        }
+    }
+    fn holds(&self, time: u64) -> bool {
+        self.0.contains_key(&time)
+    }
 }
 
 /// Runs `op` over `data` and `control` (partitioned by the two pacts) under
@@ -77,82 +132,94 @@ where
     P1: ParallelizationContract<u64, Vec<Op::Data>>,
     P2: ParallelizationContract<u64, Vec<Op::Control>>,
 {
-    data.binary_frontier(
-        control,
-        data_pact,
-        control_pact,
-        name,
-        move |_cap, _info| {
-            // Per time: the capability to emit at it, and in complete mode its records.
-            let mut held: TimeStash<Capability<u64>, Op::Control, Op::Data> = TimeStash::default();
-            let mut out: Vec<Op::Output> = Vec::new();
-            let mut closed = false;
-            move |(data_in, data_frontier), (control_in, control_frontier), output| {
-                // Control before data: in arrival mode a command that arrived in
-                // the same activation already applies to the data.
-                control_in.for_each_stamp(|cap, batches| {
-                    let cap = cap.retain_least(0).expect("control comes with a time");
-                    let time = *cap.time();
-                    let records = batches.flat_map(|b| b.drain(..));
-                    match release {
-                        Release::Complete => held.push_control(time, cap, records),
-                        Release::Arrival => {
-                            op.on_control(time, records.collect());
-                            held.hold(time, cap);
-                        }
-                    }
-                });
-                // Arrival mode: everything that arrived now, handed over at once.
-                let mut arrived: Vec<(Capability<u64>, Vec<Op::Data>)> = Vec::new();
-                data_in.for_each_stamp(|cap, batches| {
-                    let cap = cap.retain_least(0).expect("data comes with a time");
-                    let time = *cap.time();
-                    let records = batches.flat_map(|b| b.drain(..));
-                    match release {
-                        Release::Complete => held.push_data(time, cap, records),
-                        Release::Arrival => arrived.push((cap, records.collect())),
-                    }
-                });
-                if !arrived.is_empty() {
-                    let mut outs: Vec<Vec<Op::Output>> =
-                        arrived.iter().map(|_| Vec::new()).collect();
-                    let data = arrived
-                        .iter_mut()
-                        .map(|(cap, records)| (*cap.time(), std::mem::take(records)))
-                        .collect();
-                    op.on_arrivals(data, &mut outs);
-                    for ((cap, _), records) in arrived.into_iter().zip(outs) {
-                        if !records.is_empty() {
-                            output.session(&cap).give_iterator(records.into_iter());
-                        }
-                        held.hold(*cap.time(), cap);
+    let scope = data.scope();
+    data.binary_frontier(control, data_pact, control_pact, name, move |_cap, info| {
+        let activator = scope.activator_for(info.address);
+        // Per time: the capability to emit at it, and in complete mode its records.
+        let mut held: TimeStash<Capability<u64>, Op::Control, Op::Data> = TimeStash::default();
+        let mut out: Vec<Op::Output> = Vec::new();
+        // Arrival mode: data not yet handled, and outputs tagged by time.
+        let mut queue: VecDeque<(u64, Op::Data)> = VecDeque::new();
+        let mut queued = Queued::default();
+        let mut tagged: Vec<(u64, Op::Output)> = Vec::new();
+        let mut closed = false;
+        move |(data_in, data_frontier), (control_in, control_frontier), output| {
+            // Control before data: in arrival mode a command that arrived in
+            // the same activation already applies to the data.
+            control_in.for_each_stamp(|cap, batches| {
+                let cap = cap.retain_least(0).expect("control comes with a time");
+                let time = *cap.time();
+                let records = batches.flat_map(|b| b.drain(..));
+                match release {
+                    Release::Complete => held.push_control(time, cap, records),
+                    Release::Arrival => {
+                        op.on_control(time, records.collect());
+                        held.hold(time, cap);
                     }
                 }
-                let passed =
-                    |t: u64| !data_frontier.less_equal(&t) && !control_frontier.less_equal(&t);
-                while let Some((time, h)) = held.pop_complete(passed) {
-                    if !h.control.is_empty() {
-                        op.on_control(time, h.control);
-                    }
-                    if !h.data.is_empty() {
-                        op.on_data(time, h.data, &mut out);
-                    }
-                    op.on_complete(time, &mut out);
-                    if !out.is_empty() {
-                        output.session(&h.token).give_iterator(out.drain(..));
+            });
+            data_in.for_each_stamp(|cap, batches| {
+                let cap = cap.retain_least(0).expect("data comes with a time");
+                let time = *cap.time();
+                let records = batches.flat_map(|b| b.drain(..));
+                match release {
+                    Release::Complete => held.push_data(time, cap, records),
+                    Release::Arrival => {
+                        for r in records {
+                            queued.add(time);
+                            queue.push_back((time, r));
+                        }
+                        held.hold(time, cap);
                     }
                 }
-                if !closed
-                    && held.is_empty()
-                    && data_frontier.is_empty()
-                    && control_frontier.is_empty()
-                {
-                    closed = true;
-                    op.on_close();
+            });
+            if release == Release::Arrival && !queue.is_empty() {
+                match op.on_queue(&mut queue, &mut tagged) {
+                    Step::Idle => {}
+                    Step::Again => activator.activate(),
+                    Step::After(wait) => activator.activate_after(wait),
+                }
+                queued.recount(&queue);
+                // Outputs of one time together, in the order made.
+                tagged.sort_by_key(|(t, _)| *t);
+                let mut drained = tagged.drain(..).peekable();
+                while let Some((time, first)) = drained.next() {
+                    let token = &held.token(time).expect("queued times are held").clone();
+                    let mut session = output.session(token);
+                    session.give(first);
+                    while let Some((_, o)) = drained.next_if(|(t, _)| *t == time) {
+                        session.give(o);
+                    }
                 }
             }
-        },
-    )
+            let passed = |t: u64| {
+                !data_frontier.less_equal(&t)
+                    && !control_frontier.less_equal(&t)
+                    && !queued.holds(t)
+            };
+            while let Some((time, h)) = held.pop_complete(passed) {
+                if !h.control.is_empty() {
+                    op.on_control(time, h.control);
+                }
+                if !h.data.is_empty() {
+                    op.on_data(time, h.data, &mut out);
+                }
+                op.on_complete(time, &mut out);
+                if !out.is_empty() {
+                    output.session(&h.token).give_iterator(out.drain(..));
+                }
+            }
+            if !closed
+                && held.is_empty()
+                && queue.is_empty()
+                && data_frontier.is_empty()
+                && control_frontier.is_empty()
+            {
+                closed = true;
+                op.on_close();
+            }
+        }
+    })
 }
 
 #[cfg(test)]
@@ -160,6 +227,7 @@ mod tests {
     use super::*;
     use std::cell::RefCell;
     use std::rc::Rc;
+    use std::time::Instant;
 
     use timely::dataflow::channels::pact::Pipeline;
     use timely::dataflow::operators::core::Inspect;
@@ -441,6 +509,139 @@ mod tests {
                 "{:?}",
                 calls.borrow()
             );
+        });
+    }
+
+    /// Handles one record per call and asks to be called again; with
+    /// `wait_below = n`, waits until 20 ms after its first record while
+    /// fewer than n are queued.
+    struct Stepper {
+        calls: Calls,
+        wait_below: usize,
+        waiting_since: Option<Instant>,
+    }
+
+    impl EventOperator for Stepper {
+        type Data = u32;
+        type Control = i64;
+        type Output = (u32, i64);
+
+        fn on_control(&mut self, _time: u64, _control: Vec<i64>) {}
+
+        fn on_data(&mut self, _time: u64, _data: Vec<u32>, _out: &mut Vec<(u32, i64)>) {
+            unreachable!("arrival mode only")
+        }
+
+        fn on_queue(
+            &mut self,
+            queue: &mut VecDeque<(u64, u32)>,
+            out: &mut Vec<(u64, (u32, i64))>,
+        ) -> Step {
+            // Like a batch's wait bound: measured from the first record
+            // seen, however often the wrapper calls (frontier changes too).
+            let since = *self.waiting_since.get_or_insert_with(Instant::now);
+            let wait = Duration::from_millis(20).saturating_sub(since.elapsed());
+            if queue.len() < self.wait_below && !wait.is_zero() {
+                return Step::After(wait);
+            }
+            let (time, d) = queue.pop_front().expect("called with data");
+            self.calls.borrow_mut().push(Call::Data(time, vec![d]));
+            out.push((time, (d, 0)));
+            if queue.is_empty() {
+                Step::Idle
+            } else {
+                Step::Again
+            }
+        }
+
+        fn on_complete(&mut self, time: u64, _out: &mut Vec<(u32, i64)>) {
+            self.calls.borrow_mut().push(Call::Complete(time));
+        }
+    }
+
+    fn stepper(worker: &mut Worker, wait_below: usize) -> Wired {
+        let mut data = InputHandleVec::new();
+        let mut control = InputHandleVec::new();
+        let probe = ProbeHandle::new();
+        let calls: Calls = Rc::default();
+        let outputs: Outputs = Rc::default();
+        worker.dataflow::<u64, _, _>(|scope| {
+            let data = scope.input_from(&mut data);
+            let control = scope.input_from(&mut control);
+            let op = Stepper {
+                calls: calls.clone(),
+                wait_below,
+                waiting_since: None,
+            };
+            let out = event_operator(
+                data,
+                control,
+                Pipeline,
+                Pipeline,
+                "Step",
+                Release::Arrival,
+                op,
+            );
+            collect(out, &outputs, &probe);
+        });
+        (data, control, probe, calls, outputs)
+    }
+
+    #[test]
+    fn arrival_queue_is_taken_in_steps_and_a_time_completes_only_when_its_queue_is_empty() {
+        timely::execute_directly(|worker| {
+            let (mut data, mut control, probe, calls, outputs) = stepper(worker, 0);
+            data.advance_to(1);
+            for d in [10, 11, 12] {
+                data.send(d);
+            }
+            data.advance_to(2);
+            control.advance_to(2);
+            while probe.less_than(&2) {
+                worker.step();
+            }
+            // One record per call; time 1 completes after its last record,
+            // though both frontiers passed it at once.
+            assert_eq!(
+                *calls.borrow(),
+                vec![
+                    Call::Data(1, vec![10]),
+                    Call::Data(1, vec![11]),
+                    Call::Data(1, vec![12]),
+                    Call::Complete(1),
+                ]
+            );
+            assert_eq!(
+                *outputs.borrow(),
+                vec![(1, (10, 0)), (1, (11, 0)), (1, (12, 0))]
+            );
+        });
+    }
+
+    #[test]
+    fn arrival_queue_waits_as_told_and_is_called_again_without_new_data() {
+        timely::execute_directly(|worker| {
+            let (mut data, mut control, probe, calls, outputs) = stepper(worker, 2);
+            data.advance_to(3);
+            data.send(30);
+            data.flush();
+            let started = std::time::Instant::now();
+            steps(worker, 5);
+            assert!(calls.borrow().is_empty(), "waiting for a second record");
+            // Nothing else arrives: after the wait it is called again (the
+            // stepper then serves what it has).
+            while outputs.borrow().is_empty() {
+                worker.step_or_park(Some(Duration::from_millis(5)));
+                assert!(started.elapsed() < Duration::from_secs(5), "never woke");
+            }
+            assert!(started.elapsed() >= Duration::from_millis(20));
+            assert_eq!(*outputs.borrow(), vec![(3, (30, 0))]);
+            data.advance_to(4);
+            control.advance_to(4);
+            while probe.less_than(&4) {
+                worker.step();
+            }
+            assert_eq!(calls.borrow().last(), Some(&Call::Complete(3)));
         });
     }
 }

@@ -30,6 +30,8 @@ pub fn user_hash(user: u64) -> u64 {
 struct RouterOp {
     router: Rc<RefCell<Router>>,
     side: Arc<SideTables>,
+    /// This worker's index: the replica a node reports finished work to.
+    replica: u32,
 }
 
 impl EventOperator for RouterOp {
@@ -58,7 +60,11 @@ impl EventOperator for RouterOp {
                 .shard_profile(history, router.config().profile_shards);
             let tokens = self.side.request_tokens(req, history);
             let decision = router.route(req.ts_ms, req.user_id, &profile, tokens);
-            out.push(Routed { admitted, decision });
+            out.push(Routed {
+                admitted,
+                decision,
+                router: self.replica,
+            });
         }
     }
 }
@@ -73,6 +79,7 @@ pub fn route<'s>(
     release: Release,
 ) -> StreamVec<'s, u64, Routed> {
     let by_user = Exchange::new(|a: &Admitted| user_hash(a.request.user_id));
+    let replica = requests.scope().index() as u32;
     event_operator(
         requests,
         reports,
@@ -80,6 +87,10 @@ pub fn route<'s>(
         Pipeline,
         "Router",
         release,
-        RouterOp { router, side },
+        RouterOp {
+            router,
+            side,
+            replica,
+        },
     )
 }

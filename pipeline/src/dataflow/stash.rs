@@ -51,6 +51,11 @@ impl<K, C, D> TimeStash<K, C, D> {
         self.hold(time, token).data.extend(records);
     }
 
+    /// The emit token of a held time.
+    pub fn token(&self, time: u64) -> Option<&K> {
+        self.pending.get(&time).map(|h| &h.token)
+    }
+
     /// The least time held, if any.
     pub fn first_time(&self) -> Option<u64> {
         self.pending.keys().next().copied()
