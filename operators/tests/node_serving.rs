@@ -409,3 +409,45 @@ fn retrieve_requests_in_lanes_beside_a_rank_batch_equal_serving_them_in_turn() {
     );
     assert_eq!(l.user_kv_pages, t.user_kv_pages);
 }
+
+/// HLEM's EMB–KV coupling: tokens a cached KV prefix covers need no
+/// embeddings, so a full prefix hit looks up only the candidates (rank) or
+/// nothing of the history (retrieve), and pays no link for it.
+#[test]
+fn a_full_prefix_hit_makes_no_emb_lookups_for_the_covered_history() {
+    let catalog = Catalog::new(500);
+    let index = RetrievalIndex::new(sparse_sids(), 16).unwrap();
+    let block = params().model.block_size;
+    let h = history(4 * block);
+    let candidates: Vec<u32> = (300..310).collect();
+    let req = RankRequest {
+        req_id: 1,
+        user_id: 1,
+        candidates: &candidates,
+    };
+    let mut node = ServingNode::new(0, params()).unwrap();
+    let cold = node.serve(0, req, &h, &catalog).unwrap();
+    assert_eq!(cold.kv_reused_tokens, 0);
+    let per_item = cold.emb_lookups / (h.len() + candidates.len()) as u32;
+    assert!(per_item >= 1);
+    let warm = node.serve(1, req, &h, &catalog).unwrap();
+    assert_eq!(warm.kv_reused_tokens as usize, h.len(), "a full prefix hit");
+    assert_eq!(warm.emb_lookups, per_item * candidates.len() as u32);
+    assert_eq!(warm.items, cold.items, "the same answer");
+    // A retrieve request of the same user: no history lookups at all.
+    let retrieve = RetrieveRequest {
+        req_id: 2,
+        user_id: 1,
+    };
+    let served = node
+        .serve_retrieve(2, retrieve, &h, &catalog, &index)
+        .unwrap();
+    assert_eq!(served.kv_reused_tokens as usize, h.len());
+    assert_eq!(served.emb_lookups, 0);
+    // One more item: only it is looked up.
+    let longer = history(4 * block + 1);
+    let served = node
+        .serve_retrieve(3, retrieve, &longer, &catalog, &index)
+        .unwrap();
+    assert_eq!(served.emb_lookups, per_item);
+}

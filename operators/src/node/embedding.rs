@@ -21,6 +21,16 @@ pub struct EmbStats {
     pub oov_items: u32,
 }
 
+impl EmbStats {
+    /// Adds another lookup's counts.
+    pub fn add(&mut self, other: &EmbStats) {
+        self.hits += other.hits;
+        self.lookups += other.lookups;
+        self.miss_bytes += other.miss_bytes;
+        self.oov_items += other.oov_items;
+    }
+}
+
 /// What a lookup reads and updates: the cache, the host tier, and the
 /// shard counts residency reports are made from.
 #[derive(Debug)]

@@ -76,7 +76,10 @@ struct Ready<'h> {
     index: usize,
     plan: Plan<'h>,
     emb: EmbStats,
+    /// Embeddings of the history from `history_from` on: the tokens a
+    /// cached KV prefix covers need none (HLEM's EMB–KV coupling).
     history_tokens: Vec<f32>,
+    history_from: usize,
     candidate_tokens: Vec<f32>,
 }
 
@@ -100,6 +103,7 @@ struct RetrievePrep<'h> {
     user_id: u64,
     plan: Plan<'h>,
     emb: EmbStats,
+    /// Embeddings of the history past the reused prefix.
     history_tokens: Vec<f32>,
     prefix: UserPrefix,
 }
@@ -524,7 +528,13 @@ impl ServingNode {
             };
             self.begin(&plan);
             let mut emb = EmbStats::default();
-            let history_tokens = self.lookup().item_tokens(plan.history, catalog, &mut emb);
+            // Tokens under a cached KV prefix need no embeddings. Should the
+            // prefix be evicted before it is pinned, the gap is looked up
+            // at reservation.
+            let history_from = self.memory.kv_cached_prefix_len(plan.history);
+            let history_tokens =
+                self.lookup()
+                    .item_tokens(&plan.history[history_from..], catalog, &mut emb);
             let candidate_tokens = self
                 .lookup()
                 .item_tokens(w.req.candidates, catalog, &mut emb);
@@ -533,6 +543,7 @@ impl ServingNode {
                 plan,
                 emb,
                 history_tokens,
+                history_from,
                 candidate_tokens,
             });
         }
@@ -547,7 +558,10 @@ impl ServingNode {
                     .prefixes
                     .reserve(&mut self.memory, ready[next].plan.history)
                 {
-                    Ok(prefix) => reserved.push((next, prefix)),
+                    Ok(prefix) => {
+                        self.fill_gap(&mut ready[next], prefix.reused, catalog);
+                        reserved.push((next, prefix));
+                    }
                     // Alone it does not fit either: its own error.
                     Err(e) if reserved.is_empty() => results[ready[next].index] = Some(Err(e)),
                     // Serve what fits first; this one starts the next sub-batch.
@@ -746,10 +760,14 @@ impl ServingNode {
             self.beams.push(beam);
         }
         self.begin(&plan);
-        let mut emb = EmbStats::default();
-        let history_tokens = self.lookup().item_tokens(plan.history, catalog, &mut emb);
-        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
+        // Reserved first: the tokens its cached prefix covers need no
+        // embeddings (EMB lookups never evict KV pages).
         let prefix = self.prefixes.reserve(&mut self.memory, plan.history)?;
+        let mut emb = EmbStats::default();
+        let history_tokens =
+            self.lookup()
+                .item_tokens(&plan.history[prefix.reused..], catalog, &mut emb);
+        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
         Ok(RetrievePrep {
             user_id: req.user_id,
             plan,
@@ -809,6 +827,23 @@ impl ServingNode {
             shards: &self.params.shards,
             residency: &mut self.residency,
         }
+    }
+
+    /// A rank request's prefix turned out shorter than when its embeddings
+    /// were looked up (evicted by a reservation of the same batch): looks
+    /// up the uncovered tokens and pays the link for them.
+    fn fill_gap(&mut self, r: &mut Ready<'_>, reused: usize, catalog: &dyn ItemCatalog) {
+        if reused >= r.history_from {
+            return;
+        }
+        let mut emb = EmbStats::default();
+        let gap =
+            self.lookup()
+                .item_tokens(&r.plan.history[reused..r.history_from], catalog, &mut emb);
+        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
+        r.history_tokens.splice(0..0, gap);
+        r.history_from = reused;
+        r.emb.add(&emb);
     }
 
     /// Books a served request: backlog, counters, and the response.
@@ -920,13 +955,12 @@ fn retrieve_in<S: KvBlockStore + ?Sized>(
     let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
     let (prep, index) = (side.prep, side.index);
     let prefix = &prep.prefix;
-    let d = model.config().d_model;
     model
         .prefill(
             store,
             &prefix.block_table,
             prefix.reused,
-            &prep.history_tokens[prefix.reused * d..],
+            &prep.history_tokens,
         )
         .map_err(model_err)?;
     let hits = beam
@@ -959,7 +993,7 @@ fn rank_group<S: KvBlockStore + ?Sized>(
         .map(|(k, p)| PrefillJob {
             block_table: &p.block_table,
             cached_len: p.reused,
-            new_tokens: &ready[*k].history_tokens[p.reused * d..],
+            new_tokens: &ready[*k].history_tokens[(p.reused - ready[*k].history_from) * d..],
         })
         .collect();
     let ranks: Vec<RankJob<'_>> = group
