@@ -1,4 +1,5 @@
 //! Domain logic of a serving node and router, free of I/O and timely types.
+pub mod allocator;
 pub mod busy;
 pub mod cache;
 pub mod cachebench;

@@ -1,6 +1,7 @@
 //! The job configuration: one TOML file, every section optional, unknown keys
 //! rejected. `configs/default.toml` is compiled in as the embedded default.
 
+use grflow_operators::allocator::AllocatorConfig;
 use grflow_operators::node::batching::BatchPolicy;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -34,6 +35,9 @@ pub struct Config {
     pub windows: WindowsSection,
     #[serde(default)]
     pub batch: BatchSection,
+    /// Who moves α at runtime (`[allocator]`, HLEM §IV-A).
+    #[serde(default)]
+    pub allocator: AllocatorConfig,
     /// `grflow serve` only: where requests come from and answers go.
     #[serde(default)]
     pub kafka: KafkaSection,
@@ -66,6 +70,9 @@ pub struct KafkaSection {
     pub deadline_ms: u64,
     /// Per worker: consumed requests without a durable answer before reads pause.
     pub max_in_flight: usize,
+    /// Per worker: tokens (history + candidates + 1) of those requests
+    /// before reads pause: long histories fill a node with fewer requests.
+    pub max_in_flight_tokens: u64,
     /// A partition with no record for this long stops holding back event time.
     pub idle_timeout_ms: u64,
     /// Event time may trail the newest request by at most this much before
@@ -110,6 +117,7 @@ impl Default for KafkaSection {
             create_partitions: 4,
             deadline_ms: 2_000,
             max_in_flight: 2_048,
+            max_in_flight_tokens: 262_144,
             idle_timeout_ms: 50,
             max_skew_ms: 2_000,
             max_future_ms: 60_000,
@@ -682,6 +690,9 @@ impl Config {
                 "must be a finite number >= 0".into(),
             ));
         }
+        self.allocator
+            .validate()
+            .map_err(|e| invalid("allocator", e))?;
         if self.node.lanes == 0 || self.node.lanes > 64 {
             return Err(invalid("node.lanes", "must be in 1..=64".into()));
         }
@@ -730,6 +741,7 @@ impl Config {
         for (field, value) in [
             ("kafka.deadline_ms", k.deadline_ms),
             ("kafka.max_in_flight", k.max_in_flight as u64),
+            ("kafka.max_in_flight_tokens", k.max_in_flight_tokens),
             ("kafka.idle_timeout_ms", k.idle_timeout_ms),
             ("kafka.commit_interval_ms", k.commit_interval_ms),
             ("kafka.metrics_interval_ms", k.metrics_interval_ms),

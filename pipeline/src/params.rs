@@ -46,7 +46,7 @@ pub fn node_params(
     };
     let memory = MemoryParams {
         pool_bytes: (cfg.memory.pool_mib * 1024.0 * 1024.0) as u64,
-        alpha: cfg.memory.alpha,
+        alpha: cfg.allocator.initial_alpha(cfg.memory.alpha),
         emb_policy: cfg.memory.emb_policy.clone(),
         user_kv_policy: cfg.memory.user_kv_policy.clone(),
         item_kv_policy: cfg.memory.item_kv_policy.clone(),

@@ -5,7 +5,9 @@
 //! Errors, windowed statistics and the summary are returned; writing them
 //! is the caller's business.
 
+use std::cell::RefCell;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -22,6 +24,7 @@ use grflow_traces::{Request, Trace};
 
 use crate::config::Config;
 use crate::config::Speed;
+use crate::dataflow::allocator::AllocatorStats;
 use crate::dataflow::source::Pacing;
 use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
 use crate::events::{ScheduledCommand, Target};
@@ -160,6 +163,7 @@ impl ResponseWriter {
 /// What one worker hands back when its dataflow is complete.
 struct WorkerResult {
     node: NodeSummary,
+    allocator: AllocatorStats,
     router: RouterStats,
     latency: std::collections::BTreeMap<u32, LatencyTally>,
     by_mode: ModeTallies,
@@ -294,6 +298,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         let node = nodes.lock().expect("lock")[index]
             .take()
             .expect("one node per worker");
+        let allocator_stats: Rc<RefCell<AllocatorStats>> = Default::default();
         let batch_writer = worker_writer.clone();
         let responses: dataflow::ResponseBatchSink =
             Box::new(move |rows| batch_writer.lock().expect("lock").write(rows));
@@ -316,7 +321,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     token_capacity: worker_cfg.node.token_capacity,
                     commands: worker_commands.clone(),
                     command_pacing: pacing,
-                    controller: None,
+                    controller: allocator_controller(&worker_cfg, allocator_stats.clone()),
                 },
                 counters: worker_counters.clone(),
                 responses,
@@ -371,6 +376,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         };
         WorkerResult {
             node: node_summary,
+            allocator: allocator_stats.borrow().clone(),
             router: df.router.borrow().stats().clone(),
             latency: outputs.latency,
             by_mode: outputs.by_mode,
@@ -417,7 +423,9 @@ fn assemble(
     let mut model_version = String::new();
     let mut latency: std::collections::BTreeMap<u32, LatencyTally> = Default::default();
     let mut by_mode = ModeTallies::default();
+    let mut allocator = AllocatorStats::default();
     for r in results {
+        allocator.merge(&r.allocator);
         for (node, tally) in r.latency {
             latency.entry(node).or_default().merge(&tally);
         }
@@ -470,8 +478,28 @@ fn assemble(
         nodes,
         router,
         windows: out.windows.len(),
+        allocator: cfg
+            .allocator
+            .moves()
+            .then(|| allocator.summary(cfg.allocator.policy)),
     };
     out
+}
+
+/// The allocator as the nodes' controller when α moves at runtime.
+pub(crate) fn allocator_controller(
+    cfg: &Config,
+    stats: Rc<RefCell<AllocatorStats>>,
+) -> Option<dataflow::Controller> {
+    if !cfg.allocator.moves() {
+        return None;
+    }
+    let allocator = cfg.allocator.clone();
+    let slo_ms = cfg.run.slo_ms.rank;
+    let alpha = allocator.initial_alpha(cfg.memory.alpha);
+    Some(Box::new(move |_events, windows| {
+        dataflow::allocator::allocate(windows, allocator, slo_ms, alpha, stats)
+    }))
 }
 
 /// Event time covered, from the windows seen.

@@ -168,6 +168,9 @@ pub struct Summary {
     pub nodes: Vec<NodeSummary>,
     pub router: RouterStats,
     pub windows: usize,
+    /// What the allocator did (absent when α does not move).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<crate::dataflow::allocator::AllocatorSummary>,
 }
 
 /// Latencies of rank and of retrieve responses, each recorded against its

@@ -44,7 +44,7 @@ fn trace() -> Arc<Trace> {
 /// A controller that answers the first served request at `at_ms` with a
 /// `SetAlpha(alpha)` for every node (one per request at that time).
 fn set_alpha_after(at_ms: u64, alpha: f64) -> Controller {
-    Box::new(move |events| {
+    Box::new(move |events, _windows| {
         events.flat_map(move |e| match e {
             NodeEvent::Telemetry(t) if t.ts_ms == at_ms => Some(NodeControl {
                 target: Target::All,

@@ -9,7 +9,7 @@
 //! twice. Without broker transactions this gives: every record is answered
 //! at least once, and twice only when it was in flight at a crash.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// What to do with a consumed record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +33,8 @@ pub enum OffsetError {
 pub struct PartitionOffsets {
     /// Offsets below this were committed before (at start) or consumed now.
     next_new: i64,
-    in_flight: BTreeSet<i64>,
+    /// Offsets in flight with the tokens of their request (0 until weighed).
+    in_flight: BTreeMap<i64, u64>,
     /// The last offset handed out by `committable` (to report changes only).
     last_commit: Option<i64>,
 }
@@ -44,7 +45,7 @@ impl PartitionOffsets {
     pub fn resuming_at(committed: i64) -> Self {
         Self {
             next_new: committed.max(0),
-            in_flight: BTreeSet::new(),
+            in_flight: BTreeMap::new(),
             last_commit: (committed > 0).then_some(committed),
         }
     }
@@ -54,18 +55,21 @@ impl PartitionOffsets {
             return Admission::Duplicate;
         }
         self.next_new = offset + 1;
-        self.in_flight.insert(offset);
+        self.in_flight.insert(offset, 0);
         Admission::New
     }
 
-    fn ack(&mut self, offset: i64) -> bool {
+    /// The tokens of the acked record, or None if it was not in flight.
+    fn ack(&mut self, offset: i64) -> Option<u64> {
         self.in_flight.remove(&offset)
     }
 
     /// The offset it is safe to commit now: the oldest record still in
     /// flight, or one past the newest consumed when none is.
     pub fn safe_commit(&self) -> i64 {
-        self.in_flight.first().copied().unwrap_or(self.next_new)
+        self.in_flight
+            .first_key_value()
+            .map_or(self.next_new, |(&offset, _)| offset)
     }
 
     /// Records consumed whose output is not yet durable.
@@ -84,6 +88,8 @@ impl PartitionOffsets {
 pub struct OffsetBook {
     partitions: BTreeMap<i32, PartitionOffsets>,
     duplicates: u64,
+    /// Tokens of the requests in flight (see [`OffsetBook::weigh`]).
+    tokens: u64,
 }
 
 impl OffsetBook {
@@ -118,12 +124,34 @@ impl OffsetBook {
         let acked = self
             .partitions
             .get_mut(&partition)
-            .is_some_and(|p| p.ack(offset));
-        if acked {
-            Ok(())
-        } else {
-            Err(OffsetError::NotInFlight { partition, offset })
+            .and_then(|p| p.ack(offset));
+        match acked {
+            Some(tokens) => {
+                self.tokens -= tokens;
+                Ok(())
+            }
+            None => Err(OffsetError::NotInFlight { partition, offset }),
         }
+    }
+
+    /// The request of an in-flight record brings `tokens` of work (its
+    /// history, candidates and instruction), counted until it is acked, so
+    /// that reads can pause on work in flight and not only on requests.
+    /// A record not in flight is ignored.
+    pub fn weigh(&mut self, partition: i32, offset: i64, tokens: u64) {
+        let slot = self
+            .partitions
+            .get_mut(&partition)
+            .and_then(|p| p.in_flight.get_mut(&offset));
+        if let Some(slot) = slot {
+            self.tokens = self.tokens - *slot + tokens;
+            *slot = tokens;
+        }
+    }
+
+    /// Tokens of the requests in flight.
+    pub fn in_flight_tokens(&self) -> u64 {
+        self.tokens
     }
 
     /// `(partition, offset)` commits that moved since the last call.
@@ -230,6 +258,27 @@ impl RecoveryBounds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_in_flight_are_counted_until_acked() {
+        let mut book = OffsetBook::new();
+        for o in 0..3 {
+            assert_eq!(book.consume(2, o), Ok(Admission::New));
+        }
+        book.weigh(2, 0, 100);
+        book.weigh(2, 1, 40);
+        book.weigh(2, 1, 50); // re-weighed: replaces
+        book.weigh(2, 9, 1_000); // not in flight: ignored
+        book.weigh(7, 0, 1_000);
+        assert_eq!(book.in_flight_tokens(), 150);
+        book.ack(2, 0).unwrap();
+        assert_eq!(book.in_flight_tokens(), 50);
+        assert!(book.ack(2, 0).is_err(), "twice");
+        assert_eq!(book.in_flight_tokens(), 50);
+        book.ack(2, 1).unwrap();
+        book.ack(2, 2).unwrap();
+        assert_eq!((book.in_flight(), book.in_flight_tokens()), (0, 0));
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -5,6 +5,7 @@
 //! event-time operators (`operator::EventOperator`) released by
 //! `run.release`; the node's control input carries commands (`control`).
 
+pub mod allocator;
 pub mod control;
 pub mod kafka;
 pub mod node;
@@ -129,11 +130,16 @@ pub struct ServingParts {
     pub controller: Option<Controller>,
 }
 
-/// Turns the stream of node events into commands for the nodes. What it
-/// emits at event time t is fed back stamped t + 1: a command made from a
-/// window that closes at W_end applies from W_end + 1.
-pub type Controller =
-    Box<dyn for<'s> FnOnce(StreamVec<'s, u64, NodeEvent>) -> StreamVec<'s, u64, NodeControl>>;
+/// Turns the node events and the closed windows into commands for the
+/// nodes (the allocator). What it emits at event time t is fed back stamped
+/// t + 1: a command made from a window that closes at W_end applies from
+/// W_end + 1.
+pub type Controller = Box<
+    dyn for<'s> FnOnce(
+        StreamVec<'s, u64, NodeEvent>,
+        StreamVec<'s, u64, ClosedWindow>,
+    ) -> StreamVec<'s, u64, NodeControl>,
+>;
 
 /// Shared handles to the serving state of one worker.
 #[allow(missing_debug_implementations)]
@@ -206,9 +212,6 @@ pub fn serving<'s>(
         completed_tokens: vec![0.0; scope.peers()],
     };
     let events = node::serve(routed, controls, node_parts, parts.release);
-    if let Some((controller, handle)) = commands_loop {
-        controller(events.clone()).connect_loop(handle);
-    }
 
     events
         .clone()
@@ -224,6 +227,9 @@ pub fn serving<'s>(
         _ => None,
     });
     let windows = windows::closed_windows(telemetry, parts.window_ms, window_gauge.clone());
+    if let Some((controller, handle)) = commands_loop {
+        controller(events.clone(), windows.clone()).connect_loop(handle);
+    }
     (
         ServingStreams { events, windows },
         ServingHandles {

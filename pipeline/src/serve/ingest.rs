@@ -28,6 +28,8 @@ pub struct IngestSettings {
     pub request_topic: String,
     pub dead_letter_topic: String,
     pub max_in_flight: usize,
+    /// Per worker: tokens of unanswered requests before reads pause.
+    pub max_in_flight_tokens: u64,
     pub max_message_bytes: usize,
     /// `model.max_candidates`: more is a `too_many_candidates` dead letter.
     pub max_candidates: usize,
@@ -240,6 +242,13 @@ impl KafkaIngest {
                     History::Prefix(n) => (n, None),
                     History::Inline(items) => (items.len() as u32, Some(items)),
                 };
+                // The router's count: history, candidates, instruction.
+                let tokens = hist_len as u64 + wire.candidates.len() as u64 + 1;
+                self.shared
+                    .book(self.worker)
+                    .lock()
+                    .expect("offset book lock")
+                    .weigh(record.partition, record.offset, tokens);
                 Some(Admitted {
                     request: Request {
                         ts_ms,
@@ -282,19 +291,26 @@ impl KafkaIngest {
         }
     }
 
-    /// Pauses reads at the in-flight cap; resumes once half of it drained.
+    /// Pauses reads at either in-flight cap (requests or their tokens);
+    /// resumes once both drained to half.
     fn apply_backpressure(&mut self) {
-        let in_flight = self
-            .shared
-            .book(self.worker)
-            .lock()
-            .expect("offset book lock")
-            .in_flight();
+        let (in_flight, tokens) = {
+            let book = self
+                .shared
+                .book(self.worker)
+                .lock()
+                .expect("offset book lock");
+            (book.in_flight(), book.in_flight_tokens())
+        };
         let paused = self.consumer.is_paused();
+        let (max, max_tokens) = (
+            self.settings.max_in_flight,
+            self.settings.max_in_flight_tokens,
+        );
         let want = if paused {
-            in_flight > self.settings.max_in_flight / 2
+            in_flight > max / 2 || tokens > max_tokens / 2
         } else {
-            in_flight >= self.settings.max_in_flight
+            in_flight >= max || tokens >= max_tokens
         };
         if want != paused {
             if want {

@@ -1,0 +1,238 @@
+//! The allocator: moves a node's EMB share α between epochs from the
+//! node's closed windows (HLEM §IV-A). This file holds the policies that
+//! need no learned model: `static` (α from the config, never moved),
+//! `kv-opt` (α = 0: all of the pool to KV, as HLEM defines it) and `pid`
+//! (HLEM's PID baseline on the p99 error). Each decision is an action of at
+//! most ±`max_step` (Eq. 3's largest) with α clipped to
+//! [`min_alpha`, `max_alpha`] (Eq. 4, 6). Pure: the dataflow wrapper feeds
+//! it windows and turns its answers into `SetAlpha` commands.
+
+use serde::{Deserialize, Serialize};
+
+use crate::windows::WindowStats;
+
+/// `allocator.policy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AllocatorPolicy {
+    /// α stays at `memory.alpha`.
+    #[default]
+    Static,
+    /// α = 0 from the start.
+    KvOpt,
+    /// α moves against the p99 error: above the SLO toward KV (prefix
+    /// reuse saves compute, the larger cost under load), below it toward
+    /// EMB.
+    Pid,
+}
+
+impl std::str::FromStr for AllocatorPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "static" => Ok(Self::Static),
+            "kv-opt" => Ok(Self::KvOpt),
+            "pid" => Ok(Self::Pid),
+            other => Err(format!(
+                "{other:?} is not one of \"static\", \"kv-opt\", \"pid\""
+            )),
+        }
+    }
+}
+
+/// Allocator settings (`[allocator]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AllocatorConfig {
+    pub policy: AllocatorPolicy,
+    /// PID gains on the error (p99 − τ_SLO) / τ_SLO.
+    pub kp: f64,
+    pub ki: f64,
+    pub kd: f64,
+    /// The largest move of one decision (Eq. 3: ±0.06).
+    pub max_step: f64,
+    /// α is kept within [min_alpha, max_alpha] by a controller (Eq. 4, 6).
+    pub min_alpha: f64,
+    pub max_alpha: f64,
+    /// Windows with fewer requests than this leave α where it is (a p99
+    /// of a handful of requests is noise).
+    pub min_requests: u64,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        Self {
+            policy: AllocatorPolicy::Static,
+            kp: 0.05,
+            ki: 0.01,
+            kd: 0.0,
+            max_step: 0.06,
+            min_alpha: 0.1,
+            max_alpha: 0.9,
+            min_requests: 20,
+        }
+    }
+}
+
+impl AllocatorConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = [self.kp, self.ki, self.kd, self.max_step]
+            .iter()
+            .all(|v| v.is_finite());
+        if !finite || self.max_step <= 0.0 {
+            return Err("gains must be finite and max_step > 0".into());
+        }
+        if !(0.0 <= self.min_alpha && self.min_alpha <= self.max_alpha && self.max_alpha <= 1.0) {
+            return Err(format!(
+                "need 0 <= min_alpha <= max_alpha <= 1 (got {} and {})",
+                self.min_alpha, self.max_alpha
+            ));
+        }
+        Ok(())
+    }
+
+    /// α at the start of the job for `config_alpha` (`memory.alpha`).
+    pub fn initial_alpha(&self, config_alpha: f64) -> f64 {
+        match self.policy {
+            AllocatorPolicy::KvOpt => 0.0,
+            AllocatorPolicy::Static | AllocatorPolicy::Pid => config_alpha,
+        }
+    }
+
+    /// Whether α moves during the job (a controller must run).
+    pub fn moves(&self) -> bool {
+        self.policy == AllocatorPolicy::Pid
+    }
+}
+
+/// Bound of the PID integral (in epochs of full-scale error).
+const INTEGRAL_LIMIT: f64 = 2.0;
+
+/// One node's allocator.
+#[derive(Clone, Debug)]
+pub struct Allocator {
+    cfg: AllocatorConfig,
+    slo_ms: f64,
+    alpha: f64,
+    integral: f64,
+    previous_error: Option<f64>,
+}
+
+impl Allocator {
+    /// An allocator for a node whose α is `alpha` now, against a p99
+    /// objective of `slo_ms`.
+    pub fn new(cfg: AllocatorConfig, slo_ms: f64, alpha: f64) -> Self {
+        Self {
+            cfg,
+            slo_ms: slo_ms.max(1e-9),
+            alpha,
+            integral: 0.0,
+            previous_error: None,
+        }
+    }
+
+    pub fn alpha(&self) -> f64 {
+        self.alpha
+    }
+
+    /// The α to set after a closed epoch with statistics `w`, or None to
+    /// leave it.
+    pub fn decide(&mut self, w: &WindowStats) -> Option<f64> {
+        if self.cfg.policy != AllocatorPolicy::Pid || w.requests < self.cfg.min_requests {
+            return None;
+        }
+        // Relative error, clipped: one pathological window must not
+        // dominate the integral.
+        let error = ((w.p99_ms - self.slo_ms) / self.slo_ms).clamp(-1.0, 1.0);
+        let derivative = self.previous_error.map_or(0.0, |p| error - p);
+        self.previous_error = Some(error);
+        // A bounded integral (anti-windup): after a long overload α turns
+        // as soon as the error does.
+        self.integral = (self.integral + error).clamp(-INTEGRAL_LIMIT, INTEGRAL_LIMIT);
+        let push = self.cfg.kp * error + self.cfg.ki * self.integral + self.cfg.kd * derivative;
+        let step = (-push).clamp(-self.cfg.max_step, self.cfg.max_step);
+        let next = (self.alpha + step).clamp(self.cfg.min_alpha, self.cfg.max_alpha);
+        if (next - self.alpha).abs() < 1e-9 {
+            return None;
+        }
+        self.alpha = next;
+        Some(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(p99_ms: f64, requests: u64) -> WindowStats {
+        WindowStats {
+            requests,
+            p99_ms,
+            ..Default::default()
+        }
+    }
+
+    fn pid() -> AllocatorConfig {
+        AllocatorConfig {
+            policy: AllocatorPolicy::Pid,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn static_and_kv_opt_never_move() {
+        for policy in [AllocatorPolicy::Static, AllocatorPolicy::KvOpt] {
+            let cfg = AllocatorConfig {
+                policy,
+                ..Default::default()
+            };
+            let mut a = Allocator::new(cfg.clone(), 30.0, cfg.initial_alpha(0.4));
+            assert_eq!(a.decide(&window(300.0, 1000)), None);
+            assert!(!cfg.moves());
+        }
+        assert_eq!(
+            AllocatorConfig {
+                policy: AllocatorPolicy::KvOpt,
+                ..Default::default()
+            }
+            .initial_alpha(0.4),
+            0.0
+        );
+    }
+
+    #[test]
+    fn pid_moves_toward_kv_above_the_slo_and_back_below_it_within_bounds() {
+        let mut a = Allocator::new(pid(), 30.0, 0.5);
+        // p99 twice the SLO: error 1, push 0.05 + 0.01: α down by 0.06.
+        let first = a.decide(&window(60.0, 100)).unwrap();
+        assert!((first - 0.44).abs() < 1e-9, "{first}");
+        // Far above: the step is capped at max_step, α floored at 0.1.
+        for _ in 0..20 {
+            a.decide(&window(3_000.0, 100));
+        }
+        assert!((a.alpha() - 0.1).abs() < 1e-9);
+        // Well below the SLO: back up at once (the integral is bounded,
+        // so twenty windows at the floor did not wind it up).
+        let up = a.decide(&window(3.0, 100)).unwrap();
+        assert!(up > 0.1, "{up}");
+        // Too few requests: no decision.
+        assert_eq!(a.decide(&window(3.0, 5)), None);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_name() {
+        let cfg = AllocatorConfig {
+            min_alpha: 0.8,
+            max_alpha: 0.2,
+            ..Default::default()
+        };
+        assert!(cfg.validate().unwrap_err().contains("min_alpha"));
+        assert!(
+            "ppo"
+                .parse::<AllocatorPolicy>()
+                .unwrap_err()
+                .contains("pid")
+        );
+        assert_eq!("kv-opt".parse(), Ok(AllocatorPolicy::KvOpt));
+    }
+}

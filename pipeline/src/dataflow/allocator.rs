@@ -1,0 +1,131 @@
+//! The allocator in the dataflow: each closed window of a node goes to
+//! that node's [`Allocator`] (on the node's own worker: windows are
+//! computed where the node's telemetry is), and a decision becomes a
+//! `SetAlpha` command for the node's control input, emitted at the window's
+//! end. Through the controller feedback edge it applies from W_end + 1.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Instant;
+
+use serde::Serialize;
+use timely::dataflow::StreamVec;
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::generic::Operator;
+
+use grflow_operators::allocator::{Allocator, AllocatorConfig, AllocatorPolicy};
+use grflow_operators::node::NodeCommand;
+
+use crate::events::{ClosedWindow, NodeControl, Target};
+
+/// Decisions kept for the decision-time percentiles (the most recent).
+const DECISION_SAMPLES: usize = 65_536;
+
+/// What one worker's allocators did.
+#[derive(Clone, Debug, Default)]
+pub struct AllocatorStats {
+    pub windows: u64,
+    pub moves: u64,
+    /// Decision times (µs), from the closed window's arrival to the command.
+    decision_us: Vec<f64>,
+    next: usize,
+}
+
+impl AllocatorStats {
+    fn record(&mut self, us: f64) {
+        if self.decision_us.len() < DECISION_SAMPLES {
+            self.decision_us.push(us);
+        } else {
+            self.decision_us[self.next] = us;
+            self.next = (self.next + 1) % DECISION_SAMPLES;
+        }
+    }
+
+    pub fn merge(&mut self, other: &AllocatorStats) {
+        self.windows += other.windows;
+        self.moves += other.moves;
+        for &us in &other.decision_us {
+            self.record(us);
+        }
+    }
+
+    pub fn summary(&self, policy: AllocatorPolicy) -> AllocatorSummary {
+        let mut us = self.decision_us.clone();
+        us.sort_by(f64::total_cmp);
+        let pick = |q: f64| {
+            if us.is_empty() {
+                0.0
+            } else {
+                us[((us.len() - 1) as f64 * q).round() as usize]
+            }
+        };
+        AllocatorSummary {
+            policy,
+            windows: self.windows,
+            alpha_moves: self.moves,
+            decision_us_mean: if us.is_empty() {
+                0.0
+            } else {
+                us.iter().sum::<f64>() / us.len() as f64
+            },
+            decision_us_p99: pick(0.99),
+        }
+    }
+}
+
+/// The allocator's part of a run summary.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct AllocatorSummary {
+    pub policy: AllocatorPolicy,
+    /// Closed windows the allocators saw.
+    pub windows: u64,
+    /// `SetAlpha` commands they sent.
+    pub alpha_moves: u64,
+    pub decision_us_mean: f64,
+    pub decision_us_p99: f64,
+}
+
+/// `SetAlpha` commands from closed windows. Every node starts at `alpha`.
+pub fn allocate<'s>(
+    windows: StreamVec<'s, u64, ClosedWindow>,
+    cfg: AllocatorConfig,
+    slo_ms: f64,
+    alpha: f64,
+    stats: Rc<RefCell<AllocatorStats>>,
+) -> StreamVec<'s, u64, NodeControl> {
+    windows.unary(Pipeline, "Allocator", move |_cap, _info| {
+        let mut allocators: BTreeMap<u32, Allocator> = BTreeMap::new();
+        move |input, output| {
+            input.for_each_stamp(|cap, data| {
+                let cap = cap.retain_least(0).expect("windows come with a time");
+                let mut session = output.session(&cap);
+                let mut stats = stats.borrow_mut();
+                for w in data.flat_map(|d| d.drain(..)) {
+                    let started = Instant::now();
+                    let allocator = allocators
+                        .entry(w.node)
+                        .or_insert_with(|| Allocator::new(cfg.clone(), slo_ms, alpha));
+                    let decision = allocator.decide(&w.stats);
+                    if let Some(alpha) = decision {
+                        tracing::info!(
+                            node = w.node,
+                            window_start_ms = w.window_start_ms,
+                            p99_ms = w.stats.p99_ms,
+                            alpha,
+                            "allocator moves alpha"
+                        );
+                        session.give(NodeControl {
+                            target: Target::Node(w.node),
+                            seq: 0,
+                            command: NodeCommand::SetAlpha(alpha),
+                        });
+                        stats.moves += 1;
+                    }
+                    stats.windows += 1;
+                    stats.record(started.elapsed().as_secs_f64() * 1e6);
+                }
+            });
+        }
+    })
+}

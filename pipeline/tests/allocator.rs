@@ -1,0 +1,103 @@
+//! The allocator moves α at runtime: each node's closed windows reach its
+//! allocator, whose `SetAlpha` commands reach the node's control input
+//! through the controller feedback edge. On the event clock with
+//! `complete` release the α of every window is the same on every run.
+
+use std::sync::Arc;
+
+use grflow_operators::allocator::AllocatorPolicy;
+use grflow_pipeline::replay::ResponseOutput;
+use grflow_pipeline::{
+    Clock, Config, ReleaseSetting, ReplayOptions, ReplayOutput, SloMs, TraceInput, replay,
+};
+use grflow_traces::{GenConfig, Regime, Trace};
+
+fn trace() -> Arc<Trace> {
+    Arc::new(grflow_traces::generate(&GenConfig {
+        regime: Regime::Steady,
+        users: 300,
+        requests: 3_000,
+        rps: 200.0,
+        seed: 31,
+        candidates: 16,
+        ..GenConfig::default()
+    }))
+}
+
+fn run(trace: &Arc<Trace>, policy: AllocatorPolicy, slo_ms: f64) -> ReplayOutput {
+    let mut cfg = Config::embedded();
+    cfg.run.workers = 2;
+    cfg.run.speed = "max".into();
+    cfg.run.clock = Clock::Event;
+    cfg.run.release = ReleaseSetting::Complete;
+    cfg.run.slo_ms = SloMs::both(slo_ms);
+    cfg.windows.epoch_ms = 1_000;
+    cfg.allocator.policy = policy;
+    cfg.allocator.min_requests = 5;
+    let opts = ReplayOptions {
+        responses: ResponseOutput::Drop,
+        ..ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg)
+    };
+    replay(opts).unwrap()
+}
+
+/// (node, window start, α) of every window.
+fn alphas(o: &ReplayOutput) -> Vec<(u32, u64, f64)> {
+    o.windows
+        .iter()
+        .map(|w| (w.node, w.window_start_ms, w.alpha))
+        .collect()
+}
+
+#[test]
+fn pid_moves_alpha_toward_kv_while_p99_is_over_the_slo_the_same_on_every_run() {
+    let trace = trace();
+    // An SLO no request meets: every window asks for more KV.
+    let a = run(&trace, AllocatorPolicy::Pid, 0.001);
+    let summary = a.summary.allocator.clone().expect("pid reports");
+    assert!(summary.alpha_moves > 0, "{summary:?}");
+    assert!(summary.windows >= summary.alpha_moves);
+    assert!(summary.decision_us_p99 > 0.0);
+    assert_eq!(a.summary.responses_out, trace.requests.len() as u64);
+    // Nodes that served (the event-time router may favour one).
+    let mut checked = 0;
+    for node in 0..2 {
+        let per_node: Vec<f64> = alphas(&a)
+            .into_iter()
+            .filter(|w| w.0 == node)
+            .map(|w| w.2)
+            .collect();
+        if per_node.len() < 5 {
+            continue;
+        }
+        checked += 1;
+        assert!(
+            per_node.windows(2).all(|p| p[1] <= p[0] + 1e-9),
+            "never back up: {per_node:?}"
+        );
+        let (first, last) = (per_node[0], *per_node.last().unwrap());
+        assert!(
+            (first - 0.25).abs() < 1e-9,
+            "the first window ran at memory.alpha"
+        );
+        assert!(last < first - 0.1, "moved toward KV: {per_node:?}");
+        assert!(last >= 0.1 - 1e-9, "floored at min_alpha: {per_node:?}");
+        let node_alpha = a.summary.nodes[node as usize].alpha;
+        assert!(node_alpha < first, "{node_alpha}");
+    }
+    assert!(checked >= 1, "{:?}", alphas(&a));
+    let b = run(&trace, AllocatorPolicy::Pid, 0.001);
+    assert_eq!(alphas(&a), alphas(&b), "the same α per window on every run");
+}
+
+#[test]
+fn static_leaves_alpha_and_kv_opt_starts_at_zero() {
+    let trace = trace();
+    let s = run(&trace, AllocatorPolicy::Static, 0.001);
+    assert!(s.summary.allocator.is_none());
+    assert!(alphas(&s).len() >= 5);
+    assert!(alphas(&s).iter().all(|w| (w.2 - 0.25).abs() < 1e-9));
+    let k = run(&trace, AllocatorPolicy::KvOpt, 0.001);
+    assert!(alphas(&k).len() >= 5);
+    assert!(alphas(&k).iter().all(|w| w.2.abs() < 1e-9));
+}
