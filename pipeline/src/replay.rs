@@ -88,6 +88,8 @@ impl ReplayOptions {
 #[derive(Debug, Default)]
 pub struct ReplayOutput {
     pub summary: Summary,
+    /// The latency CDF of every response (`LatencyTally::cdf`).
+    pub latency_cdf: Vec<(f64, f64)>,
     /// With `ResponseOutput::Collect` only, sorted by req_id; empty otherwise.
     pub responses: Vec<ResponseRow>,
     pub windows: Vec<WindowRow>,
@@ -451,6 +453,7 @@ fn assemble(
         overall.merge(tally);
     }
 
+    out.latency_cdf = overall.cdf(CDF_POINTS);
     let sum = |f: fn(&NodeSummary) -> u64| nodes.iter().map(f).sum::<u64>();
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     let event_time_s = event_span_s(&out.windows);
@@ -485,6 +488,9 @@ fn assemble(
     };
     out
 }
+
+/// Points of the latency CDF a run reports.
+pub const CDF_POINTS: usize = 200;
 
 /// The allocator as the nodes' controller when α moves at runtime.
 pub(crate) fn allocator_controller(

@@ -67,6 +67,20 @@ impl LatencyTally {
         LatencySummary::from_histogram(&self.histogram)
     }
 
+    /// (latency ms, share of requests at or below it) at `points` evenly
+    /// spaced quantiles up to 1: the CDF a picture of the run draws.
+    pub fn cdf(&self, points: usize) -> Vec<(f64, f64)> {
+        if self.count() == 0 {
+            return Vec::new();
+        }
+        (1..=points)
+            .map(|i| {
+                let q = i as f64 / points as f64;
+                (self.histogram.quantile(q), q)
+            })
+            .collect()
+    }
+
     /// Share of latencies within the SLO (0 when nothing was recorded).
     pub fn slo_satisfaction(&self) -> f64 {
         if self.count() == 0 {

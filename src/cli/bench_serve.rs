@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use grflow_kernels::bench::gemm_peak_gflops;
+use grflow_pipeline::plot::{LineChart, Series};
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{Clock, Config, ReleaseSetting, ReplayOptions, SloMs, Summary, TraceInput};
 use grflow_traces::{Regime, Trace};
@@ -380,70 +381,38 @@ fn sum_hists<'a>(hists: impl Iterator<Item = &'a Vec<u64>>) -> Vec<u64> {
 
 /// p99 latency against offered rate for both modes, with the SLO line.
 fn plot(r: &ServeBench) -> String {
-    let (w, h, m) = (640.0, 400.0, 60.0);
-    let max_x = r.points.iter().map(|p| p.offered_rps).fold(1.0, f64::max) * 1.05;
+    let series = |mode: &str| {
+        let mut points: Vec<(f64, f64)> = r
+            .points
+            .iter()
+            .filter(|p| p.mode == mode)
+            .map(|p| (p.offered_rps, p.p99_ms))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Series {
+            name: mode.into(),
+            points,
+        }
+    };
     let max_y = r
         .points
         .iter()
         .map(|p| p.p99_ms)
         .fold(r.slo_ms * 1.5, f64::max)
         .min(r.slo_ms * 4.0);
-    let x = |v: f64| m + v / max_x * (w - 2.0 * m);
-    let y = |v: f64| h - m - v.min(max_y) / max_y * (h - 2.0 * m);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"20\" text-anchor=\"middle\">grflow bench serve: {} ({} workers), p99 vs offered load</text>\n\
-         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\n\
-         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">offered req/s (max {:.0})</text>\n\
-         <text x=\"15\" y=\"{}\" transform=\"rotate(-90 15 {})\" text-anchor=\"middle\">p99 ms (max {:.0})</text>\n\
-         <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"gray\" stroke-dasharray=\"4\"/>\n\
-         <text x=\"{}\" y=\"{}\" fill=\"gray\">SLO {} ms</text>\n",
-        w / 2.0,
-        r.preset,
-        r.workers,
-        h - m,
-        w - m,
-        h - m,
-        h - m,
-        w / 2.0,
-        h - 20.0,
-        max_x,
-        h / 2.0,
-        h / 2.0,
-        max_y,
-        y(r.slo_ms),
-        w - m,
-        y(r.slo_ms),
-        w - m - 70.0,
-        y(r.slo_ms) - 4.0,
-        r.slo_ms,
-    );
-    for (mode, color, row) in [("unbatched", "#d62728", 40.0), ("batched", "#1f77b4", 56.0)] {
-        let mut pts: Vec<&LoadPoint> = r.points.iter().filter(|p| p.mode == mode).collect();
-        pts.sort_by(|a, b| a.offered_rps.total_cmp(&b.offered_rps));
-        let path: Vec<String> = pts
-            .iter()
-            .map(|p| format!("{:.1},{:.1}", x(p.offered_rps), y(p.p99_ms)))
-            .collect();
-        svg += &format!(
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
-            path.join(" ")
-        );
-        for p in &pts {
-            svg += &format!(
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n",
-                x(p.offered_rps),
-                y(p.p99_ms)
-            );
-        }
-        svg += &format!(
-            "<text x=\"{}\" y=\"{row}\" fill=\"{color}\">{mode}</text>\n",
-            m + 10.0
-        );
+    LineChart {
+        title: format!(
+            "grflow bench serve: {} ({} workers), p99 vs offered load",
+            r.preset, r.workers
+        ),
+        x_label: "offered req/s".into(),
+        y_label: "p99 ms".into(),
+        series: vec![series("unbatched"), series("batched")],
+        y_range: Some((0.0, max_y)),
+        reference: Some((r.slo_ms, format!("SLO {} ms", r.slo_ms))),
+        markers: true,
     }
-    svg + "</svg>\n"
+    .to_svg()
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ pub struct Args {
     /// Pacing: max, 1x, 4x, ...; overrides run.speed.
     #[arg(long)]
     pub speed: Option<String>,
-    /// Write summary.json, responses.parquet, windows.parquet and errors.parquet here.
+    /// Write summary.json, responses.parquet, windows.parquet, errors.parquet and pictures of the run (latency_cdf.svg, hit_rates.svg, alpha.svg) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Print summary.json to stdout instead of the human summary.
@@ -143,5 +143,8 @@ fn write_outputs(dir: &Path, output: &ReplayOutput) -> anyhow::Result<()> {
     let mut errors = ErrorSink::create(&dir.join("errors.parquet"))?;
     errors.write(&output.errors)?;
     errors.finish()?;
+    for (name, chart) in grflow_pipeline::run_charts::run_charts(output) {
+        std::fs::write(dir.join(name), chart.to_svg())?;
+    }
     Ok(())
 }
