@@ -7,6 +7,7 @@
 pub mod config;
 pub mod dataflow;
 pub mod events;
+pub mod ops;
 pub mod params;
 pub mod plot;
 pub mod replay;

@@ -253,6 +253,19 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     }
     let release = cfg.run.replay_release();
     let writer = Arc::new(Mutex::new(ResponseWriter::open(&opts.responses)?));
+    let model_version = nodes.lock().expect("lock")[0]
+        .as_ref()
+        .map(|n| n.model_version().to_string())
+        .unwrap_or_default();
+    let ops = crate::ops::state();
+    ops.set_status(serde_json::json!({
+        "command": "replay",
+        "trace": trace_name,
+        "model_version": model_version,
+        "workers": workers,
+        "config": &cfg,
+    }));
+    ops.set_ready();
     let counters = opts.counters.clone().unwrap_or_default();
     let start = Instant::now();
     let pacing = Pacing {

@@ -24,6 +24,36 @@ impl InputError {
     }
 }
 
+/// Starts the metrics/health endpoints: at `given` (which must bind), else
+/// at `default` if any (skipped with a warning when taken, so that two jobs
+/// on one machine both run). The server stops when the result is dropped.
+pub fn start_ops(
+    given: Option<&str>,
+    default: Option<&str>,
+) -> anyhow::Result<Option<grflow_pipeline::ops::OpsServer>> {
+    use grflow_pipeline::ops::{OpsServer, state};
+    let server = match (given, default) {
+        (Some(addr), _) => {
+            OpsServer::start(addr, state().clone()).map_err(InputError::from_display)?
+        }
+        (None, Some(addr)) => match OpsServer::start(addr, state().clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("{e}; running without metrics and health endpoints");
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    if let Some(s) = &server {
+        eprintln!(
+            "metrics and health: http://{}/metrics /healthz /readyz /status",
+            s.local_addr()
+        );
+    }
+    Ok(server)
+}
+
 /// Logs to stderr at `GRFLOW_LOG`, or at `default_level` when it is unset.
 pub fn init_tracing(default_level: &str) {
     use tracing_subscriber::EnvFilter;

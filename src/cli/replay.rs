@@ -31,6 +31,10 @@ pub struct Args {
     /// Write summary.json, responses.parquet, windows.parquet, errors.parquet and pictures of the run (latency_cdf.svg, hit_rates.svg, alpha.svg) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Prometheus /metrics, /healthz, /readyz and /status on HOST:PORT
+    /// while the replay runs (off unless given; port 0 picks one).
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
     /// Print summary.json to stdout instead of the human summary.
     #[arg(long)]
     pub json: bool,
@@ -53,6 +57,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let _ops = super::start_ops(args.metrics_addr.as_deref(), None)?;
     let mut config = match &args.config {
         Some(path) => Config::load(path).map_err(InputError::from_display)?,
         None => Config::embedded(),

@@ -13,6 +13,9 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 
 use super::InputError;
 
+/// Where `serve` answers /metrics and the health checks unless told.
+const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// TOML config with a [kafka] section (see configs/kafka.toml).
@@ -31,6 +34,11 @@ pub struct Args {
     /// catalog's); overrides model.weights.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Prometheus /metrics, /healthz, /readyz and /status on HOST:PORT
+    /// ("none": off). Default 127.0.0.1:9464, skipped with a warning if
+    /// that port is taken; an address given here must bind.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -61,6 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         signal_hook::flag::register_conditional_shutdown(signal, 1, stop.clone())?;
         signal_hook::flag::register(signal, stop.clone())?;
     }
+    let _ops = super::start_ops(args.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR))?;
     tracing::info!(brokers = %config.kafka.brokers, topic = %config.kafka.request_topic,
         workers = config.run.workers, "grflow serve starting");
     let summary = grflow_pipeline::serve(ServeOptions { config }, stop).map_err(|e| match e {

@@ -182,6 +182,7 @@ impl NodeParts {
         };
         let mut report = self.node.borrow_mut().report(time);
         report.completed_tokens = self.completed_tokens.clone();
+        publish_node_metrics(&self.node.borrow());
         out[slot].push(NodeEvent::Report(report));
         self.busy.borrow_mut().record(busy_since, (self.wall_ns)());
     }
@@ -226,6 +227,19 @@ impl NodeParts {
         self.serve_batch(batch, Vec::new(), out);
         self.end_step(&times, out, busy_since);
     }
+}
+
+/// The node's gauges and counters for `/metrics`, after each step.
+fn publish_node_metrics(node: &ServingNode) {
+    let label = [("node", node.id().to_string())];
+    let c = node.counters();
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    metrics::gauge!("grflow_alpha", &label).set(node.alpha());
+    metrics::gauge!("grflow_emb_hit_rate", &label).set(ratio(c.emb_hits, c.emb_lookups));
+    metrics::gauge!("grflow_kv_hit_rate", &label).set(ratio(c.kv_reused_tokens, c.kv_total_tokens));
+    metrics::counter!("grflow_model_calls_total", &label).absolute(c.model_calls);
+    metrics::counter!("grflow_model_flops_total", &label).absolute(c.model_flops as u64);
+    metrics::gauge!("grflow_user_prefix_heads", &label).set(node.user_heads() as f64);
 }
 
 /// A request of one activation with the output slot of its event time.
@@ -417,6 +431,12 @@ impl NodeParts {
             slo_violated: latency_ms > self.slo_ms.for_mode(req.mode),
             alpha_milli: (node.alpha() * 1000.0).round() as u32,
         };
+        let labels = [
+            ("node", node.id().to_string()),
+            ("mode", req.mode.as_str().to_string()),
+        ];
+        metrics::counter!("grflow_responses_total", &labels).increment(1);
+        metrics::histogram!("grflow_latency_ms", &labels).record(latency_ms);
         out.push(NodeEvent::Telemetry(Telemetry {
             node: node.id(),
             ts_ms: s.time,
@@ -487,6 +507,7 @@ fn unservable(s: &Slotted, recovered_late: bool, reason: String) -> NodeEvent {
 
 /// An error record in place of a response.
 fn error_event(origin: Origin, req_id: u64, reason: String, kind: ErrorKind) -> NodeEvent {
+    metrics::counter!("grflow_errors_total", "kind" => kind.as_str()).increment(1);
     let row = ErrorRow {
         position: origin.position.to_string(),
         reason,

@@ -123,6 +123,7 @@ pub fn request_source<'s>(
                         Some(Err(e)) => {
                             // The batch is unreadable; say so and go on with the next one.
                             counters.requests_in.fetch_add(1, Ordering::Relaxed);
+                            metrics::counter!("grflow_requests_in_total").increment(1);
                             counters.bad_records.fetch_add(1, Ordering::Relaxed);
                             output.session(&*c).give(Ingest::Bad(ErrorRow {
                                 position: e.position(),
@@ -143,6 +144,7 @@ pub fn request_source<'s>(
                             unreachable!()
                         };
                         counters.requests_in.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("grflow_requests_in_total").increment(1);
                         counters.bad_records.fetch_add(1, Ordering::Relaxed);
                         output.session(&*c).give(Ingest::Bad(ErrorRow {
                             position: position.to_string(),
@@ -165,6 +167,7 @@ pub fn request_source<'s>(
                             counters.late.fetch_add(1, Ordering::Relaxed);
                         }
                         counters.requests_in.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("grflow_requests_in_total").increment(1);
                         let at = c.delayed(&ts);
                         output.session(&at).give(Ingest::Request(Box::new(Admitted {
                             request,

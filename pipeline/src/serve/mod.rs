@@ -138,6 +138,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         .and_then(|n| n.as_ref())
         .map(ServingNode::history_limits)
         .ok_or_else(|| ServeError::Config("run.workers must be >= 1".into()))?;
+    let model_version = nodes
+        .first()
+        .and_then(|n| n.as_ref())
+        .map(|n| n.model_version().to_string())
+        .unwrap_or_default();
 
     if k.create_partitions > 0 {
         ensure_topics(
@@ -238,6 +243,15 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let worker_producer = producer.clone();
     let worker_side = side.clone();
     let metrics_every = Duration::from_millis(k.metrics_interval_ms);
+    let ops = crate::ops::state();
+    ops.set_status(serde_json::json!({
+        "command": "serve",
+        "model_version": model_version,
+        "workers": workers,
+        "config": &cfg,
+    }));
+    // Model, catalog and consumers are set up; the dataflow starts now.
+    ops.set_ready();
     let guards = timely::execute(timely::Config::process(workers), move |worker| {
         let index = worker.index();
         let (consumer, ingest_settings, answered) = ingests.lock().expect("lock")[index]
@@ -330,6 +344,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             worker.step_or_park(Some(Duration::from_millis(1)));
             if index == 0 && !said_stopping && stop.load(Ordering::Relaxed) {
                 said_stopping = true;
+                crate::ops::state().set_draining();
                 tracing::info!(
                     in_flight = worker_shared.in_flight(),
                     "stopping: no more reads; draining what is in flight, then committing"
@@ -399,6 +414,26 @@ fn log_metrics(shared: &SharedState) {
     let c = &shared.counters;
     let lag = shared.lag.lock().expect("lag lock").clone();
     let latency = shared.latency.lock().expect("latency lock").clone();
+    // The same figures for /metrics (counters as totals since start).
+    for (name, value) in [
+        ("grflow_consumed_total", &c.consumed),
+        ("grflow_shed_total", &c.shed),
+        ("grflow_dead_lettered_total", &c.dead_lettered),
+        ("grflow_delivered_total", &c.delivered),
+        ("grflow_late_total", &c.late),
+        ("grflow_clamped_ts_total", &c.clamped_ts),
+        ("grflow_undeliverable_total", &c.undeliverable),
+        ("grflow_duplicates_total", &c.duplicates),
+        ("grflow_pauses_total", &c.pauses),
+    ] {
+        metrics::counter!(name).absolute(value.load(Ordering::Relaxed));
+    }
+    metrics::gauge!("grflow_in_flight").set(shared.in_flight() as f64);
+    metrics::gauge!("grflow_p99_ms").set(latency.quantile(0.99));
+    for (partition, behind) in &lag {
+        metrics::gauge!("grflow_consumer_lag", "partition" => partition.to_string())
+            .set(*behind as f64);
+    }
     tracing::info!(
         consumed = c.consumed.load(Ordering::Relaxed),
         responses = c.responses.load(Ordering::Relaxed),

@@ -1,0 +1,357 @@
+//! Operations endpoints of a running job, on one small HTTP/1.1 server
+//! thread: Prometheus metrics at `/metrics` (every name prefixed
+//! `grflow_`, recorded through the `metrics` facade), liveness at
+//! `/healthz`, readiness at `/readyz` and the running config and model
+//! version at `/status`. Requests are answered one at a time; a scrape is
+//! small, and nothing here is on the serving path.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Why the ops server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error("--metrics-addr {addr:?}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("--metrics-addr {0:?}: not HOST:PORT or \"none\"")]
+    Addr(String),
+}
+
+/// What the endpoints report, updated by the job.
+#[derive(Debug, Default)]
+pub struct OpsState {
+    ready: AtomicBool,
+    draining: AtomicBool,
+    /// Why the job is not ready (shown by `/readyz`).
+    not_ready: Mutex<String>,
+    /// The `/status` document (config, model version, ...).
+    status: Mutex<serde_json::Value>,
+}
+
+impl OpsState {
+    pub fn new() -> Arc<Self> {
+        let state = Self::default();
+        *state.not_ready.lock().expect("ops lock") = "starting".into();
+        Arc::new(state)
+    }
+
+    /// Ready to serve (model, catalog and inputs loaded).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Not ready, and why (a broker unreachable, ...).
+    pub fn set_not_ready(&self, reason: impl Into<String>) {
+        *self.not_ready.lock().expect("ops lock") = reason.into();
+        self.ready.store(false, Ordering::Relaxed);
+    }
+
+    /// Shutting down: not ready any more, still alive.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// The `/status` document; secrets in it (librdkafka passwords, keys)
+    /// are replaced by `"***"`.
+    pub fn set_status(&self, mut status: serde_json::Value) {
+        redact(&mut status);
+        *self.status.lock().expect("ops lock") = status;
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err("draining".into());
+        }
+        if self.ready.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(self.not_ready.lock().expect("ops lock").clone())
+        }
+    }
+}
+
+/// Replaces the values of keys that name secrets.
+fn redact(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                let k = k.to_ascii_lowercase();
+                let secret = ["password", "secret", "ssl.key", "private"]
+                    .iter()
+                    .any(|s| k.contains(s));
+                if secret {
+                    *v = serde_json::Value::String("***".into());
+                } else {
+                    redact(v);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// The job's state as the endpoints see it: one per process, like the
+/// metrics recorder, so that `replay` and `serve` report without being
+/// handed anything.
+pub fn state() -> &'static Arc<OpsState> {
+    static STATE: OnceLock<Arc<OpsState>> = OnceLock::new();
+    STATE.get_or_init(OpsState::new)
+}
+
+/// The process's Prometheus recorder, installed on first use (the
+/// `metrics` facade has one global recorder per process).
+pub fn metrics_handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // Another recorder installed first (an embedding program's): ours
+        // still renders what was recorded through it, which is nothing.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// A response: status line, content type, body.
+#[derive(Debug, PartialEq)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+fn reply(status: u16, content_type: &'static str, body: impl Into<String>) -> Reply {
+    Reply {
+        status,
+        content_type,
+        body: body.into(),
+    }
+}
+
+/// Answers one request line (`GET /path HTTP/1.1`).
+pub fn route(request_line: &str, state: &OpsState, metrics: &dyn Fn() -> String) -> Reply {
+    let mut parts = request_line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    if method != "GET" && method != "HEAD" {
+        return reply(405, "text/plain", "only GET\n");
+    }
+    match path {
+        "/metrics" => reply(200, "text/plain; version=0.0.4", metrics()),
+        "/healthz" => reply(200, "text/plain", "ok\n"),
+        "/readyz" => match state.readiness() {
+            Ok(()) => reply(200, "text/plain", "ready\n"),
+            Err(why) => reply(503, "text/plain", format!("not ready: {why}\n")),
+        },
+        "/status" => {
+            let status = state.status.lock().expect("ops lock").clone();
+            let body = serde_json::to_string_pretty(&status).unwrap_or_default();
+            reply(200, "application/json", body + "\n")
+        }
+        _ => reply(
+            404,
+            "text/plain",
+            "not found: try /metrics, /healthz, /readyz, /status\n",
+        ),
+    }
+}
+
+/// The running server; stops when dropped.
+#[derive(Debug)]
+pub struct OpsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl OpsServer {
+    /// Serves on `addr` (`HOST:PORT`; port 0 picks one), or nothing for
+    /// `"none"`.
+    pub fn start(addr: &str, state: Arc<OpsState>) -> Result<Option<Self>, OpsError> {
+        if addr == "none" {
+            return Ok(None);
+        }
+        let parsed: SocketAddr = addr.parse().map_err(|_| OpsError::Addr(addr.into()))?;
+        let listener = TcpListener::bind(parsed).map_err(|source| OpsError::Bind {
+            addr: addr.into(),
+            source,
+        })?;
+        let local = listener.local_addr().map_err(|source| OpsError::Bind {
+            addr: addr.into(),
+            source,
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| OpsError::Bind {
+                addr: addr.into(),
+                source,
+            })?;
+        let handle = metrics_handle();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("grflow-ops".into())
+            .spawn(move || {
+                let render = || handle.render();
+                while !stopping.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            if let Err(e) = answer(stream, &state, &render) {
+                                tracing::debug!(error = %e, "ops endpoint request");
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "ops endpoint accept");
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                }
+            })
+            .map_err(|source| OpsError::Bind {
+                addr: addr.into(),
+                source,
+            })?;
+        tracing::info!(addr = %local, "metrics, health and status endpoints");
+        Ok(Some(Self {
+            addr: local,
+            stop,
+            thread: Some(thread),
+        }))
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for OpsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn answer(
+    stream: TcpStream,
+    state: &OpsState,
+    metrics: &dyn Fn() -> String,
+) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    // The headers are not needed; read them so the client sees a clean close.
+    let mut header = String::new();
+    while reader.read_line(&mut header)? > 2 {
+        header.clear();
+    }
+    let r = route(&request_line, state, metrics);
+    let reason = match r.status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    };
+    let head_only = request_line.starts_with("HEAD ");
+    let mut stream = stream;
+    write!(
+        stream,
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        r.status,
+        r.content_type,
+        r.body.len()
+    )?;
+    if !head_only {
+        stream.write_all(r.body.as_bytes())?;
+    }
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn routes_answer_by_path_and_readiness_follows_the_state() {
+        let state = OpsState::new();
+        let metrics = || "grflow_x 1\n".to_string();
+        assert_eq!(route("GET /healthz HTTP/1.1", &state, &metrics).status, 200);
+        let r = route("GET /readyz HTTP/1.1", &state, &metrics);
+        assert_eq!((r.status, r.body.as_str()), (503, "not ready: starting\n"));
+        state.set_ready();
+        assert_eq!(route("GET /readyz HTTP/1.1", &state, &metrics).status, 200);
+        state.set_not_ready("broker unreachable for 30 s");
+        assert!(
+            route("GET /readyz", &state, &metrics)
+                .body
+                .contains("broker")
+        );
+        state.set_ready();
+        state.set_draining();
+        assert_eq!(
+            route("GET /readyz", &state, &metrics).body,
+            "not ready: draining\n"
+        );
+        let m = route("GET /metrics?x=1 HTTP/1.1", &state, &metrics);
+        assert_eq!((m.status, m.body.as_str()), (200, "grflow_x 1\n"));
+        state.set_status(serde_json::json!({
+            "model_version": "gr-1",
+            "kafka": {"librdkafka": {"sasl.password": "hunter2", "ssl.key.password": "x"}}
+        }));
+        let status = route("GET /status", &state, &metrics).body;
+        assert!(status.contains("gr-1"));
+        assert!(
+            !status.contains("hunter2") && status.contains("***"),
+            "{status}"
+        );
+        assert_eq!(
+            route("POST /metrics HTTP/1.1", &state, &metrics).status,
+            405
+        );
+        assert_eq!(route("GET /nope HTTP/1.1", &state, &metrics).status, 404);
+    }
+
+    #[test]
+    fn the_server_answers_over_tcp_and_stops_when_dropped() {
+        let state = OpsState::new();
+        state.set_ready();
+        let server = OpsServer::start("127.0.0.1:0", state).unwrap().unwrap();
+        let addr = server.local_addr();
+        let get = |path: &str| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        };
+        let ready = get("/readyz");
+        assert!(ready.starts_with("HTTP/1.1 200 OK"), "{ready}");
+        assert!(ready.ends_with("ready\n"));
+        assert!(get("/nope").starts_with("HTTP/1.1 404"));
+        drop(server);
+        assert!(TcpStream::connect(addr).is_err(), "closed after drop");
+        assert!(OpsServer::start("none", OpsState::new()).unwrap().is_none());
+        assert!(matches!(
+            OpsServer::start("nonsense", OpsState::new()),
+            Err(OpsError::Addr(_))
+        ));
+    }
+}

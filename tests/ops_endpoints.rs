@@ -1,0 +1,116 @@
+//! `grflow replay --metrics-addr` serves Prometheus metrics, health,
+//! readiness and status while it runs: scraped twice during a paced
+//! replay, the request and response counters move.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+#[path = "common/cli.rs"]
+#[allow(dead_code)] // the shared helpers serve several test binaries
+mod cli;
+#[path = "common/temp.rs"]
+mod temp;
+use cli::grflow;
+use temp::tmp_dir;
+
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: grflow\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
+    (status, body)
+}
+
+/// Sum of every sample of `name` (over its labels) in Prometheus text.
+fn total(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_running_replay_answers_metrics_health_readiness_and_status() {
+    let dir = tmp_dir("ops-endpoints");
+    let config = dir.join("paced.toml");
+    // About 4 s at 1x.
+    std::fs::write(
+        &config,
+        "[run]\nworkers = 2\nspeed = \"1x\"\n\
+         [trace]\nregime = \"steady\"\nrequests = 800\nrps = 200.0\ncandidates = 16\n",
+    )
+    .unwrap();
+    let mut child = grflow()
+        .args([
+            "replay",
+            "--quiet",
+            "--json",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "no address printed"
+        );
+        if let Some(rest) = line.strip_prefix("metrics and health: http://") {
+            break rest.split('/').next().unwrap().to_string();
+        }
+    };
+    // Keep draining stderr so the child never blocks on it.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = stderr.read_to_string(&mut sink);
+    });
+
+    assert_eq!(get(&addr, "/healthz"), (200, "ok\n".to_string()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&addr, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, status) = get(&addr, "/status");
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["command"], "replay");
+    assert!(status["model_version"].as_str().unwrap().starts_with("gr-"));
+    assert_eq!(status["config"]["run"]["workers"], 2);
+
+    std::thread::sleep(Duration::from_millis(700));
+    let (code, first) = get(&addr, "/metrics");
+    assert_eq!(code, 200);
+    std::thread::sleep(Duration::from_millis(1_200));
+    let (_, second) = get(&addr, "/metrics");
+    for name in ["grflow_requests_in_total", "grflow_responses_total"] {
+        let (a, b) = (total(&first, name), total(&second, name));
+        assert!(a > 0.0 && b > a, "{name}: {a} then {b}\n{second}");
+    }
+    assert!(second.contains("grflow_alpha{node=\"0\"}"), "{second}");
+    assert!(second.contains("grflow_latency_ms"), "{second}");
+    assert!(total(&second, "grflow_emb_hit_rate") > 0.0);
+    assert_eq!(get(&addr, "/nope").0, 404);
+
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["responses_out"], 800);
+}
