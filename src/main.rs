@@ -31,6 +31,8 @@ enum Command {
     Train(cli::train::Args),
     /// Evaluate a trained model (SASRec's sampled-100 protocol) beside a popularity baseline.
     Eval(cli::eval::Args),
+    /// Fit the virtual clock's cost model (`--clock virtual`) on this machine.
+    Calibrate(cli::calibrate::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
     });
     let result = match cli.command {
         Command::Replay(a) => cli::replay::run(a),
+        Command::Calibrate(a) => cli::calibrate::run(a),
         Command::Serve(a) => cli::serve::run(a),
         Command::GenTrace(a) => cli::gen_trace::run(a),
         Command::Import(a) => cli::import::run(a),

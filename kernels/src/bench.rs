@@ -138,7 +138,7 @@ pub struct BenchReport {
     pub topk_presorted_vs_full_sort_speedup: f64,
 }
 
-fn best_secs(reps: usize, mut f: impl FnMut()) -> f64 {
+pub(crate) fn best_secs(reps: usize, mut f: impl FnMut()) -> f64 {
     (0..reps.max(1))
         .map(|_| {
             let t = Instant::now();
@@ -167,7 +167,7 @@ fn best_secs_with_setup<T: ?Sized>(
 }
 
 /// Deterministic pseudo-random rows in [-1, 1).
-fn rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n * d)
         .map(|_| {
@@ -180,7 +180,7 @@ fn rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
 }
 
 /// Shuffled block ids `0..n` (pages of a pool are never contiguous).
-fn shuffled(n: usize, seed: u64) -> Vec<u32> {
+pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..n as u32).collect();
     let r = rows(n, 1, seed);
     for i in (1..n).rev() {

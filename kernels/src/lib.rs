@@ -13,6 +13,7 @@ pub mod backend;
 mod beam;
 pub mod bench;
 pub mod config;
+pub mod cost;
 pub mod error;
 pub mod flops;
 mod forward;

@@ -451,3 +451,60 @@ fn a_full_prefix_hit_makes_no_emb_lookups_for_the_covered_history() {
         .unwrap();
     assert_eq!(served.emb_lookups, per_item);
 }
+
+/// The virtual clock: no model runs; each request is charged the cost
+/// model's compute on the node's own timeline, queued behind earlier work.
+#[test]
+fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
+    let catalog = Catalog::new(500);
+    let cost = grflow_kernels::cost::CostModel {
+        preset: "small".into(),
+        machine: "test".into(),
+        gemm_gflops: 100.0,
+        beam_width: 8,
+        beam_top_k: 8,
+        prefill_ms: [1.0, 0.0, 0.0],
+        rank_ms: [2.0, 0.0, 0.0],
+        beam_ms: [5.0, 0.0],
+        fit_max_rel_err: 0.0,
+        overhead_ms: 0.0,
+        calibration_s: 0.0,
+    };
+    let mut node = ServingNode::new(0, params()).unwrap();
+    node.set_virtual(cost);
+    let candidates: Vec<u32> = (100..120).collect();
+    let req = |id| RankRequest {
+        req_id: id,
+        user_id: id,
+        candidates: &candidates,
+    };
+    let h = history(40);
+    let a = node.serve(10, req(1), &h, &catalog).unwrap();
+    let b = node.serve(10, req(2), &h, &catalog).unwrap();
+    // Compute 3 ms each (prefill 1 + rank 2), plus the link of the misses.
+    assert!(
+        a.modelled_latency_ms >= 3.0 && a.modelled_latency_ms < 3.5,
+        "{a:?}"
+    );
+    assert!(
+        b.modelled_latency_ms >= a.modelled_latency_ms + 2.999,
+        "queued: {b:?}"
+    );
+    // Nothing was scored: the first top_k candidates, in order.
+    assert_eq!(a.items, candidates[..5].to_vec());
+    // Much later the node is idle again; a retrieve request costs the
+    // prefill of its uncached tail (the cached prefix is whole blocks:
+    // 1 ms) + beam search 5 ms.
+    let index = RetrievalIndex::new(sparse_sids(), 16).unwrap();
+    let retrieve = RetrieveRequest {
+        req_id: 3,
+        user_id: 1,
+    };
+    let r = node
+        .serve_retrieve(1_000, retrieve, &h, &catalog, &index)
+        .unwrap();
+    assert!(r.items.is_empty());
+    assert!((6.0..6.5).contains(&r.modelled_latency_ms), "{r:?}");
+    assert_eq!(node.counters().responses, 3);
+    assert_eq!(node.memory_stats().scratch_pages, 0);
+}

@@ -38,6 +38,9 @@ pub struct Config {
     /// Who moves α at runtime (`[allocator]`, HLEM §IV-A).
     #[serde(default)]
     pub allocator: AllocatorConfig,
+    /// The virtual clock's cost model (`[cost]`).
+    #[serde(default)]
+    pub cost: CostSection,
     /// `grflow serve` only: where requests come from and answers go.
     #[serde(default)]
     pub kafka: KafkaSection,
@@ -256,7 +259,7 @@ impl RunConfig {
             ReleaseSetting::Complete => Release::Complete,
             ReleaseSetting::Arrival => Release::Arrival,
             ReleaseSetting::Auto => match self.clock {
-                Clock::Event => Release::Complete,
+                Clock::Event | Clock::Virtual => Release::Complete,
                 Clock::Wall => Release::Arrival,
             },
         }
@@ -326,6 +329,11 @@ pub enum Clock {
     /// The serving node's event-time model (backlog over service rate plus
     /// link time): deterministic, the same on any machine and at any speed.
     Event,
+    /// Model work is not run but charged from a cost model fitted on a
+    /// machine (`grflow calibrate`), each node on its own timeline: a
+    /// request waits for the node's earlier work, then its link transfers
+    /// and its compute. Deterministic, and fast (no model runs).
+    Virtual,
 }
 
 impl Clock {
@@ -333,6 +341,7 @@ impl Clock {
         match self {
             Clock::Wall => "wall",
             Clock::Event => "event",
+            Clock::Virtual => "virtual",
         }
     }
 }
@@ -343,7 +352,8 @@ impl std::str::FromStr for Clock {
         match s {
             "wall" => Ok(Clock::Wall),
             "event" => Ok(Clock::Event),
-            _ => Err(format!("clock {s:?} is not wall or event")),
+            "virtual" => Ok(Clock::Virtual),
+            _ => Err(format!("clock {s:?} is not wall, event or virtual")),
         }
     }
 }
@@ -551,6 +561,15 @@ impl Config {
             lanes: self.node.lanes,
         }
     }
+}
+
+/// Where the virtual clock's cost model comes from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostSection {
+    /// A `grflow calibrate` file (JSON); without it the job calibrates at
+    /// start (seconds for `small`, longer for `hstu-3l`).
+    pub calibration: Option<std::path::PathBuf>,
 }
 
 /// A config that cannot be used, with where and why.

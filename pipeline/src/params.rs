@@ -1,6 +1,7 @@
 //! Turns the job config and the trace's metadata into node parameters.
 
 use grflow_kernels::ModelConfig;
+use grflow_kernels::cost::CostModel;
 use grflow_operators::link::LinkConfig;
 use grflow_operators::node::{MemoryParams, NodeParams};
 use grflow_operators::shards::ShardMap;
@@ -17,6 +18,42 @@ pub enum ParamsError {
     Tables { n_tables: u16, rows: usize },
     #[error("model.weights: {0}")]
     Weights(#[from] WeightsError),
+    #[error("cost.calibration {path}: {reason}")]
+    Calibration { path: String, reason: String },
+    #[error("calibrating {preset} for the virtual clock: {reason}")]
+    Calibrate { preset: String, reason: String },
+}
+
+/// The virtual clock's cost model: read from `cost.calibration`, which must
+/// be for `model.preset`, or measured now.
+pub fn cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
+    let preset = &cfg.model.preset;
+    if let Some(path) = &cfg.cost.calibration {
+        let bad = |reason: String| ParamsError::Calibration {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let cost: CostModel = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        if &cost.preset != preset {
+            return Err(bad(format!(
+                "fitted for preset {:?}, but model.preset is {preset:?}",
+                cost.preset
+            )));
+        }
+        return Ok(cost);
+    }
+    tracing::warn!(
+        preset = %preset,
+        "calibrating the virtual clock's cost model (set cost.calibration to a \
+         `grflow calibrate` file to reuse one)"
+    );
+    grflow_kernels::cost::calibrate(preset, cfg.model.beam_width, cfg.model.beam_top_k, 2).map_err(
+        |e| ParamsError::Calibrate {
+            preset: preset.clone(),
+            reason: e.to_string(),
+        },
+    )
 }
 
 /// `items` is the trace's catalog, which trained weights must match.

@@ -230,6 +230,13 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 .map_err(|e| ReplayError::Setup(e.to_string()))?,
         ));
     }
+    if cfg.run.clock == crate::config::Clock::Virtual {
+        let cost =
+            crate::params::cost_model(&cfg).map_err(|e| ReplayError::Setup(e.to_string()))?;
+        for node in nodes.iter_mut().flatten() {
+            node.set_virtual(cost.clone());
+        }
+    }
     let nodes = Arc::new(Mutex::new(nodes));
     // Fail on a bad router config before starting threads.
     Router::new(

@@ -5,6 +5,7 @@ pub mod bench_kafka;
 pub mod bench_kernels;
 pub mod bench_memory;
 pub mod bench_serve;
+pub mod calibrate;
 pub mod eval;
 pub mod gen_trace;
 pub mod import;

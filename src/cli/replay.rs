@@ -35,16 +35,22 @@ pub struct Args {
     /// while the replay runs (off unless given; port 0 picks one).
     #[arg(long)]
     pub metrics_addr: Option<String>,
+    /// `--clock virtual`: the cost model from `grflow calibrate` (else the
+    /// replay calibrates at start); overrides cost.calibration.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
     /// Print summary.json to stdout instead of the human summary.
     #[arg(long)]
     pub json: bool,
-    /// What latency_ms measures: wall (admission to response) or event (the
-    /// node's deterministic service model); overrides run.clock.
+    /// What latency_ms measures: wall (admission to response), event (the
+    /// node's deterministic backlog model) or virtual (a cost model fitted
+    /// by `grflow calibrate` charged on each node's timeline instead of
+    /// running the model; see --calibration); overrides run.clock.
     #[arg(long)]
     pub clock: Option<String>,
     /// When router and nodes handle a request: complete (once every input
     /// passed its event time; deterministic), arrival (on arrival) or auto
-    /// (complete with --clock event, else arrival); overrides run.release.
+    /// (complete with --clock event or virtual, else arrival); overrides run.release.
     #[arg(long)]
     pub release: Option<String>,
     /// No progress bar even on a terminal.
@@ -64,6 +70,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(m) = &args.model {
         config.model.weights = Some(m.clone());
+    }
+    if let Some(c) = &args.calibration {
+        config.cost.calibration = Some(c.clone());
     }
     if let Some(w) = args.workers {
         if w == 0 {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use grflow_kernels::cost::CostModel;
 use grflow_kernels::{
     BeamSearch, GrModel, KvBlockStore, ModelConfig, PrefillJob, RankJob, SID_STEPS, flops,
 };
@@ -309,6 +310,17 @@ pub struct ServingNode {
     link_clock: LinkClock,
     /// Execution lanes a rank batch is split over (1 = this thread only).
     lanes: usize,
+    /// The virtual clock: model work is charged from this cost model
+    /// instead of run.
+    virtual_compute: Option<VirtualCompute>,
+}
+
+/// A node on the virtual clock: its compute timeline.
+#[derive(Debug)]
+struct VirtualCompute {
+    cost: CostModel,
+    /// Event time (ms) at which the node's model is free again.
+    free_at_ms: f64,
 }
 
 impl ServingNode {
@@ -365,11 +377,25 @@ impl ServingNode {
             beams: Vec::new(),
             link_clock: LinkClock::start(),
             lanes: 1,
+            virtual_compute: None,
         })
     }
 
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    /// Puts the node on the virtual clock: model work is not run but
+    /// charged from `cost` on the node's own timeline, so a response's
+    /// `modelled_latency_ms` is its queueing behind earlier work plus its
+    /// compute and link time. Cache, pool and routing work as usual; rank
+    /// responses list the first `top_k` candidates and retrieve responses
+    /// no items (nothing was scored).
+    pub fn set_virtual(&mut self, cost: CostModel) {
+        self.virtual_compute = Some(VirtualCompute {
+            cost,
+            free_at_ms: 0.0,
+        });
     }
 
     /// Splits each rank batch over up to `lanes` threads (`node.lanes`):
@@ -600,12 +626,17 @@ impl ServingNode {
                 let items = order.iter().map(|&i| w.req.candidates[i]).collect();
                 let top_scores = order.iter().map(|&i| scores[i]).collect();
                 let flops = self.rank_flops(&r.plan, prefix.reused, w.req.candidates.len());
+                let len = r.plan.history.len();
+                let virtual_ms = self.virtual_compute.as_ref().map(|v| {
+                    v.cost.prefill(len - prefix.reused.min(len), prefix.reused)
+                        + v.cost.rank(w.req.candidates.len(), len)
+                });
                 let served = self.finish(
                     now_ms,
                     &r.plan,
                     items,
                     top_scores,
-                    prefix.reused,
+                    (prefix.reused, virtual_ms),
                     &r.emb,
                     flops,
                 );
@@ -634,6 +665,15 @@ impl ServingNode {
         sides: Vec<SideRetrieve<'_, '_>>,
     ) -> (Vec<Scored>, Vec<Result<Retrieved, ServeError>>) {
         let d = self.params.model.d_model;
+        if self.virtual_compute.is_some() {
+            self.count_call(reserved.len());
+            let scores = reserved
+                .iter()
+                .map(|(k, _)| Ok(vec![0.0; ready[*k].candidate_tokens.len() / d]))
+                .collect();
+            let retrieved = sides.iter().map(|_| Ok((Vec::new(), Vec::new()))).collect();
+            return (scores, retrieved);
+        }
         let lanes = self.lanes.min(reserved.len()).max(1);
         let groups: Vec<&[(usize, UserPrefix)]> = if reserved.is_empty() {
             Vec::new()
@@ -720,6 +760,9 @@ impl ServingNode {
         index: &RetrievalIndex,
     ) -> Result<Served, ServeError> {
         let prep = self.prepare_retrieve(req, history, catalog, index, 0)?;
+        if self.virtual_compute.is_some() {
+            return self.finish_retrieve(now_ms, &prep, Ok((Vec::new(), Vec::new())));
+        }
         let top = self.params.top_k;
         let beam = &mut self.beams[0];
         let side = SideRetrieve { prep: &prep, index };
@@ -800,7 +843,19 @@ impl ServingNode {
         let (len, reused) = (history.len(), prep.prefix.reused);
         let flops = flops::prefill_flops(cfg, reused, len - reused.min(len))
             + flops::beam_search_flops(cfg, len, self.params.beam_width);
-        Ok(self.finish(now_ms, &prep.plan, items, scores, reused, &prep.emb, flops))
+        let virtual_ms = self
+            .virtual_compute
+            .as_ref()
+            .map(|v| v.cost.prefill(len - reused.min(len), reused) + v.cost.beam(len));
+        Ok(self.finish(
+            now_ms,
+            &prep.plan,
+            items,
+            scores,
+            (reused, virtual_ms),
+            &prep.emb,
+            flops,
+        ))
     }
 
     /// Before any cache work: count a truncation, and let background
@@ -854,7 +909,7 @@ impl ServingNode {
         plan: &Plan<'_>,
         items: Vec<u32>,
         scores: Vec<f32>,
-        reused: usize,
+        (reused, virtual_ms): (usize, Option<f64>),
         emb: &EmbStats,
         flops: f64,
     ) -> Served {
@@ -862,6 +917,17 @@ impl ServingNode {
             .backlog
             .add(now_ms, plan.computed_tokens(reused) as f64);
         let link_ms = link_cost(&self.params.link, emb.miss_bytes).as_secs_f64() * 1e3;
+        let modelled_latency_ms = match (&mut self.virtual_compute, virtual_ms) {
+            // Queued behind the node's earlier work, then its own compute;
+            // the link transfer of its misses comes first.
+            (Some(v), Some(compute_ms)) => {
+                let arrival = now_ms as f64;
+                let start = v.free_at_ms.max(arrival + link_ms);
+                v.free_at_ms = start + compute_ms;
+                v.free_at_ms - arrival + v.cost.overhead_ms
+            }
+            _ => self.backlog.drain_ms(backlog) + link_ms,
+        };
         let history_len = plan.history.len();
         let c = &mut self.counters;
         c.responses += 1;
@@ -884,7 +950,7 @@ impl ServingNode {
             kv_total_tokens: history_len as u32,
             seq_len: plan.tokens as u32,
             oov_items: emb.oov_items,
-            modelled_latency_ms: self.backlog.drain_ms(backlog) + link_ms,
+            modelled_latency_ms,
         }
     }
 

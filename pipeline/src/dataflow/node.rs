@@ -418,7 +418,7 @@ impl NodeParts {
             Clock::Wall => {
                 (self.wall_ns)().saturating_sub(routed.admitted.admitted_ns) as f64 / 1e6
             }
-            Clock::Event => served.modelled_latency_ms,
+            Clock::Event | Clock::Virtual => served.modelled_latency_ms,
         };
         let sample = TelemetrySample {
             latency_us: (latency_ms * 1000.0) as u64,

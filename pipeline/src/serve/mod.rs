@@ -111,6 +111,13 @@ struct WorkerResult {
 /// Runs until `stop` is set, then drains, commits and returns the summary.
 pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, ServeError> {
     let cfg = opts.config.clone();
+    if cfg.run.clock == crate::config::Clock::Virtual {
+        return Err(ServeError::Config(
+            "run.clock = \"virtual\" charges a cost model instead of running the model: \
+             it is for replay, not for serving"
+                .into(),
+        ));
+    }
     let k = cfg.kafka.clone();
     let workers = cfg.run.workers;
     let settings = opts.settings();

@@ -1,0 +1,286 @@
+//! A fitted model of the GR model's compute time on one machine, for the
+//! virtual clock: it charges these times instead of running the model.
+//! Fitted by least squares from kernel timings (BAT §5.2 fits a polynomial
+//! the same way): prefill time as a function of new and cached tokens,
+//! ranking time of candidates on a prefix, beam search time of a prompt.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::beam::BeamSearch;
+use crate::bench::{best_secs, gemm_peak_gflops, rows, shuffled};
+use crate::config::ModelConfig;
+use crate::error::KernelError;
+use crate::kv_store::VecKvStore;
+use crate::model::GrModel;
+use crate::trie::SidTrie;
+
+/// Milliseconds of compute per request part on the machine it was fitted on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// The model preset it was fitted for.
+    pub preset: String,
+    /// The CPU it was fitted on (`/proc/cpuinfo`'s model name).
+    pub machine: String,
+    /// One-core GEMM rate measured in the same run (GFLOP/s).
+    pub gemm_gflops: f64,
+    /// Beam width and per-beam top-k the beam search was timed with.
+    pub beam_width: usize,
+    pub beam_top_k: usize,
+    /// Prefill of `new` tokens after `cached` ones:
+    /// `c0 + c1·new + c2·new·(cached + new)` (the last term is attention).
+    pub prefill_ms: [f64; 3],
+    /// Ranking `candidates` on a prefix of `prefix` tokens:
+    /// `c0 + c1·candidates + c2·candidates·prefix`.
+    pub rank_ms: [f64; 3],
+    /// Beam search after a prompt of `prompt` tokens: `c0 + c1·prompt`.
+    pub beam_ms: [f64; 2],
+    /// The fit's largest relative error on the timings it was fitted to.
+    pub fit_max_rel_err: f64,
+    /// What a request costs besides the model (source, router, exchanges,
+    /// embedding lookups, cache work, response), in ms: measured against a
+    /// real replay by `grflow calibrate`, 0 from [`calibrate`] alone.
+    #[serde(default)]
+    pub overhead_ms: f64,
+    /// Seconds the calibration took.
+    pub calibration_s: f64,
+}
+
+impl CostModel {
+    pub fn prefill(&self, new: usize, cached: usize) -> f64 {
+        if new == 0 {
+            return 0.0;
+        }
+        let (n, c) = (new as f64, cached as f64);
+        let [a, b, q] = self.prefill_ms;
+        (a + b * n + q * n * (c + n)).max(0.0)
+    }
+
+    pub fn rank(&self, candidates: usize, prefix: usize) -> f64 {
+        let (n, p) = (candidates as f64, prefix as f64);
+        let [a, b, q] = self.rank_ms;
+        (a + b * n + q * n * p).max(0.0)
+    }
+
+    pub fn beam(&self, prompt: usize) -> f64 {
+        let [a, b] = self.beam_ms;
+        (a + b * prompt as f64).max(0.0)
+    }
+}
+
+/// Times prefill, ranking and beam search of `preset` on this machine (one
+/// thread, best of `reps`) and fits the cost model. Takes seconds for
+/// `small`, tens of seconds for `hstu-3l`.
+pub fn calibrate(
+    preset: &str,
+    beam_width: usize,
+    beam_top_k: usize,
+    reps: usize,
+) -> Result<CostModel, KernelError> {
+    let started = Instant::now();
+    let cfg = ModelConfig::preset(preset)
+        .ok_or_else(|| KernelError::InvalidConfig(format!("unknown preset {preset:?}")))?;
+    let model = GrModel::try_new(cfg.clone(), 3)?;
+    let d = cfg.d_model;
+    let max_tokens = 512.min(cfg.max_positions.saturating_sub(200));
+    let blocks = cfg.blocks_for(max_tokens + 200);
+    let mut store = VecKvStore::new(blocks, cfg.kv_block_floats());
+    let table = shuffled(blocks, 5);
+    let tokens = rows(max_tokens + 200, d, 6);
+
+    // Prefill: new tokens after cached ones.
+    let mut prefill = Vec::new();
+    for &cached in &[0usize, 128, 256] {
+        for &new in &[16usize, 64, 128, 256] {
+            if cached + new > max_tokens {
+                continue;
+            }
+            if cached > 0 {
+                model.prefill(&mut store, &table, 0, &tokens[..cached * d])?;
+            }
+            let mut result = Ok(());
+            let secs = best_secs(reps, || {
+                result = model.prefill(
+                    &mut store,
+                    &table,
+                    cached,
+                    &tokens[cached * d..(cached + new) * d],
+                );
+            });
+            result?;
+            let (n, c) = (new as f64, cached as f64);
+            prefill.push((vec![1.0, n, n * (c + n)], secs * 1e3));
+        }
+    }
+    // Ranking on a prefilled prefix.
+    let mut rank = Vec::new();
+    for &prefix in &[32usize, 128, 256] {
+        model.prefill(&mut store, &table, 0, &tokens[..prefix * d])?;
+        for &cands in &[16usize, 64, 128] {
+            let cand_tokens = rows(cands, d, 7);
+            let mut result = Ok(Vec::new());
+            let secs = best_secs(reps, || {
+                result = model.rank_user_prefix(&store, &table, prefix, &cand_tokens);
+            });
+            result?;
+            let (n, p) = (cands as f64, prefix as f64);
+            rank.push((vec![1.0, n, n * p], secs * 1e3));
+        }
+    }
+    // Beam search after prompts of several lengths, on a sparse catalog.
+    let c = cfg.codebook_size;
+    let catalog: Vec<[u16; 3]> = (0..4096u32)
+        .map(|i| {
+            let h = i.wrapping_mul(2_654_435_761);
+            [
+                (h % c as u32) as u16,
+                ((h >> 8) % c as u32) as u16,
+                ((h >> 16) % c as u32) as u16,
+            ]
+        })
+        .collect();
+    let trie = SidTrie::new(&catalog, c)?;
+    let mut search = BeamSearch::new(&cfg, beam_width, beam_top_k, max_tokens)?;
+    let mut beam = Vec::new();
+    for &prompt in &[32usize, 128, 256] {
+        model.prefill(&mut store, &table, 0, &tokens[..prompt * d])?;
+        let mut result = Ok(());
+        let secs = best_secs(reps, || {
+            result = search
+                .generate(&model, &store, &table, prompt, &trie)
+                .map(|_| ());
+        });
+        result?;
+        beam.push((vec![1.0, prompt as f64], secs * 1e3));
+    }
+
+    let prefill_ms = fit3(&prefill);
+    let rank_ms = fit3(&rank);
+    let b = least_squares(&beam);
+    let beam_ms = [b[0], b[1]];
+    let mut cost = CostModel {
+        preset: preset.to_string(),
+        machine: machine_name(),
+        gemm_gflops: gemm_peak_gflops(),
+        beam_width,
+        beam_top_k,
+        prefill_ms,
+        rank_ms,
+        beam_ms,
+        fit_max_rel_err: 0.0,
+        overhead_ms: 0.0,
+        calibration_s: 0.0,
+    };
+    let rel = |predicted: f64, measured: f64| (predicted - measured).abs() / measured.max(1e-6);
+    let mut worst: f64 = 0.0;
+    for (x, y) in &prefill {
+        let (n, c) = (x[1], x[2] / x[1] - x[1]);
+        worst = worst.max(rel(cost.prefill(n as usize, c.round() as usize), *y));
+    }
+    for (x, y) in &rank {
+        worst = worst.max(rel(
+            cost.rank(x[1] as usize, (x[2] / x[1]).round() as usize),
+            *y,
+        ));
+    }
+    for (x, y) in &beam {
+        worst = worst.max(rel(cost.beam(x[1] as usize), *y));
+    }
+    cost.fit_max_rel_err = worst;
+    cost.calibration_s = started.elapsed().as_secs_f64();
+    Ok(cost)
+}
+
+fn fit3(samples: &[(Vec<f64>, f64)]) -> [f64; 3] {
+    let c = least_squares(samples);
+    [c[0], c[1], c[2]]
+}
+
+/// Least squares on relative error (each row weighted by 1/y, so that a
+/// small request's time is fitted as closely as a large one's).
+fn least_squares(samples: &[(Vec<f64>, f64)]) -> Vec<f64> {
+    let k = samples.first().map_or(0, |s| s.0.len());
+    let mut a = vec![vec![0.0; k + 1]; k];
+    for (x, y) in samples {
+        let w = 1.0 / (y * y).max(1e-12);
+        for i in 0..k {
+            for j in 0..k {
+                a[i][j] += w * x[i] * x[j];
+            }
+            a[i][k] += w * x[i] * y;
+        }
+    }
+    // Gaussian elimination with partial pivoting.
+    for col in 0..k {
+        let pivot = (col..k)
+            .max_by(|&p, &q| a[p][col].abs().total_cmp(&a[q][col].abs()))
+            .unwrap_or(col);
+        a.swap(col, pivot);
+        let div = a[col][col];
+        if div.abs() < 1e-300 {
+            continue;
+        }
+        for v in &mut a[col][col..=k] {
+            *v /= div;
+        }
+        let pivot_row = a[col].clone();
+        for (row, r) in a.iter_mut().enumerate() {
+            if row != col {
+                let f = r[col];
+                for (v, p) in r[col..=k].iter_mut().zip(&pivot_row[col..=k]) {
+                    *v -= f * p;
+                }
+            }
+        }
+    }
+    (0..k).map(|i| a[i][k]).collect()
+}
+
+/// The CPU model name, or "unknown".
+pub fn machine_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn least_squares_recovers_an_exact_polynomial() {
+        let samples: Vec<(Vec<f64>, f64)> = [(1.0, 2.0), (3.0, 1.0), (10.0, 5.0), (7.0, 7.0)]
+            .iter()
+            .map(|&(n, c)| {
+                (
+                    vec![1.0, n, n * (n + c)],
+                    0.5 + 0.2 * n + 0.01 * n * (n + c),
+                )
+            })
+            .collect();
+        let c = least_squares(&samples);
+        for (got, want) in c.iter().zip([0.5, 0.2, 0.01]) {
+            assert!((got - want).abs() < 1e-9, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn calibrating_small_fits_its_own_timings_and_grows_with_work() {
+        let cost = calibrate("small", 8, 8, 2).unwrap();
+        assert!(cost.prefill(256, 0) > cost.prefill(16, 0));
+        assert!(cost.prefill(128, 256) > cost.prefill(128, 0));
+        assert!(cost.rank(128, 128) > cost.rank(16, 128));
+        assert!(cost.beam(256) >= cost.beam(32) * 0.5);
+        assert_eq!(cost.prefill(0, 100), 0.0);
+        // Timings of a shared VM are noisy; the fit must still be in range.
+        assert!(cost.fit_max_rel_err < 2.0, "{cost:?}");
+        assert!(calibrate("nope", 8, 8, 1).is_err());
+    }
+}

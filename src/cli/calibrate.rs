@@ -1,0 +1,147 @@
+//! `grflow calibrate`: fits the virtual clock's cost model on this machine
+//! and writes it as JSON (`cost.calibration` reads it back).
+
+use std::path::PathBuf;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use grflow_kernels::cost::CostModel;
+use grflow_pipeline::{Clock, Config, ReplayOptions, TraceInput};
+use grflow_traces::Regime;
+
+use super::InputError;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Model preset: small | hstu-3l | hstu-6l.
+    #[arg(long, default_value = "small")]
+    pub preset: String,
+    /// Beam width and per-beam top-k of retrieve requests (`model.beam_width`, `model.beam_top_k`).
+    #[arg(long, default_value_t = 32)]
+    pub beam_width: usize,
+    #[arg(long, default_value_t = 32)]
+    pub beam_top_k: usize,
+    /// Repetitions per timing (the fastest is kept).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Write the cost model here (JSON).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Skip measuring the per-request overhead against a real replay.
+    #[arg(long)]
+    pub no_overhead: bool,
+    /// Then validate on the embedded default trace (not used for fitting):
+    /// a real replay at 1x (about 70 s) against the virtual clock.
+    #[arg(long)]
+    pub validate: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if grflow_kernels::ModelConfig::preset(&args.preset).is_none() {
+        return Err(InputError::from_display(format!(
+            "--preset {:?} is not one of {:?}",
+            args.preset,
+            grflow_kernels::ModelConfig::PRESETS
+        )));
+    }
+    if args.beam_width == 0 || args.beam_top_k == 0 || args.reps == 0 {
+        return Err(InputError::from_display(
+            "--beam-width, --beam-top-k and --reps must be >= 1",
+        ));
+    }
+    eprintln!("calibrating {} on this machine...", args.preset);
+    let cost =
+        grflow_kernels::cost::calibrate(&args.preset, args.beam_width, args.beam_top_k, args.reps)
+            .map_err(InputError::from_display)?;
+    let mut cost = cost;
+    if !args.no_overhead {
+        cost.overhead_ms = overhead_ms(&cost)?;
+    }
+    let json = serde_json::to_string_pretty(&cost)?;
+    std::fs::write(&args.out, &json).with_context(|| format!("writing {}", args.out.display()))?;
+    if args.validate {
+        validate(&args.preset, &args.out)?;
+    }
+    println!("{json}");
+    eprintln!(
+        "{} on {} (GEMM {:.1} GFLOP/s), fit within {:.0}% of its timings, overhead {:.3} ms per \
+         request, {:.1} s; wrote {}",
+        cost.preset,
+        cost.machine,
+        cost.gemm_gflops,
+        cost.fit_max_rel_err * 100.0,
+        cost.overhead_ms,
+        cost.calibration_s,
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// The default trace replayed for real at 1x and on the virtual clock:
+/// p50 and p99 of both and their ratios (virtual / wall).
+fn validate(preset: &str, calibration: &std::path::Path) -> anyhow::Result<()> {
+    let mut cfg = Config::embedded();
+    cfg.model.preset = preset.to_string();
+    cfg.windows.out = "none".into();
+    let run = |clock: Clock, speed: &str| -> anyhow::Result<grflow_pipeline::Summary> {
+        let mut c = cfg.clone();
+        c.run.clock = clock;
+        c.run.speed = speed.into();
+        c.cost.calibration = Some(calibration.to_path_buf());
+        let trace = c.trace.gen_config().map_err(InputError::from_display)?;
+        let trace = Arc::new(grflow_traces::generate(&trace));
+        Ok(grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace), c))?.summary)
+    };
+    eprintln!("validating on the default trace: real at 1x, then virtual...");
+    let wall = run(Clock::Wall, "1x")?;
+    let virt = run(Clock::Virtual, "max")?;
+    let (w, v) = (&wall.latency_ms, &virt.latency_ms);
+    let report = serde_json::json!({
+        "wall_p50_ms": w.p50, "virtual_p50_ms": v.p50, "p50_ratio": v.p50 / w.p50.max(1e-9),
+        "wall_p99_ms": w.p99, "virtual_p99_ms": v.p99, "p99_ratio": v.p99 / w.p99.max(1e-9),
+        "wall_s": wall.wall_s, "virtual_wall_s": virt.wall_s,
+    });
+    eprintln!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// What a request costs besides the model: the median wall latency of a
+/// real replay at low load minus the median the cost model alone gives on
+/// the same trace. A Steady trace with its own seed (not the default's, so
+/// that the default replay validates the fit), paced so that the nodes are
+/// about 20% busy.
+fn overhead_ms(cost: &CostModel) -> anyhow::Result<f64> {
+    let mut cfg = Config::embedded();
+    cfg.model.preset = cost.preset.clone();
+    cfg.windows.out = "none".into();
+    let mut trace_cfg = cfg.trace.gen_config().map_err(InputError::from_display)?;
+    trace_cfg.regime = Regime::Steady;
+    trace_cfg.seed = 7;
+    let request_ms = cost.prefill(64, 0) + cost.rank(trace_cfg.candidates, 64);
+    trace_cfg.rps = (0.2 * cfg.run.workers as f64 * 1e3 / request_ms.max(1e-3)).min(140.0);
+    trace_cfg.requests = ((trace_cfg.rps * 4.0) as u64).clamp(100, 600);
+    let trace = Arc::new(grflow_traces::generate(&trace_cfg));
+    eprintln!(
+        "measuring the per-request overhead: {} requests at {:.0} req/s, real and virtual...",
+        trace_cfg.requests, trace_cfg.rps
+    );
+    let p50 = |mut cfg: Config, clock: Clock, speed: &str| -> anyhow::Result<f64> {
+        cfg.run.clock = clock;
+        cfg.run.speed = speed.into();
+        let out =
+            grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
+                .context("calibration replay")?;
+        Ok(out.summary.latency_ms.p50)
+    };
+    let wall = p50(cfg.clone(), Clock::Wall, "1x")?;
+    let mut virt = cfg;
+    let calibration = std::env::temp_dir().join(format!("grflow-cal-{}.json", std::process::id()));
+    std::fs::write(&calibration, serde_json::to_vec(cost)?)?;
+    virt.cost.calibration = Some(calibration.clone());
+    let modelled = p50(virt, Clock::Virtual, "max");
+    let _ = std::fs::remove_file(&calibration);
+    let modelled = modelled?;
+    eprintln!("  p50 wall {wall:.3} ms, cost model alone {modelled:.3} ms");
+    Ok((wall - modelled).max(0.0))
+}

@@ -1,0 +1,86 @@
+//! `grflow calibrate` fits the cost model on this machine, and
+//! `replay --clock virtual` charges it instead of running the model:
+//! deterministic, and its median latency within 2× of a real replay of the
+//! same trace.
+
+use serde_json::Value;
+
+#[path = "common/cli.rs"]
+mod cli;
+#[path = "common/temp.rs"]
+mod temp;
+use cli::{grflow, ok};
+use temp::tmp_dir;
+
+fn replay(config: &std::path::Path, extra: &[&str]) -> Value {
+    let out = ok(grflow()
+        .args(["replay", "--quiet", "--json", "--config"])
+        .arg(config)
+        .args(extra)
+        .output()
+        .unwrap());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn calibrate_then_replay_on_the_virtual_clock() {
+    let dir = tmp_dir("virtual-clock");
+    let calibration = dir.join("small.json");
+    let out = ok(grflow()
+        .args(["calibrate", "--preset", "small", "--reps", "2", "--out"])
+        .arg(&calibration)
+        .output()
+        .unwrap());
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let saved: Value = serde_json::from_slice(&std::fs::read(&calibration).unwrap()).unwrap();
+    assert_eq!(printed, saved);
+    assert_eq!(saved["preset"], "small");
+    assert!(saved["gemm_gflops"].as_f64().unwrap() > 0.0);
+    assert!(saved["overhead_ms"].as_f64().unwrap() >= 0.0);
+    assert!(saved["prefill_ms"].as_array().unwrap().len() == 3);
+
+    let config = dir.join("trace.toml");
+    std::fs::write(
+        &config,
+        "[run]\nworkers = 2\n[trace]\nregime = \"steady\"\nrequests = 400\nrps = 100.0\nseed = 5\n",
+    )
+    .unwrap();
+    let wall = replay(&config, &["--clock", "wall", "--speed", "1x"]);
+    let cal = calibration.to_str().unwrap();
+    let args = ["--clock", "virtual", "--speed", "max", "--calibration", cal];
+    let a = replay(&config, &args);
+    let b = replay(&config, &args);
+    assert_eq!(a["clock"], "virtual");
+    assert_eq!(a["release"], "complete");
+    assert_eq!(a["responses_out"], 400);
+    assert_eq!(a["latency_ms"], b["latency_ms"], "deterministic");
+    let (w, v) = (
+        wall["latency_ms"]["p50"].as_f64().unwrap(),
+        a["latency_ms"]["p50"].as_f64().unwrap(),
+    );
+    assert!(v > 0.0);
+    assert!(
+        v / w > 0.5 && v / w < 2.0,
+        "virtual p50 {v} ms vs wall {w} ms"
+    );
+
+    // A calibration for another preset is refused by name.
+    let hstu = dir.join("trace-hstu.toml");
+    std::fs::write(&hstu, "[model]\npreset = \"hstu-3l\"\n").unwrap();
+    let refused = grflow()
+        .args([
+            "replay",
+            "--quiet",
+            "--clock",
+            "virtual",
+            "--calibration",
+            cal,
+            "--config",
+        ])
+        .arg(&hstu)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("fitted for preset \"small\""), "{err}");
+}
