@@ -320,43 +320,37 @@ impl NodeParts {
         let batch = self.shed_expired(batch, out);
         let retrieve = self.shed_expired(retrieve, out);
         let side = &*self.side;
-        let mut work = Vec::with_capacity(batch.len());
-        let mut members = Vec::with_capacity(batch.len());
-        for (s, recovered_late) in &batch {
-            let req = &s.routed.admitted.request;
-            match s.routed.admitted.history(side) {
-                Ok(history) => {
-                    work.push(RankWork {
-                        req: RankRequest {
-                            req_id: req.req_id,
-                            user_id: req.user_id,
-                            candidates: &req.candidates,
-                        },
-                        history,
-                    });
-                    members.push((s, *recovered_late));
+        let (members, histories) = with_histories(&batch, side, out);
+        let work: Vec<RankWork<'_>> = members
+            .iter()
+            .zip(histories)
+            .map(|((s, _), history)| {
+                let req = &s.routed.admitted.request;
+                RankWork {
+                    req: RankRequest {
+                        req_id: req.req_id,
+                        user_id: req.user_id,
+                        candidates: &req.candidates,
+                    },
+                    history,
                 }
-                Err(e) => out[s.slot].push(unservable(s, *recovered_late, e.to_string())),
-            }
-        }
-        let mut retrieve_work = Vec::with_capacity(retrieve.len());
-        let mut retrieving = Vec::with_capacity(retrieve.len());
-        for (s, recovered_late) in &retrieve {
-            let req = &s.routed.admitted.request;
-            match s.routed.admitted.history(side) {
-                Ok(history) => {
-                    retrieve_work.push(RetrieveWork {
-                        req: RetrieveRequest {
-                            req_id: req.req_id,
-                            user_id: req.user_id,
-                        },
-                        history,
-                    });
-                    retrieving.push((s, *recovered_late));
+            })
+            .collect();
+        let (retrieving, histories) = with_histories(&retrieve, side, out);
+        let retrieve_work: Vec<RetrieveWork<'_>> = retrieving
+            .iter()
+            .zip(histories)
+            .map(|((s, _), history)| {
+                let req = &s.routed.admitted.request;
+                RetrieveWork {
+                    req: RetrieveRequest {
+                        req_id: req.req_id,
+                        user_id: req.user_id,
+                    },
+                    history,
                 }
-                Err(e) => out[s.slot].push(unservable(s, *recovered_late, e.to_string())),
-            }
-        }
+            })
+            .collect();
         if members.is_empty() && retrieving.is_empty() {
             return;
         }
@@ -493,6 +487,31 @@ fn origin(routed: &Routed, recovered_late: bool) -> Origin {
         recovered_late,
         mode: routed.admitted.request.mode,
     }
+}
+
+/// Requests (with whether each is served late after a restart) and their
+/// histories, in the same order.
+type WithHistories<'a> = (Vec<(&'a Slotted, bool)>, Vec<&'a [u32]>);
+
+/// The requests whose history can be read, with it; the others are
+/// answered `unservable` here.
+fn with_histories<'a>(
+    requests: &'a [(Slotted, bool)],
+    side: &'a SideTables,
+    out: &mut [Vec<NodeEvent>],
+) -> WithHistories<'a> {
+    let mut kept = Vec::with_capacity(requests.len());
+    let mut histories = Vec::with_capacity(requests.len());
+    for (s, recovered_late) in requests {
+        match s.routed.admitted.history(side) {
+            Ok(history) => {
+                kept.push((s, *recovered_late));
+                histories.push(history);
+            }
+            Err(e) => out[s.slot].push(unservable(s, *recovered_late, e.to_string())),
+        }
+    }
+    (kept, histories)
 }
 
 /// A request that cannot be served (e.g. its history is missing).

@@ -303,7 +303,11 @@ mod tests {
     }
 
     /// The operator between a data and a control input.
-    fn two_inputs(worker: &mut Worker, release: Release) -> Wired {
+    /// `make(calls)` between a data and a control input.
+    fn wire<Op>(worker: &mut Worker, release: Release, make: impl FnOnce(Calls) -> Op) -> Wired
+    where
+        Op: EventOperator<Data = u32, Control = i64, Output = (u32, i64)>,
+    {
         let mut data = InputHandleVec::new();
         let mut control = InputHandleVec::new();
         let probe = ProbeHandle::new();
@@ -312,14 +316,16 @@ mod tests {
         worker.dataflow::<u64, _, _>(|scope| {
             let data = scope.input_from(&mut data);
             let control = scope.input_from(&mut control);
-            let op = Recorder {
-                calls: calls.clone(),
-                offset: 0,
-            };
+            let op = make(calls.clone());
             let out = event_operator(data, control, Pipeline, Pipeline, "Test", release, op);
             collect(out, &outputs, &probe);
         });
         (data, control, probe, calls, outputs)
+    }
+
+    /// The recorder between a data and a control input.
+    fn two_inputs(worker: &mut Worker, release: Release) -> Wired {
+        wire(worker, release, |calls| Recorder { calls, offset: 0 })
     }
 
     fn steps(worker: &mut Worker, n: usize) {
@@ -560,31 +566,11 @@ mod tests {
     }
 
     fn stepper(worker: &mut Worker, wait_below: usize) -> Wired {
-        let mut data = InputHandleVec::new();
-        let mut control = InputHandleVec::new();
-        let probe = ProbeHandle::new();
-        let calls: Calls = Rc::default();
-        let outputs: Outputs = Rc::default();
-        worker.dataflow::<u64, _, _>(|scope| {
-            let data = scope.input_from(&mut data);
-            let control = scope.input_from(&mut control);
-            let op = Stepper {
-                calls: calls.clone(),
-                wait_below,
-                waiting_since: None,
-            };
-            let out = event_operator(
-                data,
-                control,
-                Pipeline,
-                Pipeline,
-                "Step",
-                Release::Arrival,
-                op,
-            );
-            collect(out, &outputs, &probe);
-        });
-        (data, control, probe, calls, outputs)
+        wire(worker, Release::Arrival, |calls| Stepper {
+            calls,
+            wait_below,
+            waiting_since: None,
+        })
     }
 
     #[test]
