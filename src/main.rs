@@ -50,6 +50,8 @@ enum BenchCommand {
     Memory(cli::bench_memory::Args),
     /// Goodput under a latency SLO, one request per model call vs batched.
     Serve(cli::bench_serve::Args),
+    /// Allocator policies per regime on the virtual clock (and a static-alpha sweep).
+    Allocator(cli::bench_allocator::Args),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +74,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Kafka(a)) => cli::bench_kafka::run(a),
         Command::Bench(BenchCommand::Memory(a)) => cli::bench_memory::run(a),
         Command::Bench(BenchCommand::Serve(a)) => cli::bench_serve::run(a),
+        Command::Bench(BenchCommand::Allocator(a)) => cli::bench_allocator::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! One file per subcommand.
 
+pub mod bench_allocator;
 pub mod bench_cache;
 pub mod bench_kafka;
 pub mod bench_kernels;
