@@ -30,11 +30,6 @@ impl<'p> LaneStore<'p> {
             written: HashMap::new(),
         }
     }
-
-    /// Page ids this lane wrote.
-    pub fn written_pages(&self) -> impl Iterator<Item = u32> + '_ {
-        self.written.keys().copied()
-    }
 }
 
 impl KvBlockStore for LaneStore<'_> {

@@ -5,11 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use grflow_kernels::GrModel;
-
 use crate::cache::{KvTenant, NodeMemory, PrefixMatch};
 use crate::lru::LruMap;
-use crate::pool::PagePool;
 
 use super::ServeError;
 
@@ -43,58 +40,7 @@ impl UserPrefixes {
         }
     }
 
-    /// Runs `body` on the KV of `history` (token embeddings
-    /// `history_tokens`, `d_model` floats each) and returns what it
-    /// returned with the reused token count. On success the history is
-    /// cached for `user_id`; on failure the pages are released.
-    #[allow(clippy::too_many_arguments)]
-    pub fn with_prefix<T>(
-        &mut self,
-        memory: &mut NodeMemory,
-        model: &GrModel,
-        user_id: u64,
-        history: &[u32],
-        history_tokens: &[f32],
-        body: impl FnOnce(&PagePool, &UserPrefix) -> Result<T, ServeError>,
-    ) -> Result<(T, usize), ServeError> {
-        let prefix = self.acquire(memory, model, history, history_tokens)?;
-        match body(memory.kv_store(), &prefix) {
-            Ok(value) => {
-                self.commit(memory, user_id, history, &prefix);
-                Ok((value, prefix.reused))
-            }
-            Err(e) => {
-                release(memory, &prefix);
-                Err(e)
-            }
-        }
-    }
-
-    /// Matches the longest cached prefix of `history`, allocates blocks for
-    /// the rest and computes their KV.
-    fn acquire(
-        &self,
-        memory: &mut NodeMemory,
-        model: &GrModel,
-        history: &[u32],
-        history_tokens: &[f32],
-    ) -> Result<UserPrefix, ServeError> {
-        let d = model.config().d_model;
-        let prefix = self.reserve(memory, history)?;
-        let prefilled = model.prefill(
-            memory.kv_store(),
-            &prefix.block_table,
-            prefix.reused,
-            &history_tokens[prefix.reused * d..],
-        );
-        if let Err(e) = prefilled {
-            release(memory, &prefix);
-            return Err(ServeError::Model(e.to_string()));
-        }
-        Ok(prefix)
-    }
-
-    /// The first half of serving on a prefix, for batches: matches the
+    /// The first half of serving on a prefix: matches the
     /// longest cached prefix of `history` (pinning it) and allocates blocks
     /// for the rest, computing nothing. The caller prefills the suffix, then
     /// ends the request with [`Self::commit`] or [`release`].
@@ -190,6 +136,8 @@ mod tests {
     use super::*;
     use crate::cache::NodeMemoryConfig;
     use crate::link::LinkConfig;
+    use crate::pool::PagePool;
+    use grflow_kernels::GrModel;
     use grflow_kernels::ModelConfig;
 
     fn setup(pool_pages: u64) -> (NodeMemory, GrModel) {
@@ -211,6 +159,40 @@ mod tests {
         (memory, model)
     }
 
+    /// Serving on a prefix as the node does: reserve, prefill the
+    /// uncached suffix, run `body`, then commit or release.
+    fn with_prefix<T>(
+        prefixes: &mut UserPrefixes,
+        memory: &mut NodeMemory,
+        model: &GrModel,
+        user_id: u64,
+        history: &[u32],
+        history_tokens: &[f32],
+        body: impl FnOnce(&PagePool, &UserPrefix) -> Result<T, ServeError>,
+    ) -> Result<(T, usize), ServeError> {
+        let prefix = prefixes.reserve(memory, history)?;
+        let d = model.config().d_model;
+        let result = model
+            .prefill(
+                memory.kv_store(),
+                &prefix.block_table,
+                prefix.reused,
+                &history_tokens[prefix.reused * d..],
+            )
+            .map_err(|e| ServeError::Model(e.to_string()))
+            .and_then(|()| body(memory.kv_store(), &prefix));
+        match result {
+            Ok(value) => {
+                prefixes.commit(memory, user_id, history, &prefix);
+                Ok((value, prefix.reused))
+            }
+            Err(e) => {
+                release(memory, &prefix);
+                Err(e)
+            }
+        }
+    }
+
     fn tokens(model: &GrModel, n: usize) -> Vec<f32> {
         (0..n * model.config().d_model)
             .map(|i| ((i % 17) as f32 - 8.0) / 16.0)
@@ -224,18 +206,32 @@ mod tests {
         let mut prefixes = UserPrefixes::new(10, block);
         let history: Vec<u32> = (0..(2 * block + 3) as u32).collect();
         let toks = tokens(&model, history.len());
-        let ((), reused) = prefixes
-            .with_prefix(&mut memory, &model, 5, &history, &toks, |_, p| {
+        let ((), reused) = with_prefix(
+            &mut prefixes,
+            &mut memory,
+            &model,
+            5,
+            &history,
+            &toks,
+            |_, p| {
                 assert_eq!(p.block_table.len(), 3);
                 Ok(())
-            })
-            .unwrap();
+            },
+        )
+        .unwrap();
         assert_eq!(reused, 0);
         assert!(prefixes.is_resident(&memory, 5));
         assert_eq!(prefixes.take_touched(), BTreeSet::from([5]));
-        let ((), reused) = prefixes
-            .with_prefix(&mut memory, &model, 5, &history, &toks, |_, _| Ok(()))
-            .unwrap();
+        let ((), reused) = with_prefix(
+            &mut prefixes,
+            &mut memory,
+            &model,
+            5,
+            &history,
+            &toks,
+            |_, _| Ok(()),
+        )
+        .unwrap();
         assert_eq!(reused, 2 * block, "the partial tail block is not cached");
         assert_eq!(prefixes.len(), 1);
     }
@@ -248,9 +244,15 @@ mod tests {
         let history: Vec<u32> = (0..(2 * block) as u32).collect();
         let toks = tokens(&model, history.len());
         let free = memory.stats().free_pages;
-        let failed = prefixes.with_prefix(&mut memory, &model, 1, &history, &toks, |_, _| {
-            Err::<(), _>(ServeError::Model("boom".into()))
-        });
+        let failed = with_prefix(
+            &mut prefixes,
+            &mut memory,
+            &model,
+            1,
+            &history,
+            &toks,
+            |_, _| Err::<(), _>(ServeError::Model("boom".into())),
+        );
         assert!(matches!(failed, Err(ServeError::Model(_))));
         assert_eq!(memory.stats().free_pages, free);
         assert!(!prefixes.is_resident(&memory, 1));
@@ -258,13 +260,26 @@ mod tests {
 
         // Cached, then failed on top of the cached blocks: they are unpinned
         // (evictable again) and no page leaks.
-        prefixes
-            .with_prefix(&mut memory, &model, 1, &history, &toks, |_, _| Ok(()))
-            .unwrap();
+        with_prefix(
+            &mut prefixes,
+            &mut memory,
+            &model,
+            1,
+            &history,
+            &toks,
+            |_, _| Ok(()),
+        )
+        .unwrap();
         let cached_free = memory.stats().free_pages;
-        let failed = prefixes.with_prefix(&mut memory, &model, 1, &history, &toks, |_, _| {
-            Err::<(), _>(ServeError::Model("boom".into()))
-        });
+        let failed = with_prefix(
+            &mut prefixes,
+            &mut memory,
+            &model,
+            1,
+            &history,
+            &toks,
+            |_, _| Err::<(), _>(ServeError::Model("boom".into())),
+        );
         assert!(failed.is_err());
         assert_eq!(memory.stats().free_pages, cached_free);
         assert_eq!(memory.stats().scratch_pages, 0);
@@ -278,7 +293,15 @@ mod tests {
         let history: Vec<u32> = (0..(4 * block) as u32).collect();
         let toks = tokens(&model, history.len());
         let free = memory.stats().free_pages;
-        let failed = prefixes.with_prefix(&mut memory, &model, 1, &history, &toks, |_, _| Ok(()));
+        let failed = with_prefix(
+            &mut prefixes,
+            &mut memory,
+            &model,
+            1,
+            &history,
+            &toks,
+            |_, _| Ok(()),
+        );
         assert!(matches!(failed, Err(ServeError::Memory(_))), "{failed:?}");
         assert_eq!(memory.stats().free_pages, free);
     }
