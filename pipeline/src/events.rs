@@ -62,6 +62,10 @@ pub struct Routed {
     /// The worker whose router replica decided (the node reports finished
     /// work back to it: `LoadSignal::InFlight`).
     pub router: u32,
+    /// The tokens the router counted for it (history, cached or not,
+    /// candidates and instruction: an upper bound known before the cache
+    /// is asked); the node batches and reports finished work by them.
+    pub tokens: u32,
 }
 
 /// Telemetry of one served request, keyed for windowing.

@@ -97,7 +97,7 @@ impl EventOperator for NodeParts {
             .iter()
             .map(|(_, r)| Queued {
                 retrieve: r.admitted.request.mode == Mode::Retrieve,
-                tokens: request_tokens(r, &self.side),
+                tokens: r.tokens as usize,
                 waited_ms: now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6,
             })
             .collect();
@@ -169,7 +169,7 @@ impl NodeParts {
             if self.completed_tokens.len() <= replica {
                 self.completed_tokens.resize(replica + 1, 0.0);
             }
-            self.completed_tokens[replica] += request_tokens(&s.routed, &self.side) as f64;
+            self.completed_tokens[replica] += s.routed.tokens as f64;
         }
         (times, all)
     }
@@ -216,7 +216,7 @@ impl NodeParts {
                 self.serve_batch(Vec::new(), vec![s], out);
                 continue;
             }
-            let tokens = request_tokens(&s.routed, &self.side);
+            let tokens = s.routed.tokens as usize;
             if !batch.is_empty() && batch_tokens + tokens > max_tokens {
                 self.serve_batch(std::mem::take(&mut batch), Vec::new(), out);
                 batch_tokens = 0;
@@ -263,13 +263,6 @@ fn record_waits<'r>(node: &mut ServingNode, now: u64, batch: impl IntoIterator<I
     for r in batch {
         node.record_wait(now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6);
     }
-}
-
-/// Tokens a rank request adds to a batch: the router's count (its whole
-/// history, cached or not, an upper bound known before the cache is asked).
-fn request_tokens(routed: &Routed, side: &SideTables) -> usize {
-    let history = routed.admitted.history(side).unwrap_or(&[]);
-    side.request_tokens(&routed.admitted.request, history) as usize
 }
 
 impl NodeParts {
@@ -597,27 +590,36 @@ mod tests {
             .requests
             .into_iter()
             .enumerate()
-            .map(|(i, request)| Routed {
-                admitted: Admitted {
-                    request,
-                    position: SourcePosition::Parquet {
-                        file: "t".into(),
-                        row_group: 0,
-                        row: i as u64,
+            .map(|(i, request)| {
+                // The router's count.
+                let history = parts
+                    .side
+                    .history(request.user_id, request.hist_len)
+                    .unwrap_or(&[]);
+                let tokens = parts.side.request_tokens(&request, history) as u32;
+                Routed {
+                    admitted: Admitted {
+                        request,
+                        position: SourcePosition::Parquet {
+                            file: "t".into(),
+                            row_group: 0,
+                            row: i as u64,
+                        },
+                        admitted_ns: 0,
+                        inline_history: None,
+                        recovered: false,
                     },
-                    admitted_ns: 0,
-                    inline_history: None,
-                    recovered: false,
-                },
-                decision: Decision {
-                    node: 0,
-                    kv_hit: false,
-                    affinity_win: false,
-                    overload_fallback: false,
-                    emb_coverage: 0.0,
-                    hot_user: false,
-                },
-                router: 0,
+                    decision: Decision {
+                        node: 0,
+                        kv_hit: false,
+                        affinity_win: false,
+                        overload_fallback: false,
+                        emb_coverage: 0.0,
+                        hot_user: false,
+                    },
+                    router: 0,
+                    tokens,
+                }
             })
             .collect();
         (parts, routed)

@@ -64,6 +64,7 @@ impl EventOperator for RouterOp {
                 admitted,
                 decision,
                 router: self.replica,
+                tokens: tokens as u32,
             });
         }
     }
