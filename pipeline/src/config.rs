@@ -570,6 +570,10 @@ pub struct CostSection {
     /// A `grflow calibrate` file (JSON); without it the job calibrates at
     /// start (seconds for `small`, longer for `hstu-3l`).
     pub calibration: Option<std::path::PathBuf>,
+    /// A cost model in hand (a program that calibrated already); used
+    /// before `calibration`. Not part of a config file.
+    #[serde(skip)]
+    pub model: Option<grflow_kernels::cost::CostModel>,
 }
 
 /// A config that cannot be used, with where and why.

@@ -28,6 +28,15 @@ pub enum ParamsError {
 /// be for `model.preset`, or measured now.
 pub fn cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
     let preset = &cfg.model.preset;
+    if let Some(cost) = &cfg.cost.model {
+        if &cost.preset != preset {
+            return Err(ParamsError::Calibrate {
+                preset: preset.clone(),
+                reason: format!("the cost model given is for preset {:?}", cost.preset),
+            });
+        }
+        return Ok(cost.clone());
+    }
     if let Some(path) = &cfg.cost.calibration {
         let bad = |reason: String| ParamsError::Calibration {
             path: path.display().to_string(),

@@ -16,7 +16,7 @@ use anyhow::Context;
 use grflow_operators::allocator::AllocatorPolicy;
 use grflow_pipeline::replay::ReplayOutput;
 use grflow_pipeline::{Clock, Config, ReleaseSetting, ReplayOptions, TraceInput};
-use grflow_traces::Regime;
+use grflow_traces::{Regime, Trace};
 use serde::Serialize;
 
 use super::InputError;
@@ -114,25 +114,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "calibrating {} (pass --calibration to reuse a file)...",
                 base.model.preset
             );
-            let cost =
-                grflow_pipeline::params::cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let path =
-                std::env::temp_dir().join(format!("grflow-bench-cal-{}.json", std::process::id()));
-            std::fs::write(&path, serde_json::to_vec(&cost)?)?;
-            base.cost.calibration = Some(path);
-            cost
+            grflow_pipeline::params::cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?
         }
     };
+    // Every run below charges this one model.
+    base.cost.model = Some(cost.clone());
 
-    let run = |regime: Regime, seed: u64, policy: AllocatorPolicy, alpha: f64| {
+    let trace = |regime: Regime, seed: u64| -> anyhow::Result<Arc<Trace>> {
+        let mut t = base.trace.clone();
+        t.regime = regime.as_str().into();
+        t.seed = seed;
+        let t = t.gen_config().map_err(InputError::from_display)?;
+        Ok(Arc::new(grflow_traces::generate(&t)))
+    };
+    let run = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64| {
         let mut cfg = base.clone();
-        cfg.trace.regime = regime.as_str().into();
-        cfg.trace.seed = seed;
         cfg.memory.alpha = alpha;
         cfg.allocator.policy = policy;
-        let trace = cfg.trace.gen_config().map_err(InputError::from_display)?;
-        let trace = Arc::new(grflow_traces::generate(&trace));
-        grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace), cfg))
+        grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
             .context("replay")
     };
 
@@ -141,13 +140,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut alpha_star_std = BTreeMap::new();
     for regime in &regimes {
         let name = regime.as_str().to_string();
+        // Generated once each, replayed by every run of the regime.
+        let bench_trace = trace(*regime, args.seed)?;
+        let train_trace = trace(*regime, args.seed + 1)?;
         let mut best_train: Option<(f64, f64)> = None;
         if args.sweep {
             eprintln!("{name}: static sweep over alpha...");
             let mut outs = Vec::new();
             for &alpha in &SWEEP {
-                let bench = run(*regime, args.seed, AllocatorPolicy::Static, alpha)?;
-                let train = run(*regime, args.seed + 1, AllocatorPolicy::Static, alpha)?;
+                let bench = run(&bench_trace, AllocatorPolicy::Static, alpha)?;
+                let train = run(&train_trace, AllocatorPolicy::Static, alpha)?;
                 let (p99, train_p99) = (bench.summary.latency_ms.p99, train.summary.latency_ms.p99);
                 let truncated = bench.summary.truncated_histories;
                 eprintln!(
@@ -179,7 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let mut reference = None;
         for (label, policy, alpha) in policies {
-            let out = run(*regime, args.seed, policy, alpha)?;
+            let out = run(&bench_trace, policy, alpha)?;
             let s = &out.summary;
             let alloc = s.allocator.clone();
             if label == "kv-emb-opt" {

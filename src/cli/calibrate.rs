@@ -84,14 +84,15 @@ fn validate(preset: &str, calibration: &std::path::Path) -> anyhow::Result<()> {
     let mut cfg = Config::embedded();
     cfg.model.preset = preset.to_string();
     cfg.windows.out = "none".into();
+    let trace = cfg.trace.gen_config().map_err(InputError::from_display)?;
+    let trace = Arc::new(grflow_traces::generate(&trace));
     let run = |clock: Clock, speed: &str| -> anyhow::Result<grflow_pipeline::Summary> {
         let mut c = cfg.clone();
         c.run.clock = clock;
         c.run.speed = speed.into();
         c.cost.calibration = Some(calibration.to_path_buf());
-        let trace = c.trace.gen_config().map_err(InputError::from_display)?;
-        let trace = Arc::new(grflow_traces::generate(&trace));
-        Ok(grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace), c))?.summary)
+        let input = TraceInput::Memory(trace.clone());
+        Ok(grflow_pipeline::replay(ReplayOptions::new(input, c))?.summary)
     };
     eprintln!("validating on the default trace: real at 1x, then virtual...");
     let wall = run(Clock::Wall, "1x")?;
@@ -136,12 +137,8 @@ fn overhead_ms(cost: &CostModel) -> anyhow::Result<f64> {
     };
     let wall = p50(cfg.clone(), Clock::Wall, "1x")?;
     let mut virt = cfg;
-    let calibration = std::env::temp_dir().join(format!("grflow-cal-{}.json", std::process::id()));
-    std::fs::write(&calibration, serde_json::to_vec(cost)?)?;
-    virt.cost.calibration = Some(calibration.clone());
-    let modelled = p50(virt, Clock::Virtual, "max");
-    let _ = std::fs::remove_file(&calibration);
-    let modelled = modelled?;
+    virt.cost.model = Some(cost.clone());
+    let modelled = p50(virt, Clock::Virtual, "max")?;
     eprintln!("  p50 wall {wall:.3} ms, cost model alone {modelled:.3} ms");
     Ok((wall - modelled).max(0.0))
 }
