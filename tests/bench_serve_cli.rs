@@ -2,28 +2,24 @@
 //! model, 150 requests per load point): both modes are bisected, the JSON
 //! carries every figure, and `--out` writes the report and the plot.
 
-use std::process::Command;
-
 use serde_json::Value;
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/temp.rs"]
 mod temp;
+use cli::{grflow, ok};
 
 #[test]
 fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
     let dir = temp::tmp_dir("bench-serve");
-    let out = Command::new(env!("CARGO_BIN_EXE_grflow"))
+    let out = ok(grflow()
         .args(["bench", "serve", "--json", "--preset", "small"])
         .args(["--requests", "150", "--precision", "0.5", "--pool-mib", "8"])
         .arg("--out")
         .arg(&dir)
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .unwrap());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     for key in [
         "slo_ms",
@@ -63,7 +59,7 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
 
 #[test]
 fn bench_serve_rejects_an_unknown_preset_by_name() {
-    let out = Command::new(env!("CARGO_BIN_EXE_grflow"))
+    let out = grflow()
         .args(["bench", "serve", "--preset", "huge"])
         .output()
         .unwrap();
