@@ -44,6 +44,9 @@ pub struct Config {
     /// `grflow serve` only: where requests come from and answers go.
     #[serde(default)]
     pub kafka: KafkaSection,
+    /// Several processes as one job (timely's cluster mode).
+    #[serde(default)]
+    pub cluster: crate::cluster::ClusterSection,
 }
 
 /// `grflow serve`: the Kafka side of the job (configs/kafka.toml).

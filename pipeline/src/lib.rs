@@ -4,6 +4,7 @@
 //! Nothing here decides anything about serving: the decisions live in
 //! `grflow_operators`; these are thin timely wrappers and the job runner.
 
+pub mod cluster;
 pub mod config;
 pub mod dataflow;
 pub mod events;

@@ -87,6 +87,9 @@ impl ReplayOptions {
 /// What a replay produced.
 #[derive(Debug, Default)]
 pub struct ReplayOutput {
+    /// Cluster mode, a process other than 0: it served its share and sent
+    /// its outputs to process 0; everything below is empty.
+    pub follower: bool,
     pub summary: Summary,
     /// The latency CDF of every response (`LatencyTally::cdf`).
     pub latency_cdf: Vec<(f64, f64)>,
@@ -162,7 +165,9 @@ impl ResponseWriter {
     }
 }
 
-/// What one worker hands back when its dataflow is complete.
+/// What one worker hands back when its dataflow is complete (in cluster
+/// mode sent to worker 0 as JSON: bincode cannot read every summary field).
+#[derive(serde::Serialize, serde::Deserialize)]
 struct WorkerResult {
     node: NodeSummary,
     allocator: AllocatorStats,
@@ -172,11 +177,44 @@ struct WorkerResult {
     errors: Vec<ErrorRow>,
     windows: Vec<WindowRow>,
     model_version: String,
+    /// Cluster mode: the first worker of each process carries the
+    /// process's job counters.
+    counters: Option<CounterSnapshot>,
+}
+
+/// A process's job counters, once its workers are done.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct CounterSnapshot {
+    requests_in: u64,
+    late: u64,
+    responses_out: u64,
+}
+
+impl CounterSnapshot {
+    fn of(c: &JobCounters) -> Self {
+        Self {
+            requests_in: c.source.requests_in.load(Ordering::Relaxed),
+            late: c.source.late.load(Ordering::Relaxed),
+            responses_out: c.responses_out.load(Ordering::Relaxed),
+        }
+    }
+
+    fn add(&mut self, o: &Self) {
+        self.requests_in += o.requests_in;
+        self.late += o.late;
+        self.responses_out += o.responses_out;
+    }
 }
 
 pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let cfg = opts.config.clone();
-    let workers = cfg.run.workers;
+    let cluster = cfg
+        .cluster
+        .resolve(cfg.run.workers)
+        .map_err(|e| ReplayError::Setup(e.to_string()))?;
+    let topo = cluster.topology;
+    // Nodes of the whole job; this process runs `topo.local_workers()`.
+    let workers = topo.total();
 
     // Side tables are loaded once and shared by every worker thread.
     let (side, requests, total, origin_ts, trace_name) = match &opts.trace {
@@ -223,8 +261,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         .map_err(|e| ReplayError::Setup(e.to_string()))?;
     // Nodes are built here so that a bad memory or model config fails
     // before any thread starts; each worker takes its own.
-    let mut nodes = Vec::with_capacity(workers);
-    for n in 0..workers {
+    let mut nodes = Vec::with_capacity(topo.threads);
+    for n in topo.local_workers() {
         nodes.push(Some(
             ServingNode::new(n as u32, params.clone())
                 .map_err(|e| ReplayError::Setup(e.to_string()))?,
@@ -259,7 +297,13 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             .map_err(|e| ReplayError::Setup(format!("command at {} ms: {e}", c.at_ms)))?;
     }
     let release = cfg.run.replay_release();
-    let writer = Arc::new(Mutex::new(ResponseWriter::open(&opts.responses)?));
+    // In cluster mode only process 0 writes responses (gathered to it).
+    let response_output = if topo.is_leader() {
+        opts.responses.clone()
+    } else {
+        ResponseOutput::Drop
+    };
+    let writer = Arc::new(Mutex::new(ResponseWriter::open(&response_output)?));
     let model_version = nodes.lock().expect("lock")[0]
         .as_ref()
         .map(|n| n.model_version().to_string())
@@ -270,16 +314,16 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         "trace": trace_name,
         "model_version": model_version,
         "workers": workers,
+        "process": topo.process,
+        "processes": topo.processes,
         "config": &cfg,
     }));
     ops.set_ready();
     let counters = opts.counters.clone().unwrap_or_default();
-    let start = Instant::now();
-    let pacing = Pacing {
-        speed: cfg.speed(),
-        origin_ts_ms: origin_ts,
-        start,
-    };
+    // Pacing starts when the workers do: in cluster mode after every
+    // process has connected, which may take a while.
+    let started: Arc<std::sync::OnceLock<Instant>> = Arc::default();
+    let speed = cfg.speed();
     let setup_error: Arc<Mutex<Option<String>>> = Arc::default();
 
     let done = Arc::new(AtomicBool::new(false));
@@ -294,125 +338,149 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_setup_error = setup_error.clone();
     let worker_writer = writer.clone();
     let worker_commands = opts.commands.clone();
-    let guards = timely::execute(timely::Config::process(workers), move |worker| {
-        let index = worker.index();
-        let peers = worker.peers();
-        let source: Box<dyn RequestSource> = match &worker_trace {
-            TraceInput::Parquet(dir) => match ParquetRequestSource::open(dir, index, peers) {
-                Ok(s) => Box::new(s.with_max_candidates(worker_cfg.model.max_candidates)),
-                Err(e) => {
-                    *worker_setup_error.lock().expect("lock") = Some(e.to_string());
-                    Box::new(MemoryRequestSource::new(Arc::new(Vec::new()), index, peers))
-                }
-            },
-            TraceInput::Memory(_) => Box::new(MemoryRequestSource::new(
-                requests.clone().expect("memory trace has requests"),
-                index,
-                peers,
-            )),
-        };
-        let router = Router::new(
-            worker_cfg.router.clone(),
-            peers,
-            HotUsers::new(worker_cfg.hotness.clone()),
-        )
-        .expect("validated above");
-        let node = nodes.lock().expect("lock")[index]
-            .take()
-            .expect("one node per worker");
-        let allocator_stats: Rc<RefCell<AllocatorStats>> = Default::default();
-        let batch_writer = worker_writer.clone();
-        let responses: dataflow::ResponseBatchSink =
-            Box::new(move |rows| batch_writer.lock().expect("lock").write(rows));
-        let df = dataflow::build(
-            worker,
-            DataflowParts {
-                source,
-                pacing,
-                max_ahead_ms: (pacing.speed == Speed::Max).then_some(worker_cfg.run.max_ahead_ms),
-                serving: ServingParts {
-                    router,
-                    node,
-                    side: worker_side.clone(),
-                    slo_ms: worker_cfg.run.slo_ms,
-                    clock: worker_cfg.run.clock,
-                    deadline: None,
-                    window_ms: worker_cfg.windows.epoch_ms,
-                    release,
-                    batch: worker_cfg.batch_policy(),
-                    token_capacity: worker_cfg.node.token_capacity,
-                    commands: worker_commands.clone(),
-                    command_pacing: pacing,
-                    controller: allocator_controller(&worker_cfg, allocator_stats.clone()),
+    let worker_started = started.clone();
+    let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
+    let guards = cluster
+        .execute(move |worker| {
+            let index = worker.index();
+            let peers = worker.peers();
+            let pacing = Pacing {
+                speed,
+                origin_ts_ms: origin_ts,
+                start: *worker_started.get_or_init(Instant::now),
+            };
+            let source: Box<dyn RequestSource> = match &worker_trace {
+                TraceInput::Parquet(dir) => match ParquetRequestSource::open(dir, index, peers) {
+                    Ok(s) => Box::new(s.with_max_candidates(worker_cfg.model.max_candidates)),
+                    Err(e) => {
+                        *worker_setup_error.lock().expect("lock") = Some(e.to_string());
+                        Box::new(MemoryRequestSource::new(Arc::new(Vec::new()), index, peers))
+                    }
                 },
-                counters: worker_counters.clone(),
-                responses,
-            },
-        );
-        while !df.probe.done() {
-            worker.step_or_park(None);
-        }
-        // Let the last window updates drain.
-        while worker.step() {}
+                TraceInput::Memory(_) => Box::new(MemoryRequestSource::new(
+                    requests.clone().expect("memory trace has requests"),
+                    index,
+                    peers,
+                )),
+            };
+            let router = Router::new(
+                worker_cfg.router.clone(),
+                peers,
+                HotUsers::new(worker_cfg.hotness.clone()),
+            )
+            .expect("validated above");
+            let node = nodes.lock().expect("lock")[topo.local(index).expect("a local worker")]
+                .take()
+                .expect("one node per worker");
+            let allocator_stats: Rc<RefCell<AllocatorStats>> = Default::default();
+            let batch_writer = worker_writer.clone();
+            let responses: dataflow::ResponseBatchSink =
+                Box::new(move |rows| batch_writer.lock().expect("lock").write(rows));
+            let df = dataflow::build(
+                worker,
+                DataflowParts {
+                    source,
+                    pacing,
+                    max_ahead_ms: (pacing.speed == Speed::Max)
+                        .then_some(worker_cfg.run.max_ahead_ms),
+                    serving: ServingParts {
+                        router,
+                        node,
+                        side: worker_side.clone(),
+                        slo_ms: worker_cfg.run.slo_ms,
+                        clock: worker_cfg.run.clock,
+                        deadline: None,
+                        window_ms: worker_cfg.windows.epoch_ms,
+                        release,
+                        batch: worker_cfg.batch_policy(),
+                        token_capacity: worker_cfg.node.token_capacity,
+                        commands: worker_commands.clone(),
+                        command_pacing: pacing,
+                        controller: allocator_controller(&worker_cfg, allocator_stats.clone()),
+                    },
+                    counters: worker_counters.clone(),
+                    responses,
+                    gather_responses: topo.is_cluster(),
+                },
+            );
+            while !df.probe.done() {
+                worker.step_or_park(None);
+            }
+            // Let the last window updates drain.
+            while worker.step() {}
 
-        let mut outputs = std::mem::take(&mut *df.outputs.borrow_mut());
-        // The sink flushes its last batch when its input closes; this only
-        // guards against a batch left behind.
-        if !outputs.pending_responses.is_empty() {
-            worker_writer
-                .lock()
-                .expect("lock")
-                .write(&mut outputs.pending_responses);
-        }
-        let node = df.node.borrow();
-        let windows = std::mem::take(&mut outputs.windows);
-        let gauge = *df.window_gauge.borrow();
-        let c = node.counters();
-        let busy = df.busy.borrow().shares(crate::events::now_ns());
-        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-        let node_summary = NodeSummary {
-            node: node.id(),
-            responses_out: c.responses,
-            alpha: node.alpha(),
-            emb_hit_rate: ratio(c.emb_hits, c.emb_lookups),
-            kv_hit_rate: ratio(c.kv_reused_tokens, c.kv_total_tokens),
-            emb_hits: c.emb_hits,
-            emb_lookups: c.emb_lookups,
-            kv_reused_tokens: c.kv_reused_tokens,
-            kv_total_tokens: c.kv_total_tokens,
-            link_bytes: c.link_bytes,
-            oov_items: c.oov_items,
-            busy_share: busy.whole,
-            busy_share_peak: busy.peak,
-            truncated_histories: c.truncated_histories,
-            user_head_evictions: c.user_head_evictions,
-            user_heads_peak: node.user_heads_peak() as u64,
-            model_gflop: c.model_flops / 1e9,
-            computed_tokens: c.computed_tokens,
-            model_calls: c.model_calls,
-            batch_size_hist: c.batch_size_hist.clone(),
-            queue_wait_hist: c.queue_wait_hist.clone(),
-            windows_open_peak: gauge.open_peak as u64,
-            window_samples_peak: gauge.samples_peak,
-            ..NodeSummary::default()
-        };
-        WorkerResult {
-            node: node_summary,
-            allocator: allocator_stats.borrow().clone(),
-            router: df.router.borrow().stats().clone(),
-            latency: outputs.latency,
-            by_mode: outputs.by_mode,
-            errors: outputs.errors,
-            windows,
-            model_version: node.model_version().to_string(),
-        }
-    })
-    .map_err(ReplayError::Timely)?;
+            let mut outputs = std::mem::take(&mut *df.outputs.borrow_mut());
+            // The sink flushes its last batch when its input closes; this only
+            // guards against a batch left behind.
+            if !outputs.pending_responses.is_empty() {
+                worker_writer
+                    .lock()
+                    .expect("lock")
+                    .write(&mut outputs.pending_responses);
+            }
+            let node = df.node.borrow();
+            let windows = std::mem::take(&mut outputs.windows);
+            let gauge = *df.window_gauge.borrow();
+            let c = node.counters();
+            let busy = df.busy.borrow().shares(crate::events::now_ns());
+            let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+            let node_summary = NodeSummary {
+                node: node.id(),
+                responses_out: c.responses,
+                alpha: node.alpha(),
+                emb_hit_rate: ratio(c.emb_hits, c.emb_lookups),
+                kv_hit_rate: ratio(c.kv_reused_tokens, c.kv_total_tokens),
+                emb_hits: c.emb_hits,
+                emb_lookups: c.emb_lookups,
+                kv_reused_tokens: c.kv_reused_tokens,
+                kv_total_tokens: c.kv_total_tokens,
+                link_bytes: c.link_bytes,
+                oov_items: c.oov_items,
+                busy_share: busy.whole,
+                busy_share_peak: busy.peak,
+                truncated_histories: c.truncated_histories,
+                user_head_evictions: c.user_head_evictions,
+                user_heads_peak: node.user_heads_peak() as u64,
+                model_gflop: c.model_flops / 1e9,
+                computed_tokens: c.computed_tokens,
+                model_calls: c.model_calls,
+                batch_size_hist: c.batch_size_hist.clone(),
+                queue_wait_hist: c.queue_wait_hist.clone(),
+                windows_open_peak: gauge.open_peak as u64,
+                window_samples_peak: gauge.samples_peak,
+                ..NodeSummary::default()
+            };
+            let mut result = WorkerResult {
+                node: node_summary,
+                allocator: allocator_stats.borrow().clone(),
+                router: df.router.borrow().stats().clone(),
+                latency: outputs.latency,
+                by_mode: outputs.by_mode,
+                errors: outputs.errors,
+                windows,
+                model_version: node.model_version().to_string(),
+                counters: None,
+            };
+            drop(node);
+            if !topo.is_cluster() {
+                return vec![result];
+            }
+            // Every local worker is done with the job, so the process's
+            // counters are final.
+            local_done.wait();
+            if topo.local(index) == Some(0) {
+                result.counters = Some(CounterSnapshot::of(&worker_counters));
+            }
+            gather_to_worker_0(worker, &result)
+        })
+        .map_err(ReplayError::Timely)?;
 
     let mut results = Vec::with_capacity(workers);
     for (i, r) in guards.join().into_iter().enumerate() {
-        results.push(r.map_err(|_| ReplayError::WorkerPanicked(i))?);
+        let global = topo.local_workers().start + i;
+        results.extend(r.map_err(|_| ReplayError::WorkerPanicked(global))?);
     }
+    let start = *started.get_or_init(Instant::now);
     done.store(true, Ordering::Relaxed);
     if let Some(handle) = progress {
         let _ = handle.join();
@@ -426,16 +494,59 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         .into_inner()
         .expect("lock");
     let mut responses = writer.finish()?;
+    if !topo.is_leader() {
+        return Ok(ReplayOutput {
+            follower: true,
+            ..ReplayOutput::default()
+        });
+    }
     responses.sort_by_key(|r| r.req_id);
-    let mut out = assemble(results, &cfg, &counters, wall_s, trace_name);
+    let totals = if topo.is_cluster() {
+        let mut sum = CounterSnapshot::default();
+        for r in &results {
+            if let Some(c) = &r.counters {
+                sum.add(c);
+            }
+        }
+        sum
+    } else {
+        CounterSnapshot::of(&counters)
+    };
+    let mut out = assemble(results, &cfg, totals, workers, wall_s, trace_name);
     out.responses = responses;
     Ok(out)
+}
+
+/// Cluster mode: every worker's result travels to worker 0 (as JSON), which
+/// returns them all; the others return nothing.
+fn gather_to_worker_0(
+    worker: &mut timely::worker::Worker,
+    result: &WorkerResult,
+) -> Vec<WorkerResult> {
+    use timely::dataflow::operators::vec::ToStream;
+    use timely::dataflow::operators::{Exchange, Inspect};
+    let json = serde_json::to_string(result).expect("a worker result serialises");
+    let received: Rc<RefCell<Vec<String>>> = Rc::default();
+    let sink = received.clone();
+    worker.dataflow::<u64, _, _>(|scope| {
+        vec![json]
+            .to_stream(scope)
+            .exchange(|_| 0)
+            .inspect(move |s: &String| sink.borrow_mut().push(s.clone()));
+    });
+    while worker.step_or_park(None) {}
+    let received = std::mem::take(&mut *received.borrow_mut());
+    received
+        .iter()
+        .map(|s| serde_json::from_str(s).expect("a worker result from a peer"))
+        .collect()
 }
 
 fn assemble(
     results: Vec<WorkerResult>,
     cfg: &Config,
-    counters: &JobCounters,
+    counters: CounterSnapshot,
+    workers: usize,
     wall_s: f64,
     trace: String,
 ) -> ReplayOutput {
@@ -477,14 +588,14 @@ fn assemble(
     let sum = |f: fn(&NodeSummary) -> u64| nodes.iter().map(f).sum::<u64>();
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     let event_time_s = event_span_s(&out.windows);
-    let responses_out = counters.responses_out.load(Ordering::Relaxed);
+    let responses_out = counters.responses_out;
     out.summary = Summary {
         trace,
-        workers: cfg.run.workers,
-        requests_in: counters.source.requests_in.load(Ordering::Relaxed),
+        workers,
+        requests_in: counters.requests_in,
         responses_out,
         errors: out.errors.len() as u64,
-        late_records: counters.source.late.load(Ordering::Relaxed),
+        late_records: counters.late,
         wall_s,
         event_time_s,
         throughput_rps: responses_out as f64 / wall_s.max(1e-9),

@@ -42,7 +42,7 @@ impl LatencySummary {
 
 /// The latencies of a run in bounded memory: a histogram for percentiles
 /// and an exact count of those within the SLO.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LatencyTally {
     histogram: LatencyHistogram,
     within_slo: u64,
@@ -189,7 +189,7 @@ pub struct Summary {
 
 /// Latencies of rank and of retrieve responses, each recorded against its
 /// own kind's SLO (replay's sink and serve's output queue both keep one).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ModeTallies {
     rank: LatencyTally,
     retrieve: LatencyTally,

@@ -26,6 +26,36 @@ impl InputError {
     }
 }
 
+/// `--hostfile FILE --process I`: timely's cluster mode from grflow's own
+/// flags (they override the `[cluster]` section).
+#[derive(clap::Args, Debug, Default)]
+pub struct ClusterArgs {
+    /// One host:port per line, one line per process (process 0 first);
+    /// every process of the job gets the same file. Overrides cluster.hostfile.
+    #[arg(long)]
+    pub hostfile: Option<std::path::PathBuf>,
+    /// This process's line in the hostfile (0-based); overrides cluster.process.
+    #[arg(long)]
+    pub process: Option<usize>,
+}
+
+impl ClusterArgs {
+    pub fn apply(&self, config: &mut grflow_pipeline::Config) -> anyhow::Result<()> {
+        if let Some(h) = &self.hostfile {
+            config.cluster.hostfile = Some(h.clone());
+        }
+        if let Some(p) = self.process {
+            config.cluster.process = p;
+        }
+        // Check now, so that a bad hostfile is an input error (exit 2).
+        config
+            .cluster
+            .resolve(config.run.workers)
+            .map_err(InputError::from_display)?;
+        Ok(())
+    }
+}
+
 /// Starts the metrics/health endpoints: at `given` (which must bind), else
 /// at `default` if any (skipped with a warning when taken, so that two jobs
 /// on one machine both run). The server stops when the result is dropped.

@@ -60,6 +60,8 @@ pub struct Args {
     /// trace's catalog); overrides model.weights.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster: super::ClusterArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -95,6 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .parse::<ReleaseSetting>()
             .map_err(|e| InputError::from_display(format!("--release: {e}")))?;
     }
+    args.cluster.apply(&mut config)?;
     let trace = match &args.trace {
         Some(dir) => TraceInput::Parquet(dir.clone()),
         None => {
@@ -118,6 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => ResponseOutput::Drop,
     };
+    let process = config.cluster.process;
     let output = grflow_pipeline::replay(ReplayOptions {
         trace,
         config,
@@ -130,6 +134,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),
         other => anyhow::Error::new(other),
     })?;
+    if output.follower {
+        // Process 0 writes the job's summary and files.
+        eprintln!("process {process}: done; process 0 writes the job's outputs");
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "process": process, "outputs": "process 0" })
+            );
+        }
+        return Ok(());
+    }
     if let Some(dir) = &args.out {
         write_outputs(dir, &output)
             .with_context(|| format!("writing outputs to {}", dir.display()))?;

@@ -39,6 +39,8 @@ pub struct Args {
     /// that port is taken; an address given here must bind.
     #[arg(long)]
     pub metrics_addr: Option<String>,
+    #[command(flatten)]
+    pub cluster: super::ClusterArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -63,6 +65,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         config.run.workers = w;
     }
+    args.cluster.apply(&mut config)?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [SIGINT, SIGTERM] {
         // The second signal exits at once; the first asks for a drain.

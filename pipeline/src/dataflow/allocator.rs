@@ -23,7 +23,7 @@ use crate::events::{ClosedWindow, NodeControl, Target};
 const DECISION_SAMPLES: usize = 65_536;
 
 /// What one worker's allocators did.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct AllocatorStats {
     pub windows: u64,
     pub moves: u64,

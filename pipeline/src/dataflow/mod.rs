@@ -26,7 +26,7 @@ use timely::dataflow::ProbeHandle;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::vec::{Broadcast, Map};
-use timely::dataflow::operators::{Concat, ConnectLoop, Feedback, Probe};
+use timely::dataflow::operators::{Concat, ConnectLoop, Exchange, Feedback, Probe};
 use timely::dataflow::{Scope, StreamVec};
 use timely::worker::Worker;
 
@@ -100,6 +100,9 @@ pub struct DataflowParts {
     pub counters: Arc<JobCounters>,
     /// Where responses go; they are counted and tallied before.
     pub responses: ResponseBatchSink,
+    /// Cluster mode: responses travel to worker 0 and only its sink writes
+    /// them (one responses.parquet for the job, on process 0).
+    pub gather_responses: bool,
 }
 
 /// The serving part every job shares: router, node, report feedback and
@@ -246,7 +249,8 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
     let probe = ProbeHandle::new();
     let counters = parts.counters;
     let slo_ms = parts.serving.slo_ms;
-    let mut response_sink = parts.responses;
+    // Shared by the local sink and, in cluster mode, the gathering one.
+    let response_sink = Rc::new(RefCell::new(parts.responses));
 
     let handles = worker.dataflow::<u64, _, _>(|scope| {
         let ahead = parts.max_ahead_ms.map(|max_ms| source::Ahead {
@@ -281,6 +285,25 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                 });
             });
 
+        let gather = parts.gather_responses;
+        if gather {
+            let mut pending = Vec::new();
+            let response_sink = response_sink.clone();
+            events
+                .clone()
+                .flat_map(|e| match e {
+                    NodeEvent::Response(r) => Some(r.0),
+                    _ => None,
+                })
+                .exchange(|_| 0)
+                .sink(Pipeline, "GatherResponses", move |(input, frontier)| {
+                    input.for_each(|_, data| pending.append(data));
+                    let done = frontier.frontier().is_empty();
+                    if pending.len() >= RESPONSE_BATCH || (done && !pending.is_empty()) {
+                        (response_sink.borrow_mut())(&mut pending);
+                    }
+                });
+        }
         let sink_outputs = outputs.clone();
         let sink_counters = counters.clone();
         events
@@ -298,7 +321,9 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                                     .or_default()
                                     .record(row.latency_ms, slo_ms.for_mode(origin.mode));
                                 out.by_mode.record(origin.mode, row.latency_ms, &slo_ms);
-                                out.pending_responses.push(row);
+                                if !gather {
+                                    out.pending_responses.push(row);
+                                }
                             }
                             NodeEvent::Error(e) => {
                                 sink_counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -310,10 +335,11 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                 });
                 // A full batch, or the last one once no more can come.
                 let done = frontier.frontier().is_empty();
-                if out.pending_responses.len() >= RESPONSE_BATCH
-                    || (done && !out.pending_responses.is_empty())
+                if !gather
+                    && (out.pending_responses.len() >= RESPONSE_BATCH
+                        || (done && !out.pending_responses.is_empty()))
                 {
-                    response_sink(&mut out.pending_responses);
+                    (response_sink.borrow_mut())(&mut out.pending_responses);
                 }
             });
         let bad_outputs = outputs.clone();

@@ -5,7 +5,7 @@ const GROWTH: f64 = 1.01;
 const MIN_MS: f64 = 0.001;
 const BUCKETS: usize = 2_400; // 1 µs · 1.01^2400 ≈ 6.7 hours
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct LatencyHistogram {
     counts: Vec<u64>,
     total: u64,

@@ -1,0 +1,375 @@
+//! Timely's own cluster mode: N processes × W worker threads behave as N·W
+//! serving nodes. Every per-node index (node id, source shard, Kafka
+//! partition ownership, offset book) is the global worker index
+//! `process × W + local`; process 0 gathers the job's outputs.
+//!
+//! Timely's membership is fixed when the processes connect: it retries a
+//! missing peer forever (grflow gives up after `cluster.connect_timeout_s`)
+//! and a connection lost later panics every process. Recovery is a restart
+//! of the whole job (see README, "Cluster mode").
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use timely::communication::WorkerGuards;
+use timely::worker::Worker;
+
+/// `[cluster]`: which processes make up the job and which one this is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// `host:port` of every process in process order (process 0 first);
+    /// empty = a single process. `hostfile` replaces it when set.
+    pub hosts: Vec<String>,
+    /// A file with one `host:port` per line (blank lines and `#` comments
+    /// ignored), timely's hostfile format; `--hostfile` sets it.
+    pub hostfile: Option<PathBuf>,
+    /// This process's index into the hosts; `--process` sets it.
+    pub process: usize,
+    /// Give up when the other processes are not all connected after this
+    /// many seconds (timely itself retries forever); 0 = wait forever.
+    pub connect_timeout_s: u64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        Self {
+            hosts: Vec::new(),
+            hostfile: None,
+            process: 0,
+            connect_timeout_s: 300,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ClusterError {
+    #[error("cluster.hostfile {path}: {reason}")]
+    Hostfile { path: String, reason: String },
+    #[error("cluster.hosts[{index}] = {host:?}: expected host:port")]
+    BadHost { index: usize, host: String },
+    #[error("cluster.hosts[{index}] = {host:?} appears twice")]
+    Duplicate { index: usize, host: String },
+    #[error("cluster.process = {process}, but there are only {hosts} hosts (0..{hosts})")]
+    ProcessOutOfRange { process: usize, hosts: usize },
+    #[error("run.workers must be >= 1")]
+    NoWorkers,
+}
+
+/// Where this process sits among the job's workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Topology {
+    pub processes: usize,
+    pub process: usize,
+    /// Worker threads per process (timely needs the same count everywhere).
+    pub threads: usize,
+}
+
+impl Topology {
+    pub fn single(threads: usize) -> Self {
+        Self {
+            processes: 1,
+            process: 0,
+            threads,
+        }
+    }
+
+    /// Workers (= serving nodes) of the whole job.
+    pub fn total(&self) -> usize {
+        self.processes * self.threads
+    }
+
+    /// Global indices of this process's workers.
+    pub fn local_workers(&self) -> Range<usize> {
+        let first = self.process * self.threads;
+        first..first + self.threads
+    }
+
+    /// This process's slot for a global worker index, if it runs it.
+    pub fn local(&self, global: usize) -> Option<usize> {
+        self.local_workers()
+            .contains(&global)
+            .then(|| global - self.process * self.threads)
+    }
+
+    /// Process 0 writes the job's combined outputs.
+    pub fn is_leader(&self) -> bool {
+        self.process == 0
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.processes > 1
+    }
+}
+
+/// A resolved cluster: the topology and every process's address.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cluster {
+    pub topology: Topology,
+    pub addresses: Vec<String>,
+    pub connect_timeout: Option<Duration>,
+}
+
+impl ClusterSection {
+    /// Reads the hostfile (if any) and checks the section against
+    /// `threads` workers per process.
+    pub fn resolve(&self, threads: usize) -> Result<Cluster, ClusterError> {
+        if threads == 0 {
+            return Err(ClusterError::NoWorkers);
+        }
+        let hosts = match &self.hostfile {
+            Some(path) => read_hostfile(path)?,
+            None => self.hosts.clone(),
+        };
+        for (index, host) in hosts.iter().enumerate() {
+            let ok = host
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if !ok {
+                return Err(ClusterError::BadHost {
+                    index,
+                    host: host.clone(),
+                });
+            }
+            if hosts[..index].contains(host) {
+                return Err(ClusterError::Duplicate {
+                    index,
+                    host: host.clone(),
+                });
+            }
+        }
+        let processes = hosts.len().max(1);
+        if self.process >= processes {
+            return Err(ClusterError::ProcessOutOfRange {
+                process: self.process,
+                hosts: hosts.len(),
+            });
+        }
+        Ok(Cluster {
+            topology: Topology {
+                processes,
+                process: self.process,
+                threads,
+            },
+            addresses: hosts,
+            connect_timeout: (self.connect_timeout_s > 0)
+                .then(|| Duration::from_secs(self.connect_timeout_s)),
+        })
+    }
+}
+
+/// One `host:port` per line; blank lines and `#` comments are skipped.
+pub fn read_hostfile(path: &Path) -> Result<Vec<String>, ClusterError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ClusterError::Hostfile {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let hosts = parse_hostfile(&text);
+    if hosts.is_empty() {
+        return Err(ClusterError::Hostfile {
+            path: path.display().to_string(),
+            reason: "no host:port line".into(),
+        });
+    }
+    Ok(hosts)
+}
+
+fn parse_hostfile(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl Cluster {
+    pub fn single(threads: usize) -> Self {
+        Self {
+            topology: Topology::single(threads),
+            addresses: Vec::new(),
+            connect_timeout: None,
+        }
+    }
+
+    fn timely_config(&self) -> timely::Config {
+        let t = self.topology;
+        if !t.is_cluster() {
+            return timely::Config::process(t.threads);
+        }
+        timely::Config {
+            communication: timely::CommunicationConfig::Cluster {
+                threads: t.threads,
+                process: t.process,
+                addresses: self.addresses.clone(),
+                report: false,
+                zerocopy: false,
+            },
+            worker: timely::WorkerConfig::default(),
+        }
+    }
+
+    /// `timely::execute` on this topology. In cluster mode it first
+    /// connects to every other process: timely prints its connection
+    /// messages on stdout, which would corrupt a JSON summary there, so
+    /// stdout points at stderr until the connections are made; a watchdog
+    /// ends the process if they are not made within the connect timeout.
+    pub fn execute<T, F>(&self, func: F) -> Result<WorkerGuards<T>, String>
+    where
+        T: Send + 'static,
+        F: Fn(&mut Worker) -> T + Send + Sync + 'static,
+    {
+        let config = self.timely_config();
+        if !self.topology.is_cluster() {
+            return timely::execute(config, func);
+        }
+        tracing::info!(
+            process = self.topology.process,
+            processes = self.topology.processes,
+            threads = self.topology.threads,
+            addresses = ?self.addresses,
+            "connecting to the other processes"
+        );
+        let connected = Arc::new(AtomicBool::new(false));
+        if let Some(timeout) = self.connect_timeout {
+            let connected = connected.clone();
+            let addresses = self.addresses.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(timeout);
+                if !connected.load(Ordering::SeqCst) {
+                    eprintln!(
+                        "error: cluster: not every process connected within {} s \
+                         (cluster.connect_timeout_s); hosts {addresses:?}",
+                        timeout.as_secs()
+                    );
+                    std::process::exit(3);
+                }
+            });
+        }
+        let redirect = StdoutToStderr::begin();
+        let guards = timely::execute(config, func);
+        drop(redirect);
+        connected.store(true, Ordering::SeqCst);
+        if guards.is_ok() {
+            tracing::info!(process = self.topology.process, "cluster connected");
+        }
+        guards
+    }
+}
+
+/// Points file descriptor 1 at file descriptor 2 until dropped.
+struct StdoutToStderr {
+    saved: Option<i32>,
+}
+
+impl StdoutToStderr {
+    fn begin() -> Self {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        // SAFETY: dup/dup2 on the process's own standard descriptors; a
+        // failure leaves stdout as it was.
+        let saved = unsafe {
+            let saved = libc::dup(1);
+            if saved >= 0 && libc::dup2(2, 1) < 0 {
+                libc::close(saved);
+                -1
+            } else {
+                saved
+            }
+        };
+        Self {
+            saved: (saved >= 0).then_some(saved),
+        }
+    }
+}
+
+impl Drop for StdoutToStderr {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        if let Some(saved) = self.saved {
+            // SAFETY: `saved` is the descriptor dup'ed in `begin`.
+            unsafe {
+                libc::dup2(saved, 1);
+                libc::close(saved);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hostfile_skips_blank_lines_and_comments() {
+        let hosts = parse_hostfile("# the job\n10.0.0.1:2101\n\n  10.0.0.2:2101  # second\n");
+        assert_eq!(hosts, vec!["10.0.0.1:2101", "10.0.0.2:2101"]);
+    }
+
+    #[test]
+    fn global_indices_are_process_major() {
+        let t = Topology {
+            processes: 3,
+            process: 1,
+            threads: 2,
+        };
+        assert_eq!(t.total(), 6);
+        assert_eq!(t.local_workers(), 2..4);
+        assert_eq!(t.local(3), Some(1));
+        assert_eq!(t.local(4), None);
+        assert!(!t.is_leader());
+    }
+
+    #[test]
+    fn no_hosts_is_one_process() {
+        let c = ClusterSection::default().resolve(4).unwrap();
+        assert_eq!(c.topology, Topology::single(4));
+        assert!(!c.topology.is_cluster());
+    }
+
+    #[test]
+    fn bad_sections_name_the_field() {
+        let section = |hosts: &[&str], process| ClusterSection {
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            process,
+            ..ClusterSection::default()
+        };
+        assert_eq!(
+            section(&["a:1", "b"], 0).resolve(1),
+            Err(ClusterError::BadHost {
+                index: 1,
+                host: "b".into()
+            })
+        );
+        assert_eq!(
+            section(&["a:1", "a:1"], 0).resolve(1),
+            Err(ClusterError::Duplicate {
+                index: 1,
+                host: "a:1".into()
+            })
+        );
+        assert_eq!(
+            section(&["a:1", "b:2"], 2).resolve(1),
+            Err(ClusterError::ProcessOutOfRange {
+                process: 2,
+                hosts: 2
+            })
+        );
+        assert_eq!(
+            section(&["a:1"], 0).resolve(0),
+            Err(ClusterError::NoWorkers)
+        );
+        let missing = ClusterSection {
+            hostfile: Some("/nonexistent/hosts".into()),
+            ..ClusterSection::default()
+        };
+        assert!(matches!(
+            missing.resolve(1),
+            Err(ClusterError::Hostfile { .. })
+        ));
+    }
+}

@@ -1,0 +1,167 @@
+//! Timely's cluster mode through the real binary: two `grflow replay`
+//! processes on loopback ports act as one job of two nodes.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use serde_json::Value;
+
+#[path = "common/cli.rs"]
+mod cli;
+#[path = "common/temp.rs"]
+mod temp;
+use cli::{grflow, ok};
+use temp::tmp_dir;
+
+/// Free loopback ports for a hostfile (picked now; a race with another
+/// program taking one before timely binds it is possible but rare).
+fn hostfile(dir: &Path, processes: usize) -> PathBuf {
+    let listeners: Vec<_> = (0..processes)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let text: String = listeners
+        .iter()
+        .map(|l| format!("127.0.0.1:{}\n", l.local_addr().unwrap().port()))
+        .collect();
+    let path = dir.join("hosts");
+    std::fs::write(&path, format!("# test cluster\n{text}")).unwrap();
+    path
+}
+
+/// (req_id, node, items) of every response, sorted by req_id.
+fn answers(path: &Path) -> Vec<(u64, u32, Vec<u32>)> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{UInt32Type, UInt64Type};
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let req = batch.column_by_name("req_id").unwrap();
+        let req = req.as_primitive::<UInt64Type>();
+        let node = batch.column_by_name("node").unwrap();
+        let node = node.as_primitive::<UInt32Type>();
+        let items = batch.column_by_name("items").unwrap().as_list::<i32>();
+        for i in 0..batch.num_rows() {
+            let list = items.value(i);
+            let list = list.as_primitive::<UInt32Type>();
+            out.push((req.value(i), node.value(i), list.values().to_vec()));
+        }
+    }
+    out.sort_by_key(|a| a.0);
+    out
+}
+
+fn summary(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn two_processes_of_one_worker_answer_like_one_process_of_two() {
+    let dir = tmp_dir("cluster-replay");
+    let trace = dir.join("trace");
+    ok(grflow()
+        .args(["gen-trace", "--regime", "burst", "--users", "150"])
+        .args(["--items", "2000", "--requests", "600", "--rps", "1000"])
+        .args(["--seed", "11", "--retrieve-share", "0.2", "--out"])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    let replay = |extra: &[&str], out: &Path| {
+        let mut cmd = grflow();
+        cmd.args(["replay", "--speed", "max", "--clock", "event"])
+            .args(["--release", "complete", "--quiet", "--json", "--trace"])
+            .arg(&trace)
+            .arg("--out")
+            .arg(out)
+            .args(extra);
+        cmd
+    };
+
+    let one = dir.join("one-process");
+    ok(replay(&["--workers", "2"], &one).output().unwrap());
+
+    let hosts = hostfile(&dir, 2);
+    let hosts = hosts.to_str().unwrap();
+    let two = dir.join("two-processes");
+    let follower_out = dir.join("follower-out");
+    let follower = replay(
+        &["--workers", "1", "--hostfile", hosts, "--process", "1"],
+        &follower_out,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let leader = ok(replay(
+        &["--workers", "1", "--hostfile", hosts, "--process", "0"],
+        &two,
+    )
+    .output()
+    .unwrap());
+    let follower = ok(follower.wait_with_output().unwrap());
+
+    // Process 0's stdout is the summary alone: timely's connection
+    // messages went to stderr.
+    let printed: Value = serde_json::from_slice(&leader.stdout).expect("JSON summary on stdout");
+    assert_eq!(printed["workers"], 2, "{printed}");
+    let said: Value = serde_json::from_slice(&follower.stdout).expect("JSON on stdout");
+    assert_eq!(said["process"], 1);
+    assert!(
+        !follower_out.join("responses.parquet").exists(),
+        "only process 0 writes the job's outputs"
+    );
+
+    let (a, b) = (summary(&one), summary(&two));
+    for key in ["requests_in", "responses_out", "errors", "router"] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
+    // Node counters, not the wall-clock ones (busy share, queue waits).
+    for n in 0..2 {
+        for key in [
+            "node",
+            "responses_out",
+            "emb_hits",
+            "kv_reused_tokens",
+            "model_calls",
+        ] {
+            assert_eq!(a["nodes"][n][key], b["nodes"][n][key], "nodes[{n}].{key}");
+        }
+    }
+    let (a, b) = (
+        answers(&one.join("responses.parquet")),
+        answers(&two.join("responses.parquet")),
+    );
+    assert_eq!(a.len(), 600);
+    assert!(a.iter().any(|r| r.1 == 1) && a.iter().any(|r| r.1 == 0));
+    assert_eq!(a, b, "(req_id, node, items) equal for 1×2 and 2×1");
+}
+
+#[test]
+fn a_bad_hostfile_is_an_input_error() {
+    let dir = tmp_dir("cluster-bad");
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, "127.0.0.1:1\nnot-an-address\n").unwrap();
+    let out = grflow()
+        .args(["replay", "--workers", "1", "--hostfile"])
+        .arg(&hosts)
+        .args(["--process", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cluster.hosts[1]"), "{err}");
+    std::fs::write(&hosts, "127.0.0.1:1\n127.0.0.1:2\n").unwrap();
+    let out = grflow()
+        .args(["replay", "--workers", "1", "--hostfile"])
+        .arg(&hosts)
+        .args(["--process", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cluster.process = 5"), "{err}");
+}
