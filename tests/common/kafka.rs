@@ -217,12 +217,18 @@ pub struct Serve {
 
 impl Serve {
     pub fn start(brokers: &str, config: &Path, tag: &str) -> Self {
+        Self::start_with(brokers, config, tag, &[])
+    }
+
+    /// `start` with more command-line arguments (e.g. `--hostfile`).
+    pub fn start_with(brokers: &str, config: &Path, tag: &str, extra: &[&str]) -> Self {
         let dir = config.parent().unwrap();
         let stdout = dir.join(format!("{tag}.stdout"));
         let stderr = dir.join(format!("{tag}.stderr"));
         let child = Command::new(env!("CARGO_BIN_EXE_grflow"))
             .args(["serve", "--config"])
             .arg(config)
+            .args(extra)
             .env("GRFLOW_KAFKA_BROKERS", brokers)
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())
@@ -247,10 +253,15 @@ impl Serve {
     }
 
     /// SIGTERM, then the summary it printed; panics unless it exits 0 in time.
-    pub fn stop(mut self) -> serde_json::Value {
+    pub fn stop(self) -> serde_json::Value {
         let pid = self.child.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(status.success(), "kill -TERM {pid}");
+        self.summary()
+    }
+
+    /// Waits (at most 60 s) for the job to exit 0; the summary it printed.
+    pub fn summary(mut self) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -263,13 +274,27 @@ impl Serve {
             }
             assert!(
                 Instant::now() < deadline,
-                "grflow serve did not stop within 60 s of SIGTERM; stderr:\n{}",
+                "grflow serve did not stop within 60 s; stderr:\n{}",
                 self.stderr_text()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
         let out = std::fs::read_to_string(&self.stdout).unwrap();
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("summary JSON: {e}\n{out}"))
+    }
+}
+
+impl Serve {
+    /// Waits (at most `wait`) for the process to end on its own; its status.
+    pub fn exited_within(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
     }
 }
 

@@ -10,9 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::Exchange;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::generic::operator::source;
+use timely::dataflow::operators::vec::Map;
 use timely::dataflow::{Scope, StreamVec};
+
+use grflow_connectors::SourcePosition;
+use grflow_connectors::kafka::partition_owner;
 
 use crate::events::{Admitted, NodeEvent};
 use crate::serve::ingest::KafkaIngest;
@@ -60,6 +65,38 @@ pub fn kafka_source<'s>(
             } else {
                 activator.activate();
             }
+        }
+    })
+}
+
+/// The answers among a node's events (responses and errors), each moved to
+/// the worker that read its request: that worker's offset book waits for
+/// the answer's acknowledgement, and in cluster mode it may live in another
+/// process (the producer's acks arrive in the process that produced).
+/// `workers = 1`: no move.
+pub fn answers_to_readers<'s>(
+    events: StreamVec<'s, u64, NodeEvent>,
+    request_topic: String,
+    workers: usize,
+) -> StreamVec<'s, u64, NodeEvent> {
+    let answers = events.flat_map(|e| match e {
+        NodeEvent::Response(_) | NodeEvent::Error(_) => Some(e),
+        NodeEvent::Telemetry(_) | NodeEvent::Report(_) => None,
+    });
+    if workers <= 1 {
+        return answers;
+    }
+    answers.exchange(move |e| {
+        let position = match e {
+            NodeEvent::Response(r) => &r.1.position,
+            NodeEvent::Error(e) => &e.2.position,
+            NodeEvent::Telemetry(_) | NodeEvent::Report(_) => return 0,
+        };
+        match position {
+            SourcePosition::Kafka { partition, .. } => {
+                partition_owner(&request_topic, *partition, workers) as u64
+            }
+            SourcePosition::Parquet { .. } => 0,
         }
     })
 }

@@ -119,15 +119,22 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         ));
     }
     let k = cfg.kafka.clone();
-    let workers = cfg.run.workers;
+    let cluster = cfg
+        .cluster
+        .resolve(cfg.run.workers)
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    let topo = cluster.topology;
+    // Nodes of the whole job (N processes × W workers); partitions, offset
+    // books and node ids use the global worker index.
+    let workers = topo.total();
     let settings = opts.settings();
     let started = Instant::now();
 
     let side = Arc::new(side_tables(&cfg)?);
     let params = node_params(&cfg, &side.meta, &side.catalog())
         .map_err(|e| ServeError::Config(e.to_string()))?;
-    let mut nodes = Vec::with_capacity(workers);
-    for n in 0..workers {
+    let mut nodes = Vec::with_capacity(topo.threads);
+    for n in topo.local_workers() {
         nodes.push(Some(
             ServingNode::new(n as u32, params.clone())
                 .map_err(|e| ServeError::Config(e.to_string()))?,
@@ -189,8 +196,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     } else {
         Refetch::FromCommitted
     };
-    let mut ingests = Vec::with_capacity(workers);
-    for w in 0..workers {
+    let mut ingests = Vec::with_capacity(topo.threads);
+    for w in topo.local_workers() {
         let owned = owned_partitions(&k.request_topic, partitions, w, workers);
         let (consumer, resumed) = RequestConsumer::open(
             &settings,
@@ -255,13 +262,24 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         "command": "serve",
         "model_version": model_version,
         "workers": workers,
+        "process": topo.process,
+        "processes": topo.processes,
         "config": &cfg,
     }));
     // Model, catalog and consumers are set up; the dataflow starts now.
     ops.set_ready();
-    let guards = timely::execute(timely::Config::process(workers), move |worker| {
+    // What the workers obey: set by this process's signal or by a stop
+    // another process broadcast (every process drains together; one that
+    // left alone would break timely's connections and panic the others).
+    let job_stop = Arc::new(AtomicBool::new(false));
+    let signalled = stop;
+    let guards = cluster.execute(move |worker| {
         let index = worker.index();
-        let (consumer, ingest_settings, answered) = ingests.lock().expect("lock")[index]
+        let local = topo.local(index).expect("a local worker");
+        let stop = job_stop.clone();
+        let mut stop_input = stop_broadcast(worker, stop.clone());
+        let mut stop_sent = false;
+        let (consumer, ingest_settings, answered) = ingests.lock().expect("lock")[local]
             .take()
             .expect("one consumer per worker");
         let outputs = Rc::new(RefCell::new(OutputQueue::new(
@@ -289,7 +307,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             HotUsers::new(worker_cfg.hotness.clone()),
         )
         .expect("validated above");
-        let node = nodes.lock().expect("lock")[index]
+        let node = nodes.lock().expect("lock")[local]
             .take()
             .expect("one node per worker");
         let probe = ProbeHandle::new();
@@ -322,7 +340,15 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     ),
                 },
             );
-            dataflow::kafka::kafka_sink(streams.events.probe_with(&probe), outputs.clone());
+            // Answers go back to the worker that read the request (in
+            // cluster mode possibly another process): its offset book.
+            let answers = dataflow::kafka::answers_to_readers(
+                streams.events,
+                worker_cfg.kafka.request_topic.clone(),
+                // One process shares its offset books: no move needed.
+                if topo.is_cluster() { topo.total() } else { 1 },
+            );
+            dataflow::kafka::kafka_sink(answers.probe_with(&probe), outputs.clone());
             let window_log = window_log.clone();
             let mut failed = false;
             streams
@@ -345,11 +371,16 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         let mut said_stopping = false;
         let mut drain = DrainClock::new(Duration::from_millis(worker_cfg.kafka.drain_timeout_ms));
         while !probe.done() {
+            if !stop_sent && signalled.load(Ordering::Relaxed) {
+                stop_sent = true;
+                stop_input.send(());
+                stop_input.flush();
+            }
             if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
                 break;
             }
             worker.step_or_park(Some(Duration::from_millis(1)));
-            if index == 0 && !said_stopping && stop.load(Ordering::Relaxed) {
+            if local == 0 && !said_stopping && stop.load(Ordering::Relaxed) {
                 said_stopping = true;
                 crate::ops::state().set_draining();
                 tracing::info!(
@@ -361,7 +392,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             if last_metrics.elapsed() >= metrics_every {
                 last_metrics = Instant::now();
                 ingest.borrow().measure_lag();
-                if index == 0 {
+                if local == 0 {
                     log_metrics(&worker_shared);
                 }
             }
@@ -407,14 +438,33 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     })
     .map_err(ServeError::Timely)?;
 
-    let mut results = Vec::with_capacity(workers);
+    let mut results = Vec::with_capacity(topo.threads);
     for (i, r) in guards.join().into_iter().enumerate() {
-        results.push(r.map_err(|_| ServeError::WorkerPanicked(i))?);
+        results.push(r.map_err(|_| ServeError::WorkerPanicked(topo.local_workers().start + i))?);
     }
     if let Some(reason) = shared.fatal() {
         return Err(ServeError::Fatal(reason));
     }
-    Ok(summarise(&cfg, &settings, &shared, results, started))
+    Ok(summarise(&cfg, topo, &settings, &shared, results, started))
+}
+
+/// A dataflow that carries a stop from any worker to every worker: each
+/// sends `()` on the returned input when its process is signalled, and
+/// every worker that receives one sets `stop`.
+fn stop_broadcast(
+    worker: &mut timely::worker::Worker,
+    stop: Arc<AtomicBool>,
+) -> timely::dataflow::InputHandle<u64, timely::container::CapacityContainerBuilder<Vec<()>>> {
+    use timely::dataflow::operators::Inspect;
+    use timely::dataflow::operators::vec::Broadcast;
+    let mut input = timely::dataflow::InputHandle::new();
+    worker.dataflow::<u64, _, _>(|scope| {
+        input
+            .to_stream(scope)
+            .broadcast()
+            .inspect(move |_| stop.store(true, Ordering::Relaxed));
+    });
+    input
 }
 
 fn log_metrics(shared: &SharedState) {
@@ -460,6 +510,7 @@ fn log_metrics(shared: &SharedState) {
 
 fn summarise(
     cfg: &Config,
+    topo: crate::cluster::Topology,
     settings: &KafkaSettings,
     shared: &SharedState,
     results: Vec<WorkerResult>,
@@ -473,7 +524,9 @@ fn summarise(
         request_topic: cfg.kafka.request_topic.clone(),
         response_topic: cfg.kafka.response_topic.clone(),
         dead_letter_topic: cfg.kafka.dead_letter_topic.clone(),
-        workers: cfg.run.workers,
+        workers: topo.total(),
+        process: topo.process,
+        processes: topo.processes,
         release: cfg.run.serve_release().as_str().to_string(),
         wall_s: started.elapsed().as_secs_f64(),
         consumed: load(&c.consumed),

@@ -234,7 +234,12 @@ pub struct ServeSummary {
     pub request_topic: String,
     pub response_topic: String,
     pub dead_letter_topic: String,
+    /// Workers (= serving nodes) of the whole job, over every process.
     pub workers: usize,
+    /// Cluster mode: this process's index and the number of processes.
+    /// Counts below are this process's: its workers read and answered them.
+    pub process: usize,
+    pub processes: usize,
     /// When router and nodes handled requests: "arrival" unless
     /// `run.release = "complete"`.
     pub release: String,
