@@ -52,6 +52,8 @@ enum BenchCommand {
     Serve(cli::bench_serve::Args),
     /// Allocator policies per regime on the virtual clock (and a static-alpha sweep).
     Allocator(cli::bench_allocator::Args),
+    /// Throughput of 2 processes × 1 worker (cluster mode) vs 1 × 1 and 1 × 2.
+    Cluster(cli::bench_cluster::Args),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Memory(a)) => cli::bench_memory::run(a),
         Command::Bench(BenchCommand::Serve(a)) => cli::bench_serve::run(a),
         Command::Bench(BenchCommand::Allocator(a)) => cli::bench_allocator::run(a),
+        Command::Bench(BenchCommand::Cluster(a)) => cli::bench_cluster::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -30,7 +30,7 @@ fn hostfile(dir: &Path, processes: usize) -> PathBuf {
 
 /// (req_id, node, items) of every response, sorted by req_id.
 fn answers(path: &Path) -> Vec<(u64, u32, Vec<u32>)> {
-    use arrow::array::{Array, AsArray};
+    use arrow::array::AsArray;
     use arrow::datatypes::{UInt32Type, UInt64Type};
     let file = std::fs::File::open(path).unwrap();
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
@@ -164,4 +164,57 @@ fn a_bad_hostfile_is_an_input_error() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cluster.process = 5"), "{err}");
+}
+
+#[test]
+fn bench_cluster_smoke_runs_all_three_layouts() {
+    let dir = tmp_dir("bench-cluster");
+    let out = ok(grflow()
+        .args(["bench", "cluster", "--json", "--preset", "small"])
+        .args(["--requests", "100", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (job, nodes) in [
+        ("one_process_one_worker", 1),
+        ("one_process_two_workers", 2),
+        ("two_processes_one_worker", 2),
+    ] {
+        let served: Vec<u64> = v[job]["responses_per_node"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{job}: {v}"))
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        assert_eq!(served.len(), nodes, "{job}: {v}");
+        assert_eq!(served.iter().sum::<u64>(), 100, "{job}: {v}");
+        assert!(v[job]["throughput_rps"].as_f64().unwrap() > 0.0);
+    }
+    for key in ["ratio_2x1_over_1x1", "ratio_2x1_over_1x2", "gemm_gflops"] {
+        assert!(v[key].as_f64().is_some_and(|r| r > 0.0), "{key}: {v}");
+    }
+    assert!(dir.join("bench.json").is_file());
+}
+
+#[test]
+fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
+    let dir = tmp_dir("cluster-timeout");
+    let hosts = hostfile(&dir, 2);
+    let config = dir.join("c.toml");
+    std::fs::write(&config, "[cluster]\nconnect_timeout_s = 1\n").unwrap();
+    let started = std::time::Instant::now();
+    let out = grflow()
+        .args(["replay", "--quiet", "--workers", "1", "--config"])
+        .arg(&config)
+        .arg("--hostfile")
+        .arg(&hosts)
+        .args(["--process", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(started.elapsed().as_secs() < 30);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cluster.connect_timeout_s"), "{err}");
+    assert!(out.stdout.is_empty(), "timely's messages go to stderr");
 }

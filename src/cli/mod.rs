@@ -2,6 +2,7 @@
 
 pub mod bench_allocator;
 pub mod bench_cache;
+pub mod bench_cluster;
 pub mod bench_kafka;
 pub mod bench_kernels;
 pub mod bench_memory;
