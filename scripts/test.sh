@@ -15,6 +15,20 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 started=$(date +%s)
 
+# librdkafka is built with TLS (rdkafka's `ssl` feature), which links the
+# system OpenSSL: its headers and pkg-config must be there.
+if ! pkg-config --exists openssl 2>/dev/null; then
+    log "installing OpenSSL headers and pkg-config (librdkafka's TLS)"
+    if command -v apt-get >/dev/null 2>&1; then
+        sudo_cmd=""
+        if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+        $sudo_cmd apt-get update -qq && $sudo_cmd apt-get install -y -qq libssl-dev pkg-config
+    else
+        echo "OpenSSL development files (libssl-dev or openssl-devel) and pkg-config are required" >&2
+        exit 1
+    fi
+fi
+
 # The broker the Kafka tests talk to: tansu, a Kafka-compatible broker
 # (in-memory storage), on 127.0.0.1 only. Installed once (10-20 min cold).
 TANSU_VERSION=0.6.0

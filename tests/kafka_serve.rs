@@ -561,3 +561,39 @@ fn serve_with_a_trained_model_answers_with_its_model_version() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Requests in zstd- and lz4-compressed record batches are read, and with
+/// `kafka.compression = "zstd"` the answers are written compressed (read
+/// back here through a consumer, which decompresses).
+#[test]
+fn kafka_compressed_topics_are_read_and_written() {
+    let Some(brokers) = broker("kafka_compressed_topics") else {
+        return;
+    };
+    const N: u64 = 400;
+    let topics = Topics::fresh("compressed");
+    topics.create(&brokers, 2);
+    for (codec, range) in [("zstd", 0..N / 2), ("lz4", N / 2..N)] {
+        let records: Vec<_> = range.map(|i| ((i % 2) as i32, Some(request(i)))).collect();
+        common::kafka::produce_compressed(&brokers, &topics.requests, &records, codec);
+    }
+    let dir = tmp_dir("compressed");
+    let config = write_config(&dir, &topics, "compression = \"zstd\"");
+    let mut tail = Tail::new(&brokers, &topics.responses, 2);
+    let serve = Serve::start(&brokers, &config, "compressed");
+    let all = tail.read_until(Duration::from_secs(120), |t| t.req_ids.len() as u64 >= N);
+    assert!(
+        all,
+        "{} of {N} answered; stderr:\n{}",
+        tail.req_ids.len(),
+        serve.stderr_text()
+    );
+    let summary = serve.stop();
+    assert_eq!(summary["consumed"], N, "{summary}");
+    assert_eq!(summary["dead_lettered"], 0, "{summary}");
+    let by_req = answers_by_req(&tail.records);
+    assert!(
+        by_req.values().all(|a| a[0].2.is_null()),
+        "rankings, not errors"
+    );
+}

@@ -80,6 +80,7 @@ fn settings(mock: &Mock, group: &str) -> KafkaSettings {
         group_id: group.to_string(),
         client_id: format!("kafka-mock-faults-{group}"),
         extra: BTreeMap::new(),
+        ..KafkaSettings::default()
     }
 }
 

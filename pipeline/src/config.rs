@@ -105,8 +105,14 @@ pub struct KafkaSection {
     /// On start, the last N messages of each response-topic partition are
     /// read back so requests answered before a crash are not answered again.
     pub restart_scan: i64,
-    /// Extra librdkafka properties, e.g. { "socket.timeout.ms" = "10000" }.
+    /// Extra librdkafka properties, e.g. { "socket.timeout.ms" = "10000" }:
+    /// TLS (`security.protocol = "ssl"`, `ssl.ca.location`, ...) and SASL
+    /// (`sasl.mechanism = "SCRAM-SHA-256"`, `sasl.username`, ...). The
+    /// GRFLOW_KAFKA_SASL_PASSWORD environment variable sets `sasl.password`.
     pub librdkafka: std::collections::BTreeMap<String, String>,
+    /// Codec of what `serve` writes: "none", "gzip", "snappy", "lz4", "zstd".
+    /// Compressed request topics are read whatever this says.
+    pub compression: grflow_connectors::kafka::Compression,
 }
 
 impl Default for KafkaSection {
@@ -135,6 +141,7 @@ impl Default for KafkaSection {
             max_message_bytes: 1 << 20,
             restart_scan: 200_000,
             librdkafka: Default::default(),
+            compression: Default::default(),
         }
     }
 }
@@ -813,6 +820,19 @@ mod tests {
             .to_string();
         assert!(err.contains("x.toml"), "{err}");
         assert!(err.contains("workres"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_codec_is_named_with_the_ones_there_are() {
+        let err = Config::parse("[kafka]\ncompression = \"brotli\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("brotli") && err.contains("zstd"), "{err}");
+        let ok = Config::parse("[kafka]\ncompression = \"lz4\"\n", "x.toml").unwrap();
+        assert_eq!(
+            ok.kafka.compression,
+            grflow_connectors::kafka::Compression::Lz4
+        );
     }
 
     #[test]

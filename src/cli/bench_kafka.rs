@@ -170,7 +170,7 @@ fn run_both(
         brokers: brokers.to_string(),
         group_id: format!("{base}.bench"),
         client_id: "grflow-bench".into(),
-        extra: Default::default(),
+        ..KafkaSettings::default()
     };
     let timeout = Duration::from_secs(10);
     ensure_topics(

@@ -109,16 +109,32 @@ metrics_interval_ms = 1000
 }
 
 pub fn producer(brokers: &str) -> ThreadedProducer<DefaultProducerContext> {
+    producer_compressed(brokers, "none")
+}
+
+/// A producer whose record batches use `codec` ("none", "zstd", "lz4", ...).
+pub fn producer_compressed(brokers: &str, codec: &str) -> ThreadedProducer<DefaultProducerContext> {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("linger.ms", "5")
+        .set("compression.type", codec)
         .create()
         .expect("producer")
 }
 
 /// Produces `(partition, payload)` records and waits until all are durable.
 pub fn produce(brokers: &str, topic: &str, records: &[(i32, Option<Vec<u8>>)]) {
-    let p = producer(brokers);
+    produce_compressed(brokers, topic, records, "none");
+}
+
+/// `produce` in record batches compressed with `codec`.
+pub fn produce_compressed(
+    brokers: &str,
+    topic: &str,
+    records: &[(i32, Option<Vec<u8>>)],
+    codec: &str,
+) {
+    let p = producer_compressed(brokers, codec);
     for (partition, payload) in records {
         loop {
             let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(*partition);

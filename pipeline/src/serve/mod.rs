@@ -74,11 +74,19 @@ pub struct ServeOptions {
 impl ServeOptions {
     fn settings(&self) -> KafkaSettings {
         let k = &self.config.kafka;
+        let mut extra = k.librdkafka.clone();
+        // A password kept out of the config file.
+        if let Ok(p) = std::env::var("GRFLOW_KAFKA_SASL_PASSWORD")
+            && !p.is_empty()
+        {
+            extra.insert("sasl.password".into(), p);
+        }
         KafkaSettings {
             brokers: k.brokers.clone(),
             group_id: k.group_id.clone(),
             client_id: format!("grflow-{}", std::process::id()),
-            extra: k.librdkafka.clone(),
+            extra,
+            compression: k.compression,
         }
     }
 }
@@ -264,6 +272,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         "workers": workers,
         "process": topo.process,
         "processes": topo.processes,
+        // What this build's librdkafka speaks (TLS, SASL, codecs).
+        "kafka_features": grflow_connectors::kafka::builtin_features(),
         "config": &cfg,
     }));
     // Model, catalog and consumers are set up; the dataflow starts now.
