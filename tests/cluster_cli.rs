@@ -205,6 +205,8 @@ fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
     std::fs::write(&config, "[cluster]\nconnect_timeout_s = 1\n").unwrap();
     let started = std::time::Instant::now();
     let out = grflow()
+        .env("GRFLOW_LOG", "info")
+        .env("GRFLOW_LOG_FORMAT", "json")
         .args(["replay", "--quiet", "--workers", "1", "--config"])
         .arg(&config)
         .arg("--hostfile")
@@ -217,4 +219,12 @@ fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cluster.connect_timeout_s"), "{err}");
     assert!(out.stdout.is_empty(), "timely's messages go to stderr");
+    // GRFLOW_LOG_FORMAT=json: log lines are JSON objects.
+    let logged: Value = err
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "connecting to the other processes")
+        .unwrap_or_else(|| panic!("a JSON log line: {err}"));
+    assert_eq!(logged["level"], "INFO");
+    assert_eq!(logged["fields"]["process"], 1);
 }

@@ -110,6 +110,10 @@ pub struct KafkaSection {
     /// (`sasl.mechanism = "SCRAM-SHA-256"`, `sasl.username`, ...). The
     /// GRFLOW_KAFKA_SASL_PASSWORD environment variable sets `sasl.password`.
     pub librdkafka: std::collections::BTreeMap<String, String>,
+    /// `/readyz` says not ready once no broker has answered a metadata
+    /// request (asked every second) for this long; ready again when one
+    /// does. 0 = never.
+    pub unready_after_ms: u64,
     /// Codec of what `serve` writes: "none", "gzip", "snappy", "lz4", "zstd".
     /// Compressed request topics are read whatever this says.
     pub compression: grflow_connectors::kafka::Compression,
@@ -141,6 +145,7 @@ impl Default for KafkaSection {
             max_message_bytes: 1 << 20,
             restart_scan: 200_000,
             librdkafka: Default::default(),
+            unready_after_ms: 10_000,
             compression: Default::default(),
         }
     }

@@ -87,13 +87,20 @@ pub fn start_ops(
     Ok(server)
 }
 
-/// Logs to stderr at `GRFLOW_LOG`, or at `default_level` when it is unset.
+/// Logs to stderr at `GRFLOW_LOG`, or at `default_level` when it is unset;
+/// one JSON object per line with `GRFLOW_LOG_FORMAT=json` (for a log
+/// shipper), else text.
 pub fn init_tracing(default_level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_env("GRFLOW_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
-    let _ = tracing_subscriber::fmt()
+    let json = std::env::var("GRFLOW_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().with_current_span(false).try_init()
+    } else {
+        builder.try_init()
+    };
 }

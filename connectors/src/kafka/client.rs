@@ -153,6 +153,41 @@ pub struct Resumed {
 }
 
 /// Number of partitions of `topic`.
+/// Asks the cluster for a topic's metadata, to tell whether a broker
+/// answers (readiness): one client kept for every check.
+pub struct BrokerProbe {
+    consumer: BaseConsumer,
+    topic: String,
+}
+
+impl std::fmt::Debug for BrokerProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerProbe")
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BrokerProbe {
+    pub fn new(settings: &KafkaSettings, topic: &str) -> Result<Self, KafkaClientError> {
+        Ok(Self {
+            consumer: settings
+                .client_config()
+                .create()
+                .map_err(kafka("creating a metadata client"))?,
+            topic: topic.into(),
+        })
+    }
+
+    /// Ok when a broker answered within `timeout`.
+    pub fn check(&self, timeout: Duration) -> Result<(), KafkaClientError> {
+        self.consumer
+            .fetch_metadata(Some(&self.topic), timeout)
+            .map(|_| ())
+            .map_err(kafka(format!("metadata of `{}`", self.topic)))
+    }
+}
+
 pub fn partition_count(
     settings: &KafkaSettings,
     topic: &str,

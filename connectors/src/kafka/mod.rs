@@ -15,9 +15,9 @@ pub mod wire;
 
 pub use assign::{fnv1a64, owned_partitions, partition_owner};
 pub use client::{
-    Compression, Delivery, DeliveryCallback, KafkaClientError, KafkaSettings, OutputProducer,
-    RawRecord, Refetch, RequestConsumer, Resumed, SendError, StartPosition, builtin_features,
-    ensure_topics, partition_count, scan_answered,
+    BrokerProbe, Compression, Delivery, DeliveryCallback, KafkaClientError, KafkaSettings,
+    OutputProducer, RawRecord, Refetch, RequestConsumer, Resumed, SendError, StartPosition,
+    builtin_features, ensure_topics, partition_count, scan_answered,
 };
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};
 pub use wire::{

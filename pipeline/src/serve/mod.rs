@@ -30,7 +30,7 @@ use timely::dataflow::operators::Probe;
 use timely::dataflow::operators::generic::Operator;
 
 use grflow_connectors::kafka::{
-    KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, StartPosition,
+    BrokerProbe, KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, StartPosition,
     ensure_topics, owned_partitions, partition_count, scan_answered,
 };
 use grflow_connectors::parquet::load_side_tables;
@@ -278,6 +278,16 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     }));
     // Model, catalog and consumers are set up; the dataflow starts now.
     ops.set_ready();
+    let watch_done = Arc::new(AtomicBool::new(false));
+    let watch = (k.unready_after_ms > 0)
+        .then(|| {
+            BrokerProbe::new(&settings, &k.request_topic).map(|probe| {
+                let unready_after = Duration::from_millis(k.unready_after_ms);
+                let done = watch_done.clone();
+                std::thread::spawn(move || watch_broker(probe, unready_after, &done))
+            })
+        })
+        .transpose()?;
     // What the workers obey: set by this process's signal or by a stop
     // another process broadcast (every process drains together; one that
     // left alone would break timely's connections and panic the others).
@@ -448,14 +458,57 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     })
     .map_err(ServeError::Timely)?;
 
+    let joined = guards.join();
+    watch_done.store(true, Ordering::Relaxed);
+    if let Some(w) = watch {
+        let _ = w.join();
+    }
     let mut results = Vec::with_capacity(topo.threads);
-    for (i, r) in guards.join().into_iter().enumerate() {
+    for (i, r) in joined.into_iter().enumerate() {
         results.push(r.map_err(|_| ServeError::WorkerPanicked(topo.local_workers().start + i))?);
     }
     if let Some(reason) = shared.fatal() {
         return Err(ServeError::Fatal(reason));
     }
     Ok(summarise(&cfg, topo, &settings, &shared, results, started))
+}
+
+/// Readiness follows the broker: asks for metadata every second; after
+/// `unready_after` without an answer `/readyz` says not ready (and why),
+/// and ready again at the next answer. Runs until `done`.
+fn watch_broker(probe: BrokerProbe, unready_after: Duration, done: &AtomicBool) {
+    const EVERY: Duration = Duration::from_secs(1);
+    let ops = crate::ops::state();
+    let mut last_ok = Instant::now();
+    let mut unready = false;
+    while !done.load(Ordering::Relaxed) {
+        let asked = Instant::now();
+        match probe.check(EVERY.max(Duration::from_millis(500))) {
+            Ok(()) => {
+                last_ok = Instant::now();
+                if std::mem::take(&mut unready) {
+                    tracing::info!("broker reachable again: ready");
+                    ops.set_ready();
+                }
+                metrics::gauge!("grflow_broker_reachable").set(1.0);
+            }
+            Err(e) => {
+                metrics::gauge!("grflow_broker_reachable").set(0.0);
+                if !unready && last_ok.elapsed() >= unready_after {
+                    unready = true;
+                    let reason = format!(
+                        "broker unreachable for {} s: {e}",
+                        last_ok.elapsed().as_secs()
+                    );
+                    tracing::warn!("{reason}; not ready");
+                    ops.set_not_ready(reason);
+                }
+            }
+        }
+        if let Some(rest) = EVERY.checked_sub(asked.elapsed()) {
+            std::thread::sleep(rest);
+        }
+    }
 }
 
 /// A dataflow that carries a stop from any worker to every worker: each
