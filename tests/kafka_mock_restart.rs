@@ -100,7 +100,15 @@ impl Job {
     fn start(config: Config) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let handle = std::thread::spawn(move || serve(ServeOptions { config }, flag));
+        let handle = std::thread::spawn(move || {
+            serve(
+                ServeOptions {
+                    config,
+                    admin_addr: None,
+                },
+                flag,
+            )
+        });
         Self { stop, handle }
     }
 

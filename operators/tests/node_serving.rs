@@ -508,3 +508,63 @@ fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
     assert_eq!(node.counters().responses, 3);
     assert_eq!(node.memory_stats().scratch_pages, 0);
 }
+
+#[test]
+fn a_swapped_model_serves_like_a_fresh_node_of_it_and_reuses_nothing_from_before() {
+    let catalog = Catalog::new(500);
+    let candidates: Vec<u32> = (100..140).collect();
+    let full = history(53);
+    let rank = RankRequest {
+        req_id: 1,
+        user_id: 7,
+        candidates: &candidates,
+    };
+    let mut node = ServingNode::new(0, params()).unwrap();
+    node.set_lanes(2);
+    let old_version = node.model_version().to_string();
+    node.serve(0, rank, &full, &catalog).unwrap();
+    node.apply(&grflow_operators::node::NodeCommand::SetAlpha(0.25))
+        .unwrap();
+    let alpha = node.alpha();
+
+    let mut next = params();
+    next.model_seed = 4;
+    let applied = node.swap_model(next.clone()).unwrap();
+    assert_eq!(
+        applied,
+        grflow_operators::node::Applied::Model {
+            from: old_version.clone(),
+            to: node.model_version().to_string()
+        }
+    );
+    assert_ne!(node.model_version(), old_version);
+    assert_eq!(node.alpha(), alpha, "α carries over");
+    assert_eq!(node.counters().responses, 1, "counters carry over");
+
+    let after = node.serve(5, rank, &full, &catalog).unwrap();
+    assert_eq!(after.kv_reused_tokens, 0, "no KV from the old weights");
+    let mut fresh = ServingNode::new(1, next).unwrap();
+    let reference = fresh.serve(5, rank, &full, &catalog).unwrap();
+    assert_eq!(
+        after.emb_hits, reference.emb_hits,
+        "EMB hits only within the request, as on a cold node"
+    );
+    assert_eq!(after.items, reference.items);
+    assert_eq!(after.scores, reference.scores);
+    assert_eq!(node.counters().responses, 2);
+}
+
+#[test]
+fn a_model_swap_that_fails_leaves_the_old_model_serving() {
+    let mut node = ServingNode::new(0, params()).unwrap();
+    let version = node.model_version().to_string();
+    let mut bad = params();
+    bad.memory.pool_bytes = 0;
+    assert!(node.swap_model(bad).is_err());
+    assert_eq!(node.model_version(), version);
+    let swap = grflow_operators::node::NodeCommand::SwapModel {
+        path: "m".into(),
+        version: "v".into(),
+    };
+    assert!(node.apply(&swap).is_err(), "apply cannot load weights");
+}

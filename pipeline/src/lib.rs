@@ -4,10 +4,12 @@
 //! Nothing here decides anything about serving: the decisions live in
 //! `grflow_operators`; these are thin timely wrappers and the job runner.
 
+pub mod admin;
 pub mod cluster;
 pub mod config;
 pub mod dataflow;
 pub mod events;
+pub mod models;
 pub mod ops;
 pub mod params;
 pub mod plot;

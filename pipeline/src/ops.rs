@@ -67,6 +67,16 @@ impl OpsState {
         *self.status.lock().expect("ops lock") = status;
     }
 
+    /// Sets one top-level field of the `/status` document.
+    pub fn set_status_field(&self, key: &str, mut value: serde_json::Value) {
+        redact(&mut value);
+        let mut status = self.status.lock().expect("ops lock");
+        if !status.is_object() {
+            *status = serde_json::json!({});
+        }
+        status[key] = value;
+    }
+
     fn readiness(&self) -> Result<(), String> {
         if self.draining.load(Ordering::Relaxed) {
             return Err("draining".into());

@@ -397,6 +397,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                         commands: worker_commands.clone(),
                         command_pacing: pacing,
                         controller: allocator_controller(&worker_cfg, allocator_stats.clone()),
+                        live: None,
+                        models: None,
                     },
                     counters: worker_counters.clone(),
                     responses,

@@ -111,6 +111,8 @@ fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand], fed_back: Option<(u64,
                 commands: commands.clone(),
                 command_pacing: pacing,
                 controller: fed_back.map(|(at, alpha)| set_alpha_after(at, alpha)),
+                live: None,
+                models: None,
             };
             let (streams, _handles) = serving(scope, requests, parts);
             streams

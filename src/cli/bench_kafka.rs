@@ -188,7 +188,13 @@ fn run_both(
     let stop = Arc::new(AtomicBool::new(false));
     let serve_stop = stop.clone();
     let job = std::thread::spawn(move || {
-        grflow_pipeline::serve(ServeOptions { config: serve_cfg }, serve_stop)
+        grflow_pipeline::serve(
+            ServeOptions {
+                config: serve_cfg,
+                admin_addr: None,
+            },
+            serve_stop,
+        )
     });
     let all: Vec<i32> = (0..args.partitions).collect();
     let (tail, _) = RequestConsumer::open(

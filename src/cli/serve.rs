@@ -39,6 +39,12 @@ pub struct Args {
     /// that port is taken; an address given here must bind.
     #[arg(long)]
     pub metrics_addr: Option<String>,
+    /// Admin endpoint on a loopback HOST:PORT (off unless given):
+    /// `POST /model` with a `grflow train` model directory as the body
+    /// swaps every node to it without a restart; `GET /model` says what
+    /// each node serves.
+    #[arg(long)]
+    pub admin_addr: Option<String>,
     #[command(flatten)]
     pub cluster: super::ClusterArgs,
 }
@@ -75,7 +81,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let _ops = super::start_ops(args.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR))?;
     tracing::info!(brokers = %config.kafka.brokers, topic = %config.kafka.request_topic,
         workers = config.run.workers, "grflow serve starting");
-    let summary = grflow_pipeline::serve(ServeOptions { config }, stop).map_err(|e| match e {
+    let summary = grflow_pipeline::serve(
+        ServeOptions {
+            config,
+            admin_addr: args.admin_addr,
+        },
+        stop,
+    )
+    .map_err(|e| match e {
         ServeError::Config(_) | ServeError::Catalog(_) => InputError::from_display(e),
         other => anyhow::Error::new(other),
     })?;

@@ -67,16 +67,14 @@ pub fn trace_requests(trace: &Path) -> HashMap<u64, grflow_traces::Request> {
 
 /// Trains a model on `trace` into `model` with the CLI: one epoch, seed 5.
 pub fn train_one_epoch(trace: &Path, model: &Path) {
+    train_with_seed(trace, model, 5);
+}
+
+/// `train_one_epoch` with another seed (another model of the same items).
+pub fn train_with_seed(trace: &Path, model: &Path, seed: u64) {
     ok(grflow()
-        .args([
-            "train",
-            "--quiet",
-            "--seed",
-            "5",
-            "--max-epochs",
-            "1",
-            "--trace",
-        ])
+        .args(["train", "--quiet", "--seed", &seed.to_string()])
+        .args(["--max-epochs", "1", "--trace"])
         .arg(trace)
         .arg("--out")
         .arg(model)

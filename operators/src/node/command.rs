@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ServeError, ServingNode};
+use super::load::Backlog;
+use super::{NodeParams, ServeError, ServingNode};
 
 /// A change to a running node. New kinds (model weights, LoRA deltas, the
 /// prefix policy) are new variants; `ServingNode::apply` must handle each.
@@ -13,6 +14,10 @@ use super::{ServeError, ServingNode};
 pub enum NodeCommand {
     /// Moves the EMB/KV boundary of the memory pool to `alpha` (HLEM §IV-B).
     SetAlpha(f64),
+    /// Serves the trained model in directory `path` (whose version must be
+    /// `version`) from now on. It carries no weights: whoever delivers it
+    /// loads them and calls [`ServingNode::swap_model`].
+    SwapModel { path: String, version: String },
 }
 
 impl NodeCommand {
@@ -24,6 +29,10 @@ impl NodeCommand {
                 Err(format!("SetAlpha: alpha must be in [0, 1] (got {alpha})"))
             }
             NodeCommand::SetAlpha(_) => Ok(()),
+            NodeCommand::SwapModel { path, version } if path.is_empty() || version.is_empty() => {
+                Err("SwapModel: path and version must be given".into())
+            }
+            NodeCommand::SwapModel { .. } => Ok(()),
         }
     }
 }
@@ -38,12 +47,39 @@ pub enum Applied {
         to: f64,
         pages_to_emb: i64,
     },
+    /// The node serves model `to` instead of `from`, with empty caches.
+    Model { from: String, to: String },
 }
 
 impl ServingNode {
+    /// Serves the model in `params` from now on (between batches). Nothing
+    /// computed under the old weights survives: the node's memory (EMB rows,
+    /// user-prefix and item KV) starts empty, as does what it told the
+    /// routers about residency; counters, α, lanes, the clock and the load
+    /// model carry over. The old model is dropped once the new one is
+    /// built, so a node holds two models only during the swap. On error
+    /// the old model keeps serving.
+    pub fn swap_model(&mut self, params: NodeParams) -> Result<Applied, ServeError> {
+        let mut next = ServingNode::new(self.id, params)?;
+        next.set_alpha(self.alpha())?;
+        next.counters = std::mem::take(&mut self.counters);
+        next.lanes = self.lanes;
+        next.virtual_compute = self.virtual_compute.take();
+        next.backlog = std::mem::replace(&mut self.backlog, Backlog::new(1.0));
+        next.link_clock = self.link_clock;
+        let from = std::mem::replace(self, next).model_version;
+        Ok(Applied::Model {
+            from,
+            to: self.model_version.clone(),
+        })
+    }
+
     /// Applies `command` now: the caller decides when (in event time).
     pub fn apply(&mut self, command: &NodeCommand) -> Result<Applied, ServeError> {
         match *command {
+            NodeCommand::SwapModel { .. } => Err(ServeError::Model(
+                "SwapModel needs the model's parameters: deliver it with swap_model".into(),
+            )),
             NodeCommand::SetAlpha(alpha) => {
                 let from = self.alpha();
                 let moved = self.set_alpha(alpha)?;
@@ -71,7 +107,10 @@ mod tests {
             from,
             to,
             pages_to_emb,
-        } = applied;
+        } = applied
+        else {
+            panic!("SetAlpha moves alpha: {applied:?}");
+        };
         assert_eq!(from, 0.5);
         assert!((to - 0.25).abs() < 0.01, "{to}");
         assert!(pages_to_emb < 0, "EMB gave pages back: {pages_to_emb}");

@@ -19,6 +19,7 @@ use timely::dataflow::{Scope, StreamVec};
 use grflow_connectors::SourcePosition;
 use grflow_connectors::kafka::partition_owner;
 
+use crate::dataflow::control::SourceClock;
 use crate::events::{Admitted, NodeEvent};
 use crate::serve::ingest::KafkaIngest;
 use crate::serve::outputs::OutputQueue;
@@ -35,6 +36,7 @@ pub fn kafka_source<'s>(
     ingest: Rc<RefCell<KafkaIngest>>,
     outputs: Rc<RefCell<OutputQueue>>,
     stop: Arc<AtomicBool>,
+    clock: Rc<SourceClock>,
 ) -> StreamVec<'s, u64, Admitted> {
     source(scope, "KafkaSource", move |capability, info| {
         let activator = scope.activator_for(info.address);
@@ -43,6 +45,7 @@ pub fn kafka_source<'s>(
             let Some(c) = cap.as_mut() else { return };
             if stop.load(Ordering::Relaxed) {
                 cap = None;
+                clock.open.set(false);
                 return;
             }
             let pumped = ingest.borrow_mut().pump(
@@ -60,6 +63,7 @@ pub fn kafka_source<'s>(
             if pumped.frontier > *c.time() {
                 c.downgrade(&pumped.frontier);
             }
+            clock.now.set(*c.time());
             if pumped.drained {
                 activator.activate_after(IDLE_POLL);
             } else {

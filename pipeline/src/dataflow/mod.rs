@@ -131,6 +131,10 @@ pub struct ServingParts {
     /// closed windows); they travel a feedback edge and apply from the next
     /// millisecond.
     pub controller: Option<Controller>,
+    /// Commands made while the job runs (`serve`'s admin endpoint).
+    pub live: Option<control::LiveControl>,
+    /// Where a `SwapModel` command finds its model's parameters.
+    pub models: Option<Arc<crate::models::ModelRegistry>>,
 }
 
 /// Turns the node events and the closed windows into commands for the
@@ -195,7 +199,10 @@ pub fn serving<'s>(
         parts.side.clone(),
         parts.release,
     );
-    let scheduled = control::scheduled_commands(scope, parts.commands, parts.command_pacing);
+    let mut scheduled = control::scheduled_commands(scope, parts.commands, parts.command_pacing);
+    if let Some(live) = parts.live {
+        scheduled = scheduled.concat(control::live_commands(scope, live));
+    }
     let (controls, commands_loop) = match parts.controller {
         Some(controller) => {
             let (handle, fed_back) = scope.feedback::<Vec<NodeControl>>(1);
@@ -213,6 +220,7 @@ pub fn serving<'s>(
         batch: parts.batch,
         wall_ns: crate::events::now_ns,
         completed_tokens: vec![0.0; scope.peers()],
+        models: parts.models,
     };
     let events = node::serve(routed, controls, node_parts, parts.release);
 

@@ -18,7 +18,7 @@ use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::batching::{BatchPolicy, Next, Queued};
 use grflow_operators::node::{
-    DeadlineCheck, DeadlineShedder, Deadlined, RankRequest, RankWork, RetrieveRequest,
+    DeadlineCheck, DeadlineShedder, Deadlined, NodeCommand, RankRequest, RankWork, RetrieveRequest,
     RetrieveWork, Served, ServingNode,
 };
 use grflow_operators::windows::TelemetrySample;
@@ -46,6 +46,36 @@ pub struct NodeParts {
     /// Tokens of the requests finished here (answered, failed or shed), by
     /// the router replica that sent them; every report carries them.
     pub completed_tokens: Vec<f64>,
+    /// Trained models a `SwapModel` command may name (`serve`).
+    pub models: Option<Arc<crate::models::ModelRegistry>>,
+}
+
+impl NodeParts {
+    /// Swaps the node's model between two batches; a model that cannot be
+    /// had leaves the old one serving (and says why on /status).
+    fn swap(&self, node: &mut ServingNode, time: u64, path: &str, version: &str) {
+        let Some(models) = &self.models else {
+            tracing::warn!(
+                node = node.id(),
+                "SwapModel without a model registry: ignored"
+            );
+            return;
+        };
+        let swapped = models
+            .params(path, version)
+            .and_then(|params| node.swap_model(params).map_err(|e| e.to_string()));
+        match swapped {
+            Ok(applied) => {
+                tracing::info!(node = node.id(), time, ?applied, "model swapped");
+                models.note_serving(node.id(), node.model_version());
+            }
+            Err(e) => {
+                tracing::warn!(node = node.id(), time, path, "model swap failed: {e}");
+                models.note_error(format!("node {}: {e}", node.id()));
+            }
+        }
+        crate::ops::state().set_status_field("models", models.report());
+    }
 }
 
 impl EventOperator for NodeParts {
@@ -57,6 +87,10 @@ impl EventOperator for NodeParts {
         commands.sort_by_key(|c| c.seq);
         let mut node = self.node.borrow_mut();
         for c in commands {
+            if let NodeCommand::SwapModel { path, version } = &c.command {
+                self.swap(&mut node, time, path, version);
+                continue;
+            }
             match node.apply(&c.command) {
                 Ok(applied) => {
                     tracing::debug!(node = node.id(), time, ?applied, "command applied")
@@ -585,6 +619,7 @@ mod tests {
             },
             wall_ns: stepping_clock,
             completed_tokens: Vec::new(),
+            models: None,
         };
         let routed = trace
             .requests

@@ -18,9 +18,9 @@ pub mod ratelimit;
 pub mod shared;
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,9 +39,13 @@ use grflow_operators::node::ServingNode;
 use grflow_operators::router::Router;
 
 use crate::config::Config;
+use crate::dataflow::control::{LiveControl, SourceClock};
 use crate::dataflow::{self, ServingParts};
+use crate::events::{NodeControl, Target};
+use crate::models::ModelRegistry;
 use crate::params::node_params;
 use crate::side::SideTables;
+use grflow_operators::node::NodeCommand;
 use ingest::{IngestSettings, KafkaIngest};
 use outputs::{OutputQueue, OutputSettings};
 pub use shared::{ServeSummary, SharedState};
@@ -69,6 +73,9 @@ pub enum ServeError {
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     pub config: Config,
+    /// `--admin-addr`: a loopback HOST:PORT for `POST /model` (hot model
+    /// swap); `None` = no admin endpoint.
+    pub admin_addr: Option<String>,
 }
 
 impl ServeOptions {
@@ -186,6 +193,50 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         );
     }
 
+    // Models the admin endpoint may swap to, checked against this catalog.
+    let models = {
+        let cfg = cfg.clone();
+        let side = side.clone();
+        Arc::new(ModelRegistry::new(Box::new(move |path: &str| {
+            let mut c = cfg.clone();
+            c.model.weights = Some(path.into());
+            node_params(&c, &side.meta, &side.catalog()).map_err(|e| e.to_string())
+        })))
+    };
+    for n in topo.local_workers() {
+        models.note_serving(n as u32, &model_version);
+    }
+    // One inbox per local worker; the admin hands a swap to the first,
+    // addressed to every node of the job.
+    let inboxes: Vec<Arc<Mutex<VecDeque<NodeControl>>>> =
+        (0..topo.threads).map(|_| Arc::default()).collect();
+    let _admin = match &opts.admin_addr {
+        Some(addr) => {
+            let inbox = inboxes[0].clone();
+            let seq = AtomicU64::new(0);
+            let swap_models = models.clone();
+            let submit = Box::new(move |path: &str, version: &str| {
+                inbox.lock().expect("inbox lock").push_back(NodeControl {
+                    target: Target::All,
+                    seq: seq.fetch_add(1, Ordering::Relaxed),
+                    command: NodeCommand::SwapModel {
+                        path: path.into(),
+                        version: version.into(),
+                    },
+                });
+                crate::ops::state().set_status_field("models", swap_models.report());
+            });
+            let server = crate::admin::AdminServer::start(addr, models.clone(), submit)
+                .map_err(|e| ServeError::Config(e.to_string()))?;
+            eprintln!(
+                "admin: http://{}/model (POST a model directory to swap)",
+                server.local_addr()
+            );
+            Some(server)
+        }
+        None => None,
+    };
+
     let shared = Arc::new(SharedState::new(&k.request_topic, workers));
     let delivery_state = shared.clone();
     let producer = Arc::new(OutputProducer::new(
@@ -264,6 +315,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let worker_shared = shared.clone();
     let worker_producer = producer.clone();
     let worker_side = side.clone();
+    let worker_models = models.clone();
     let metrics_every = Duration::from_millis(k.metrics_interval_ms);
     let ops = crate::ops::state();
     ops.set_status(serde_json::json!({
@@ -274,6 +326,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         "processes": topo.processes,
         // What this build's librdkafka speaks (TLS, SASL, codecs).
         "kafka_features": grflow_connectors::kafka::builtin_features(),
+        "models": models.report(),
         "config": &cfg,
     }));
     // Model, catalog and consumers are set up; the dataflow starts now.
@@ -297,6 +350,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         let index = worker.index();
         let local = topo.local(index).expect("a local worker");
         let stop = job_stop.clone();
+        let clock = Rc::new(SourceClock::default());
+        let live = LiveControl {
+            inbox: inboxes[local].clone(),
+            clock: clock.clone(),
+        };
         let mut stop_input = stop_broadcast(worker, stop.clone());
         let mut stop_sent = false;
         let (consumer, ingest_settings, answered) = ingests.lock().expect("lock")[local]
@@ -333,7 +391,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         let probe = ProbeHandle::new();
         let handles = worker.dataflow::<u64, _, _>(|scope| {
             let requests =
-                dataflow::kafka::kafka_source(scope, ingest.clone(), outputs.clone(), stop.clone());
+                dataflow::kafka::kafka_source(scope, ingest.clone(), outputs.clone(), stop.clone(), clock.clone());
             let (streams, handles) = dataflow::serving(
                 scope,
                 requests,
@@ -358,6 +416,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                         &worker_cfg,
                         std::rc::Rc::default(),
                     ),
+                    live: Some(live.clone()),
+                    models: Some(worker_models.clone()),
                 },
             );
             // Answers go back to the worker that read the request (in

@@ -1,0 +1,282 @@
+//! `serve --admin-addr`: the operator's door into a running job, off unless
+//! asked for. It binds loopback addresses only and answers loopback peers
+//! only. `POST /model` with a trained model directory as the body swaps
+//! every node to it (202, or 409 with why it was refused); `GET /model`
+//! says what each node of this process serves and the last refusal.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::models::ModelRegistry;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("--admin-addr {0:?}: not HOST:PORT")]
+    Addr(String),
+    #[error("--admin-addr {0}: not a loopback address (the admin endpoint is local only)")]
+    NotLoopback(String),
+    #[error("--admin-addr {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// Hands a swap to the nodes (the version is already checked).
+pub type Submit = Box<dyn Fn(&str, &str) + Send>;
+
+/// The answer to one admin request: status and JSON body.
+#[derive(Debug, PartialEq)]
+pub struct AdminReply {
+    pub status: u16,
+    pub body: serde_json::Value,
+}
+
+/// Answers `method path` with `body`.
+pub fn route(
+    method: &str,
+    path: &str,
+    body: &str,
+    models: &ModelRegistry,
+    submit: &dyn Fn(&str, &str),
+) -> AdminReply {
+    let reply = |status, body| AdminReply { status, body };
+    match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/model") => reply(200, models.report()),
+        ("POST", "/model") => {
+            let dir = body.trim();
+            if dir.is_empty() {
+                return reply(
+                    400,
+                    serde_json::json!({"error": "the body must be a model directory path"}),
+                );
+            }
+            match models.load(dir) {
+                Ok(version) => {
+                    submit(dir, &version);
+                    tracing::info!(path = dir, version, "model swap requested");
+                    reply(
+                        202,
+                        serde_json::json!({"swapping_to": version, "path": dir}),
+                    )
+                }
+                Err(e) => {
+                    tracing::warn!(path = dir, "{e}");
+                    reply(409, serde_json::json!({"error": e}))
+                }
+            }
+        }
+        (_, "/model") => reply(405, serde_json::json!({"error": "GET or POST /model"})),
+        _ => reply(404, serde_json::json!({"error": "not found: try /model"})),
+    }
+}
+
+/// The running admin endpoint; stops when dropped.
+pub struct AdminServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for AdminServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminServer {
+    pub fn start(
+        addr: &str,
+        models: Arc<ModelRegistry>,
+        submit: Submit,
+    ) -> Result<Self, AdminError> {
+        let parsed: SocketAddr = addr.parse().map_err(|_| AdminError::Addr(addr.into()))?;
+        if !parsed.ip().is_loopback() {
+            return Err(AdminError::NotLoopback(addr.into()));
+        }
+        let bind = |source| AdminError::Bind {
+            addr: addr.into(),
+            source,
+        };
+        let listener = TcpListener::bind(parsed).map_err(bind)?;
+        let local = listener.local_addr().map_err(bind)?;
+        listener.set_nonblocking(true).map_err(bind)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("grflow-admin".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((stream, peer)) => {
+                            if let Err(e) = answer(stream, peer, &models, &submit) {
+                                tracing::debug!(error = %e, "admin request");
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "admin accept");
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                }
+            })
+            .map_err(bind)?;
+        tracing::info!(addr = %local, "admin endpoint (POST /model to swap models)");
+        Ok(Self {
+            addr: local,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Bodies larger than this are refused (a path is short).
+const MAX_BODY: usize = 64 * 1024;
+
+fn answer(
+    stream: TcpStream,
+    peer: SocketAddr,
+    models: &ModelRegistry,
+    submit: &Submit,
+) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let reply = if !peer.ip().is_loopback() {
+        AdminReply {
+            status: 403,
+            body: serde_json::json!({"error": "the admin endpoint answers loopback peers only"}),
+        }
+    } else {
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut request_line = String::new();
+        reader.read_line(&mut request_line)?;
+        let mut length = 0usize;
+        let mut header = String::new();
+        while reader.read_line(&mut header)? > 2 {
+            if let Some((k, v)) = header.split_once(':')
+                && k.trim().eq_ignore_ascii_case("content-length")
+            {
+                length = v.trim().parse().unwrap_or(0);
+            }
+            header.clear();
+        }
+        let mut parts = request_line.split_whitespace();
+        let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        if length > MAX_BODY {
+            AdminReply {
+                status: 413,
+                body: serde_json::json!({"error": "body too large"}),
+            }
+        } else {
+            let mut body = vec![0u8; length];
+            reader.read_exact(&mut body)?;
+            let reply = route(
+                method,
+                path,
+                &String::from_utf8_lossy(&body),
+                models,
+                &|p: &str, v: &str| submit(p, v),
+            );
+            // /status shows the last refusal (or its clearing) too.
+            crate::ops::state().set_status_field("models", models.report());
+            reply
+        }
+    };
+    let text = serde_json::to_string(&reply.body).unwrap_or_default() + "\n";
+    let mut stream = stream;
+    write!(
+        stream,
+        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        reply.status,
+        match reply.status {
+            200 => "OK",
+            202 => "Accepted",
+            400 => "Bad Request",
+            403 => "Forbidden",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            409 => "Conflict",
+            _ => "Payload Too Large",
+        },
+        text.len()
+    )?;
+    stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn registry(accept: bool) -> ModelRegistry {
+        ModelRegistry::new(Box::new(move |path| {
+            if !accept {
+                return Err(format!("{path}: item space differs"));
+            }
+            Err(format!("{path}: cannot build params in a unit test"))
+        }))
+    }
+
+    #[test]
+    fn a_refused_model_answers_409_and_is_reported() {
+        let models = registry(false);
+        let submitted = Mutex::new(Vec::new());
+        let submit = |p: &str, v: &str| {
+            submitted
+                .lock()
+                .unwrap()
+                .push((p.to_string(), v.to_string()))
+        };
+        let r = route("POST", "/model", "/models/b\n", &models, &submit);
+        assert_eq!(r.status, 409);
+        assert!(
+            r.body["error"]
+                .as_str()
+                .unwrap()
+                .contains("item space differs")
+        );
+        assert!(submitted.lock().unwrap().is_empty(), "nothing swapped");
+        let report = route("GET", "/model", "", &models, &submit);
+        assert!(
+            report.body["last_error"]
+                .as_str()
+                .unwrap()
+                .contains("/models/b")
+        );
+        assert_eq!(route("POST", "/model", " ", &models, &submit).status, 400);
+        assert_eq!(route("DELETE", "/model", "", &models, &submit).status, 405);
+        assert_eq!(route("GET", "/", "", &models, &submit).status, 404);
+    }
+
+    #[test]
+    fn only_loopback_addresses_are_bound() {
+        let models = Arc::new(registry(true));
+        let err = AdminServer::start("0.0.0.0:0", models.clone(), Box::new(|_, _| {})).unwrap_err();
+        assert!(matches!(err, AdminError::NotLoopback(_)), "{err}");
+        let server = AdminServer::start("127.0.0.1:0", models, Box::new(|_, _| {})).unwrap();
+        assert!(server.local_addr().ip().is_loopback());
+    }
+}
