@@ -39,6 +39,15 @@ fn total(metrics: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// Sum of the samples of `name` whose labels contain `label`.
+fn total_where(metrics: &str, name: &str, label: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[test]
 fn a_running_replay_answers_metrics_health_readiness_and_status() {
     let dir = tmp_dir("ops-endpoints");
@@ -105,7 +114,15 @@ fn a_running_replay_answers_metrics_health_readiness_and_status() {
         assert!(a > 0.0 && b > a, "{name}: {a} then {b}\n{second}");
     }
     assert!(second.contains("grflow_alpha{node=\"0\"}"), "{second}");
-    assert!(second.contains("grflow_latency_ms"), "{second}");
+    // A histogram with fixed buckets: cumulative counts up to +Inf.
+    assert!(
+        second.contains("# TYPE grflow_latency_ms histogram"),
+        "{second}"
+    );
+    let inf = total_where(&second, "grflow_latency_ms_bucket", "le=\"+Inf\"");
+    let le30 = total_where(&second, "grflow_latency_ms_bucket", "le=\"30\"");
+    assert!(inf > 0.0 && le30 <= inf, "{le30} of {inf}\n{second}");
+    assert_eq!(inf, total(&second, "grflow_latency_ms_count"));
     assert!(total(&second, "grflow_emb_hit_rate") > 0.0);
     assert_eq!(get(&addr, "/nope").0, 404);
 

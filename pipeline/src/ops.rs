@@ -118,12 +118,26 @@ pub fn state() -> &'static Arc<OpsState> {
     STATE.get_or_init(OpsState::new)
 }
 
+/// Upper bounds (ms) of `grflow_latency_ms`'s histogram buckets.
+pub const LATENCY_BUCKETS_MS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 100.0, 200.0, 500.0, 1_000.0, 2_000.0, 5_000.0,
+];
+
 /// The process's Prometheus recorder, installed on first use (the
 /// `metrics` facade has one global recorder per process).
 pub fn metrics_handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
+        // Latency as a Prometheus histogram with fixed buckets (ms), so
+        // that dashboards can aggregate over nodes and processes; the
+        // buckets bracket the 30 ms rank and 200 ms hstu-3l objectives.
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full("grflow_latency_ms".into()),
+                LATENCY_BUCKETS_MS,
+            )
+            .expect("non-empty buckets")
+            .build_recorder();
         let handle = recorder.handle();
         // Another recorder installed first (an embedding program's): ours
         // still renders what was recorded through it, which is nothing.
