@@ -260,6 +260,50 @@ impl Cluster {
     }
 }
 
+/// Cluster mode: every worker's `item` travels to worker 0 (as JSON: bincode
+/// cannot read every summary field), which returns them all in no
+/// particular order; the others return nothing. Worker 0 gives up after
+/// `wait` (a peer that never sends) and returns what it has.
+pub fn gather_to_worker_0<T>(worker: &mut Worker, item: &T, wait: Duration) -> Vec<T>
+where
+    T: Serialize + serde::de::DeserializeOwned,
+{
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use timely::dataflow::operators::vec::ToStream;
+    use timely::dataflow::operators::{Exchange, Inspect, Probe};
+    let json = serde_json::to_string(item).expect("a worker result serialises");
+    let received: Rc<RefCell<Vec<String>>> = Rc::default();
+    let sink = received.clone();
+    let id = worker.next_dataflow_index();
+    let probe = timely::dataflow::ProbeHandle::new();
+    worker.dataflow::<u64, _, _>(|scope| {
+        vec![json]
+            .to_stream(scope)
+            .exchange(|_| 0)
+            .inspect(move |s: &String| sink.borrow_mut().push(s.clone()))
+            .probe_with(&probe);
+    });
+    let deadline = std::time::Instant::now() + wait;
+    // Until this dataflow is done (other dataflows may still be installed).
+    while !probe.done() {
+        worker.step_or_park(Some(Duration::from_millis(10)));
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(
+                received = received.borrow().len(),
+                "gathering the workers' results timed out; reporting what arrived"
+            );
+            worker.drop_dataflow(id);
+            break;
+        }
+    }
+    let received = std::mem::take(&mut *received.borrow_mut());
+    received
+        .iter()
+        .filter_map(|s| serde_json::from_str(s).ok())
+        .collect()
+}
+
 /// Points file descriptor 1 at file descriptor 2 until dropped.
 struct StdoutToStderr {
     saved: Option<i32>,

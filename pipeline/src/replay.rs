@@ -473,7 +473,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             if topo.local(index) == Some(0) {
                 result.counters = Some(CounterSnapshot::of(&worker_counters));
             }
-            gather_to_worker_0(worker, &result)
+            crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT)
         })
         .map_err(ReplayError::Timely)?;
 
@@ -517,31 +517,6 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let mut out = assemble(results, &cfg, totals, workers, wall_s, trace_name);
     out.responses = responses;
     Ok(out)
-}
-
-/// Cluster mode: every worker's result travels to worker 0 (as JSON), which
-/// returns them all; the others return nothing.
-fn gather_to_worker_0(
-    worker: &mut timely::worker::Worker,
-    result: &WorkerResult,
-) -> Vec<WorkerResult> {
-    use timely::dataflow::operators::vec::ToStream;
-    use timely::dataflow::operators::{Exchange, Inspect};
-    let json = serde_json::to_string(result).expect("a worker result serialises");
-    let received: Rc<RefCell<Vec<String>>> = Rc::default();
-    let sink = received.clone();
-    worker.dataflow::<u64, _, _>(|scope| {
-        vec![json]
-            .to_stream(scope)
-            .exchange(|_| 0)
-            .inspect(move |s: &String| sink.borrow_mut().push(s.clone()));
-    });
-    while worker.step_or_park(None) {}
-    let received = std::mem::take(&mut *received.borrow_mut());
-    received
-        .iter()
-        .map(|s| serde_json::from_str(s).expect("a worker result from a peer"))
-        .collect()
 }
 
 fn assemble(
@@ -621,6 +596,9 @@ fn assemble(
     };
     out
 }
+
+/// How long worker 0 waits for the other workers' results at the end.
+const GATHER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Points of the latency CDF a run reports.
 pub const CDF_POINTS: usize = 200;

@@ -48,6 +48,7 @@ use crate::side::SideTables;
 use grflow_operators::node::NodeCommand;
 use ingest::{IngestSettings, KafkaIngest};
 use outputs::{OutputQueue, OutputSettings};
+use shared::ProcessPart;
 pub use shared::{ServeSummary, SharedState};
 
 /// Timeout of blocking metadata, commit and watermark calls.
@@ -115,13 +116,21 @@ fn side_tables(config: &Config) -> Result<SideTables, ServeError> {
     .map_err(|e| ServeError::Catalog(e.to_string()))
 }
 
-/// What one worker hands back.
+/// What one worker hands back (in cluster mode, to process 0 as JSON; the
+/// first worker of each process adds its process's part).
+#[derive(serde::Serialize, serde::Deserialize)]
 struct WorkerResult {
     committed: Vec<(i32, i64)>,
     oov_items: u64,
     truncated_histories: u64,
     model_version: String,
+    process_part: Option<ProcessPart>,
+    /// Global worker index.
+    worker: usize,
 }
+
+/// How long process 0 waits for the other processes' results at exit.
+const GATHER_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs until `stop` is set, then drains, commits and returns the summary.
 pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, ServeError> {
@@ -346,6 +355,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     // left alone would break timely's connections and panic the others).
     let job_stop = Arc::new(AtomicBool::new(false));
     let signalled = stop;
+    let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
     let guards = cluster.execute(move |worker| {
         let index = worker.index();
         let local = topo.local(index).expect("a local worker");
@@ -508,12 +518,35 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 worker.drop_dataflow(id);
             }
         }
+        // The stop dataflow can complete now.
+        drop(stop_input);
         let node = handles.node.borrow();
-        WorkerResult {
+        let mut result = WorkerResult {
+            worker: index,
             committed,
             oov_items: node.counters().oov_items,
             truncated_histories: node.counters().truncated_histories,
             model_version: node.model_version().to_string(),
+            process_part: None,
+        };
+        drop(node);
+        if !topo.is_cluster() {
+            return vec![result];
+        }
+        // Every local worker has committed: the process's counters are final.
+        local_done.wait();
+        if local == 0 {
+            result.process_part = Some(ProcessPart::of(&worker_shared));
+        }
+        let gathered = crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT);
+        if index == 0 {
+            gathered
+        } else if topo.is_leader() {
+            // Worker 0 of this process holds it already.
+            Vec::new()
+        } else {
+            // Another process prints its own part too.
+            vec![result]
         }
     })
     .map_err(ServeError::Timely)?;
@@ -525,12 +558,29 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     }
     let mut results = Vec::with_capacity(topo.threads);
     for (i, r) in joined.into_iter().enumerate() {
-        results.push(r.map_err(|_| ServeError::WorkerPanicked(topo.local_workers().start + i))?);
+        results.extend(r.map_err(|_| ServeError::WorkerPanicked(topo.local_workers().start + i))?);
     }
     if let Some(reason) = shared.fatal() {
         return Err(ServeError::Fatal(reason));
     }
-    Ok(summarise(&cfg, topo, &settings, &shared, results, started))
+    let wall_s = started.elapsed().as_secs_f64();
+    if !topo.is_cluster() {
+        let part = ProcessPart::of(&shared);
+        return Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s));
+    }
+    // Cluster mode: process 0 received every worker's result and every
+    // process's part; the others report their own process.
+    let mut part = ProcessPart::default();
+    let gathered = results.iter().any(|r| r.process_part.is_some());
+    if topo.is_leader() && gathered {
+        for p in results.iter().filter_map(|r| r.process_part.as_ref()) {
+            part.merge(p);
+        }
+    } else {
+        part = ProcessPart::of(&shared);
+        results.retain(|r| topo.local(r.worker).is_some());
+    }
+    Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s))
 }
 
 /// Readiness follows the broker: asks for metadata every second; after
@@ -635,13 +685,11 @@ fn summarise(
     cfg: &Config,
     topo: crate::cluster::Topology,
     settings: &KafkaSettings,
-    shared: &SharedState,
-    results: Vec<WorkerResult>,
-    started: Instant,
+    part: &ProcessPart,
+    results: &[WorkerResult],
+    wall_s: f64,
 ) -> ServeSummary {
-    let c = &shared.counters;
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let latency = shared.latency.lock().expect("latency lock").clone();
+    let c = &part.counts;
     ServeSummary {
         brokers: settings.brokers.clone(),
         request_topic: cfg.kafka.request_topic.clone(),
@@ -651,36 +699,32 @@ fn summarise(
         process: topo.process,
         processes: topo.processes,
         release: cfg.run.serve_release().as_str().to_string(),
-        wall_s: started.elapsed().as_secs_f64(),
-        consumed: load(&c.consumed),
-        responses: load(&c.responses),
-        shed: load(&c.shed),
-        recovered_unshed: load(&c.recovered_unshed),
-        unservable: load(&c.unservable),
-        dead_lettered: load(&c.dead_lettered),
-        duplicates_skipped: load(&c.duplicates),
-        already_answered: load(&c.already_answered),
-        late: load(&c.late),
-        clamped_ts: load(&c.clamped_ts),
-        delivered: load(&c.delivered),
-        resent: load(&c.resent),
-        produce_failures: load(&c.produce_failures),
-        undeliverable: load(&c.undeliverable),
-        drain_timed_out: shared.drain_timed_out.load(Ordering::Relaxed),
-        pauses: load(&c.pauses),
+        wall_s,
+        consumed: c.consumed,
+        responses: c.responses,
+        shed: c.shed,
+        recovered_unshed: c.recovered_unshed,
+        unservable: c.unservable,
+        dead_lettered: c.dead_lettered,
+        duplicates_skipped: c.duplicates,
+        already_answered: c.already_answered,
+        late: c.late,
+        clamped_ts: c.clamped_ts,
+        delivered: c.delivered,
+        resent: c.resent,
+        produce_failures: c.produce_failures,
+        undeliverable: c.undeliverable,
+        drain_timed_out: part.drain_timed_out,
+        pauses: c.pauses,
         oov_items: results.iter().map(|r| r.oov_items).sum(),
-        truncated_histories: load(&c.truncated_histories)
+        truncated_histories: c.truncated_histories
             + results.iter().map(|r| r.truncated_histories).sum::<u64>(),
-        in_flight_at_exit: shared.in_flight(),
-        latency_p50_ms: latency.quantile(0.5),
-        latency_p99_ms: latency.quantile(0.99),
-        latency_max_ms: latency.max_ms(),
-        by_mode: shared
-            .by_mode
-            .lock()
-            .expect("latency lock")
-            .summaries(&cfg.run.slo_ms),
-        lag: shared.lag.lock().expect("lag lock").clone(),
+        in_flight_at_exit: part.in_flight,
+        latency_p50_ms: part.latency.quantile(0.5),
+        latency_p99_ms: part.latency.quantile(0.99),
+        latency_max_ms: part.latency.max_ms(),
+        by_mode: part.by_mode.summaries(&cfg.run.slo_ms),
+        lag: part.lag.clone(),
         committed: results
             .iter()
             .flat_map(|r| r.committed.iter().copied())

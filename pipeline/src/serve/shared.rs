@@ -227,6 +227,104 @@ impl SharedState {
     }
 }
 
+/// The counters of one process at exit; in cluster mode process 0 adds
+/// every process's.
+#[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize)]
+pub struct CountsSnapshot {
+    pub consumed: u64,
+    pub duplicates: u64,
+    pub already_answered: u64,
+    pub dead_lettered: u64,
+    pub truncated_histories: u64,
+    pub late: u64,
+    pub clamped_ts: u64,
+    pub responses: u64,
+    pub shed: u64,
+    pub recovered_unshed: u64,
+    pub unservable: u64,
+    pub delivered: u64,
+    pub resent: u64,
+    pub produce_failures: u64,
+    pub undeliverable: u64,
+    pub pauses: u64,
+}
+
+impl CountsSnapshot {
+    pub fn of(c: &ServeCounters) -> Self {
+        Self {
+            consumed: c.consumed.load(Ordering::Relaxed),
+            duplicates: c.duplicates.load(Ordering::Relaxed),
+            already_answered: c.already_answered.load(Ordering::Relaxed),
+            dead_lettered: c.dead_lettered.load(Ordering::Relaxed),
+            truncated_histories: c.truncated_histories.load(Ordering::Relaxed),
+            late: c.late.load(Ordering::Relaxed),
+            clamped_ts: c.clamped_ts.load(Ordering::Relaxed),
+            responses: c.responses.load(Ordering::Relaxed),
+            shed: c.shed.load(Ordering::Relaxed),
+            recovered_unshed: c.recovered_unshed.load(Ordering::Relaxed),
+            unservable: c.unservable.load(Ordering::Relaxed),
+            delivered: c.delivered.load(Ordering::Relaxed),
+            resent: c.resent.load(Ordering::Relaxed),
+            produce_failures: c.produce_failures.load(Ordering::Relaxed),
+            undeliverable: c.undeliverable.load(Ordering::Relaxed),
+            pauses: c.pauses.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn add(&mut self, o: &Self) {
+        self.consumed += o.consumed;
+        self.duplicates += o.duplicates;
+        self.already_answered += o.already_answered;
+        self.dead_lettered += o.dead_lettered;
+        self.truncated_histories += o.truncated_histories;
+        self.late += o.late;
+        self.clamped_ts += o.clamped_ts;
+        self.responses += o.responses;
+        self.shed += o.shed;
+        self.recovered_unshed += o.recovered_unshed;
+        self.unservable += o.unservable;
+        self.delivered += o.delivered;
+        self.resent += o.resent;
+        self.produce_failures += o.produce_failures;
+        self.undeliverable += o.undeliverable;
+        self.pauses += o.pauses;
+    }
+}
+
+/// What one process knows of the job at exit, beyond its workers' own
+/// results: counters, latencies, lag, what is still in flight.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct ProcessPart {
+    pub counts: CountsSnapshot,
+    pub latency: LatencyHistogram,
+    pub by_mode: ModeTallies,
+    pub lag: BTreeMap<i32, i64>,
+    pub in_flight: usize,
+    pub drain_timed_out: bool,
+}
+
+impl ProcessPart {
+    pub fn of(shared: &SharedState) -> Self {
+        Self {
+            counts: CountsSnapshot::of(&shared.counters),
+            latency: shared.latency.lock().expect("latency lock").clone(),
+            by_mode: shared.by_mode.lock().expect("latency lock").clone(),
+            lag: shared.lag.lock().expect("lag lock").clone(),
+            in_flight: shared.in_flight(),
+            drain_timed_out: shared.drain_timed_out.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn merge(&mut self, o: &Self) {
+        self.counts.add(&o.counts);
+        self.latency.merge(&o.latency);
+        self.by_mode.merge(&o.by_mode);
+        self.lag.extend(o.lag.iter().map(|(p, l)| (*p, *l)));
+        self.in_flight += o.in_flight;
+        self.drain_timed_out |= o.drain_timed_out;
+    }
+}
+
 /// What `grflow serve` prints when it stops.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ServeSummary {
