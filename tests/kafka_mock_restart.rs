@@ -154,7 +154,7 @@ fn mock_late_first_answer_and_a_past_deadline_recomputation_agree() {
         in_transit.req_ids.len()
     );
     let first = first.stop();
-    assert_eq!(first["responses"], RECOVERED, "{first}");
+    assert_eq!(first["responses_out"], RECOVERED, "{first}");
     let late = responses(&in_transit);
     assert!(
         late.values().all(|a| a.len() == 1 && a[0].error.is_none()),
@@ -221,5 +221,5 @@ fn mock_late_first_answer_and_a_past_deadline_recomputation_agree() {
     }
     assert_eq!(second["recovered_unshed"], RECOVERED, "{second}");
     assert_eq!(second["shed"], NEW, "{second}");
-    assert_eq!(second["responses"], RECOVERED, "{second}");
+    assert_eq!(second["responses_out"], RECOVERED, "{second}");
 }

@@ -323,7 +323,7 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         );
     }
     assert_eq!(summary["dead_lettered"], n_letters as u64, "{summary}");
-    assert_eq!(summary["responses"], 4, "{summary}");
+    assert_eq!(summary["responses_out"], 4, "{summary}");
     assert!(summary["oov_items"].as_u64().unwrap() >= 2, "{summary}");
     // Dead-lettered records count as answered: every offset is committed.
     assert_eq!(
@@ -385,7 +385,7 @@ fn kafka_overload_sheds_past_the_deadline_and_pauses_reads() {
     assert!(shed > 0, "nothing shed: {summary}");
     assert_eq!(summary["shed"], shed, "{summary}");
     assert_eq!(
-        summary["shed"].as_u64().unwrap() + summary["responses"].as_u64().unwrap(),
+        summary["shed"].as_u64().unwrap() + summary["responses_out"].as_u64().unwrap(),
         N + WARM,
         "{summary}"
     );
@@ -589,8 +589,19 @@ fn kafka_compressed_topics_are_read_and_written() {
         serve.stderr_text()
     );
     let summary = serve.stop();
-    assert_eq!(summary["consumed"], N, "{summary}");
+    assert_eq!(summary["requests_in"], N, "{summary}");
     assert_eq!(summary["dead_lettered"], 0, "{summary}");
+    // The names replay's summary uses.
+    assert_eq!(summary["responses_out"], N, "{summary}");
+    assert_eq!(summary["errors"], 0, "{summary}");
+    assert!(
+        summary["throughput_rps"].as_f64().unwrap() > 0.0,
+        "{summary}"
+    );
+    assert!(
+        summary["latency_ms"]["p99"].as_f64().unwrap() > 0.0,
+        "{summary}"
+    );
     let by_req = answers_by_req(&tail.records);
     assert!(
         by_req.values().all(|a| a[0].2.is_null()),

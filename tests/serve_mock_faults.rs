@@ -211,7 +211,7 @@ fn mock_drain_times_out_when_answers_cannot_be_delivered_and_commits_only_answer
         serde_json::to_string(&summary).unwrap()
     );
     assert_eq!(
-        summary.consumed,
+        summary.requests_in,
         ANSWERED + STUCK,
         "the job had not consumed every request before the stop"
     );
@@ -355,5 +355,5 @@ fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
     assert_eq!(req_ids.len(), total, "none missing");
     assert_eq!(summary.clamped_ts, 3, "{summary:?}");
     assert_eq!(summary.shed, 0, "{summary:?}");
-    assert_eq!(summary.responses, total as u64, "{summary:?}");
+    assert_eq!(summary.responses_out, total as u64, "{summary:?}");
 }

@@ -306,7 +306,7 @@ fn run_both(
         .join()
         .map_err(|_| anyhow::anyhow!("serve thread panicked"))??;
     let kafka_rps = total as f64 / kafka_wall;
-    let kafka_p99_ms = summary.latency_p99_ms;
+    let kafka_p99_ms = summary.latency_ms.p99;
     end_to_end.sort_by(f64::total_cmp);
     let e2e_p99 = end_to_end[((end_to_end.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)];
     Ok(KafkaBench {

@@ -646,7 +646,7 @@ fn log_metrics(shared: &SharedState) {
     let latency = shared.latency.lock().expect("latency lock").clone();
     // The same figures for /metrics (counters as totals since start).
     for (name, value) in [
-        ("grflow_consumed_total", &c.consumed),
+        ("grflow_requests_in_total", &c.consumed),
         ("grflow_shed_total", &c.shed),
         ("grflow_dead_lettered_total", &c.dead_lettered),
         ("grflow_delivered_total", &c.delivered),
@@ -665,8 +665,8 @@ fn log_metrics(shared: &SharedState) {
             .set(*behind as f64);
     }
     tracing::info!(
-        consumed = c.consumed.load(Ordering::Relaxed),
-        responses = c.responses.load(Ordering::Relaxed),
+        requests_in = c.consumed.load(Ordering::Relaxed),
+        responses_out = c.responses.load(Ordering::Relaxed),
         shed = c.shed.load(Ordering::Relaxed),
         recovered_unshed = c.recovered_unshed.load(Ordering::Relaxed),
         dead_lettered = c.dead_lettered.load(Ordering::Relaxed),
@@ -700,8 +700,10 @@ fn summarise(
         processes: topo.processes,
         release: cfg.run.serve_release().as_str().to_string(),
         wall_s,
-        consumed: c.consumed,
-        responses: c.responses,
+        requests_in: c.consumed,
+        responses_out: c.responses,
+        errors: c.shed + c.unservable + c.dead_lettered,
+        throughput_rps: c.responses as f64 / wall_s.max(1e-9),
         shed: c.shed,
         recovered_unshed: c.recovered_unshed,
         unservable: c.unservable,
@@ -720,9 +722,7 @@ fn summarise(
         truncated_histories: c.truncated_histories
             + results.iter().map(|r| r.truncated_histories).sum::<u64>(),
         in_flight_at_exit: part.in_flight,
-        latency_p50_ms: part.latency.quantile(0.5),
-        latency_p99_ms: part.latency.quantile(0.99),
-        latency_max_ms: part.latency.max_ms(),
+        latency_ms: crate::summary::LatencySummary::from_histogram(&part.latency),
         by_mode: part.by_mode.summaries(&cfg.run.slo_ms),
         lag: part.lag.clone(),
         committed: results

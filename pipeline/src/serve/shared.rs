@@ -342,8 +342,14 @@ pub struct ServeSummary {
     /// `run.release = "complete"`.
     pub release: String,
     pub wall_s: f64,
-    pub consumed: u64,
-    pub responses: u64,
+    /// Records read from the request topic (every kind; was `consumed`).
+    pub requests_in: u64,
+    /// Rankings and retrievals answered (was `responses`).
+    pub responses_out: u64,
+    /// Error records written: shed, unservable and dead-lettered requests.
+    pub errors: u64,
+    /// responses_out / wall_s.
+    pub throughput_rps: f64,
     pub shed: u64,
     pub recovered_unshed: u64,
     pub unservable: u64,
@@ -368,9 +374,9 @@ pub struct ServeSummary {
     /// (inline ones truncated at decode time, `hist_len` ones at the node).
     pub truncated_histories: u64,
     pub in_flight_at_exit: usize,
-    pub latency_p50_ms: f64,
-    pub latency_p99_ms: f64,
-    pub latency_max_ms: f64,
+    /// Latency of the answers (was `latency_p50_ms`, `latency_p99_ms`,
+    /// `latency_max_ms`).
+    pub latency_ms: crate::summary::LatencySummary,
     /// Rankings and retrievals apart, each against its own SLO.
     pub by_mode: ModeSummaries,
     /// Messages behind the end of each request partition at exit.
