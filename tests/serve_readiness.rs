@@ -1,4 +1,5 @@
-//! `/readyz` of `grflow serve` follows the broker: a tansu of the test's
+//! `/readyz` of `grflow serve` follows the broker, and `/metrics` counts as
+//! records are answered: a tansu of the test's
 //! own (tansu on PATH, as scripts/test.sh installs it; skipped with a
 //! reason without) is stopped and started again under a running job.
 
@@ -96,6 +97,38 @@ fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
     let addr = format!("127.0.0.1:{}", free_port());
     let serve = Serve::start_with(&brokers, &config, "serve", &["--metrics-addr", &addr]);
     wait_ready(&addr, 200, &serve, Duration::from_secs(60));
+
+    // The counters move on /metrics as records are answered (typed events).
+    let records: Vec<_> = (0..50u64)
+        .map(|i| {
+            let body = format!(
+                r#"{{"req_id":{i},"user_id":{i},"ts_ms":{},"hist_len":3,"candidates":[1,2,3]}}"#,
+                1_700_000_000_000u64 + i
+            );
+            (0, Some(body.into_bytes()))
+        })
+        .collect();
+    common::kafka::produce(&brokers, &topics.requests, &records);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = get(&addr, "/metrics").map(|r| r.1).unwrap_or_default();
+        let value = |name: &str| -> f64 {
+            metrics
+                .lines()
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        if value("grflow_requests_in_total") >= 50.0 && value("grflow_delivered_total") >= 50.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "counters did not move:\n{metrics}\n{}",
+            serve.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     broker.kill().unwrap();
     broker.wait().unwrap();

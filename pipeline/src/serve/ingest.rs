@@ -17,9 +17,10 @@ use grflow_operators::history::HistoryLimits;
 use grflow_traces::Request;
 
 use super::clock::{Entry, PartitionClock, entry_time};
+use super::events::ServeEvent;
 use super::outputs::OutputQueue;
 use super::ratelimit::LogLimiter;
-use super::shared::{ServeCounters, SharedState};
+use super::shared::SharedState;
 use crate::events::{Admitted, now_ns};
 
 /// Settings of the reading side.
@@ -152,11 +153,10 @@ impl KafkaIngest {
         emit_floor: u64,
         wall_ms: u64,
     ) -> Option<Admitted> {
-        ServeCounters::add(&self.shared.counters.consumed, 1);
-        let source = RecordId {
-            partition: record.partition,
-            offset: record.offset,
-        };
+        let (partition, offset) = (record.partition, record.offset);
+        let counters = &self.shared.counters;
+        ServeEvent::Read { partition, offset }.emit(counters);
+        let source = RecordId { partition, offset };
         let admission = self
             .shared
             .book(self.worker)
@@ -166,7 +166,7 @@ impl KafkaIngest {
         match admission {
             Ok(Admission::New) => {}
             Ok(Admission::Duplicate) => {
-                ServeCounters::add(&self.shared.counters.duplicates, 1);
+                ServeEvent::Duplicate { partition, offset }.emit(counters);
                 return None;
             }
             Err(e) => {
@@ -177,7 +177,7 @@ impl KafkaIngest {
         if self.answered.remove(&source) {
             // Answered before a restart: the answer is durable, so the
             // offset may be committed without answering again.
-            ServeCounters::add(&self.shared.counters.already_answered, 1);
+            ServeEvent::AlreadyAnswered { partition, offset }.emit(counters);
             self.shared.ack(source);
             return None;
         }
@@ -190,7 +190,7 @@ impl KafkaIngest {
         match decode_request_within(&payload, &limits) {
             Ok(wire) => {
                 if wire.history_dropped > 0 {
-                    ServeCounters::add(&self.shared.counters.truncated_histories, 1);
+                    ServeEvent::HistoryTruncated { partition, offset }.emit(counters);
                 }
                 // Event time tracks the time the request enters at, so a
                 // late request is released like any other. A stamp too far
@@ -207,9 +207,14 @@ impl KafkaIngest {
                 );
                 match entry {
                     Entry::OnTime(_) => {}
-                    Entry::Late(_) => ServeCounters::add(&self.shared.counters.late, 1),
+                    Entry::Late(_) => ServeEvent::Late { partition, offset }.emit(counters),
                     Entry::Clamped(_) => {
-                        ServeCounters::add(&self.shared.counters.clamped_ts, 1);
+                        ServeEvent::Clamped {
+                            partition,
+                            offset,
+                            ts_ms: wire.ts_ms,
+                        }
+                        .emit(counters);
                         if let Some(suppressed) = self.clamp_log.admit(now) {
                             tracing::warn!(
                                 partition = record.partition,
@@ -270,19 +275,18 @@ impl KafkaIngest {
                 })
             }
             Err(error) => {
-                ServeCounters::add(&self.shared.counters.dead_lettered, 1);
+                ServeEvent::DeadLettered {
+                    partition,
+                    offset,
+                    kind: error.kind(),
+                }
+                .emit(counters);
                 let letter = DeadLetter::new(
                     &error,
                     &self.settings.request_topic,
                     record.partition,
                     record.offset,
                     &payload,
-                );
-                tracing::debug!(
-                    partition = record.partition,
-                    offset = record.offset,
-                    kind = error.kind(),
-                    "dead letter"
                 );
                 let body = serde_json::to_vec(&letter).expect("dead letters serialize");
                 outputs.send(self.settings.dead_letter_topic.clone(), None, body, source);
@@ -314,7 +318,10 @@ impl KafkaIngest {
         };
         if want != paused {
             if want {
-                ServeCounters::add(&self.shared.counters.pauses, 1);
+                ServeEvent::Paused {
+                    worker: self.worker,
+                }
+                .emit(&self.shared.counters);
             }
             self.consumer.set_paused(want);
         }

@@ -11,6 +11,7 @@
 //! `WireResponse::same_answer`.
 
 pub mod clock;
+pub mod events;
 pub mod histogram;
 pub mod ingest;
 pub mod outputs;
@@ -644,20 +645,7 @@ fn log_metrics(shared: &SharedState) {
     let c = &shared.counters;
     let lag = shared.lag.lock().expect("lag lock").clone();
     let latency = shared.latency.lock().expect("latency lock").clone();
-    // The same figures for /metrics (counters as totals since start).
-    for (name, value) in [
-        ("grflow_requests_in_total", &c.consumed),
-        ("grflow_shed_total", &c.shed),
-        ("grflow_dead_lettered_total", &c.dead_lettered),
-        ("grflow_delivered_total", &c.delivered),
-        ("grflow_late_total", &c.late),
-        ("grflow_clamped_ts_total", &c.clamped_ts),
-        ("grflow_undeliverable_total", &c.undeliverable),
-        ("grflow_duplicates_total", &c.duplicates),
-        ("grflow_pauses_total", &c.pauses),
-    ] {
-        metrics::counter!(name).absolute(value.load(Ordering::Relaxed));
-    }
+    // Counters reach /metrics as they happen (`ServeEvent`); gauges here.
     metrics::gauge!("grflow_in_flight").set(shared.in_flight() as f64);
     metrics::gauge!("grflow_p99_ms").set(latency.quantile(0.99));
     for (partition, behind) in &lag {

@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 
 use grflow_connectors::kafka::{DeadLetter, OutputProducer, RecordId, SendError, WireResponse};
 
+use super::events::ServeEvent;
 use super::ratelimit::LogLimiter;
-use super::shared::{FailedOutput, ServeCounters, SharedState};
+use super::shared::{FailedOutput, SharedState};
 use crate::config::SloMs;
-use crate::events::{ErrorKind, NodeEvent, now_ns};
+use crate::events::{NodeEvent, now_ns};
 
 /// Why a record was not taken by [`Produce::send`].
 #[derive(Debug)]
@@ -125,10 +126,10 @@ impl<P: Produce> OutputQueue<P> {
                 let Some(source) = record_id(&origin.position) else {
                     return;
                 };
-                ServeCounters::add(&self.shared.counters.responses, 1);
-                if origin.recovered_late {
-                    ServeCounters::add(&self.shared.counters.recovered_unshed, 1);
+                ServeEvent::Answered {
+                    recovered_late: origin.recovered_late,
                 }
+                .emit(&self.shared.counters);
                 let response = WireResponse::ranking(
                     source,
                     row.req_id,
@@ -147,11 +148,10 @@ impl<P: Produce> OutputQueue<P> {
                 let Some(source) = record_id(&origin.position) else {
                     return;
                 };
-                let counter = match kind {
-                    ErrorKind::Shed => &self.shared.counters.shed,
-                    ErrorKind::Unservable => &self.shared.counters.unservable,
-                };
-                ServeCounters::add(counter, 1);
+                ServeEvent::ErrorAnswered {
+                    kind: kind.as_str(),
+                }
+                .emit(&self.shared.counters);
                 let req_id = row.req_id.unwrap_or_default();
                 let response = WireResponse::failed(source, req_id, kind.as_str(), row.reason);
                 (
@@ -223,7 +223,7 @@ impl<P: Produce> OutputQueue<P> {
                 .partition(|(at, _)| *at <= now);
             self.backoff = wait;
             for (_, p) in due {
-                ServeCounters::add(&self.shared.counters.resent, 1);
+                ServeEvent::Resent.emit(&self.shared.counters);
                 self.unsent.push_back(p);
             }
         }
@@ -253,6 +253,11 @@ impl<P: Produce> OutputQueue<P> {
 
     /// An attempt of `p` failed: retry later, dead-letter it, or stop.
     fn failed(&mut self, p: Pending, error: &str, now: Instant) {
+        ServeEvent::ProduceFailed {
+            topic: &p.topic,
+            error,
+        }
+        .emit(&self.shared.counters);
         let failures = self.shared.note_failure(p.source);
         let max = self.settings.max_retries;
         let retry = failures <= max;
@@ -279,7 +284,11 @@ impl<P: Produce> OutputQueue<P> {
             self.backoff.push((now + wait, p));
         } else if p.topic != self.settings.dead_letter_topic {
             self.shared.clear_failures(p.source);
-            ServeCounters::add(&self.shared.counters.undeliverable, 1);
+            ServeEvent::Undeliverable {
+                topic: &p.topic,
+                error,
+            }
+            .emit(&self.shared.counters);
             let letter = undeliverable(&self.settings.request_topic, &p, error, failures);
             let body = serde_json::to_vec(&letter).expect("dead letters serialize");
             self.unsent.push_back(Pending {

@@ -14,6 +14,7 @@ use grflow_connectors::kafka::{Delivery, OffsetBook, RecordId, partition_owner};
 
 use grflow_traces::Mode;
 
+use super::events::ServeEvent;
 use super::histogram::LatencyHistogram;
 use crate::config::SloMs;
 use crate::summary::{ModeSummaries, ModeTallies};
@@ -55,12 +56,6 @@ pub struct ServeCounters {
     /// Times reads were paused because too many requests were in flight.
     pub pauses: AtomicU64,
     pub newest_event_ms: AtomicU64,
-}
-
-impl ServeCounters {
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
 }
 
 /// An output the producer gave up on.
@@ -142,7 +137,7 @@ impl SharedState {
     pub fn on_delivery(&self, delivery: Delivery) {
         match delivery {
             Delivery::Delivered { source } => {
-                ServeCounters::add(&self.counters.delivered, 1);
+                ServeEvent::Delivered.emit(&self.counters);
                 self.clear_failures(source);
                 self.ack(source);
             }
@@ -168,7 +163,6 @@ impl SharedState {
     /// One more failed attempt for the output of `source`; returns how many
     /// it has had.
     pub fn note_failure(&self, source: RecordId) -> u32 {
-        ServeCounters::add(&self.counters.produce_failures, 1);
         let mut failures = self.failures.lock().expect("failures lock");
         let n = failures.entry(source).or_default();
         *n += 1;

@@ -1,0 +1,156 @@
+//! Everything observable `serve` does to a record, as typed events (the
+//! model is Vector's `internal_events`): each kind is counted for the
+//! summary, counted for `/metrics` and logged in one place,
+//! [`ServeEvent::emit`], instead of at every call site.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::shared::ServeCounters;
+
+/// One thing that happened to a record or an answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ServeEvent<'a> {
+    /// A record was read from the request topic.
+    Read { partition: i32, offset: i64 },
+    /// Its offset was consumed or committed before (a refetch).
+    Duplicate { partition: i32, offset: i64 },
+    /// The response topic already answers it (found by the restart scan).
+    AlreadyAnswered { partition: i32, offset: i64 },
+    /// Its inline history was cut to the model's limit.
+    HistoryTruncated { partition: i32, offset: i64 },
+    /// Behind the event-time frontier: served anyway.
+    Late { partition: i32, offset: i64 },
+    /// Its `ts_ms` was too far in the future: served at the current time.
+    Clamped {
+        partition: i32,
+        offset: i64,
+        ts_ms: u64,
+    },
+    /// Unreadable: sent to the dead-letter topic.
+    DeadLettered {
+        partition: i32,
+        offset: i64,
+        kind: &'a str,
+    },
+    /// Reads paused: too many requests or tokens in flight.
+    Paused { worker: usize },
+    /// A ranking or retrieval was handed to the producer.
+    Answered { recovered_late: bool },
+    /// An error record (`shed`, `unservable`) was handed to the producer.
+    ErrorAnswered { kind: &'a str },
+    /// The broker acknowledged an output.
+    Delivered,
+    /// Producing an output failed (it is retried).
+    ProduceFailed { topic: &'a str, error: &'a str },
+    /// A failed output was offered again.
+    Resent,
+    /// An output failed every retry and went to the dead-letter topic.
+    Undeliverable { topic: &'a str, error: &'a str },
+}
+
+impl ServeEvent<'_> {
+    /// Counts the event for the summary (`counters`) and for `/metrics`,
+    /// and logs it.
+    pub fn emit(self, counters: &ServeCounters) {
+        let count = |atomic: &AtomicU64, metric: &'static str| {
+            atomic.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(metric).increment(1);
+        };
+        match self {
+            Self::Read { .. } => count(&counters.consumed, "grflow_requests_in_total"),
+            Self::Duplicate { partition, offset } => {
+                count(&counters.duplicates, "grflow_duplicates_total");
+                tracing::debug!(partition, offset, "skipped: consumed before");
+            }
+            Self::AlreadyAnswered { partition, offset } => {
+                count(&counters.already_answered, "grflow_already_answered_total");
+                tracing::debug!(partition, offset, "skipped: answered before the restart");
+            }
+            Self::HistoryTruncated { .. } => count(
+                &counters.truncated_histories,
+                "grflow_truncated_histories_total",
+            ),
+            Self::Late { .. } => count(&counters.late, "grflow_late_total"),
+            Self::Clamped { .. } => count(&counters.clamped_ts, "grflow_clamped_ts_total"),
+            Self::DeadLettered {
+                partition,
+                offset,
+                kind,
+            } => {
+                counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("grflow_dead_lettered_total", "kind" => kind.to_string())
+                    .increment(1);
+                tracing::debug!(partition, offset, kind, "dead letter");
+            }
+            Self::Paused { worker } => {
+                count(&counters.pauses, "grflow_pauses_total");
+                tracing::debug!(worker, "reads paused: in-flight cap");
+            }
+            Self::Answered { recovered_late } => {
+                counters.responses.fetch_add(1, Ordering::Relaxed);
+                if recovered_late {
+                    count(&counters.recovered_unshed, "grflow_recovered_unshed_total");
+                }
+            }
+            Self::ErrorAnswered { kind } => {
+                let atomic = match kind {
+                    "shed" => &counters.shed,
+                    _ => &counters.unservable,
+                };
+                // /metrics has it from the node (`grflow_errors_total`).
+                atomic.fetch_add(1, Ordering::Relaxed);
+            }
+            Self::Delivered => count(&counters.delivered, "grflow_delivered_total"),
+            Self::ProduceFailed { topic, error } => {
+                count(&counters.produce_failures, "grflow_produce_failures_total");
+                // The output queue logs failures rate-limited at warn.
+                tracing::debug!(topic, error, "producing an output failed");
+            }
+            Self::Resent => count(&counters.resent, "grflow_resent_total"),
+            Self::Undeliverable { topic, error } => {
+                count(&counters.undeliverable, "grflow_undeliverable_total");
+                tracing::error!(
+                    topic,
+                    error,
+                    "an output failed every retry: dead-lettered with its source record"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_event_counts_where_the_summary_reads_it() {
+        let c = ServeCounters::default();
+        let (partition, offset) = (1, 7);
+        for e in [
+            ServeEvent::Read { partition, offset },
+            ServeEvent::Read { partition, offset },
+            ServeEvent::Duplicate { partition, offset },
+            ServeEvent::DeadLettered {
+                partition,
+                offset,
+                kind: "malformed",
+            },
+            ServeEvent::Answered {
+                recovered_late: true,
+            },
+            ServeEvent::ErrorAnswered { kind: "shed" },
+            ServeEvent::ErrorAnswered { kind: "unservable" },
+            ServeEvent::Delivered,
+        ] {
+            e.emit(&c);
+        }
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!(n(&c.consumed), 2);
+        assert_eq!(n(&c.duplicates), 1);
+        assert_eq!(n(&c.dead_lettered), 1);
+        assert_eq!((n(&c.responses), n(&c.recovered_unshed)), (1, 1));
+        assert_eq!((n(&c.shed), n(&c.unservable)), (1, 1));
+        assert_eq!(n(&c.delivered), 1);
+    }
+}
