@@ -17,9 +17,7 @@ use grflow_connectors::parquet::{
     load_side_tables,
 };
 use grflow_connectors::{ErrorRow, ResponseRow, WindowRow};
-use grflow_operators::hotness::HotUsers;
-use grflow_operators::node::ServingNode;
-use grflow_operators::router::{Router, RouterStats};
+use grflow_operators::router::RouterStats;
 use grflow_traces::{Request, Trace};
 
 use crate::config::Config;
@@ -28,7 +26,7 @@ use crate::dataflow::allocator::AllocatorStats;
 use crate::dataflow::source::Pacing;
 use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
 use crate::events::{ScheduledCommand, Target};
-use crate::params::node_params;
+use crate::job::Job;
 use crate::side::SideTables;
 use crate::summary::{LatencyTally, ModeTallies, NodeSummary, Summary, sort_windows};
 
@@ -208,13 +206,6 @@ impl CounterSnapshot {
 
 pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let cfg = opts.config.clone();
-    let cluster = cfg
-        .cluster
-        .resolve(cfg.run.workers)
-        .map_err(|e| ReplayError::Setup(e.to_string()))?;
-    let topo = cluster.topology;
-    // Nodes of the whole job; this process runs `topo.local_workers()`.
-    let workers = topo.total();
 
     // Side tables are loaded once and shared by every worker thread.
     let (side, requests, total, origin_ts, trace_name) = match &opts.trace {
@@ -256,33 +247,12 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             )
         }
     };
-    let side = Arc::new(side);
-    let params = node_params(&cfg, &side.meta, &side.catalog())
-        .map_err(|e| ReplayError::Setup(e.to_string()))?;
-    // Nodes are built here so that a bad memory or model config fails
-    // before any thread starts; each worker takes its own.
-    let mut nodes = Vec::with_capacity(topo.threads);
-    for n in topo.local_workers() {
-        nodes.push(Some(
-            ServingNode::new(n as u32, params.clone())
-                .map_err(|e| ReplayError::Setup(e.to_string()))?,
-        ));
-    }
-    if cfg.run.clock == crate::config::Clock::Virtual {
-        let cost =
-            crate::params::cost_model(&cfg).map_err(|e| ReplayError::Setup(e.to_string()))?;
-        for node in nodes.iter_mut().flatten() {
-            node.set_virtual(cost.clone());
-        }
-    }
-    let nodes = Arc::new(Mutex::new(nodes));
-    // Fail on a bad router config before starting threads.
-    Router::new(
-        cfg.router.clone(),
-        workers,
-        HotUsers::new(cfg.hotness.clone()),
-    )
-    .map_err(|e| ReplayError::Setup(e.to_string()))?;
+    let job = Job::prepare(cfg.clone(), side).map_err(ReplayError::Setup)?;
+    let topo = job.topology();
+    // Nodes of the whole job; this process runs `topo.local_workers()`.
+    let workers = topo.total();
+    let side = job.side.clone();
+    let nodes = job.nodes();
 
     for c in &opts.commands {
         let bad_target = matches!(c.target, Target::Node(n) if n as usize >= workers);
@@ -304,21 +274,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         ResponseOutput::Drop
     };
     let writer = Arc::new(Mutex::new(ResponseWriter::open(&response_output)?));
-    let model_version = nodes.lock().expect("lock")[0]
-        .as_ref()
-        .map(|n| n.model_version().to_string())
-        .unwrap_or_default();
-    let ops = crate::ops::state();
-    ops.set_status(serde_json::json!({
-        "command": "replay",
-        "trace": trace_name,
-        "model_version": model_version,
-        "workers": workers,
-        "process": topo.process,
-        "processes": topo.processes,
-        "config": &cfg,
-    }));
-    ops.set_ready();
+    job.publish("replay", serde_json::json!({ "trace": trace_name }));
+    crate::ops::state().set_ready();
     let counters = opts.counters.clone().unwrap_or_default();
     // Pacing starts when the workers do: in cluster mode after every
     // process has connected, which may take a while.
@@ -340,7 +297,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_commands = opts.commands.clone();
     let worker_started = started.clone();
     let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
-    let guards = cluster
+    let guards = job
+        .cluster
         .execute(move |worker| {
             let index = worker.index();
             let peers = worker.peers();
@@ -363,15 +321,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     peers,
                 )),
             };
-            let router = Router::new(
-                worker_cfg.router.clone(),
-                peers,
-                HotUsers::new(worker_cfg.hotness.clone()),
-            )
-            .expect("validated above");
-            let node = nodes.lock().expect("lock")[topo.local(index).expect("a local worker")]
-                .take()
-                .expect("one node per worker");
+            let router = Job::router(&worker_cfg, peers);
+            let node = nodes.take(index);
             let allocator_stats: Rc<RefCell<AllocatorStats>> = Default::default();
             let batch_writer = worker_writer.clone();
             let responses: dataflow::ResponseBatchSink =

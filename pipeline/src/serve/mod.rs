@@ -35,14 +35,13 @@ use grflow_connectors::kafka::{
     ensure_topics, owned_partitions, partition_count, scan_answered,
 };
 use grflow_connectors::parquet::load_side_tables;
-use grflow_operators::hotness::HotUsers;
 use grflow_operators::node::ServingNode;
-use grflow_operators::router::Router;
 
 use crate::config::Config;
 use crate::dataflow::control::{LiveControl, SourceClock};
 use crate::dataflow::{self, ServingParts};
 use crate::events::{NodeControl, Target};
+use crate::job::Job;
 use crate::models::ModelRegistry;
 use crate::params::node_params;
 use crate::side::SideTables;
@@ -144,44 +143,20 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         ));
     }
     let k = cfg.kafka.clone();
-    let cluster = cfg
-        .cluster
-        .resolve(cfg.run.workers)
-        .map_err(|e| ServeError::Config(e.to_string()))?;
-    let topo = cluster.topology;
+    let settings = opts.settings();
+    let started = Instant::now();
+    let job = Job::prepare(cfg.clone(), side_tables(&cfg)?).map_err(ServeError::Config)?;
+    let topo = job.topology();
     // Nodes of the whole job (N processes × W workers); partitions, offset
     // books and node ids use the global worker index.
     let workers = topo.total();
-    let settings = opts.settings();
-    let started = Instant::now();
-
-    let side = Arc::new(side_tables(&cfg)?);
-    let params = node_params(&cfg, &side.meta, &side.catalog())
-        .map_err(|e| ServeError::Config(e.to_string()))?;
-    let mut nodes = Vec::with_capacity(topo.threads);
-    for n in topo.local_workers() {
-        nodes.push(Some(
-            ServingNode::new(n as u32, params.clone())
-                .map_err(|e| ServeError::Config(e.to_string()))?,
-        ));
-    }
-    Router::new(
-        cfg.router.clone(),
-        workers,
-        HotUsers::new(cfg.hotness.clone()),
-    )
-    .map_err(|e| ServeError::Config(e.to_string()))?;
+    let side = job.side.clone();
+    let nodes = job.nodes();
     // Every node has the same parameters, hence the same history limits.
     let history_limits = nodes
-        .first()
-        .and_then(|n| n.as_ref())
-        .map(ServingNode::history_limits)
+        .with_first(ServingNode::history_limits)
         .ok_or_else(|| ServeError::Config("run.workers must be >= 1".into()))?;
-    let model_version = nodes
-        .first()
-        .and_then(|n| n.as_ref())
-        .map(|n| n.model_version().to_string())
-        .unwrap_or_default();
+    let model_version = job.model_version.clone();
 
     if k.create_partitions > 0 {
         ensure_topics(
@@ -310,7 +285,6 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         ingests.push(Some((consumer, ingest_settings, mine)));
     }
     let ingests = Arc::new(Mutex::new(ingests));
-    let nodes = Arc::new(Mutex::new(nodes));
 
     // Opened before the job starts, so an unwritable path fails at once.
     let window_log = Arc::new(Mutex::new(
@@ -328,17 +302,14 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let worker_models = models.clone();
     let metrics_every = Duration::from_millis(k.metrics_interval_ms);
     let ops = crate::ops::state();
-    ops.set_status(serde_json::json!({
-        "command": "serve",
-        "model_version": model_version,
-        "workers": workers,
-        "process": topo.process,
-        "processes": topo.processes,
-        // What this build's librdkafka speaks (TLS, SASL, codecs).
-        "kafka_features": grflow_connectors::kafka::builtin_features(),
-        "models": models.report(),
-        "config": &cfg,
-    }));
+    job.publish(
+        "serve",
+        serde_json::json!({
+            // What this build's librdkafka speaks (TLS, SASL, codecs).
+            "kafka_features": grflow_connectors::kafka::builtin_features(),
+            "models": models.report(),
+        }),
+    );
     // Model, catalog and consumers are set up; the dataflow starts now.
     ops.set_ready();
     let watch_done = Arc::new(AtomicBool::new(false));
@@ -357,7 +328,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let job_stop = Arc::new(AtomicBool::new(false));
     let signalled = stop;
     let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
-    let guards = cluster.execute(move |worker| {
+    let guards = job.cluster.execute(move |worker| {
         let index = worker.index();
         let local = topo.local(index).expect("a local worker");
         let stop = job_stop.clone();
@@ -390,15 +361,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             worker_shared.clone(),
             answered,
         )));
-        let router = Router::new(
-            worker_cfg.router.clone(),
-            worker.peers(),
-            HotUsers::new(worker_cfg.hotness.clone()),
-        )
-        .expect("validated above");
-        let node = nodes.lock().expect("lock")[local]
-            .take()
-            .expect("one node per worker");
+        let router = Job::router(&worker_cfg, worker.peers());
+        let node = nodes.take(index);
         let probe = ProbeHandle::new();
         let handles = worker.dataflow::<u64, _, _>(|scope| {
             let requests =

@@ -1,0 +1,160 @@
+//! The bootstrap `replay` and `serve` share: the cluster this process is
+//! part of, the side tables, the nodes' parameters and this process's
+//! nodes, the routers' config checked, and `/status`. The two commands
+//! differ only in where requests come from and where answers go (Parquet
+//! or Kafka) and in what they summarise.
+
+use std::sync::{Arc, Mutex};
+
+use grflow_operators::hotness::HotUsers;
+use grflow_operators::node::{NodeParams, ServingNode};
+use grflow_operators::router::Router;
+
+use crate::cluster::{Cluster, Topology};
+use crate::config::{Clock, Config};
+use crate::params::node_params;
+use crate::side::SideTables;
+
+/// A job that is ready to start its workers.
+pub struct Job {
+    pub cfg: Config,
+    pub cluster: Cluster,
+    pub side: Arc<SideTables>,
+    pub params: NodeParams,
+    /// This process's nodes by local worker index; each worker takes its own.
+    nodes: Arc<Mutex<Vec<Option<ServingNode>>>>,
+    pub model_version: String,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("topology", &self.cluster.topology)
+            .field("model_version", &self.model_version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Job {
+    /// Checks everything that can fail before a thread starts: the cluster
+    /// section, the model and memory config (by building this process's
+    /// nodes), the router config. Errors are for the user to fix.
+    pub fn prepare(cfg: Config, side: SideTables) -> Result<Self, String> {
+        let cluster = cfg
+            .cluster
+            .resolve(cfg.run.workers)
+            .map_err(|e| e.to_string())?;
+        let topo = cluster.topology;
+        let side = Arc::new(side);
+        let params = node_params(&cfg, &side.meta, &side.catalog()).map_err(|e| e.to_string())?;
+        let cost = match cfg.run.clock {
+            Clock::Virtual => Some(crate::params::cost_model(&cfg).map_err(|e| e.to_string())?),
+            _ => None,
+        };
+        let mut nodes = Vec::with_capacity(topo.threads);
+        for n in topo.local_workers() {
+            let mut node = ServingNode::new(n as u32, params.clone()).map_err(|e| e.to_string())?;
+            if let Some(cost) = &cost {
+                node.set_virtual(cost.clone());
+            }
+            nodes.push(Some(node));
+        }
+        Router::new(
+            cfg.router.clone(),
+            topo.total(),
+            HotUsers::new(cfg.hotness.clone()),
+        )
+        .map_err(|e| e.to_string())?;
+        let model_version = nodes
+            .first()
+            .and_then(|n| n.as_ref())
+            .map(|n| n.model_version().to_string())
+            .unwrap_or_default();
+        Ok(Self {
+            cfg,
+            cluster,
+            side,
+            params,
+            nodes: Arc::new(Mutex::new(nodes)),
+            model_version,
+        })
+    }
+
+    pub fn topology(&self) -> Topology {
+        self.cluster.topology
+    }
+
+    /// What every worker of this process needs to take its node.
+    pub fn nodes(&self) -> NodeHandout {
+        NodeHandout {
+            nodes: self.nodes.clone(),
+            topology: self.cluster.topology,
+        }
+    }
+
+    /// A router replica for a worker.
+    pub fn router(cfg: &Config, peers: usize) -> Router {
+        Router::new(
+            cfg.router.clone(),
+            peers,
+            HotUsers::new(cfg.hotness.clone()),
+        )
+        .expect("checked in Job::prepare")
+    }
+
+    /// `/status` for this job (`extra` adds command-specific fields) and
+    /// readiness: the model, catalog and nodes are loaded.
+    pub fn publish(&self, command: &str, extra: serde_json::Value) {
+        let topo = self.topology();
+        let mut status = serde_json::json!({
+            "command": command,
+            "model_version": self.model_version,
+            "workers": topo.total(),
+            "process": topo.process,
+            "processes": topo.processes,
+            "config": &self.cfg,
+        });
+        if let (Some(status), serde_json::Value::Object(extra)) = (status.as_object_mut(), extra) {
+            status.extend(extra);
+        }
+        crate::ops::state().set_status(status);
+    }
+}
+
+/// This process's nodes, handed to the workers one each.
+#[derive(Clone)]
+pub struct NodeHandout {
+    nodes: Arc<Mutex<Vec<Option<ServingNode>>>>,
+    topology: Topology,
+}
+
+impl std::fmt::Debug for NodeHandout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHandout")
+            .field("topology", &self.topology)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeHandout {
+    /// The node of global worker `index` (once).
+    pub fn take(&self, index: usize) -> ServingNode {
+        let local = self
+            .topology
+            .local(index)
+            .expect("a worker of this process");
+        self.nodes.lock().expect("nodes lock")[local]
+            .take()
+            .expect("one node per worker")
+    }
+
+    /// A look at the first node (history limits, model version).
+    pub fn with_first<R>(&self, f: impl FnOnce(&ServingNode) -> R) -> Option<R> {
+        self.nodes
+            .lock()
+            .expect("nodes lock")
+            .first()
+            .and_then(|n| n.as_ref())
+            .map(f)
+    }
+}
