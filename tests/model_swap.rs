@@ -135,11 +135,19 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
     );
     let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
     tail.read_until(Duration::from_millis(1_000), |_| false);
+    let metrics = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    );
     let serve = Serve::start_with(
         &brokers,
         &config,
         "swap",
-        &["--admin-addr", &admin, "--metrics-addr", "none"],
+        &["--admin-addr", &admin, "--metrics-addr", &metrics],
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     while TcpStream::connect(&admin).is_err() {
@@ -181,6 +189,9 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
             let (status, asked) = http(&admin, "POST", "/model", b.to_str().unwrap());
             assert_eq!(status, 202, "{asked}");
             assert_eq!(asked["swapping_to"], vb.as_str());
+            // An operator pins α too (HLEM's runtime switch).
+            let (status, pinned) = http(&admin, "POST", "/alpha", "0.3");
+            assert_eq!(status, 202, "{pinned}");
             swapped_at = Some(i);
         }
         let due = started + Duration::from_micros(2_500 * (i + 1));
@@ -201,6 +212,23 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
     for v in report["serving"].as_object().unwrap().values() {
         assert_eq!(v, vb.as_str(), "every node serves B: {report}");
     }
+    let scraped = {
+        let mut s = TcpStream::connect(&metrics).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: grflow\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let alphas: Vec<f64> = scraped
+        .lines()
+        .filter(|l| l.starts_with("grflow_alpha{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(alphas.len(), 2, "{scraped}");
+    assert!(
+        alphas.iter().all(|a| (a - 0.3).abs() < 0.02),
+        "pinned: {alphas:?}"
+    );
     let summary = serve.stop();
     assert_eq!(summary["requests_in"], N, "{summary}");
 

@@ -3,6 +3,9 @@
 //! only. `POST /model` with a trained model directory as the body swaps
 //! every node to it (202, or 409 with why it was refused); `GET /model`
 //! says what each node of this process serves and the last refusal.
+//! `POST /alpha` with a number in [0, 1] pins every node's α there (the
+//! allocator's moves are refused meanwhile); with `auto` it releases α to
+//! the allocator again.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -10,6 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use grflow_operators::node::NodeCommand;
 
 use crate::models::ModelRegistry;
 
@@ -26,8 +31,8 @@ pub enum AdminError {
     },
 }
 
-/// Hands a swap to the nodes (the version is already checked).
-pub type Submit = Box<dyn Fn(&str, &str) + Send>;
+/// Hands a command to every node of the job (already checked).
+pub type Submit = Box<dyn Fn(NodeCommand) + Send>;
 
 /// The answer to one admin request: status and JSON body.
 #[derive(Debug, PartialEq)]
@@ -42,10 +47,30 @@ pub fn route(
     path: &str,
     body: &str,
     models: &ModelRegistry,
-    submit: &dyn Fn(&str, &str),
+    submit: &dyn Fn(NodeCommand),
 ) -> AdminReply {
     let reply = |status, body| AdminReply { status, body };
     match (method, path.split('?').next().unwrap_or("")) {
+        ("POST", "/alpha") => {
+            let pin = match body.trim() {
+                "auto" => None,
+                text => match text.parse::<f64>() {
+                    Ok(a) if (0.0..=1.0).contains(&a) => Some(a),
+                    _ => {
+                        return reply(
+                            400,
+                            serde_json::json!({
+                                "error": format!("the body must be a number in [0, 1] or `auto`, not {text:?}")
+                            }),
+                        );
+                    }
+                },
+            };
+            submit(NodeCommand::PinAlpha(pin));
+            tracing::info!(?pin, "alpha pin requested");
+            reply(202, serde_json::json!({ "pin": pin }))
+        }
+        (_, "/alpha") => reply(405, serde_json::json!({"error": "POST /alpha"})),
         ("GET", "/model") => reply(200, models.report()),
         ("POST", "/model") => {
             let dir = body.trim();
@@ -57,7 +82,10 @@ pub fn route(
             }
             match models.load(dir) {
                 Ok(version) => {
-                    submit(dir, &version);
+                    submit(NodeCommand::SwapModel {
+                        path: dir.into(),
+                        version: version.clone(),
+                    });
                     tracing::info!(path = dir, version, "model swap requested");
                     reply(
                         202,
@@ -71,7 +99,10 @@ pub fn route(
             }
         }
         (_, "/model") => reply(405, serde_json::json!({"error": "GET or POST /model"})),
-        _ => reply(404, serde_json::json!({"error": "not found: try /model"})),
+        _ => reply(
+            404,
+            serde_json::json!({"error": "not found: try /model or /alpha"}),
+        ),
     }
 }
 
@@ -198,7 +229,7 @@ fn answer(
                 path,
                 &String::from_utf8_lossy(&body),
                 models,
-                &|p: &str, v: &str| submit(p, v),
+                &|c: NodeCommand| submit(c),
             );
             // /status shows the last refusal (or its clearing) too.
             crate::ops::state().set_status_field("models", models.report());
@@ -244,12 +275,7 @@ mod tests {
     fn a_refused_model_answers_409_and_is_reported() {
         let models = registry(false);
         let submitted = Mutex::new(Vec::new());
-        let submit = |p: &str, v: &str| {
-            submitted
-                .lock()
-                .unwrap()
-                .push((p.to_string(), v.to_string()))
-        };
+        let submit = |c: NodeCommand| submitted.lock().unwrap().push(c);
         let r = route("POST", "/model", "/models/b\n", &models, &submit);
         assert_eq!(r.status, 409);
         assert!(
@@ -272,11 +298,39 @@ mod tests {
     }
 
     #[test]
+    fn alpha_is_pinned_and_released_by_post() {
+        let models = registry(true);
+        let submitted = Mutex::new(Vec::new());
+        let submit = |c: NodeCommand| submitted.lock().unwrap().push(c);
+        assert_eq!(
+            route("POST", "/alpha", "0.3\n", &models, &submit).status,
+            202
+        );
+        assert_eq!(
+            route("POST", "/alpha", "auto", &models, &submit).status,
+            202
+        );
+        assert_eq!(route("POST", "/alpha", "1.5", &models, &submit).status, 400);
+        assert_eq!(
+            route("POST", "/alpha", "lots", &models, &submit).status,
+            400
+        );
+        assert_eq!(route("GET", "/alpha", "", &models, &submit).status, 405);
+        assert_eq!(
+            *submitted.lock().unwrap(),
+            vec![
+                NodeCommand::PinAlpha(Some(0.3)),
+                NodeCommand::PinAlpha(None)
+            ]
+        );
+    }
+
+    #[test]
     fn only_loopback_addresses_are_bound() {
         let models = Arc::new(registry(true));
-        let err = AdminServer::start("0.0.0.0:0", models.clone(), Box::new(|_, _| {})).unwrap_err();
+        let err = AdminServer::start("0.0.0.0:0", models.clone(), Box::new(|_| {})).unwrap_err();
         assert!(matches!(err, AdminError::NotLoopback(_)), "{err}");
-        let server = AdminServer::start("127.0.0.1:0", models, Box::new(|_, _| {})).unwrap();
+        let server = AdminServer::start("127.0.0.1:0", models, Box::new(|_| {})).unwrap();
         assert!(server.local_addr().ip().is_loopback());
     }
 }

@@ -18,6 +18,10 @@ pub enum NodeCommand {
     /// `version`) from now on. It carries no weights: whoever delivers it
     /// loads them and calls [`ServingNode::swap_model`].
     SwapModel { path: String, version: String },
+    /// An operator pins α (`Some`): the node moves there and refuses the
+    /// allocator's `SetAlpha` until released (`None`), when the allocator's
+    /// next decision applies again (HLEM §IV-A's runtime switch).
+    PinAlpha(Option<f64>),
 }
 
 impl NodeCommand {
@@ -33,6 +37,10 @@ impl NodeCommand {
                 Err("SwapModel: path and version must be given".into())
             }
             NodeCommand::SwapModel { .. } => Ok(()),
+            NodeCommand::PinAlpha(Some(alpha)) if !(0.0..=1.0).contains(alpha) => {
+                Err(format!("PinAlpha: alpha must be in [0, 1] (got {alpha})"))
+            }
+            NodeCommand::PinAlpha(_) => Ok(()),
         }
     }
 }
@@ -49,6 +57,9 @@ pub enum Applied {
     },
     /// The node serves model `to` instead of `from`, with empty caches.
     Model { from: String, to: String },
+    /// α is pinned at `alpha` by the operator (after moving there), or
+    /// released to the allocator (`None`).
+    Pin { alpha: Option<f64> },
 }
 
 impl ServingNode {
@@ -67,6 +78,7 @@ impl ServingNode {
         next.virtual_compute = self.virtual_compute.take();
         next.backlog = std::mem::replace(&mut self.backlog, Backlog::new(1.0));
         next.link_clock = self.link_clock;
+        next.alpha_pin = self.alpha_pin;
         let from = std::mem::replace(self, next).model_version;
         Ok(Applied::Model {
             from,
@@ -80,6 +92,18 @@ impl ServingNode {
             NodeCommand::SwapModel { .. } => Err(ServeError::Model(
                 "SwapModel needs the model's parameters: deliver it with swap_model".into(),
             )),
+            NodeCommand::PinAlpha(pin) => {
+                if let Some(alpha) = pin {
+                    self.set_alpha(alpha)?;
+                }
+                self.alpha_pin = pin;
+                Ok(Applied::Pin {
+                    alpha: pin.map(|_| self.alpha()),
+                })
+            }
+            NodeCommand::SetAlpha(_) if self.alpha_pin.is_some() => {
+                Err(ServeError::AlphaPinned(self.alpha_pin.expect("checked")))
+            }
             NodeCommand::SetAlpha(alpha) => {
                 let from = self.alpha();
                 let moved = self.set_alpha(alpha)?;
@@ -115,6 +139,32 @@ mod tests {
         assert!((to - 0.25).abs() < 0.01, "{to}");
         assert!(pages_to_emb < 0, "EMB gave pages back: {pages_to_emb}");
         assert_eq!(node.alpha(), to);
+    }
+
+    #[test]
+    fn a_pinned_alpha_refuses_the_allocator_until_released() {
+        let mut node = ServingNode::new(0, test_params()).unwrap();
+        let pinned = node.apply(&NodeCommand::PinAlpha(Some(0.25))).unwrap();
+        let pinned_at = node.alpha();
+        assert!((pinned_at - 0.25).abs() < 0.01, "{pinned_at}");
+        assert_eq!(
+            pinned,
+            Applied::Pin {
+                alpha: Some(pinned_at)
+            }
+        );
+        let refused = node.apply(&NodeCommand::SetAlpha(0.75)).unwrap_err();
+        assert!(matches!(refused, ServeError::AlphaPinned(_)), "{refused}");
+        assert_eq!(node.alpha(), pinned_at, "the allocator moved nothing");
+        assert_eq!(
+            node.apply(&NodeCommand::PinAlpha(None)).unwrap(),
+            Applied::Pin { alpha: None }
+        );
+        assert_eq!(node.alpha(), pinned_at, "releasing does not move α");
+        node.apply(&NodeCommand::SetAlpha(0.75)).unwrap();
+        assert!((node.alpha() - 0.75).abs() < 0.01);
+        assert!(NodeCommand::PinAlpha(Some(1.5)).validate().is_err());
+        assert!(NodeCommand::PinAlpha(None).validate().is_ok());
     }
 
     #[test]

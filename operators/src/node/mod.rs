@@ -234,6 +234,8 @@ pub enum ServeError {
     NoCandidates { req_id: u64 },
     #[error("request {req_id}: the catalog has no semantic IDs to retrieve from")]
     EmptyCatalog { req_id: u64 },
+    #[error("alpha is pinned at {0} by the operator (PinAlpha(None) releases it)")]
+    AlphaPinned(f64),
 }
 
 /// Cumulative counters of a node.
@@ -313,6 +315,9 @@ pub struct ServingNode {
     /// The virtual clock: model work is charged from this cost model
     /// instead of run.
     virtual_compute: Option<VirtualCompute>,
+    /// α pinned by an operator (`NodeCommand::PinAlpha`): the allocator's
+    /// `SetAlpha` is refused meanwhile.
+    alpha_pin: Option<f64>,
 }
 
 /// A node on the virtual clock: its compute timeline.
@@ -378,6 +383,7 @@ impl ServingNode {
             link_clock: LinkClock::start(),
             lanes: 1,
             virtual_compute: None,
+            alpha_pin: None,
         })
     }
 

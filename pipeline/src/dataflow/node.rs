@@ -95,6 +95,10 @@ impl EventOperator for NodeParts {
                 Ok(applied) => {
                     tracing::debug!(node = node.id(), time, ?applied, "command applied")
                 }
+                // The allocator's move while an operator pins α: expected.
+                Err(e @ grflow_operators::node::ServeError::AlphaPinned(_)) => {
+                    tracing::debug!(node = node.id(), time, "command refused: {e}")
+                }
                 Err(e) => tracing::warn!(
                     node = node.id(),
                     time,

@@ -200,14 +200,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             let inbox = inboxes[0].clone();
             let seq = AtomicU64::new(0);
             let swap_models = models.clone();
-            let submit = Box::new(move |path: &str, version: &str| {
+            let submit = Box::new(move |command: NodeCommand| {
                 inbox.lock().expect("inbox lock").push_back(NodeControl {
                     target: Target::All,
                     seq: seq.fetch_add(1, Ordering::Relaxed),
-                    command: NodeCommand::SwapModel {
-                        path: path.into(),
-                        version: version.into(),
-                    },
+                    command,
                 });
                 crate::ops::state().set_status_field("models", swap_models.report());
             });
