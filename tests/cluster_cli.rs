@@ -59,9 +59,10 @@ fn summary(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
-#[test]
-fn two_processes_of_one_worker_answer_like_one_process_of_two() {
-    let dir = tmp_dir("cluster-replay");
+/// `processes` × `threads` workers in cluster mode against one process of
+/// `processes · threads` workers, `complete` mode: same answers, same nodes.
+fn cluster_answers_like_one_process(tag: &str, processes: usize, threads: usize) {
+    let dir = tmp_dir(tag);
     let trace = dir.join("trace");
     ok(grflow()
         .args(["gen-trace", "--regime", "burst", "--users", "150"])
@@ -80,47 +81,62 @@ fn two_processes_of_one_worker_answer_like_one_process_of_two() {
             .args(extra);
         cmd
     };
-
+    let nodes = processes * threads;
     let one = dir.join("one-process");
-    ok(replay(&["--workers", "2"], &one).output().unwrap());
+    ok(replay(&["--workers", &nodes.to_string()], &one)
+        .output()
+        .unwrap());
 
-    let hosts = hostfile(&dir, 2);
+    let hosts = hostfile(&dir, processes);
     let hosts = hosts.to_str().unwrap();
-    let two = dir.join("two-processes");
-    let follower_out = dir.join("follower-out");
-    let follower = replay(
-        &["--workers", "1", "--hostfile", hosts, "--process", "1"],
-        &follower_out,
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let threads = threads.to_string();
+    let cluster = dir.join("cluster");
+    let mut followers = Vec::new();
+    for p in 1..processes {
+        let out = dir.join(format!("follower-{p}"));
+        let process = p.to_string();
+        let args = [
+            "--workers",
+            &threads,
+            "--hostfile",
+            hosts,
+            "--process",
+            &process,
+        ];
+        let child = replay(&args, &out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        followers.push((child, out));
+    }
     let leader = ok(replay(
-        &["--workers", "1", "--hostfile", hosts, "--process", "0"],
-        &two,
+        &["--workers", &threads, "--hostfile", hosts, "--process", "0"],
+        &cluster,
     )
     .output()
     .unwrap());
-    let follower = ok(follower.wait_with_output().unwrap());
+    for (child, out) in followers {
+        let follower = ok(child.wait_with_output().unwrap());
+        let said: Value = serde_json::from_slice(&follower.stdout).expect("JSON on stdout");
+        assert!(said["process"].as_u64().unwrap() >= 1);
+        assert!(
+            !out.join("responses.parquet").exists(),
+            "only process 0 writes the job's outputs"
+        );
+    }
 
     // Process 0's stdout is the summary alone: timely's connection
     // messages went to stderr.
     let printed: Value = serde_json::from_slice(&leader.stdout).expect("JSON summary on stdout");
-    assert_eq!(printed["workers"], 2, "{printed}");
-    let said: Value = serde_json::from_slice(&follower.stdout).expect("JSON on stdout");
-    assert_eq!(said["process"], 1);
-    assert!(
-        !follower_out.join("responses.parquet").exists(),
-        "only process 0 writes the job's outputs"
-    );
+    assert_eq!(printed["workers"], nodes, "{printed}");
 
-    let (a, b) = (summary(&one), summary(&two));
+    let (a, b) = (summary(&one), summary(&cluster));
     for key in ["requests_in", "responses_out", "errors", "router"] {
         assert_eq!(a[key], b[key], "{key}");
     }
     // Node counters, not the wall-clock ones (busy share, queue waits).
-    for n in 0..2 {
+    for n in 0..nodes {
         for key in [
             "node",
             "responses_out",
@@ -133,11 +149,26 @@ fn two_processes_of_one_worker_answer_like_one_process_of_two() {
     }
     let (a, b) = (
         answers(&one.join("responses.parquet")),
-        answers(&two.join("responses.parquet")),
+        answers(&cluster.join("responses.parquet")),
     );
     assert_eq!(a.len(), 600);
-    assert!(a.iter().any(|r| r.1 == 1) && a.iter().any(|r| r.1 == 0));
-    assert_eq!(a, b, "(req_id, node, items) equal for 1×2 and 2×1");
+    for n in 0..nodes as u32 {
+        assert!(a.iter().any(|r| r.1 == n), "node {n} served something");
+    }
+    assert_eq!(
+        a, b,
+        "(req_id, node, items) equal in and out of cluster mode"
+    );
+}
+
+#[test]
+fn two_processes_of_one_worker_answer_like_one_process_of_two() {
+    cluster_answers_like_one_process("cluster-2x1", 2, 1);
+}
+
+#[test]
+fn two_processes_of_two_workers_answer_like_one_process_of_four() {
+    cluster_answers_like_one_process("cluster-2x2", 2, 2);
 }
 
 #[test]
