@@ -43,6 +43,16 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
     (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// A loopback address with a port free now.
+fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
 fn version_of(model: &Path) -> String {
     let json: Value =
         serde_json::from_slice(&std::fs::read(model.join("model.json")).unwrap()).unwrap();
@@ -125,24 +135,10 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
         a.display().to_string()
     );
     let config = write_config(&dir, &topics, &extra);
-    let admin = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    );
+    let admin = free_addr();
     let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
     tail.read_until(Duration::from_millis(1_000), |_| false);
-    let metrics = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    );
+    let metrics = free_addr();
     let serve = Serve::start_with(
         &brokers,
         &config,

@@ -8,10 +8,8 @@
 //! the allocator again.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use grflow_operators::node::NodeCommand;
@@ -107,18 +105,9 @@ pub fn route(
 }
 
 /// The running admin endpoint; stops when dropped.
+#[derive(Debug)]
 pub struct AdminServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for AdminServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdminServer")
-            .field("addr", &self.addr)
-            .finish_non_exhaustive()
-    }
+    listener: crate::http::Listener,
 }
 
 impl AdminServer {
@@ -131,55 +120,19 @@ impl AdminServer {
         if !parsed.ip().is_loopback() {
             return Err(AdminError::NotLoopback(addr.into()));
         }
-        let bind = |source| AdminError::Bind {
+        let listener = crate::http::Listener::spawn("grflow-admin", parsed, move |stream, peer| {
+            answer(stream, peer, &models, &submit)
+        })
+        .map_err(|source| AdminError::Bind {
             addr: addr.into(),
             source,
-        };
-        let listener = TcpListener::bind(parsed).map_err(bind)?;
-        let local = listener.local_addr().map_err(bind)?;
-        listener.set_nonblocking(true).map_err(bind)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("grflow-admin".into())
-            .spawn(move || {
-                while !stopping.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((stream, peer)) => {
-                            if let Err(e) = answer(stream, peer, &models, &submit) {
-                                tracing::debug!(error = %e, "admin request");
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "admin accept");
-                            std::thread::sleep(Duration::from_millis(200));
-                        }
-                    }
-                }
-            })
-            .map_err(bind)?;
-        tracing::info!(addr = %local, "admin endpoint (POST /model to swap models)");
-        Ok(Self {
-            addr: local,
-            stop,
-            thread: Some(thread),
-        })
+        })?;
+        tracing::info!(addr = %listener.local_addr(), "admin endpoint (POST /model to swap models)");
+        Ok(Self { listener })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for AdminServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.listener.local_addr()
     }
 }
 
@@ -192,7 +145,6 @@ fn answer(
     models: &ModelRegistry,
     submit: &Submit,
 ) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let reply = if !peer.ip().is_loopback() {

@@ -6,10 +6,9 @@
 //! small, and nothing here is on the serving path.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -193,9 +192,7 @@ pub fn route(request_line: &str, state: &OpsState, metrics: &dyn Fn() -> String)
 /// The running server; stops when dropped.
 #[derive(Debug)]
 pub struct OpsServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    listener: crate::http::Listener,
 }
 
 impl OpsServer {
@@ -206,67 +203,21 @@ impl OpsServer {
             return Ok(None);
         }
         let parsed: SocketAddr = addr.parse().map_err(|_| OpsError::Addr(addr.into()))?;
-        let listener = TcpListener::bind(parsed).map_err(|source| OpsError::Bind {
-            addr: addr.into(),
-            source,
-        })?;
-        let local = listener.local_addr().map_err(|source| OpsError::Bind {
-            addr: addr.into(),
-            source,
-        })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| OpsError::Bind {
-                addr: addr.into(),
-                source,
-            })?;
         let handle = metrics_handle();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("grflow-ops".into())
-            .spawn(move || {
-                let render = || handle.render();
-                while !stopping.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((stream, _)) => {
-                            if let Err(e) = answer(stream, &state, &render) {
-                                tracing::debug!(error = %e, "ops endpoint request");
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "ops endpoint accept");
-                            std::thread::sleep(Duration::from_millis(200));
-                        }
-                    }
-                }
-            })
-            .map_err(|source| OpsError::Bind {
-                addr: addr.into(),
-                source,
-            })?;
-        tracing::info!(addr = %local, "metrics, health and status endpoints");
-        Ok(Some(Self {
-            addr: local,
-            stop,
-            thread: Some(thread),
-        }))
+        let render = move || handle.render();
+        let listener = crate::http::Listener::spawn("grflow-ops", parsed, move |stream, _| {
+            answer(stream, &state, &render)
+        })
+        .map_err(|source| OpsError::Bind {
+            addr: addr.into(),
+            source,
+        })?;
+        tracing::info!(addr = %listener.local_addr(), "metrics, health and status endpoints");
+        Ok(Some(Self { listener }))
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for OpsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.listener.local_addr()
     }
 }
 
@@ -275,7 +226,6 @@ fn answer(
     state: &OpsState,
     metrics: &dyn Fn() -> String,
 ) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.set_write_timeout(Some(Duration::from_secs(2)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
