@@ -48,6 +48,18 @@ pub struct CostModel {
 }
 
 impl CostModel {
+    /// The same model on a device `scale` times as slow (0.001: a thousand
+    /// times as fast): model compute (prefill, ranking, beam search) is
+    /// scaled, the serving path's overhead on the host is not.
+    pub fn scaled(&self, scale: f64) -> CostModel {
+        let mut c = self.clone();
+        let times = |a: &mut [f64]| a.iter_mut().for_each(|x| *x *= scale);
+        times(&mut c.prefill_ms);
+        times(&mut c.rank_ms);
+        times(&mut c.beam_ms);
+        c
+    }
+
     pub fn prefill(&self, new: usize, cached: usize) -> f64 {
         if new == 0 {
             return 0.0;
@@ -253,6 +265,28 @@ pub fn machine_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scaling_scales_compute_and_leaves_the_host_overhead() {
+        let c = CostModel {
+            preset: "small".into(),
+            machine: "m".into(),
+            gemm_gflops: 100.0,
+            beam_width: 8,
+            beam_top_k: 8,
+            prefill_ms: [0.1, 0.01, 0.0001],
+            rank_ms: [0.2, 0.02, 0.0002],
+            beam_ms: [0.5, 0.05],
+            fit_max_rel_err: 0.0,
+            overhead_ms: 0.3,
+            calibration_s: 1.0,
+        };
+        let s = c.scaled(0.01);
+        assert!((s.prefill(100, 50) - c.prefill(100, 50) * 0.01).abs() < 1e-12);
+        assert!((s.rank(10, 100) - c.rank(10, 100) * 0.01).abs() < 1e-12);
+        assert!((s.beam(100) - c.beam(100) * 0.01).abs() < 1e-12);
+        assert_eq!(s.overhead_ms, c.overhead_ms);
+    }
 
     #[test]
     fn least_squares_recovers_an_exact_polynomial() {

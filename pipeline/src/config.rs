@@ -388,6 +388,9 @@ pub struct DefaultTraceConfig {
     pub candidates: usize,
     /// Share of generative-retrieval (beam search) requests.
     pub retrieve_share: f64,
+    /// History lengths (items) are drawn between these.
+    pub min_history: u32,
+    pub max_history: u32,
 }
 
 impl Default for DefaultTraceConfig {
@@ -402,6 +405,8 @@ impl Default for DefaultTraceConfig {
             tables: 4,
             candidates: grflow_traces::GenConfig::default().candidates,
             retrieve_share: 0.2,
+            min_history: grflow_traces::GenConfig::default().min_history,
+            max_history: grflow_traces::GenConfig::default().max_history,
         }
     }
 }
@@ -422,6 +427,8 @@ impl DefaultTraceConfig {
             tables: self.tables,
             candidates: self.candidates,
             retrieve_share: self.retrieve_share,
+            min_history: self.min_history,
+            max_history: self.max_history,
             ..grflow_traces::GenConfig::default()
         })
     }
@@ -579,7 +586,7 @@ impl Config {
 }
 
 /// Where the virtual clock's cost model comes from.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CostSection {
     /// A `grflow calibrate` file (JSON); without it the job calibrates at
@@ -589,6 +596,20 @@ pub struct CostSection {
     /// before `calibration`. Not part of a config file.
     #[serde(skip)]
     pub model: Option<grflow_kernels::cost::CostModel>,
+    /// Model compute charged = fitted time × this: the virtual clock of a
+    /// device this many times as slow as the calibrating CPU (0.0004 ≈ an
+    /// A100 against a ~130 GFLOP/s core; see configs/paper-*.toml).
+    pub compute_scale: f64,
+}
+
+impl Default for CostSection {
+    fn default() -> Self {
+        Self {
+            calibration: None,
+            model: None,
+            compute_scale: 1.0,
+        }
+    }
 }
 
 /// A config that cannot be used, with where and why.
@@ -685,6 +706,22 @@ impl Config {
             if ms.is_nan() || ms <= 0.0 {
                 return Err(invalid(field, format!("must be > 0 (got {ms})")));
             }
+        }
+        let scale = self.cost.compute_scale;
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(invalid(
+                "cost.compute_scale",
+                format!("must be > 0 (got {scale})"),
+            ));
+        }
+        if self.trace.min_history == 0 || self.trace.min_history > self.trace.max_history {
+            return Err(invalid(
+                "trace.min_history",
+                format!(
+                    "must be in 1..=trace.max_history ({}), got {}",
+                    self.trace.max_history, self.trace.min_history
+                ),
+            ));
         }
         if !(0.0..=1.0).contains(&self.memory.alpha) {
             return Err(invalid(
@@ -916,6 +953,34 @@ mod tests {
         assert!(tansu.kafka.refetch_from_start);
         tansu.kafka.refetch_from_start = false;
         assert_eq!(tansu, kafka);
+    }
+
+    #[test]
+    fn paper_presets_parse_as_8_virtual_nodes_at_an_a100_over_pcie_ratio() {
+        for (name, text) in [
+            (
+                "paper-steady",
+                include_str!("../../configs/paper-steady.toml"),
+            ),
+            (
+                "paper-trend",
+                include_str!("../../configs/paper-trend.toml"),
+            ),
+            (
+                "paper-burst",
+                include_str!("../../configs/paper-burst.toml"),
+            ),
+        ] {
+            let c = Config::parse(text, name).unwrap();
+            assert_eq!(c.run.workers, 8, "{name}");
+            assert_eq!(c.run.clock, Clock::Virtual, "{name}");
+            assert_eq!(c.model.preset, "hstu-3l", "{name}");
+            assert!(name.ends_with(&c.trace.regime), "{name}");
+            // ~130 GFLOP/s / compute_scale over the link: HLEM's 12.5-15.5
+            // TFLOP/s per GB/s.
+            let ratio = 130e9 / c.cost.compute_scale / (c.link.bandwidth_gbps * 1e9) / 1e3;
+            assert!((12.0..=15.5).contains(&ratio), "{name}: {ratio}");
+        }
     }
 
     #[test]

@@ -24,9 +24,15 @@ pub enum ParamsError {
     Calibrate { preset: String, reason: String },
 }
 
-/// The virtual clock's cost model: read from `cost.calibration`, which must
-/// be for `model.preset`, or measured now.
+/// The virtual clock's cost model, scaled by `cost.compute_scale`.
 pub fn cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
+    Ok(fitted_cost_model(cfg)?.scaled(cfg.cost.compute_scale))
+}
+
+/// The fitted model, before `cost.compute_scale`: the one in hand
+/// (`cost.model`, which must therefore be unscaled), read from
+/// `cost.calibration` (which must be for `model.preset`), or measured now.
+pub fn fitted_cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
     let preset = &cfg.model.preset;
     if let Some(cost) = &cfg.cost.model {
         if &cost.preset != preset {

@@ -107,14 +107,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cost = match &args.calibration {
         Some(p) => {
             base.cost.calibration = Some(p.clone());
-            grflow_pipeline::params::cost_model(&base).map_err(InputError::from_display)?
+            grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
         }
         None => {
             eprintln!(
                 "calibrating {} (pass --calibration to reuse a file)...",
                 base.model.preset
             );
-            grflow_pipeline::params::cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?
+            grflow_pipeline::params::fitted_cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?
         }
     };
     // Every run below charges this one model.
