@@ -105,6 +105,7 @@ impl Job {
                 ServeOptions {
                     config,
                     admin_addr: None,
+                    model_watch: None,
                 },
                 flag,
             )

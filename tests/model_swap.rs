@@ -139,11 +139,22 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
     let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
     tail.read_until(Duration::from_millis(1_000), |_| false);
     let metrics = free_addr();
+    // A watched link, pointing at B from the start (so nothing happens
+    // until it moves).
+    let current = dir.join("current");
+    std::os::unix::fs::symlink(&b, &current).unwrap();
     let serve = Serve::start_with(
         &brokers,
         &config,
         "swap",
-        &["--admin-addr", &admin, "--metrics-addr", &metrics],
+        &[
+            "--admin-addr",
+            &admin,
+            "--metrics-addr",
+            &metrics,
+            "--model-watch",
+            current.to_str().unwrap(),
+        ],
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     while TcpStream::connect(&admin).is_err() {
@@ -208,6 +219,45 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
     for v in report["serving"].as_object().unwrap().values() {
         assert_eq!(v, vb.as_str(), "every node serves B: {report}");
     }
+    // Rollback by the watched path: the link moves to A.
+    let next = dir.join("current.next");
+    std::os::unix::fs::symlink(&a, &next).unwrap();
+    std::fs::rename(&next, &current).unwrap();
+    let rolled_back = |r: &Value| {
+        r["serving"]
+            .as_object()
+            .is_some_and(|s| s.values().all(|v| v == va.as_str()))
+    };
+    // The nodes take commands between batches: keep a few requests coming.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut extra = 0u64;
+    loop {
+        let (_, report) = http(&admin, "GET", "/model", "");
+        if rolled_back(&report) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no rollback: {report}");
+        let r = &originals[0];
+        let body = json!({
+            "req_id": N + extra, "user_id": r.user_id, "ts_ms": 1_700_000_100_000u64 + extra,
+            "candidates": r.candidates, "hist_len": r.hist_len, "mode": "rank",
+        })
+        .to_string();
+        let _ = p.send(
+            BaseRecord::<(), _>::to(&topics.requests)
+                .partition(0)
+                .payload(&body),
+        );
+        original_of.insert(N + extra, r.req_id);
+        extra += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    p.flush(Duration::from_secs(10)).unwrap();
+    assert!(
+        tail.read_until(Duration::from_secs(60), |t| t.req_ids.len() as u64
+            >= N + extra),
+        "extra requests answered"
+    );
     let scraped = {
         let mut s = TcpStream::connect(&metrics).unwrap();
         write!(s, "GET /metrics HTTP/1.1\r\nHost: grflow\r\n\r\n").unwrap();
@@ -226,14 +276,14 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
         "pinned: {alphas:?}"
     );
     let summary = serve.stop();
-    assert_eq!(summary["requests_in"], N, "{summary}");
+    assert_eq!(summary["requests_in"], N + extra, "{summary}");
 
     let mut by_req: BTreeMap<u64, Vec<WireResponse>> = BTreeMap::new();
     for r in &tail.records {
         let w: WireResponse = serde_json::from_slice(&r.payload).unwrap();
         by_req.entry(w.req_id).or_default().push(w);
     }
-    assert_eq!(by_req.len() as u64, N, "no request lost");
+    assert_eq!(by_req.len() as u64, N + extra, "no request lost");
     let mut per_version: BTreeMap<String, u64> = BTreeMap::new();
     let mut first_b: BTreeMap<i32, i64> = BTreeMap::new();
     for (req, answers) in &by_req {

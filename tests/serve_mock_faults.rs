@@ -182,6 +182,7 @@ fn mock_drain_times_out_when_answers_cannot_be_delivered_and_commits_only_answer
             ServeOptions {
                 config,
                 admin_addr: None,
+                model_watch: None,
             },
             job_stop,
         )
@@ -335,6 +336,7 @@ fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
             ServeOptions {
                 config,
                 admin_addr: None,
+                model_watch: None,
             },
             job_stop,
         )

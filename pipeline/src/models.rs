@@ -116,3 +116,46 @@ impl ModelRegistry {
         })
     }
 }
+
+/// How often a watched model path is looked at.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `serve --model-watch PATH`: when the `model_version` in `PATH/model.json`
+/// changes (a new directory copied there, or a symlink moved to another),
+/// the model is loaded and checked like an admin call, and every node
+/// swaps to it (its resolved directory, so that a later move of the link
+/// does not change what the nodes load). A refused model is reported once
+/// per version. Runs until `done`.
+pub fn watch(
+    path: std::path::PathBuf,
+    models: std::sync::Arc<ModelRegistry>,
+    submit: Box<dyn Fn(grflow_operators::node::NodeCommand) + Send>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let version_at = |p: &std::path::Path| -> Option<String> {
+            let text = std::fs::read_to_string(p.join("model.json")).ok()?;
+            let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+            json["model_version"].as_str().map(str::to_string)
+        };
+        let mut seen = version_at(&path);
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(WATCH_EVERY);
+            let now = version_at(&path);
+            if now.is_none() || now == seen {
+                continue;
+            }
+            seen = now;
+            let dir = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+            let dir = dir.display().to_string();
+            match models.load(&dir) {
+                Ok(version) => {
+                    tracing::info!(path = %dir, version, "watched model changed: swapping");
+                    submit(grflow_operators::node::NodeCommand::SwapModel { path: dir, version });
+                }
+                Err(e) => tracing::warn!(path = %dir, "{e}"),
+            }
+            crate::ops::state().set_status_field("models", models.report());
+        }
+    })
+}

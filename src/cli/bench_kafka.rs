@@ -192,6 +192,7 @@ fn run_both(
             ServeOptions {
                 config: serve_cfg,
                 admin_addr: None,
+                model_watch: None,
             },
             serve_stop,
         )

@@ -45,6 +45,11 @@ pub struct Args {
     /// each node serves.
     #[arg(long)]
     pub admin_addr: Option<String>,
+    /// A model directory, or a symlink to one, watched every second: when
+    /// the `model_version` in its model.json changes, every node swaps to it
+    /// (as `POST /model` would).
+    #[arg(long)]
+    pub model_watch: Option<PathBuf>,
     #[command(flatten)]
     pub cluster: super::ClusterArgs,
 }
@@ -85,6 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ServeOptions {
             config,
             admin_addr: args.admin_addr,
+            model_watch: args.model_watch,
         },
         stop,
     )

@@ -77,6 +77,9 @@ pub struct ServeOptions {
     /// `--admin-addr`: a loopback HOST:PORT for `POST /model` (hot model
     /// swap); `None` = no admin endpoint.
     pub admin_addr: Option<String>,
+    /// `--model-watch`: a model directory (or a link to one) whose version
+    /// change swaps every node to it.
+    pub model_watch: Option<std::path::PathBuf>,
 }
 
 impl ServeOptions {
@@ -195,19 +198,35 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     // addressed to every node of the job.
     let inboxes: Vec<Arc<Mutex<VecDeque<NodeControl>>>> =
         (0..topo.threads).map(|_| Arc::default()).collect();
+    // Commands for every node of the job, from the admin endpoint or the
+    // model watcher: into the first local worker's inbox.
+    let submit: Arc<dyn Fn(NodeCommand) + Send + Sync> = {
+        let inbox = inboxes[0].clone();
+        let seq = AtomicU64::new(0);
+        let swap_models = models.clone();
+        Arc::new(move |command: NodeCommand| {
+            inbox.lock().expect("inbox lock").push_back(NodeControl {
+                target: Target::All,
+                seq: seq.fetch_add(1, Ordering::Relaxed),
+                command,
+            });
+            crate::ops::state().set_status_field("models", swap_models.report());
+        })
+    };
+    let watch_models_done = Arc::new(AtomicBool::new(false));
+    let model_watch = opts.model_watch.as_ref().map(|path| {
+        let submit = submit.clone();
+        crate::models::watch(
+            path.clone(),
+            models.clone(),
+            Box::new(move |c| submit(c)),
+            watch_models_done.clone(),
+        )
+    });
     let _admin = match &opts.admin_addr {
         Some(addr) => {
-            let inbox = inboxes[0].clone();
-            let seq = AtomicU64::new(0);
-            let swap_models = models.clone();
-            let submit = Box::new(move |command: NodeCommand| {
-                inbox.lock().expect("inbox lock").push_back(NodeControl {
-                    target: Target::All,
-                    seq: seq.fetch_add(1, Ordering::Relaxed),
-                    command,
-                });
-                crate::ops::state().set_status_field("models", swap_models.report());
-            });
+            let submit = submit.clone();
+            let submit = Box::new(move |c| submit(c));
             let server = crate::admin::AdminServer::start(addr, models.clone(), submit)
                 .map_err(|e| ServeError::Config(e.to_string()))?;
             eprintln!(
@@ -515,6 +534,10 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
 
     let joined = guards.join();
     watch_done.store(true, Ordering::Relaxed);
+    watch_models_done.store(true, Ordering::Relaxed);
+    if let Some(w) = model_watch {
+        let _ = w.join();
+    }
     if let Some(w) = watch {
         let _ = w.join();
     }
