@@ -30,7 +30,7 @@ pub enum AdminError {
 }
 
 /// Hands a command to every node of the job (already checked).
-pub type Submit = Box<dyn Fn(NodeCommand) + Send>;
+pub type Submit = Arc<dyn Fn(NodeCommand) + Send + Sync>;
 
 /// The answer to one admin request: status and JSON body.
 #[derive(Debug, PartialEq)]
@@ -176,16 +176,13 @@ fn answer(
         } else {
             let mut body = vec![0u8; length];
             reader.read_exact(&mut body)?;
-            let reply = route(
+            route(
                 method,
                 path,
                 &String::from_utf8_lossy(&body),
                 models,
-                &|c: NodeCommand| submit(c),
-            );
-            // /status shows the last refusal (or its clearing) too.
-            crate::ops::state().set_status_field("models", models.report());
-            reply
+                &**submit,
+            )
         }
     };
     let text = serde_json::to_string(&reply.body).unwrap_or_default() + "\n";
@@ -280,9 +277,9 @@ mod tests {
     #[test]
     fn only_loopback_addresses_are_bound() {
         let models = Arc::new(registry(true));
-        let err = AdminServer::start("0.0.0.0:0", models.clone(), Box::new(|_| {})).unwrap_err();
+        let err = AdminServer::start("0.0.0.0:0", models.clone(), Arc::new(|_| {})).unwrap_err();
         assert!(matches!(err, AdminError::NotLoopback(_)), "{err}");
-        let server = AdminServer::start("127.0.0.1:0", models, Box::new(|_| {})).unwrap();
+        let server = AdminServer::start("127.0.0.1:0", models, Arc::new(|_| {})).unwrap();
         assert!(server.local_addr().ip().is_loopback());
     }
 }

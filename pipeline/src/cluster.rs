@@ -187,14 +187,6 @@ fn parse_hostfile(text: &str) -> Vec<String> {
 }
 
 impl Cluster {
-    pub fn single(threads: usize) -> Self {
-        Self {
-            topology: Topology::single(threads),
-            addresses: Vec::new(),
-            connect_timeout: None,
-        }
-    }
-
     fn timely_config(&self) -> timely::Config {
         let t = self.topology;
         if !t.is_cluster() {

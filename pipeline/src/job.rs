@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 
 use grflow_operators::hotness::HotUsers;
-use grflow_operators::node::{NodeParams, ServingNode};
+use grflow_operators::node::ServingNode;
 use grflow_operators::router::Router;
 
 use crate::cluster::{Cluster, Topology};
@@ -20,7 +20,6 @@ pub struct Job {
     pub cfg: Config,
     pub cluster: Cluster,
     pub side: Arc<SideTables>,
-    pub params: NodeParams,
     /// This process's nodes by local worker index; each worker takes its own.
     nodes: Arc<Mutex<Vec<Option<ServingNode>>>>,
     pub model_version: String,
@@ -74,7 +73,6 @@ impl Job {
             cfg,
             cluster,
             side,
-            params,
             nodes: Arc::new(Mutex::new(nodes)),
             model_version,
         })

@@ -67,11 +67,12 @@ impl ModelRegistry {
                 *self.loaded.lock().expect("models lock") =
                     Some((path.into(), version.clone(), params));
                 *self.last_error.lock().expect("models lock") = None;
+                self.publish();
                 Ok(version)
             }
             Err(e) => {
                 let e = format!("model swap refused: {e}");
-                *self.last_error.lock().expect("models lock") = Some(e.clone());
+                self.note_error(e.clone());
                 Err(e)
             }
         }
@@ -102,10 +103,17 @@ impl ModelRegistry {
             .lock()
             .expect("models lock")
             .insert(node, version.into());
+        self.publish();
     }
 
     pub fn note_error(&self, e: String) {
         *self.last_error.lock().expect("models lock") = Some(e);
+        self.publish();
+    }
+
+    /// `/status` shows what every change left (`models`).
+    fn publish(&self) {
+        crate::ops::state().set_status_field("models", self.report());
     }
 
     /// For /status and the admin endpoint.
@@ -129,7 +137,7 @@ const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 pub fn watch(
     path: std::path::PathBuf,
     models: std::sync::Arc<ModelRegistry>,
-    submit: Box<dyn Fn(grflow_operators::node::NodeCommand) + Send>,
+    submit: crate::admin::Submit,
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
@@ -155,7 +163,6 @@ pub fn watch(
                 }
                 Err(e) => tracing::warn!(path = %dir, "{e}"),
             }
-            crate::ops::state().set_status_field("models", models.report());
         }
     })
 }

@@ -74,7 +74,6 @@ impl NodeParts {
                 models.note_error(format!("node {}: {e}", node.id()));
             }
         }
-        crate::ops::state().set_status_field("models", models.report());
     }
 }
 

@@ -200,34 +200,29 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         (0..topo.threads).map(|_| Arc::default()).collect();
     // Commands for every node of the job, from the admin endpoint or the
     // model watcher: into the first local worker's inbox.
-    let submit: Arc<dyn Fn(NodeCommand) + Send + Sync> = {
+    let submit: crate::admin::Submit = {
         let inbox = inboxes[0].clone();
         let seq = AtomicU64::new(0);
-        let swap_models = models.clone();
         Arc::new(move |command: NodeCommand| {
             inbox.lock().expect("inbox lock").push_back(NodeControl {
                 target: Target::All,
                 seq: seq.fetch_add(1, Ordering::Relaxed),
                 command,
             });
-            crate::ops::state().set_status_field("models", swap_models.report());
         })
     };
     let watch_models_done = Arc::new(AtomicBool::new(false));
     let model_watch = opts.model_watch.as_ref().map(|path| {
-        let submit = submit.clone();
         crate::models::watch(
             path.clone(),
             models.clone(),
-            Box::new(move |c| submit(c)),
+            submit.clone(),
             watch_models_done.clone(),
         )
     });
     let _admin = match &opts.admin_addr {
         Some(addr) => {
-            let submit = submit.clone();
-            let submit = Box::new(move |c| submit(c));
-            let server = crate::admin::AdminServer::start(addr, models.clone(), submit)
+            let server = crate::admin::AdminServer::start(addr, models.clone(), submit.clone())
                 .map_err(|e| ServeError::Config(e.to_string()))?;
             eprintln!(
                 "admin: http://{}/model (POST a model directory to swap)",
@@ -578,7 +573,7 @@ fn watch_broker(probe: BrokerProbe, unready_after: Duration, done: &AtomicBool) 
     let mut unready = false;
     while !done.load(Ordering::Relaxed) {
         let asked = Instant::now();
-        match probe.check(EVERY.max(Duration::from_millis(500))) {
+        match probe.check(EVERY) {
             Ok(()) => {
                 last_ok = Instant::now();
                 if std::mem::take(&mut unready) {
