@@ -8,6 +8,8 @@ use serde_json::Value;
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/seq_trace.rs"]
+mod seq_trace;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
@@ -30,27 +32,10 @@ fn hostfile(dir: &Path, processes: usize) -> PathBuf {
 
 /// (req_id, node, items) of every response, sorted by req_id.
 fn answers(path: &Path) -> Vec<(u64, u32, Vec<u32>)> {
-    use arrow::array::AsArray;
-    use arrow::datatypes::{UInt32Type, UInt64Type};
-    let file = std::fs::File::open(path).unwrap();
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .unwrap()
-        .build()
-        .unwrap();
-    let mut out = Vec::new();
-    for batch in reader {
-        let batch = batch.unwrap();
-        let req = batch.column_by_name("req_id").unwrap();
-        let req = req.as_primitive::<UInt64Type>();
-        let node = batch.column_by_name("node").unwrap();
-        let node = node.as_primitive::<UInt32Type>();
-        let items = batch.column_by_name("items").unwrap().as_list::<i32>();
-        for i in 0..batch.num_rows() {
-            let list = items.value(i);
-            let list = list.as_primitive::<UInt32Type>();
-            out.push((req.value(i), node.value(i), list.values().to_vec()));
-        }
-    }
+    let mut out: Vec<_> = seq_trace::responses(path)
+        .into_iter()
+        .map(|r| (r.req_id, r.node, r.items))
+        .collect();
     out.sort_by_key(|a| a.0);
     out
 }

@@ -17,8 +17,6 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use arrow::array::AsArray;
-use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
 use cli::{grflow, ok};
 use common::kafka::{Serve, Tail, Topics, broker, producer, write_config};
 use common::temp::tmp_dir;
@@ -78,28 +76,10 @@ fn replayed(trace: &Path, model: &Path, out: &Path) -> HashMap<u64, (Vec<u32>, V
         .arg(out)
         .output()
         .unwrap());
-    let mut by_req = HashMap::new();
-    for b in seq_trace::batches(&out.join("responses.parquet")) {
-        let req = b
-            .column_by_name("req_id")
-            .unwrap()
-            .as_primitive::<UInt64Type>()
-            .clone();
-        let items = b.column_by_name("items").unwrap().as_list::<i32>().clone();
-        let scores = b.column_by_name("scores").unwrap().as_list::<i32>().clone();
-        for i in 0..b.num_rows() {
-            let it = items.value(i);
-            let sc = scores.value(i);
-            by_req.insert(
-                req.value(i),
-                (
-                    it.as_primitive::<UInt32Type>().values().to_vec(),
-                    sc.as_primitive::<Float32Type>().values().to_vec(),
-                ),
-            );
-        }
-    }
-    by_req
+    seq_trace::responses(&out.join("responses.parquet"))
+        .into_iter()
+        .map(|r| (r.req_id, (r.items, r.scores)))
+        .collect()
 }
 
 #[test]

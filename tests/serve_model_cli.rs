@@ -6,8 +6,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use arrow::array::AsArray;
-use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
 use serde_json::Value;
 
 #[path = "common/cli.rs"]
@@ -17,48 +15,8 @@ mod seq_trace;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
-use seq_trace::{batches, import_walks, trace_requests as requests, train_one_epoch as train};
+use seq_trace::{import_walks, responses, trace_requests as requests, train_one_epoch as train};
 use temp::tmp_dir;
-
-struct Response {
-    req_id: u64,
-    items: Vec<u32>,
-    scores: Vec<f32>,
-    model_version: String,
-}
-
-fn responses(path: &Path) -> Vec<Response> {
-    let mut out = Vec::new();
-    for b in batches(path) {
-        let col = |n: &str| b.column_by_name(n).unwrap_or_else(|| panic!("{n}")).clone();
-        let req = col("req_id");
-        let req = req.as_primitive::<UInt64Type>();
-        let items = col("items");
-        let items = items.as_list::<i32>();
-        let scores = col("scores");
-        let scores = scores.as_list::<i32>();
-        let version =
-            arrow::compute::cast(&col("model_version"), &arrow::datatypes::DataType::Utf8).unwrap();
-        let version = version.as_string::<i32>();
-        for i in 0..b.num_rows() {
-            out.push(Response {
-                req_id: req.value(i),
-                items: items
-                    .value(i)
-                    .as_primitive::<UInt32Type>()
-                    .values()
-                    .to_vec(),
-                scores: scores
-                    .value(i)
-                    .as_primitive::<Float32Type>()
-                    .values()
-                    .to_vec(),
-                model_version: version.value(i).to_string(),
-            });
-        }
-    }
-    out
-}
 
 #[test]
 fn replay_serves_the_scores_eval_computes_with_the_trained_model_version() {

@@ -46,6 +46,54 @@ pub fn batches(path: &Path) -> Vec<arrow::record_batch::RecordBatch> {
         .collect()
 }
 
+/// One row of a responses.parquet.
+pub struct Response {
+    pub req_id: u64,
+    pub node: u32,
+    pub items: Vec<u32>,
+    pub scores: Vec<f32>,
+    pub model_version: String,
+}
+
+/// Every row of a responses.parquet, in file order.
+pub fn responses(path: &Path) -> Vec<Response> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Float32Type, UInt32Type, UInt64Type};
+    let mut out = Vec::new();
+    for b in batches(path) {
+        let col = |n: &str| b.column_by_name(n).unwrap_or_else(|| panic!("{n}")).clone();
+        let req = col("req_id");
+        let req = req.as_primitive::<UInt64Type>();
+        let node = col("node");
+        let node = node.as_primitive::<UInt32Type>();
+        let items = col("items");
+        let items = items.as_list::<i32>();
+        let scores = col("scores");
+        let scores = scores.as_list::<i32>();
+        let version =
+            arrow::compute::cast(&col("model_version"), &arrow::datatypes::DataType::Utf8).unwrap();
+        let version = version.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            out.push(Response {
+                req_id: req.value(i),
+                node: node.value(i),
+                items: items
+                    .value(i)
+                    .as_primitive::<UInt32Type>()
+                    .values()
+                    .to_vec(),
+                scores: scores
+                    .value(i)
+                    .as_primitive::<Float32Type>()
+                    .values()
+                    .to_vec(),
+                model_version: version.value(i).to_string(),
+            });
+        }
+    }
+    out
+}
+
 /// Every request of a trace directory by req_id.
 pub fn trace_requests(trace: &Path) -> HashMap<u64, grflow_traces::Request> {
     let mut out = HashMap::new();
