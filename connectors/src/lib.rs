@@ -1,7 +1,16 @@
-//! Sources and sinks: Parquet now, Kafka's wire formats and offset
-//! bookkeeping (the client comes later). Free of timely types.
+//! Sources and sinks, free of timely types: the [`RequestSource`] and
+//! [`Sink`] traits at this root, and their Parquet ([`parquet`]) and Kafka
+//! ([`kafka`]) implementations with the bookkeeping each needs.
+pub mod error;
 pub mod kafka;
 pub mod parquet;
 pub mod records;
+pub mod sink;
+pub mod source;
 
-pub use records::{ErrorRow, ResponseRow, SourcePosition, WindowRow};
+pub use error::SourceError;
+pub use records::{
+    Answer, ErrorKind, ErrorRow, Origin, ResponseRow, SourcePosition, WindowRow, now_ns,
+};
+pub use sink::{Sink, SinkError};
+pub use source::{Polled, RequestSource, SourceRecord, SourceState};

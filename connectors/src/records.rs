@@ -1,5 +1,6 @@
-//! Rows that leave the dataflow. Sinks (Parquet now, Kafka later) write these.
+//! Rows that leave the dataflow, and the answers sinks acknowledge sources by.
 
+use grflow_traces::Mode;
 use serde::{Deserialize, Serialize};
 
 /// Where a record came from, so errors can name it.
@@ -83,4 +84,72 @@ pub struct ErrorRow {
     pub reason: String,
     /// The request id when the record got far enough to have one.
     pub req_id: Option<u64>,
+}
+
+/// Where an answer's request came from, for sinks that acknowledge sources.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Origin {
+    pub position: SourcePosition,
+    pub ts_ms: u64,
+    pub admitted_ns: u64,
+    /// Served past its deadline because it was recovered after a restart.
+    #[serde(default)]
+    pub recovered_late: bool,
+    /// Rank or retrieve: latency is tallied against that kind's SLO.
+    #[serde(default = "rank")]
+    pub mode: Mode,
+}
+
+fn rank() -> Mode {
+    Mode::Rank
+}
+
+/// Why a request was answered with an error record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// Its deadline passed before a node got to it (overload).
+    Shed,
+    /// It cannot be served (e.g. a history longer than the users table has).
+    Unservable,
+}
+
+impl ErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Shed => "shed",
+            ErrorKind::Unservable => "unservable",
+        }
+    }
+}
+
+/// The answer to one request, as an answer sink takes it: a ranking or
+/// retrieval, or an error record. Latency is measured before the sink
+/// gets it (`ResponseRow::latency_ms`, `latency_ms`).
+#[derive(Clone, Debug)]
+pub enum Answer {
+    Response {
+        row: ResponseRow,
+        origin: Origin,
+    },
+    Error {
+        row: ErrorRow,
+        kind: ErrorKind,
+        origin: Origin,
+        latency_ms: f64,
+    },
+}
+
+impl Answer {
+    pub fn origin(&self) -> &Origin {
+        match self {
+            Answer::Response { origin, .. } | Answer::Error { origin, .. } => origin,
+        }
+    }
+}
+
+/// Wall time now, ns since the Unix epoch; comparable across processes.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }

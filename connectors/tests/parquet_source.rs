@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
-use grflow_connectors::SourcePosition;
 use grflow_connectors::parquet::{
     MemoryRequestSource, ParquetRequestSource, RequestSource, SourceError, SourceRecord,
     load_side_tables,
 };
+use grflow_connectors::{Polled, SourcePosition, SourceState};
 use grflow_traces::columnar::{REQUEST_COLUMNS, requests_to_batch};
 use grflow_traces::{GenConfig, Regime, Request, Trace, WriteOptions, generate, write_trace};
 use parquet::arrow::ArrowWriter;
@@ -63,9 +63,15 @@ fn drain(source: &mut dyn RequestSource) -> (Vec<SourceRecord>, Vec<SourceError>
     let (mut records, mut errors) = (Vec::new(), Vec::new());
     let mut watermark = 0u64;
     let mut last = None;
-    while let Some(batch) = source.next_batch() {
-        match batch {
+    loop {
+        // 700: batches and chunks of 1,024 rows are handed out in parts.
+        match source.poll(700, 0) {
+            Ok(b) if b.state == SourceState::Exhausted => {
+                assert!(b.records.is_empty() && b.watermark_ms == u64::MAX, "{b:?}");
+                break;
+            }
             Ok(b) => {
+                assert!(b.records.len() <= 700);
                 for r in &b.records {
                     if let SourceRecord::Request { request, .. } = r {
                         assert!(
@@ -98,7 +104,10 @@ fn check_shards(
     let mut seen = BTreeMap::new();
     for (w, records) in records_by_worker.into_iter().enumerate() {
         for r in records {
-            let SourceRecord::Request { request, position } = r else {
+            let SourceRecord::Request {
+                request, position, ..
+            } = r
+            else {
                 panic!("no bad rows expected")
             };
             let SourcePosition::Parquet {
@@ -179,7 +188,8 @@ fn memory_source_shards_like_row_groups() {
     }
     // A worker with no chunk ends at once.
     let few = Arc::new(trace.requests[..10].to_vec());
-    assert!(MemoryRequestSource::new(few, 1, 2).next_batch().is_none());
+    let polled = MemoryRequestSource::new(few, 1, 2).poll(100, 0).unwrap();
+    assert_eq!(polled, Polled::exhausted());
 }
 
 #[test]

@@ -3,11 +3,13 @@
 use serde::{Deserialize, Serialize};
 
 use grflow_connectors::WindowRow;
-use grflow_connectors::{ErrorRow, ResponseRow, SourcePosition};
+use grflow_connectors::{Answer, ErrorRow, ResponseRow, SourcePosition};
+// Answer records are the connectors' (sinks acknowledge sources by them).
+pub use grflow_connectors::{ErrorKind, Origin, now_ns};
 use grflow_operators::node::{Deadlined, NodeCommand};
 use grflow_operators::router::{Decision, NodeReport};
 use grflow_operators::windows::{TelemetrySample, WindowStats};
-use grflow_traces::{Mode, Request};
+use grflow_traces::Request;
 
 use crate::side::{SideError, SideTables};
 
@@ -102,42 +104,6 @@ impl ClosedWindow {
     }
 }
 
-/// Where an answer's request came from, for sinks that acknowledge sources.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Origin {
-    pub position: SourcePosition,
-    pub ts_ms: u64,
-    pub admitted_ns: u64,
-    /// Served past its deadline because it was recovered after a restart.
-    #[serde(default)]
-    pub recovered_late: bool,
-    /// Rank or retrieve: latency is tallied against that kind's SLO.
-    #[serde(default = "rank")]
-    pub mode: Mode,
-}
-
-fn rank() -> Mode {
-    Mode::Rank
-}
-
-/// Why a request was answered with an error record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ErrorKind {
-    /// Its deadline passed before a node got to it (overload).
-    Shed,
-    /// It cannot be served (e.g. a history longer than the users table has).
-    Unservable,
-}
-
-impl ErrorKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::Shed => "shed",
-            ErrorKind::Unservable => "unservable",
-        }
-    }
-}
-
 /// Everything a node emits.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum NodeEvent {
@@ -145,6 +111,31 @@ pub enum NodeEvent {
     Telemetry(Telemetry),
     Report(NodeReport),
     Error(Box<(ErrorRow, ErrorKind, Origin)>),
+}
+
+impl NodeEvent {
+    /// The answer among a node's events, with its latency measured now
+    /// (from admission); telemetry and reports are not answers.
+    pub fn into_answer(self) -> Option<Answer> {
+        let latency_ms = |admitted_ns: u64| now_ns().saturating_sub(admitted_ns) as f64 / 1e6;
+        match self {
+            NodeEvent::Response(boxed) => {
+                let (mut row, origin) = *boxed;
+                row.latency_ms = latency_ms(origin.admitted_ns);
+                Some(Answer::Response { row, origin })
+            }
+            NodeEvent::Error(boxed) => {
+                let (row, kind, origin) = *boxed;
+                Some(Answer::Error {
+                    latency_ms: latency_ms(origin.admitted_ns),
+                    row,
+                    kind,
+                    origin,
+                })
+            }
+            NodeEvent::Telemetry(_) | NodeEvent::Report(_) => None,
+        }
+    }
 }
 
 /// Which nodes a command is for.
@@ -173,11 +164,4 @@ pub struct ScheduledCommand {
     pub at_ms: u64,
     pub target: Target,
     pub command: NodeCommand,
-}
-
-/// Wall time now, ns since the Unix epoch; comparable across worker processes.
-pub fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }

@@ -5,12 +5,25 @@
 //! (partition, offset) deduplication ([`offsets`]).
 //!
 //! Those three are pure (no I/O, no timely types) and tested alone;
-//! [`client`] is the rdkafka consumer, producer and admin calls that
-//! `grflow serve` drives them with.
+//! [`client`] is the rdkafka consumer, producer and admin calls.
+//!
+//! On top of them, the source and sink `grflow serve` reads and writes
+//! through: [`KafkaSource`] (a [`crate::RequestSource`]: event time per
+//! partition in [`clock`], backpressure, dead letters, commits) and
+//! [`KafkaSink`] (a [`crate::Sink`] of answers: retries, then dead
+//! letters), sharing the offset books and counters of [`SharedState`] with
+//! the producer's delivery thread. What they do to a record is a typed
+//! [`KafkaEvent`]: counted, exported as a metric, logged.
 
 pub mod assign;
 pub mod client;
+pub mod clock;
+pub mod events;
 pub mod offsets;
+pub mod ratelimit;
+pub mod shared;
+pub mod sink;
+pub mod source;
 pub mod wire;
 
 pub use assign::{fnv1a64, owned_partitions, partition_owner};
@@ -19,7 +32,11 @@ pub use client::{
     OutputProducer, RawRecord, Refetch, RequestConsumer, Resumed, SendError, StartPosition,
     builtin_features, ensure_topics, partition_count, scan_answered,
 };
+pub use events::KafkaEvent;
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};
+pub use shared::{CountsSnapshot, FailedOutput, KafkaCounters, SharedState};
+pub use sink::{KafkaSink, Produce, Refused, SinkSettings};
+pub use source::{KafkaSource, SourceSettings};
 pub use wire::{
     AnswerError, DeadLetter, DecodeLimits, History, MAX_CANDIDATES, MAX_MESSAGE_BYTES, RecordId,
     SCORE_TOLERANCE, WIRE_SCORE_TOLERANCE, WireError, WireRequest, WireResponse, decode_request,

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use grflow_traces::{DEFAULT_ROW_GROUP_ROWS, Request};
 
-use super::SourceError;
-use super::source::{RequestSource, SourceBatch, SourceRecord, suffix_mins};
+use super::source::{Staged, suffix_mins};
+use crate::error::SourceError;
 use crate::records::SourcePosition;
+use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
 
 /// File name in the positions of in-memory records.
 pub const MEMORY_FILE: &str = "<memory>";
@@ -23,6 +24,7 @@ pub struct MemoryRequestSource {
     /// `later_min[k]`: least ts_ms of chunks[k..].
     later_min: Vec<u64>,
     next_chunk: usize,
+    staged: Staged,
 }
 
 impl MemoryRequestSource {
@@ -62,29 +64,40 @@ impl MemoryRequestSource {
             chunk_rows,
             chunks,
             next_chunk: 0,
+            staged: Staged::default(),
         }
     }
 }
 
 impl RequestSource for MemoryRequestSource {
-    fn next_batch(&mut self) -> Option<Result<SourceBatch, SourceError>> {
-        let &c = self.chunks.get(self.next_chunk)?;
-        self.next_chunk += 1;
-        let start = c * self.chunk_rows;
-        let end = (start + self.chunk_rows).min(self.requests.len());
-        let records = (start..end)
-            .map(|row| SourceRecord::Request {
-                request: self.requests[row].clone(),
-                position: SourcePosition::Parquet {
-                    file: MEMORY_FILE.to_string(),
-                    row_group: c as u32,
-                    row: row as u64,
-                },
-            })
-            .collect();
-        Some(Ok(SourceBatch {
+    fn poll(&mut self, max: usize, _floor_ms: u64) -> Result<Polled, SourceError> {
+        if self.staged.is_done() {
+            let Some(&c) = self.chunks.get(self.next_chunk) else {
+                return Ok(Polled::exhausted());
+            };
+            self.next_chunk += 1;
+            let start = c * self.chunk_rows;
+            let end = (start + self.chunk_rows).min(self.requests.len());
+            self.staged = Staged::new(
+                (start..end)
+                    .map(|row| {
+                        SourceRecord::request(
+                            self.requests[row].clone(),
+                            SourcePosition::Parquet {
+                                file: MEMORY_FILE.to_string(),
+                                row_group: c as u32,
+                                row: row as u64,
+                            },
+                        )
+                    })
+                    .collect(),
+            );
+        }
+        let (records, staged_min) = self.staged.take(max.max(1));
+        Ok(Polled {
             records,
-            watermark_ms: self.later_min[self.next_chunk],
-        }))
+            watermark_ms: staged_min.min(self.later_min[self.next_chunk]),
+            state: SourceState::Ready,
+        })
     }
 }

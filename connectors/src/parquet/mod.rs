@@ -3,17 +3,16 @@
 //! tables, an in-memory source with the same sharding, and the sinks of
 //! responses.parquet, windows.parquet and errors.parquet.
 
-mod error;
 mod files;
 mod memory;
 mod side;
 mod sink;
 mod source;
 
-pub use error::SourceError;
+pub use crate::error::SourceError;
+pub use crate::sink::SinkError;
+pub use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
 pub use memory::{MEMORY_FILE, MemoryRequestSource};
 pub use side::{SideTables, load_side_tables};
-pub use sink::{ErrorSink, ParquetSink, ResponseSink, SinkError, SinkRow, WindowSink};
-pub use source::{
-    DEFAULT_BATCH_ROWS, ParquetRequestSource, RequestSource, SourceBatch, SourceRecord, TraceInfo,
-};
+pub use sink::{ErrorSink, ParquetSink, ResponseSink, SinkRow, WindowSink};
+pub use source::{DEFAULT_BATCH_ROWS, ParquetRequestSource, TraceInfo};

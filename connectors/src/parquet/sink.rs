@@ -17,6 +17,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::records::{ErrorRow, ResponseRow, WindowRow};
+use crate::sink::{Sink, SinkError};
 
 /// Rows per row group (the writer holds one row group in memory).
 const ROW_GROUP_ROWS: usize = 64 * 1024;
@@ -25,21 +26,6 @@ const ROW_GROUP_ROWS: usize = 64 * 1024;
 pub trait SinkRow: Sized {
     fn schema() -> SchemaRef;
     fn to_batch(rows: &[Self]) -> RecordBatch;
-}
-
-/// Why a sink could not write.
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    #[error("{}: {source}", file.display())]
-    Io {
-        file: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{}: {source}", file.display())]
-    Parquet {
-        file: PathBuf,
-        source: parquet::errors::ParquetError,
-    },
 }
 
 /// An open Parquet file receiving rows of type `R`.
@@ -120,6 +106,17 @@ impl<R: SinkRow> ParquetSink<R> {
             .close()
             .map_err(|source| SinkError::Parquet { file: path, source })?;
         Ok(self.rows)
+    }
+}
+
+impl<R: SinkRow> Sink<R> for ParquetSink<R> {
+    fn write(&mut self, rows: Vec<R>) -> Result<(), SinkError> {
+        ParquetSink::write(self, &rows)
+    }
+
+    /// Rows go to the writer as they come; the footer waits for `finish`.
+    fn flush(&mut self) -> Result<usize, SinkError> {
+        Ok(0)
     }
 }
 

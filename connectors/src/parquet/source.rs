@@ -6,57 +6,16 @@ use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::UInt64Type;
-use grflow_traces::Request;
 use grflow_traces::columnar::{REQUEST_COLUMNS, REQUESTS_FILE, decode_requests};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 
-use super::SourceError;
 use super::files::{CheckedFile, open_checked};
+use crate::error::SourceError;
 use crate::records::SourcePosition;
+use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
 
 /// Records handed out per batch at most.
 pub const DEFAULT_BATCH_ROWS: usize = 1024;
-
-/// One record of the stream: a good request, or a row that could not be
-/// decoded (counted and reported, never fatal).
-#[derive(Clone, Debug, PartialEq)]
-pub enum SourceRecord {
-    Request {
-        request: Request,
-        position: SourcePosition,
-    },
-    Bad {
-        position: SourcePosition,
-        reason: String,
-    },
-}
-
-impl SourceRecord {
-    pub fn position(&self) -> &SourcePosition {
-        match self {
-            SourceRecord::Request { position, .. } | SourceRecord::Bad { position, .. } => position,
-        }
-    }
-}
-
-/// A batch of records and this worker's watermark after it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SourceBatch {
-    pub records: Vec<SourceRecord>,
-    /// Every later request of this worker has `ts_ms >= watermark_ms`;
-    /// `u64::MAX` when nothing is left.
-    pub watermark_ms: u64,
-}
-
-/// A worker's share of a request stream.
-pub trait RequestSource {
-    /// The next batch; `None` when the worker's share is exhausted. An `Err`
-    /// is an unreadable part of the input whose records are unknown: the
-    /// caller may report it and call again to go on with the rest. (The
-    /// Parquet source knows every row group's row count from the footer, so
-    /// an unreadable row group comes as one bad record per row instead.)
-    fn next_batch(&mut self) -> Option<Result<SourceBatch, SourceError>>;
-}
 
 /// Summary of a requests.parquet from its footer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,7 +205,7 @@ impl ParquetRequestSource {
                                     ),
                                 }
                             }
-                            Ok(request) => SourceRecord::Request { request, position },
+                            Ok(request) => SourceRecord::request(request, position),
                             Err(e) => SourceRecord::Bad {
                                 position,
                                 reason: e.to_string(),
@@ -278,18 +237,20 @@ fn too_many_candidates(count: usize, limit: usize) -> String {
 }
 
 impl RequestSource for ParquetRequestSource {
-    fn next_batch(&mut self) -> Option<Result<SourceBatch, SourceError>> {
+    fn poll(&mut self, max: usize, _floor_ms: u64) -> Result<Polled, SourceError> {
         while self.staged.is_done() {
-            let &g = self.groups.get(self.next_group)?;
+            let Some(&g) = self.groups.get(self.next_group) else {
+                return Ok(Polled::exhausted());
+            };
             self.next_group += 1;
             self.stage(g);
         }
-        let (records, staged_min) = self.staged.take(self.batch_rows);
-        let watermark_ms = staged_min.min(self.later_min[self.next_group]);
-        Some(Ok(SourceBatch {
+        let (records, staged_min) = self.staged.take(self.batch_rows.min(max.max(1)));
+        Ok(Polled {
             records,
-            watermark_ms,
-        }))
+            watermark_ms: staged_min.min(self.later_min[self.next_group]),
+            state: SourceState::Ready,
+        })
     }
 }
 

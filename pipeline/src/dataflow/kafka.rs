@@ -1,13 +1,13 @@
 //! Timely wrappers of the Kafka side of `grflow serve`: a source operator
-//! driving one worker's [`KafkaIngest`] (its partitions' event time becomes
+//! driving one worker's [`KafkaSource`] (its partitions' event time becomes
 //! capability downgrades) and a sink handing answers to the worker's
-//! [`OutputQueue`]. The logic lives in `crate::serve`.
+//! [`KafkaSink`]. The logic lives in `grflow_connectors::kafka`.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Exchange;
@@ -16,13 +16,12 @@ use timely::dataflow::operators::generic::operator::source;
 use timely::dataflow::operators::vec::Map;
 use timely::dataflow::{Scope, StreamVec};
 
-use grflow_connectors::SourcePosition;
-use grflow_connectors::kafka::partition_owner;
+use grflow_connectors::kafka::{KafkaSink, KafkaSource, partition_owner};
+use grflow_connectors::{RequestSource, Sink, SourcePosition, SourceRecord, SourceState};
 
 use crate::dataflow::control::SourceClock;
-use crate::events::{Admitted, NodeEvent};
-use crate::serve::ingest::KafkaIngest;
-use crate::serve::outputs::OutputQueue;
+use crate::events::{Admitted, NodeEvent, now_ns};
+use crate::serve::summary::AnswerLatency;
 
 /// Records read per activation before yielding to other operators.
 const MAX_PER_ACTIVATION: usize = 512;
@@ -33,8 +32,7 @@ const IDLE_POLL: Duration = Duration::from_millis(1);
 /// drains what is in flight and completes.
 pub fn kafka_source<'s>(
     scope: Scope<'s, u64>,
-    ingest: Rc<RefCell<KafkaIngest>>,
-    outputs: Rc<RefCell<OutputQueue>>,
+    records: Rc<RefCell<KafkaSource>>,
     stop: Arc<AtomicBool>,
     clock: Rc<SourceClock>,
 ) -> StreamVec<'s, u64, Admitted> {
@@ -48,23 +46,43 @@ pub fn kafka_source<'s>(
                 clock.open.set(false);
                 return;
             }
-            let pumped = ingest.borrow_mut().pump(
-                MAX_PER_ACTIVATION,
-                &mut outputs.borrow_mut(),
-                Instant::now(),
-                *c.time(),
-            );
-            for admitted in pumped.admitted {
-                // Behind the frontier (late, counted by the ingest): enters
+            let polled = match records.borrow_mut().poll(MAX_PER_ACTIVATION, *c.time()) {
+                Ok(polled) => polled,
+                Err(e) => {
+                    // Kafka's client errors are retried inside the source;
+                    // anything else is said and polled again shortly.
+                    tracing::warn!(error = %e, "request source");
+                    activator.activate_after(IDLE_POLL);
+                    return;
+                }
+            };
+            for record in polled.records {
+                // Undecodable records were dead-lettered by the source.
+                let SourceRecord::Request {
+                    request,
+                    position,
+                    inline_history,
+                    recovered,
+                } = record
+                else {
+                    continue;
+                };
+                // Behind the frontier (late, counted by the source): enters
                 // at the earliest time we can still emit; never dropped.
-                let ts = admitted.request.ts_ms.max(*c.time());
-                output.session(&c.delayed(&ts)).give(admitted);
+                let ts = request.ts_ms.max(*c.time());
+                output.session(&c.delayed(&ts)).give(Admitted {
+                    request,
+                    position,
+                    admitted_ns: now_ns(),
+                    inline_history,
+                    recovered,
+                });
             }
-            if pumped.frontier > *c.time() {
-                c.downgrade(&pumped.frontier);
+            if polled.watermark_ms > *c.time() {
+                c.downgrade(&polled.watermark_ms);
             }
             clock.now.set(*c.time());
-            if pumped.drained {
+            if polled.state != SourceState::Ready {
                 activator.activate_after(IDLE_POLL);
             } else {
                 activator.activate();
@@ -105,13 +123,33 @@ pub fn answers_to_readers<'s>(
     })
 }
 
-/// Hands every answer to the output queue.
-pub fn kafka_sink<'s>(events: StreamVec<'s, u64, NodeEvent>, outputs: Rc<RefCell<OutputQueue>>) {
+/// Hands every answer to the worker's sink, its latency (from admission)
+/// measured on the way.
+pub fn kafka_sink<'s>(
+    events: StreamVec<'s, u64, NodeEvent>,
+    sink: Rc<RefCell<KafkaSink>>,
+    latency: Arc<AnswerLatency>,
+) {
     events.sink(Pipeline, "KafkaSink", move |(input, _)| {
-        let mut out = outputs.borrow_mut();
+        let mut sink = sink.borrow_mut();
         input.for_each(|_, data| {
-            for event in data.drain(..) {
-                out.answer(event);
+            let answers: Vec<_> = data
+                .drain(..)
+                .filter_map(NodeEvent::into_answer)
+                .inspect(|a| {
+                    let (ms, mode) = match a {
+                        grflow_connectors::Answer::Response { row, origin } => {
+                            (row.latency_ms, Some(origin.mode))
+                        }
+                        grflow_connectors::Answer::Error { latency_ms, .. } => (*latency_ms, None),
+                    };
+                    latency.record(ms, mode);
+                })
+                .collect();
+            // The Kafka sink holds what it cannot send and retries it; a
+            // failure for good becomes a dead letter or stops the job.
+            if let Err(e) = sink.write(answers) {
+                tracing::error!(error = %e, "answer sink");
             }
         });
     });

@@ -30,7 +30,7 @@ use timely::dataflow::operators::{Concat, ConnectLoop, Exchange, Feedback, Probe
 use timely::dataflow::{Scope, StreamVec};
 use timely::worker::Worker;
 
-use grflow_connectors::parquet::RequestSource;
+use grflow_connectors::RequestSource;
 use grflow_connectors::{ErrorRow, ResponseRow};
 use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::batching::BatchPolicy;

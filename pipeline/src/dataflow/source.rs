@@ -9,14 +9,16 @@ use std::time::{Duration, Instant};
 use timely::dataflow::operators::generic::operator::source;
 use timely::dataflow::{ProbeHandle, Scope, StreamVec};
 
-use grflow_connectors::ErrorRow;
-use grflow_connectors::parquet::{RequestSource, SourceRecord};
+use grflow_connectors::{ErrorRow, RequestSource, SourceRecord, SourceState};
 
 use crate::config::Speed;
 use crate::events::{Admitted, Ingest, now_ns};
 
 /// Records emitted per activation before yielding to other operators.
 const MAX_PER_ACTIVATION: usize = 512;
+
+/// How soon a live source with nothing ready looks again.
+const IDLE_POLL: Duration = Duration::from_millis(1);
 
 /// How soon a source held back by [`Ahead`] looks at the frontier again.
 const AHEAD_RECHECK: Duration = Duration::from_micros(200);
@@ -102,6 +104,8 @@ pub fn request_source<'s>(
         let mut pending: VecDeque<SourceRecord> = VecDeque::new();
         let mut watermark = 0u64;
         let mut exhausted = false;
+        // A live source had nothing ready at the last poll.
+        let mut idle = false;
 
         move |output| {
             let Some(c) = cap.as_mut() else { return };
@@ -114,13 +118,20 @@ pub fn request_source<'s>(
                         cap = None;
                         return;
                     }
-                    match records.next_batch() {
-                        None => exhausted = true,
-                        Some(Ok(batch)) => {
-                            pending.extend(batch.records);
-                            watermark = watermark.max(batch.watermark_ms);
+                    if idle {
+                        break;
+                    }
+                    match records.poll(MAX_PER_ACTIVATION, *c.time()) {
+                        Ok(polled) => {
+                            pending.extend(polled.records);
+                            watermark = watermark.max(polled.watermark_ms);
+                            match polled.state {
+                                SourceState::Ready => {}
+                                SourceState::Idle => idle = true,
+                                SourceState::Exhausted => exhausted = true,
+                            }
                         }
-                        Some(Err(e)) => {
+                        Err(e) => {
                             // The batch is unreadable; say so and go on with the next one.
                             counters.requests_in.fetch_add(1, Ordering::Relaxed);
                             metrics::counter!("grflow_requests_in_total").increment(1);
@@ -156,7 +167,12 @@ pub fn request_source<'s>(
                         if request.ts_ms > allowed {
                             break;
                         }
-                        let Some(SourceRecord::Request { request, position }) = pending.pop_front()
+                        let Some(SourceRecord::Request {
+                            request,
+                            position,
+                            inline_history,
+                            recovered,
+                        }) = pending.pop_front()
                         else {
                             unreachable!()
                         };
@@ -173,8 +189,8 @@ pub fn request_source<'s>(
                             request,
                             position,
                             admitted_ns: now_ns(),
-                            inline_history: None,
-                            recovered: false,
+                            inline_history,
+                            recovered,
                         })));
                     }
                 }
@@ -199,6 +215,7 @@ pub fn request_source<'s>(
                 Some(SourceRecord::Request { request, .. }) if request.ts_ms > allowed => {
                     activator.activate_after(AHEAD_RECHECK);
                 }
+                None if std::mem::take(&mut idle) => activator.activate_after(IDLE_POLL),
                 _ => activator.activate(),
             }
         }

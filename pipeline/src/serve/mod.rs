@@ -10,13 +10,8 @@
 //! ranking), so both answers are the same within the tolerance of
 //! `WireResponse::same_answer`.
 
-pub mod clock;
-pub mod events;
 pub mod histogram;
-pub mod ingest;
-pub mod outputs;
-pub mod ratelimit;
-pub mod shared;
+pub mod summary;
 
 use std::cell::RefCell;
 use std::collections::{HashSet, VecDeque};
@@ -30,9 +25,11 @@ use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Probe;
 use timely::dataflow::operators::generic::Operator;
 
+use grflow_connectors::Sink;
 use grflow_connectors::kafka::{
-    BrokerProbe, KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, StartPosition,
-    ensure_topics, owned_partitions, partition_count, scan_answered,
+    BrokerProbe, KafkaSettings, KafkaSink, KafkaSource, OutputProducer, RecordId, Refetch,
+    RequestConsumer, SharedState, SinkSettings, SourceSettings, StartPosition, ensure_topics,
+    owned_partitions, partition_count, scan_answered,
 };
 use grflow_connectors::parquet::load_side_tables;
 use grflow_operators::node::ServingNode;
@@ -46,10 +43,8 @@ use crate::models::ModelRegistry;
 use crate::params::node_params;
 use crate::side::SideTables;
 use grflow_operators::node::NodeCommand;
-use ingest::{IngestSettings, KafkaIngest};
-use outputs::{OutputQueue, OutputSettings};
-use shared::ProcessPart;
-pub use shared::{ServeSummary, SharedState};
+pub use summary::ServeSummary;
+use summary::{AnswerLatency, ProcessPart};
 
 /// Timeout of blocking metadata, commit and watermark calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -234,6 +229,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     };
 
     let shared = Arc::new(SharedState::new(&k.request_topic, workers));
+    let latency = Arc::new(AnswerLatency::new(cfg.run.slo_ms));
     let delivery_state = shared.clone();
     let producer = Arc::new(OutputProducer::new(
         &settings,
@@ -280,7 +276,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             .filter(|id| owned.contains(&id.partition))
             .copied()
             .collect();
-        let ingest_settings = IngestSettings {
+        let source_settings = SourceSettings {
             request_topic: k.request_topic.clone(),
             dead_letter_topic: k.dead_letter_topic.clone(),
             max_in_flight: k.max_in_flight,
@@ -293,7 +289,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             max_future_ms: k.max_future_ms,
             commit_interval: Duration::from_millis(k.commit_interval_ms),
         };
-        ingests.push(Some((consumer, ingest_settings, mine)));
+        ingests.push(Some((consumer, source_settings, mine)));
     }
     let ingests = Arc::new(Mutex::new(ingests));
 
@@ -308,6 +304,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     ));
     let worker_cfg = cfg.clone();
     let worker_shared = shared.clone();
+    let worker_latency = latency.clone();
     let worker_producer = producer.clone();
     let worker_side = side.clone();
     let worker_models = models.clone();
@@ -350,26 +347,26 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         };
         let mut stop_input = stop_broadcast(worker, stop.clone());
         let mut stop_sent = false;
-        let (consumer, ingest_settings, answered) = ingests.lock().expect("lock")[local]
+        let (consumer, source_settings, answered) = ingests.lock().expect("lock")[local]
             .take()
             .expect("one consumer per worker");
-        let outputs = Rc::new(RefCell::new(OutputQueue::new(
+        let sink = Rc::new(RefCell::new(KafkaSink::new(
             worker_producer.clone(),
             worker_shared.clone(),
-            OutputSettings {
+            SinkSettings {
                 request_topic: worker_cfg.kafka.request_topic.clone(),
                 response_topic: worker_cfg.kafka.response_topic.clone(),
                 dead_letter_topic: worker_cfg.kafka.dead_letter_topic.clone(),
                 max_retries: worker_cfg.kafka.produce_retries,
                 retry_backoff: Duration::from_millis(worker_cfg.kafka.produce_retry_backoff_ms),
-                slo_ms: worker_cfg.run.slo_ms,
             },
         )));
-        let ingest = Rc::new(RefCell::new(KafkaIngest::new(
+        let source = Rc::new(RefCell::new(KafkaSource::new(
             index,
             consumer,
-            ingest_settings,
+            source_settings,
             worker_shared.clone(),
+            sink.clone(),
             answered,
         )));
         let router = Job::router(&worker_cfg, worker.peers());
@@ -377,7 +374,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         let probe = ProbeHandle::new();
         let handles = worker.dataflow::<u64, _, _>(|scope| {
             let requests =
-                dataflow::kafka::kafka_source(scope, ingest.clone(), outputs.clone(), stop.clone(), clock.clone());
+                dataflow::kafka::kafka_source(scope, source.clone(), stop.clone(), clock.clone());
             let (streams, handles) = dataflow::serving(
                 scope,
                 requests,
@@ -414,7 +411,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 // One process shares its offset books: no move needed.
                 if topo.is_cluster() { topo.total() } else { 1 },
             );
-            dataflow::kafka::kafka_sink(answers.probe_with(&probe), outputs.clone());
+            dataflow::kafka::kafka_sink(
+                answers.probe_with(&probe),
+                sink.clone(),
+                worker_latency.clone(),
+            );
             let window_log = window_log.clone();
             let mut failed = false;
             streams
@@ -454,12 +455,12 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     "stopping: no more reads; draining what is in flight, then committing"
                 );
             }
-            outputs.borrow_mut().retry();
+            flush(&sink);
             if last_metrics.elapsed() >= metrics_every {
                 last_metrics = Instant::now();
-                ingest.borrow().measure_lag();
+                source.borrow().measure_lag();
                 if local == 0 {
-                    log_metrics(&worker_shared);
+                    log_metrics(&worker_shared, &worker_latency);
                 }
             }
         }
@@ -469,12 +470,12 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
                 break;
             }
-            let waiting = outputs.borrow_mut().retry();
+            let waiting = flush(&sink);
             if let Err(e) = worker_producer.flush(drain.flush_wait()) {
                 tracing::info!(worker = index, error = %e, "waiting for deliveries");
             }
             if waiting == 0 && worker_producer.in_flight() == 0 {
-                let failed_again = outputs.borrow_mut().retry();
+                let failed_again = flush(&sink);
                 if failed_again == 0 {
                     break;
                 }
@@ -482,11 +483,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         }
         let committed =
             if worker_shared.drain_timed_out.load(Ordering::Relaxed) || worker_shared.is_fatal() {
-                ingest.borrow_mut().commit_without_waiting()
+                source.borrow_mut().commit_without_waiting()
             } else {
-                ingest.borrow_mut().commit(true)
+                source.borrow_mut().commit(true)
             };
-        ingest.borrow().measure_lag();
+        source.borrow().measure_lag();
         if !probe.done() {
             // Left early (drain timeout, fatal error): timely would keep
             // stepping an unfinished dataflow after this closure returns.
@@ -512,7 +513,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         // Every local worker has committed: the process's counters are final.
         local_done.wait();
         if local == 0 {
-            result.process_part = Some(ProcessPart::of(&worker_shared));
+            result.process_part = Some(ProcessPart::of(&worker_shared, &worker_latency));
         }
         let gathered = crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT);
         if index == 0 {
@@ -545,7 +546,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     }
     let wall_s = started.elapsed().as_secs_f64();
     if !topo.is_cluster() {
-        let part = ProcessPart::of(&shared);
+        let part = ProcessPart::of(&shared, &latency);
         return Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s));
     }
     // Cluster mode: process 0 received every worker's result and every
@@ -557,7 +558,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             part.merge(p);
         }
     } else {
-        part = ProcessPart::of(&shared);
+        part = ProcessPart::of(&shared, &latency);
         results.retain(|r| topo.local(r.worker).is_some());
     }
     Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s))
@@ -620,13 +621,19 @@ fn stop_broadcast(
     input
 }
 
-fn log_metrics(shared: &SharedState) {
+/// Offers the sink's held outputs again; how many still wait.
+fn flush(sink: &RefCell<KafkaSink>) -> usize {
+    // The Kafka sink's flush cannot fail (see `KafkaSink::retry`).
+    sink.borrow_mut().flush().unwrap_or_default()
+}
+
+fn log_metrics(shared: &SharedState, latency: &AnswerLatency) {
     let c = &shared.counters;
     let lag = shared.lag.lock().expect("lag lock").clone();
-    let latency = shared.latency.lock().expect("latency lock").clone();
-    // Counters reach /metrics as they happen (`ServeEvent`); gauges here.
+    let p99_ms = latency.p99_ms();
+    // Counters reach /metrics as they happen (`KafkaEvent`); gauges here.
     metrics::gauge!("grflow_in_flight").set(shared.in_flight() as f64);
-    metrics::gauge!("grflow_p99_ms").set(latency.quantile(0.99));
+    metrics::gauge!("grflow_p99_ms").set(p99_ms);
     for (partition, behind) in &lag {
         metrics::gauge!("grflow_consumer_lag", "partition" => partition.to_string())
             .set(*behind as f64);
@@ -642,7 +649,7 @@ fn log_metrics(shared: &SharedState) {
         clamped_ts = c.clamped_ts.load(Ordering::Relaxed),
         undeliverable = c.undeliverable.load(Ordering::Relaxed),
         in_flight = shared.in_flight(),
-        p99_ms = latency.quantile(0.99),
+        p99_ms,
         lag = ?lag,
         "serve metrics"
     );

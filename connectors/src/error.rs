@@ -1,4 +1,5 @@
-//! Errors of the Parquet source: each names the file and, where it can, the
+//! Errors of a request source (the Parquet one today; the Kafka source
+//! retries its client errors itself): each names the file and, where it can, the
 //! column, row group or row.
 
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! State the workers of a serve job share with each other and with the
+//! State the workers of a Kafka job share with each other and with the
 //! producer's delivery thread: each worker's offset book (acks arrive on the
 //! delivery thread, commits are made by the owning worker), outputs the
 //! broker refused for good (to be sent again, a bounded number of times),
@@ -10,18 +10,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use grflow_connectors::kafka::{Delivery, OffsetBook, RecordId, partition_owner};
+use super::{Delivery, OffsetBook, RecordId, partition_owner};
 
-use grflow_traces::Mode;
+use super::events::KafkaEvent;
 
-use super::events::ServeEvent;
-use super::histogram::LatencyHistogram;
-use crate::config::SloMs;
-use crate::summary::{ModeSummaries, ModeTallies};
-
-/// Counters of a serve job; logged periodically and summarised at exit.
+/// Counters of the Kafka source and sink of a job; logged periodically
+/// and summarised at exit.
 #[derive(Debug, Default)]
-pub struct ServeCounters {
+pub struct KafkaCounters {
     /// Records read from the request topic (all kinds).
     pub consumed: AtomicU64,
     /// Records skipped because their offset was consumed or committed before.
@@ -84,10 +80,7 @@ pub struct SharedState {
     is_fatal: AtomicBool,
     /// The shutdown drain ran out of `kafka.drain_timeout_ms`.
     pub drain_timed_out: AtomicBool,
-    pub counters: ServeCounters,
-    pub latency: Mutex<LatencyHistogram>,
-    /// Latency of rankings and of retrievals, each against its SLO.
-    pub by_mode: Mutex<ModeTallies>,
+    pub counters: KafkaCounters,
     /// Consumer lag per request partition, as last measured.
     pub lag: Mutex<BTreeMap<i32, i64>>,
 }
@@ -104,9 +97,7 @@ impl SharedState {
             fatal: Mutex::default(),
             is_fatal: AtomicBool::new(false),
             drain_timed_out: AtomicBool::new(false),
-            counters: ServeCounters::default(),
-            latency: Mutex::default(),
-            by_mode: Mutex::default(),
+            counters: KafkaCounters::default(),
             lag: Mutex::default(),
         }
     }
@@ -137,7 +128,7 @@ impl SharedState {
     pub fn on_delivery(&self, delivery: Delivery) {
         match delivery {
             Delivery::Delivered { source } => {
-                ServeEvent::Delivered.emit(&self.counters);
+                KafkaEvent::Delivered.emit(&self.counters);
                 self.clear_failures(source);
                 self.ack(source);
             }
@@ -202,17 +193,6 @@ impl SharedState {
         std::mem::take(&mut *self.failed.lock().expect("failed lock"))
     }
 
-    pub fn record_latency(&self, ms: f64) {
-        self.latency.lock().expect("latency lock").record(ms);
-    }
-
-    pub fn record_mode_latency(&self, mode: Mode, ms: f64, slo_ms: &SloMs) {
-        self.by_mode
-            .lock()
-            .expect("latency lock")
-            .record(mode, ms, slo_ms);
-    }
-
     pub fn in_flight(&self) -> usize {
         self.books
             .iter()
@@ -244,7 +224,7 @@ pub struct CountsSnapshot {
 }
 
 impl CountsSnapshot {
-    pub fn of(c: &ServeCounters) -> Self {
+    pub fn of(c: &KafkaCounters) -> Self {
         Self {
             consumed: c.consumed.load(Ordering::Relaxed),
             duplicates: c.duplicates.load(Ordering::Relaxed),
@@ -283,98 +263,4 @@ impl CountsSnapshot {
         self.undeliverable += o.undeliverable;
         self.pauses += o.pauses;
     }
-}
-
-/// What one process knows of the job at exit, beyond its workers' own
-/// results: counters, latencies, lag, what is still in flight.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
-pub struct ProcessPart {
-    pub counts: CountsSnapshot,
-    pub latency: LatencyHistogram,
-    pub by_mode: ModeTallies,
-    pub lag: BTreeMap<i32, i64>,
-    pub in_flight: usize,
-    pub drain_timed_out: bool,
-}
-
-impl ProcessPart {
-    pub fn of(shared: &SharedState) -> Self {
-        Self {
-            counts: CountsSnapshot::of(&shared.counters),
-            latency: shared.latency.lock().expect("latency lock").clone(),
-            by_mode: shared.by_mode.lock().expect("latency lock").clone(),
-            lag: shared.lag.lock().expect("lag lock").clone(),
-            in_flight: shared.in_flight(),
-            drain_timed_out: shared.drain_timed_out.load(Ordering::Relaxed),
-        }
-    }
-
-    pub fn merge(&mut self, o: &Self) {
-        self.counts.add(&o.counts);
-        self.latency.merge(&o.latency);
-        self.by_mode.merge(&o.by_mode);
-        self.lag.extend(o.lag.iter().map(|(p, l)| (*p, *l)));
-        self.in_flight += o.in_flight;
-        self.drain_timed_out |= o.drain_timed_out;
-    }
-}
-
-/// What `grflow serve` prints when it stops.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct ServeSummary {
-    pub brokers: String,
-    pub request_topic: String,
-    pub response_topic: String,
-    pub dead_letter_topic: String,
-    /// Workers (= serving nodes) of the whole job, over every process.
-    pub workers: usize,
-    /// Cluster mode: this process's index and the number of processes.
-    /// Counts below are this process's: its workers read and answered them.
-    pub process: usize,
-    pub processes: usize,
-    /// When router and nodes handled requests: "arrival" unless
-    /// `run.release = "complete"`.
-    pub release: String,
-    pub wall_s: f64,
-    /// Records read from the request topic (every kind; was `consumed`).
-    pub requests_in: u64,
-    /// Rankings and retrievals answered (was `responses`).
-    pub responses_out: u64,
-    /// Error records written: shed, unservable and dead-lettered requests.
-    pub errors: u64,
-    /// responses_out / wall_s.
-    pub throughput_rps: f64,
-    pub shed: u64,
-    pub recovered_unshed: u64,
-    pub unservable: u64,
-    pub dead_lettered: u64,
-    pub duplicates_skipped: u64,
-    pub already_answered: u64,
-    pub late: u64,
-    /// Requests whose `ts_ms` was too far in the future: served at the
-    /// current event time.
-    pub clamped_ts: u64,
-    pub delivered: u64,
-    pub resent: u64,
-    pub produce_failures: u64,
-    /// Outputs dead-lettered after failing every retry.
-    pub undeliverable: u64,
-    /// The shutdown drain stopped at `kafka.drain_timeout_ms`: what was not
-    /// answered by then is not committed and is read again on restart.
-    pub drain_timed_out: bool,
-    pub pauses: u64,
-    pub oov_items: u64,
-    /// Requests served with only the most recent part of their history
-    /// (inline ones truncated at decode time, `hist_len` ones at the node).
-    pub truncated_histories: u64,
-    pub in_flight_at_exit: usize,
-    /// Latency of the answers (was `latency_p50_ms`, `latency_p99_ms`,
-    /// `latency_max_ms`).
-    pub latency_ms: crate::summary::LatencySummary,
-    /// Rankings and retrievals apart, each against its own SLO.
-    pub by_mode: ModeSummaries,
-    /// Messages behind the end of each request partition at exit.
-    pub lag: BTreeMap<i32, i64>,
-    pub committed: BTreeMap<i32, i64>,
-    pub model_version: String,
 }

@@ -1,5 +1,5 @@
-//! One worker's outputs to Kafka: responses and error records on the
-//! response topic (key = req_id), dead letters on the dead-letter topic.
+//! One worker's Kafka sink: responses and error records on the response
+//! topic (key = req_id), dead letters on the dead-letter topic.
 //! A record the producer's queue cannot take yet waits here, in order, and
 //! is offered again; nothing is dropped.
 //!
@@ -15,13 +15,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use grflow_connectors::kafka::{DeadLetter, OutputProducer, RecordId, SendError, WireResponse};
-
-use super::events::ServeEvent;
+use super::events::KafkaEvent;
 use super::ratelimit::LogLimiter;
 use super::shared::{FailedOutput, SharedState};
-use crate::config::SloMs;
-use crate::events::{NodeEvent, now_ns};
+use super::{DeadLetter, OutputProducer, RecordId, SendError, WireResponse};
+use crate::records::{Answer, SourcePosition};
+use crate::sink::{Sink, SinkError};
 
 /// Why a record was not taken by [`Produce::send`].
 #[derive(Debug)]
@@ -59,9 +58,9 @@ impl Produce for OutputProducer {
     }
 }
 
-/// Topics and retry policy of an [`OutputQueue`].
+/// Topics and retry policy of a [`KafkaSink`].
 #[derive(Clone, Debug)]
-pub struct OutputSettings {
+pub struct SinkSettings {
     pub request_topic: String,
     pub response_topic: String,
     pub dead_letter_topic: String,
@@ -69,8 +68,6 @@ pub struct OutputSettings {
     pub max_retries: u32,
     /// Wait before the first retry; doubles with each one (capped at 10 s).
     pub retry_backoff: Duration,
-    /// Each request kind's latency objective, for the summary's `by_mode`.
-    pub slo_ms: SloMs,
 }
 
 #[derive(Debug)]
@@ -82,10 +79,10 @@ struct Pending {
 }
 
 #[allow(missing_debug_implementations)] // holds the producer
-pub struct OutputQueue<P: Produce = OutputProducer> {
+pub struct KafkaSink<P: Produce = OutputProducer> {
     producer: Arc<P>,
     shared: Arc<SharedState>,
-    settings: OutputSettings,
+    settings: SinkSettings,
     unsent: VecDeque<Pending>,
     /// Outputs that failed, each waiting for its next attempt.
     backoff: Vec<(Instant, Pending)>,
@@ -93,20 +90,20 @@ pub struct OutputQueue<P: Produce = OutputProducer> {
 }
 
 /// The request record an answer belongs to.
-fn record_id(position: &grflow_connectors::SourcePosition) -> Option<RecordId> {
+fn record_id(position: &SourcePosition) -> Option<RecordId> {
     match position {
-        grflow_connectors::SourcePosition::Kafka {
+        SourcePosition::Kafka {
             partition, offset, ..
         } => Some(RecordId {
             partition: *partition,
             offset: *offset,
         }),
-        grflow_connectors::SourcePosition::Parquet { .. } => None,
+        SourcePosition::Parquet { .. } => None,
     }
 }
 
-impl<P: Produce> OutputQueue<P> {
-    pub fn new(producer: Arc<P>, shared: Arc<SharedState>, settings: OutputSettings) -> Self {
+impl<P: Produce> KafkaSink<P> {
+    pub fn new(producer: Arc<P>, shared: Arc<SharedState>, settings: SinkSettings) -> Self {
         Self {
             producer,
             shared,
@@ -117,66 +114,57 @@ impl<P: Produce> OutputQueue<P> {
         }
     }
 
-    /// Turns a node's answer into a response record and sends it.
-    pub fn answer(&mut self, event: NodeEvent) {
-        // The kind of a ranking or retrieval; errors have no kind's latency.
-        let (response, admitted_ns, mode) = match event {
-            NodeEvent::Response(boxed) => {
-                let (row, origin) = *boxed;
+    /// Turns an answer into a response record (or an error record) on the
+    /// response topic and sends it. An answer to a request that did not
+    /// come from Kafka has no record to acknowledge and is skipped.
+    pub fn answer(&mut self, answer: Answer) {
+        let response = match answer {
+            Answer::Response { row, origin } => {
                 let Some(source) = record_id(&origin.position) else {
                     return;
                 };
-                ServeEvent::Answered {
+                KafkaEvent::Answered {
                     recovered_late: origin.recovered_late,
                 }
                 .emit(&self.shared.counters);
-                let response = WireResponse::ranking(
+                let latency_ms = row.latency_ms;
+                WireResponse::ranking(
                     source,
                     row.req_id,
                     row.items,
                     &row.scores,
                     row.model_version,
-                );
-                (
-                    response.timed(row.node, origin.ts_ms, 0.0),
-                    origin.admitted_ns,
-                    Some(origin.mode),
                 )
+                .timed(row.node, origin.ts_ms, to_microseconds(latency_ms))
             }
-            NodeEvent::Error(boxed) => {
-                let (row, kind, origin) = *boxed;
+            Answer::Error {
+                row,
+                kind,
+                origin,
+                latency_ms,
+            } => {
                 let Some(source) = record_id(&origin.position) else {
                     return;
                 };
-                ServeEvent::ErrorAnswered {
+                KafkaEvent::ErrorAnswered {
                     kind: kind.as_str(),
                 }
                 .emit(&self.shared.counters);
                 let req_id = row.req_id.unwrap_or_default();
-                let response = WireResponse::failed(source, req_id, kind.as_str(), row.reason);
-                (
-                    response.timed(0, origin.ts_ms, 0.0),
-                    origin.admitted_ns,
-                    None,
+                WireResponse::failed(source, req_id, kind.as_str(), row.reason).timed(
+                    0,
+                    origin.ts_ms,
+                    to_microseconds(latency_ms),
                 )
             }
-            NodeEvent::Telemetry(_) | NodeEvent::Report(_) => return,
         };
-        let latency_ms = now_ns().saturating_sub(admitted_ns) as f64 / 1e6;
-        let mut response = response;
-        response.latency_ms = (latency_ms * 1e3).round() / 1e3;
-        self.shared.record_latency(latency_ms);
-        if let Some(mode) = mode {
-            self.shared
-                .record_mode_latency(mode, latency_ms, &self.settings.slo_ms);
-        }
         let payload = serde_json::to_vec(&response).expect("responses serialize");
         let key = response.req_id.to_string().into_bytes();
         let topic = self.settings.response_topic.clone();
         self.send(topic, Some(key), payload, response.source());
     }
 
-    /// Sends one record, or keeps it for [`OutputQueue::retry`].
+    /// Sends one record, or keeps it for [`KafkaSink::retry`].
     pub fn send(
         &mut self,
         topic: String,
@@ -199,7 +187,7 @@ impl<P: Produce> OutputQueue<P> {
         self.retry_at(Instant::now())
     }
 
-    /// [`OutputQueue::retry`] at `now` (tests drive the clock).
+    /// [`KafkaSink::retry`] at `now` (tests drive the clock).
     pub fn retry_at(&mut self, now: Instant) -> usize {
         for FailedOutput {
             source,
@@ -223,7 +211,7 @@ impl<P: Produce> OutputQueue<P> {
                 .partition(|(at, _)| *at <= now);
             self.backoff = wait;
             for (_, p) in due {
-                ServeEvent::Resent.emit(&self.shared.counters);
+                KafkaEvent::Resent.emit(&self.shared.counters);
                 self.unsent.push_back(p);
             }
         }
@@ -253,7 +241,7 @@ impl<P: Produce> OutputQueue<P> {
 
     /// An attempt of `p` failed: retry later, dead-letter it, or stop.
     fn failed(&mut self, p: Pending, error: &str, now: Instant) {
-        ServeEvent::ProduceFailed {
+        KafkaEvent::ProduceFailed {
             topic: &p.topic,
             error,
         }
@@ -284,7 +272,7 @@ impl<P: Produce> OutputQueue<P> {
             self.backoff.push((now + wait, p));
         } else if p.topic != self.settings.dead_letter_topic {
             self.shared.clear_failures(p.source);
-            ServeEvent::Undeliverable {
+            KafkaEvent::Undeliverable {
                 topic: &p.topic,
                 error,
             }
@@ -310,6 +298,26 @@ impl<P: Produce> OutputQueue<P> {
     pub fn waiting(&self) -> usize {
         self.unsent.len() + self.backoff.len()
     }
+}
+
+impl<P: Produce> Sink<Answer> for KafkaSink<P> {
+    /// Never fails: what the producer cannot take yet waits here, what the
+    /// broker refuses is retried, then dead-lettered (see the module).
+    fn write(&mut self, answers: Vec<Answer>) -> Result<(), SinkError> {
+        for a in answers {
+            self.answer(a);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<usize, SinkError> {
+        Ok(self.retry())
+    }
+}
+
+/// Milliseconds rounded to whole microseconds, as the wire carries them.
+fn to_microseconds(ms: f64) -> f64 {
+    (ms * 1e3).round() / 1e3
 }
 
 /// Longest wait between two attempts of one output.
@@ -343,7 +351,7 @@ mod tests {
     use std::sync::Mutex;
     use std::sync::atomic::Ordering;
 
-    use grflow_connectors::kafka::Delivery;
+    use crate::kafka::Delivery;
 
     use super::*;
 
@@ -438,7 +446,7 @@ mod tests {
     ) -> (
         Arc<FaultyProducer>,
         Arc<SharedState>,
-        OutputQueue<FaultyProducer>,
+        KafkaSink<FaultyProducer>,
     ) {
         let shared = Arc::new(SharedState::new(REQUESTS, 1));
         {
@@ -452,22 +460,21 @@ mod tests {
             faults,
             ..FaultyProducer::default()
         });
-        let queue = OutputQueue::new(
+        let queue = KafkaSink::new(
             producer.clone(),
             shared.clone(),
-            OutputSettings {
+            SinkSettings {
                 request_topic: REQUESTS.into(),
                 response_topic: RESPONSES.into(),
                 dead_letter_topic: LETTERS.into(),
                 max_retries: RETRIES,
                 retry_backoff: BACKOFF,
-                slo_ms: SloMs::both(30.0),
             },
         );
         (producer, shared, queue)
     }
 
-    fn answer_all(queue: &mut OutputQueue<FaultyProducer>) {
+    fn answer_all(queue: &mut KafkaSink<FaultyProducer>) {
         for offset in 0..3 {
             let source = RecordId {
                 partition: 0,
@@ -480,7 +487,7 @@ mod tests {
 
     /// Runs the queue for `steps` ticks of 50 ms of a simulated clock.
     fn run(
-        queue: &mut OutputQueue<FaultyProducer>,
+        queue: &mut KafkaSink<FaultyProducer>,
         producer: &FaultyProducer,
         shared: &SharedState,
         t0: Instant,
@@ -606,5 +613,84 @@ mod tests {
             },
         );
         assert_eq!(producer.attempts.lock().unwrap().len(), before);
+    }
+
+    fn origin(position: SourcePosition) -> crate::records::Origin {
+        crate::records::Origin {
+            position,
+            ts_ms: 42,
+            admitted_ns: 0,
+            recovered_late: false,
+            mode: grflow_traces::Mode::Rank,
+        }
+    }
+
+    #[test]
+    fn answers_become_response_records_keyed_by_req_id_through_the_sink_trait() {
+        use crate::records::{Answer, ErrorKind, ErrorRow, ResponseRow};
+        let (producer, shared, mut queue) = setup(Vec::new());
+        let kafka = |offset| SourcePosition::Kafka {
+            topic: REQUESTS.into(),
+            partition: 0,
+            offset,
+        };
+        let ranked = Answer::Response {
+            row: ResponseRow {
+                req_id: 7,
+                node: 3,
+                prefix: "user".into(),
+                items: vec![5, 9],
+                scores: vec![0.5, 0.25],
+                latency_ms: 1.234_567,
+                model_version: "v1".into(),
+                history_len: 0,
+                kv_reused_tokens: 0,
+            },
+            origin: origin(kafka(0)),
+        };
+        let shed = Answer::Error {
+            row: ErrorRow {
+                position: "req[0]@1".into(),
+                reason: "deadline".into(),
+                req_id: Some(8),
+            },
+            kind: ErrorKind::Shed,
+            origin: origin(kafka(1)),
+            latency_ms: 31.0,
+        };
+        // From a Parquet trace: nothing to acknowledge, nothing written.
+        let parquet = Answer::Response {
+            row: match &ranked {
+                Answer::Response { row, .. } => row.clone(),
+                Answer::Error { .. } => unreachable!(),
+            },
+            origin: origin(SourcePosition::Parquet {
+                file: "t".into(),
+                row_group: 0,
+                row: 0,
+            }),
+        };
+        Sink::write(&mut queue, vec![ranked, shed, parquet]).unwrap();
+        assert_eq!(Sink::flush(&mut queue).unwrap(), 0);
+        producer.report(&shared);
+        let delivered = producer.delivered.lock().unwrap();
+        let wire: Vec<WireResponse> = delivered
+            .iter()
+            .map(|(t, p, _)| {
+                assert_eq!(t, RESPONSES);
+                serde_json::from_slice(p).unwrap()
+            })
+            .collect();
+        assert_eq!(wire.len(), 2, "{wire:?}");
+        assert_eq!((wire[0].req_id, wire[0].node, wire[0].ts_ms), (7, 3, 42));
+        assert_eq!(wire[0].items, vec![5, 9]);
+        assert_eq!(wire[0].latency_ms, 1.235, "rounded to microseconds");
+        assert!(wire[0].error.is_none());
+        assert_eq!(wire[1].req_id, 8);
+        assert_eq!(wire[1].error.as_ref().unwrap().kind, "shed");
+        // Both answers are durable: both offsets commit.
+        assert_eq!(safe_commit(&shared), 2);
+        assert_eq!(shared.counters.responses.load(Ordering::Relaxed), 1);
+        assert_eq!(shared.counters.shed.load(Ordering::Relaxed), 1);
     }
 }

@@ -1,15 +1,15 @@
-//! Everything observable `serve` does to a record, as typed events (the
+//! Everything observable the Kafka source and sink do to a record, as typed events (the
 //! model is Vector's `internal_events`): each kind is counted for the
 //! summary, counted for `/metrics` and logged in one place,
-//! [`ServeEvent::emit`], instead of at every call site.
+//! [`KafkaEvent::emit`], instead of at every call site.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::shared::ServeCounters;
+use super::shared::KafkaCounters;
 
 /// One thing that happened to a record or an answer.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ServeEvent<'a> {
+pub enum KafkaEvent<'a> {
     /// A record was read from the request topic.
     Read { partition: i32, offset: i64 },
     /// Its offset was consumed or committed before (a refetch).
@@ -48,10 +48,10 @@ pub enum ServeEvent<'a> {
     Undeliverable { topic: &'a str, error: &'a str },
 }
 
-impl ServeEvent<'_> {
+impl KafkaEvent<'_> {
     /// Counts the event for the summary (`counters`) and for `/metrics`,
     /// and logs it.
-    pub fn emit(self, counters: &ServeCounters) {
+    pub fn emit(self, counters: &KafkaCounters) {
         let count = |atomic: &AtomicU64, metric: &'static str| {
             atomic.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(metric).increment(1);
@@ -125,23 +125,23 @@ mod tests {
 
     #[test]
     fn each_event_counts_where_the_summary_reads_it() {
-        let c = ServeCounters::default();
+        let c = KafkaCounters::default();
         let (partition, offset) = (1, 7);
         for e in [
-            ServeEvent::Read { partition, offset },
-            ServeEvent::Read { partition, offset },
-            ServeEvent::Duplicate { partition, offset },
-            ServeEvent::DeadLettered {
+            KafkaEvent::Read { partition, offset },
+            KafkaEvent::Read { partition, offset },
+            KafkaEvent::Duplicate { partition, offset },
+            KafkaEvent::DeadLettered {
                 partition,
                 offset,
                 kind: "malformed",
             },
-            ServeEvent::Answered {
+            KafkaEvent::Answered {
                 recovered_late: true,
             },
-            ServeEvent::ErrorAnswered { kind: "shed" },
-            ServeEvent::ErrorAnswered { kind: "unservable" },
-            ServeEvent::Delivered,
+            KafkaEvent::ErrorAnswered { kind: "shed" },
+            KafkaEvent::ErrorAnswered { kind: "unservable" },
+            KafkaEvent::Delivered,
         ] {
             e.emit(&c);
         }

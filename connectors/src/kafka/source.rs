@@ -1,31 +1,35 @@
-//! One worker's reading side: polls its partitions, skips records already
-//! consumed or answered, dead-letters what cannot be decoded, turns the rest
-//! into admitted requests, tracks event time, pauses reads when too many
-//! requests are in flight, and commits offsets whose answers are durable.
+//! One worker's Kafka request source: polls its partitions, skips records
+//! already consumed or answered, dead-letters what cannot be decoded
+//! (through the worker's [`KafkaSink`]), turns the rest into requests,
+//! tracks event time, pauses reads when too many requests are in flight,
+//! and commits offsets whose answers are durable.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use grflow_connectors::SourcePosition;
-use grflow_connectors::kafka::{
-    Admission, DeadLetter, DecodeLimits, History, RawRecord, RecordId, RequestConsumer,
-    decode_request_within,
-};
 use grflow_operators::history::HistoryLimits;
 use grflow_traces::Request;
 
 use super::clock::{Entry, PartitionClock, entry_time};
-use super::events::ServeEvent;
-use super::outputs::OutputQueue;
+use super::events::KafkaEvent;
 use super::ratelimit::LogLimiter;
 use super::shared::SharedState;
-use crate::events::{Admitted, now_ns};
+use super::sink::KafkaSink;
+use super::{
+    Admission, DeadLetter, DecodeLimits, History, RawRecord, RecordId, RequestConsumer,
+    decode_request_within,
+};
+use crate::error::SourceError;
+use crate::records::SourcePosition;
+use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
 
-/// Settings of the reading side.
+/// Settings of a [`KafkaSource`].
 #[derive(Clone, Debug)]
-pub struct IngestSettings {
+pub struct SourceSettings {
     pub request_topic: String,
     pub dead_letter_topic: String,
     pub max_in_flight: usize,
@@ -51,22 +55,14 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// What one call of [`KafkaIngest::pump`] read.
-#[derive(Debug, Default)]
-pub struct Pumped {
-    pub admitted: Vec<Admitted>,
-    /// The earliest event time this worker may still emit.
-    pub frontier: u64,
-    /// Whether the consumer had nothing more to give right now.
-    pub drained: bool,
-}
-
 #[allow(missing_debug_implementations)] // holds the consumer
-pub struct KafkaIngest {
+pub struct KafkaSource {
     worker: usize,
     consumer: RequestConsumer,
-    settings: IngestSettings,
+    settings: SourceSettings,
     shared: Arc<SharedState>,
+    /// Where dead letters go: the worker's sink (one producer queue).
+    dead_letters: Rc<RefCell<KafkaSink>>,
     clock: PartitionClock,
     /// Request records the response topic already answers (restart scan).
     answered: HashSet<RecordId>,
@@ -74,12 +70,15 @@ pub struct KafkaIngest {
     clamp_log: LogLimiter,
 }
 
-impl KafkaIngest {
+impl KafkaSource {
+    /// Worker `worker`'s source over `consumer`'s partitions; `answered`
+    /// are the request records the response topic already answers.
     pub fn new(
         worker: usize,
         consumer: RequestConsumer,
-        settings: IngestSettings,
+        settings: SourceSettings,
         shared: Arc<SharedState>,
+        dead_letters: Rc<RefCell<KafkaSink>>,
         answered: HashSet<RecordId>,
     ) -> Self {
         let clock = PartitionClock::new(
@@ -92,6 +91,7 @@ impl KafkaIngest {
             consumer,
             settings,
             shared,
+            dead_letters,
             clock,
             answered,
             last_commit: Instant::now(),
@@ -99,63 +99,63 @@ impl KafkaIngest {
         }
     }
 
-    /// Reads up to `max` records without blocking. `emit_floor` is the
-    /// earliest time the caller can still emit at: a request older than
-    /// that is late and enters at `emit_floor`.
-    pub fn pump(
-        &mut self,
-        max: usize,
-        outputs: &mut OutputQueue,
-        now: Instant,
-        emit_floor: u64,
-    ) -> Pumped {
+    /// Reads up to `max` records without blocking, at `now`. `emit_floor`
+    /// is the earliest time the caller can still emit at: a request older
+    /// than that is late and enters at `emit_floor`. The watermark is the
+    /// earliest event time this worker may still emit; the state is `Idle`
+    /// once the consumer has nothing more to give right now.
+    pub fn poll_at(&mut self, max: usize, now: Instant, emit_floor: u64) -> Polled {
         self.apply_backpressure();
-        let mut pumped = Pumped::default();
+        let mut records = Vec::new();
+        let mut state = SourceState::Ready;
         let wall = wall_ms();
         if !self.consumer.is_paused() {
-            while pumped.admitted.len() < max {
+            while records.len() < max {
                 match self.consumer.poll(Duration::ZERO) {
                     None => {
-                        pumped.drained = true;
+                        state = SourceState::Idle;
                         break;
                     }
                     Some(Err(e)) => {
                         // Transient client errors (broker down, ...): librdkafka
                         // reconnects by itself; say so and keep going.
                         tracing::warn!(worker = self.worker, error = %e, "request consumer");
-                        pumped.drained = true;
+                        state = SourceState::Idle;
                         break;
                     }
                     Some(Ok(record)) => {
-                        if let Some(a) = self.admit(record, outputs, now, emit_floor, wall) {
-                            pumped.admitted.push(a);
+                        if let Some(r) = self.admit(record, now, emit_floor, wall) {
+                            records.push(r);
                         }
                     }
                 }
             }
         } else {
-            pumped.drained = true;
+            state = SourceState::Idle;
         }
         let newest = self.shared.counters.newest_event_ms.load(Ordering::Relaxed);
-        pumped.frontier = self.clock.frontier(now, self.consumer.is_paused(), newest);
+        let watermark_ms = self.clock.frontier(now, self.consumer.is_paused(), newest);
         if now.duration_since(self.last_commit) >= self.settings.commit_interval {
             self.commit(false);
             self.last_commit = now;
         }
-        pumped
+        Polled {
+            records,
+            watermark_ms,
+            state,
+        }
     }
 
     fn admit(
         &mut self,
         record: RawRecord,
-        outputs: &mut OutputQueue,
         now: Instant,
         emit_floor: u64,
         wall_ms: u64,
-    ) -> Option<Admitted> {
+    ) -> Option<SourceRecord> {
         let (partition, offset) = (record.partition, record.offset);
         let counters = &self.shared.counters;
-        ServeEvent::Read { partition, offset }.emit(counters);
+        KafkaEvent::Read { partition, offset }.emit(counters);
         let source = RecordId { partition, offset };
         let admission = self
             .shared
@@ -166,7 +166,7 @@ impl KafkaIngest {
         match admission {
             Ok(Admission::New) => {}
             Ok(Admission::Duplicate) => {
-                ServeEvent::Duplicate { partition, offset }.emit(counters);
+                KafkaEvent::Duplicate { partition, offset }.emit(counters);
                 return None;
             }
             Err(e) => {
@@ -177,7 +177,7 @@ impl KafkaIngest {
         if self.answered.remove(&source) {
             // Answered before a restart: the answer is durable, so the
             // offset may be committed without answering again.
-            ServeEvent::AlreadyAnswered { partition, offset }.emit(counters);
+            KafkaEvent::AlreadyAnswered { partition, offset }.emit(counters);
             self.shared.ack(source);
             return None;
         }
@@ -190,7 +190,7 @@ impl KafkaIngest {
         match decode_request_within(&payload, &limits) {
             Ok(wire) => {
                 if wire.history_dropped > 0 {
-                    ServeEvent::HistoryTruncated { partition, offset }.emit(counters);
+                    KafkaEvent::HistoryTruncated { partition, offset }.emit(counters);
                 }
                 // Event time tracks the time the request enters at, so a
                 // late request is released like any other. A stamp too far
@@ -207,9 +207,9 @@ impl KafkaIngest {
                 );
                 match entry {
                     Entry::OnTime(_) => {}
-                    Entry::Late(_) => ServeEvent::Late { partition, offset }.emit(counters),
+                    Entry::Late(_) => KafkaEvent::Late { partition, offset }.emit(counters),
                     Entry::Clamped(_) => {
-                        ServeEvent::Clamped {
+                        KafkaEvent::Clamped {
                             partition,
                             offset,
                             ts_ms: wire.ts_ms,
@@ -254,7 +254,7 @@ impl KafkaIngest {
                     .lock()
                     .expect("offset book lock")
                     .weigh(record.partition, record.offset, tokens);
-                Some(Admitted {
+                Some(SourceRecord::Request {
                     request: Request {
                         ts_ms,
                         req_id: wire.req_id,
@@ -269,13 +269,12 @@ impl KafkaIngest {
                         partition: record.partition,
                         offset: record.offset,
                     },
-                    admitted_ns: now_ns(),
                     inline_history,
                     recovered: self.consumer.is_recovered(record.partition, record.offset),
                 })
             }
             Err(error) => {
-                ServeEvent::DeadLettered {
+                KafkaEvent::DeadLettered {
                     partition,
                     offset,
                     kind: error.kind(),
@@ -289,7 +288,12 @@ impl KafkaIngest {
                     &payload,
                 );
                 let body = serde_json::to_vec(&letter).expect("dead letters serialize");
-                outputs.send(self.settings.dead_letter_topic.clone(), None, body, source);
+                self.dead_letters.borrow_mut().send(
+                    self.settings.dead_letter_topic.clone(),
+                    None,
+                    body,
+                    source,
+                );
                 None
             }
         }
@@ -318,7 +322,7 @@ impl KafkaIngest {
         };
         if want != paused {
             if want {
-                ServeEvent::Paused {
+                KafkaEvent::Paused {
                     worker: self.worker,
                 }
                 .emit(&self.shared.counters);
@@ -382,5 +386,12 @@ impl KafkaIngest {
                 lag.insert(p, (high - next).max(0));
             }
         }
+    }
+}
+
+impl RequestSource for KafkaSource {
+    /// Never fails: client errors are logged and retried by librdkafka.
+    fn poll(&mut self, max: usize, floor_ms: u64) -> Result<Polled, SourceError> {
+        Ok(self.poll_at(max, Instant::now(), floor_ms))
     }
 }

@@ -1,0 +1,144 @@
+//! What a serve job knows at exit: the latency of its answers (measured as
+//! they leave the dataflow, before the sink), each process's part, and the
+//! summary `grflow serve` prints.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use grflow_connectors::kafka::{CountsSnapshot, SharedState};
+use grflow_traces::Mode;
+
+use super::histogram::LatencyHistogram;
+use crate::config::SloMs;
+use crate::summary::{ModeSummaries, ModeTallies};
+
+/// Latency of a process's answers, overall and per request kind against
+/// its SLO; shared by the process's workers.
+#[derive(Debug)]
+pub struct AnswerLatency {
+    pub overall: Mutex<LatencyHistogram>,
+    pub by_mode: Mutex<ModeTallies>,
+    slo_ms: SloMs,
+}
+
+impl AnswerLatency {
+    pub fn new(slo_ms: SloMs) -> Self {
+        Self {
+            overall: Mutex::default(),
+            by_mode: Mutex::default(),
+            slo_ms,
+        }
+    }
+
+    /// One answer took `ms`; `mode` is `None` for error records.
+    pub fn record(&self, ms: f64, mode: Option<Mode>) {
+        self.overall.lock().expect("latency lock").record(ms);
+        if let Some(mode) = mode {
+            self.by_mode
+                .lock()
+                .expect("latency lock")
+                .record(mode, ms, &self.slo_ms);
+        }
+    }
+
+    pub fn p99_ms(&self) -> f64 {
+        self.overall.lock().expect("latency lock").quantile(0.99)
+    }
+}
+
+/// What one process knows of the job at exit, beyond its workers' own
+/// results: counters, latencies, lag, what is still in flight.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct ProcessPart {
+    pub counts: CountsSnapshot,
+    pub latency: LatencyHistogram,
+    pub by_mode: ModeTallies,
+    pub lag: BTreeMap<i32, i64>,
+    pub in_flight: usize,
+    pub drain_timed_out: bool,
+}
+
+impl ProcessPart {
+    pub fn of(shared: &SharedState, latency: &AnswerLatency) -> Self {
+        Self {
+            counts: CountsSnapshot::of(&shared.counters),
+            latency: latency.overall.lock().expect("latency lock").clone(),
+            by_mode: latency.by_mode.lock().expect("latency lock").clone(),
+            lag: shared.lag.lock().expect("lag lock").clone(),
+            in_flight: shared.in_flight(),
+            drain_timed_out: shared.drain_timed_out.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn merge(&mut self, o: &Self) {
+        self.counts.add(&o.counts);
+        self.latency.merge(&o.latency);
+        self.by_mode.merge(&o.by_mode);
+        self.lag.extend(o.lag.iter().map(|(p, l)| (*p, *l)));
+        self.in_flight += o.in_flight;
+        self.drain_timed_out |= o.drain_timed_out;
+    }
+}
+
+/// What `grflow serve` prints when it stops.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ServeSummary {
+    pub brokers: String,
+    pub request_topic: String,
+    pub response_topic: String,
+    pub dead_letter_topic: String,
+    /// Workers (= serving nodes) of the whole job, over every process.
+    pub workers: usize,
+    /// Cluster mode: this process's index and the number of processes.
+    /// Counts below are this process's: its workers read and answered them.
+    pub process: usize,
+    pub processes: usize,
+    /// When router and nodes handled requests: "arrival" unless
+    /// `run.release = "complete"`.
+    pub release: String,
+    pub wall_s: f64,
+    /// Records read from the request topic (every kind; was `consumed`).
+    pub requests_in: u64,
+    /// Rankings and retrievals answered (was `responses`).
+    pub responses_out: u64,
+    /// Error records written: shed, unservable and dead-lettered requests.
+    pub errors: u64,
+    /// responses_out / wall_s.
+    pub throughput_rps: f64,
+    pub shed: u64,
+    pub recovered_unshed: u64,
+    pub unservable: u64,
+    pub dead_lettered: u64,
+    pub duplicates_skipped: u64,
+    pub already_answered: u64,
+    pub late: u64,
+    /// Requests whose `ts_ms` was too far in the future: served at the
+    /// current event time.
+    pub clamped_ts: u64,
+    pub delivered: u64,
+    pub resent: u64,
+    pub produce_failures: u64,
+    /// Outputs dead-lettered after failing every retry.
+    pub undeliverable: u64,
+    /// The shutdown drain stopped at `kafka.drain_timeout_ms`: what was not
+    /// answered by then is not committed and is read again on restart.
+    pub drain_timed_out: bool,
+    pub pauses: u64,
+    pub oov_items: u64,
+    /// Requests served with only the most recent part of their history
+    /// (inline ones truncated at decode time, `hist_len` ones at the node).
+    pub truncated_histories: u64,
+    pub in_flight_at_exit: usize,
+    /// Latency of the answers (was `latency_p50_ms`, `latency_p99_ms`,
+    /// `latency_max_ms`).
+    pub latency_ms: crate::summary::LatencySummary,
+    /// Rankings and retrievals apart, each against its own SLO.
+    pub by_mode: ModeSummaries,
+    /// Messages behind the end of each request partition at exit.
+    pub lag: BTreeMap<i32, i64>,
+    pub committed: BTreeMap<i32, i64>,
+    pub model_version: String,
+}
