@@ -6,6 +6,17 @@
 //! most ±`max_step` (Eq. 3's largest) with α clipped to
 //! [`min_alpha`, `max_alpha`] (Eq. 4, 6). Pure: the dataflow wrapper feeds
 //! it windows and turns its answers into `SetAlpha` commands.
+//!
+//! The parts of HLEM's SmartAllocator built so far live beside it: the MDP
+//! (state, actions, reward: [`mdp`]), the recovery controller
+//! ([`recovery`]), the residual adapter ([`adapter`]) and the small network
+//! both learned parts use ([`mlp`]). The frozen PPO base policy and its
+//! trainer are not built yet, so no policy uses them.
+
+pub mod adapter;
+pub mod mdp;
+pub mod mlp;
+pub mod recovery;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,226 @@
+//! HLEM's online residual adapter (§IV-A, Eq. 7): a 5 → 16 → 1 network,
+//! output layer zero-initialised, that adds a bounded correction to the
+//! frozen base policy's move.
+//!
+//! - **Inputs** (five of Table I's features, see [`State`]): hot-user
+//!   share, KV hit rate, EMB hit rate, α and normalised p99 — what an
+//!   offline–online mismatch in the cache trade-off shows in. Sequence
+//!   length and the violation share are left to the base policy (the
+//!   violation share moves with p99).
+//! - **Output**: 0.02·tanh(y), so the correction stays within ±0.02.
+//! - **Objective**: a one-step policy gradient on Eq. 5's reward. The
+//!   applied correction is the output plus Gaussian exploration (σ =
+//!   [`EXPLORE`]); each epoch's (inputs, applied correction, reward of the
+//!   window after it) enters a 1K FIFO buffer, and an update ascends
+//!   E[(r − r̄)·∇ log π(applied | inputs)] over the buffer, with the
+//!   learning rate of Eq. 7: η₀·|ℓ_t − ℓ_EMA| / τ_SLO, η₀ = 1e-3.
+//! - With exploration off and no update, a zero-initialised adapter adds
+//!   exactly 0: `ppo-only` and `smart` decide alike until it has learned.
+
+use std::collections::VecDeque;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::mdp::State;
+use super::mlp::Mlp;
+
+/// Largest correction (±).
+pub const BOUND: f64 = 0.02;
+/// Exploration noise of the applied correction (σ).
+pub const EXPLORE: f64 = 0.005;
+/// η₀ of Eq. 7.
+pub const ETA0: f64 = 1e-3;
+/// Replay buffer size (FIFO).
+pub const BUFFER: usize = 1_000;
+/// Weight of a new epoch's p99 in ℓ_EMA (span 10, as the recovery
+/// controller's baseline).
+const EMA_WEIGHT: f64 = 2.0 / 11.0;
+
+/// The five features the adapter reads, from a Table I state.
+pub fn inputs(s: &State) -> [f64; 5] {
+    [
+        s.0[State::HOT],
+        s.0[State::KV_HIT],
+        s.0[State::EMB_HIT],
+        s.0[State::ALPHA],
+        s.0[State::P99],
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct Sample {
+    x: [f64; 5],
+    applied: f64,
+    reward: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Adapter {
+    net: Mlp,
+    buffer: VecDeque<Sample>,
+    /// The correction applied at the last decision, awaiting its reward.
+    pending: Option<([f64; 5], f64)>,
+    p99_ema: Option<f64>,
+    rng: ChaCha8Rng,
+    explore: bool,
+}
+
+impl Adapter {
+    /// A zero-output adapter; `explore` adds the Gaussian noise the policy
+    /// gradient needs (off: decisions are the network's output alone).
+    pub fn new(seed: u64, explore: bool) -> Self {
+        Self {
+            net: Mlp::zero_output(&[5, 16, 1], seed),
+            buffer: VecDeque::with_capacity(BUFFER),
+            pending: None,
+            p99_ema: None,
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed),
+            explore,
+        }
+    }
+
+    fn mean(&self, x: &[f64; 5]) -> f64 {
+        BOUND * self.net.forward(x)[0].tanh()
+    }
+
+    /// The correction for state `s`, remembered until [`Adapter::reward`].
+    pub fn correct(&mut self, s: &State) -> f64 {
+        let x = inputs(s);
+        let mut applied = self.mean(&x);
+        if self.explore {
+            applied += EXPLORE * gaussian(&mut self.rng);
+        }
+        let applied = applied.clamp(-BOUND, BOUND);
+        self.pending = Some((x, applied));
+        applied
+    }
+
+    /// The window after the last correction closed with reward `r` and
+    /// p99 `p99_ms`: its sample enters the buffer, and one update runs
+    /// over the buffer. Returns the learning rate used (0: none).
+    pub fn reward(&mut self, r: f64, p99_ms: f64, slo_ms: f64) -> f64 {
+        let ema = match self.p99_ema {
+            Some(e) if p99_ms.is_finite() => e + EMA_WEIGHT * (p99_ms - e),
+            Some(e) => e,
+            None => p99_ms,
+        };
+        let rate = if p99_ms.is_finite() && ema.is_finite() {
+            ETA0 * (p99_ms - self.p99_ema.unwrap_or(p99_ms)).abs() / slo_ms.max(1e-9)
+        } else {
+            0.0
+        };
+        self.p99_ema = ema.is_finite().then_some(ema);
+        let Some((x, applied)) = self.pending.take() else {
+            return 0.0;
+        };
+        if !r.is_finite() {
+            return 0.0;
+        }
+        if self.buffer.len() == BUFFER {
+            self.buffer.pop_front();
+        }
+        self.buffer.push_back(Sample {
+            x,
+            applied,
+            reward: r,
+        });
+        if rate > 0.0 && self.buffer.len() >= 2 {
+            self.update(rate);
+        }
+        rate
+    }
+
+    /// One ascent step on the buffer's mean advantage-weighted log
+    /// likelihood of the applied corrections (a Gaussian policy).
+    fn update(&mut self, rate: f64) {
+        let n = self.buffer.len() as f64;
+        let baseline = self.buffer.iter().map(|s| s.reward).sum::<f64>() / n;
+        let mut total: Option<super::mlp::Grads> = None;
+        for s in &self.buffer {
+            let y = self.net.forward(&s.x)[0];
+            let mean = BOUND * y.tanh();
+            // ∂ log N(applied; mean, σ²) / ∂y = (applied − mean)/σ² · ∂mean/∂y
+            let dlog = (s.applied - mean) / (EXPLORE * EXPLORE) * BOUND * (1.0 - y.tanh().powi(2));
+            let g = self.net.backward(&s.x, &[(s.reward - baseline) * dlog / n]);
+            match &mut total {
+                None => total = Some(g),
+                Some(t) => {
+                    for (a, b) in t.layers.iter_mut().zip(&g.layers) {
+                        a.w.iter_mut().zip(&b.w).for_each(|(p, d)| *p += d);
+                        a.b.iter_mut().zip(&b.b).for_each(|(p, d)| *p += d);
+                    }
+                }
+            }
+        }
+        if let Some(g) = total {
+            self.net.step(&g, rate);
+        }
+    }
+
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+}
+
+/// A standard normal sample (Box–Muller).
+fn gaussian(rng: &mut ChaCha8Rng) -> f64 {
+    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
+    let u2: f64 = rng.random_range(0.0..1.0);
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(alpha: f64, p99: f64) -> State {
+        State([0.3, 0.5, 0.8, 0.4, 0.05, alpha, p99])
+    }
+
+    #[test]
+    fn a_fresh_adapter_without_exploration_adds_exactly_zero() {
+        let mut a = Adapter::new(1, false);
+        for i in 0..20 {
+            assert_eq!(a.correct(&state(0.1 + 0.04 * i as f64, 0.3)), 0.0);
+        }
+    }
+
+    #[test]
+    fn corrections_stay_within_the_bound_and_the_buffer_is_a_bounded_fifo() {
+        let mut a = Adapter::new(2, true);
+        for i in 0..(BUFFER + 50) {
+            let c = a.correct(&state(0.5, 0.4));
+            assert!(c.abs() <= BOUND, "{c}");
+            a.reward(0.5, 30.0 + (i % 7) as f64, 30.0);
+        }
+        assert_eq!(a.buffered(), BUFFER);
+    }
+
+    #[test]
+    fn the_learning_rate_follows_eq_seven() {
+        let mut a = Adapter::new(3, false);
+        a.correct(&state(0.5, 0.5));
+        // First epoch: ℓ_EMA = ℓ, no step.
+        assert_eq!(a.reward(0.9, 30.0, 30.0), 0.0);
+        a.correct(&state(0.5, 0.5));
+        // |60 − 30| / 30 · 1e-3.
+        assert!((a.reward(0.9, 60.0, 30.0) - 1e-3).abs() < 1e-15);
+    }
+
+    #[test]
+    fn it_learns_the_sign_of_a_correction_that_pays() {
+        // A reward that grows with the correction: after training, the
+        // adapter's mean correction is positive.
+        let mut a = Adapter::new(4, true);
+        for i in 0..3_000 {
+            let s = state(0.5, 0.5);
+            let c = a.correct(&s);
+            // Alternate p99 so Eq. 7 gives a non-zero rate.
+            let p99 = if i % 2 == 0 { 20.0 } else { 40.0 };
+            a.reward(0.5 + 10.0 * c, p99, 30.0);
+        }
+        let mean = a.mean(&inputs(&state(0.5, 0.5)));
+        assert!(mean > 0.002, "learned mean correction {mean}");
+    }
+}

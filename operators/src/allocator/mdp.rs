@@ -1,0 +1,138 @@
+//! HLEM's allocation MDP (§IV-A): the state a learned controller sees (Table
+//! I, each feature normalised to [0, 1]), its actions (Eq. 3), how an action
+//! moves α (Eq. 4) and the reward of the window after it (Eq. 5).
+
+use crate::windows::WindowStats;
+
+/// Eq. 3: moves of α one decision may make.
+pub const ACTIONS: [f64; 7] = [-0.06, -0.04, -0.02, 0.0, 0.02, 0.04, 0.06];
+
+/// Eq. 4 and 6: α after a move, kept within [min, max].
+pub fn apply(alpha: f64, delta: f64, min: f64, max: f64) -> f64 {
+    (alpha + delta).clamp(min, max)
+}
+
+/// Table I's state vector, every feature in [0, 1]:
+/// (h, k, e, L, v, α, p) = hot-user share, KV hit rate, EMB hit rate, mean
+/// sequence length ÷ `max_positions`, SLO-violation share, α, and p99 ÷
+/// (2·τ_SLO). The last two are clipped (a p99 beyond twice the SLO reads 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct State(pub [f64; 7]);
+
+impl State {
+    pub const HOT: usize = 0;
+    pub const KV_HIT: usize = 1;
+    pub const EMB_HIT: usize = 2;
+    pub const SEQ_LEN: usize = 3;
+    pub const VIOLATIONS: usize = 4;
+    pub const ALPHA: usize = 5;
+    pub const P99: usize = 6;
+
+    /// The state after a closed window `w`, for a node whose α is `alpha`
+    /// now (the window's own α is its mean over the window, which may
+    /// predate the last move).
+    pub fn of(w: &WindowStats, alpha: f64, max_positions: usize, slo_ms: f64) -> Self {
+        let unit = |v: f64| {
+            if v.is_finite() {
+                v.clamp(0.0, 1.0)
+            } else {
+                0.0
+            }
+        };
+        let mut s = [0.0; 7];
+        s[Self::HOT] = unit(w.hot_user_share);
+        s[Self::KV_HIT] = unit(w.kv_hit_rate);
+        s[Self::EMB_HIT] = unit(w.emb_hit_rate);
+        s[Self::SEQ_LEN] = unit(w.mean_seq_len / max_positions.max(1) as f64);
+        s[Self::VIOLATIONS] = unit(w.slo_violation_share);
+        s[Self::ALPHA] = unit(alpha);
+        // An empty or broken p99 reads as the worst: never as "all is well".
+        s[Self::P99] = if w.p99_ms.is_nan() {
+            1.0
+        } else {
+            unit(w.p99_ms / (2.0 * slo_ms.max(1e-9)))
+        };
+        Self(s)
+    }
+}
+
+/// Eq. 5 with λ = 1/τ_SLO: the window's SLO satisfaction minus its p99
+/// overshoot in units of the SLO. 1 at best; unbounded below, so a p99 of
+/// three SLOs (−2 + satisfaction) weighs more than any satisfaction gain.
+pub fn reward(w: &WindowStats, slo_ms: f64) -> f64 {
+    let slo = slo_ms.max(1e-9);
+    let satisfied = (1.0 - w.slo_violation_share).clamp(0.0, 1.0);
+    let p99 = if w.p99_ms.is_finite() {
+        w.p99_ms
+    } else {
+        f64::MAX / 4.0
+    };
+    satisfied - (p99 - slo).max(0.0) / slo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window() -> WindowStats {
+        WindowStats {
+            requests: 100,
+            hot_user_share: 0.32,
+            emb_hit_rate: 0.8,
+            kv_hit_rate: 0.5,
+            mean_seq_len: 512.0,
+            slo_violation_share: 0.05,
+            p99_ms: 45.0,
+            alpha: 0.4,
+        }
+    }
+
+    #[test]
+    fn the_state_is_table_one_normalised_to_the_unit_interval() {
+        let s = State::of(&window(), 0.46, 1024, 30.0);
+        assert_eq!(s.0, [0.32, 0.5, 0.8, 0.5, 0.05, 0.46, 0.75]);
+        // Out-of-range inputs clip; a p99 past 2·SLO or unknown reads 1.
+        let wild = WindowStats {
+            mean_seq_len: 1e9,
+            p99_ms: 500.0,
+            hot_user_share: -1.0,
+            ..window()
+        };
+        let s = State::of(&wild, 1.5, 1024, 30.0);
+        assert_eq!((s.0[0], s.0[3], s.0[5], s.0[6]), (0.0, 1.0, 1.0, 1.0));
+        let nan = WindowStats {
+            p99_ms: f64::NAN,
+            ..window()
+        };
+        assert_eq!(State::of(&nan, 0.4, 1024, 30.0).0[State::P99], 1.0);
+    }
+
+    #[test]
+    fn actions_are_eq_three_and_alpha_stays_within_bounds() {
+        assert_eq!(ACTIONS.len(), 7);
+        assert!(ACTIONS.contains(&0.0));
+        assert!(ACTIONS.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(apply(0.88, 0.06, 0.1, 0.9), 0.9);
+        assert_eq!(apply(0.12, -0.06, 0.1, 0.9), 0.1);
+        assert!((apply(0.5, -0.04, 0.1, 0.9) - 0.46).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_reward_is_satisfaction_minus_the_p99_overshoot_in_slos() {
+        // Within the SLO: the satisfaction alone.
+        let calm = WindowStats {
+            p99_ms: 20.0,
+            ..window()
+        };
+        assert!((reward(&calm, 30.0) - 0.95).abs() < 1e-12);
+        // 45 ms against 30: 0.95 − 15/30.
+        assert!((reward(&window(), 30.0) - 0.45).abs() < 1e-12);
+        // A worse tail always costs more.
+        let worse = WindowStats {
+            p99_ms: 90.0,
+            ..window()
+        };
+        assert!(reward(&worse, 30.0) < reward(&window(), 30.0));
+        assert!(reward(&calm, 30.0) <= 1.0);
+    }
+}

@@ -1,0 +1,207 @@
+//! A small dense network for the allocator's learned parts (the residual
+//! adapter now; the PPO actor–critic is the same kind of network): tanh
+//! hidden layers, a linear output, f64, forward and backward by hand. Small
+//! enough (a few thousand parameters) that a library would cost more than
+//! it saves; the backward pass is checked against finite differences.
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// One dense layer: `out = W·x + b`, W row-major (`outputs × inputs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layer {
+    pub inputs: usize,
+    pub outputs: usize,
+    pub w: Vec<f64>,
+    pub b: Vec<f64>,
+}
+
+impl Layer {
+    /// Uniform in ±1/√inputs (the usual fan-in scale), from `rng`.
+    fn random(inputs: usize, outputs: usize, rng: &mut ChaCha8Rng) -> Self {
+        let scale = 1.0 / (inputs.max(1) as f64).sqrt();
+        Self {
+            inputs,
+            outputs,
+            w: (0..inputs * outputs)
+                .map(|_| rng.random_range(-scale..scale))
+                .collect(),
+            b: vec![0.0; outputs],
+        }
+    }
+
+    fn apply(&self, x: &[f64]) -> Vec<f64> {
+        (0..self.outputs)
+            .map(|o| {
+                let row = &self.w[o * self.inputs..(o + 1) * self.inputs];
+                self.b[o] + row.iter().zip(x).map(|(w, x)| w * x).sum::<f64>()
+            })
+            .collect()
+    }
+}
+
+/// Layers `sizes[0] → sizes[1] → … → sizes[n]`, tanh between them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mlp {
+    pub layers: Vec<Layer>,
+}
+
+/// Gradients of every parameter, shaped like the network.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grads {
+    pub layers: Vec<Layer>,
+}
+
+impl Mlp {
+    /// Random hidden layers (seeded) and an output layer of zeros, so the
+    /// network starts at exactly 0 yet can learn (all-zero hidden layers
+    /// would get no gradient).
+    pub fn zero_output(sizes: &[usize], seed: u64) -> Self {
+        assert!(sizes.len() >= 2, "an MLP needs an input and an output size");
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let n = sizes.len() - 1;
+        let layers = (0..n)
+            .map(|i| {
+                let mut l = Layer::random(sizes[i], sizes[i + 1], &mut rng);
+                if i == n - 1 {
+                    l.w.fill(0.0);
+                }
+                l
+            })
+            .collect();
+        Self { layers }
+    }
+
+    pub fn parameters(&self) -> usize {
+        self.layers.iter().map(|l| l.w.len() + l.b.len()).sum()
+    }
+
+    pub fn forward(&self, x: &[f64]) -> Vec<f64> {
+        self.trace(x).pop().expect("an output")
+    }
+
+    /// Every layer's input, and the output last.
+    fn trace(&self, x: &[f64]) -> Vec<Vec<f64>> {
+        let mut acts = vec![x.to_vec()];
+        for (i, l) in self.layers.iter().enumerate() {
+            let mut y = l.apply(acts.last().expect("an input"));
+            if i + 1 < self.layers.len() {
+                y.iter_mut().for_each(|v| *v = v.tanh());
+            }
+            acts.push(y);
+        }
+        acts
+    }
+
+    /// Gradients of `dout · output(x)` with respect to every parameter.
+    pub fn backward(&self, x: &[f64], dout: &[f64]) -> Grads {
+        let acts = self.trace(x);
+        let mut grads: Vec<Layer> = Vec::with_capacity(self.layers.len());
+        let mut delta = dout.to_vec();
+        for (i, l) in self.layers.iter().enumerate().rev() {
+            let input = &acts[i];
+            let mut g = Layer {
+                inputs: l.inputs,
+                outputs: l.outputs,
+                w: vec![0.0; l.w.len()],
+                b: delta.clone(),
+            };
+            for (row, d) in g.w.chunks_mut(l.inputs).zip(&delta) {
+                row.iter_mut().zip(input).for_each(|(w, x)| *w = d * x);
+            }
+            if i > 0 {
+                // Through W, then through the tanh that made `input`.
+                delta = (0..l.inputs)
+                    .map(|j| {
+                        let back: f64 = (0..l.outputs)
+                            .map(|o| l.w[o * l.inputs + j] * delta[o])
+                            .sum();
+                        back * (1.0 - input[j] * input[j])
+                    })
+                    .collect();
+            }
+            grads.push(g);
+        }
+        grads.reverse();
+        Grads { layers: grads }
+    }
+
+    /// `parameters += rate · grads` (ascent; pass a negative rate to descend).
+    pub fn step(&mut self, grads: &Grads, rate: f64) {
+        for (l, g) in self.layers.iter_mut().zip(&grads.layers) {
+            l.w.iter_mut().zip(&g.w).for_each(|(p, d)| *p += rate * d);
+            l.b.iter_mut().zip(&g.b).for_each(|(p, d)| *p += rate * d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_output_network_starts_at_zero_and_counts_its_parameters() {
+        let m = Mlp::zero_output(&[5, 16, 1], 7);
+        assert_eq!(m.parameters(), 5 * 16 + 16 + 16 + 1);
+        assert_eq!(m.forward(&[0.3, 0.1, 0.9, 0.5, 0.2]), vec![0.0]);
+        // Yet the output layer gets a gradient.
+        let g = m.backward(&[0.3, 0.1, 0.9, 0.5, 0.2], &[1.0]);
+        assert!(g.layers[1].w.iter().any(|v| *v != 0.0));
+    }
+
+    #[test]
+    fn backward_matches_finite_differences_for_every_parameter() {
+        let mut m = Mlp::zero_output(&[4, 6, 5, 2], 3);
+        // Non-zero output weights, so every layer's gradient is non-trivial.
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        m.layers[2].w = (0..10).map(|_| rng.random_range(-1.0..1.0)).collect();
+        m.layers[1].b = vec![0.1, -0.2, 0.3, 0.0, 0.05];
+        let x = [0.5, -0.3, 0.8, 0.1];
+        let dout = [0.7, -1.3];
+        let loss = |m: &Mlp| {
+            let y = m.forward(&x);
+            y[0] * dout[0] + y[1] * dout[1]
+        };
+        let g = m.backward(&x, &dout);
+        let h = 1e-6;
+        for li in 0..m.layers.len() {
+            for k in 0..m.layers[li].w.len() + m.layers[li].b.len() {
+                let bump = |m: &mut Mlp, d: f64| {
+                    let l = &mut m.layers[li];
+                    if k < l.w.len() {
+                        l.w[k] += d;
+                    } else {
+                        l.b[k - l.w.len()] += d;
+                    }
+                };
+                let (mut up, mut down) = (m.clone(), m.clone());
+                bump(&mut up, h);
+                bump(&mut down, -h);
+                let numeric = (loss(&up) - loss(&down)) / (2.0 * h);
+                let l = &g.layers[li];
+                let analytic = if k < l.w.len() {
+                    l.w[k]
+                } else {
+                    l.b[k - l.w.len()]
+                };
+                assert!(
+                    (numeric - analytic).abs() < 1e-6,
+                    "layer {li} parameter {k}: {numeric} vs {analytic}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn steps_along_the_gradient_fit_a_target() {
+        // Descend on (y − 0.5)² at one input: the output approaches 0.5.
+        let mut m = Mlp::zero_output(&[3, 8, 1], 1);
+        let x = [0.2, 0.4, 0.6];
+        for _ in 0..500 {
+            let y = m.forward(&x)[0];
+            let g = m.backward(&x, &[2.0 * (y - 0.5)]);
+            m.step(&g, -0.05);
+        }
+        assert!((m.forward(&x)[0] - 0.5).abs() < 1e-3);
+    }
+}
