@@ -16,6 +16,7 @@
 pub mod adapter;
 pub mod mdp;
 pub mod mlp;
+pub mod ppo;
 pub mod recovery;
 
 use serde::{Deserialize, Serialize};
