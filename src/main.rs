@@ -31,6 +31,8 @@ enum Command {
     Train(cli::train::Args),
     /// Evaluate a trained model (SASRec's sampled-100 protocol) beside a popularity baseline.
     Eval(cli::eval::Args),
+    /// Train the allocator's PPO base policy on the virtual clock; writes a safetensors file.
+    TrainAllocator(cli::train_allocator::Args),
     /// Fit the virtual clock's cost model (`--clock virtual`) on this machine.
     Calibrate(cli::calibrate::Args),
     /// Benchmarks.
@@ -70,6 +72,7 @@ fn main() -> ExitCode {
         Command::GenTrace(a) => cli::gen_trace::run(a),
         Command::Import(a) => cli::import::run(a),
         Command::Train(a) => cli::train::run(a),
+        Command::TrainAllocator(a) => cli::train_allocator::run(a),
         Command::Eval(a) => cli::eval::run(a),
         Command::Bench(BenchCommand::Kernels(a)) => cli::bench_kernels::run(a),
         Command::Bench(BenchCommand::Cache(a)) => cli::bench_cache::run(a),

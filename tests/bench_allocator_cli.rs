@@ -1,5 +1,7 @@
 //! `grflow bench allocator` smoke run: one regime, the static sweep, every
-//! policy, on the virtual clock with a calibration made by `grflow calibrate`.
+//! policy, on the virtual clock with a calibration made by `grflow
+//! calibrate`; the `ppo-only` and `smart` rows use a policy that `grflow
+//! train-allocator` trains first (two tiny iterations).
 
 use serde_json::Value;
 
@@ -33,6 +35,40 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         "[trace]\nrequests = 600\nrps = 100.0\ncandidates = 16\n[windows]\nepoch_ms = 1000\n",
     )
     .unwrap();
+    let policy = dir.join("policy.safetensors");
+    let trained = ok(grflow()
+        .args([
+            "train-allocator",
+            "--regime",
+            "burst",
+            "--seeds",
+            "1",
+            "--iterations",
+            "2",
+            "--slo-ms",
+            "2",
+            "--json",
+            "--out",
+        ])
+        .arg(&policy)
+        .arg("--config")
+        .arg(&config)
+        .arg("--calibration")
+        .arg(&calibration)
+        .output()
+        .unwrap());
+    let trained: Value = serde_json::from_slice(&trained.stdout).unwrap();
+    assert_eq!(trained["iterations"], 2);
+    assert!(trained["parameters"].as_u64().unwrap() < 25_000);
+    let curve: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("policy.safetensors.curve.json")).unwrap())
+            .unwrap();
+    let curve = curve.as_array().unwrap();
+    assert_eq!(curve.len(), 2);
+    assert!(
+        curve.iter().all(|c| c["decisions"].as_u64().unwrap() > 0),
+        "every iteration learns from recorded decisions: {curve:?}"
+    );
     let out = ok(grflow()
         .args([
             "bench",
@@ -40,8 +76,12 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
             "--regime",
             "burst",
             "--sweep",
+            "--slo-ms",
+            "2",
             "--json",
         ])
+        .arg("--policy")
+        .arg(&policy)
         .arg("--config")
         .arg(&config)
         .arg("--calibration")
@@ -53,13 +93,36 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     assert_eq!(report["sweep"].as_array().unwrap().len(), 11);
     let rows = report["rows"].as_array().unwrap();
     let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
-    assert_eq!(policies, ["kv-emb-opt", "static", "kv-opt", "pid"]);
+    assert_eq!(
+        policies,
+        ["kv-emb-opt", "static", "kv-opt", "pid", "ppo-only", "smart"]
+    );
+    assert_eq!(report["slo_ms"].as_f64(), Some(2.0));
     assert_eq!(rows[0]["p99_reduction_vs_kv_emb_opt"].as_f64(), Some(0.0));
     assert!(rows.iter().all(|r| r["p99_ms"].as_f64().unwrap() > 0.0));
     let pid = &rows[3];
     assert!(pid["alpha_moves"].as_u64().unwrap() > 0, "{pid}");
     assert!(pid["decision_us_p99"].as_f64().unwrap() > 0.0);
     assert!(report["sweep_alpha_star_std"]["burst"].as_f64().is_some());
+    for learned in &rows[4..] {
+        assert!(learned["p99_ms"].as_f64().unwrap() > 0.0, "{learned}");
+    }
+    // A policy file that is not one is refused by name.
+    let bad_policy = grflow()
+        .args(["bench", "allocator", "--regime", "burst", "--policy"])
+        .arg(&config)
+        .arg("--calibration")
+        .arg(&calibration)
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_ne!(bad_policy.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&bad_policy.stderr).contains("allocator.policy_file"),
+        "{}",
+        String::from_utf8_lossy(&bad_policy.stderr)
+    );
     // A bad regime is refused by name.
     let bad = grflow()
         .args(["bench", "allocator", "--regime", "stormy"])

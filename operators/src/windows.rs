@@ -21,6 +21,9 @@ pub struct TelemetrySample {
     pub slo_violated: bool,
     /// α of the node when it served the request, in thousandths.
     pub alpha_milli: u32,
+    /// Served with a truncated history (the KV share could not hold it).
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// Aggregates of one (node, window).
@@ -34,6 +37,9 @@ pub struct WindowStats {
     pub slo_violation_share: f64,
     pub p99_ms: f64,
     pub alpha: f64,
+    /// Share of requests served with a truncated history.
+    #[serde(default)]
+    pub truncated_share: f64,
 }
 
 /// Start of the window that holds `ts_ms`.
@@ -49,7 +55,7 @@ impl WindowStats {
         let mut n = 0u64;
         let (mut hot, mut emb_hits, mut emb_lookups, mut kv_reused, mut kv_total) =
             (0u64, 0u64, 0u64, 0u64, 0u64);
-        let (mut seq, mut violated, mut alpha) = (0u64, 0u64, 0u64);
+        let (mut seq, mut violated, mut alpha, mut truncated) = (0u64, 0u64, 0u64, 0u64);
         let mut latencies: Vec<(u64, u64)> = Vec::new();
         for (s, count) in samples {
             if count == 0 {
@@ -64,6 +70,7 @@ impl WindowStats {
             seq += s.seq_len as u64 * count;
             violated += s.slo_violated as u64 * count;
             alpha += s.alpha_milli as u64 * count;
+            truncated += s.truncated as u64 * count;
             latencies.push((s.latency_us, count));
         }
         if n == 0 {
@@ -80,6 +87,7 @@ impl WindowStats {
             slo_violation_share: ratio(violated, n),
             p99_ms: percentile_weighted(&latencies, 0.99) as f64 / 1000.0,
             alpha: ratio(alpha, n) / 1000.0,
+            truncated_share: ratio(truncated, n),
         }
     }
 }
@@ -97,6 +105,7 @@ pub struct WindowAccumulator {
     seq: u64,
     violated: u64,
     alpha_milli: u64,
+    truncated: u64,
     latencies_us: Vec<u64>,
 }
 
@@ -111,6 +120,7 @@ impl WindowAccumulator {
         self.seq += s.seq_len as u64;
         self.violated += s.slo_violated as u64;
         self.alpha_milli += s.alpha_milli as u64;
+        self.truncated += s.truncated as u64;
         self.latencies_us.push(s.latency_us);
     }
 
@@ -138,6 +148,7 @@ impl WindowAccumulator {
             slo_violation_share: ratio(self.violated, n),
             p99_ms: self.latencies_us[rank - 1] as f64 / 1000.0,
             alpha: ratio(self.alpha_milli, n) / 1000.0,
+            truncated_share: ratio(self.truncated, n),
         }
     }
 }
@@ -183,6 +194,7 @@ mod tests {
             seq_len: 140,
             slo_violated: violated,
             alpha_milli: 500,
+            truncated: false,
         }
     }
 

@@ -6,6 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use grflow_operators::allocator::ppo::ActorCritic;
 use grflow_operators::hotness::HotUsers;
 use grflow_operators::node::ServingNode;
 use grflow_operators::router::Router;
@@ -23,6 +24,8 @@ pub struct Job {
     /// This process's nodes by local worker index; each worker takes its own.
     nodes: Arc<Mutex<Vec<Option<ServingNode>>>>,
     pub model_version: String,
+    /// The allocator's frozen PPO policy (`ppo-only`, `smart`).
+    pub allocator_policy: Option<Arc<ActorCritic>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -69,12 +72,14 @@ impl Job {
             .and_then(|n| n.as_ref())
             .map(|n| n.model_version().to_string())
             .unwrap_or_default();
+        let allocator_policy = allocator_policy(&cfg)?;
         Ok(Self {
             cfg,
             cluster,
             side,
             nodes: Arc::new(Mutex::new(nodes)),
             model_version,
+            allocator_policy,
         })
     }
 
@@ -155,4 +160,21 @@ impl NodeHandout {
             .and_then(|n| n.as_ref())
             .map(f)
     }
+}
+
+/// Reads `allocator.policy_file` when the policy needs one.
+pub fn allocator_policy(cfg: &Config) -> Result<Option<Arc<ActorCritic>>, String> {
+    if !cfg.allocator.learned() {
+        return Ok(None);
+    }
+    let path = &cfg.allocator.policy_file;
+    let bytes = std::fs::read(path).map_err(|e| {
+        format!(
+            "allocator.policy_file {path:?}: {e} (policy {:?} needs a `grflow train-allocator` file)",
+            cfg.allocator.policy
+        )
+    })?;
+    let policy = ActorCritic::from_safetensors(&bytes)
+        .map_err(|e| format!("allocator.policy_file {path:?}: {e}"))?;
+    Ok(Some(Arc::new(policy)))
 }

@@ -29,6 +29,8 @@ use crate::events::{ScheduledCommand, Target};
 use crate::job::Job;
 use crate::side::SideTables;
 use crate::summary::{LatencyTally, ModeTallies, NodeSummary, Summary, sort_windows};
+use grflow_operators::allocator::ppo::ActorCritic;
+use grflow_operators::allocator::{Allocator, AllocatorPolicy, Learned};
 
 /// Where the requests come from.
 #[derive(Clone, Debug)]
@@ -95,6 +97,9 @@ pub struct ReplayOutput {
     pub responses: Vec<ResponseRow>,
     pub windows: Vec<WindowRow>,
     pub errors: Vec<ErrorRow>,
+    /// Training (`allocator.sample`): every node's allocator decisions with
+    /// their rewards, by node, in order.
+    pub allocator_steps: Vec<(u32, grflow_operators::allocator::ppo::Step)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -291,6 +296,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_cfg = cfg.clone();
     let worker_counters = counters.clone();
     let worker_side = side.clone();
+    let worker_policy = job.allocator_policy.clone();
     let worker_trace = opts.trace.clone();
     let worker_setup_error = setup_error.clone();
     let worker_writer = writer.clone();
@@ -347,7 +353,11 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                         token_capacity: worker_cfg.node.token_capacity,
                         commands: worker_commands.clone(),
                         command_pacing: pacing,
-                        controller: allocator_controller(&worker_cfg, allocator_stats.clone()),
+                        controller: allocator_controller(
+                            &worker_cfg,
+                            worker_policy.clone(),
+                            allocator_stats.clone(),
+                        ),
                         live: None,
                         models: None,
                     },
@@ -499,6 +509,9 @@ fn assemble(
     }
     out.errors.sort_by(|a, b| a.position.cmp(&b.position));
     sort_windows(&mut out.windows);
+    // Stable: each node's decisions keep their order.
+    out.allocator_steps = std::mem::take(&mut allocator.steps);
+    out.allocator_steps.sort_by_key(|(node, _)| *node);
     nodes.sort_by_key(|n| n.node);
     let mut overall = LatencyTally::default();
     for n in &mut nodes {
@@ -554,9 +567,11 @@ const GATHER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// Points of the latency CDF a run reports.
 pub const CDF_POINTS: usize = 200;
 
-/// The allocator as the nodes' controller when α moves at runtime.
+/// The allocator as the nodes' controller when α moves at runtime;
+/// `policy` is the job's PPO policy (`ppo-only`, `smart`).
 pub(crate) fn allocator_controller(
     cfg: &Config,
+    policy: Option<Arc<ActorCritic>>,
     stats: Rc<RefCell<AllocatorStats>>,
 ) -> Option<dataflow::Controller> {
     if !cfg.allocator.moves() {
@@ -565,8 +580,26 @@ pub(crate) fn allocator_controller(
     let allocator = cfg.allocator.clone();
     let slo_ms = cfg.run.slo_ms.rank;
     let alpha = allocator.initial_alpha(cfg.memory.alpha);
+    let max_positions =
+        grflow_kernels::ModelConfig::preset(&cfg.model.preset).map_or(1024, |m| m.max_positions);
+    let make = move |node: u32| match &policy {
+        Some(p) if allocator.learned() => Allocator::with_learned(
+            allocator.clone(),
+            slo_ms,
+            alpha,
+            Learned::new(
+                p.clone(),
+                max_positions,
+                slo_ms,
+                allocator.policy == AllocatorPolicy::Smart,
+                allocator.sample,
+                allocator.seed.wrapping_add(u64::from(node)),
+            ),
+        ),
+        _ => Allocator::new(allocator.clone(), slo_ms, alpha),
+    };
     Some(Box::new(move |_events, windows| {
-        dataflow::allocator::allocate(windows, allocator, slo_ms, alpha, stats)
+        dataflow::allocator::allocate(windows, make, stats)
     }))
 }
 

@@ -39,9 +39,21 @@ pub struct Args {
     /// uses seed + 1.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// The PPO policy of the `ppo-only` and `smart` rows (a `grflow
+    /// train-allocator` file); default configs/allocator-ppo.safetensors
+    /// when it exists, else those rows are left out.
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// The latency objective (run.slo_ms) of every run; a policy is
+    /// trained for one SLO, so pass the one it was trained with.
+    #[arg(long)]
+    pub slo_ms: Option<f64>,
     #[arg(long)]
     pub json: bool,
 }
+
+/// Where `grflow train-allocator`'s shipped policy lives.
+pub const SHIPPED_POLICY: &str = "configs/allocator-ppo.safetensors";
 
 #[derive(Debug, Serialize)]
 struct Row {
@@ -78,6 +90,9 @@ struct Report {
     preset: String,
     machine: String,
     gemm_gflops: f64,
+    slo_ms: f64,
+    /// The PPO policy of the `ppo-only` and `smart` rows.
+    policy_file: Option<String>,
     requests_per_run: u64,
     rows: Vec<Row>,
     sweep: Vec<SweepPoint>,
@@ -90,35 +105,27 @@ const SWEEP: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let mut base = match &args.config {
-        Some(p) => Config::load(p).map_err(InputError::from_display)?,
-        None => Config::embedded(),
-    };
-    let regimes: Vec<Regime> = args
-        .regime
-        .split(',')
-        .map(|r| r.trim().parse::<Regime>())
-        .collect::<Result<_, _>>()
-        .map_err(InputError::from_display)?;
-    base.run.clock = Clock::Virtual;
-    base.run.release = ReleaseSetting::Complete;
-    base.run.speed = "max".into();
-    base.windows.out = "none".into();
-    let cost = match &args.calibration {
-        Some(p) => {
-            base.cost.calibration = Some(p.clone());
-            grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
+    let regimes = regimes(&args.regime)?;
+    let (mut base, cost) = virtual_base(args.config.as_deref(), args.calibration.as_deref())?;
+    if let Some(slo) = args.slo_ms {
+        if !(slo.is_finite() && slo > 0.0) {
+            return Err(InputError::from_display("--slo-ms must be positive"));
         }
-        None => {
-            eprintln!(
-                "calibrating {} (pass --calibration to reuse a file)...",
-                base.model.preset
-            );
-            grflow_pipeline::params::fitted_cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?
+        base.run.slo_ms = grflow_pipeline::SloMs::both(slo);
+    }
+    let policy_file = match &args.policy {
+        Some(p) if !p.is_file() => {
+            return Err(InputError::from_display(format!(
+                "--policy {}: not a file",
+                p.display()
+            )));
         }
+        Some(p) => Some(p.clone()),
+        None => Some(PathBuf::from(SHIPPED_POLICY)).filter(|p| p.is_file()),
     };
-    // Every run below charges this one model.
-    base.cost.model = Some(cost.clone());
+    if let Some(p) = &policy_file {
+        base.allocator.policy_file = p.display().to_string();
+    }
 
     let trace = |regime: Regime, seed: u64| -> anyhow::Result<Arc<Trace>> {
         let mut t = base.trace.clone();
@@ -176,6 +183,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ("kv-opt", AllocatorPolicy::KvOpt, base.memory.alpha),
             ("pid", AllocatorPolicy::Pid, base.memory.alpha),
         ];
+        if policy_file.is_some() {
+            policies.push(("ppo-only", AllocatorPolicy::PpoOnly, base.memory.alpha));
+            policies.push(("smart", AllocatorPolicy::Smart, base.memory.alpha));
+        }
         if let Some((alpha, _)) = best_train {
             policies.insert(0, ("kv-emb-opt", AllocatorPolicy::Static, alpha));
         }
@@ -217,6 +228,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         preset: cost.preset.clone(),
         machine: cost.machine.clone(),
         gemm_gflops: cost.gemm_gflops,
+        slo_ms: base.run.slo_ms.rank,
+        policy_file: policy_file.map(|p| p.display().to_string()),
         requests_per_run: base.trace.requests,
         rows,
         sweep,
@@ -246,6 +259,47 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `steady,trend,burst` → regimes.
+pub(crate) fn regimes(list: &str) -> anyhow::Result<Vec<Regime>> {
+    list.split(',')
+        .map(|r| r.trim().parse::<Regime>())
+        .collect::<Result<_, _>>()
+        .map_err(InputError::from_display)
+}
+
+/// The config every allocator run starts from: `config` (or the embedded
+/// one) on the virtual clock, `complete` release, `--speed max`, no window
+/// log, charging one cost model (from `calibration`, else calibrated now).
+pub(crate) fn virtual_base(
+    config: Option<&std::path::Path>,
+    calibration: Option<&std::path::Path>,
+) -> anyhow::Result<(Config, grflow_kernels::cost::CostModel)> {
+    let mut base = match config {
+        Some(p) => Config::load(p).map_err(InputError::from_display)?,
+        None => Config::embedded(),
+    };
+    base.run.clock = Clock::Virtual;
+    base.run.release = ReleaseSetting::Complete;
+    base.run.speed = "max".into();
+    base.windows.out = "none".into();
+    let cost = match calibration {
+        Some(p) => {
+            base.cost.calibration = Some(p.to_path_buf());
+            grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
+        }
+        None => {
+            eprintln!(
+                "calibrating {} (pass --calibration to reuse a file)...",
+                base.model.preset
+            );
+            grflow_pipeline::params::fitted_cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?
+        }
+    };
+    // Every run charges this one model.
+    base.cost.model = Some(cost.clone());
+    Ok((base, cost))
 }
 
 /// The std over epochs of the per-epoch best static α: for each window,

@@ -14,6 +14,7 @@ pub mod import;
 pub mod replay;
 pub mod serve;
 pub mod train;
+pub mod train_allocator;
 
 /// The user's input (a file, a flag, a config) is wrong: exit code 2.
 /// Wrap library errors that are the user's to fix in this.

@@ -59,6 +59,12 @@ impl State {
 /// Eq. 5 with λ = 1/τ_SLO: the window's SLO satisfaction minus its p99
 /// overshoot in units of the SLO. 1 at best; unbounded below, so a p99 of
 /// three SLOs (−2 + satisfaction) weighs more than any satisfaction gain.
+///
+/// One term more than the paper: minus the share of requests served with a
+/// truncated history. HLEM's KV cache only misses when it is small; ours
+/// cuts histories that its KV share cannot hold, which makes answers worse
+/// and faster, and a policy rewarded for latency alone learns to starve KV
+/// for exactly that.
 pub fn reward(w: &WindowStats, slo_ms: f64) -> f64 {
     let slo = slo_ms.max(1e-9);
     let satisfied = (1.0 - w.slo_violation_share).clamp(0.0, 1.0);
@@ -67,7 +73,7 @@ pub fn reward(w: &WindowStats, slo_ms: f64) -> f64 {
     } else {
         f64::MAX / 4.0
     };
-    satisfied - (p99 - slo).max(0.0) / slo
+    satisfied - (p99 - slo).max(0.0) / slo - w.truncated_share.clamp(0.0, 1.0)
 }
 
 #[cfg(test)]
@@ -84,6 +90,7 @@ mod tests {
             slo_violation_share: 0.05,
             p99_ms: 45.0,
             alpha: 0.4,
+            truncated_share: 0.0,
         }
     }
 
@@ -134,5 +141,11 @@ mod tests {
         };
         assert!(reward(&worse, 30.0) < reward(&window(), 30.0));
         assert!(reward(&calm, 30.0) <= 1.0);
+        // Truncated answers cost what they are a share of.
+        let cut = WindowStats {
+            truncated_share: 0.25,
+            ..calm
+        };
+        assert!((reward(&cut, 30.0) - 0.70).abs() < 1e-12);
     }
 }

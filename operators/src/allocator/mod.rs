@@ -7,17 +7,21 @@
 //! [`min_alpha`, `max_alpha`] (Eq. 4, 6). Pure: the dataflow wrapper feeds
 //! it windows and turns its answers into `SetAlpha` commands.
 //!
-//! The parts of HLEM's SmartAllocator built so far live beside it: the MDP
-//! (state, actions, reward: [`mdp`]), the recovery controller
-//! ([`recovery`]), the residual adapter ([`adapter`]) and the small network
-//! both learned parts use ([`mlp`]). The frozen PPO base policy and its
-//! trainer are not built yet, so no policy uses them.
+//! HLEM's SmartAllocator is built from the parts beside it: the MDP
+//! (state, actions, reward: [`mdp`]), the frozen PPO base policy
+//! ([`ppo`], on the small network of [`mlp`]), the residual adapter
+//! ([`adapter`]), the recovery controller ([`recovery`]), and their
+//! decision loop ([`learned`]): `ppo-only` is the base policy alone,
+//! `smart` all three layers.
 
 pub mod adapter;
+pub mod learned;
 pub mod mdp;
 pub mod mlp;
 pub mod ppo;
 pub mod recovery;
+
+pub use learned::Learned;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +40,11 @@ pub enum AllocatorPolicy {
     /// reuse saves compute, the larger cost under load), below it toward
     /// EMB.
     Pid,
+    /// The frozen PPO policy of `policy_file` alone (HLEM's ablation).
+    PpoOnly,
+    /// SmartAllocator: the PPO policy, the online residual adapter and the
+    /// burst recovery controller (HLEM §IV-A).
+    Smart,
 }
 
 impl std::str::FromStr for AllocatorPolicy {
@@ -45,8 +54,10 @@ impl std::str::FromStr for AllocatorPolicy {
             "static" => Ok(Self::Static),
             "kv-opt" => Ok(Self::KvOpt),
             "pid" => Ok(Self::Pid),
+            "ppo-only" => Ok(Self::PpoOnly),
+            "smart" => Ok(Self::Smart),
             other => Err(format!(
-                "{other:?} is not one of \"static\", \"kv-opt\", \"pid\""
+                "{other:?} is not one of \"static\", \"kv-opt\", \"pid\", \"ppo-only\", \"smart\""
             )),
         }
     }
@@ -69,6 +80,15 @@ pub struct AllocatorConfig {
     /// Windows with fewer requests than this leave α where it is (a p99
     /// of a handful of requests is noise).
     pub min_requests: u64,
+    /// The PPO policy of `ppo-only` and `smart` (a `grflow
+    /// train-allocator` safetensors file).
+    pub policy_file: String,
+    /// Training only (`grflow train-allocator`): sample the PPO policy's
+    /// actions and record each decision with its reward.
+    pub sample: bool,
+    /// Seed of the sampled actions and of the adapter's exploration (each
+    /// node adds its id).
+    pub seed: u64,
 }
 
 impl Default for AllocatorConfig {
@@ -82,6 +102,9 @@ impl Default for AllocatorConfig {
             min_alpha: 0.1,
             max_alpha: 0.9,
             min_requests: 20,
+            policy_file: "configs/allocator-ppo.safetensors".into(),
+            sample: false,
+            seed: 0,
         }
     }
 }
@@ -107,13 +130,27 @@ impl AllocatorConfig {
     pub fn initial_alpha(&self, config_alpha: f64) -> f64 {
         match self.policy {
             AllocatorPolicy::KvOpt => 0.0,
-            AllocatorPolicy::Static | AllocatorPolicy::Pid => config_alpha,
+            AllocatorPolicy::Static
+            | AllocatorPolicy::Pid
+            | AllocatorPolicy::PpoOnly
+            | AllocatorPolicy::Smart => config_alpha,
         }
     }
 
     /// Whether α moves during the job (a controller must run).
     pub fn moves(&self) -> bool {
-        self.policy == AllocatorPolicy::Pid
+        matches!(
+            self.policy,
+            AllocatorPolicy::Pid | AllocatorPolicy::PpoOnly | AllocatorPolicy::Smart
+        )
+    }
+
+    /// Whether the policy needs `policy_file`.
+    pub fn learned(&self) -> bool {
+        matches!(
+            self.policy,
+            AllocatorPolicy::PpoOnly | AllocatorPolicy::Smart
+        )
     }
 }
 
@@ -128,6 +165,7 @@ pub struct Allocator {
     alpha: f64,
     integral: f64,
     previous_error: Option<f64>,
+    learned: Option<Learned>,
 }
 
 impl Allocator {
@@ -140,7 +178,24 @@ impl Allocator {
             alpha,
             integral: 0.0,
             previous_error: None,
+            learned: None,
         }
+    }
+
+    /// A `ppo-only` or `smart` allocator: its decisions come from `learned`.
+    pub fn with_learned(cfg: AllocatorConfig, slo_ms: f64, alpha: f64, learned: Learned) -> Self {
+        Self {
+            learned: Some(learned),
+            ..Self::new(cfg, slo_ms, alpha)
+        }
+    }
+
+    /// Training decisions recorded since the last call (see
+    /// [`AllocatorConfig::sample`]).
+    pub fn take_steps(&mut self) -> Vec<ppo::Step> {
+        self.learned
+            .as_mut()
+            .map_or_else(Vec::new, Learned::take_steps)
     }
 
     pub fn alpha(&self) -> f64 {
@@ -150,9 +205,24 @@ impl Allocator {
     /// The α to set after a closed epoch with statistics `w`, or None to
     /// leave it.
     pub fn decide(&mut self, w: &WindowStats) -> Option<f64> {
-        if self.cfg.policy != AllocatorPolicy::Pid || w.requests < self.cfg.min_requests {
+        if w.requests < self.cfg.min_requests {
             return None;
         }
+        let step = match (self.cfg.policy, &mut self.learned) {
+            (AllocatorPolicy::Pid, _) => self.pid_step(w),
+            (AllocatorPolicy::PpoOnly | AllocatorPolicy::Smart, Some(l)) => l.decide(w, self.alpha),
+            _ => return None,
+        };
+        let next = (self.alpha + step).clamp(self.cfg.min_alpha, self.cfg.max_alpha);
+        if (next - self.alpha).abs() < 1e-9 {
+            return None;
+        }
+        self.alpha = next;
+        Some(next)
+    }
+
+    /// The PID baseline's move.
+    fn pid_step(&mut self, w: &WindowStats) -> f64 {
         // Relative error, clipped: one pathological window must not
         // dominate the integral.
         let error = ((w.p99_ms - self.slo_ms) / self.slo_ms).clamp(-1.0, 1.0);
@@ -162,13 +232,7 @@ impl Allocator {
         // as soon as the error does.
         self.integral = (self.integral + error).clamp(-INTEGRAL_LIMIT, INTEGRAL_LIMIT);
         let push = self.cfg.kp * error + self.cfg.ki * self.integral + self.cfg.kd * derivative;
-        let step = (-push).clamp(-self.cfg.max_step, self.cfg.max_step);
-        let next = (self.alpha + step).clamp(self.cfg.min_alpha, self.cfg.max_alpha);
-        if (next - self.alpha).abs() < 1e-9 {
-            return None;
-        }
-        self.alpha = next;
-        Some(next)
+        (-push).clamp(-self.cfg.max_step, self.cfg.max_step)
     }
 }
 

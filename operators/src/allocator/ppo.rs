@@ -35,6 +35,13 @@ pub struct Step {
     pub value: f64,
     /// Eq. 5 over the window after the action.
     pub reward: f64,
+    /// Whether moves toward EMB were allowed (see [`ActorCritic::probs`]).
+    #[serde(default = "allowed")]
+    pub allow_up: bool,
+}
+
+fn allowed() -> bool {
+    true
 }
 
 /// PPO's settings.
@@ -203,8 +210,19 @@ impl ActorCritic {
         self.actor.parameters() + self.critic.parameters()
     }
 
-    pub fn probs(&self, state: &[f64; 7]) -> Vec<f64> {
-        softmax(&self.actor.forward(state))
+    /// The action distribution. `allow_up = false` masks the moves toward
+    /// EMB: the node truncated histories in the last window, so its KV
+    /// share is already too small for them.
+    pub fn probs(&self, state: &[f64; 7], allow_up: bool) -> Vec<f64> {
+        let mut logits = self.actor.forward(state);
+        if !allow_up {
+            for (l, a) in logits.iter_mut().zip(ACTIONS) {
+                if a > 0.0 {
+                    *l = f64::NEG_INFINITY;
+                }
+            }
+        }
+        softmax(&logits)
     }
 
     pub fn value(&self, state: &[f64; 7]) -> f64 {
@@ -213,11 +231,11 @@ impl ActorCritic {
 
     /// The most likely action (index into [`ACTIONS`]): the frozen policy's
     /// decision. Ties go to the smaller move.
-    pub fn greedy(&self, state: &[f64; 7]) -> usize {
+    pub fn greedy(&self, state: &[f64; 7], allow_up: bool) -> usize {
         let logits = self.actor.forward(state);
         let mut best = 3; // the "0" action first among equals
         for (i, l) in logits.iter().enumerate() {
-            if *l > logits[best] {
+            if (allow_up || ACTIONS[i] <= 0.0) && *l > logits[best] {
                 best = i;
             }
         }
@@ -226,8 +244,13 @@ impl ActorCritic {
 
     /// A sampled action with its log-probability and the state's value
     /// (what a training episode records).
-    pub fn sample(&self, state: &[f64; 7], rng: &mut ChaCha8Rng) -> (usize, f64, f64) {
-        let p = self.probs(state);
+    pub fn sample(
+        &self,
+        state: &[f64; 7],
+        allow_up: bool,
+        rng: &mut ChaCha8Rng,
+    ) -> (usize, f64, f64) {
+        let p = self.probs(state, allow_up);
         let u: f64 = rng.random_range(0.0..1.0);
         let mut acc = 0.0;
         let mut a = p.len() - 1;
@@ -293,7 +316,7 @@ impl ActorCritic {
         (stats.policy_loss, stats.value_loss, stats.entropy) = last;
         stats.approx_kl = batch
             .iter()
-            .map(|(s, _, _)| s.logp - self.probs(&s.state)[s.action].max(1e-300).ln())
+            .map(|(s, _, _)| s.logp - self.probs(&s.state, s.allow_up)[s.action].max(1e-300).ln())
             .sum::<f64>()
             / n as f64;
         stats
@@ -312,7 +335,7 @@ impl ActorCritic {
         let mut critic_g: Option<Grads> = None;
         let (mut pl, mut vl, mut ent) = (0.0, 0.0, 0.0);
         for (s, adv, ret) in items {
-            let p = self.probs(&s.state);
+            let p = self.probs(&s.state, s.allow_up);
             let logp = p[s.action].max(1e-300).ln();
             let ratio = (logp - s.logp).exp();
             let clipped = ratio.clamp(1.0 - cfg.clip, 1.0 + cfg.clip);
@@ -479,10 +502,14 @@ mod tests {
         let p = ActorCritic::new(1);
         assert!(p.parameters() < 25_000, "{}", p.parameters());
         let s = [0.3, 0.5, 0.8, 0.2, 0.1, 0.4, 0.3];
-        for q in p.probs(&s) {
+        for q in p.probs(&s, true) {
             assert!((q - 1.0 / 7.0).abs() < 1e-12);
         }
-        assert_eq!(p.greedy(&s), 3, "ties pick the zero move");
+        assert_eq!(p.greedy(&s, true), 3, "ties pick the zero move");
+        // Masked: no move toward EMB has any probability.
+        let masked = p.probs(&s, false);
+        assert!(masked[4..].iter().all(|q| *q == 0.0));
+        assert!((masked[0] - 0.25).abs() < 1e-12);
         assert_eq!(p.value(&s), 0.0);
     }
 
@@ -498,6 +525,7 @@ mod tests {
                 logp: (1.0f64 / 7.0).ln(),
                 value: 0.0,
                 reward: 1.0,
+                allow_up: true,
             };
             8
         ];
@@ -505,7 +533,7 @@ mod tests {
         p.provenance.trained_with = "test".into();
         let q = ActorCritic::from_safetensors(&p.to_safetensors()).unwrap();
         assert_eq!(p, q);
-        assert_eq!(p.probs(&s), q.probs(&s));
+        assert_eq!(p.probs(&s, true), q.probs(&s, true));
         // Not a policy: refused with the reason.
         let err = ActorCritic::from_safetensors(b"not safetensors").unwrap_err();
         assert!(err.to_string().starts_with("allocator policy"), "{err}");
@@ -531,7 +559,7 @@ mod tests {
                 let mut t = Vec::new();
                 for _ in 0..20 {
                     let s = state(alpha);
-                    let (a, logp, value) = p.sample(&s, &mut rng);
+                    let (a, logp, value) = p.sample(&s, true, &mut rng);
                     alpha = super::super::mdp::apply(alpha, ACTIONS[a], 0.1, 0.9);
                     let reward = 1.0 - 4.0 * (alpha - 0.3).abs();
                     t.push(Step {
@@ -540,6 +568,7 @@ mod tests {
                         logp,
                         value,
                         reward,
+                        allow_up: true,
                     });
                 }
                 trajs.push(t);
@@ -548,7 +577,8 @@ mod tests {
         }
         assert!(last_mean > 0.5, "mean reward after training {last_mean}");
         // Greedy decisions point toward 0.3 from both sides.
-        assert!(ACTIONS[p.greedy(&state(0.8))] < 0.0);
-        assert!(ACTIONS[p.greedy(&state(0.1))] > 0.0);
+        assert!(ACTIONS[p.greedy(&state(0.8), true)] < 0.0);
+        assert!(ACTIONS[p.greedy(&state(0.1), true)] > 0.0);
+        assert!(ACTIONS[p.greedy(&state(0.1), false)] <= 0.0);
     }
 }

@@ -218,6 +218,8 @@ pub struct Served {
     pub kv_total_tokens: u32,
     pub seq_len: u32,
     pub oov_items: u32,
+    /// The history was cut to its most recent items that fit.
+    pub truncated: bool,
     /// Latency under the event-time service model: the node's backlog
     /// including this request over its service rate, plus the link time of
     /// the request's embedding misses. Deterministic, unlike wall latency.
@@ -956,6 +958,7 @@ impl ServingNode {
             kv_total_tokens: history_len as u32,
             seq_len: plan.tokens as u32,
             oov_items: emb.oov_items,
+            truncated: plan.truncated,
             modelled_latency_ms,
         }
     }

@@ -14,7 +14,8 @@ use timely::dataflow::StreamVec;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 
-use grflow_operators::allocator::{Allocator, AllocatorConfig, AllocatorPolicy};
+use grflow_operators::allocator::ppo::Step;
+use grflow_operators::allocator::{Allocator, AllocatorPolicy};
 use grflow_operators::node::NodeCommand;
 
 use crate::events::{ClosedWindow, NodeControl, Target};
@@ -30,6 +31,9 @@ pub struct AllocatorStats {
     /// Decision times (µs), from the closed window's arrival to the command.
     decision_us: Vec<f64>,
     next: usize,
+    /// Training (`allocator.sample`): each node's decisions with their
+    /// rewards, in order.
+    pub steps: Vec<(u32, Step)>,
 }
 
 impl AllocatorStats {
@@ -48,6 +52,7 @@ impl AllocatorStats {
         for &us in &other.decision_us {
             self.record(us);
         }
+        self.steps.extend(other.steps.iter().cloned());
     }
 
     pub fn summary(&self, policy: AllocatorPolicy) -> AllocatorSummary {
@@ -86,12 +91,11 @@ pub struct AllocatorSummary {
     pub decision_us_p99: f64,
 }
 
-/// `SetAlpha` commands from closed windows. Every node starts at `alpha`.
+/// `SetAlpha` commands from closed windows; `make` builds a node's
+/// allocator when its first window arrives.
 pub fn allocate<'s>(
     windows: StreamVec<'s, u64, ClosedWindow>,
-    cfg: AllocatorConfig,
-    slo_ms: f64,
-    alpha: f64,
+    make: impl Fn(u32) -> Allocator + 'static,
     stats: Rc<RefCell<AllocatorStats>>,
 ) -> StreamVec<'s, u64, NodeControl> {
     windows.unary(Pipeline, "Allocator", move |_cap, _info| {
@@ -103,10 +107,9 @@ pub fn allocate<'s>(
                 let mut stats = stats.borrow_mut();
                 for w in data.flat_map(|d| d.drain(..)) {
                     let started = Instant::now();
-                    let allocator = allocators
-                        .entry(w.node)
-                        .or_insert_with(|| Allocator::new(cfg.clone(), slo_ms, alpha));
+                    let allocator = allocators.entry(w.node).or_insert_with(|| make(w.node));
                     let decision = allocator.decide(&w.stats);
+                    let steps = allocator.take_steps();
                     if let Some(alpha) = decision {
                         tracing::info!(
                             node = w.node,
@@ -124,6 +127,7 @@ pub fn allocate<'s>(
                     }
                     stats.windows += 1;
                     stats.record(started.elapsed().as_secs_f64() * 1e6);
+                    stats.steps.extend(steps.into_iter().map(|s| (w.node, s)));
                 }
             });
         }

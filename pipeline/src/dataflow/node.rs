@@ -454,6 +454,7 @@ impl NodeParts {
             seq_len: served.seq_len,
             slo_violated: latency_ms > self.slo_ms.for_mode(req.mode),
             alpha_milli: (node.alpha() * 1000.0).round() as u32,
+            truncated: served.truncated,
         };
         let labels = [
             ("node", node.id().to_string()),

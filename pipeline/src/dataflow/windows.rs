@@ -125,6 +125,7 @@ mod tests {
                 seq_len: 10,
                 slo_violated: false,
                 alpha_milli: 500,
+                truncated: false,
             },
         }
     }

@@ -307,6 +307,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let worker_latency = latency.clone();
     let worker_producer = producer.clone();
     let worker_side = side.clone();
+    let worker_policy = job.allocator_policy.clone();
     let worker_models = models.clone();
     let metrics_every = Duration::from_millis(k.metrics_interval_ms);
     let ops = crate::ops::state();
@@ -397,6 +398,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     },
                     controller: crate::replay::allocator_controller(
                         &worker_cfg,
+                        worker_policy.clone(),
                         std::rc::Rc::default(),
                     ),
                     live: Some(live.clone()),

@@ -1,0 +1,265 @@
+//! `grflow train-allocator`: trains the SmartAllocator's PPO base policy
+//! offline on the virtual clock (HLEM §IV-A). One iteration replays every
+//! (regime, seed) trace once with the current policy sampling its actions
+//! (each episode from a different starting α), then makes one PPO update
+//! on every node's trajectory. Writes the policy (safetensors, with its
+//! provenance) and the learning curve (JSON) beside it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use grflow_operators::allocator::AllocatorPolicy;
+use grflow_operators::allocator::ppo::{ActorCritic, PpoConfig, Step};
+use grflow_pipeline::{ReplayOptions, TraceInput};
+use grflow_traces::Trace;
+use serde::Serialize;
+
+use super::InputError;
+use super::bench_allocator::{regimes, virtual_base};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Where the policy goes (safetensors); the learning curve is written
+    /// beside it as FILE.curve.json.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Regimes, comma-separated: steady, trend, burst.
+    #[arg(long, default_value = "steady,trend,burst")]
+    pub regime: String,
+    /// Trace seeds per regime: seed-base, seed-base + 1, … (keep them apart
+    /// from the bench's 42 and 43).
+    #[arg(long, default_value_t = 3)]
+    pub seeds: u64,
+    #[arg(long, default_value_t = 1000)]
+    pub seed_base: u64,
+    /// PPO iterations (each replays every regime × seed once).
+    #[arg(long, default_value_t = 30)]
+    pub iterations: usize,
+    /// Base config (default: the embedded one); its trace section sizes the
+    /// episodes unless --requests / --rps say otherwise.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// A `grflow calibrate` file for the config's preset (else calibrated now).
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Requests per episode.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Base request rate of the episodes' traces.
+    #[arg(long)]
+    pub rps: Option<f64>,
+    /// The latency objective of Eq. 5's reward (run.slo_ms.rank of the
+    /// runs); the policy is for this SLO.
+    #[arg(long)]
+    pub slo_ms: Option<f64>,
+    /// Seed of the policy's initial weights and of the sampled actions.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct CurvePoint {
+    iteration: usize,
+    /// Mean Eq. 5 reward of the iteration's decisions.
+    mean_reward: f64,
+    /// Mean p99 (ms) of the iteration's episodes.
+    mean_p99_ms: f64,
+    decisions: usize,
+    entropy: f64,
+    approx_kl: f64,
+    wall_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    policy: String,
+    curve: String,
+    parameters: usize,
+    preset: String,
+    machine: String,
+    gemm_gflops: f64,
+    slo_ms: f64,
+    requests_per_episode: u64,
+    episodes_per_iteration: usize,
+    iterations: usize,
+    first_mean_reward: f64,
+    last_mean_reward: f64,
+    wall_s: f64,
+}
+
+/// Starting α of episode `k` of an iteration: spread over [0.1, 0.9] so
+/// the policy sees both sides of every workload's best α.
+fn start_alpha(k: usize, episodes: usize) -> f64 {
+    let f = (k as f64 + 0.5) / episodes.max(1) as f64;
+    ((0.1 + 0.8 * f) * 100.0).round() / 100.0
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    if args.iterations == 0 || args.seeds == 0 {
+        return Err(InputError::from_display(
+            "--iterations and --seeds must be at least 1",
+        ));
+    }
+    let regimes = regimes(&args.regime)?;
+    let (mut base, cost) = virtual_base(args.config.as_deref(), args.calibration.as_deref())?;
+    if let Some(n) = args.requests {
+        base.trace.requests = n;
+    }
+    if let Some(r) = args.rps {
+        base.trace.rps = r;
+    }
+    if let Some(slo) = args.slo_ms {
+        if !(slo.is_finite() && slo > 0.0) {
+            return Err(InputError::from_display("--slo-ms must be positive"));
+        }
+        base.run.slo_ms = grflow_pipeline::config::SloMs::both(slo);
+    }
+    base.allocator.policy = AllocatorPolicy::PpoOnly;
+    base.allocator.sample = true;
+    let slo_ms = base.run.slo_ms.rank;
+
+    let mut traces: Vec<(String, u64, Arc<Trace>)> = Vec::new();
+    for regime in &regimes {
+        for i in 0..args.seeds {
+            let mut t = base.trace.clone();
+            t.regime = regime.as_str().into();
+            t.seed = args.seed_base + i;
+            let g = t.gen_config().map_err(InputError::from_display)?;
+            traces.push((
+                regime.as_str().to_string(),
+                t.seed,
+                Arc::new(grflow_traces::generate(&g)),
+            ));
+        }
+    }
+    let work = tempdir_for(&args.out)?;
+    let policy_path = work.join("current.safetensors");
+    let mut policy = ActorCritic::new(args.seed);
+    let ppo = PpoConfig::default();
+    let mut curve = Vec::new();
+    eprintln!(
+        "training: {} iterations x {} episodes of {} requests, SLO {slo_ms} ms, {} parameters",
+        args.iterations,
+        traces.len(),
+        base.trace.requests,
+        policy.parameters()
+    );
+    for iteration in 0..args.iterations {
+        let it_started = std::time::Instant::now();
+        std::fs::write(&policy_path, policy.to_safetensors())
+            .with_context(|| format!("writing {}", policy_path.display()))?;
+        let mut trajectories: Vec<Vec<Step>> = Vec::new();
+        let mut p99s = Vec::new();
+        for (k, (_, _, trace)) in traces.iter().enumerate() {
+            let mut cfg = base.clone();
+            cfg.memory.alpha = start_alpha(k, traces.len());
+            cfg.allocator.policy_file = policy_path.display().to_string();
+            cfg.allocator.seed = args.seed ^ ((iteration as u64) << 20) ^ ((k as u64) << 8);
+            let out =
+                grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
+                    .context("training episode")?;
+            p99s.push(out.summary.latency_ms.p99);
+            let mut by_node: BTreeMap<u32, Vec<Step>> = BTreeMap::new();
+            for (node, step) in out.allocator_steps {
+                by_node.entry(node).or_default().push(step);
+            }
+            trajectories.extend(by_node.into_values());
+        }
+        let stats = policy.update(&trajectories, &ppo, args.seed ^ iteration as u64);
+        let point = CurvePoint {
+            iteration,
+            mean_reward: stats.mean_reward,
+            mean_p99_ms: p99s.iter().sum::<f64>() / p99s.len().max(1) as f64,
+            decisions: stats.steps,
+            entropy: stats.entropy,
+            approx_kl: stats.approx_kl,
+            wall_s: it_started.elapsed().as_secs_f64(),
+        };
+        eprintln!(
+            "iteration {:>3}: mean reward {:.4}, mean p99 {:.3} ms, {} decisions, entropy {:.3}, {:.1} s",
+            point.iteration,
+            point.mean_reward,
+            point.mean_p99_ms,
+            point.decisions,
+            point.entropy,
+            point.wall_s
+        );
+        curve.push(point);
+    }
+    let regime_list: Vec<&str> = regimes.iter().map(|r| r.as_str()).collect();
+    policy.provenance.trained_with = format!(
+        "grflow train-allocator: {} iterations, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
+         SLO {slo_ms} ms, preset {}, virtual clock calibrated on {} (GEMM {:.1} GFLOP/s), compute_scale {}, \
+         policy seed {}",
+        args.iterations,
+        regime_list.join(","),
+        args.seed_base,
+        args.seed_base + args.seeds - 1,
+        base.trace.requests,
+        base.trace.rps,
+        cost.preset,
+        cost.machine,
+        cost.gemm_gflops,
+        base.cost.compute_scale,
+        args.seed
+    );
+    std::fs::write(&args.out, policy.to_safetensors())
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    let curve_path = PathBuf::from(format!("{}.curve.json", args.out.display()));
+    std::fs::write(&curve_path, serde_json::to_string_pretty(&curve)?)
+        .with_context(|| format!("writing {}", curve_path.display()))?;
+    let _ = std::fs::remove_dir_all(&work);
+    let report = Report {
+        policy: args.out.display().to_string(),
+        curve: curve_path.display().to_string(),
+        parameters: policy.parameters(),
+        preset: cost.preset.clone(),
+        machine: cost.machine.clone(),
+        gemm_gflops: cost.gemm_gflops,
+        slo_ms,
+        requests_per_episode: base.trace.requests,
+        episodes_per_iteration: traces.len(),
+        iterations: args.iterations,
+        first_mean_reward: curve.first().map_or(0.0, |c| c.mean_reward),
+        last_mean_reward: curve.last().map_or(0.0, |c| c.mean_reward),
+        wall_s: started.elapsed().as_secs_f64(),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "wrote {} ({} parameters) and {}; mean reward {:.4} -> {:.4} in {:.0} s",
+            report.policy,
+            report.parameters,
+            report.curve,
+            report.first_mean_reward,
+            report.last_mean_reward,
+            report.wall_s
+        );
+    }
+    Ok(())
+}
+
+/// A scratch directory beside `out` for the current policy of each
+/// iteration (the runs read it as `allocator.policy_file`).
+fn tempdir_for(out: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        return Err(InputError::from_display(format!(
+            "--out {}: directory {} does not exist",
+            out.display(),
+            parent.display()
+        )));
+    }
+    let dir = parent.join(format!(".train-allocator-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
