@@ -840,6 +840,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use grflow_operators::allocator::AllocatorPolicy;
 
     #[test]
     fn embedded_default_parses() {
@@ -953,6 +954,25 @@ mod tests {
         assert!(tansu.kafka.refetch_from_start);
         tansu.kafka.refetch_from_start = false;
         assert_eq!(tansu, kafka);
+    }
+
+    #[test]
+    fn the_allocator_preset_is_the_default_with_the_training_shape() {
+        let c = Config::parse(
+            include_str!("../../configs/allocator-small.toml"),
+            "configs/allocator-small.toml",
+        )
+        .unwrap();
+        let mut d = Config::embedded();
+        assert_eq!(d.allocator.policy_file, "configs/allocator-ppo.safetensors");
+        assert_eq!(c.allocator.policy, AllocatorPolicy::Smart);
+        // What `grflow train-allocator --slo-ms 3 --requests 24000 --rps 40`
+        // sets on the embedded default, and nothing else.
+        d.run.slo_ms = SloMs::both(3.0);
+        d.trace.requests = 24_000;
+        d.trace.rps = 40.0;
+        d.allocator.policy = AllocatorPolicy::Smart;
+        assert_eq!(c, d);
     }
 
     #[test]

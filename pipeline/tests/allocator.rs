@@ -101,3 +101,80 @@ fn static_leaves_alpha_and_kv_opt_starts_at_zero() {
     assert!(alphas(&k).len() >= 5);
     assert!(alphas(&k).iter().all(|w| w.2.abs() < 1e-9));
 }
+
+/// A policy taught (by PPO updates on made-up decisions) that moving α by
+/// −0.06 pays and everything else does not.
+fn down_policy(path: &std::path::Path) {
+    use grflow_operators::allocator::ppo::{ActorCritic, PpoConfig, Step};
+    let mut p = ActorCritic::new(5);
+    let cfg = PpoConfig {
+        learning_rate: 3e-3,
+        ..PpoConfig::default()
+    };
+    for i in 0..30 {
+        let mut t = Vec::new();
+        for k in 0..64 {
+            let action = k % 7;
+            let state = [0.2, 0.5, 0.5, 0.1, 0.2, (k % 9) as f64 / 10.0, 0.5];
+            t.push(Step {
+                state,
+                action,
+                logp: p.probs(&state, true)[action].ln(),
+                value: p.value(&state),
+                reward: if action == 0 { 1.0 } else { 0.0 },
+                allow_up: true,
+            });
+        }
+        p.update(&[t], &cfg, i);
+    }
+    std::fs::write(path, p.to_safetensors()).unwrap();
+}
+
+#[test]
+fn learned_policies_move_alpha_from_a_policy_file_the_same_on_every_run() {
+    let trace = trace();
+    let dir = std::env::temp_dir().join(format!("grflow-alloc-policy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("down.safetensors");
+    down_policy(&file);
+    let run_with = |policy| {
+        let mut cfg = Config::embedded();
+        cfg.run.workers = 2;
+        cfg.run.speed = "max".into();
+        cfg.run.clock = Clock::Event;
+        cfg.run.release = ReleaseSetting::Complete;
+        cfg.windows.epoch_ms = 1_000;
+        cfg.memory.alpha = 0.8;
+        cfg.allocator.policy = policy;
+        cfg.allocator.min_requests = 5;
+        cfg.allocator.policy_file = file.display().to_string();
+        replay(ReplayOptions {
+            responses: ResponseOutput::Drop,
+            ..ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg)
+        })
+        .unwrap()
+    };
+    for policy in [AllocatorPolicy::PpoOnly, AllocatorPolicy::Smart] {
+        let a = run_with(policy);
+        let s = a
+            .summary
+            .allocator
+            .clone()
+            .expect("learned policies report");
+        assert!(s.alpha_moves > 0, "{policy:?}: {s:?}");
+        // The policy moves toward KV: α ends at the lower bound.
+        let last = a.windows.iter().map(|w| w.alpha).fold(1.0, f64::min);
+        assert!(last < 0.5, "{policy:?}: lowest window alpha {last}");
+        assert_eq!(alphas(&a), alphas(&run_with(policy)), "{policy:?}");
+        assert!(a.allocator_steps.is_empty(), "recorded only when training");
+    }
+    // A missing policy file is refused by name before the job starts.
+    let mut cfg = Config::embedded();
+    cfg.allocator.policy = AllocatorPolicy::PpoOnly;
+    cfg.allocator.policy_file = dir.join("absent.safetensors").display().to_string();
+    let err = replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
+        .err()
+        .expect("no policy, no job");
+    assert!(err.to_string().contains("allocator.policy_file"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -64,6 +64,8 @@ pub struct Adapter {
     p99_ema: Option<f64>,
     rng: ChaCha8Rng,
     explore: bool,
+    /// The learning rate of an update waiting for [`Adapter::train`].
+    due: Option<f64>,
 }
 
 impl Adapter {
@@ -77,6 +79,7 @@ impl Adapter {
             p99_ema: None,
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed),
             explore,
+            due: None,
         }
     }
 
@@ -97,8 +100,9 @@ impl Adapter {
     }
 
     /// The window after the last correction closed with reward `r` and
-    /// p99 `p99_ms`: its sample enters the buffer, and one update runs
-    /// over the buffer. Returns the learning rate used (0: none).
+    /// p99 `p99_ms`: its sample enters the buffer, and one update over the
+    /// buffer becomes due ([`Adapter::train`]). Returns its learning rate
+    /// (0: none).
     pub fn reward(&mut self, r: f64, p99_ms: f64, slo_ms: f64) -> f64 {
         let ema = match self.p99_ema {
             Some(e) if p99_ms.is_finite() => e + EMA_WEIGHT * (p99_ms - e),
@@ -126,9 +130,18 @@ impl Adapter {
             reward: r,
         });
         if rate > 0.0 && self.buffer.len() >= 2 {
-            self.update(rate);
+            self.due = Some(rate);
         }
         rate
+    }
+
+    /// Runs the update the last [`Adapter::reward`] made due, if any: off
+    /// the decision path (the allocator calls it after its decision is
+    /// out), so a decision never waits for a pass over the buffer.
+    pub fn train(&mut self) {
+        if let Some(rate) = self.due.take() {
+            self.update(rate);
+        }
     }
 
     /// One ascent step on the buffer's mean advantage-weighted log
@@ -219,6 +232,7 @@ mod tests {
             // Alternate p99 so Eq. 7 gives a non-zero rate.
             let p99 = if i % 2 == 0 { 20.0 } else { 40.0 };
             a.reward(0.5 + 10.0 * c, p99, 30.0);
+            a.train();
         }
         let mean = a.mean(&inputs(&state(0.5, 0.5)));
         assert!(mean > 0.002, "learned mean correction {mean}");

@@ -100,6 +100,13 @@ impl Learned {
         if allow_up { step } else { step.min(0.0) }
     }
 
+    /// Learning that waits until the decision is out (the adapter's update).
+    pub fn learn(&mut self) {
+        if let Some(a) = &mut self.adapter {
+            a.train();
+        }
+    }
+
     /// Recorded decisions with their rewards (taken: the caller owns them).
     pub fn take_steps(&mut self) -> Vec<Step> {
         std::mem::take(&mut self.finished)

@@ -190,6 +190,14 @@ impl Allocator {
         }
     }
 
+    /// Learning that waits until the decision is out (`smart`'s adapter):
+    /// call after the decision's command is sent.
+    pub fn learn(&mut self) {
+        if let Some(l) = &mut self.learned {
+            l.learn();
+        }
+    }
+
     /// Training decisions recorded since the last call (see
     /// [`AllocatorConfig::sample`]).
     pub fn take_steps(&mut self) -> Vec<ppo::Step> {

@@ -109,7 +109,6 @@ pub fn allocate<'s>(
                     let started = Instant::now();
                     let allocator = allocators.entry(w.node).or_insert_with(|| make(w.node));
                     let decision = allocator.decide(&w.stats);
-                    let steps = allocator.take_steps();
                     if let Some(alpha) = decision {
                         tracing::info!(
                             node = w.node,
@@ -127,6 +126,10 @@ pub fn allocate<'s>(
                     }
                     stats.windows += 1;
                     stats.record(started.elapsed().as_secs_f64() * 1e6);
+                    // Off the decision path: the adapter's update and the
+                    // training record.
+                    allocator.learn();
+                    let steps = allocator.take_steps();
                     stats.steps.extend(steps.into_iter().map(|s| (w.node, s)));
                 }
             });
