@@ -173,8 +173,26 @@ fn learned_policies_move_alpha_from_a_policy_file_the_same_on_every_run() {
     cfg.allocator.policy = AllocatorPolicy::PpoOnly;
     cfg.allocator.policy_file = dir.join("absent.safetensors").display().to_string();
     let err = replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
-        .err()
-        .expect("no policy, no job");
+        .expect_err("no policy, no job");
     assert!(err.to_string().contains("allocator.policy_file"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_shipped_policy_loads_with_its_provenance() {
+    use grflow_operators::allocator::mdp::ACTIONS;
+    use grflow_operators::allocator::ppo::ActorCritic;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/allocator-ppo.safetensors"
+    );
+    let p = ActorCritic::from_safetensors(&std::fs::read(path).unwrap()).unwrap();
+    assert!(p.parameters() < 25_000);
+    let made = &p.provenance.trained_with;
+    assert!(made.starts_with("grflow train-allocator"), "{made}");
+    assert!(made.contains("SLO 3 ms"), "{made}");
+    // Trained where less EMB is better: from a high α with a p99 over the
+    // SLO it moves toward KV.
+    let state = [0.3, 0.4, 0.8, 0.2, 0.3, 0.8, 0.9];
+    assert!(ACTIONS[p.greedy(&state, true)] < 0.0);
 }

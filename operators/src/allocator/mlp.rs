@@ -77,7 +77,14 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &[f64]) -> Vec<f64> {
-        self.trace(x).pop().expect("an output")
+        // Only the current activations (the decision path); `trace` keeps
+        // every layer's for backward.
+        let mut y = self.layers[0].apply(x);
+        for l in &self.layers[1..] {
+            y.iter_mut().for_each(|v| *v = v.tanh());
+            y = l.apply(&y);
+        }
+        y
     }
 
     /// Every layer's input, and the output last.
@@ -190,6 +197,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn forward_is_the_last_activation_of_the_trace() {
+        let mut m = Mlp::zero_output(&[4, 6, 5, 2], 3);
+        m.layers[2]
+            .w
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, w)| *w = 0.1 * i as f64 - 0.4);
+        let x = [0.5, -0.3, 0.8, 0.1];
+        assert_eq!(m.forward(&x), m.trace(&x).pop().unwrap());
     }
 
     #[test]
