@@ -121,6 +121,16 @@ pub struct NodeSummary {
     pub user_head_evictions: u64,
     #[serde(default)]
     pub user_heads_peak: u64,
+    /// α moves that changed the boundary, the EMB refill they queued on the
+    /// link's low-priority lane (bytes; at most the pages that moved to EMB,
+    /// and transferred only with `link.refill_share` of the link), and the
+    /// most one move queued (HLEM §IV-B's bounded reallocation traffic).
+    #[serde(default)]
+    pub alpha_moves: u64,
+    #[serde(default)]
+    pub refill_bytes: u64,
+    #[serde(default)]
+    pub refill_bytes_max_per_move: u64,
     /// Model GFLOPs executed (uncached suffixes, candidates, instruction
     /// tokens, decode steps), model calls, requests per call (buckets
     /// 1, 2, 3–4, 5–8, 9–16, 17–32, 33–64, 65+) and wall-time queue wait

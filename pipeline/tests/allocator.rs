@@ -91,6 +91,33 @@ fn pid_moves_alpha_toward_kv_while_p99_is_over_the_slo_the_same_on_every_run() {
 }
 
 #[test]
+fn growing_the_emb_share_queues_refill_bounded_by_the_pages_that_moved() {
+    let trace = trace();
+    // An SLO every request meets: pid moves α toward EMB, which refills.
+    let a = run(&trace, AllocatorPolicy::Pid, 1e6);
+    let pool_bytes = Config::embedded().memory.pool_mib * 1024.0 * 1024.0;
+    let max_step = Config::embedded().allocator.max_step;
+    let mut refilled = 0;
+    for n in &a.summary.nodes {
+        if n.refill_bytes > 0 {
+            refilled += 1;
+            assert!(n.alpha_moves > 0, "{n:?}");
+        }
+        assert!(n.refill_bytes_max_per_move <= n.refill_bytes);
+        // One move changes at most max_step of the pool (plus a page of
+        // rounding), and refill only fills what moved.
+        let bound = max_step * pool_bytes + 64.0 * 1024.0;
+        assert!(
+            (n.refill_bytes_max_per_move as f64) <= bound,
+            "{} > {bound}",
+            n.refill_bytes_max_per_move
+        );
+    }
+    // A node that served more than a handful had rows to refill.
+    assert!(refilled >= 1, "{:?}", a.summary.nodes);
+}
+
+#[test]
 fn static_leaves_alpha_and_kv_opt_starts_at_zero() {
     let trace = trace();
     let s = run(&trace, AllocatorPolicy::Static, 0.001);

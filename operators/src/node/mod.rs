@@ -274,6 +274,14 @@ pub struct NodeCounters {
     /// in [`WAIT_BUCKETS_MS`] (the last bucket is everything above).
     #[serde(default)]
     pub queue_wait_hist: Vec<u64>,
+    /// α moves that changed the boundary, the refill they queued on the
+    /// link's low-priority lane (bytes), and the most one move queued.
+    #[serde(default)]
+    pub alpha_moves: u64,
+    #[serde(default)]
+    pub refill_bytes: u64,
+    #[serde(default)]
+    pub refill_bytes_max_per_move: u64,
 }
 
 /// Upper bounds of the batch-size buckets (requests per model call); the
@@ -455,6 +463,12 @@ impl ServingNode {
     pub fn set_alpha(&mut self, alpha: f64) -> Result<BoundaryMove, ServeError> {
         let moved = self.memory.set_alpha(alpha)?;
         self.recount_shards();
+        if moved.pages_to_emb != 0 {
+            let c = &mut self.counters;
+            c.alpha_moves += 1;
+            c.refill_bytes += moved.refill_bytes;
+            c.refill_bytes_max_per_move = c.refill_bytes_max_per_move.max(moved.refill_bytes);
+        }
         Ok(moved)
     }
 
