@@ -176,5 +176,18 @@ pub fn allocator_policy(cfg: &Config) -> Result<Option<Arc<ActorCritic>>, String
     })?;
     let policy = ActorCritic::from_safetensors(&bytes)
         .map_err(|e| format!("allocator.policy_file {path:?}: {e}"))?;
+    let slo = cfg.run.slo_ms.rank;
+    if let Some(trained) = policy.provenance.slo_ms
+        && (trained - slo).abs() > 1e-9
+    {
+        // Its state and reward scale p99 by the SLO: another SLO gives it
+        // inputs it never saw. Allowed (an experiment), said loudly.
+        tracing::warn!(
+            policy_file = %path,
+            trained_slo_ms = trained,
+            slo_ms = slo,
+            "the allocator policy was trained for another SLO (run.slo_ms.rank)"
+        );
+    }
     Ok(Some(Arc::new(policy)))
 }

@@ -208,6 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         base.cost.compute_scale,
         args.seed
     );
+    policy.provenance.slo_ms = Some(slo_ms);
     std::fs::write(&args.out, policy.to_safetensors())
         .with_context(|| format!("writing {}", args.out.display()))?;
     let curve_path = PathBuf::from(format!("{}.curve.json", args.out.display()));

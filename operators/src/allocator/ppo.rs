@@ -99,6 +99,9 @@ pub enum PolicyError {
 pub struct Provenance {
     /// How it was trained: command, cost model, traces, seeds, iterations.
     pub trained_with: String,
+    /// The latency objective of its reward: a policy is for this SLO.
+    #[serde(default)]
+    pub slo_ms: Option<f64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -531,6 +534,7 @@ mod tests {
         ];
         p.update(&[traj], &PpoConfig::default(), 1);
         p.provenance.trained_with = "test".into();
+        p.provenance.slo_ms = Some(3.0);
         let q = ActorCritic::from_safetensors(&p.to_safetensors()).unwrap();
         assert_eq!(p, q);
         assert_eq!(p.probs(&s, true), q.probs(&s, true));
