@@ -62,6 +62,7 @@ fn params(pool_bytes: u64) -> NodeParams {
         token_capacity: 2000.0,
         max_users: 100_000,
         trained: None,
+        host: None,
     }
 }
 

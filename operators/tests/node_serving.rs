@@ -64,6 +64,7 @@ fn params() -> NodeParams {
         token_capacity: 2000.0,
         max_users: 100_000,
         trained: None,
+        host: None,
     }
 }
 

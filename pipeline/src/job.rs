@@ -48,7 +48,11 @@ impl Job {
             .map_err(|e| e.to_string())?;
         let topo = cluster.topology;
         let side = Arc::new(side);
-        let params = node_params(&cfg, &side.meta, &side.catalog()).map_err(|e| e.to_string())?;
+        // One host tier for this process's nodes (read-only).
+        let params = node_params(&cfg, &side.meta, &side.catalog())
+            .map_err(|e| e.to_string())?
+            .with_shared_host()
+            .map_err(|e| e.to_string())?;
         let cost = match cfg.run.clock {
             Clock::Virtual => Some(crate::params::cost_model(&cfg).map_err(|e| e.to_string())?),
             _ => None,

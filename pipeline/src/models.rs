@@ -87,7 +87,10 @@ impl ModelRegistry {
         {
             return Ok(params.clone());
         }
-        let params = (self.loader)(path)?;
+        // Every node of the process swaps to one shared host tier.
+        let params = (self.loader)(path)?
+            .with_shared_host()
+            .map_err(|e| e.to_string())?;
         let found = params.trained.as_ref().map(|t| t.model_version.as_str());
         if found != Some(version) {
             return Err(format!(

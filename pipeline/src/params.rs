@@ -125,5 +125,6 @@ pub fn node_params(
         token_capacity: cfg.node.token_capacity,
         max_users: cfg.node.max_users,
         trained,
+        host: None,
     })
 }

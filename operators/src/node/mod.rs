@@ -204,6 +204,35 @@ pub struct NodeParams {
     pub max_users: usize,
     /// Serve these weights and tables instead of the seeded ones.
     pub trained: Option<Arc<TrainedWeights>>,
+    /// The host tier, built once and shared by every node made from these
+    /// parameters (it is read-only; 8 nodes would otherwise hold 8 equal
+    /// copies). `None`: each node builds its own.
+    pub host: Option<Arc<HostTables>>,
+}
+
+impl NodeParams {
+    /// The host tier these parameters stand for: the trained tables, or
+    /// the seeded ones.
+    pub fn build_host(&self) -> Result<HostTables, ServeError> {
+        match &self.trained {
+            Some(t) => HostTables::from_values(&self.table_rows, self.model.d_model, &t.tables)
+                .map_err(|e| ServeError::Model(e.to_string())),
+            None => Ok(HostTables::new(
+                &self.table_rows,
+                self.model.d_model,
+                self.emb_seed,
+            )),
+        }
+    }
+
+    /// These parameters with their host tier built now, for every node
+    /// made from them to share.
+    pub fn with_shared_host(mut self) -> Result<Self, ServeError> {
+        if self.host.is_none() {
+            self.host = Some(Arc::new(self.build_host()?));
+        }
+        Ok(self)
+    }
 }
 
 /// The result of serving one request.
@@ -308,7 +337,7 @@ pub struct ServingNode {
     params: NodeParams,
     model: GrModel,
     model_version: String,
-    host: HostTables,
+    host: Arc<HostTables>,
     memory: NodeMemory,
     /// How much of a history a request is served with.
     history_limits: HistoryLimits,
@@ -340,22 +369,21 @@ struct VirtualCompute {
 
 impl ServingNode {
     pub fn new(id: u32, params: NodeParams) -> Result<Self, ServeError> {
-        let (model, model_version, host) = match &params.trained {
+        let (model, model_version) = match &params.trained {
             Some(t) => {
                 let model = GrModel::from_safetensors(&t.safetensors)
                     .map_err(|e| ServeError::Model(e.to_string()))?;
-                let host =
-                    HostTables::from_values(&params.table_rows, params.model.d_model, &t.tables)
-                        .map_err(|e| ServeError::Model(e.to_string()))?;
-                (model, t.model_version.clone(), host)
+                (model, t.model_version.clone())
             }
             None => {
                 let model = GrModel::new(params.model.clone(), params.model_seed);
                 let version = model.model_version();
-                let host =
-                    HostTables::new(&params.table_rows, params.model.d_model, params.emb_seed);
-                (model, version, host)
+                (model, version)
             }
+        };
+        let host = match &params.host {
+            Some(h) => h.clone(),
+            None => Arc::new(params.build_host()?),
         };
         let m = &params.memory;
         let memory = NodeMemory::new(NodeMemoryConfig {
@@ -900,7 +928,7 @@ impl ServingNode {
     fn lookup(&mut self) -> Lookup<'_> {
         Lookup {
             memory: &mut self.memory,
-            host: &self.host,
+            host: self.host.as_ref(),
             shards: &self.params.shards,
             residency: &mut self.residency,
         }
@@ -1133,5 +1161,28 @@ pub(crate) fn test_params() -> NodeParams {
         token_capacity: 2000.0,
         max_users: 100,
         trained: None,
+        host: None,
+    }
+}
+
+#[cfg(test)]
+mod shared_host_tests {
+    use super::*;
+
+    #[test]
+    fn nodes_from_shared_params_hold_one_host_tier_equal_to_their_own() {
+        let shared = test_params().with_shared_host().unwrap();
+        let host = shared.host.clone().unwrap();
+        let a = ServingNode::new(0, shared.clone()).unwrap();
+        let b = ServingNode::new(1, shared.clone()).unwrap();
+        assert!(Arc::ptr_eq(&a.host, &host) && Arc::ptr_eq(&b.host, &host));
+        // The same values a node builds alone.
+        let alone = ServingNode::new(2, test_params()).unwrap();
+        assert!(!Arc::ptr_eq(&alone.host, &host));
+        for t in 0..2u16 {
+            for r in [0u32, 7, 199] {
+                assert_eq!(alone.host.row(t, r), host.row(t, r));
+            }
+        }
     }
 }
