@@ -63,6 +63,7 @@ fn params(pool_bytes: u64) -> NodeParams {
         max_users: 100_000,
         trained: None,
         host: None,
+        shared_model: None,
     }
 }
 

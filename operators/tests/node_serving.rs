@@ -65,6 +65,7 @@ fn params() -> NodeParams {
         max_users: 100_000,
         trained: None,
         host: None,
+        shared_model: None,
     }
 }
 

@@ -126,5 +126,6 @@ pub fn node_params(
         max_users: cfg.node.max_users,
         trained,
         host: None,
+        shared_model: None,
     })
 }

@@ -167,8 +167,8 @@ pub struct MemoryParams {
 /// model directory, checked against the catalog by the caller).
 #[derive(Clone, Debug)]
 pub struct TrainedWeights {
-    /// The transformer as a kernels safetensors file (each node builds its
-    /// own model from it).
+    /// The transformer as a kernels safetensors file (built into a model
+    /// once per process, see [`NodeParams::with_shared_host`]).
     pub safetensors: Vec<u8>,
     /// Host-tier values per table: `table_rows[t] × d_model` floats.
     pub tables: Vec<Vec<f32>>,
@@ -208,6 +208,8 @@ pub struct NodeParams {
     /// parameters (it is read-only; 8 nodes would otherwise hold 8 equal
     /// copies). `None`: each node builds its own.
     pub host: Option<Arc<HostTables>>,
+    /// The GR model, likewise built once and shared (nodes only read it).
+    pub shared_model: Option<Arc<GrModel>>,
 }
 
 impl NodeParams {
@@ -225,11 +227,24 @@ impl NodeParams {
         }
     }
 
-    /// These parameters with their host tier built now, for every node
-    /// made from them to share.
+    /// The model these parameters stand for: the trained weights, or the
+    /// seeded ones.
+    pub fn build_model(&self) -> Result<GrModel, ServeError> {
+        match &self.trained {
+            Some(t) => GrModel::from_safetensors(&t.safetensors)
+                .map_err(|e| ServeError::Model(e.to_string())),
+            None => Ok(GrModel::new(self.model.clone(), self.model_seed)),
+        }
+    }
+
+    /// These parameters with their host tier and model built now, for
+    /// every node made from them to share (both are read-only).
     pub fn with_shared_host(mut self) -> Result<Self, ServeError> {
         if self.host.is_none() {
             self.host = Some(Arc::new(self.build_host()?));
+        }
+        if self.shared_model.is_none() {
+            self.shared_model = Some(Arc::new(self.build_model()?));
         }
         Ok(self)
     }
@@ -335,7 +350,7 @@ fn bump<T: PartialOrd>(hist: &mut Vec<u64>, bounds: &[T], value: T) {
 pub struct ServingNode {
     id: u32,
     params: NodeParams,
-    model: GrModel,
+    model: Arc<GrModel>,
     model_version: String,
     host: Arc<HostTables>,
     memory: NodeMemory,
@@ -369,17 +384,13 @@ struct VirtualCompute {
 
 impl ServingNode {
     pub fn new(id: u32, params: NodeParams) -> Result<Self, ServeError> {
-        let (model, model_version) = match &params.trained {
-            Some(t) => {
-                let model = GrModel::from_safetensors(&t.safetensors)
-                    .map_err(|e| ServeError::Model(e.to_string()))?;
-                (model, t.model_version.clone())
-            }
-            None => {
-                let model = GrModel::new(params.model.clone(), params.model_seed);
-                let version = model.model_version();
-                (model, version)
-            }
+        let model = match &params.shared_model {
+            Some(m) => m.clone(),
+            None => Arc::new(params.build_model()?),
+        };
+        let model_version = match &params.trained {
+            Some(t) => t.model_version.clone(),
+            None => model.model_version(),
         };
         let host = match &params.host {
             Some(h) => h.clone(),
@@ -1162,6 +1173,7 @@ pub(crate) fn test_params() -> NodeParams {
         max_users: 100,
         trained: None,
         host: None,
+        shared_model: None,
     }
 }
 
@@ -1170,15 +1182,19 @@ mod shared_host_tests {
     use super::*;
 
     #[test]
-    fn nodes_from_shared_params_hold_one_host_tier_equal_to_their_own() {
+    fn nodes_from_shared_params_hold_one_host_tier_and_model_equal_to_their_own() {
         let shared = test_params().with_shared_host().unwrap();
         let host = shared.host.clone().unwrap();
         let a = ServingNode::new(0, shared.clone()).unwrap();
         let b = ServingNode::new(1, shared.clone()).unwrap();
         assert!(Arc::ptr_eq(&a.host, &host) && Arc::ptr_eq(&b.host, &host));
+        let model = shared.shared_model.clone().unwrap();
+        assert!(Arc::ptr_eq(&a.model, &model) && Arc::ptr_eq(&b.model, &model));
+        assert_eq!(a.model_version(), b.model_version());
         // The same values a node builds alone.
         let alone = ServingNode::new(2, test_params()).unwrap();
         assert!(!Arc::ptr_eq(&alone.host, &host));
+        assert_eq!(alone.model_version(), a.model_version());
         for t in 0..2u16 {
             for r in [0u32, 7, 199] {
                 assert_eq!(alone.host.row(t, r), host.row(t, r));
