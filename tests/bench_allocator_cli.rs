@@ -117,7 +117,7 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         .arg(&config)
         .output()
         .unwrap();
-    assert_ne!(bad_policy.status.code(), Some(0));
+    assert_eq!(bad_policy.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&bad_policy.stderr).contains("allocator.policy_file"),
         "{}",

@@ -124,6 +124,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Some(PathBuf::from(SHIPPED_POLICY)).filter(|p| p.is_file()),
     };
     if let Some(p) = &policy_file {
+        // Read it now, so that a file that is not a policy is the user's
+        // error (exit 2) before any run.
+        let bytes = std::fs::read(p)
+            .map_err(|e| InputError::from_display(format!("--policy {}: {e}", p.display())))?;
+        grflow_operators::allocator::ppo::ActorCritic::from_safetensors(&bytes).map_err(|e| {
+            InputError::from_display(format!(
+                "--policy {} (allocator.policy_file): {e}",
+                p.display()
+            ))
+        })?;
         base.allocator.policy_file = p.display().to_string();
     }
 
