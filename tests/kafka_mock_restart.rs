@@ -100,16 +100,7 @@ impl Job {
     fn start(config: Config) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let handle = std::thread::spawn(move || {
-            serve(
-                ServeOptions {
-                    config,
-                    admin_addr: None,
-                    model_watch: None,
-                },
-                flag,
-            )
-        });
+        let handle = std::thread::spawn(move || serve(ServeOptions::new(config), flag));
         Self { stop, handle }
     }
 

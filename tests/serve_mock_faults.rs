@@ -177,16 +177,8 @@ fn mock_drain_times_out_when_answers_cannot_be_delivered_and_commits_only_answer
 
     let stop = Arc::new(AtomicBool::new(false));
     let job_stop = stop.clone();
-    let job = std::thread::spawn(move || {
-        grflow_pipeline::serve(
-            ServeOptions {
-                config,
-                admin_addr: None,
-                model_watch: None,
-            },
-            job_stop,
-        )
-    });
+    let job =
+        std::thread::spawn(move || grflow_pipeline::serve(ServeOptions::new(config), job_stop));
     produce_requests(&brokers, 0, ANSWERED);
     read_records(&brokers, RESPONSES, PARTITIONS, ANSWERED as usize);
 
@@ -331,16 +323,8 @@ fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let job_stop = stop.clone();
-    let job = std::thread::spawn(move || {
-        grflow_pipeline::serve(
-            ServeOptions {
-                config,
-                admin_addr: None,
-                model_watch: None,
-            },
-            job_stop,
-        )
-    });
+    let job =
+        std::thread::spawn(move || grflow_pipeline::serve(ServeOptions::new(config), job_stop));
     let responses = read_records(&brokers, RESPONSES, PARTITIONS, total);
     stop.store(true, Ordering::Relaxed);
     let summary = job.join().unwrap().expect("serve");

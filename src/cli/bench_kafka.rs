@@ -188,14 +188,7 @@ fn run_both(
     let stop = Arc::new(AtomicBool::new(false));
     let serve_stop = stop.clone();
     let job = std::thread::spawn(move || {
-        grflow_pipeline::serve(
-            ServeOptions {
-                config: serve_cfg,
-                admin_addr: None,
-                model_watch: None,
-            },
-            serve_stop,
-        )
+        grflow_pipeline::serve(ServeOptions::new(serve_cfg), serve_stop)
     });
     let all: Vec<i32> = (0..args.partitions).collect();
     let (tail, _) = RequestConsumer::open(

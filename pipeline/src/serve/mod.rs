@@ -78,6 +78,15 @@ pub struct ServeOptions {
 }
 
 impl ServeOptions {
+    /// Serving `config`, with no admin endpoint and no watched model path.
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            admin_addr: None,
+            model_watch: None,
+        }
+    }
+
     fn settings(&self) -> KafkaSettings {
         let k = &self.config.kafka;
         let mut extra = k.librdkafka.clone();
