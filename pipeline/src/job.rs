@@ -51,7 +51,7 @@ impl Job {
         // One host tier for this process's nodes (read-only).
         let params = node_params(&cfg, &side.meta, &side.catalog())
             .map_err(|e| e.to_string())?
-            .with_shared_host()
+            .with_shared_model_and_host()
             .map_err(|e| e.to_string())?;
         let cost = match cfg.run.clock {
             Clock::Virtual => Some(crate::params::cost_model(&cfg).map_err(|e| e.to_string())?),

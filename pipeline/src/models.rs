@@ -89,7 +89,7 @@ impl ModelRegistry {
         }
         // Every node of the process swaps to one shared host tier.
         let params = (self.loader)(path)?
-            .with_shared_host()
+            .with_shared_model_and_host()
             .map_err(|e| e.to_string())?;
         let found = params.trained.as_ref().map(|t| t.model_version.as_str());
         if found != Some(version) {

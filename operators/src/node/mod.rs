@@ -168,7 +168,7 @@ pub struct MemoryParams {
 #[derive(Clone, Debug)]
 pub struct TrainedWeights {
     /// The transformer as a kernels safetensors file (built into a model
-    /// once per process, see [`NodeParams::with_shared_host`]).
+    /// once per process, see [`NodeParams::with_shared_model_and_host`]).
     pub safetensors: Vec<u8>,
     /// Host-tier values per table: `table_rows[t] × d_model` floats.
     pub tables: Vec<Vec<f32>>,
@@ -239,7 +239,7 @@ impl NodeParams {
 
     /// These parameters with their host tier and model built now, for
     /// every node made from them to share (both are read-only).
-    pub fn with_shared_host(mut self) -> Result<Self, ServeError> {
+    pub fn with_shared_model_and_host(mut self) -> Result<Self, ServeError> {
         if self.host.is_none() {
             self.host = Some(Arc::new(self.build_host()?));
         }
@@ -1183,7 +1183,7 @@ mod shared_host_tests {
 
     #[test]
     fn nodes_from_shared_params_hold_one_host_tier_and_model_equal_to_their_own() {
-        let shared = test_params().with_shared_host().unwrap();
+        let shared = test_params().with_shared_model_and_host().unwrap();
         let host = shared.host.clone().unwrap();
         let a = ServingNode::new(0, shared.clone()).unwrap();
         let b = ServingNode::new(1, shared.clone()).unwrap();
