@@ -139,14 +139,6 @@ pub enum Answer {
     },
 }
 
-impl Answer {
-    pub fn origin(&self) -> &Origin {
-        match self {
-            Answer::Response { origin, .. } | Answer::Error { origin, .. } => origin,
-        }
-    }
-}
-
 /// Wall time now, ns since the Unix epoch; comparable across processes.
 pub fn now_ns() -> u64 {
     std::time::SystemTime::now()

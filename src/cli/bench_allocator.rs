@@ -106,13 +106,11 @@ const SWEEP: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let regimes = regimes(&args.regime)?;
-    let (mut base, cost) = virtual_base(args.config.as_deref(), args.calibration.as_deref())?;
-    if let Some(slo) = args.slo_ms {
-        if !(slo.is_finite() && slo > 0.0) {
-            return Err(InputError::from_display("--slo-ms must be positive"));
-        }
-        base.run.slo_ms = grflow_pipeline::SloMs::both(slo);
-    }
+    let (mut base, cost) = virtual_base(
+        args.config.as_deref(),
+        args.calibration.as_deref(),
+        args.slo_ms,
+    )?;
     let policy_file = match &args.policy {
         Some(p) if !p.is_file() => {
             return Err(InputError::from_display(format!(
@@ -281,15 +279,23 @@ pub(crate) fn regimes(list: &str) -> anyhow::Result<Vec<Regime>> {
 
 /// The config every allocator run starts from: `config` (or the embedded
 /// one) on the virtual clock, `complete` release, `--speed max`, no window
-/// log, charging one cost model (from `calibration`, else calibrated now).
+/// log, `slo_ms` (`--slo-ms`) for both request kinds when given, charging
+/// one cost model (from `calibration`, else calibrated now).
 pub(crate) fn virtual_base(
     config: Option<&std::path::Path>,
     calibration: Option<&std::path::Path>,
+    slo_ms: Option<f64>,
 ) -> anyhow::Result<(Config, grflow_kernels::cost::CostModel)> {
     let mut base = match config {
         Some(p) => Config::load(p).map_err(InputError::from_display)?,
         None => Config::embedded(),
     };
+    if let Some(slo) = slo_ms {
+        if !(slo.is_finite() && slo > 0.0) {
+            return Err(InputError::from_display("--slo-ms must be positive"));
+        }
+        base.run.slo_ms = grflow_pipeline::SloMs::both(slo);
+    }
     base.run.clock = Clock::Virtual;
     base.run.release = ReleaseSetting::Complete;
     base.run.speed = "max".into();

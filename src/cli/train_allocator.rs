@@ -106,18 +106,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     let regimes = regimes(&args.regime)?;
-    let (mut base, cost) = virtual_base(args.config.as_deref(), args.calibration.as_deref())?;
+    let (mut base, cost) = virtual_base(
+        args.config.as_deref(),
+        args.calibration.as_deref(),
+        args.slo_ms,
+    )?;
     if let Some(n) = args.requests {
         base.trace.requests = n;
     }
     if let Some(r) = args.rps {
         base.trace.rps = r;
-    }
-    if let Some(slo) = args.slo_ms {
-        if !(slo.is_finite() && slo > 0.0) {
-            return Err(InputError::from_display("--slo-ms must be positive"));
-        }
-        base.run.slo_ms = grflow_pipeline::config::SloMs::both(slo);
     }
     base.allocator.policy = AllocatorPolicy::PpoOnly;
     base.allocator.sample = true;

@@ -23,7 +23,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::mdp::State;
-use super::mlp::Mlp;
+use super::mlp::{Grads, Mlp};
 
 /// Largest correction (±).
 pub const BOUND: f64 = 0.02;
@@ -149,26 +149,15 @@ impl Adapter {
     fn update(&mut self, rate: f64) {
         let n = self.buffer.len() as f64;
         let baseline = self.buffer.iter().map(|s| s.reward).sum::<f64>() / n;
-        let mut total: Option<super::mlp::Grads> = None;
+        let mut total = Grads::zeros(&self.net);
         for s in &self.buffer {
             let y = self.net.forward(&s.x)[0];
             let mean = BOUND * y.tanh();
             // ∂ log N(applied; mean, σ²) / ∂y = (applied − mean)/σ² · ∂mean/∂y
             let dlog = (s.applied - mean) / (EXPLORE * EXPLORE) * BOUND * (1.0 - y.tanh().powi(2));
-            let g = self.net.backward(&s.x, &[(s.reward - baseline) * dlog / n]);
-            match &mut total {
-                None => total = Some(g),
-                Some(t) => {
-                    for (a, b) in t.layers.iter_mut().zip(&g.layers) {
-                        a.w.iter_mut().zip(&b.w).for_each(|(p, d)| *p += d);
-                        a.b.iter_mut().zip(&b.b).for_each(|(p, d)| *p += d);
-                    }
-                }
-            }
+            total.add(&self.net.backward(&s.x, &[(s.reward - baseline) * dlog / n]));
         }
-        if let Some(g) = total {
-            self.net.step(&g, rate);
-        }
+        self.net.step(&total, rate);
     }
 
     pub fn buffered(&self) -> usize {

@@ -73,6 +73,32 @@ pub struct Grads {
     pub layers: Vec<Layer>,
 }
 
+impl Grads {
+    /// Zeros shaped like `net` (a sum to add to, an optimiser's moments).
+    pub fn zeros(net: &Mlp) -> Self {
+        Self {
+            layers: net
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    inputs: l.inputs,
+                    outputs: l.outputs,
+                    w: vec![0.0; l.w.len()],
+                    b: vec![0.0; l.b.len()],
+                })
+                .collect(),
+        }
+    }
+
+    /// `self += other`, parameter by parameter.
+    pub fn add(&mut self, other: &Grads) {
+        for (a, b) in self.layers.iter_mut().zip(&other.layers) {
+            a.w.iter_mut().zip(&b.w).for_each(|(p, d)| *p += d);
+            a.b.iter_mut().zip(&b.b).for_each(|(p, d)| *p += d);
+        }
+    }
+}
+
 impl Mlp {
     /// Random hidden layers (seeded) and an output layer of zeros, so the
     /// network starts at exactly 0 yet can learn (all-zero hidden layers

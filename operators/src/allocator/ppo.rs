@@ -121,21 +121,9 @@ struct Adam {
 
 impl Adam {
     fn new(net: &Mlp) -> Self {
-        let zeros = Grads {
-            layers: net
-                .layers
-                .iter()
-                .map(|l| Layer {
-                    inputs: l.inputs,
-                    outputs: l.outputs,
-                    w: vec![0.0; l.w.len()],
-                    b: vec![0.0; l.b.len()],
-                })
-                .collect(),
-        };
         Self {
-            m: zeros.clone(),
-            v: zeros,
+            m: Grads::zeros(net),
+            v: Grads::zeros(net),
             t: 0,
         }
     }
@@ -163,13 +151,6 @@ impl Adam {
             one(&mut p.w, &g.w, &mut m.w, &mut v.w);
             one(&mut p.b, &g.b, &mut m.b, &mut v.b);
         }
-    }
-}
-
-fn add(into: &mut Grads, g: &Grads) {
-    for (a, b) in into.layers.iter_mut().zip(&g.layers) {
-        a.w.iter_mut().zip(&b.w).for_each(|(p, d)| *p += d);
-        a.b.iter_mut().zip(&b.b).for_each(|(p, d)| *p += d);
     }
 }
 
@@ -334,8 +315,8 @@ impl ActorCritic {
         cfg: &PpoConfig,
     ) -> (f64, f64, f64) {
         let scale = 1.0 / len.max(1) as f64;
-        let mut actor_g: Option<Grads> = None;
-        let mut critic_g: Option<Grads> = None;
+        let mut actor_g = Grads::zeros(&self.actor);
+        let mut critic_g = Grads::zeros(&self.critic);
         let (mut pl, mut vl, mut ent) = (0.0, 0.0, 0.0);
         for (s, adv, ret) in items {
             let p = self.probs(&s.state, s.allow_up);
@@ -358,26 +339,16 @@ impl ActorCritic {
                     (dlogp * (onehot - p[j]) - cfg.entropy_coef * dh) * scale
                 })
                 .collect();
-            let g = self.actor.backward(&s.state, &dlogits);
-            match &mut actor_g {
-                None => actor_g = Some(g),
-                Some(a) => add(a, &g),
-            }
+            actor_g.add(&self.actor.backward(&s.state, &dlogits));
             let v = self.value(&s.state);
             vl += 0.5 * (v - ret).powi(2) * scale;
-            let g = self.critic.backward(&s.state, &[(v - ret) * scale]);
-            match &mut critic_g {
-                None => critic_g = Some(g),
-                Some(a) => add(a, &g),
-            }
+            critic_g.add(&self.critic.backward(&s.state, &[(v - ret) * scale]));
         }
-        if let Some(g) = actor_g {
-            self.actor_opt.step(&mut self.actor, &g, cfg.learning_rate);
-        }
-        if let Some(g) = critic_g {
-            self.critic_opt
-                .step(&mut self.critic, &g, cfg.learning_rate);
-        }
+        // Minibatches are never empty (chunks of the batch).
+        self.actor_opt
+            .step(&mut self.actor, &actor_g, cfg.learning_rate);
+        self.critic_opt
+            .step(&mut self.critic, &critic_g, cfg.learning_rate);
         (pl, vl, ent)
     }
 
