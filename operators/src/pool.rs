@@ -34,10 +34,13 @@ pub enum PoolError {
 }
 
 /// Fixed pages of `page_floats` f32 each.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct PagePool {
     page_floats: usize,
+    /// Every page's floats, or one scratch page that all pages share
+    /// ([`PagePool::keep_metadata_only`]).
     data: Vec<f32>,
+    metadata_only: bool,
     tenant: Vec<Tenant>,
     /// Free pages of the KV share; popped from the back.
     free: Vec<u32>,
@@ -50,6 +53,7 @@ impl PagePool {
         Self {
             page_floats,
             data: vec![0.0; pages * page_floats],
+            metadata_only: false,
             tenant: vec![Tenant::Free; pages],
             free: (0..pages as u32).rev().collect(),
             rejected_frees: 0,
@@ -58,6 +62,21 @@ impl PagePool {
 
     pub fn pages(&self) -> usize {
         self.tenant.len()
+    }
+
+    /// Drops the pages' floats and keeps who holds which page: the virtual
+    /// clock runs no model, so nothing reads what a page holds, and a node
+    /// (and each oracle copy of it) then costs its metadata only. Every
+    /// page reads and writes one shared scratch page from here on.
+    pub fn keep_metadata_only(&mut self) {
+        self.data = vec![0.0; self.page_floats];
+        self.data.shrink_to_fit();
+        self.metadata_only = true;
+    }
+
+    /// Whether the pages hold no floats of their own.
+    pub fn is_metadata_only(&self) -> bool {
+        self.metadata_only
     }
 
     pub fn page_floats(&self) -> usize {
@@ -153,13 +172,21 @@ impl PagePool {
     }
 
     pub fn page(&self, page: u32) -> &[f32] {
-        let s = page as usize * self.page_floats;
+        let s = self.offset(page);
         &self.data[s..s + self.page_floats]
     }
 
     pub fn page_mut(&mut self, page: u32) -> &mut [f32] {
-        let s = page as usize * self.page_floats;
+        let s = self.offset(page);
         &mut self.data[s..s + self.page_floats]
+    }
+
+    fn offset(&self, page: u32) -> usize {
+        if self.metadata_only {
+            0
+        } else {
+            page as usize * self.page_floats
+        }
     }
 
     /// Address of a page's first float (tests of "KV blocks never move").
@@ -197,6 +224,27 @@ mod tests {
         assert_eq!(p.free_pages(), 1);
         assert_eq!(p.block(kv)[3], 7.0);
         assert_eq!(p.tenant(kv), Tenant::Kv);
+    }
+
+    #[test]
+    fn a_metadata_only_pool_keeps_tenants_and_drops_the_floats() {
+        let mut p = PagePool::new(64, 1024);
+        let kv = p.alloc_kv().unwrap();
+        let lent = p.lend_to_emb(8);
+        p.keep_metadata_only();
+        assert!(p.is_metadata_only());
+        assert_eq!(p.data.capacity(), 1024);
+        assert_eq!(
+            (p.pages(), p.count(Tenant::Emb), p.free_pages()),
+            (64, 8, 55)
+        );
+        assert_eq!(p.tenant(kv), Tenant::Kv);
+        // Every page is the one scratch page.
+        p.block_mut(kv)[0] = 3.0;
+        assert_eq!(p.block(lent[0])[0], 3.0);
+        assert_eq!(p.block(kv).len(), 1024);
+        p.free_kv(kv).unwrap();
+        assert_eq!(p.free_pages(), 56);
     }
 
     #[test]

@@ -76,6 +76,9 @@ impl ServingNode {
         next.counters = std::mem::take(&mut self.counters);
         next.lanes = self.lanes;
         next.virtual_compute = self.virtual_compute.take();
+        if next.virtual_compute.is_some() {
+            next.memory.keep_metadata_only();
+        }
         next.backlog = std::mem::replace(&mut self.backlog, Backlog::new(1.0));
         next.link_clock = self.link_clock;
         next.alpha_pin = self.alpha_pin;

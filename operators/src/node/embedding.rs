@@ -89,35 +89,59 @@ impl Lookup<'_> {
 /// usual overshoot).
 const SLEEP_SLACK: Duration = Duration::from_micros(100);
 
-/// The link's nanosecond clock: time since the node started.
+/// The link's nanosecond clock. On the wall clock it is the time since the
+/// node started and a miss transfer is waited for; on the virtual clock it
+/// is the event time of the request being served and nothing waits, so
+/// refill after an α move progresses with event time and a replay is
+/// deterministic.
 #[derive(Clone, Copy, Debug)]
-pub struct LinkClock {
-    started: Instant,
+pub enum LinkClock {
+    Wall { started: Instant },
+    Event { now_ns: u64 },
 }
 
 impl LinkClock {
     pub fn start() -> Self {
-        Self {
+        Self::Wall {
             started: Instant::now(),
         }
     }
 
-    pub fn now_ns(&self) -> u64 {
-        self.started.elapsed().as_nanos() as u64
+    /// The event-time clock, at 0 until the first [`LinkClock::observe`].
+    pub fn event() -> Self {
+        Self::Event { now_ns: 0 }
     }
 
-    /// Waits for a host→device transfer of `bytes` on the link's miss lane:
-    /// on the CPU backend the device pool is host memory, so the link paces
-    /// the copy to what PCIe would cost (queueing behind earlier misses).
-    /// The wait gives the core away: it sleeps through all but the last
+    /// Event time `now_ms` has come (the event clock never goes back).
+    pub fn observe(&mut self, now_ms: u64) {
+        if let Self::Event { now_ns } = self {
+            *now_ns = (*now_ns).max(now_ms.saturating_mul(1_000_000));
+        }
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        match self {
+            Self::Wall { started } => started.elapsed().as_nanos() as u64,
+            Self::Event { now_ns } => *now_ns,
+        }
+    }
+
+    /// A host→device transfer of `bytes` on the link's miss lane. On the
+    /// wall clock the CPU backend's device pool is host memory, so this
+    /// waits out what PCIe would cost (queueing behind earlier misses); the
+    /// wait gives the core away: it sleeps through all but the last
     /// [`SLEEP_SLACK`] of a long transfer and yields for the rest, so other
-    /// workers run meanwhile.
+    /// workers run meanwhile. On the event clock the lane is only booked
+    /// (the latency model charges the transfer).
     pub fn pay(&self, memory: &mut NodeMemory, bytes: usize) {
         if bytes == 0 {
             return;
         }
         let done = memory.link().miss_transfer(bytes as u64, self.now_ns());
-        let until = self.started + Duration::from_nanos(done);
+        let Self::Wall { started } = self else {
+            return;
+        };
+        let until = *started + Duration::from_nanos(done);
         let left = until.saturating_duration_since(Instant::now());
         if left > SLEEP_SLACK {
             // Sleeps overshoot by tens of µs: wake a little early.
