@@ -45,7 +45,7 @@ pub struct RefillCounts {
 }
 
 /// A link with a miss lane and a refill lane.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Link {
     cfg: LinkConfig,
     /// The miss lane is busy until this time.

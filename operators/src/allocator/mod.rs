@@ -18,6 +18,7 @@ pub mod adapter;
 pub mod learned;
 pub mod mdp;
 pub mod mlp;
+pub mod oracle;
 pub mod ppo;
 pub mod recovery;
 

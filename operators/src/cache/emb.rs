@@ -57,6 +57,20 @@ impl EmbCache {
         }
     }
 
+    /// An independent copy ([`GuidedPolicy::try_clone`] says when).
+    pub fn try_clone(&self) -> Option<Self> {
+        Some(Self {
+            row_floats: self.row_floats,
+            rows_per_page: self.rows_per_page,
+            pages: self.pages.clone(),
+            slots: self.slots.clone(),
+            free: self.free.clone(),
+            policy: self.policy.try_clone()?,
+            counters: self.counters.clone(),
+            ghosts: self.ghosts.clone(),
+        })
+    }
+
     pub fn rows_per_page(&self) -> usize {
         self.rows_per_page
     }

@@ -89,4 +89,18 @@ impl GuidedPolicy {
     pub fn set_capacity(&mut self, capacity: usize) {
         self.policy.set_capacity(capacity);
     }
+
+    /// An independent copy, for a policy whose state is all it decides by:
+    /// `None` when it learns online (its predictor trains on a thread of
+    /// its own) or cannot be copied.
+    pub fn try_clone(&self) -> Option<Self> {
+        if self.predictor.is_some() {
+            return None;
+        }
+        Some(Self {
+            policy: self.policy.clone_box()?,
+            predictor: None,
+            tick: self.tick,
+        })
+    }
 }

@@ -8,7 +8,7 @@ use crate::eviction::{Key, KeyMap, key_map};
 use crate::pool::PagePool;
 use crate::predictor::AccessContext;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Entry {
     pages: Vec<u32>,
     pins: u32,
@@ -32,6 +32,17 @@ impl ItemKvCache {
             misses: 0,
             pages: 0,
         }
+    }
+
+    /// An independent copy ([`GuidedPolicy::try_clone`] says when).
+    pub fn try_clone(&self) -> Option<Self> {
+        Some(Self {
+            entries: self.entries.clone(),
+            policy: self.policy.try_clone()?,
+            hits: self.hits,
+            misses: self.misses,
+            pages: self.pages,
+        })
     }
 
     /// Pages held by all entries.

@@ -61,6 +61,11 @@ pub enum MemoryError {
         "KV share exhausted: {wanted} pages wanted, {free} free after evicting every unpinned entry"
     )]
     KvFull { wanted: usize, free: usize },
+    #[error(
+        "memory.{field} = {policy:?} cannot be copied (its state is not all it decides by); \
+         the oracle needs lru"
+    )]
+    NotCloneable { field: &'static str, policy: String },
 }
 
 /// What one `set_alpha` did.
@@ -214,6 +219,41 @@ impl NodeMemory {
 
     pub fn pool(&self) -> &PagePool {
         &self.pool
+    }
+
+    /// An independent copy of the pool and caches in their current state
+    /// (the oracle α* replays an epoch from copies). Refused for a policy
+    /// that learns online (see [`GuidedPolicy::try_clone`]).
+    pub fn try_clone(&self) -> Result<Self, MemoryError> {
+        let refused = |field: &'static str, policy: &str| MemoryError::NotCloneable {
+            field,
+            policy: policy.to_string(),
+        };
+        Ok(Self {
+            cfg: self.cfg.clone(),
+            pool: self.pool.clone(),
+            emb: self
+                .emb
+                .try_clone()
+                .ok_or_else(|| refused("emb_policy", &self.cfg.emb_policy))?,
+            user_kv: self
+                .user_kv
+                .try_clone()
+                .ok_or_else(|| refused("user_kv_policy", &self.cfg.user_kv_policy))?,
+            item_kv: self
+                .item_kv
+                .try_clone()
+                .ok_or_else(|| refused("item_kv_policy", &self.cfg.item_kv_policy))?,
+            link: self.link.clone(),
+            refill_rows: self.refill_rows.clone(),
+            next_refill_tag: self.next_refill_tag,
+            alpha: self.alpha,
+        })
+    }
+
+    /// The pool keeps page ownership but no floats (the virtual clock).
+    pub fn keep_metadata_only(&mut self) {
+        self.pool.keep_metadata_only();
     }
 
     pub fn link(&mut self) -> &mut Link {

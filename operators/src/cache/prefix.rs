@@ -95,6 +95,19 @@ impl PrefixKvCache {
         }
     }
 
+    /// An independent copy ([`GuidedPolicy::try_clone`] says when).
+    pub fn try_clone(&self) -> Option<Self> {
+        Some(Self {
+            block_tokens: self.block_tokens,
+            hasher: self.hasher,
+            blocks: self.blocks.clone(),
+            policy: self.policy.try_clone()?,
+            reused_tokens: self.reused_tokens,
+            total_tokens: self.total_tokens,
+            collisions: self.collisions,
+        })
+    }
+
     /// Cached blocks (= pages held).
     pub fn blocks(&self) -> usize {
         self.blocks.len()

@@ -14,7 +14,7 @@ struct Node {
 }
 
 /// LRU order of the resident keys; `head` is the most recent.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Lru {
     index: KeyMap<Key, u32>,
     nodes: Vec<Node>,
@@ -83,6 +83,10 @@ impl Lru {
 impl EvictionPolicy for Lru {
     fn name(&self) -> &'static str {
         "lru"
+    }
+
+    fn clone_box(&self) -> Option<Box<dyn EvictionPolicy>> {
+        Some(Box::new(self.clone()))
     }
 
     fn access(&mut self, key: Key, _now: u64) -> bool {

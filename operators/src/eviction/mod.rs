@@ -89,6 +89,12 @@ pub trait EvictionPolicy: Send + std::fmt::Debug {
     fn uses_predictions(&self) -> bool {
         false
     }
+    /// An independent copy with the same state, for policies whose
+    /// decisions depend on their state alone (the oracle α* replays one
+    /// epoch from copies); `None` where that does not hold.
+    fn clone_box(&self) -> Option<Box<dyn EvictionPolicy>> {
+        None
+    }
 }
 
 /// Policy names accepted in configs and on the command line.

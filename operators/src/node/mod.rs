@@ -375,7 +375,7 @@ pub struct ServingNode {
 }
 
 /// A node on the virtual clock: its compute timeline.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct VirtualCompute {
     cost: CostModel,
     /// Event time (ms) at which the node's model is free again.
@@ -443,7 +443,8 @@ impl ServingNode {
     /// Puts the node on the virtual clock: model work is not run but
     /// charged from `cost` on the node's own timeline, so a response's
     /// `modelled_latency_ms` is its queueing behind earlier work plus its
-    /// compute and link time. Cache, pool and routing work as usual; rank
+    /// compute and link time. Cache, pool and routing work as usual, but
+    /// the pool holds metadata only and the link runs on event time; rank
     /// responses list the first `top_k` candidates and retrieve responses
     /// no items (nothing was scored).
     pub fn set_virtual(&mut self, cost: CostModel) {
@@ -451,6 +452,8 @@ impl ServingNode {
             cost,
             free_at_ms: 0.0,
         });
+        self.link_clock = LinkClock::event();
+        self.memory.keep_metadata_only();
     }
 
     /// Splits each rank batch over up to `lanes` threads (`node.lanes`):
@@ -495,6 +498,33 @@ impl ServingNode {
     /// Pool, cache and link telemetry.
     pub fn memory_stats(&self) -> MemoryStats {
         self.memory.stats()
+    }
+
+    /// An independent copy of the node in its current state: pool, caches,
+    /// prefixes, link, counters and compute timeline (model and host tables
+    /// are shared, read-only). Serving the same requests on the copy gives
+    /// what the node would give; the oracle α* replays an epoch at every α
+    /// from copies. Refused for eviction policies that learn online.
+    pub fn snapshot(&self) -> Result<Self, ServeError> {
+        Ok(Self {
+            id: self.id,
+            params: self.params.clone(),
+            model: self.model.clone(),
+            model_version: self.model_version.clone(),
+            host: self.host.clone(),
+            memory: self.memory.try_clone()?,
+            history_limits: self.history_limits,
+            counters: self.counters.clone(),
+            residency: self.residency.clone(),
+            prefixes: self.prefixes.clone(),
+            backlog: self.backlog.clone(),
+            // Beam buffers are scratch, allocated again on first use.
+            beams: Vec::new(),
+            link_clock: self.link_clock,
+            lanes: self.lanes,
+            virtual_compute: self.virtual_compute.clone(),
+            alpha_pin: self.alpha_pin,
+        })
     }
 
     /// Moves the EMB/KV boundary (HLEM §IV-B); commands call this.
@@ -555,6 +585,7 @@ impl ServingNode {
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
     ) -> (Vec<Outcome>, Vec<Outcome>) {
+        self.link_clock.observe(now_ms);
         if self.lanes < 2 {
             let retrieved = retrieve
                 .iter()
@@ -596,6 +627,7 @@ impl ServingNode {
         catalog: &dyn ItemCatalog,
         mut sides: Vec<SideRetrieve<'_, '_>>,
     ) -> (Vec<Outcome>, Vec<Result<Retrieved, ServeError>>) {
+        self.link_clock.observe(now_ms);
         let mut retrieved = Vec::new();
         let mut results: Vec<Option<Result<Served, ServeError>>> =
             work.iter().map(|_| None).collect();
@@ -820,6 +852,7 @@ impl ServingNode {
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
     ) -> Result<Served, ServeError> {
+        self.link_clock.observe(now_ms);
         let prep = self.prepare_retrieve(req, history, catalog, index, 0)?;
         if self.virtual_compute.is_some() {
             return self.finish_retrieve(now_ms, &prep, Ok((Vec::new(), Vec::new())));

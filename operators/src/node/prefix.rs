@@ -23,7 +23,7 @@ pub struct UserPrefix {
 /// Users whose prefix the node tracks, by the tokens of their history's
 /// first KV block: the user's prefix is resident while that block is.
 /// Bounded by `max_users` (least recently served dropped first).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct UserPrefixes {
     heads: LruMap<Vec<u32>>,
     /// Users served since the last residency report.

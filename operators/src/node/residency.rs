@@ -8,7 +8,7 @@ use crate::router::NodeReport;
 use crate::shards::{ShardId, ShardMap};
 
 /// What the router was last told, and what changed since.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Residency {
     /// Cached rows per shard, of every shard ever touched.
     shard_rows: HashMap<ShardId, u32>,

@@ -1,0 +1,434 @@
+//! The per-epoch oracle α* of HLEM §V: the epoch's requests as the node
+//! served them in the actual run, replayed on the virtual clock from the
+//! node's state at the epoch's start at every α of a grid (the boundary
+//! move and its refill modelled by `set_alpha` itself); α* is the α with
+//! the lowest P99 (ties: the median of the αs within 1% of the minimum).
+//! An α at which a request fails or is served with a shortened history is
+//! never α*: it changes the answers.
+//!
+//! [`OracleRecorder`] follows one node through a run: it copies the node
+//! before the first command or batch of each epoch, records the batches
+//! served, and evaluates an epoch when the next one starts (or at the end).
+//! The replay needs a deterministic node: the virtual clock, `complete`
+//! release and eviction policies that decide by their state alone (`lru`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::node::{
+    ItemCatalog, RankRequest, RankWork, RetrieveRequest, RetrieveWork, ServeError, ServingNode,
+};
+use crate::retrieval::RetrievalIndex;
+use crate::windows::percentile;
+
+/// Requests whose P99s lie within this share of the lowest tie for α*.
+const TIE_SHARE: f64 = 0.01;
+
+/// The grid α ∈ {0, step, 2·step, …, 1}.
+pub fn alpha_grid(step: f64) -> Vec<f64> {
+    let n = (1.0 / step.clamp(1e-3, 1.0)).round() as usize;
+    (0..=n).map(|i| i as f64 / n as f64).collect()
+}
+
+/// A rank request as the node served it.
+#[derive(Clone, Debug)]
+pub struct OwnedRank {
+    pub req_id: u64,
+    pub user_id: u64,
+    pub candidates: Vec<u32>,
+    pub history: Vec<u32>,
+}
+
+/// A retrieve request as the node served it.
+#[derive(Clone, Debug)]
+pub struct OwnedRetrieve {
+    pub req_id: u64,
+    pub user_id: u64,
+    pub history: Vec<u32>,
+}
+
+/// One call of [`ServingNode::serve_step`] in the run.
+#[derive(Clone, Debug, Default)]
+pub struct RecordedBatch {
+    pub now_ms: u64,
+    pub rank: Vec<OwnedRank>,
+    pub retrieve: Vec<OwnedRetrieve>,
+}
+
+impl RecordedBatch {
+    /// Serves the batch on `node` as the run did; the latencies of the
+    /// requests, or `None` when one failed or had its history shortened.
+    fn replay(
+        &self,
+        node: &mut ServingNode,
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+        latencies: &mut Vec<f64>,
+    ) -> Option<()> {
+        let rank: Vec<RankWork<'_>> = self
+            .rank
+            .iter()
+            .map(|r| RankWork {
+                req: RankRequest {
+                    req_id: r.req_id,
+                    user_id: r.user_id,
+                    candidates: &r.candidates,
+                },
+                history: &r.history,
+            })
+            .collect();
+        let retrieve: Vec<RetrieveWork<'_>> = self
+            .retrieve
+            .iter()
+            .map(|r| RetrieveWork {
+                req: RetrieveRequest {
+                    req_id: r.req_id,
+                    user_id: r.user_id,
+                },
+                history: &r.history,
+            })
+            .collect();
+        let (ranked, retrieved) = node.serve_step(self.now_ms, &rank, &retrieve, catalog, index);
+        for outcome in ranked.into_iter().chain(retrieved) {
+            let served = outcome.ok()?;
+            if served.truncated {
+                return None;
+            }
+            latencies.push(served.modelled_latency_ms);
+        }
+        Some(())
+    }
+}
+
+/// One node's epoch under the oracle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OracleEpoch {
+    pub node: u32,
+    pub epoch_start_ms: u64,
+    pub requests: u64,
+    /// α the run served the epoch with (at its first batch).
+    pub alpha: f64,
+    pub alpha_star: f64,
+    /// P99 of the replay at the run's α, and at α*.
+    pub p99_at_alpha_ms: f64,
+    pub p99_at_star_ms: f64,
+    /// P99 the run measured for these requests (the replay at α
+    /// reproduces it on a deterministic node).
+    pub run_p99_ms: f64,
+}
+
+/// The P99 of the epoch's `batches` replayed from `before` at `alpha`;
+/// `None` when that α fails a request or shortens a history.
+pub fn replay_p99(
+    before: &ServingNode,
+    alpha: f64,
+    batches: &[RecordedBatch],
+    catalog: &dyn ItemCatalog,
+    index: &RetrievalIndex,
+) -> Result<Option<f64>, ServeError> {
+    let mut node = before.snapshot()?;
+    if node.set_alpha(alpha).is_err() {
+        return Ok(None);
+    }
+    let mut latencies = Vec::new();
+    for b in batches {
+        if b.replay(&mut node, catalog, index, &mut latencies)
+            .is_none()
+        {
+            return Ok(None);
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    Ok(Some(percentile(&latencies, 0.99)))
+}
+
+/// α* among `(α, P99)` points (`None`: not eligible): the lowest P99, ties
+/// within 1% broken by the median α among them.
+pub fn alpha_star(points: &[(f64, Option<f64>)]) -> Option<(f64, f64)> {
+    let min = points
+        .iter()
+        .filter_map(|(_, p)| *p)
+        .min_by(f64::total_cmp)?;
+    let mut near: Vec<(f64, f64)> = points
+        .iter()
+        .filter_map(|&(a, p)| p.filter(|&p| p <= min * (1.0 + TIE_SHARE)).map(|p| (a, p)))
+        .collect();
+    near.sort_by(|x, y| x.0.total_cmp(&y.0));
+    Some(near[(near.len() - 1) / 2])
+}
+
+/// An epoch being recorded.
+#[derive(Debug)]
+struct OpenEpoch {
+    index: u64,
+    /// The node before the epoch's first command or batch.
+    before: ServingNode,
+    alpha: Option<f64>,
+    batches: Vec<RecordedBatch>,
+    latencies: Vec<f64>,
+}
+
+/// Follows one node through a run and evaluates α* per epoch.
+#[derive(Debug)]
+pub struct OracleRecorder {
+    epoch_ms: u64,
+    grid: Vec<f64>,
+    open: Option<OpenEpoch>,
+    done: Vec<OracleEpoch>,
+    /// The first reason the oracle could not run (then it stops).
+    error: Option<String>,
+}
+
+impl OracleRecorder {
+    pub fn new(epoch_ms: u64, grid: Vec<f64>) -> Self {
+        Self {
+            epoch_ms: epoch_ms.max(1),
+            grid,
+            open: None,
+            done: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// The node is about to act at event time `now_ms` (apply a command or
+    /// serve a batch): at a new epoch the previous one is evaluated and the
+    /// node copied.
+    pub fn enter(
+        &mut self,
+        node: &ServingNode,
+        now_ms: u64,
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+    ) {
+        let epoch = now_ms / self.epoch_ms;
+        if self.error.is_some() || self.open.as_ref().is_some_and(|o| o.index == epoch) {
+            return;
+        }
+        self.close(catalog, index);
+        match node.snapshot() {
+            Ok(before) => {
+                self.open = Some(OpenEpoch {
+                    index: epoch,
+                    before,
+                    alpha: None,
+                    batches: Vec::new(),
+                    latencies: Vec::new(),
+                })
+            }
+            Err(e) => self.error = Some(format!("node {}: {e}", node.id())),
+        }
+    }
+
+    /// A batch the node served at α `alpha`, with the latencies of its
+    /// requests that were answered.
+    pub fn record(&mut self, alpha: f64, batch: RecordedBatch, latencies: &[f64]) {
+        if let Some(o) = &mut self.open {
+            o.alpha.get_or_insert(alpha);
+            o.batches.push(batch);
+            o.latencies.extend_from_slice(latencies);
+        }
+    }
+
+    /// Evaluates the open epoch, if it served anything.
+    pub fn close(&mut self, catalog: &dyn ItemCatalog, index: &RetrievalIndex) {
+        let Some(mut o) = self.open.take() else {
+            return;
+        };
+        let Some(alpha) = o.alpha else { return };
+        match self.evaluate(&o, alpha, catalog, index) {
+            Ok(Some(epoch)) => self.done.push(epoch),
+            Ok(None) => {}
+            Err(e) => self.error = Some(format!("node {}: {e}", o.before.id())),
+        }
+        o.latencies.clear();
+    }
+
+    fn evaluate(
+        &self,
+        o: &OpenEpoch,
+        alpha: f64,
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+    ) -> Result<Option<OracleEpoch>, ServeError> {
+        let mut points = Vec::with_capacity(self.grid.len());
+        for &a in &self.grid {
+            points.push((a, replay_p99(&o.before, a, &o.batches, catalog, index)?));
+        }
+        let Some((alpha_star, p99_at_star_ms)) = alpha_star(&points) else {
+            return Ok(None);
+        };
+        let at_alpha = replay_p99(&o.before, alpha, &o.batches, catalog, index)?;
+        let mut run = o.latencies.clone();
+        run.sort_by(f64::total_cmp);
+        Ok(Some(OracleEpoch {
+            node: o.before.id(),
+            epoch_start_ms: o.index * self.epoch_ms,
+            requests: o
+                .batches
+                .iter()
+                .map(|b| (b.rank.len() + b.retrieve.len()) as u64)
+                .sum(),
+            alpha,
+            alpha_star,
+            // The run's own α shortened a history or failed a request:
+            // the run's P99 stands for it.
+            p99_at_alpha_ms: at_alpha.unwrap_or_else(|| percentile(&run, 0.99)),
+            p99_at_star_ms,
+            run_p99_ms: percentile(&run, 0.99),
+        }))
+    }
+
+    /// Every evaluated epoch (call [`OracleRecorder::close`] first for the
+    /// last), or why the oracle could not run.
+    pub fn take(&mut self) -> Result<Vec<OracleEpoch>, String> {
+        match &self.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(std::mem::take(&mut self.done)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::test_params;
+
+    /// Two feature ids per item.
+    struct Catalog(Vec<[u32; 2]>);
+
+    impl Catalog {
+        fn new() -> Self {
+            Self((0..2000u32).map(|i| [i % 200, (i * 7) % 300]).collect())
+        }
+    }
+
+    impl ItemCatalog for Catalog {
+        fn feature_ids(&self, item: u32) -> Option<&[u32]> {
+            self.0.get(item as usize).map(|f| &f[..])
+        }
+    }
+
+    fn index() -> RetrievalIndex {
+        RetrievalIndex::new((0..60u32).map(|i| (i * 3, [(i % 16) as u16, 0, 0])), 16).unwrap()
+    }
+
+    fn cost() -> grflow_kernels::cost::CostModel {
+        grflow_kernels::cost::CostModel {
+            preset: "small".into(),
+            machine: "test".into(),
+            gemm_gflops: 100.0,
+            beam_width: 8,
+            beam_top_k: 8,
+            prefill_ms: [0.2, 0.01, 0.0],
+            rank_ms: [0.3, 0.0, 0.0],
+            beam_ms: [1.0, 0.0],
+            fit_max_rel_err: 0.0,
+            overhead_ms: 0.0,
+            calibration_s: 0.0,
+        }
+    }
+
+    /// Epochs of rank requests from a few returning users with long
+    /// histories (so KV reuse and EMB hits both matter).
+    fn batches(epoch: u64, n: u64) -> Vec<RecordedBatch> {
+        (0..n)
+            .map(|i| {
+                let user = (i * 7 + epoch) % 12;
+                let len = 40 + (user as usize * 13) % 80;
+                RecordedBatch {
+                    now_ms: epoch * 1000 + i * 10,
+                    rank: vec![OwnedRank {
+                        req_id: epoch * 1000 + i,
+                        user_id: user,
+                        candidates: (0..30).map(|c| ((c * 31 + i * 17) % 1900) as u32).collect(),
+                        history: (0..len)
+                            .map(|h| ((user * 101 + h as u64 * 13) % 1900) as u32)
+                            .collect(),
+                    }],
+                    retrieve: Vec::new(),
+                }
+            })
+            .collect()
+    }
+
+    fn node() -> ServingNode {
+        let mut node = ServingNode::new(0, test_params()).unwrap();
+        node.set_virtual(cost());
+        node
+    }
+
+    #[test]
+    fn ties_go_to_the_median_alpha_within_one_percent() {
+        let points = [
+            (0.0, None),
+            (0.1, Some(5.0)),
+            (0.2, Some(2.01)),
+            (0.3, Some(2.0)),
+            (0.4, Some(2.015)),
+            (0.5, Some(2.5)),
+        ];
+        assert_eq!(alpha_star(&points), Some((0.3, 2.0)));
+        let points = [(0.2, Some(2.01)), (0.3, Some(2.0)), (0.6, Some(2.0))];
+        assert_eq!(alpha_star(&points), Some((0.3, 2.0)));
+        assert_eq!(alpha_star(&[(0.5, None)]), None);
+        assert_eq!(alpha_grid(0.01).len(), 101);
+        assert_eq!(alpha_grid(0.1)[3], 0.3);
+    }
+
+    #[test]
+    fn a_snapshot_serves_like_the_node_it_was_copied_from() {
+        let (catalog, index) = (Catalog::new(), index());
+        let mut a = node();
+        for b in batches(0, 30) {
+            b.replay(&mut a, &catalog, &index, &mut Vec::new()).unwrap();
+        }
+        a.set_alpha(0.3).unwrap();
+        let mut b = a.snapshot().unwrap();
+        let (mut la, mut lb) = (Vec::new(), Vec::new());
+        for batch in batches(1, 30) {
+            batch.replay(&mut a, &catalog, &index, &mut la).unwrap();
+            batch.replay(&mut b, &catalog, &index, &mut lb).unwrap();
+        }
+        assert_eq!(la, lb);
+        assert_eq!(a.counters(), b.counters());
+        assert_eq!(a.memory_stats(), b.memory_stats());
+        // A policy that learns online is refused by name.
+        let mut p = test_params();
+        p.memory.emb_policy = "laru".into();
+        let e = ServingNode::new(0, p).unwrap().snapshot().unwrap_err();
+        assert!(e.to_string().contains("emb_policy"), "{e}");
+    }
+
+    #[test]
+    fn the_recorder_reproduces_the_run_at_its_alpha_and_finds_a_no_worse_alpha() {
+        let (catalog, index) = (Catalog::new(), index());
+        let mut run = node();
+        let mut rec = OracleRecorder::new(1000, alpha_grid(0.1));
+        for epoch in 0..3 {
+            for (i, batch) in batches(epoch, 40).into_iter().enumerate() {
+                rec.enter(&run, batch.now_ms, &catalog, &index);
+                if i == 0 && epoch == 1 {
+                    // The allocator's move at the epoch's start.
+                    run.set_alpha(0.7).unwrap();
+                }
+                let mut lat = Vec::new();
+                batch.replay(&mut run, &catalog, &index, &mut lat).unwrap();
+                rec.record(run.alpha(), batch, &lat);
+            }
+        }
+        rec.close(&catalog, &index);
+        let epochs = rec.take().unwrap();
+        assert_eq!(epochs.len(), 3);
+        for e in &epochs {
+            assert_eq!(e.requests, 40);
+            // The replay at the run's α is the run.
+            assert_eq!(e.p99_at_alpha_ms, e.run_p99_ms, "{e:?}");
+            assert!(
+                e.p99_at_star_ms <= e.p99_at_alpha_ms * (1.0 + TIE_SHARE),
+                "{e:?}"
+            );
+            assert!((0.0..=1.0).contains(&e.alpha_star));
+        }
+        assert!((epochs[1].alpha - 0.7).abs() < 0.01, "{:?}", epochs[1]);
+        assert_eq!(epochs[2].epoch_start_ms, 2000);
+    }
+}
