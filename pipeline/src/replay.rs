@@ -17,11 +17,12 @@ use grflow_connectors::parquet::{
     load_side_tables,
 };
 use grflow_connectors::{ErrorRow, ResponseRow, WindowRow};
+use grflow_operators::allocator::oracle::{OracleEpoch, OracleRecorder, alpha_grid};
+use grflow_operators::cache::GuidedPolicy;
 use grflow_operators::router::RouterStats;
 use grflow_traces::{Request, Trace};
 
-use crate::config::Config;
-use crate::config::Speed;
+use crate::config::{Clock, Config, Release, Speed};
 use crate::dataflow::allocator::AllocatorStats;
 use crate::dataflow::source::Pacing;
 use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
@@ -67,6 +68,10 @@ pub struct ReplayOptions {
     /// Commands for the nodes, each applied at its event time (in
     /// `complete` mode exactly between the requests before and at it).
     pub commands: Vec<ScheduledCommand>,
+    /// The oracle α* per node and epoch (`windows.epoch_ms`) on an α grid
+    /// of this step (HLEM §V uses 0.01): the virtual clock, `complete`
+    /// release and `lru` caches only. Each epoch is replayed once per α.
+    pub oracle_step: Option<f64>,
 }
 
 impl ReplayOptions {
@@ -80,6 +85,7 @@ impl ReplayOptions {
             responses: ResponseOutput::Drop,
             counters: None,
             commands: Vec::new(),
+            oracle_step: None,
         }
     }
 }
@@ -100,6 +106,8 @@ pub struct ReplayOutput {
     /// Training (`allocator.sample`): every node's allocator decisions with
     /// their rewards, by node, in order.
     pub allocator_steps: Vec<(u32, grflow_operators::allocator::ppo::Step)>,
+    /// With `oracle_step`: α* of every node and epoch, by node then epoch.
+    pub oracle: Vec<OracleEpoch>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +187,7 @@ struct WorkerResult {
     by_mode: ModeTallies,
     errors: Vec<ErrorRow>,
     windows: Vec<WindowRow>,
+    oracle: Vec<OracleEpoch>,
     model_version: String,
     /// Cluster mode: the first worker of each process carries the
     /// process's job counters.
@@ -272,6 +281,10 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             .map_err(|e| ReplayError::Setup(format!("command at {} ms: {e}", c.at_ms)))?;
     }
     let release = cfg.run.replay_release();
+    if let Some(step) = opts.oracle_step {
+        check_oracle(&cfg, release, step)?;
+    }
+    let oracle_step = opts.oracle_step;
     // In cluster mode only process 0 writes responses (gathered to it).
     let response_output = if topo.is_leader() {
         opts.responses.clone()
@@ -330,6 +343,12 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             let router = Job::router(&worker_cfg, peers);
             let node = nodes.take(index);
             let allocator_stats: Rc<RefCell<AllocatorStats>> = Default::default();
+            let oracle = oracle_step.map(|step| {
+                Rc::new(RefCell::new(OracleRecorder::new(
+                    worker_cfg.windows.epoch_ms,
+                    alpha_grid(step),
+                )))
+            });
             let batch_writer = worker_writer.clone();
             let responses: dataflow::ResponseBatchSink =
                 Box::new(move |rows| batch_writer.lock().expect("lock").write(rows));
@@ -360,6 +379,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                         ),
                         live: None,
                         models: None,
+                        oracle: oracle.clone(),
                     },
                     counters: worker_counters.clone(),
                     responses,
@@ -383,6 +403,17 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             }
             let node = df.node.borrow();
             let windows = std::mem::take(&mut outputs.windows);
+            let oracle = match oracle {
+                Some(o) => {
+                    let mut o = o.borrow_mut();
+                    o.close(&*worker_side, &worker_side.retrieval);
+                    o.take().unwrap_or_else(|e| {
+                        *worker_setup_error.lock().expect("lock") = Some(format!("oracle: {e}"));
+                        Vec::new()
+                    })
+                }
+                None => Vec::new(),
+            };
             let gauge = *df.window_gauge.borrow();
             let c = node.counters();
             let busy = df.busy.borrow().shares(crate::events::now_ns());
@@ -424,6 +455,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 by_mode: outputs.by_mode,
                 errors: outputs.errors,
                 windows,
+                oracle,
                 model_version: node.model_version().to_string(),
                 counters: None,
             };
@@ -483,6 +515,40 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     Ok(out)
 }
 
+/// The oracle replays a node's epochs: it needs a deterministic node.
+fn check_oracle(cfg: &Config, release: Release, step: f64) -> Result<(), ReplayError> {
+    if !(step > 0.0 && step <= 1.0) {
+        return Err(ReplayError::Setup(format!(
+            "the oracle's alpha step must be in (0, 1] (got {step})"
+        )));
+    }
+    if cfg.run.clock != Clock::Virtual || release != Release::Complete {
+        return Err(ReplayError::Setup(
+            "the oracle alpha* replays epochs on the virtual clock: it needs run.clock = \"virtual\" \
+             and run.release = \"complete\""
+                .into(),
+        ));
+    }
+    let m = &cfg.memory;
+    for (field, name) in [
+        ("emb_policy", &m.emb_policy),
+        ("user_kv_policy", &m.user_kv_policy),
+        ("item_kv_policy", &m.item_kv_policy),
+    ] {
+        let copyable = GuidedPolicy::new(name, 1)
+            .ok()
+            .and_then(|p| p.try_clone())
+            .is_some();
+        if !copyable {
+            return Err(ReplayError::Setup(format!(
+                "the oracle alpha* needs eviction policies that decide by their state alone \
+                 (lru): memory.{field} = {name:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn assemble(
     results: Vec<WorkerResult>,
     cfg: &Config,
@@ -506,12 +572,14 @@ fn assemble(
         by_mode.merge(&r.by_mode);
         out.errors.extend(r.errors);
         out.windows.extend(r.windows);
+        out.oracle.extend(r.oracle);
         router.merge(&r.router);
         nodes.push(r.node);
         model_version = r.model_version;
     }
     out.errors.sort_by(|a, b| a.position.cmp(&b.position));
     sort_windows(&mut out.windows);
+    out.oracle.sort_by_key(|e| (e.node, e.epoch_start_ms));
     // Stable: each node's decisions keep their order.
     out.allocator_steps = std::mem::take(&mut allocator.steps);
     out.allocator_steps.sort_by_key(|(node, _)| *node);

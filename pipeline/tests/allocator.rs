@@ -224,3 +224,74 @@ fn the_shipped_policy_loads_with_its_provenance() {
     let state = [0.3, 0.4, 0.8, 0.2, 0.3, 0.8, 0.9];
     assert!(ACTIONS[p.greedy(&state, true)] < 0.0);
 }
+
+/// A fixed cost model (no calibration in tests): 0.05 ms per new token
+/// of prefill and 0.01 per cached one, 0.5 ms to rank, 2 ms of beam search.
+fn cost() -> grflow_kernels::cost::CostModel {
+    grflow_kernels::cost::CostModel {
+        preset: "small".into(),
+        machine: "test".into(),
+        gemm_gflops: 100.0,
+        beam_width: 32,
+        beam_top_k: 32,
+        prefill_ms: [0.1, 0.05, 0.01],
+        rank_ms: [0.5, 0.0, 0.0],
+        beam_ms: [2.0, 0.0],
+        fit_max_rel_err: 0.0,
+        overhead_ms: 0.0,
+        calibration_s: 0.0,
+    }
+}
+
+fn oracle_run(trace: &Arc<Trace>, edit: impl FnOnce(&mut Config)) -> Result<ReplayOutput, String> {
+    let mut cfg = Config::embedded();
+    cfg.run.workers = 2;
+    cfg.run.speed = "max".into();
+    cfg.run.clock = Clock::Virtual;
+    cfg.run.release = ReleaseSetting::Complete;
+    cfg.run.slo_ms = SloMs::both(0.001);
+    cfg.windows.epoch_ms = 1_000;
+    cfg.allocator.policy = AllocatorPolicy::Pid;
+    cfg.allocator.min_requests = 5;
+    cfg.cost.model = Some(cost());
+    edit(&mut cfg);
+    let opts = ReplayOptions {
+        oracle_step: Some(0.1),
+        ..ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg)
+    };
+    replay(opts).map_err(|e| e.to_string())
+}
+
+#[test]
+fn the_oracle_replays_each_epoch_of_a_run_and_reproduces_its_p99_at_the_runs_alpha() {
+    let trace = trace();
+    let out = oracle_run(&trace, |_| {}).unwrap();
+    assert!(out.oracle.len() >= 10, "{} epochs", out.oracle.len());
+    let served: u64 = out.oracle.iter().map(|e| e.requests).sum();
+    assert_eq!(served, trace.requests.len() as u64);
+    for e in &out.oracle {
+        // The copy of the node at the epoch's start, replaying the run's
+        // own α moves, is the run (through the dataflow, command timing
+        // included).
+        assert_eq!(e.p99_at_alpha_ms, e.run_p99_ms, "{e:?}");
+        assert!((0.0..=1.0).contains(&e.alpha_star), "{e:?}");
+        assert!(e.p99_at_star_ms > 0.0, "{e:?}");
+    }
+    // pid moved α (the SLO is never met), so the run's α varies by epoch.
+    assert!(out.oracle.iter().any(|e| (e.alpha - 0.25).abs() > 0.01));
+    // Epochs are ordered by node, then time.
+    assert!(
+        out.oracle
+            .windows(2)
+            .all(|w| (w[0].node, w[0].epoch_start_ms) < (w[1].node, w[1].epoch_start_ms))
+    );
+}
+
+#[test]
+fn the_oracle_refuses_a_nondeterministic_node_by_name() {
+    let trace = trace();
+    let e = oracle_run(&trace, |c| c.run.clock = Clock::Event).unwrap_err();
+    assert!(e.contains("run.clock = \"virtual\""), "{e}");
+    let e = oracle_run(&trace, |c| c.memory.user_kv_policy = "laru".into()).unwrap_err();
+    assert!(e.contains("memory.user_kv_policy = \"laru\""), "{e}");
+}

@@ -65,6 +65,7 @@ fn check_bounds(requests: u64, users: u64, [router_max, hot_max, node_max]: [usi
         responses: ResponseOutput::Drop,
         counters: None,
         commands: Vec::new(),
+        oracle_step: None,
     })
     .unwrap();
     let s = &out.summary;
@@ -177,6 +178,7 @@ fn speed_max_keeps_the_source_within_max_ahead_of_the_answered_frontier() {
             responses: ResponseOutput::Drop,
             counters: Some(counters.clone()),
             commands: Vec::new(),
+            oracle_step: None,
         };
         let job = std::thread::spawn(move || replay(opts));
         let mut peak = 0;

@@ -98,6 +98,7 @@ fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand], fed_back: Option<(u64,
                 Ingest::Bad(_) => None,
             });
             let parts = ServingParts {
+                oracle: None,
                 router,
                 node,
                 side: side.clone(),

@@ -73,6 +73,7 @@ fn a_bad_row_and_an_unreadable_row_group_are_counted_in_and_answered_per_row() {
         responses: grflow_pipeline::replay::ResponseOutput::Collect,
         counters: None,
         commands: Vec::new(),
+        oracle_step: None,
     })
     .unwrap();
     let s = &out.summary;

@@ -25,6 +25,7 @@ fn run(cfg: &Config, trace: &Arc<Trace>) -> ReplayOutput {
         responses: ResponseOutput::Collect,
         counters: None,
         commands: Vec::new(),
+        oracle_step: None,
     })
     .unwrap()
 }

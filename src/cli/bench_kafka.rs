@@ -141,6 +141,7 @@ fn run_both(
         responses: grflow_pipeline::replay::ResponseOutput::Drop,
         counters: None,
         commands: Vec::new(),
+        oracle_step: None,
     })
     .context("Parquet replay")?;
     let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;

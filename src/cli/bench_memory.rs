@@ -177,6 +177,7 @@ fn measure(
             responses: ResponseOutput::Drop,
             counters: Some(job_counters),
             commands: Vec::new(),
+            oracle_step: None,
         })
     });
     let interval = Duration::from_secs_f64(args.interval_s);

@@ -318,6 +318,7 @@ fn replay(trace: &Arc<Trace>, config: Config) -> anyhow::Result<Summary> {
         responses: ResponseOutput::Drop,
         counters: None,
         commands: Vec::new(),
+        oracle_step: None,
     })
     .context("replay")?;
     Ok(out.summary)

@@ -129,6 +129,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         responses,
         counters: None,
         commands: Vec::new(),
+        oracle_step: None,
     })
     .map_err(|e| match e {
         ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),

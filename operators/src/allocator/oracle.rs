@@ -50,6 +50,8 @@ pub struct OwnedRetrieve {
 #[derive(Clone, Debug, Default)]
 pub struct RecordedBatch {
     pub now_ms: u64,
+    /// α the node served it at.
+    pub alpha: f64,
     pub rank: Vec<OwnedRank>,
     pub retrieve: Vec<OwnedRetrieve>,
 }
@@ -105,10 +107,12 @@ pub struct OracleEpoch {
     pub node: u32,
     pub epoch_start_ms: u64,
     pub requests: u64,
-    /// α the run served the epoch with (at its first batch).
+    /// α the run served the epoch with: its last batch's, the decision
+    /// for the epoch (a command made from the previous window applies from
+    /// the epoch's second millisecond).
     pub alpha: f64,
     pub alpha_star: f64,
-    /// P99 of the replay at the run's α, and at α*.
+    /// P99 of the replay of the run's own α over the epoch, and at α*.
     pub p99_at_alpha_ms: f64,
     pub p99_at_star_ms: f64,
     /// P99 the run measured for these requests (the replay at α
@@ -116,21 +120,29 @@ pub struct OracleEpoch {
     pub run_p99_ms: f64,
 }
 
-/// The P99 of the epoch's `batches` replayed from `before` at `alpha`;
-/// `None` when that α fails a request or shortens a history.
+/// The P99 of the epoch's `batches` replayed from `before` at `alpha`
+/// (`None`: at each batch's own α, as the run moved it); `None` when that
+/// fails a request or shortens a history.
 pub fn replay_p99(
     before: &ServingNode,
-    alpha: f64,
+    alpha: Option<f64>,
     batches: &[RecordedBatch],
     catalog: &dyn ItemCatalog,
     index: &RetrievalIndex,
 ) -> Result<Option<f64>, ServeError> {
     let mut node = before.snapshot()?;
-    if node.set_alpha(alpha).is_err() {
-        return Ok(None);
-    }
     let mut latencies = Vec::new();
-    for b in batches {
+    for (i, b) in batches.iter().enumerate() {
+        let at = match alpha {
+            Some(a) if i == 0 => Some(a),
+            Some(_) => None,
+            None => Some(b.alpha).filter(|a| (a - node.alpha()).abs() > 1e-9),
+        };
+        if let Some(a) = at
+            && node.set_alpha(a).is_err()
+        {
+            return Ok(None);
+        }
         if b.replay(&mut node, catalog, index, &mut latencies)
             .is_none()
         {
@@ -218,11 +230,11 @@ impl OracleRecorder {
         }
     }
 
-    /// A batch the node served at α `alpha`, with the latencies of its
-    /// requests that were answered.
-    pub fn record(&mut self, alpha: f64, batch: RecordedBatch, latencies: &[f64]) {
+    /// A batch the node served, with the latencies of its requests that
+    /// were answered.
+    pub fn record(&mut self, batch: RecordedBatch, latencies: &[f64]) {
         if let Some(o) = &mut self.open {
-            o.alpha.get_or_insert(alpha);
+            o.alpha = Some(batch.alpha);
             o.batches.push(batch);
             o.latencies.extend_from_slice(latencies);
         }
@@ -251,12 +263,15 @@ impl OracleRecorder {
     ) -> Result<Option<OracleEpoch>, ServeError> {
         let mut points = Vec::with_capacity(self.grid.len());
         for &a in &self.grid {
-            points.push((a, replay_p99(&o.before, a, &o.batches, catalog, index)?));
+            points.push((
+                a,
+                replay_p99(&o.before, Some(a), &o.batches, catalog, index)?,
+            ));
         }
         let Some((alpha_star, p99_at_star_ms)) = alpha_star(&points) else {
             return Ok(None);
         };
-        let at_alpha = replay_p99(&o.before, alpha, &o.batches, catalog, index)?;
+        let at_alpha = replay_p99(&o.before, None, &o.batches, catalog, index)?;
         let mut run = o.latencies.clone();
         run.sort_by(f64::total_cmp);
         Ok(Some(OracleEpoch {
@@ -269,8 +284,8 @@ impl OracleRecorder {
                 .sum(),
             alpha,
             alpha_star,
-            // The run's own α shortened a history or failed a request:
-            // the run's P99 stands for it.
+            // The run shortened a history or failed a request: its own
+            // P99 stands for it.
             p99_at_alpha_ms: at_alpha.unwrap_or_else(|| percentile(&run, 0.99)),
             p99_at_star_ms,
             run_p99_ms: percentile(&run, 0.99),
@@ -336,6 +351,7 @@ mod tests {
                 let len = 40 + (user as usize * 13) % 80;
                 RecordedBatch {
                     now_ms: epoch * 1000 + i * 10,
+                    alpha: 0.0,
                     rank: vec![OwnedRank {
                         req_id: epoch * 1000 + i,
                         user_id: user,
@@ -404,15 +420,16 @@ mod tests {
         let mut run = node();
         let mut rec = OracleRecorder::new(1000, alpha_grid(0.1));
         for epoch in 0..3 {
-            for (i, batch) in batches(epoch, 40).into_iter().enumerate() {
+            for (i, mut batch) in batches(epoch, 40).into_iter().enumerate() {
                 rec.enter(&run, batch.now_ms, &catalog, &index);
-                if i == 0 && epoch == 1 {
-                    // The allocator's move at the epoch's start.
+                if i == 1 && epoch == 1 {
+                    // The allocator's move after the epoch's first batch.
                     run.set_alpha(0.7).unwrap();
                 }
                 let mut lat = Vec::new();
+                batch.alpha = run.alpha();
                 batch.replay(&mut run, &catalog, &index, &mut lat).unwrap();
-                rec.record(run.alpha(), batch, &lat);
+                rec.record(batch, &lat);
             }
         }
         rec.close(&catalog, &index);

@@ -32,6 +32,7 @@ use timely::worker::Worker;
 
 use grflow_connectors::RequestSource;
 use grflow_connectors::{ErrorRow, ResponseRow};
+use grflow_operators::allocator::oracle::OracleRecorder;
 use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::batching::BatchPolicy;
 use grflow_operators::node::{DeadlineShedder, ServingNode};
@@ -135,6 +136,8 @@ pub struct ServingParts {
     pub live: Option<control::LiveControl>,
     /// Where a `SwapModel` command finds its model's parameters.
     pub models: Option<Arc<crate::models::ModelRegistry>>,
+    /// The oracle α* follows this worker's node (bench allocator).
+    pub oracle: Option<Rc<RefCell<OracleRecorder>>>,
 }
 
 /// Turns the node events and the closed windows into commands for the
@@ -221,6 +224,7 @@ pub fn serving<'s>(
         wall_ns: crate::events::now_ns,
         completed_tokens: vec![0.0; scope.peers()],
         models: parts.models,
+        oracle: parts.oracle,
     };
     let events = node::serve(routed, controls, node_parts, parts.release);
 

@@ -15,6 +15,9 @@ use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::vec::Map;
 
 use grflow_connectors::{ErrorRow, ResponseRow};
+use grflow_operators::allocator::oracle::{
+    OracleRecorder, OwnedRank, OwnedRetrieve, RecordedBatch,
+};
 use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::batching::{BatchPolicy, Next, Queued};
 use grflow_operators::node::{
@@ -48,6 +51,8 @@ pub struct NodeParts {
     pub completed_tokens: Vec<f64>,
     /// Trained models a `SwapModel` command may name (`serve`).
     pub models: Option<Arc<crate::models::ModelRegistry>>,
+    /// The oracle α*: sees the node before each epoch and every batch.
+    pub oracle: Option<Rc<RefCell<OracleRecorder>>>,
 }
 
 impl NodeParts {
@@ -85,6 +90,10 @@ impl EventOperator for NodeParts {
     fn on_control(&mut self, time: u64, mut commands: Vec<NodeControl>) {
         commands.sort_by_key(|c| c.seq);
         let mut node = self.node.borrow_mut();
+        if let Some(o) = &self.oracle {
+            o.borrow_mut()
+                .enter(&node, time, &*self.side, &self.side.retrieval);
+        }
         for c in commands {
             if let NodeCommand::SwapModel { path, version } = &c.command {
                 self.swap(&mut node, time, path, version);
@@ -393,6 +402,10 @@ impl NodeParts {
             .max()
             .unwrap_or(0);
         let mut node = self.node.borrow_mut();
+        if let Some(o) = &self.oracle {
+            o.borrow_mut().enter(&node, now_ms, side, &side.retrieval);
+        }
+        let alpha = node.alpha();
         record_waits(
             &mut node,
             (self.wall_ns)(),
@@ -404,6 +417,35 @@ impl NodeParts {
             node.serve_step(now_ms, &work, &retrieve_work, side, &side.retrieval)
         };
         drop(node);
+        if let Some(o) = &self.oracle {
+            let batch = RecordedBatch {
+                now_ms,
+                alpha,
+                rank: work
+                    .iter()
+                    .map(|w| OwnedRank {
+                        req_id: w.req.req_id,
+                        user_id: w.req.user_id,
+                        candidates: w.req.candidates.to_vec(),
+                        history: w.history.to_vec(),
+                    })
+                    .collect(),
+                retrieve: retrieve_work
+                    .iter()
+                    .map(|w| OwnedRetrieve {
+                        req_id: w.req.req_id,
+                        user_id: w.req.user_id,
+                        history: w.history.to_vec(),
+                    })
+                    .collect(),
+            };
+            let latencies: Vec<f64> = results
+                .iter()
+                .chain(&retrieved)
+                .filter_map(|r| r.as_ref().ok().map(|s| s.modelled_latency_ms))
+                .collect();
+            o.borrow_mut().record(batch, &latencies);
+        }
         for ((s, recovered_late), result) in members.into_iter().zip(results) {
             let served = result.map_err(|e| e.to_string());
             self.emit(s, recovered_late, served, &mut out[s.slot]);
@@ -624,6 +666,7 @@ mod tests {
             wall_ns: stepping_clock,
             completed_tokens: Vec::new(),
             models: None,
+            oracle: None,
         };
         let routed = trace
             .requests

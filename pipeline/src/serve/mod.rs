@@ -412,6 +412,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     ),
                     live: Some(live.clone()),
                     models: Some(worker_models.clone()),
+                    oracle: None,
                 },
             );
             // Answers go back to the worker that read the request (in
