@@ -1,7 +1,8 @@
 //! `grflow bench allocator` smoke run: one regime, the static sweep, every
-//! policy, on the virtual clock with a calibration made by `grflow
-//! calibrate`; the `ppo-only` and `smart` rows use a policy that `grflow
-//! train-allocator` trains first (two tiny iterations).
+//! policy followed by the oracle α* (on a coarse grid), on the virtual
+//! clock with a calibration made by `grflow calibrate`; the `ppo-only` and
+//! `smart` rows use a policy that `grflow train-allocator` trains first
+//! (two tiny iterations).
 
 use serde_json::Value;
 
@@ -78,8 +79,12 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
             "--sweep",
             "--slo-ms",
             "2",
+            "--oracle-step",
+            "0.25",
             "--json",
         ])
+        .arg("--out")
+        .arg(dir.join("plots"))
         .arg("--policy")
         .arg(&policy)
         .arg("--config")
@@ -107,6 +112,43 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     for learned in &rows[4..] {
         assert!(learned["p99_ms"].as_f64().unwrap() > 0.0, "{learned}");
     }
+    // Every policy's run is followed by the oracle.
+    assert_eq!(report["oracle_step"].as_f64(), Some(0.25));
+    for r in rows {
+        assert!(r["oracle_epochs"].as_u64().unwrap() > 0, "{r}");
+        let gap = r["oracle_gap"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&gap), "{r}");
+        assert!(r["alpha_star_std"].as_f64().unwrap() >= 0.0, "{r}");
+        assert!(r["p99_regret_ms"].as_f64().unwrap().is_finite(), "{r}");
+    }
+    for plot in ["alpha-burst.svg", "p99-burst.svg", "sweep.svg"] {
+        let svg = std::fs::read_to_string(dir.join("plots").join(plot)).unwrap();
+        assert!(svg.contains("<polyline"), "{plot}");
+    }
+    let alpha_plot = std::fs::read_to_string(dir.join("plots/alpha-burst.svg")).unwrap();
+    assert!(alpha_plot.contains("alpha* node"), "α* is drawn");
+    // The oracle needs a deterministic node: a learning cache is refused
+    // by name before any run.
+    let laru = dir.join("laru.toml");
+    std::fs::write(
+        &laru,
+        std::fs::read_to_string(&config).unwrap() + "[memory]\nemb_policy = \"laru\"\n",
+    )
+    .unwrap();
+    let refused = grflow()
+        .args(["bench", "allocator", "--regime", "burst"])
+        .arg("--config")
+        .arg(&laru)
+        .arg("--calibration")
+        .arg(&calibration)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("memory.emb_policy = \"laru\""),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     // A policy file that is not one is refused by name.
     let bad_policy = grflow()
         .args(["bench", "allocator", "--regime", "burst", "--policy"])

@@ -3,10 +3,12 @@
 //! With `--sweep`, static α ∈ {0.0, 0.1, …, 1.0} per regime first, which
 //! gives the best static α (`kv-emb-opt`, chosen on a training seed and
 //! evaluated on the bench seed) and the per-epoch best static α (how much
-//! α* moves over a run). The oracle α* of HLEM §V (state restored per
-//! epoch) is not built: `sweep_alpha_star_std` is the static-sweep proxy.
-//! An α whose KV share cannot hold the histories (they are truncated, so
-//! the answers change) is never kv-emb-opt's pick nor an epoch's best.
+//! α* moves over a run). Every policy's run is followed by the oracle α*
+//! of HLEM §V (each node's epoch replayed from its state at the epoch's
+//! start at every α of the grid), which gives the oracle gap, the P99
+//! regret and how much α* moves. An α whose KV share cannot hold the
+//! histories (they are truncated, so the answers change) is never
+//! kv-emb-opt's pick, an epoch's best, nor α*.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,6 +16,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use grflow_operators::allocator::AllocatorPolicy;
+use grflow_operators::allocator::oracle::OracleEpoch;
+use grflow_pipeline::plot::{LineChart, Series};
 use grflow_pipeline::replay::ReplayOutput;
 use grflow_pipeline::{Clock, Config, ReleaseSetting, ReplayOptions, TraceInput};
 use grflow_traces::{Regime, Trace};
@@ -48,6 +52,18 @@ pub struct Args {
     /// trained for one SLO, so pass the one it was trained with.
     #[arg(long)]
     pub slo_ms: Option<f64>,
+    /// Grid step of the oracle α* (HLEM §V: 0.01, 101 replays of every
+    /// epoch; 0.05 costs a fifth of that).
+    #[arg(long, default_value_t = 0.01)]
+    pub oracle_step: f64,
+    /// Runs the policies without the oracle (paper-shaped presets: their
+    /// 8 nodes and long histories make 101 replays per epoch too slow).
+    #[arg(long)]
+    pub no_oracle: bool,
+    /// Writes SVG plots here: per regime α over time against α* (the
+    /// oracle's, per node), P99 per policy, and the sweep's P99 against α.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -69,6 +85,15 @@ struct Row {
     decision_us_p99: f64,
     /// 1 − p99 / p99 of kv-emb-opt (positive: lower p99).
     p99_reduction_vs_kv_emb_opt: Option<f64>,
+    /// Mean |α − α*| over node-epochs (the oracle's; `None` without it).
+    oracle_gap: Option<f64>,
+    /// Mean over node-epochs of the replayed P99 at the run's α minus the
+    /// P99 at α*.
+    p99_regret_ms: Option<f64>,
+    /// Std of α* over epochs (per node, averaged over nodes).
+    alpha_star_std: Option<f64>,
+    /// Node-epochs the oracle evaluated.
+    oracle_epochs: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -98,6 +123,8 @@ struct Report {
     sweep: Vec<SweepPoint>,
     /// Per regime: the std over epochs of the per-epoch best static α.
     sweep_alpha_star_std: BTreeMap<String, f64>,
+    /// The oracle's α grid step (`None`: not run).
+    oracle_step: Option<f64>,
     wall_s: f64,
 }
 
@@ -142,13 +169,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let t = t.gen_config().map_err(InputError::from_display)?;
         Ok(Arc::new(grflow_traces::generate(&t)))
     };
-    let run = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64| {
+    let oracle_step = if args.no_oracle {
+        None
+    } else if args.oracle_step > 0.0 && args.oracle_step <= 1.0 {
+        Some(args.oracle_step)
+    } else {
+        return Err(InputError::from_display(format!(
+            "--oracle-step must be in (0, 1] (got {})",
+            args.oracle_step
+        )));
+    };
+    let run_with = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64, oracle: bool| {
         let mut cfg = base.clone();
         cfg.memory.alpha = alpha;
         cfg.allocator.policy = policy;
-        grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
-            .context("replay")
+        let mut opts = ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg);
+        opts.oracle_step = oracle_step.filter(|_| oracle);
+        grflow_pipeline::replay(opts).map_err(|e| match e {
+            // The config's setting the oracle cannot run with.
+            grflow_pipeline::replay::ReplayError::Setup(m) => InputError::from_display(m),
+            e => anyhow::Error::new(e).context("replay"),
+        })
     };
+    let run = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64| {
+        run_with(trace, policy, alpha, false)
+    };
+    let mut plots = Plots::default();
 
     let mut rows = Vec::new();
     let mut sweep = Vec::new();
@@ -185,6 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 outs.push((alpha, bench));
             }
             alpha_star_std.insert(name.clone(), per_epoch_best_std(&outs));
+            plots.sweep(&name, &outs);
         }
         let mut policies: Vec<(&str, AllocatorPolicy, f64)> = vec![
             ("static", AllocatorPolicy::Static, base.memory.alpha),
@@ -200,17 +247,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let mut reference = None;
         for (label, policy, alpha) in policies {
-            let out = run(&bench_trace, policy, alpha)?;
+            let started = std::time::Instant::now();
+            let out = run_with(&bench_trace, policy, alpha, true)?;
+            let oracle = OracleFigures::of(&out.oracle);
+            plots.policy_run(&name, label, &out);
             let s = &out.summary;
             let alloc = s.allocator.clone();
             if label == "kv-emb-opt" {
                 reference = Some(s.latency_ms.p99);
             }
             eprintln!(
-                "{name} {label:>10}: p99 {:.2} ms, SLO {:.1}%, alpha moves {}",
+                "{name} {label:>10}: p99 {:.2} ms, SLO {:.1}%, alpha moves {}{} ({:.0} s)",
                 s.latency_ms.p99,
                 s.slo_satisfaction * 100.0,
-                alloc.as_ref().map_or(0, |a| a.alpha_moves)
+                alloc.as_ref().map_or(0, |a| a.alpha_moves),
+                oracle.as_ref().map_or(String::new(), |o| format!(
+                    ", oracle gap {:.3}, p99 regret {:.3} ms, alpha* std {:.3}",
+                    o.gap, o.regret_ms, o.star_std
+                )),
+                started.elapsed().as_secs_f64()
             );
             rows.push(Row {
                 regime: name.clone(),
@@ -228,6 +283,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 decision_us_p99: alloc.as_ref().map_or(0.0, |a| a.decision_us_p99),
                 p99_reduction_vs_kv_emb_opt: reference
                     .map(|r| 1.0 - s.latency_ms.p99 / r.max(1e-9)),
+                oracle_gap: oracle.as_ref().map(|o| o.gap),
+                p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
+                alpha_star_std: oracle.as_ref().map(|o| o.star_std),
+                oracle_epochs: out.oracle.len() as u64,
             });
         }
     }
@@ -242,24 +301,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         rows,
         sweep,
         sweep_alpha_star_std: alpha_star_std,
+        oracle_step,
         wall_s: started.elapsed().as_secs_f64(),
     };
+    if let Some(dir) = &args.out {
+        for path in plots.write(dir)? {
+            eprintln!("wrote {}", path.display());
+        }
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6}",
-            "regime", "policy", "alpha0", "p99 ms", "SLO %", "moves"
+            "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6} {:>7} {:>10} {:>8}",
+            "regime", "policy", "alpha0", "p99 ms", "SLO %", "moves", "gap", "regret ms", "a* std"
         );
+        let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
         for r in &report.rows {
             println!(
-                "{:<8} {:<11} {:>6.2} {:>9.2} {:>7.1} {:>6}",
+                "{:<8} {:<11} {:>6.2} {:>9.2} {:>7.1} {:>6} {:>7} {:>10} {:>8}",
                 r.regime,
                 r.policy,
                 r.alpha_start,
                 r.p99_ms,
                 r.slo_satisfaction * 100.0,
-                r.alpha_moves
+                r.alpha_moves,
+                opt(r.oracle_gap),
+                opt(r.p99_regret_ms),
+                opt(r.alpha_star_std)
             );
         }
         for (regime, std) in &report.sweep_alpha_star_std {
@@ -345,4 +414,156 @@ fn per_epoch_best_std(runs: &[(f64, ReplayOutput)]) -> f64 {
     }
     let mean = best.iter().sum::<f64>() / best.len() as f64;
     (best.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / best.len() as f64).sqrt()
+}
+
+/// What the oracle says about one run.
+#[derive(Debug)]
+struct OracleFigures {
+    gap: f64,
+    regret_ms: f64,
+    star_std: f64,
+}
+
+impl OracleFigures {
+    fn of(epochs: &[OracleEpoch]) -> Option<Self> {
+        if epochs.is_empty() {
+            return None;
+        }
+        let n = epochs.len() as f64;
+        let mut per_node: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+        for e in epochs {
+            per_node.entry(e.node).or_default().push(e.alpha_star);
+        }
+        let stds: Vec<f64> = per_node.values().map(|v| std_dev(v)).collect();
+        Some(Self {
+            gap: epochs
+                .iter()
+                .map(|e| (e.alpha - e.alpha_star).abs())
+                .sum::<f64>()
+                / n,
+            regret_ms: epochs
+                .iter()
+                .map(|e| e.p99_at_alpha_ms - e.p99_at_star_ms)
+                .sum::<f64>()
+                / n,
+            star_std: stds.iter().sum::<f64>() / stds.len() as f64,
+        })
+    }
+}
+
+fn std_dev(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    (v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+}
+
+/// The bench's pictures, gathered as the runs finish.
+#[derive(Default)]
+struct Plots {
+    /// Per regime: α over time of each policy that moves it and α* of
+    /// each node (from `smart`'s run, else the last with an oracle).
+    alpha: BTreeMap<String, LineChart>,
+    /// Per regime: P99 per window (mean over nodes) of every policy.
+    p99: BTreeMap<String, LineChart>,
+    sweep: Option<LineChart>,
+}
+
+impl Plots {
+    fn policy_run(&mut self, regime: &str, policy: &str, out: &ReplayOutput) {
+        let mean_by_window = |f: fn(&grflow_connectors::WindowRow) -> f64| {
+            let mut by: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+            for w in &out.windows {
+                let e = by.entry(w.window_start_ms).or_default();
+                e.0 += f(w);
+                e.1 += 1.0;
+            }
+            by.into_iter()
+                .map(|(t, (sum, n))| (t as f64 / 1e3, sum / n))
+                .collect::<Vec<_>>()
+        };
+        let p99 = self.p99.entry(regime.into()).or_insert_with(|| LineChart {
+            title: format!("{regime}: P99 per window (mean over nodes)"),
+            x_label: "event time (s)".into(),
+            y_label: "P99 (ms)".into(),
+            ..LineChart::default()
+        });
+        p99.series.push(Series {
+            name: policy.into(),
+            points: mean_by_window(|w| w.p99_ms),
+        });
+        let chart = self
+            .alpha
+            .entry(regime.into())
+            .or_insert_with(|| LineChart {
+                title: format!("{regime}: alpha per epoch against the oracle alpha*"),
+                x_label: "event time (s)".into(),
+                y_label: "alpha (EMB share)".into(),
+                y_range: Some((0.0, 1.0)),
+                ..LineChart::default()
+            });
+        if !matches!(policy, "static" | "kv-opt" | "kv-emb-opt") {
+            chart.series.push(Series {
+                name: format!("{policy} alpha"),
+                points: mean_by_window(|w| w.alpha),
+            });
+        }
+        if policy == "smart" || (policy == "pid" && !out.oracle.is_empty()) {
+            chart.series.retain(|s| !s.name.starts_with("alpha* "));
+            let mut nodes: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+            for e in &out.oracle {
+                nodes
+                    .entry(e.node)
+                    .or_default()
+                    .push((e.epoch_start_ms as f64 / 1e3, e.alpha_star));
+            }
+            for (node, points) in nodes {
+                chart.series.push(Series {
+                    name: format!("alpha* node {node} ({policy})"),
+                    points,
+                });
+            }
+        }
+    }
+
+    fn sweep(&mut self, regime: &str, runs: &[(f64, ReplayOutput)]) {
+        let chart = self.sweep.get_or_insert_with(|| LineChart {
+            title: "static alpha sweep: P99 against alpha".into(),
+            x_label: "alpha (EMB share)".into(),
+            y_label: "P99 (ms)".into(),
+            markers: true,
+            ..LineChart::default()
+        });
+        chart.series.push(Series {
+            name: regime.into(),
+            points: runs
+                .iter()
+                .filter(|(_, o)| o.summary.truncated_histories == 0)
+                .map(|(a, o)| (*a, o.summary.latency_ms.p99))
+                .collect(),
+        });
+    }
+
+    fn write(&self, dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut charts: Vec<(String, &LineChart)> = Vec::new();
+        for (regime, c) in &self.alpha {
+            charts.push((format!("alpha-{regime}.svg"), c));
+        }
+        for (regime, c) in &self.p99 {
+            charts.push((format!("p99-{regime}.svg"), c));
+        }
+        if let Some(c) = &self.sweep {
+            charts.push(("sweep.svg".into(), c));
+        }
+        let mut paths = Vec::new();
+        for (file, chart) in charts {
+            let path = dir.join(file);
+            std::fs::write(&path, chart.to_svg())
+                .with_context(|| format!("writing {}", path.display()))?;
+            paths.push(path);
+        }
+        Ok(paths)
+    }
 }
