@@ -474,6 +474,8 @@ fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
     };
     let mut node = ServingNode::new(0, params()).unwrap();
     node.set_virtual(cost);
+    // No model runs: the pool keeps page ownership but no floats.
+    assert!(node.memory().pool().is_metadata_only());
     let candidates: Vec<u32> = (100..120).collect();
     let req = |id| RankRequest {
         req_id: id,
