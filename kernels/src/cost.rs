@@ -60,6 +60,13 @@ impl CostModel {
         c
     }
 
+    /// The same model with the per-request host overhead × `scale` (0: the
+    /// device's compute and the link alone).
+    pub fn overhead_scaled(mut self, scale: f64) -> CostModel {
+        self.overhead_ms *= scale;
+        self
+    }
+
     pub fn prefill(&self, new: usize, cached: usize) -> f64 {
         if new == 0 {
             return 0.0;

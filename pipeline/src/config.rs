@@ -600,6 +600,10 @@ pub struct CostSection {
     /// device this many times as slow as the calibrating CPU (0.0004 ≈ an
     /// A100 against a ~130 GFLOP/s core; see configs/paper-*.toml).
     pub compute_scale: f64,
+    /// The per-request host overhead the calibration measured (router,
+    /// dataflow, lookups on this CPU) charged × this; 0 models the device's
+    /// compute and the link alone (configs/allocator-emb.toml).
+    pub overhead_scale: f64,
 }
 
 impl Default for CostSection {
@@ -608,6 +612,7 @@ impl Default for CostSection {
             calibration: None,
             model: None,
             compute_scale: 1.0,
+            overhead_scale: 1.0,
         }
     }
 }
@@ -712,6 +717,13 @@ impl Config {
             return Err(invalid(
                 "cost.compute_scale",
                 format!("must be > 0 (got {scale})"),
+            ));
+        }
+        let overhead = self.cost.overhead_scale;
+        if !(overhead.is_finite() && overhead >= 0.0) {
+            return Err(invalid(
+                "cost.overhead_scale",
+                format!("must be >= 0 (got {overhead})"),
             ));
         }
         if self.trace.min_history == 0 || self.trace.min_history > self.trace.max_history {
@@ -973,6 +985,29 @@ mod tests {
         d.trace.rps = 40.0;
         d.allocator.policy = AllocatorPolicy::Smart;
         assert_eq!(c, d);
+    }
+
+    #[test]
+    fn the_emb_kv_preset_is_the_allocator_preset_on_a_balanced_device() {
+        let c = Config::parse(
+            include_str!("../../configs/allocator-emb.toml"),
+            "configs/allocator-emb.toml",
+        )
+        .unwrap();
+        let mut d = Config::parse(
+            include_str!("../../configs/allocator-small.toml"),
+            "configs/allocator-small.toml",
+        )
+        .unwrap();
+        d.run.slo_ms = SloMs::both(0.05);
+        d.link.bandwidth_gbps = 8.0;
+        d.cost.compute_scale = 0.01;
+        d.cost.overhead_scale = 0.0;
+        d.allocator.policy_file = "configs/allocator-emb-ppo.safetensors".into();
+        assert_eq!(c, d);
+        // A negative overhead scale is refused by name.
+        let bad = Config::parse("[cost]\noverhead_scale = -1.0\n", "bad.toml").unwrap_err();
+        assert!(bad.to_string().contains("cost.overhead_scale"), "{bad}");
     }
 
     #[test]

@@ -24,9 +24,12 @@ pub enum ParamsError {
     Calibrate { preset: String, reason: String },
 }
 
-/// The virtual clock's cost model, scaled by `cost.compute_scale`.
+/// The virtual clock's cost model, scaled by `cost.compute_scale` and
+/// `cost.overhead_scale`.
 pub fn cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
-    Ok(fitted_cost_model(cfg)?.scaled(cfg.cost.compute_scale))
+    Ok(fitted_cost_model(cfg)?
+        .scaled(cfg.cost.compute_scale)
+        .overhead_scaled(cfg.cost.overhead_scale))
 }
 
 /// The fitted model, before `cost.compute_scale`: the one in hand

@@ -44,8 +44,8 @@ pub struct Args {
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// The PPO policy of the `ppo-only` and `smart` rows (a `grflow
-    /// train-allocator` file); default configs/allocator-ppo.safetensors
-    /// when it exists, else those rows are left out.
+    /// train-allocator` file); default the config's
+    /// `allocator.policy_file` when it exists, else those rows are left out.
     #[arg(long)]
     pub policy: Option<PathBuf>,
     /// The latency objective (run.slo_ms) of every run; a policy is
@@ -67,9 +67,6 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
 }
-
-/// Where `grflow train-allocator`'s shipped policy lives.
-pub const SHIPPED_POLICY: &str = "configs/allocator-ppo.safetensors";
 
 #[derive(Debug, Serialize)]
 struct Row {
@@ -146,7 +143,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )));
         }
         Some(p) => Some(p.clone()),
-        None => Some(PathBuf::from(SHIPPED_POLICY)).filter(|p| p.is_file()),
+        // The config's `allocator.policy_file` (the embedded default's is
+        // the shipped policy).
+        None => Some(PathBuf::from(&base.allocator.policy_file)).filter(|p| p.is_file()),
     };
     if let Some(p) = &policy_file {
         // Read it now, so that a file that is not a policy is the user's
