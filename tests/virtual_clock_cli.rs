@@ -64,6 +64,48 @@ fn calibrate_then_replay_on_the_virtual_clock() {
         "virtual p50 {v} ms vs wall {w} ms"
     );
 
+    // The oracle α* follows the nodes: every epoch of every node, and the
+    // replay at the run's own α is the run.
+    let oracle_dir = dir.join("oracle");
+    let o = ok(grflow()
+        .args([
+            "replay",
+            "--quiet",
+            "--json",
+            "--oracle-step",
+            "0.25",
+            "--config",
+        ])
+        .arg(&config)
+        .args(args)
+        .arg("--out")
+        .arg(&oracle_dir)
+        .output()
+        .unwrap());
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        summary["latency_ms"], a["latency_ms"],
+        "the oracle changes nothing"
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("oracle: "));
+    let epochs: Value =
+        serde_json::from_slice(&std::fs::read(oracle_dir.join("oracle.json")).unwrap()).unwrap();
+    let epochs = epochs.as_array().unwrap();
+    assert!(!epochs.is_empty());
+    let requests: u64 = epochs.iter().map(|e| e["requests"].as_u64().unwrap()).sum();
+    assert_eq!(requests, 400);
+    for e in epochs {
+        assert_eq!(e["p99_at_alpha_ms"], e["run_p99_ms"], "{e}");
+    }
+    // On the wall clock it is refused by name.
+    let refused = grflow()
+        .args(["replay", "--quiet", "--oracle-step", "0.25", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("virtual"));
+
     // A calibration for another preset is refused by name.
     let hstu = dir.join("trace-hstu.toml");
     std::fs::write(&hstu, "[model]\npreset = \"hstu-3l\"\n").unwrap();

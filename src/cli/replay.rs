@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use grflow_connectors::parquet::{ErrorSink, WindowSink};
+use grflow_operators::allocator::oracle::OracleEpoch;
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{
     Clock, Config, ReleaseSetting, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput,
@@ -60,6 +61,11 @@ pub struct Args {
     /// trace's catalog); overrides model.weights.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Follow every node with the oracle α* (HLEM §V) on an α grid of this
+    /// step (0.01: 101 replays of every epoch): needs --clock virtual and
+    /// lru caches. Prints its gap and regret; with --out writes oracle.json.
+    #[arg(long)]
+    pub oracle_step: Option<f64>,
     #[command(flatten)]
     pub cluster: super::ClusterArgs,
 }
@@ -129,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         responses,
         counters: None,
         commands: Vec::new(),
-        oracle_step: None,
+        oracle_step: args.oracle_step,
     })
     .map_err(|e| match e {
         ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),
@@ -149,6 +155,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.out {
         write_outputs(dir, &output)
             .with_context(|| format!("writing outputs to {}", dir.display()))?;
+    }
+    if args.oracle_step.is_some() {
+        let n = output.oracle.len().max(1) as f64;
+        let mean = |f: &dyn Fn(&OracleEpoch) -> f64| output.oracle.iter().map(f).sum::<f64>() / n;
+        eprintln!(
+            "oracle: {} node-epochs, gap mean |alpha - alpha*| {:.3}, p99 regret {:.3} ms, \
+             mean alpha* {:.3}",
+            output.oracle.len(),
+            mean(&|e| (e.alpha - e.alpha_star).abs()),
+            mean(&|e| e.p99_at_alpha_ms - e.p99_at_star_ms),
+            mean(&|e| e.alpha_star),
+        );
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&output.summary)?);
@@ -173,6 +191,12 @@ fn write_outputs(dir: &Path, output: &ReplayOutput) -> anyhow::Result<()> {
     let mut errors = ErrorSink::create(&dir.join("errors.parquet"))?;
     errors.write(&output.errors)?;
     errors.finish()?;
+    if !output.oracle.is_empty() {
+        std::fs::write(
+            dir.join("oracle.json"),
+            serde_json::to_string_pretty(&output.oracle)?,
+        )?;
+    }
     for (name, chart) in grflow_pipeline::run_charts::run_charts(output) {
         std::fs::write(dir.join(name), chart.to_svg())?;
     }
