@@ -39,6 +39,9 @@ pub struct Lookup<'a> {
     pub host: &'a HostTables,
     pub shards: &'a ShardMap,
     pub residency: &'a mut Residency,
+    /// Whether token values are summed: the virtual clock runs no model
+    /// and needs only the cache traffic (the tokens stay zero).
+    pub values: bool,
 }
 
 impl Lookup<'_> {
@@ -66,11 +69,15 @@ impl Lookup<'_> {
                 stats.lookups += 1;
                 if let Some(values) = self.memory.emb_lookup(table, row) {
                     stats.hits += 1;
-                    add(token, values);
+                    if self.values {
+                        add(token, values);
+                    }
                     continue;
                 }
                 let values = self.host.row(table, row);
-                add(token, values);
+                if self.values {
+                    add(token, values);
+                }
                 stats.miss_bytes += self.host.row_bytes();
                 let evicted = self.memory.emb_insert(table, row, values);
                 if self.memory.emb_contains(table, row) {
@@ -214,6 +221,7 @@ mod tests {
             host: &host,
             shards: &shards,
             residency: &mut residency,
+            values: true,
         };
         let mut first = EmbStats::default();
         let tokens = lookup.item_tokens(&[7], &catalog, &mut first);
@@ -240,6 +248,7 @@ mod tests {
             host: &host,
             shards: &shards,
             residency: &mut residency,
+            values: true,
         };
         let mut stats = EmbStats::default();
         let tokens = lookup.item_tokens(&[99], &Catalog(HashMap::new()), &mut stats);

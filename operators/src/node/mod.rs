@@ -975,6 +975,7 @@ impl ServingNode {
             host: self.host.as_ref(),
             shards: &self.params.shards,
             residency: &mut self.residency,
+            values: self.virtual_compute.is_none(),
         }
     }
 
