@@ -293,6 +293,10 @@ mod tests {
         assert!((s.rank(10, 100) - c.rank(10, 100) * 0.01).abs() < 1e-12);
         assert!((s.beam(100) - c.beam(100) * 0.01).abs() < 1e-12);
         assert_eq!(s.overhead_ms, c.overhead_ms);
+        // The overhead has its own scale, and it leaves compute alone.
+        let o = c.clone().overhead_scaled(0.5);
+        assert!((o.overhead_ms - 0.15).abs() < 1e-12);
+        assert_eq!(o.prefill(100, 50), c.prefill(100, 50));
     }
 
     #[test]

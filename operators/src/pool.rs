@@ -70,7 +70,6 @@ impl PagePool {
     /// page reads and writes one shared scratch page from here on.
     pub fn keep_metadata_only(&mut self) {
         self.data = vec![0.0; self.page_floats];
-        self.data.shrink_to_fit();
         self.metadata_only = true;
     }
 

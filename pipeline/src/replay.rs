@@ -282,7 +282,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     }
     let release = cfg.run.replay_release();
     if let Some(step) = opts.oracle_step {
-        check_oracle(&cfg, release, step)?;
+        check_oracle(&cfg, step)?;
     }
     let oracle_step = opts.oracle_step;
     // In cluster mode only process 0 writes responses (gathered to it).
@@ -515,14 +515,16 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     Ok(out)
 }
 
-/// The oracle replays a node's epochs: it needs a deterministic node.
-fn check_oracle(cfg: &Config, release: Release, step: f64) -> Result<(), ReplayError> {
+/// Whether `cfg` can run with the oracle at `step` (`ReplayOptions::
+/// oracle_step`; `replay` checks it first): the oracle replays a node's
+/// epochs, so it needs a deterministic node.
+pub fn check_oracle(cfg: &Config, step: f64) -> Result<(), ReplayError> {
     if !(step > 0.0 && step <= 1.0) {
         return Err(ReplayError::Setup(format!(
             "the oracle's alpha step must be in (0, 1] (got {step})"
         )));
     }
-    if cfg.run.clock != Clock::Virtual || release != Release::Complete {
+    if cfg.run.clock != Clock::Virtual || cfg.run.replay_release() != Release::Complete {
         return Err(ReplayError::Setup(
             "the oracle alpha* replays epochs on the virtual clock: it needs run.clock = \"virtual\" \
              and run.release = \"complete\""

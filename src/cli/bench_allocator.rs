@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use grflow_operators::allocator::AllocatorPolicy;
-use grflow_operators::allocator::oracle::OracleEpoch;
+use grflow_operators::allocator::oracle::{OracleSummary, std_dev};
 use grflow_pipeline::plot::{LineChart, Series};
 use grflow_pipeline::replay::ReplayOutput;
 use grflow_pipeline::{Clock, Config, ReleaseSetting, ReplayOptions, TraceInput};
@@ -168,16 +168,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let t = t.gen_config().map_err(InputError::from_display)?;
         Ok(Arc::new(grflow_traces::generate(&t)))
     };
-    let oracle_step = if args.no_oracle {
-        None
-    } else if args.oracle_step > 0.0 && args.oracle_step <= 1.0 {
-        Some(args.oracle_step)
-    } else {
-        return Err(InputError::from_display(format!(
-            "--oracle-step must be in (0, 1] (got {})",
-            args.oracle_step
-        )));
-    };
+    let oracle_step = (!args.no_oracle).then_some(args.oracle_step);
+    if let Some(step) = oracle_step {
+        // Replay's own check, before the sweep (which runs without it).
+        grflow_pipeline::replay::check_oracle(&base, step).map_err(InputError::from_display)?;
+    }
     let run_with = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64, oracle: bool| {
         let mut cfg = base.clone();
         cfg.memory.alpha = alpha;
@@ -246,9 +241,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         let mut reference = None;
         for (label, policy, alpha) in policies {
-            let started = std::time::Instant::now();
+            let run_started = std::time::Instant::now();
             let out = run_with(&bench_trace, policy, alpha, true)?;
-            let oracle = OracleFigures::of(&out.oracle);
+            let oracle = OracleSummary::of(&out.oracle);
             plots.policy_run(&name, label, &out);
             let s = &out.summary;
             let alloc = s.allocator.clone();
@@ -262,9 +257,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 alloc.as_ref().map_or(0, |a| a.alpha_moves),
                 oracle.as_ref().map_or(String::new(), |o| format!(
                     ", oracle gap {:.3}, p99 regret {:.3} ms, alpha* std {:.3}",
-                    o.gap, o.regret_ms, o.star_std
+                    o.gap, o.regret_ms, o.alpha_star_std
                 )),
-                started.elapsed().as_secs_f64()
+                run_started.elapsed().as_secs_f64()
             );
             rows.push(Row {
                 regime: name.clone(),
@@ -284,7 +279,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     .map(|r| 1.0 - s.latency_ms.p99 / r.max(1e-9)),
                 oracle_gap: oracle.as_ref().map(|o| o.gap),
                 p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
-                alpha_star_std: oracle.as_ref().map(|o| o.star_std),
+                alpha_star_std: oracle.as_ref().map(|o| o.alpha_star_std),
                 oracle_epochs: out.oracle.len() as u64,
             });
         }
@@ -408,61 +403,14 @@ fn per_epoch_best_std(runs: &[(f64, ReplayOutput)]) -> f64 {
         .values()
         .filter_map(|v| v.iter().min_by(|a, b| a.1.total_cmp(&b.1)).map(|b| b.0))
         .collect();
-    if best.is_empty() {
-        return 0.0;
-    }
-    let mean = best.iter().sum::<f64>() / best.len() as f64;
-    (best.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / best.len() as f64).sqrt()
-}
-
-/// What the oracle says about one run.
-#[derive(Debug)]
-struct OracleFigures {
-    gap: f64,
-    regret_ms: f64,
-    star_std: f64,
-}
-
-impl OracleFigures {
-    fn of(epochs: &[OracleEpoch]) -> Option<Self> {
-        if epochs.is_empty() {
-            return None;
-        }
-        let n = epochs.len() as f64;
-        let mut per_node: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-        for e in epochs {
-            per_node.entry(e.node).or_default().push(e.alpha_star);
-        }
-        let stds: Vec<f64> = per_node.values().map(|v| std_dev(v)).collect();
-        Some(Self {
-            gap: epochs
-                .iter()
-                .map(|e| (e.alpha - e.alpha_star).abs())
-                .sum::<f64>()
-                / n,
-            regret_ms: epochs
-                .iter()
-                .map(|e| e.p99_at_alpha_ms - e.p99_at_star_ms)
-                .sum::<f64>()
-                / n,
-            star_std: stds.iter().sum::<f64>() / stds.len() as f64,
-        })
-    }
-}
-
-fn std_dev(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mean = v.iter().sum::<f64>() / v.len() as f64;
-    (v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+    std_dev(&best)
 }
 
 /// The bench's pictures, gathered as the runs finish.
 #[derive(Default)]
 struct Plots {
     /// Per regime: α over time of each policy that moves it and α* of
-    /// each node (from `smart`'s run, else the last with an oracle).
+    /// each node (from `smart`'s run, else `pid`'s).
     alpha: BTreeMap<String, LineChart>,
     /// Per regime: P99 per window (mean over nodes) of every policy.
     p99: BTreeMap<String, LineChart>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use grflow_connectors::parquet::{ErrorSink, WindowSink};
-use grflow_operators::allocator::oracle::OracleEpoch;
+use grflow_operators::allocator::oracle::OracleSummary;
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{
     Clock, Config, ReleaseSetting, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput,
@@ -157,16 +157,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("writing outputs to {}", dir.display()))?;
     }
     if args.oracle_step.is_some() {
-        let n = output.oracle.len().max(1) as f64;
-        let mean = |f: &dyn Fn(&OracleEpoch) -> f64| output.oracle.iter().map(f).sum::<f64>() / n;
-        eprintln!(
-            "oracle: {} node-epochs, gap mean |alpha - alpha*| {:.3}, p99 regret {:.3} ms, \
-             mean alpha* {:.3}",
-            output.oracle.len(),
-            mean(&|e| (e.alpha - e.alpha_star).abs()),
-            mean(&|e| e.p99_at_alpha_ms - e.p99_at_star_ms),
-            mean(&|e| e.alpha_star),
-        );
+        match OracleSummary::of(&output.oracle) {
+            Some(o) => eprintln!(
+                "oracle: {} node-epochs, gap mean |alpha - alpha*| {:.3}, p99 regret {:.3} ms, \
+                 mean alpha* {:.3}",
+                o.epochs, o.gap, o.regret_ms, o.alpha_star_mean
+            ),
+            None => eprintln!("oracle: no epoch served a request"),
+        }
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&output.summary)?);

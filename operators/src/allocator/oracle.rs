@@ -20,7 +20,7 @@ use crate::node::{
 use crate::retrieval::RetrievalIndex;
 use crate::windows::percentile;
 
-/// Requests whose P99s lie within this share of the lowest tie for α*.
+/// αs whose P99 lies within this share of the lowest tie for α*.
 const TIE_SHARE: f64 = 0.01;
 
 /// The grid α ∈ {0, step, 2·step, …, 1}.
@@ -168,13 +168,57 @@ pub fn alpha_star(points: &[(f64, Option<f64>)]) -> Option<(f64, f64)> {
     Some(near[(near.len() - 1) / 2])
 }
 
+/// What the oracle says about a run, over its node-epochs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OracleSummary {
+    pub epochs: usize,
+    /// Mean |α − α*|.
+    pub gap: f64,
+    /// Mean P99 at the run's α minus P99 at α*.
+    pub regret_ms: f64,
+    pub alpha_star_mean: f64,
+    /// Std of α* over epochs, per node, averaged over nodes.
+    pub alpha_star_std: f64,
+}
+
+impl OracleSummary {
+    /// `None` for a run without evaluated epochs.
+    pub fn of(epochs: &[OracleEpoch]) -> Option<Self> {
+        if epochs.is_empty() {
+            return None;
+        }
+        let mut per_node: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
+        for e in epochs {
+            per_node.entry(e.node).or_default().push(e.alpha_star);
+        }
+        let mean =
+            |f: fn(&OracleEpoch) -> f64| epochs.iter().map(f).sum::<f64>() / epochs.len() as f64;
+        Some(Self {
+            epochs: epochs.len(),
+            gap: mean(|e| (e.alpha - e.alpha_star).abs()),
+            regret_ms: mean(|e| e.p99_at_alpha_ms - e.p99_at_star_ms),
+            alpha_star_mean: mean(|e| e.alpha_star),
+            alpha_star_std: per_node.values().map(|v| std_dev(v)).sum::<f64>()
+                / per_node.len() as f64,
+        })
+    }
+}
+
+/// Population standard deviation (0 for no values).
+pub fn std_dev(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    (v.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+}
+
 /// An epoch being recorded.
 #[derive(Debug)]
 struct OpenEpoch {
     index: u64,
     /// The node before the epoch's first command or batch.
     before: ServingNode,
-    alpha: Option<f64>,
     batches: Vec<RecordedBatch>,
     latencies: Vec<f64>,
 }
@@ -221,7 +265,6 @@ impl OracleRecorder {
                 self.open = Some(OpenEpoch {
                     index: epoch,
                     before,
-                    alpha: None,
                     batches: Vec::new(),
                     latencies: Vec::new(),
                 })
@@ -234,7 +277,6 @@ impl OracleRecorder {
     /// were answered.
     pub fn record(&mut self, batch: RecordedBatch, latencies: &[f64]) {
         if let Some(o) = &mut self.open {
-            o.alpha = Some(batch.alpha);
             o.batches.push(batch);
             o.latencies.extend_from_slice(latencies);
         }
@@ -242,16 +284,18 @@ impl OracleRecorder {
 
     /// Evaluates the open epoch, if it served anything.
     pub fn close(&mut self, catalog: &dyn ItemCatalog, index: &RetrievalIndex) {
-        let Some(mut o) = self.open.take() else {
+        let Some(o) = self.open.take() else {
             return;
         };
-        let Some(alpha) = o.alpha else { return };
+        // The α of the epoch's last batch: the decision for the epoch.
+        let Some(alpha) = o.batches.last().map(|b| b.alpha) else {
+            return;
+        };
         match self.evaluate(&o, alpha, catalog, index) {
             Ok(Some(epoch)) => self.done.push(epoch),
             Ok(None) => {}
             Err(e) => self.error = Some(format!("node {}: {e}", o.before.id())),
         }
-        o.latencies.clear();
     }
 
     fn evaluate(
@@ -274,6 +318,7 @@ impl OracleRecorder {
         let at_alpha = replay_p99(&o.before, None, &o.batches, catalog, index)?;
         let mut run = o.latencies.clone();
         run.sort_by(f64::total_cmp);
+        let run_p99_ms = percentile(&run, 0.99);
         Ok(Some(OracleEpoch {
             node: o.before.id(),
             epoch_start_ms: o.index * self.epoch_ms,
@@ -286,9 +331,9 @@ impl OracleRecorder {
             alpha_star,
             // The run shortened a history or failed a request: its own
             // P99 stands for it.
-            p99_at_alpha_ms: at_alpha.unwrap_or_else(|| percentile(&run, 0.99)),
+            p99_at_alpha_ms: at_alpha.unwrap_or(run_p99_ms),
             p99_at_star_ms,
-            run_p99_ms: percentile(&run, 0.99),
+            run_p99_ms,
         }))
     }
 
@@ -388,6 +433,33 @@ mod tests {
         assert_eq!(alpha_star(&[(0.5, None)]), None);
         assert_eq!(alpha_grid(0.01).len(), 101);
         assert_eq!(alpha_grid(0.1)[3], 0.3);
+    }
+
+    #[test]
+    fn the_summary_averages_over_node_epochs_and_alpha_star_spread_per_node() {
+        let e = |node, alpha, alpha_star, at_alpha, at_star| OracleEpoch {
+            node,
+            epoch_start_ms: 0,
+            requests: 1,
+            alpha,
+            alpha_star,
+            p99_at_alpha_ms: at_alpha,
+            p99_at_star_ms: at_star,
+            run_p99_ms: at_alpha,
+        };
+        let s = OracleSummary::of(&[
+            e(0, 0.2, 0.4, 3.0, 2.0),
+            e(0, 0.2, 0.0, 2.0, 2.0),
+            e(1, 0.5, 0.5, 1.0, 1.0),
+        ])
+        .unwrap();
+        assert_eq!(s.epochs, 3);
+        assert!((s.gap - 0.4 / 3.0).abs() < 1e-12, "{s:?}");
+        assert!((s.regret_ms - 1.0 / 3.0).abs() < 1e-12, "{s:?}");
+        assert!((s.alpha_star_mean - 0.3).abs() < 1e-12, "{s:?}");
+        // Node 0: α* 0.4 and 0.0 (std 0.2); node 1: one epoch (std 0).
+        assert!((s.alpha_star_std - 0.1).abs() < 1e-12, "{s:?}");
+        assert_eq!(OracleSummary::of(&[]), None);
     }
 
     #[test]
