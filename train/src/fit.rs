@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use grflow_kernels::{CpuBackend, ModelConfig};
-use rand::SeedableRng;
 use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +17,7 @@ use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, eval_question, train_sequence};
 use crate::error::TrainError;
 use crate::metrics::{MetricSum, RankMetrics, rank_of_first};
-use crate::net::{self, Sequence};
+use crate::net::{self, Dropout, Sequence};
 use crate::params::Params;
 
 /// Every hyper-parameter of a training run (recorded in model.json). One
@@ -32,6 +32,16 @@ pub struct TrainConfig {
     pub max_history: usize,
     /// Sampled negatives per target position.
     pub negatives: usize,
+    /// Standard deviation of the item rows at init (1 in configs written
+    /// before it existed). Small rows let AdamW's steps move an item that
+    /// appears a few times per epoch; rows of scale 1 stay near random and
+    /// the model learns popularity only.
+    #[serde(default = "one")]
+    pub item_init_std: f32,
+    /// Dropout rate on the input rows and residual branches in training
+    /// (0 in configs written before it existed).
+    #[serde(default)]
+    pub dropout: f32,
     pub batch_users: usize,
     pub adamw: AdamWConfig,
     pub max_epochs: usize,
@@ -56,8 +66,13 @@ impl TrainConfig {
             model,
             max_history: 50,
             negatives: 4,
+            item_init_std: 0.3,
+            dropout: 0.25,
             batch_users: 128,
-            adamw: AdamWConfig::default(),
+            adamw: AdamWConfig {
+                lr: 3e-3,
+                ..AdamWConfig::default()
+            },
             max_epochs: 200,
             patience: 5,
             val_users: 5000,
@@ -66,6 +81,10 @@ impl TrainConfig {
             seed,
         }
     }
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// One finished epoch.
@@ -168,16 +187,27 @@ pub fn validate(p: &Params, data: &Dataset, cfg: &TrainConfig) -> Result<RankMet
 
 /// One batch's loss and gradient, split over threads in a fixed way; the
 /// parts are summed in order, so the result does not depend on timing.
-fn batch_grad(p: &Params, seqs: &[Sequence], threads: usize) -> Result<(f64, Params), TrainError> {
+fn batch_grad(
+    p: &Params,
+    seqs: &[Sequence],
+    threads: usize,
+    dropout: f32,
+    seed: u64,
+) -> Result<(f64, Params), TrainError> {
     let targets: usize = seqs.iter().map(|s| s.targets.len()).sum();
     let chunk = seqs.len().div_ceil(threads.max(1)).max(1);
     let parts: Vec<Result<(f64, Params, usize), TrainError>> = std::thread::scope(|s| {
         let hs: Vec<_> = seqs
             .chunks(chunk)
-            .map(|c| {
+            .enumerate()
+            .map(|(part, c)| {
                 s.spawn(move || {
                     let n: usize = c.iter().map(|s| s.targets.len()).sum();
-                    let (l, g) = net::loss_and_grad(p, c, &CpuBackend::default())?;
+                    let drop = Dropout {
+                        rate: dropout,
+                        seed: seed ^ (part as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    };
+                    let (l, g) = net::loss_and_grad(p, c, &CpuBackend::default(), Some(drop))?;
                     Ok((l, g, n))
                 })
             })
@@ -227,7 +257,8 @@ pub fn fit(
             ck
         }
         None => {
-            let params = Params::init(cfg.model.clone(), data.n_items, cfg.seed)?;
+            let mut params = Params::init(cfg.model.clone(), data.n_items, cfg.seed)?;
+            params.scale_items(cfg.item_init_std);
             Checkpoint {
                 opt: AdamW::new(cfg.adamw.clone(), &params),
                 best: params.clone(),
@@ -283,7 +314,8 @@ pub fn fit(
                     s.history.len() + s.targets.iter().map(|t| t.cands.len() + 1).sum::<usize>()
                 })
                 .sum::<usize>();
-            let (loss, g) = batch_grad(&ck.params, &seqs, cfg.threads)?;
+            let seed = rng.random::<u64>();
+            let (loss, g) = batch_grad(&ck.params, &seqs, cfg.threads, cfg.dropout, seed)?;
             if !loss.is_finite() {
                 return Err(TrainError::Invalid(format!(
                     "loss became {loss} at epoch {epoch} step {step}"
@@ -328,4 +360,19 @@ pub fn fit(
         history: ck.state.history,
         train_secs: ck.state.train_secs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_written_before_init_std_and_dropout_load_with_the_old_behaviour() {
+        let mut v = serde_json::to_value(TrainConfig::defaults(1)).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("item_init_std");
+        o.remove("dropout");
+        let old: TrainConfig = serde_json::from_value(v).unwrap();
+        assert_eq!((old.item_init_std, old.dropout), (1.0, 0.0));
+    }
 }

@@ -6,6 +6,8 @@
 //! share one pass over its history. Matmuls go through the kernels' GEMM.
 
 use grflow_kernels::{Backend, CpuBackend, MatMut, MatRef};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use crate::error::TrainError;
 use crate::params::Params;
@@ -131,7 +133,76 @@ impl Layout {
     }
 }
 
+/// Inverted dropout on the input rows and on the output of every residual
+/// branch (attention and FFN), as SASRec regularises sparse data. Training
+/// only: serving and evaluation run without it, which inverted dropout
+/// makes the expected forward.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    pub rate: f32,
+    /// Seeds the masks, so a batch's gradient is reproducible.
+    pub seed: u64,
+}
+
+/// Draws dropout masks (`0` or `1 / (1 - rate)` per element).
+struct Masks(Option<(f32, ChaCha8Rng)>);
+
+impl Masks {
+    fn new(drop: Option<Dropout>) -> Self {
+        Masks(
+            drop.filter(|d| d.rate > 0.0)
+                .map(|d| (d.rate, ChaCha8Rng::seed_from_u64(d.seed))),
+        )
+    }
+
+    fn draw(&mut self, len: usize) -> Option<Vec<f32>> {
+        let (rate, rng) = self.0.as_mut()?;
+        let keep = 1.0 / (1.0 - *rate);
+        Some(
+            (0..len)
+                .map(|_| {
+                    if rng.random::<f32>() < *rate {
+                        0.0
+                    } else {
+                        keep
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+/// `x += mask ⊙ branch` where `branch = a · b` (plain accumulate without a mask).
+fn residual_mm(
+    be: &CpuBackend,
+    x: &mut [f32],
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    mask: &Option<Vec<f32>>,
+) {
+    match mask {
+        None => mm(be, x, a, b, true),
+        Some(m) => {
+            let mut br = vec![0f32; x.len()];
+            mm(be, &mut br, a, b, false);
+            for ((o, v), k) in x.iter_mut().zip(&br).zip(m) {
+                *o += v * k;
+            }
+        }
+    }
+}
+
+/// The branch's gradient `mask ⊙ dx` (borrowed when there is no mask).
+fn masked<'a>(dx: &'a [f32], mask: &Option<Vec<f32>>) -> std::borrow::Cow<'a, [f32]> {
+    match mask {
+        None => std::borrow::Cow::Borrowed(dx),
+        Some(m) => std::borrow::Cow::Owned(dx.iter().zip(m).map(|(g, k)| g * k).collect()),
+    }
+}
+
 struct LayerCache {
+    attn_mask: Option<Vec<f32>>,
+    ffn_mask: Option<Vec<f32>>,
     x_in: Vec<f32>,
     inv1: Vec<f32>,
     h1: Vec<f32>,
@@ -147,6 +218,7 @@ struct LayerCache {
 
 /// What the backward pass needs from the forward pass.
 pub(crate) struct Forward {
+    in_mask: Option<Vec<f32>>,
     layers: Vec<LayerCache>,
     /// Final residual of each target's instruction row (`targets × d`).
     xi: Vec<f32>,
@@ -285,9 +357,10 @@ fn attn_bwd(p: &Params, lay: &Layout, qkv: &[f32], probs: &[f32], da: &[f32], dq
 }
 
 /// Runs the model over the batch; keeps what backward needs.
-pub(crate) fn forward(p: &Params, lay: &Layout, be: &CpuBackend) -> Forward {
+pub(crate) fn forward(p: &Params, lay: &Layout, be: &CpuBackend, drop: Option<Dropout>) -> Forward {
     let cfg = &p.cfg;
     let (d, f, n) = (cfg.d_model, cfg.d_ff, lay.n);
+    let mut masks = Masks::new(drop);
     let mut x = vec![0f32; n * d];
     for (r, row) in x.chunks_exact_mut(d).enumerate() {
         let src = match lay.input[r] {
@@ -297,8 +370,13 @@ pub(crate) fn forward(p: &Params, lay: &Layout, be: &CpuBackend) -> Forward {
         row.copy_from_slice(src);
         axpy(1.0, &p.pos[lay.pos[r] * d..][..d], row);
     }
+    let in_mask = masks.draw(n * d);
+    if let Some(m) = &in_mask {
+        x.iter_mut().zip(m).for_each(|(v, k)| *v *= k);
+    }
     let mut layers = Vec::with_capacity(p.layers.len());
     for w in &p.layers {
+        let (attn_mask, ffn_mask) = (masks.draw(n * d), masks.draw(n * d));
         let x_in = x.clone();
         let mut h1 = vec![0f32; n * d];
         let inv1 = rms_fwd(&x, &w.ln1, &mut h1);
@@ -307,15 +385,17 @@ pub(crate) fn forward(p: &Params, lay: &Layout, be: &CpuBackend) -> Forward {
         let mut probs = vec![0f32; lay.prob_len];
         let mut attn = vec![0f32; n * d];
         attn_fwd(p, lay, &qkv, &mut probs, &mut attn);
-        mm(be, &mut x, rm(&attn, n, d), rm(&w.wo, d, d), true);
+        residual_mm(be, &mut x, rm(&attn, n, d), rm(&w.wo, d, d), &attn_mask);
         let x_mid = x.clone();
         let mut h2 = vec![0f32; n * d];
         let inv2 = rms_fwd(&x, &w.ln2, &mut h2);
         let mut u = vec![0f32; n * f];
         mm(be, &mut u, rm(&h2, n, d), rm(&w.w1, d, f), false);
         let g: Vec<f32> = u.iter().map(|&v| gelu(v)).collect();
-        mm(be, &mut x, rm(&g, n, f), rm(&w.w2, f, d), true);
+        residual_mm(be, &mut x, rm(&g, n, f), rm(&w.w2, f, d), &ffn_mask);
         layers.push(LayerCache {
+            attn_mask,
+            ffn_mask,
             x_in,
             inv1,
             h1,
@@ -346,6 +426,7 @@ pub(crate) fn forward(p: &Params, lay: &Layout, be: &CpuBackend) -> Forward {
         logits.extend((c0..c0 + nc).map(|c| dot(u, &qkv[c * 3 * d + d..][..d]) * scale));
     }
     Forward {
+        in_mask,
         layers,
         xi,
         invf,
@@ -431,10 +512,12 @@ pub(crate) fn backward(
             dqkv.fill(0.0);
         }
         let gw = &mut gr.layers[l];
-        // FFN: x_out = x_mid + gelu(h2·W1)·W2.
-        mm(be, &mut gw.w2, rm(&c.g, n, f).t(), rm(&dx, n, d), true);
+        // FFN: x_out = x_mid + mask ⊙ gelu(h2·W1)·W2.
+        let db = masked(&dx, &c.ffn_mask);
+        mm(be, &mut gw.w2, rm(&c.g, n, f).t(), rm(&db, n, d), true);
         let mut dg = vec![0f32; n * f];
-        mm(be, &mut dg, rm(&dx, n, d), rm(&w.w2, f, d).t(), false);
+        mm(be, &mut dg, rm(&db, n, d), rm(&w.w2, f, d).t(), false);
+        drop(db);
         for (v, &u) in dg.iter_mut().zip(&c.u) {
             *v *= gelu_grad(u);
         }
@@ -442,10 +525,12 @@ pub(crate) fn backward(
         let mut dh = vec![0f32; n * d];
         mm(be, &mut dh, rm(&dg, n, f), rm(&w.w1, d, f).t(), false);
         rms_bwd(&c.x_mid, &w.ln2, &c.inv2, &dh, &mut dx, &mut gw.ln2);
-        // Attention: x_mid = x_in + attn·Wo.
-        mm(be, &mut gw.wo, rm(&c.attn, n, d).t(), rm(&dx, n, d), true);
+        // Attention: x_mid = x_in + mask ⊙ attn·Wo.
+        let db = masked(&dx, &c.attn_mask);
+        mm(be, &mut gw.wo, rm(&c.attn, n, d).t(), rm(&db, n, d), true);
         let mut da = vec![0f32; n * d];
-        mm(be, &mut da, rm(&dx, n, d), rm(&w.wo, d, d).t(), false);
+        mm(be, &mut da, rm(&db, n, d), rm(&w.wo, d, d).t(), false);
+        drop(db);
         attn_bwd(p, lay, &c.qkv, &c.probs, &da, &mut dqkv);
         mm(
             be,
@@ -463,6 +548,7 @@ pub(crate) fn backward(
         );
         rms_bwd(&c.x_in, &w.ln1, &c.inv1, &dh, &mut dx, &mut gw.ln1);
     }
+    let dx = masked(&dx, &fw.in_mask);
     for (r, row) in dx.chunks_exact(d).enumerate() {
         match lay.input[r] {
             Input::Item(i) => axpy(1.0, row, &mut gr.emb[i as usize * d..][..d]),
@@ -479,26 +565,60 @@ pub fn loss_and_grad(
     p: &Params,
     seqs: &[Sequence],
     be: &CpuBackend,
+    drop: Option<Dropout>,
 ) -> Result<(f64, Params), TrainError> {
     let lay = Layout::new(p, seqs)?;
-    let fw = forward(p, &lay, be);
+    let fw = forward(p, &lay, be, drop);
     let norm = lay.targets.len().max(1) as f32;
     let (loss, dl) = sampled_softmax(&lay, &fw, norm);
     Ok((loss, backward(p, &lay, &fw, &dl, be)))
 }
 
-/// Loss only (the finite-difference check's objective).
-pub fn loss(p: &Params, seqs: &[Sequence], be: &CpuBackend) -> Result<f64, TrainError> {
+/// Loss only (the finite-difference check's objective); the same `drop`
+/// draws the same masks as in [`loss_and_grad`].
+pub fn loss(
+    p: &Params,
+    seqs: &[Sequence],
+    be: &CpuBackend,
+    drop: Option<Dropout>,
+) -> Result<f64, TrainError> {
     let lay = Layout::new(p, seqs)?;
-    let fw = forward(p, &lay, be);
+    let fw = forward(p, &lay, be, drop);
     Ok(sampled_softmax(&lay, &fw, lay.targets.len().max(1) as f32).0)
 }
 
 /// Candidate logits of every target, per target.
 pub fn logits(p: &Params, seqs: &[Sequence], be: &CpuBackend) -> Result<Vec<Vec<f32>>, TrainError> {
     let lay = Layout::new(p, seqs)?;
-    let fw = forward(p, &lay, be);
+    let fw = forward(p, &lay, be, None);
     Ok((0..lay.targets.len())
         .map(|t| fw.target_logits(&lay, t).to_vec())
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_drop_about_rate_and_scale_the_rest() {
+        let drop = Dropout {
+            rate: 0.25,
+            seed: 3,
+        };
+        let a = Masks::new(Some(drop)).draw(20_000).unwrap();
+        assert_eq!(Some(a.clone()), Masks::new(Some(drop)).draw(20_000));
+        let zeros = a.iter().filter(|&&v| v == 0.0).count() as f64 / a.len() as f64;
+        assert!((zeros - 0.25).abs() < 0.02, "dropped {zeros}");
+        assert!(a.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+        // Mean-preserving: the expected forward is the undropped one.
+        let mean = a.iter().map(|&v| v as f64).sum::<f64>() / a.len() as f64;
+        assert!((mean - 1.0).abs() < 0.03, "mean {mean}");
+        assert!(Masks::new(None).draw(10).is_none());
+        assert!(
+            Masks::new(Some(Dropout { rate: 0.0, seed: 3 }))
+                .draw(10)
+                .is_none()
+        );
+    }
 }

@@ -61,6 +61,11 @@ impl Params {
         Ok(p)
     }
 
+    /// Scales the item rows (the trainer's init sets their spread).
+    pub fn scale_items(&mut self, s: f32) {
+        self.emb.iter_mut().for_each(|v| *v *= s);
+    }
+
     pub fn n_items(&self) -> usize {
         self.emb.len() / self.cfg.d_model
     }

@@ -2,7 +2,7 @@
 //! trained tensor receiving a gradient.
 
 use grflow_kernels::{CpuBackend, ModelConfig};
-use grflow_train::net::{loss, loss_and_grad};
+use grflow_train::net::{Dropout, loss, loss_and_grad};
 use grflow_train::{Params, Sequence, Target};
 
 fn tiny() -> ModelConfig {
@@ -38,7 +38,7 @@ fn batch() -> Vec<Sequence> {
 #[test]
 fn every_trained_tensor_gets_a_nonzero_gradient() {
     let p = Params::init(tiny(), 12, 3).unwrap();
-    let (l, g) = loss_and_grad(&p, &batch(), &CpuBackend::default()).unwrap();
+    let (l, g) = loss_and_grad(&p, &batch(), &CpuBackend::default(), None).unwrap();
     assert!(l.is_finite() && l > 0.0);
     for (name, t) in g.trainable() {
         assert!(
@@ -51,6 +51,20 @@ fn every_trained_tensor_gets_a_nonzero_gradient() {
 
 #[test]
 fn gradients_match_finite_differences() {
+    check_finite_differences(None);
+}
+
+/// With dropout the masks are a function of the seed, so the loss is a
+/// fixed function of the weights and the same check applies.
+#[test]
+fn gradients_with_dropout_match_finite_differences() {
+    check_finite_differences(Some(Dropout {
+        rate: 0.3,
+        seed: 11,
+    }));
+}
+
+fn check_finite_differences(drop: Option<Dropout>) {
     let be = CpuBackend::default();
     let seqs = batch();
     let mut p = Params::init(tiny(), 12, 5).unwrap();
@@ -61,7 +75,7 @@ fn gradients_match_finite_differences() {
             .enumerate()
             .for_each(|(i, v)| *v = 0.8 + 0.05 * i as f32);
     }
-    let (_, g) = loss_and_grad(&p, &seqs, &be).unwrap();
+    let (_, g) = loss_and_grad(&p, &seqs, &be, drop).unwrap();
     let grads: Vec<Vec<f32>> = g.trainable().into_iter().map(|(_, t)| t.clone()).collect();
     let names: Vec<String> = g.trainable().into_iter().map(|(n, _)| n).collect();
     let eps = 1e-2f32;
@@ -74,7 +88,7 @@ fn gradients_match_finite_differences() {
             let at = |delta: f32| {
                 let mut q = p.clone();
                 q.trainable_mut()[ti][i] += delta;
-                loss(&q, &seqs, &be).unwrap()
+                loss(&q, &seqs, &be, drop).unwrap()
             };
             let num = ((at(eps) - at(-eps)) / (2.0 * eps as f64)) as f32;
             let ana = gt[i];
@@ -118,7 +132,7 @@ fn step_throughput() {
         std::thread::scope(|s| {
             for h in &halves {
                 let p = &p;
-                s.spawn(move || loss_and_grad(p, h, &CpuBackend::default()).unwrap());
+                s.spawn(move || loss_and_grad(p, h, &CpuBackend::default(), None).unwrap());
             }
         });
     }
