@@ -200,6 +200,26 @@ fn masked<'a>(dx: &'a [f32], mask: &Option<Vec<f32>>) -> std::borrow::Cow<'a, [f
     }
 }
 
+/// Backward of [`residual_mm`] given the residual's gradient `dx` (`n × d`)
+/// and the branch input `a` (`n × k`): adds `∂/∂b` to `gb` (`k × d`) and
+/// returns `∂/∂a`.
+fn residual_bwd(
+    be: &CpuBackend,
+    dx: &[f32],
+    mask: &Option<Vec<f32>>,
+    a: MatRef<'_>,
+    b: &[f32],
+    gb: &mut [f32],
+) -> Vec<f32> {
+    let (n, k) = (a.rows(), a.cols());
+    let d = dx.len() / n;
+    let branch = masked(dx, mask);
+    mm(be, gb, a.t(), rm(&branch, n, d), true);
+    let mut da = vec![0f32; n * k];
+    mm(be, &mut da, rm(&branch, n, d), rm(b, k, d).t(), false);
+    da
+}
+
 struct LayerCache {
     attn_mask: Option<Vec<f32>>,
     ffn_mask: Option<Vec<f32>>,
@@ -513,11 +533,7 @@ pub(crate) fn backward(
         }
         let gw = &mut gr.layers[l];
         // FFN: x_out = x_mid + mask ⊙ gelu(h2·W1)·W2.
-        let db = masked(&dx, &c.ffn_mask);
-        mm(be, &mut gw.w2, rm(&c.g, n, f).t(), rm(&db, n, d), true);
-        let mut dg = vec![0f32; n * f];
-        mm(be, &mut dg, rm(&db, n, d), rm(&w.w2, f, d).t(), false);
-        drop(db);
+        let mut dg = residual_bwd(be, &dx, &c.ffn_mask, rm(&c.g, n, f), &w.w2, &mut gw.w2);
         for (v, &u) in dg.iter_mut().zip(&c.u) {
             *v *= gelu_grad(u);
         }
@@ -526,11 +542,7 @@ pub(crate) fn backward(
         mm(be, &mut dh, rm(&dg, n, f), rm(&w.w1, d, f).t(), false);
         rms_bwd(&c.x_mid, &w.ln2, &c.inv2, &dh, &mut dx, &mut gw.ln2);
         // Attention: x_mid = x_in + mask ⊙ attn·Wo.
-        let db = masked(&dx, &c.attn_mask);
-        mm(be, &mut gw.wo, rm(&c.attn, n, d).t(), rm(&db, n, d), true);
-        let mut da = vec![0f32; n * d];
-        mm(be, &mut da, rm(&db, n, d), rm(&w.wo, d, d).t(), false);
-        drop(db);
+        let da = residual_bwd(be, &dx, &c.attn_mask, rm(&c.attn, n, d), &w.wo, &mut gw.wo);
         attn_bwd(p, lay, &c.qkv, &c.probs, &da, &mut dqkv);
         mm(
             be,
