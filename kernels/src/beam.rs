@@ -32,12 +32,9 @@ pub struct BeamSearch {
     k: usize,
     unshared: UnsharedKv,
     scratch: StagedScratch,
-    x: Vec<f32>,
-    h: Vec<f32>,
-    qkv: Vec<f32>,
-    attn: Vec<f32>,
-    ff: Vec<f32>,
-    logits: Vec<f32>,
+    /// Decode-step rows; when several searches decode together, the first
+    /// one's hold every search's rows.
+    rows: StepRows,
     /// Per-beam top-K candidates of the current step (`bw × k`).
     cands: Vec<Candidate>,
     lens: Vec<usize>,
@@ -73,7 +70,7 @@ impl BeamSearch {
                 "beam_width and top_k must be >= 1".into(),
             ));
         }
-        let (bw, d, c) = (beam_width, cfg.d_model, cfg.codebook_size);
+        let (bw, c) = (beam_width, cfg.codebook_size);
         let k = top_k.min(c);
         let cand0 = Candidate {
             score: 0.0,
@@ -87,12 +84,7 @@ impl BeamSearch {
             k,
             unshared: UnsharedKv::new(cfg, bw, SID_STEPS),
             scratch: StagedScratch::new(cfg, bw, max_prompt),
-            x: vec![0.0; bw * d],
-            h: vec![0.0; bw * d],
-            qkv: vec![0.0; bw * 3 * d],
-            attn: vec![0.0; bw * d],
-            ff: vec![0.0; bw * cfg.d_ff],
-            logits: vec![0.0; bw * c],
+            rows: StepRows::new(cfg, bw),
             cands: vec![cand0; bw * k],
             lens: vec![0; bw],
             row: Vec::with_capacity(c),
@@ -145,6 +137,76 @@ impl BeamSearch {
         prompt_len: usize,
         trie: &SidTrie,
     ) -> Result<&[BeamHit], KernelError> {
+        let prompt = BeamPrompt {
+            block_table,
+            prompt_len,
+        };
+        Self::generate_many(std::slice::from_mut(self), model, store, &[prompt], trie)?;
+        Ok(&self.hits)
+    }
+
+    /// Several requests' searches decoded together (`searches[i]` for
+    /// `prompts[i]`): each step runs the live beams of every search through
+    /// the linear layers and the head in one set of GEMMs, and attention per
+    /// search over its own prompt and beams, so a search's hits
+    /// ([`Self::hits`]) equal [`Self::generate`] on it alone (within float
+    /// rounding). Nothing is computed unless every prompt is valid.
+    pub fn generate_many<S: KvBlockStore + ?Sized>(
+        searches: &mut [BeamSearch],
+        model: &GrModel,
+        store: &S,
+        prompts: &[BeamPrompt<'_>],
+        trie: &SidTrie,
+    ) -> Result<(), KernelError> {
+        if searches.len() != prompts.len() {
+            return Err(KernelError::Beam(format!(
+                "{} searches for {} prompts",
+                searches.len(),
+                prompts.len()
+            )));
+        }
+        for (search, prompt) in searches.iter().zip(prompts) {
+            search.check(model, store, prompt, trie)?;
+        }
+        let Some(first) = searches.first_mut() else {
+            return Ok(());
+        };
+        let mut rows = std::mem::take(&mut first.rows);
+        rows.ensure(model.config(), searches.iter().map(|s| s.bw).sum());
+        for search in searches.iter_mut() {
+            search.live = 1;
+            search.scores[0] = 0.0;
+            search.codes[0] = [0; 3];
+            search.hits.clear();
+        }
+        let c = model.config().codebook_size;
+        for step in 0..SID_STEPS {
+            decode_step(model, store, prompts, searches, &mut rows, step);
+            let mut o = 0;
+            for search in searches.iter_mut() {
+                let nb = search.live;
+                search.expand(&mut rows.logits[o * c..(o + nb) * c], trie, step);
+                search.select(step);
+                o += nb;
+            }
+        }
+        searches[0].rows = rows;
+        Ok(())
+    }
+
+    /// The hits of the last search, by descending log-prob.
+    pub fn hits(&self) -> &[BeamHit] {
+        &self.hits
+    }
+
+    /// Rejects a (model, store, prompt, catalog) this search cannot run.
+    fn check<S: KvBlockStore + ?Sized>(
+        &self,
+        model: &GrModel,
+        store: &S,
+        prompt: &BeamPrompt<'_>,
+        trie: &SidTrie,
+    ) -> Result<(), KernelError> {
         let cfg = &self.cfg;
         if model.config() != cfg {
             return Err(KernelError::Beam(
@@ -167,6 +229,7 @@ impl BeamSearch {
                 got: store.block_floats(),
             });
         }
+        let prompt_len = prompt.prompt_len;
         if prompt_len > self.scratch.max_prompt(self.bw) {
             return Err(KernelError::Beam(format!(
                 "prompt of {prompt_len} tokens exceeds max_prompt {}",
@@ -174,129 +237,22 @@ impl BeamSearch {
             )));
         }
         let needed = cfg.blocks_for(prompt_len);
-        if block_table.len() < needed {
+        if prompt.block_table.len() < needed {
             return Err(KernelError::BlockTableTooShort {
                 needed,
-                got: block_table.len(),
+                got: prompt.block_table.len(),
             });
         }
-        model.check_pos(prompt_len + SID_STEPS)?;
-        let shared = SharedPrompt {
-            store,
-            blocks: block_table,
-            len: prompt_len,
-        };
-        self.live = 1;
-        self.scores[0] = 0.0;
-        self.codes[0] = [0; 3];
-        self.hits.clear();
-        for step in 0..SID_STEPS {
-            self.decode_step(model, shared, step);
-            self.expand(trie, step);
-            self.select(step);
-        }
-        Ok(&self.hits)
-    }
-
-    /// Runs the live beams' step-`step` tokens through the model into
-    /// `logits` (one row of C per beam).
-    fn decode_step<S: KvBlockStore + ?Sized>(
-        &mut self,
-        model: &GrModel,
-        shared: SharedPrompt<'_, S>,
-        step: usize,
-    ) {
-        let cfg = &self.cfg;
-        let be = model.backend.as_ref();
-        let (d, f, c, nb) = (cfg.d_model, cfg.d_ff, cfg.codebook_size, self.live);
-        let pos = model.pos_row(shared.len + step);
-        for (i, row) in self.x.chunks_exact_mut(d).take(nb).enumerate() {
-            let input = match step {
-                0 => &model.gen_token[..],
-                s => {
-                    let code = self.codes[i][s - 1] as usize;
-                    &model.sid_emb[((s - 1) * c + code) * d..((s - 1) * c + code + 1) * d]
-                }
-            };
-            row.copy_from_slice(input);
-            add(row, pos);
-        }
-        let x = &mut self.x[..nb * d];
-        let h = &mut self.h[..nb * d];
-        for (l, w) in model.layers.iter().enumerate() {
-            rms_norm(x, &w.ln1, h);
-            be.matmul(
-                MatMut::row_major(&mut self.qkv[..nb * 3 * d], nb, 3 * d),
-                MatRef::row_major(h, nb, d),
-                MatRef::row_major(&w.wqkv, d, 3 * d),
-                1.0,
-                false,
-            );
-            for i in 0..nb {
-                let r = &self.qkv[i * 3 * d..(i + 1) * 3 * d];
-                self.unshared
-                    .row_mut(l, 0, i, step)
-                    .copy_from_slice(&r[d..2 * d]);
-                self.unshared
-                    .row_mut(l, 1, i, step)
-                    .copy_from_slice(&r[2 * d..]);
-            }
-            staged_attention(
-                be,
-                cfg,
-                l,
-                &self.qkv,
-                3 * d,
-                nb,
-                shared,
-                &self.unshared,
-                step + 1,
-                &mut self.scratch,
-                &mut self.attn[..nb * d],
-            );
-            be.matmul(
-                MatMut::row_major(x, nb, d),
-                MatRef::row_major(&self.attn[..nb * d], nb, d),
-                MatRef::row_major(&w.wo, d, d),
-                1.0,
-                true,
-            );
-            rms_norm(x, &w.ln2, h);
-            let ff = &mut self.ff[..nb * f];
-            be.matmul(
-                MatMut::row_major(ff, nb, f),
-                MatRef::row_major(h, nb, d),
-                MatRef::row_major(&w.w1, d, f),
-                1.0,
-                false,
-            );
-            gelu(ff);
-            be.matmul(
-                MatMut::row_major(x, nb, d),
-                MatRef::row_major(ff, nb, f),
-                MatRef::row_major(&w.w2, f, d),
-                1.0,
-                true,
-            );
-        }
-        rms_norm(x, &model.ln_f, h);
-        let head = &model.sid_head[step * d * c..(step + 1) * d * c];
-        be.matmul(
-            MatMut::row_major(&mut self.logits[..nb * c], nb, c),
-            MatRef::row_major(h, nb, d),
-            MatRef::row_major(head, d, c),
-            1.0,
-            false,
-        );
+        model.check_pos(prompt_len + SID_STEPS)
     }
 
     /// Builds every live beam's top-K valid expansions, scored by
     /// cumulative log-prob (log-softmax over the valid codes only, which is
     /// the additive -inf mask of xGR §6.1).
-    fn expand(&mut self, trie: &SidTrie, step: usize) {
+    fn expand(&mut self, logits: &mut [f32], trie: &SidTrie, step: usize) {
         let c = self.cfg.codebook_size;
         for b in 0..self.live {
-            let logits = &mut self.logits[b * c..(b + 1) * c];
+            let logits = &mut logits[b * c..(b + 1) * c];
             self.row.clear();
             let base = self.scores[b];
             let beam = b as u32;
@@ -393,6 +349,170 @@ impl BeamSearch {
         self.unshared.fork_in_place(&self.parents, step + 1);
         self.live = self.selected.len();
     }
+}
+
+/// One prompt of [`BeamSearch::generate_many`]: `prompt_len` tokens whose
+/// KV is in `block_table`.
+#[derive(Clone, Copy, Debug)]
+pub struct BeamPrompt<'a> {
+    pub block_table: &'a [u32],
+    pub prompt_len: usize,
+}
+
+/// Row buffers of a decode step (`rows` × width each).
+#[derive(Debug, Default)]
+struct StepRows {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    ff: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl StepRows {
+    fn new(cfg: &ModelConfig, rows: usize) -> Self {
+        let mut r = Self::default();
+        r.ensure(cfg, rows);
+        r
+    }
+
+    /// Grows the buffers to `rows` rows; never shrinks (they are reused).
+    fn ensure(&mut self, cfg: &ModelConfig, rows: usize) {
+        let (d, f, c) = (cfg.d_model, cfg.d_ff, cfg.codebook_size);
+        for (buf, width) in [
+            (&mut self.x, d),
+            (&mut self.h, d),
+            (&mut self.qkv, 3 * d),
+            (&mut self.attn, d),
+            (&mut self.ff, f),
+            (&mut self.logits, c),
+        ] {
+            if buf.len() < rows * width {
+                buf.resize(rows * width, 0.0);
+            }
+        }
+    }
+}
+
+/// Runs the step-`step` tokens of every search's live beams through the
+/// model into `rows.logits` (one row of C per beam, searches in order).
+fn decode_step<S: KvBlockStore + ?Sized>(
+    model: &GrModel,
+    store: &S,
+    prompts: &[BeamPrompt<'_>],
+    searches: &mut [BeamSearch],
+    rows: &mut StepRows,
+    step: usize,
+) {
+    let cfg = model.config();
+    let be = model.backend.as_ref();
+    let (d, f, c) = (cfg.d_model, cfg.d_ff, cfg.codebook_size);
+    let n: usize = searches.iter().map(|s| s.live).sum();
+    let StepRows {
+        x,
+        h,
+        qkv,
+        attn,
+        ff,
+        logits,
+    } = rows;
+    let mut o = 0;
+    for (search, prompt) in searches.iter().zip(prompts) {
+        let pos = model.pos_row(prompt.prompt_len + step);
+        let beams = x[o * d..].chunks_exact_mut(d).take(search.live);
+        for (row, codes) in beams.zip(&search.codes) {
+            let input = match step {
+                0 => &model.gen_token[..],
+                s => {
+                    let at = (s - 1) * c + codes[s - 1] as usize;
+                    &model.sid_emb[at * d..(at + 1) * d]
+                }
+            };
+            row.copy_from_slice(input);
+            add(row, pos);
+        }
+        o += search.live;
+    }
+    let x = &mut x[..n * d];
+    let h = &mut h[..n * d];
+    for (l, w) in model.layers.iter().enumerate() {
+        rms_norm(x, &w.ln1, h);
+        be.matmul(
+            MatMut::row_major(&mut qkv[..n * 3 * d], n, 3 * d),
+            MatRef::row_major(h, n, d),
+            MatRef::row_major(&w.wqkv, d, 3 * d),
+            1.0,
+            false,
+        );
+        let mut o = 0;
+        for (search, prompt) in searches.iter_mut().zip(prompts) {
+            let nb = search.live;
+            let q = &qkv[o * 3 * d..(o + nb) * 3 * d];
+            for (i, r) in q.chunks_exact(3 * d).enumerate() {
+                search
+                    .unshared
+                    .row_mut(l, 0, i, step)
+                    .copy_from_slice(&r[d..2 * d]);
+                search
+                    .unshared
+                    .row_mut(l, 1, i, step)
+                    .copy_from_slice(&r[2 * d..]);
+            }
+            let shared = SharedPrompt {
+                store,
+                blocks: prompt.block_table,
+                len: prompt.prompt_len,
+            };
+            staged_attention(
+                be,
+                cfg,
+                l,
+                q,
+                3 * d,
+                nb,
+                shared,
+                &search.unshared,
+                step + 1,
+                &mut search.scratch,
+                &mut attn[o * d..(o + nb) * d],
+            );
+            o += nb;
+        }
+        be.matmul(
+            MatMut::row_major(x, n, d),
+            MatRef::row_major(&attn[..n * d], n, d),
+            MatRef::row_major(&w.wo, d, d),
+            1.0,
+            true,
+        );
+        rms_norm(x, &w.ln2, h);
+        let ff = &mut ff[..n * f];
+        be.matmul(
+            MatMut::row_major(ff, n, f),
+            MatRef::row_major(h, n, d),
+            MatRef::row_major(&w.w1, d, f),
+            1.0,
+            false,
+        );
+        gelu(ff);
+        be.matmul(
+            MatMut::row_major(x, n, d),
+            MatRef::row_major(ff, n, f),
+            MatRef::row_major(&w.w2, f, d),
+            1.0,
+            true,
+        );
+    }
+    rms_norm(x, &model.ln_f, h);
+    let head = &model.sid_head[step * d * c..(step + 1) * d * c];
+    be.matmul(
+        MatMut::row_major(&mut logits[..n * c], n, c),
+        MatRef::row_major(h, n, d),
+        MatRef::row_major(head, d, c),
+        1.0,
+        false,
+    );
 }
 
 fn log_sum_exp(v: impl Iterator<Item = f32> + Clone) -> f32 {

@@ -27,7 +27,7 @@ mod topk;
 mod trie;
 
 pub use backend::{Backend, CpuBackend, MatMut, MatRef};
-pub use beam::{BeamHit, BeamKvBytes, BeamSearch, SID_STEPS, beam_kv_bytes};
+pub use beam::{BeamHit, BeamKvBytes, BeamPrompt, BeamSearch, SID_STEPS, beam_kv_bytes};
 pub use config::ModelConfig;
 pub use error::KernelError;
 pub use forward::{ItemKvRef, PrefillJob, RankJob};

@@ -6,9 +6,9 @@ mod common;
 
 use common::*;
 use grflow_kernels::{
-    BeamSearch, Candidate, GrModel, ModelConfig, SharedPrompt, SidTrie, StagedScratch, TopBw,
-    UnsharedKv, beam_kv_bytes, concat_attention, per_beam_attention, rank_order, reference,
-    select_full_sort, select_nth_then_sort, sort_beam, staged_attention,
+    BeamHit, BeamPrompt, BeamSearch, Candidate, GrModel, ModelConfig, SharedPrompt, SidTrie,
+    StagedScratch, TopBw, UnsharedKv, beam_kv_bytes, concat_attention, per_beam_attention,
+    rank_order, reference, select_full_sort, select_nth_then_sort, sort_beam, staged_attention,
 };
 use proptest::prelude::*;
 use rand_chacha::rand_core::Rng;
@@ -357,6 +357,79 @@ fn beam_kv_layout_is_near_ideal_and_beats_block_copying() {
     assert!(
         bytes.separated >= bytes.ideal && bytes.separated < bytes.paged_baseline,
         "{bytes:?}"
+    );
+}
+
+#[test]
+fn searches_decoded_together_equal_each_alone() {
+    // Prompts of different lengths (inside one block, across blocks) and
+    // different beam widths: the batched GEMMs must not mix the searches.
+    let cfg = gr_config(32);
+    let model = GrModel::new(cfg.clone(), 21);
+    let mut r = rng(21);
+    let cat = catalog(&mut r, 500, 32);
+    let trie = SidTrie::new(&cat, 32).unwrap();
+    let mut pool = Pool::new(&cfg, 32, &mut r);
+    let shapes = [(5, 8), (21, 16), (37, 8), (60, 4)];
+    let mut tables = Vec::new();
+    for &(p, _) in &shapes {
+        let table = pool.alloc(cfg.blocks_for(p));
+        let prompt = tokens(&mut r, p, cfg.d_model);
+        model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+        tables.push(table);
+    }
+    let alone: Vec<Vec<BeamHit>> = shapes
+        .iter()
+        .zip(&tables)
+        .map(|(&(p, bw), table)| {
+            let mut s = BeamSearch::new(&cfg, bw, 8, 64).unwrap();
+            s.generate(&model, &pool.store, table, p, &trie)
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+    let mut searches: Vec<BeamSearch> = shapes
+        .iter()
+        .map(|&(_, bw)| BeamSearch::new(&cfg, bw, 8, 64).unwrap())
+        .collect();
+    let prompts: Vec<BeamPrompt<'_>> = shapes
+        .iter()
+        .zip(&tables)
+        .map(|(&(p, _), table)| BeamPrompt {
+            block_table: table,
+            prompt_len: p,
+        })
+        .collect();
+    let check = |searches: &[BeamSearch], which: &[usize]| {
+        for (s, &i) in searches.iter().zip(which) {
+            let (got, want) = (s.hits(), &alone[i]);
+            assert_eq!(got.len(), want.len(), "search {i}");
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(g.sid, w.sid, "search {i}");
+                assert!(
+                    (g.log_prob - w.log_prob).abs() <= 1e-4,
+                    "search {i}: {g:?} vs {w:?}"
+                );
+            }
+        }
+    };
+    BeamSearch::generate_many(&mut searches, &model, &pool.store, &prompts, &trie).unwrap();
+    check(&searches, &[0, 1, 2, 3]);
+    // The buffers are reused: fewer searches, in another order.
+    let mut two: Vec<BeamSearch> = searches.drain(2..).collect();
+    BeamSearch::generate_many(&mut two, &model, &pool.store, &prompts[2..], &trie).unwrap();
+    check(&two, &[2, 3]);
+    // One invalid prompt fails the call before any work.
+    let bad = [
+        prompts[0],
+        BeamPrompt {
+            block_table: &[],
+            prompt_len: 40,
+        },
+    ];
+    assert!(BeamSearch::generate_many(&mut two, &model, &pool.store, &bad, &trie).is_err());
+    assert!(
+        BeamSearch::generate_many(&mut two, &model, &pool.store, &prompts[..1], &trie).is_err()
     );
 }
 
