@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use grflow_kernels::cost::CostModel;
 use grflow_kernels::{
-    BeamSearch, GrModel, KvBlockStore, ModelConfig, PrefillJob, RankJob, SID_STEPS, flops,
+    BeamPrompt, BeamSearch, GrModel, KvBlockStore, ModelConfig, PrefillJob, RankJob, SID_STEPS,
+    flops,
 };
 
 use crate::cache::{BoundaryMove, MemoryError, MemoryStats, NodeMemory, NodeMemoryConfig};
@@ -118,21 +119,23 @@ pub type Outcome = Result<Served, ServeError>;
 /// A rank request's scores or why its model work failed.
 type Scored = Result<Vec<f32>, ServeError>;
 
-/// A retrieve request run in a lane beside rank batches.
-struct SideRetrieve<'a, 'h> {
-    prep: &'a RetrievePrep<'h>,
+/// Retrieve requests computed together (one prefill and one beam decode
+/// for all of them), in a lane beside rank batches or alone.
+struct RetrieveGroup<'a, 'h> {
+    preps: Vec<&'a RetrievePrep<'h>>,
     index: &'a RetrievalIndex,
 }
 
 /// What one lane computes.
 enum LaneJob<'a, 'h> {
     Rank(&'a [(usize, UserPrefix)]),
-    Retrieve(SideRetrieve<'a, 'h>, &'a mut BeamSearch),
+    /// A group and its beam buffers (one per request).
+    Retrieve(RetrieveGroup<'a, 'h>, &'a mut [BeamSearch]),
 }
 
 enum LaneOut {
     Rank(Result<Vec<Vec<f32>>, ServeError>),
-    Retrieve(Result<Retrieved, ServeError>),
+    Retrieve(Vec<Result<Retrieved, ServeError>>),
 }
 
 /// Which side of the bipartite sequence was the prefix (BAT).
@@ -360,8 +363,8 @@ pub struct ServingNode {
     residency: Residency,
     prefixes: UserPrefixes,
     backlog: Backlog,
-    /// Beam buffers, one per retrieve request computed at once (a lane
-    /// each), allocated on first use and reused.
+    /// Beam buffers, one per retrieve request computed at once, allocated
+    /// on first use and reused.
     beams: Vec<BeamSearch>,
     link_clock: LinkClock,
     /// Execution lanes a rank batch is split over (1 = this thread only).
@@ -573,10 +576,13 @@ impl ServingNode {
     }
 
     /// Serves a batch of rank requests and retrieve requests in the same
-    /// step: with two lanes or more each retrieve request's prefill and
-    /// beam search is a job of its own beside the rank batch's groups, and
-    /// the lanes take the jobs as they come free, so neither kind waits for
-    /// the other. Results equal serving them one after another.
+    /// step. The retrieve requests are computed together: their prompts
+    /// prefilled in one set of GEMMs and their beams decoded together (xGR
+    /// batches the beams of several requests). With two lanes or more the
+    /// retrieve group (split over the lanes when there is no rank work) is
+    /// a job beside the rank batch's groups, and the lanes take the jobs as
+    /// they come free, so neither kind waits for the other. Results equal
+    /// serving them one after another (within float rounding).
     pub fn serve_step(
         &mut self,
         now_ms: u64,
@@ -587,10 +593,7 @@ impl ServingNode {
     ) -> (Vec<Outcome>, Vec<Outcome>) {
         self.link_clock.observe(now_ms);
         if self.lanes < 2 {
-            let retrieved = retrieve
-                .iter()
-                .map(|r| self.serve_retrieve(now_ms, r.req, r.history, catalog, index))
-                .collect();
+            let retrieved = self.serve_retrieve_batch(now_ms, retrieve, catalog, index);
             return (self.serve_rank_batch(now_ms, rank, catalog), retrieved);
         }
         let mut retrieved: Vec<Option<Result<Served, ServeError>>> =
@@ -602,9 +605,19 @@ impl ServingNode {
                 Err(e) => retrieved[i] = Some(Err(e)),
             }
         }
+        // Beside rank work one group keeps the beams batched; alone, the
+        // retrieve requests are split over the lanes.
+        let per_group = if rank.is_empty() {
+            preps.len().div_ceil(self.lanes)
+        } else {
+            preps.len()
+        };
         let sides = preps
-            .iter()
-            .map(|(_, prep)| SideRetrieve { prep, index })
+            .chunks(per_group.max(1))
+            .map(|chunk| RetrieveGroup {
+                preps: chunk.iter().map(|(_, prep)| prep).collect(),
+                index,
+            })
             .collect();
         let (ranked, outs) = self.serve_rank_inner(now_ms, rank, catalog, sides);
         for ((i, prep), out) in preps.iter().zip(outs) {
@@ -625,7 +638,7 @@ impl ServingNode {
         now_ms: u64,
         work: &[RankWork<'_>],
         catalog: &dyn ItemCatalog,
-        mut sides: Vec<SideRetrieve<'_, '_>>,
+        mut sides: Vec<RetrieveGroup<'_, '_>>,
     ) -> (Vec<Outcome>, Vec<Result<Retrieved, ServeError>>) {
         self.link_clock.observe(now_ms);
         let mut retrieved = Vec::new();
@@ -755,16 +768,24 @@ impl ServingNode {
         &mut self,
         ready: &[Ready<'_>],
         reserved: &[(usize, UserPrefix)],
-        sides: Vec<SideRetrieve<'_, '_>>,
+        sides: Vec<RetrieveGroup<'_, '_>>,
     ) -> (Vec<Scored>, Vec<Result<Retrieved, ServeError>>) {
         let d = self.params.model.d_model;
+        for side in &sides {
+            self.count_call(side.preps.len());
+        }
         if self.virtual_compute.is_some() {
-            self.count_call(reserved.len());
+            if !reserved.is_empty() {
+                self.count_call(reserved.len());
+            }
             let scores = reserved
                 .iter()
                 .map(|(k, _)| Ok(vec![0.0; ready[*k].candidate_tokens.len() / d]))
                 .collect();
-            let retrieved = sides.iter().map(|_| Ok((Vec::new(), Vec::new()))).collect();
+            let retrieved = sides
+                .iter()
+                .flat_map(|side| side.preps.iter().map(|_| Ok((Vec::new(), Vec::new()))))
+                .collect();
             return (scores, retrieved);
         }
         let lanes = self.lanes.min(reserved.len()).max(1);
@@ -792,12 +813,11 @@ impl ServingNode {
                 // The retrieve request first: the lane that takes it takes a
                 // rank group after it.
                 let mut jobs: Vec<LaneJob<'_, '_>> = Vec::with_capacity(groups.len() + sides.len());
-                debug_assert!(
-                    sides.len() <= self.beams.len(),
-                    "prepared with the requests"
-                );
-                for (side, beam) in sides.into_iter().zip(self.beams.iter_mut()) {
-                    jobs.push(LaneJob::Retrieve(side, beam));
+                let mut beams = &mut self.beams[..];
+                for side in sides {
+                    let (mine, rest) = beams.split_at_mut(side.preps.len());
+                    beams = rest;
+                    jobs.push(LaneJob::Retrieve(side, mine));
                 }
                 jobs.extend(groups.iter().map(|g| LaneJob::Rank(g)));
                 let outs =
@@ -806,8 +826,8 @@ impl ServingNode {
                             LaneJob::Rank(group) => {
                                 LaneOut::Rank(rank_group(model, d, ready, store, group))
                             }
-                            LaneJob::Retrieve(side, beam) => {
-                                LaneOut::Retrieve(retrieve_in(model, store, side, beam, top))
+                            LaneJob::Retrieve(side, beams) => {
+                                LaneOut::Retrieve(retrieve_group(model, store, &side, beams, top))
                             }
                         }
                     });
@@ -815,7 +835,7 @@ impl ServingNode {
                 for out in outs {
                     match out {
                         LaneOut::Rank(r) => ranked.push(r),
-                        LaneOut::Retrieve(r) => retrieved.push(r),
+                        LaneOut::Retrieve(r) => retrieved.extend(r),
                     }
                 }
                 ranked
@@ -853,15 +873,74 @@ impl ServingNode {
         index: &RetrievalIndex,
     ) -> Result<Served, ServeError> {
         self.link_clock.observe(now_ms);
-        let prep = self.prepare_retrieve(req, history, catalog, index, 0)?;
-        if self.virtual_compute.is_some() {
-            return self.finish_retrieve(now_ms, &prep, Ok((Vec::new(), Vec::new())));
+        self.serve_retrieve_batch(now_ms, &[RetrieveWork { req, history }], catalog, index)
+            .pop()
+            .expect("one request, one result")
+    }
+
+    /// Serves retrieve requests together: planned and reserved in order,
+    /// then computed as one group (one prefill, one beam decode). A request
+    /// whose pages do not fit beside the group's starts the next group.
+    /// Results, in order, equal [`Self::serve_retrieve`] one at a time
+    /// (within float rounding); each request fails or succeeds alone.
+    pub fn serve_retrieve_batch(
+        &mut self,
+        now_ms: u64,
+        work: &[RetrieveWork<'_>],
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+    ) -> Vec<Outcome> {
+        self.link_clock.observe(now_ms);
+        let mut results: Vec<Option<Outcome>> = work.iter().map(|_| None).collect();
+        let mut group = Vec::new();
+        for (i, w) in work.iter().enumerate() {
+            loop {
+                match self.prepare_retrieve(w.req, w.history, catalog, index, group.len()) {
+                    Ok(prep) => group.push((i, prep)),
+                    // The group holds the pages it needs: serve it first.
+                    Err(ServeError::Memory(_)) if !group.is_empty() => {
+                        self.compute_retrieves(now_ms, &mut group, index, &mut results);
+                        continue;
+                    }
+                    Err(e) => results[i] = Some(Err(e)),
+                }
+                break;
+            }
         }
-        let top = self.params.top_k;
-        let beam = &mut self.beams[0];
-        let side = SideRetrieve { prep: &prep, index };
-        let retrieved = retrieve_in(&self.model, self.memory.kv_store(), side, beam, top);
-        self.finish_retrieve(now_ms, &prep, retrieved)
+        self.compute_retrieves(now_ms, &mut group, index, &mut results);
+        results
+            .into_iter()
+            .map(|r| r.expect("every retrieve request has a result"))
+            .collect()
+    }
+
+    /// Computes a group of prepared retrieve requests in one model call and
+    /// books each (emptying `group`).
+    fn compute_retrieves(
+        &mut self,
+        now_ms: u64,
+        group: &mut Vec<(usize, RetrievePrep<'_>)>,
+        index: &RetrievalIndex,
+        results: &mut [Option<Outcome>],
+    ) {
+        if group.is_empty() {
+            return;
+        }
+        self.count_call(group.len());
+        let outs = if self.virtual_compute.is_some() {
+            group.iter().map(|_| Ok((Vec::new(), Vec::new()))).collect()
+        } else {
+            let side = RetrieveGroup {
+                preps: group.iter().map(|(_, prep)| prep).collect(),
+                index,
+            };
+            let top = self.params.top_k;
+            let beams = &mut self.beams[..group.len()];
+            retrieve_group(&self.model, self.memory.kv_store(), &side, beams, top)
+        };
+        for ((i, prep), out) in group.drain(..).zip(outs) {
+            results[i] = Some(self.finish_retrieve(now_ms, &prep, out));
+        }
     }
 
     /// Everything of a retrieve request before its model work: plan, beam
@@ -896,10 +975,12 @@ impl ServingNode {
             .map_err(|e| ServeError::Model(e.to_string()))?;
             self.beams.push(beam);
         }
-        self.begin(&plan);
+        self.refill();
         // Reserved first: the tokens its cached prefix covers need no
         // embeddings (EMB lookups never evict KV pages).
         let prefix = self.prefixes.reserve(&mut self.memory, plan.history)?;
+        // Counted once reserved: a request that waits for pages is retried.
+        self.count_truncation(&plan);
         let mut emb = EmbStats::default();
         let history_tokens =
             self.lookup()
@@ -932,7 +1013,6 @@ impl ServingNode {
         let history = prep.plan.history;
         self.prefixes
             .commit(&mut self.memory, prep.user_id, history, &prep.prefix);
-        self.count_call(1);
         let cfg = &self.params.model;
         let (len, reused) = (history.len(), prep.prefix.reused);
         let flops = flops::prefill_flops(cfg, reused, len - reused.min(len))
@@ -955,9 +1035,18 @@ impl ServingNode {
     /// Before any cache work: count a truncation, and let background
     /// refill (after an α move) use the idle link up to now.
     fn begin(&mut self, plan: &Plan<'_>) {
+        self.count_truncation(plan);
+        self.refill();
+    }
+
+    fn count_truncation(&mut self, plan: &Plan<'_>) {
         if plan.truncated {
             self.counters.truncated_histories += 1;
         }
+    }
+
+    /// Lets background refill (after an α move) use the idle link up to now.
+    fn refill(&mut self) {
         let now = self.link_clock.now_ns();
         let host = &self.host;
         let refilled = self
@@ -1105,40 +1194,71 @@ impl ServingNode {
     }
 }
 
-/// Prefill of a retrieve request's uncached prompt, then beam search over
-/// `store` (the pool, or a lane's view of it).
-fn retrieve_in<S: KvBlockStore + ?Sized>(
+/// Prefill of a group of retrieve requests' uncached prompts in one set of
+/// GEMMs, then their beam searches decoded together, over `store` (the
+/// pool, or a lane's view of it); `beams` holds one searcher per request.
+/// Should the group fail as a whole (the plans rule that out), each request
+/// is retried alone so that it fails by itself.
+fn retrieve_group<S: KvBlockStore + ?Sized>(
     model: &GrModel,
     store: &mut S,
-    side: SideRetrieve<'_, '_>,
-    beam: &mut BeamSearch,
+    group: &RetrieveGroup<'_, '_>,
+    beams: &mut [BeamSearch],
     top: usize,
-) -> Result<Retrieved, ServeError> {
+) -> Vec<Result<Retrieved, ServeError>> {
+    let (preps, index) = (&group.preps[..], group.index);
+    match retrieve_together(model, store, preps, index, beams, top) {
+        Ok(all) => all.into_iter().map(Ok).collect(),
+        Err(e) if preps.len() == 1 => vec![Err(e)],
+        Err(_) => preps
+            .iter()
+            .zip(beams.iter_mut())
+            .map(|(prep, beam)| {
+                let one = std::slice::from_ref(prep);
+                retrieve_together(model, store, one, index, std::slice::from_mut(beam), top)
+                    .map(|mut r| r.pop().expect("one request, one result"))
+            })
+            .collect(),
+    }
+}
+
+fn retrieve_together<S: KvBlockStore + ?Sized>(
+    model: &GrModel,
+    store: &mut S,
+    preps: &[&RetrievePrep<'_>],
+    index: &RetrievalIndex,
+    beams: &mut [BeamSearch],
+    top: usize,
+) -> Result<Vec<Retrieved>, ServeError> {
     let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
-    let (prep, index) = (side.prep, side.index);
-    let prefix = &prep.prefix;
-    model
-        .prefill(
-            store,
-            &prefix.block_table,
-            prefix.reused,
-            &prep.history_tokens,
-        )
-        .map_err(model_err)?;
-    let hits = beam
-        .generate(
-            model,
-            &*store,
-            &prefix.block_table,
-            prep.plan.history.len(),
-            index.trie(),
-        )
-        .map_err(model_err)?;
-    Ok(hits
+    let prefills: Vec<PrefillJob<'_>> = preps
         .iter()
-        .filter_map(|h| index.item(h.sid).map(|item| (item, h.log_prob)))
-        .take(top)
-        .unzip())
+        .map(|prep| PrefillJob {
+            block_table: &prep.prefix.block_table,
+            cached_len: prep.prefix.reused,
+            new_tokens: &prep.history_tokens,
+        })
+        .collect();
+    model.prefill_batch(store, &prefills).map_err(model_err)?;
+    let prompts: Vec<BeamPrompt<'_>> = preps
+        .iter()
+        .map(|prep| BeamPrompt {
+            block_table: &prep.prefix.block_table,
+            prompt_len: prep.plan.history.len(),
+        })
+        .collect();
+    let beams = &mut beams[..preps.len()];
+    BeamSearch::generate_many(beams, model, &*store, &prompts, index.trie()).map_err(model_err)?;
+    Ok(beams
+        .iter()
+        .map(|beam| {
+            beam.hits()
+                .iter()
+                .filter_map(|h| index.item(h.sid).map(|item| (item, h.log_prob)))
+                .take(top)
+                .unzip()
+        })
+        .collect())
 }
 
 /// Prefill then ranking of one group of reserved requests, in two batched
