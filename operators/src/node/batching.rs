@@ -6,7 +6,8 @@
 /// One queued request as the batcher sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Queued {
-    /// Generative retrieval (served alone) rather than ranking.
+    /// Generative retrieval (batched with other retrieve requests) rather
+    /// than ranking.
     pub retrieve: bool,
     /// Tokens it adds to a batch (history, candidates, instruction).
     pub tokens: usize,
@@ -29,10 +30,10 @@ pub struct BatchPolicy {
 /// What to do next.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Next {
-    /// Serve these together: retrieve requests (each a lane job of its own
-    /// beside the rank batch when there are two lanes or more) and rank
-    /// requests (one batch the node splits over its lanes), as indices in
-    /// queue order.
+    /// Serve these together: retrieve requests (one group: one prefill and
+    /// one beam decode, beside the rank batch when there are two lanes or
+    /// more) and rank requests (one batch the node splits over its lanes),
+    /// as indices in queue order.
     Serve {
         retrieve: Vec<usize>,
         rank: Vec<usize>,
@@ -45,13 +46,16 @@ pub enum Next {
 
 impl BatchPolicy {
     /// The next step for `queue` (oldest arrival first).
-    /// - One lane: a retrieve request at the front goes alone; otherwise
-    ///   rank requests are taken in queue order (passing over retrieve
-    ///   ones) up to `max_tokens`.
-    /// - Two lanes or more: the first `lanes` retrieve requests in the
-    ///   queue run beside rank requests up to `lanes × max_tokens` (the
-    ///   node's lanes take the retrieve requests and the rank batches as
-    ///   they come free).
+    /// - One lane: a retrieve request at the front goes with the retrieve
+    ///   requests behind it, in queue order up to `max_tokens` (passing
+    ///   over rank ones); otherwise rank requests are taken in queue order
+    ///   (passing over retrieve ones) up to `max_tokens`.
+    /// - Two lanes or more: retrieve requests up to `lanes × max_tokens`
+    ///   run beside rank requests up to `lanes × max_tokens` (the node's
+    ///   lanes take the retrieve group and the rank batches as they come
+    ///   free).
+    ///
+    /// The first request of a kind is always taken, however large.
     ///
     /// Should the rank requests alone be less than one batch's budget while
     /// the oldest of them has waited less than `max_wait_ms`, the node
@@ -61,35 +65,19 @@ impl BatchPolicy {
             return Next::Nothing;
         };
         let lanes = self.lanes.max(1);
+        let budget = self.max_tokens.max(1).saturating_mul(lanes);
         if lanes == 1 && first.retrieve {
             return Next::Serve {
-                retrieve: vec![0],
+                retrieve: take_kind(queue, true, budget).0,
                 rank: Vec::new(),
             };
         }
-        let retrieve: Vec<usize> = if lanes == 1 {
+        let retrieve = if lanes == 1 {
             Vec::new()
         } else {
-            let kinds = queue.iter().enumerate();
-            kinds
-                .filter(|(_, q)| q.retrieve)
-                .map(|(i, _)| i)
-                .take(lanes)
-                .collect()
+            take_kind(queue, true, budget).0
         };
-        let budget = self.max_tokens.max(1).saturating_mul(lanes);
-        let mut rank = Vec::new();
-        let mut tokens = 0;
-        for (i, q) in queue.iter().enumerate() {
-            if q.retrieve {
-                continue;
-            }
-            if !rank.is_empty() && tokens + q.tokens > budget {
-                break;
-            }
-            rank.push(i);
-            tokens += q.tokens;
-        }
+        let (rank, tokens) = take_kind(queue, false, budget);
         let oldest = rank.iter().map(|&i| queue[i].waited_ms).fold(0.0, f64::max);
         let short = tokens < self.max_tokens && oldest < self.max_wait_ms;
         if retrieve.is_empty() && short {
@@ -97,6 +85,24 @@ impl BatchPolicy {
         }
         Next::Serve { retrieve, rank }
     }
+}
+
+/// Requests of one kind in queue order while their tokens fit `budget`
+/// (the first always), and their tokens.
+fn take_kind(queue: &[Queued], retrieve: bool, budget: usize) -> (Vec<usize>, usize) {
+    let mut taken = Vec::new();
+    let mut tokens = 0;
+    for (i, q) in queue.iter().enumerate() {
+        if q.retrieve != retrieve {
+            continue;
+        }
+        if !taken.is_empty() && tokens + q.tokens > budget {
+            break;
+        }
+        taken.push(i);
+        tokens += q.tokens;
+    }
+    (taken, tokens)
 }
 
 #[cfg(test)]
@@ -149,24 +155,27 @@ mod tests {
     }
 
     #[test]
-    fn one_lane_serves_a_retrieve_request_in_front_alone_and_passes_over_others() {
-        let q = [retrieve(), rank(10, 0.0)];
-        assert_eq!(
-            policy(1000, 0.0, 1).next(&q),
-            Next::Serve {
-                retrieve: vec![0],
-                rank: vec![]
-            }
-        );
+    fn one_lane_serves_the_retrieve_requests_of_a_retrieve_front_together() {
+        let q = [retrieve(), rank(10, 0.0), retrieve(), retrieve()];
+        let retrieve_only = |retrieve| Next::Serve {
+            retrieve,
+            rank: vec![],
+        };
+        // Retrieve requests of 100 tokens, passing over the rank one.
+        assert_eq!(policy(1000, 0.0, 1).next(&q), retrieve_only(vec![0, 2, 3]));
+        assert_eq!(policy(250, 0.0, 1).next(&q), retrieve_only(vec![0, 2]));
+        // One request per call, or larger than the budget: alone.
+        assert_eq!(policy(1, 0.0, 1).next(&q), retrieve_only(vec![0]));
+        assert_eq!(policy(50, 0.0, 1).next(&q), retrieve_only(vec![0]));
+        // A rank request in front: the rank batch passes over retrieve ones.
         let q = [rank(10, 0.0), retrieve(), rank(10, 0.0)];
         assert_eq!(policy(1000, 0.0, 1).next(&q), rank_only(vec![0, 2]));
     }
 
     #[test]
-    fn with_lanes_a_retrieve_request_runs_beside_the_rank_batch() {
+    fn with_lanes_retrieve_requests_run_beside_the_rank_batch() {
         let q = [rank(100, 0.0), retrieve(), rank(100, 0.0), retrieve()];
-        // Two lanes: the first retrieve request and rank work up to
-        // 2 × 150 tokens.
+        // Two lanes: retrieve and rank work each up to 2 × max_tokens.
         assert_eq!(
             policy(150, 0.0, 2).next(&q),
             Next::Serve {
@@ -184,7 +193,7 @@ mod tests {
         assert_eq!(
             policy(60, 0.0, 2).next(&q),
             Next::Serve {
-                retrieve: vec![1, 3],
+                retrieve: vec![1],
                 rank: vec![0]
             }
         );

@@ -130,9 +130,10 @@ impl EventOperator for NodeParts {
         *out = served;
     }
 
-    /// `arrival` mode: one step per activation (a retrieve request, or up
-    /// to `lanes` rank batches), so that the router on this worker routes
-    /// between batches; or a wait for a short batch to fill.
+    /// `arrival` mode: one step per activation (a group of retrieve
+    /// requests, or up to `lanes` rank batches, or both with two lanes or
+    /// more), so that the router on this worker routes between batches; or
+    /// a wait for a short batch to fill.
     fn on_queue(
         &mut self,
         queue: &mut VecDeque<(u64, Routed)>,
@@ -348,8 +349,9 @@ impl NodeParts {
     }
 
     /// Serves rank requests with batched model calls and retrieve
-    /// requests, which run in lanes beside them when the node has two lanes
-    /// or more (else before them, one at a time).
+    /// requests as one group (one prefill, one beam decode), which runs in
+    /// a lane beside them when the node has two lanes or more (else before
+    /// them).
     fn serve_batch(
         &mut self,
         batch: Vec<Slotted>,
