@@ -65,7 +65,7 @@ impl TrainConfig {
             arch: "small".into(),
             model,
             max_history: 50,
-            negatives: 4,
+            negatives: 8,
             item_init_std: 0.3,
             dropout: 0.25,
             batch_users: 128,
