@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::{Backend, CpuBackend, MatMut, MatRef};
-use crate::beam::{BeamSearch, SID_STEPS, beam_kv_bytes};
+use crate::beam::{BeamPrompt, BeamSearch, SID_STEPS, beam_kv_bytes};
 use crate::config::ModelConfig;
 use crate::error::KernelError;
 use crate::flops::{beam_search_flops, prefill_flops};
@@ -110,6 +110,16 @@ pub struct BenchReport {
     pub beam_prompt: usize,
     pub beam_search_ms: f64,
     pub beam_search_gflops: f64,
+    /// Searches decoded together ([`BeamSearch::generate_many`]), as a
+    /// node serves a group of retrieve requests, at the serving default
+    /// (`hstu-3l`, BW = K = 32, a 64-token prompt).
+    pub beam_group: usize,
+    /// One such search alone.
+    pub beam_group_alone_ms: f64,
+    /// Wall time of the group's search divided by `beam_group`.
+    pub beam_group_ms_per_search: f64,
+    /// `beam_group_alone_ms / beam_group_ms_per_search`.
+    pub beam_group_speedup: f64,
     /// Bytes allocated for the beam KV (capacities of the prompt's block
     /// arena and of the unshared beam buffer, both measured).
     pub beam_kv_bytes: usize,
@@ -240,6 +250,42 @@ fn unordered(cands: &[Candidate], stride: usize, lens: &[usize]) -> Vec<Candidat
 }
 
 /// Runs every measurement.
+/// Searches per group in the grouped beam measurement.
+const BEAM_GROUP: usize = 4;
+
+/// One search alone and `BEAM_GROUP` searches decoded together at the
+/// serving default (`hstu-3l`, BW = K = 32, 64-token prompt): ms of the
+/// search alone, and ms of the group per search.
+fn beam_group_ms(backend: Arc<dyn Backend>, reps: usize) -> Result<(f64, f64), KernelError> {
+    let cfg = ModelConfig::preset("hstu-3l").expect("hstu-3l preset");
+    let (bw, prompt) = (32, 64);
+    let model = GrModel::try_new(cfg.clone(), 12)?.with_backend(backend);
+    let mut store = VecKvStore::new(cfg.blocks_for(prompt), cfg.kv_block_floats());
+    let table = shuffled(cfg.blocks_for(prompt), 13);
+    model.prefill(&mut store, &table, 0, &rows(prompt, cfg.d_model, 14))?;
+    let catalog: Vec<[u16; 3]> = (0..32u16)
+        .flat_map(|a| (0..32u16).flat_map(move |b| (0..32u16).map(move |x| [a, b, x * 31])))
+        .collect();
+    let trie = SidTrie::new(&catalog, cfg.codebook_size)?;
+    let prompts = [BeamPrompt {
+        block_table: &table,
+        prompt_len: prompt,
+    }; BEAM_GROUP];
+    let mut searches: Vec<BeamSearch> = (0..BEAM_GROUP)
+        .map(|_| BeamSearch::new(&cfg, bw, bw, prompt))
+        .collect::<Result<_, _>>()?;
+    let mut result = Ok(());
+    let alone = best_secs(reps, || {
+        result = BeamSearch::generate_many(&mut searches[..1], &model, &store, &prompts[..1], &trie)
+    });
+    std::mem::replace(&mut result, Ok(()))?;
+    let group = best_secs(reps, || {
+        result = BeamSearch::generate_many(&mut searches, &model, &store, &prompts, &trie)
+    });
+    result?;
+    Ok((alone * 1e3, group * 1e3 / BEAM_GROUP as f64))
+}
+
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
     if opts.prefill_tokens < 10 {
         return Err(KernelError::InvalidConfig(format!(
@@ -329,6 +375,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
             .map(|_| ())
     });
     gen_result?;
+    let (group_alone_ms, group_ms_per_search) = beam_group_ms(backend.clone(), opts.reps)?;
     // Bytes: the prompt's blocks and the unshared buffer as allocated; the
     // paged baseline and the ideal come from the search's actual forks.
     let kv = beam_kv_bytes(&gcfg, beam_prompt, bw, search.parents_per_step());
@@ -478,6 +525,10 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
         beam_prompt,
         beam_search_ms: beam_secs * 1e3,
         beam_search_gflops: beam_search_flops(&gcfg, beam_prompt, bw) / beam_secs / 1e9,
+        beam_group: BEAM_GROUP,
+        beam_group_alone_ms: group_alone_ms,
+        beam_group_ms_per_search: group_ms_per_search,
+        beam_group_speedup: group_alone_ms / group_ms_per_search.max(1e-12),
         beam_kv_bytes: kv_measured,
         beam_kv_prompt_bytes: kv_prompt,
         beam_kv_unshared_bytes: kv_unshared,

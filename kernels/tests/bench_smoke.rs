@@ -64,10 +64,13 @@ fn tiny_bench_runs_every_measurement_and_names_its_shapes() {
         r.topk_presorted_heap_us,
         r.topk_full_sort_us,
         r.beam_search_ms,
+        r.beam_group_alone_ms,
+        r.beam_group_ms_per_search,
         r.prefill_ms,
     ] {
         assert!(t.is_finite() && t > 0.0, "{r:?}");
     }
+    assert_eq!(r.beam_group, 4);
 }
 
 #[test]
