@@ -872,7 +872,6 @@ impl ServingNode {
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
     ) -> Result<Served, ServeError> {
-        self.link_clock.observe(now_ms);
         self.serve_retrieve_batch(now_ms, &[RetrieveWork { req, history }], catalog, index)
             .pop()
             .expect("one request, one result")
