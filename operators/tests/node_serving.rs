@@ -414,7 +414,8 @@ fn retrieve_requests_in_lanes_beside_a_rank_batch_equal_serving_them_in_turn() {
 
 /// Retrieve requests of one step are computed together (one prefill, one
 /// beam decode): the same answers as one at a time, in one model call, and
-/// a group that would not fit in the pool is split instead of failing.
+/// a group that would not fit in the pool is split instead of failing, with
+/// one lane or two.
 #[test]
 fn retrieve_requests_served_together_equal_serving_them_in_turn() {
     let catalog = Catalog::new(500);
@@ -443,7 +444,7 @@ fn retrieve_requests_served_together_equal_serving_them_in_turn() {
         let mut p = params();
         p.memory.pool_bytes = pool_bytes;
         let mut in_turn = ServingNode::new(0, p.clone()).unwrap();
-        let mut together = ServingNode::new(0, p).unwrap();
+        let mut together = ServingNode::new(0, p.clone()).unwrap();
         let first = of(1, 20);
         for node in [&mut in_turn, &mut together] {
             let req = work[0].req;
@@ -460,7 +461,20 @@ fn retrieve_requests_served_together_equal_serving_them_in_turn() {
             .collect();
         let calls = together.counters().model_calls;
         let got = together.serve_retrieve_batch(5, &work, &catalog, &index);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        // Two lanes (no rank work: the group is split over the lanes).
+        let mut laned = ServingNode::new(0, p.clone()).unwrap();
+        laned.set_lanes(2);
+        laned
+            .serve_retrieve(0, work[0].req, &first, &catalog, &index)
+            .unwrap();
+        let (none, got_laned) = laned.serve_step(5, &[], &work, &catalog, &index);
+        assert!(none.is_empty());
+        for (i, (g, w)) in got
+            .iter()
+            .chain(&got_laned)
+            .zip(want.iter().cycle())
+            .enumerate()
+        {
             let g = g.as_ref().unwrap_or_else(|e| panic!("request {i}: {e}"));
             assert_eq!(g.items, w.items, "request {i}");
             assert!(!g.items.is_empty());
@@ -480,6 +494,10 @@ fn retrieve_requests_served_together_equal_serving_them_in_turn() {
             o.free_pages + o.user_kv_pages
         );
         assert_eq!(together.counters().responses, in_turn.counters().responses);
+        assert_eq!(laned.counters().responses, in_turn.counters().responses);
+        let l = laned.memory_stats();
+        assert_eq!(l.scratch_pages, 0, "{l:?}");
+        assert_eq!(l.user_kv_pages, o.user_kv_pages);
         together.counters().model_calls - calls
     };
     assert_eq!(run(4 << 20), 1, "one model call for the four");

@@ -581,7 +581,9 @@ impl ServingNode {
     /// batches the beams of several requests). With two lanes or more the
     /// retrieve group (split over the lanes when there is no rank work) is
     /// a job beside the rank batch's groups, and the lanes take the jobs as
-    /// they come free, so neither kind waits for the other. Results equal
+    /// they come free, so neither kind waits for the other. Retrieve
+    /// requests whose pages do not fit beside the group are served after
+    /// it, as [`Self::serve_retrieve_batch`] splits a group. Results equal
     /// serving them one after another (within float rounding).
     pub fn serve_step(
         &mut self,
@@ -599,9 +601,16 @@ impl ServingNode {
         let mut retrieved: Vec<Option<Result<Served, ServeError>>> =
             retrieve.iter().map(|_| None).collect();
         let mut preps = Vec::with_capacity(retrieve.len());
+        // A request whose pages do not fit beside those prepared, and the
+        // ones after it, are served after the step (pages freed by then).
+        let mut later = retrieve.len();
         for (i, r) in retrieve.iter().enumerate() {
             match self.prepare_retrieve(r.req, r.history, catalog, index, preps.len()) {
                 Ok(prep) => preps.push((i, prep)),
+                Err(ServeError::Memory(_)) if !preps.is_empty() => {
+                    later = i;
+                    break;
+                }
                 Err(e) => retrieved[i] = Some(Err(e)),
             }
         }
@@ -622,6 +631,10 @@ impl ServingNode {
         let (ranked, outs) = self.serve_rank_inner(now_ms, rank, catalog, sides);
         for ((i, prep), out) in preps.iter().zip(outs) {
             retrieved[*i] = Some(self.finish_retrieve(now_ms, prep, out));
+        }
+        let rest = self.serve_retrieve_batch(now_ms, &retrieve[later..], catalog, index);
+        for (slot, out) in retrieved[later..].iter_mut().zip(rest) {
+            *slot = Some(out);
         }
         let retrieved = retrieved
             .into_iter()
