@@ -63,6 +63,10 @@ pub struct Args {
 /// factor scales it to the offered rate.
 const TRACE_RPS: f64 = 100.0;
 
+/// The deep-queue capacity run: event ms the source may run ahead (the
+/// default 2,000 keeps queues short).
+const DEEP_AHEAD_MS: u64 = 60_000;
+
 /// Requests of the one-at-a-time latency run.
 const SINGLE_REQUESTS: usize = 50;
 
@@ -89,6 +93,13 @@ struct ServeBench {
     service_tokens_per_ms: f64,
     single_request_p50_ms: f64,
     capacity_rps_unbatched: f64,
+    /// Batched at `--speed max` with deep queues (the source may run far
+    /// ahead, so batches fill to `max_tokens`): what batching could serve
+    /// at best on this machine, the ceiling of `goodput_rps_batched`.
+    capacity_rps_batched: f64,
+    /// capacity_rps_batched / goodput_rps_unbatched: the largest
+    /// goodput_ratio this machine allows.
+    goodput_ratio_ceiling: f64,
     goodput_rps_unbatched: f64,
     goodput_rps_batched: f64,
     goodput_ratio: f64,
@@ -200,6 +211,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  {capacity_rps_unbatched:.1} req/s; node.service_tokens_per_ms = {service_tokens_per_ms:.2}"
     );
 
+    eprintln!("capacity: batched at --speed max with deep queues...");
+    let mut deep = configured(&base, args.max_tokens, "max");
+    deep.run.max_ahead_ms = DEEP_AHEAD_MS;
+    let capacity_rps_batched = replay(&trace, deep)?.throughput_rps;
+    eprintln!("  {capacity_rps_batched:.1} req/s");
+
     // One request at a time: the first requests of the trace offered far
     // below capacity (few of them, so that a slow model stays quick).
     let mut few = (*trace).clone();
@@ -271,6 +288,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         service_tokens_per_ms: base.node.service_tokens_per_ms,
         single_request_p50_ms,
         capacity_rps_unbatched,
+        capacity_rps_batched,
+        goodput_ratio_ceiling: capacity_rps_batched / goodput_rps_unbatched.max(1e-9),
         goodput_rps_unbatched,
         goodput_rps_batched,
         goodput_ratio: goodput_rps_batched / goodput_rps_unbatched.max(1e-9),
