@@ -41,8 +41,8 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
     }
     assert_eq!(v["slo_ms"].as_f64(), Some(30.0), "small's default SLO");
     assert!(v["capacity_rps_unbatched"].as_f64().unwrap() > 0.0);
-    let ceiling = v["capacity_rps_batched"].as_f64().unwrap()
-        / v["goodput_rps_unbatched"].as_f64().unwrap();
+    let ceiling =
+        v["capacity_rps_batched"].as_f64().unwrap() / v["goodput_rps_unbatched"].as_f64().unwrap();
     assert!((v["goodput_ratio_ceiling"].as_f64().unwrap() - ceiling).abs() < 1e-9);
     assert_eq!(v["lanes"].as_u64(), Some(2));
     assert!(v["capacity_rps_one_worker_lanes"].as_f64().unwrap() > 0.0);

@@ -42,6 +42,8 @@ fn train_writes_a_model_that_eval_scores_and_resume_continues() {
     let json: Value =
         serde_json::from_slice(&std::fs::read(model.join("model.json")).unwrap()).unwrap();
     assert_eq!(json["epochs"], 2, "{json}");
+    // The build's commit (build.rs), not the working directory's.
+    assert_eq!(json["commit"], env!("GRFLOW_COMMIT"));
     assert_eq!(json["max_history"], 50);
     assert_eq!(json["vocabulary"]["items"], 60);
     let version = json["model_version"].as_str().unwrap().to_string();

@@ -71,14 +71,9 @@ impl Observer for Bar {
     }
 }
 
+/// The commit this binary was built from (build.rs; "unknown" outside git).
 fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
+    env!("GRFLOW_COMMIT").to_string()
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
