@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use grflow_kernels::ModelConfig;
 use grflow_operators::link::LinkConfig;
 use grflow_operators::node::{
-    ItemCatalog, MemoryParams, NodeParams, RankRequest, RankWork, RetrieveRequest, RetrieveWork,
-    ServingNode,
+    ItemCatalog, MAX_RETRIEVE_GROUP, MemoryParams, NodeParams, RankRequest, RankWork,
+    RetrieveRequest, RetrieveWork, ServingNode,
 };
 use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::shards::ShardMap;
@@ -504,6 +504,53 @@ fn retrieve_requests_served_together_equal_serving_them_in_turn() {
     // 9 KV blocks (α 0.5 of 288 KiB, 16 KiB blocks): 3 + 1 + 4 + 2 blocks
     // do not fit at once, so the group splits; each request still succeeds.
     assert!(run(288 << 10) >= 2);
+}
+
+/// A step's retrieve requests are decoded in groups of at most
+/// `MAX_RETRIEVE_GROUP` (each group holds a beam searcher per request),
+/// with one lane or two, and answer as they would one at a time.
+#[test]
+fn retrieve_groups_are_capped_and_every_request_is_answered() {
+    let catalog = Catalog::new(500);
+    let index = RetrievalIndex::new(sparse_sids(), 16).unwrap();
+    let n = MAX_RETRIEVE_GROUP + 2;
+    let histories: Vec<Vec<u32>> = (0..n as u32)
+        .map(|u| (0..6).map(|i| (i * 31 + u * 7) % 500).collect())
+        .collect();
+    let work: Vec<RetrieveWork<'_>> = histories
+        .iter()
+        .enumerate()
+        .map(|(u, h)| RetrieveWork {
+            req: RetrieveRequest {
+                req_id: u as u64,
+                user_id: u as u64,
+            },
+            history: h,
+        })
+        .collect();
+    let mut in_turn = ServingNode::new(0, params()).unwrap();
+    let want: Vec<_> = work
+        .iter()
+        .map(|r| {
+            in_turn
+                .serve_retrieve(5, r.req, r.history, &catalog, &index)
+                .unwrap()
+        })
+        .collect();
+    for lanes in [1, 2] {
+        let mut node = ServingNode::new(0, params()).unwrap();
+        node.set_lanes(lanes);
+        let (_, got) = node.serve_step(5, &[], &work, &catalog, &index);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let g = g.as_ref().unwrap_or_else(|e| panic!("request {i}: {e}"));
+            assert_eq!(g.items, w.items, "request {i}, lanes {lanes}");
+        }
+        // One lane: a group of the cap, then the two left. Two lanes: the
+        // cap split over the lanes, then the two left.
+        let calls = node.counters().model_calls;
+        assert_eq!(calls, if lanes == 1 { 2 } else { 3 }, "lanes {lanes}");
+        assert_eq!(node.counters().responses, n as u64);
+    }
 }
 
 /// HLEM's EMB–KV coupling: tokens a cached KV prefix covers need no

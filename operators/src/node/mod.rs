@@ -339,6 +339,11 @@ pub const BATCH_BUCKETS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// everything larger.
 pub const WAIT_BUCKETS_MS: [f64; 9] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0];
 
+/// Retrieve requests decoded together at most: each holds a beam searcher
+/// sized for the longest prompt (~2 MB at hstu-3l), and 16 searches of a
+/// 32-wide beam already give the decode GEMMs 512 rows.
+pub const MAX_RETRIEVE_GROUP: usize = 16;
+
 /// Adds one to the bucket of `value` under `bounds` (one more bucket above).
 fn bump<T: PartialOrd>(hist: &mut Vec<u64>, bounds: &[T], value: T) {
     hist.resize(bounds.len() + 1, 0);
@@ -605,6 +610,10 @@ impl ServingNode {
         // ones after it, are served after the step (pages freed by then).
         let mut later = retrieve.len();
         for (i, r) in retrieve.iter().enumerate() {
+            if preps.len() == MAX_RETRIEVE_GROUP {
+                later = i;
+                break;
+            }
             match self.prepare_retrieve(r.req, r.history, catalog, index, preps.len()) {
                 Ok(prep) => preps.push((i, prep)),
                 Err(ServeError::Memory(_)) if !preps.is_empty() => {
@@ -892,7 +901,8 @@ impl ServingNode {
 
     /// Serves retrieve requests together: planned and reserved in order,
     /// then computed as one group (one prefill, one beam decode). A request
-    /// whose pages do not fit beside the group's starts the next group.
+    /// whose pages do not fit beside the group's starts the next group, and
+    /// so does the request after [`MAX_RETRIEVE_GROUP`] of them.
     /// Results, in order, equal [`Self::serve_retrieve`] one at a time
     /// (within float rounding); each request fails or succeeds alone.
     pub fn serve_retrieve_batch(
@@ -906,6 +916,9 @@ impl ServingNode {
         let mut results: Vec<Option<Outcome>> = work.iter().map(|_| None).collect();
         let mut group = Vec::new();
         for (i, w) in work.iter().enumerate() {
+            if group.len() == MAX_RETRIEVE_GROUP {
+                self.compute_retrieves(now_ms, &mut group, index, &mut results);
+            }
             loop {
                 match self.prepare_retrieve(w.req, w.history, catalog, index, group.len()) {
                     Ok(prep) => group.push((i, prep)),
