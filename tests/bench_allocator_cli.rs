@@ -120,6 +120,13 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         assert!((0.0..=1.0).contains(&gap), "{r}");
         assert!(r["alpha_star_std"].as_f64().unwrap() >= 0.0, "{r}");
         assert!(r["p99_regret_ms"].as_f64().unwrap().is_finite(), "{r}");
+        // No constant does better in hindsight than the kv-emb-opt/kv-opt
+        // rows' own (constant) α.
+        let best_constant = r["oracle_gap_best_constant"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&best_constant), "{r}");
+        if r["alpha_moves"].as_u64() == Some(0) {
+            assert!(best_constant <= gap + 1e-9, "{r}");
+        }
     }
     for plot in ["alpha-burst.svg", "p99-burst.svg", "sweep.svg"] {
         let svg = std::fs::read_to_string(dir.join("plots").join(plot)).unwrap();

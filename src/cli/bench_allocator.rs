@@ -89,6 +89,11 @@ struct Row {
     p99_regret_ms: Option<f64>,
     /// Std of α* over epochs (per node, averaged over nodes).
     alpha_star_std: Option<f64>,
+    /// The gap of the best constant α in hindsight (per node the median
+    /// α* of this run): the gap left when α* is jitter around a level.
+    oracle_gap_best_constant: Option<f64>,
+    /// The gap of a controller that knew the previous epoch's α* exactly.
+    oracle_gap_previous_star: Option<f64>,
     /// Node-epochs the oracle evaluated.
     oracle_epochs: u64,
 }
@@ -256,8 +261,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 s.slo_satisfaction * 100.0,
                 alloc.as_ref().map_or(0, |a| a.alpha_moves),
                 oracle.as_ref().map_or(String::new(), |o| format!(
-                    ", oracle gap {:.3}, p99 regret {:.3} ms, alpha* std {:.3}",
-                    o.gap, o.regret_ms, o.alpha_star_std
+                    ", oracle gap {:.3} (best constant {:.3}), p99 regret {:.3} ms, \
+                     alpha* std {:.3}",
+                    o.gap, o.gap_best_constant, o.regret_ms, o.alpha_star_std
                 )),
                 run_started.elapsed().as_secs_f64()
             );
@@ -280,6 +286,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 oracle_gap: oracle.as_ref().map(|o| o.gap),
                 p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
                 alpha_star_std: oracle.as_ref().map(|o| o.alpha_star_std),
+                oracle_gap_best_constant: oracle.as_ref().map(|o| o.gap_best_constant),
+                oracle_gap_previous_star: oracle.as_ref().and_then(|o| o.gap_previous_star),
                 oracle_epochs: out.oracle.len() as u64,
             });
         }
@@ -307,13 +315,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6} {:>7} {:>10} {:>8}",
-            "regime", "policy", "alpha0", "p99 ms", "SLO %", "moves", "gap", "regret ms", "a* std"
+            "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6} {:>7} {:>9} {:>10} {:>8}",
+            "regime",
+            "policy",
+            "alpha0",
+            "p99 ms",
+            "SLO %",
+            "moves",
+            "gap",
+            "gap const",
+            "regret ms",
+            "a* std"
         );
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
         for r in &report.rows {
             println!(
-                "{:<8} {:<11} {:>6.2} {:>9.2} {:>7.1} {:>6} {:>7} {:>10} {:>8}",
+                "{:<8} {:<11} {:>6.2} {:>9.2} {:>7.1} {:>6} {:>7} {:>9} {:>10} {:>8}",
                 r.regime,
                 r.policy,
                 r.alpha_start,
@@ -321,6 +338,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 r.slo_satisfaction * 100.0,
                 r.alpha_moves,
                 opt(r.oracle_gap),
+                opt(r.oracle_gap_best_constant),
                 opt(r.p99_regret_ms),
                 opt(r.alpha_star_std)
             );

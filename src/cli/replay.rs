@@ -159,9 +159,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.oracle_step.is_some() {
         match OracleSummary::of(&output.oracle) {
             Some(o) => eprintln!(
-                "oracle: {} node-epochs, gap mean |alpha - alpha*| {:.3}, p99 regret {:.3} ms, \
-                 mean alpha* {:.3}",
-                o.epochs, o.gap, o.regret_ms, o.alpha_star_mean
+                "oracle: {} node-epochs, gap mean |alpha - alpha*| {:.3} (best constant alpha \
+                 {:.3}, last epoch's alpha* {}), p99 regret {:.3} ms, mean alpha* {:.3}",
+                o.epochs,
+                o.gap,
+                o.gap_best_constant,
+                o.gap_previous_star
+                    .map_or("-".to_string(), |g| format!("{g:.3}")),
+                o.regret_ms,
+                o.alpha_star_mean
             ),
             None => eprintln!("oracle: no epoch served a request"),
         }

@@ -179,6 +179,13 @@ pub struct OracleSummary {
     pub alpha_star_mean: f64,
     /// Std of α* over epochs, per node, averaged over nodes.
     pub alpha_star_std: f64,
+    /// The gap of the best constant α in hindsight (per node, the median
+    /// of its α*): where α* jitters around a level, a controller that
+    /// reads past windows can hardly do better.
+    pub gap_best_constant: f64,
+    /// Mean |α*ₜ − α*ₜ₋₁| per node: the gap of a controller that knew the
+    /// previous epoch's α* exactly (`None` with one epoch per node).
+    pub gap_previous_star: Option<f64>,
 }
 
 impl OracleSummary {
@@ -187,10 +194,28 @@ impl OracleSummary {
         if epochs.is_empty() {
             return None;
         }
-        let mut per_node: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
+        let mut by_node: std::collections::BTreeMap<u32, Vec<&OracleEpoch>> = Default::default();
         for e in epochs {
-            per_node.entry(e.node).or_default().push(e.alpha_star);
+            by_node.entry(e.node).or_default().push(e);
         }
+        let per_node: Vec<Vec<f64>> = by_node
+            .into_values()
+            .map(|mut v| {
+                v.sort_by_key(|e| e.epoch_start_ms);
+                v.iter().map(|e| e.alpha_star).collect()
+            })
+            .collect();
+        let off_median: f64 = per_node
+            .iter()
+            .map(|v| {
+                let m = median(v);
+                v.iter().map(|a| (a - m).abs()).sum::<f64>()
+            })
+            .sum();
+        let steps: Vec<f64> = per_node
+            .iter()
+            .flat_map(|v| v.windows(2).map(|w| (w[1] - w[0]).abs()))
+            .collect();
         let mean =
             |f: fn(&OracleEpoch) -> f64| epochs.iter().map(f).sum::<f64>() / epochs.len() as f64;
         Some(Self {
@@ -198,9 +223,27 @@ impl OracleSummary {
             gap: mean(|e| (e.alpha - e.alpha_star).abs()),
             regret_ms: mean(|e| e.p99_at_alpha_ms - e.p99_at_star_ms),
             alpha_star_mean: mean(|e| e.alpha_star),
-            alpha_star_std: per_node.values().map(|v| std_dev(v)).sum::<f64>()
+            alpha_star_std: per_node.iter().map(|v| std_dev(v)).sum::<f64>()
                 / per_node.len() as f64,
+            gap_best_constant: off_median / epochs.len() as f64,
+            gap_previous_star: (!steps.is_empty())
+                .then(|| steps.iter().sum::<f64>() / steps.len() as f64),
         })
+    }
+}
+
+/// Median (mean of the middle two for an even count; 0 for no values).
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 0 {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
     }
 }
 
@@ -459,6 +502,13 @@ mod tests {
         assert!((s.alpha_star_mean - 0.3).abs() < 1e-12, "{s:?}");
         // Node 0: α* 0.4 and 0.0 (std 0.2); node 1: one epoch (std 0).
         assert!((s.alpha_star_std - 0.1).abs() < 1e-12, "{s:?}");
+        // Node 0's median α* 0.2 is 0.2 off each of its two epochs.
+        assert!((s.gap_best_constant - 0.4 / 3.0).abs() < 1e-12, "{s:?}");
+        // One step on node 0 (0.4 → 0.0), none on node 1.
+        assert_eq!(s.gap_previous_star, Some(0.4));
+        let one = OracleSummary::of(&[e(1, 0.5, 0.3, 1.0, 1.0)]).unwrap();
+        assert_eq!(one.gap_previous_star, None);
+        assert!((one.gap_best_constant).abs() < 1e-12);
         assert_eq!(OracleSummary::of(&[]), None);
     }
 
