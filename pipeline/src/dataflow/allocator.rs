@@ -106,10 +106,23 @@ pub fn allocate<'s>(
                 let mut session = output.session(&cap);
                 let mut stats = stats.borrow_mut();
                 for w in data.flat_map(|d| d.drain(..)) {
-                    let started = Instant::now();
+                    // A node's allocator is built once, at its first window:
+                    // setup, not part of a decision.
                     let allocator = allocators.entry(w.node).or_insert_with(|| make(w.node));
+                    let started = Instant::now();
                     let decision = allocator.decide(&w.stats);
                     if let Some(alpha) = decision {
+                        session.give(NodeControl {
+                            target: Target::Node(w.node),
+                            seq: 0,
+                            command: NodeCommand::SetAlpha(alpha),
+                        });
+                    }
+                    // The command is out: the log line is not decision time.
+                    stats.record(started.elapsed().as_secs_f64() * 1e6);
+                    stats.windows += 1;
+                    if let Some(alpha) = decision {
+                        stats.moves += 1;
                         tracing::info!(
                             node = w.node,
                             window_start_ms = w.window_start_ms,
@@ -117,15 +130,7 @@ pub fn allocate<'s>(
                             alpha,
                             "allocator moves alpha"
                         );
-                        session.give(NodeControl {
-                            target: Target::Node(w.node),
-                            seq: 0,
-                            command: NodeCommand::SetAlpha(alpha),
-                        });
-                        stats.moves += 1;
                     }
-                    stats.windows += 1;
-                    stats.record(started.elapsed().as_secs_f64() * 1e6);
                     // Off the decision path: the adapter's update and the
                     // training record.
                     allocator.learn();
