@@ -8,7 +8,7 @@ use grflow_kernels::ModelConfig;
 use grflow_operators::link::LinkConfig;
 use grflow_operators::node::{
     ItemCatalog, MAX_RETRIEVE_GROUP, MemoryParams, NodeParams, RankRequest, RankWork,
-    RetrieveRequest, RetrieveWork, ServingNode,
+    RetrieveRequest, RetrieveWork, Served, ServingNode,
 };
 use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::shards::ShardMap;
@@ -67,6 +67,22 @@ fn params() -> NodeParams {
         host: None,
         shared_model: None,
     }
+}
+
+/// Serves each retrieve request alone, in order, at time 5 (the reference
+/// the grouped paths are compared against).
+fn retrieve_in_turn(
+    node: &mut ServingNode,
+    work: &[RetrieveWork<'_>],
+    catalog: &Catalog,
+    index: &RetrievalIndex,
+) -> Vec<Served> {
+    work.iter()
+        .map(|r| {
+            node.serve_retrieve(5, r.req, r.history, catalog, index)
+                .unwrap()
+        })
+        .collect()
 }
 
 fn history(len: usize) -> Vec<u32> {
@@ -373,14 +389,7 @@ fn retrieve_requests_in_lanes_beside_a_rank_batch_equal_serving_them_in_turn() {
         // A cached prefix for user 1 first.
         node.serve(0, work[0].req, &histories[0], &catalog).unwrap();
     }
-    let want_retrieved: Vec<_> = retrieve
-        .iter()
-        .map(|r| {
-            in_turn
-                .serve_retrieve(5, r.req, r.history, &catalog, &index)
-                .unwrap()
-        })
-        .collect();
+    let want_retrieved = retrieve_in_turn(&mut in_turn, &retrieve, &catalog, &index);
     let want_ranked = in_turn.serve_rank_batch(5, &work, &catalog);
     let (ranked, retrieved) = laned.serve_step(5, &work, &retrieve, &catalog, &index);
     let diff = |a: &[f32], b: &[f32]| {
@@ -451,14 +460,7 @@ fn retrieve_requests_served_together_equal_serving_them_in_turn() {
             node.serve_retrieve(0, req, &first, &catalog, &index)
                 .unwrap();
         }
-        let want: Vec<_> = work
-            .iter()
-            .map(|r| {
-                in_turn
-                    .serve_retrieve(5, r.req, r.history, &catalog, &index)
-                    .unwrap()
-            })
-            .collect();
+        let want = retrieve_in_turn(&mut in_turn, &work, &catalog, &index);
         let calls = together.counters().model_calls;
         let got = together.serve_retrieve_batch(5, &work, &catalog, &index);
         // Two lanes (no rank work: the group is split over the lanes).
@@ -529,14 +531,7 @@ fn retrieve_groups_are_capped_and_every_request_is_answered() {
         })
         .collect();
     let mut in_turn = ServingNode::new(0, params()).unwrap();
-    let want: Vec<_> = work
-        .iter()
-        .map(|r| {
-            in_turn
-                .serve_retrieve(5, r.req, r.history, &catalog, &index)
-                .unwrap()
-        })
-        .collect();
+    let want = retrieve_in_turn(&mut in_turn, &work, &catalog, &index);
     for lanes in [1, 2] {
         let mut node = ServingNode::new(0, params()).unwrap();
         node.set_lanes(lanes);
