@@ -87,6 +87,12 @@ impl Adapter {
         BOUND * self.net.forward(x)[0].tanh()
     }
 
+    /// One forward pass whose result is dropped: touches the weights once
+    /// at load, so that the first decision does not pay for it.
+    pub fn warm_up(&self) {
+        std::hint::black_box(self.mean(std::hint::black_box(&[0.0; 5])));
+    }
+
     /// The correction for state `s`, remembered until [`Adapter::reward`].
     pub fn correct(&mut self, s: &State) -> f64 {
         let x = inputs(s);

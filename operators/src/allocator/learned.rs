@@ -47,11 +47,19 @@ impl Learned {
         sample: bool,
         seed: u64,
     ) -> Self {
+        // Warm-up at load, as a server warms a model: one forward of each
+        // network, results dropped (no state changes), so the first
+        // window's decision does not pay for first touches of the weights.
+        std::hint::black_box(policy.greedy(std::hint::black_box(&[0.0; 7]), true));
+        let adapter = smart.then(|| Adapter::new(seed, true));
+        if let Some(a) = &adapter {
+            a.warm_up();
+        }
         Self {
             policy,
             max_positions,
             slo_ms: slo_ms.max(1e-9),
-            adapter: smart.then(|| Adapter::new(seed, true)),
+            adapter,
             recovery: smart.then(|| Recovery::new(RECOVERY_MIN_SIGMA * slo_ms)),
             sampler: sample.then(|| ChaCha8Rng::seed_from_u64(seed)),
             pending: None,
