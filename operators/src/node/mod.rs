@@ -603,26 +603,10 @@ impl ServingNode {
             let retrieved = self.serve_retrieve_batch(now_ms, retrieve, catalog, index);
             return (self.serve_rank_batch(now_ms, rank, catalog), retrieved);
         }
-        let mut retrieved: Vec<Option<Result<Served, ServeError>>> =
-            retrieve.iter().map(|_| None).collect();
-        let mut preps = Vec::with_capacity(retrieve.len());
-        // A request whose pages do not fit beside those prepared, and the
-        // ones after it, are served after the step (pages freed by then).
-        let mut later = retrieve.len();
-        for (i, r) in retrieve.iter().enumerate() {
-            if preps.len() == MAX_RETRIEVE_GROUP {
-                later = i;
-                break;
-            }
-            match self.prepare_retrieve(r.req, r.history, catalog, index, preps.len()) {
-                Ok(prep) => preps.push((i, prep)),
-                Err(ServeError::Memory(_)) if !preps.is_empty() => {
-                    later = i;
-                    break;
-                }
-                Err(e) => retrieved[i] = Some(Err(e)),
-            }
-        }
+        let mut retrieved: Vec<Option<Outcome>> = retrieve.iter().map(|_| None).collect();
+        // The requests from `later` on did not fit beside the group: they
+        // are served after the step (pages freed by then).
+        let (preps, later) = self.prepare_group(retrieve, 0, catalog, index, &mut retrieved);
         // Beside rank work one group keeps the beams batched; alone, the
         // retrieve requests are split over the lanes.
         let per_group = if rank.is_empty() {
@@ -914,29 +898,44 @@ impl ServingNode {
     ) -> Vec<Outcome> {
         self.link_clock.observe(now_ms);
         let mut results: Vec<Option<Outcome>> = work.iter().map(|_| None).collect();
-        let mut group = Vec::new();
-        for (i, w) in work.iter().enumerate() {
-            if group.len() == MAX_RETRIEVE_GROUP {
-                self.compute_retrieves(now_ms, &mut group, index, &mut results);
-            }
-            loop {
-                match self.prepare_retrieve(w.req, w.history, catalog, index, group.len()) {
-                    Ok(prep) => group.push((i, prep)),
-                    // The group holds the pages it needs: serve it first.
-                    Err(ServeError::Memory(_)) if !group.is_empty() => {
-                        self.compute_retrieves(now_ms, &mut group, index, &mut results);
-                        continue;
-                    }
-                    Err(e) => results[i] = Some(Err(e)),
-                }
-                break;
-            }
+        let mut from = 0;
+        while from < work.len() {
+            let (mut group, next) = self.prepare_group(work, from, catalog, index, &mut results);
+            self.compute_retrieves(now_ms, &mut group, index, &mut results);
+            from = next;
         }
-        self.compute_retrieves(now_ms, &mut group, index, &mut results);
         results
             .into_iter()
             .map(|r| r.expect("every retrieve request has a result"))
             .collect()
+    }
+
+    /// Prepares `work[from..]` in order as one group, until it holds
+    /// [`MAX_RETRIEVE_GROUP`] requests or a request's pages do not fit
+    /// beside the group's; returns the group (indices into `work`) and the
+    /// first request left out. A request that fails alone gets its error in
+    /// `results`.
+    fn prepare_group<'h>(
+        &mut self,
+        work: &[RetrieveWork<'h>],
+        from: usize,
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+        results: &mut [Option<Outcome>],
+    ) -> (Vec<(usize, RetrievePrep<'h>)>, usize) {
+        let mut group = Vec::new();
+        for (i, w) in work.iter().enumerate().skip(from) {
+            if group.len() == MAX_RETRIEVE_GROUP {
+                return (group, i);
+            }
+            match self.prepare_retrieve(w.req, w.history, catalog, index, group.len()) {
+                Ok(prep) => group.push((i, prep)),
+                // The group holds the pages it needs: it goes first.
+                Err(ServeError::Memory(_)) if !group.is_empty() => return (group, i),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        (group, work.len())
     }
 
     /// Computes a group of prepared retrieve requests in one model call and
