@@ -249,7 +249,6 @@ fn unordered(cands: &[Candidate], stride: usize, lens: &[usize]) -> Vec<Candidat
     out
 }
 
-/// Runs every measurement.
 /// Searches per group in the grouped beam measurement.
 const BEAM_GROUP: usize = 4;
 
@@ -286,6 +285,7 @@ fn beam_group_ms(backend: Arc<dyn Backend>, reps: usize) -> Result<(f64, f64), K
     Ok((alone * 1e3, group * 1e3 / BEAM_GROUP as f64))
 }
 
+/// Runs every measurement.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
     if opts.prefill_tokens < 10 {
         return Err(KernelError::InvalidConfig(format!(

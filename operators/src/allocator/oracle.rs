@@ -205,13 +205,7 @@ impl OracleSummary {
                 v.iter().map(|e| e.alpha_star).collect()
             })
             .collect();
-        let off_median: f64 = per_node
-            .iter()
-            .map(|v| {
-                let m = median(v);
-                v.iter().map(|a| (a - m).abs()).sum::<f64>()
-            })
-            .sum();
+        let total_off: f64 = per_node.iter().map(|v| off_median(v)).sum();
         let steps: Vec<f64> = per_node
             .iter()
             .flat_map(|v| v.windows(2).map(|w| (w[1] - w[0]).abs()))
@@ -225,26 +219,22 @@ impl OracleSummary {
             alpha_star_mean: mean(|e| e.alpha_star),
             alpha_star_std: per_node.iter().map(|v| std_dev(v)).sum::<f64>()
                 / per_node.len() as f64,
-            gap_best_constant: off_median / epochs.len() as f64,
+            gap_best_constant: total_off / epochs.len() as f64,
             gap_previous_star: (!steps.is_empty())
                 .then(|| steps.iter().sum::<f64>() / steps.len() as f64),
         })
     }
 }
 
-/// Median (mean of the middle two for an even count; 0 for no values).
-fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
+/// Σ |a − m| over `v` for a median m: the least total distance of any
+/// constant (every median gives it; the lower one is taken).
+fn off_median(v: &[f64]) -> f64 {
+    let mut sorted = v.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let Some(&m) = sorted.get(sorted.len().saturating_sub(1) / 2) else {
         return 0.0;
-    }
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len().is_multiple_of(2) {
-        (v[mid - 1] + v[mid]) / 2.0
-    } else {
-        v[mid]
-    }
+    };
+    v.iter().map(|a| (a - m).abs()).sum()
 }
 
 /// Population standard deviation (0 for no values).
