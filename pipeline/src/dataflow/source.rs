@@ -44,6 +44,24 @@ impl Pacing {
         }
     }
 
+    /// How long after its due time `ts_ms` enters now: zero on time or
+    /// unpaced. The source shares its worker thread with a node, so a
+    /// request due while that node computes enters only after the step.
+    /// Latency counts from the due time, as a client that sent the request
+    /// then would see it; counting from entry would hide that wait and
+    /// flatter exactly the runs with the longest steps.
+    pub(crate) fn lateness(&self, ts_ms: u64) -> Duration {
+        match self.speed {
+            Speed::Max => Duration::ZERO,
+            Speed::Factor(f) => {
+                let due = ts_ms.saturating_sub(self.origin_ts_ms) as f64 / f / 1000.0;
+                self.start
+                    .elapsed()
+                    .saturating_sub(Duration::from_secs_f64(due))
+            }
+        }
+    }
+
     /// Wall time to wait until `ts_ms` is allowed in.
     pub(crate) fn wait_for(&self, ts_ms: u64) -> Duration {
         match self.speed {
@@ -185,10 +203,12 @@ pub fn request_source<'s>(
                         counters.requests_in.fetch_add(1, Ordering::Relaxed);
                         metrics::counter!("grflow_requests_in_total").increment(1);
                         let at = c.delayed(&ts);
+                        let late_ns = pacing.lateness(request.ts_ms).as_nanos() as u64;
+                        let admitted_ns = now_ns().saturating_sub(late_ns);
                         output.session(&at).give(Ingest::Request(Box::new(Admitted {
                             request,
                             position,
-                            admitted_ns: now_ns(),
+                            admitted_ns,
                             inline_history,
                             recovered,
                         })));
@@ -220,4 +240,33 @@ pub fn request_source<'s>(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lateness_counts_from_the_due_time_of_a_paced_request() {
+        let start = Instant::now() - Duration::from_millis(500);
+        let paced = Pacing {
+            speed: Speed::Factor(2.0),
+            origin_ts_ms: 1_000,
+            start,
+        };
+        // Due 100 ms after start (200 event ms at 2x): ~400 ms late now.
+        let late = paced.lateness(1_200);
+        assert!(
+            late >= Duration::from_millis(400) && late < Duration::from_millis(450),
+            "{late:?}"
+        );
+        // Not due yet: not late.
+        assert_eq!(paced.lateness(10_000), Duration::ZERO);
+        // Unpaced runs have no due times.
+        let unpaced = Pacing {
+            speed: Speed::Max,
+            ..paced
+        };
+        assert_eq!(unpaced.lateness(1_200), Duration::ZERO);
+    }
 }
