@@ -349,7 +349,13 @@ impl Router {
 
         let mut best: Option<(u32, f64)> = None;
         let mut best_without_bonus: Option<(u32, f64)> = None;
-        for (n, view) in self.nodes.iter().enumerate() {
+        // Ties go to the first node visited: the lowest index, or on real
+        // time this replica's own node (see `home`).
+        let count = self.nodes.len();
+        let home = self.home();
+        for i in 0..count {
+            let n = (home + i) % count;
+            let view = &self.nodes[n];
             let n = n as u32;
             let h_kv = if view.kv_users.contains(&user) {
                 1.0
@@ -405,12 +411,28 @@ impl Router {
         }
     }
 
+    /// Where the scan over nodes starts, so where ties go. On real time
+    /// (`InFlight`) a replica shares its worker with its own node and
+    /// routes only between that node's steps, so its own node is the one
+    /// known not to be mid-step, while another node may be serving work
+    /// other replicas sent; ties at node 0 sent most of the idle-time
+    /// traffic to one node. On event time: node 0, as always.
+    fn home(&self) -> usize {
+        match self.signal {
+            LoadSignal::InFlight { replica, .. } => replica % self.nodes.len(),
+            LoadSignal::EventBacklog => 0,
+        }
+    }
+
     /// The node with the least queued work; unclamped, so that among nodes
     /// all past capacity the least overloaded one is taken, not node 0.
     fn least_loaded(&self, now_ms: u64) -> u32 {
         let pressure = |n: usize| self.nodes[n].pressure(self.signal, now_ms);
-        let mut least = 0;
-        for n in 1..self.nodes.len() {
+        let count = self.nodes.len();
+        let home = self.home();
+        let mut least = home;
+        for i in 1..count {
+            let n = (home + i) % count;
             if pressure(n) < pressure(least) {
                 least = n;
             }
@@ -531,6 +553,26 @@ mod tests {
     }
 
     #[test]
+    fn on_real_time_ties_go_to_the_replicas_own_node() {
+        // Replica r routes between the steps of node r (same worker), so
+        // node r is the one known not to be mid-step.
+        for replica in 0..3 {
+            let mut r = router(3);
+            r.set_load_signal(LoadSignal::InFlight {
+                replica,
+                replicas: 3,
+                token_capacity: 1000.0,
+            });
+            assert_eq!(r.route(0, 100, &[], 0.0).node, replica as u32);
+            // Past capacity everywhere, equally: the fallback keeps it too.
+            for n in 0..3 {
+                r.route(0, 200 + n, &[], 2_000.0);
+            }
+            assert_eq!(r.route(0, 101, &[], 0.0).node, replica as u32);
+        }
+    }
+
+    #[test]
     fn dispatched_tokens_count_as_load_until_the_next_report() {
         let mut r = router(2);
         r.apply_report(&report(0, &[], &[], 0.0));
@@ -627,9 +669,10 @@ mod tests {
             token_capacity: 1000.0,
         });
         // No report yet: the configured capacity already counts, so a
-        // burst before the first report is spread too.
-        assert_eq!(r.route(0, 99, &[], 600.0).node, 0);
-        assert_eq!(r.route(0, 98, &[], 10.0).node, 1);
+        // burst before the first report is spread too (the tie goes to
+        // replica 1's own node).
+        assert_eq!(r.route(0, 99, &[], 600.0).node, 1);
+        assert_eq!(r.route(0, 98, &[], 10.0).node, 0);
         let mut r = router(2);
         r.set_load_signal(LoadSignal::InFlight {
             replica: 1,
