@@ -412,11 +412,10 @@ impl Router {
     }
 
     /// Where the scan over nodes starts, so where ties go. On real time
-    /// (`InFlight`) a replica shares its worker with its own node and
-    /// routes only between that node's steps, so its own node is the one
-    /// known not to be mid-step, while another node may be serving work
-    /// other replicas sent; ties at node 0 sent most of the idle-time
-    /// traffic to one node. On event time: node 0, as always.
+    /// (`InFlight`) replica r starts at node r: a replica sees only the
+    /// work it sent itself, so equal loads are common (all zero when
+    /// traffic is light), and ties at node 0 for every replica sent most
+    /// of that traffic to one node. On event time: node 0, as always.
     fn home(&self) -> usize {
         match self.signal {
             LoadSignal::InFlight { replica, .. } => replica % self.nodes.len(),
@@ -554,8 +553,7 @@ mod tests {
 
     #[test]
     fn on_real_time_ties_go_to_the_replicas_own_node() {
-        // Replica r routes between the steps of node r (same worker), so
-        // node r is the one known not to be mid-step.
+        // Every replica sees equal loads here: ties spread over the nodes.
         for replica in 0..3 {
             let mut r = router(3);
             r.set_load_signal(LoadSignal::InFlight {

@@ -401,7 +401,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     .expect("lock")
                     .write(&mut outputs.pending_responses);
             }
-            let node = df.node.borrow();
+            let node = crate::dataflow::node::lock(&df.node);
             let windows = std::mem::take(&mut outputs.windows);
             let oracle = match oracle {
                 Some(o) => {

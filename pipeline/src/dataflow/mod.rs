@@ -72,7 +72,7 @@ pub struct WorkerOutputs {
 #[allow(missing_debug_implementations)] // holds timely handles without Debug
 pub struct WorkerDataflow {
     pub router: Rc<RefCell<Router>>,
-    pub node: Rc<RefCell<ServingNode>>,
+    pub node: node::SharedNode,
     /// Time the node spent serving, for its busy share.
     pub busy: Rc<RefCell<BusyMeter>>,
     /// What the windows operator holds (open windows, buffered samples).
@@ -155,7 +155,7 @@ pub type Controller = Box<
 #[allow(missing_debug_implementations)]
 pub struct ServingHandles {
     pub router: Rc<RefCell<Router>>,
-    pub node: Rc<RefCell<ServingNode>>,
+    pub node: node::SharedNode,
     pub busy: Rc<RefCell<BusyMeter>>,
     pub window_gauge: Rc<RefCell<WindowGauge>>,
 }
@@ -186,7 +186,7 @@ pub fn serving<'s>(
     let router = Rc::new(RefCell::new(router));
     let mut node = parts.node;
     node.set_lanes(parts.batch.lanes);
-    let node = Rc::new(RefCell::new(node));
+    let node = std::sync::Arc::new(std::sync::Mutex::new(node));
     // Busy shares are measured over wall-time intervals as long as a window.
     let busy = Rc::new(RefCell::new(BusyMeter::new(
         crate::events::now_ns(),
@@ -225,6 +225,7 @@ pub fn serving<'s>(
         completed_tokens: vec![0.0; scope.peers()],
         models: parts.models,
         oracle: parts.oracle,
+        offload: node::Offload::default(),
     };
     let events = node::serve(routed, controls, node_parts, parts.release);
 

@@ -3,11 +3,17 @@
 //! it. Expired requests are shed before a batch is served; the rest are
 //! served in (ts, user, req_id) order, then the node reports residency and
 //! load. When a batch is handed over is the release policy's business.
+//!
+//! In `arrival` mode a step runs on the node's compute thread while the
+//! worker goes on admitting and routing: a request due during a long step
+//! is routed at once (to an idle node if there is one) and waits in this
+//! node's queue for the next batch, instead of waiting at the source.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use timely::dataflow::StreamVec;
@@ -28,14 +34,22 @@ use grflow_operators::windows::TelemetrySample;
 use grflow_traces::Mode;
 
 use crate::config::{Clock, Release, SloMs};
-use crate::dataflow::operator::{EventOperator, Step, event_operator};
+use crate::dataflow::operator::{EventOperator, Step, Waker, event_operator};
 use crate::events::{ErrorKind, NodeControl, NodeEvent, Origin, Routed, Target, Telemetry};
 use crate::side::SideTables;
+
+/// A serving node shared by its worker and its compute thread.
+pub type SharedNode = Arc<Mutex<ServingNode>>;
+
+/// The node's state; a panic while serving is fatal to the job anyway.
+pub fn lock(node: &SharedNode) -> MutexGuard<'_, ServingNode> {
+    node.lock().expect("node state: a step panicked")
+}
 
 /// What a node wrapper needs besides its streams.
 #[allow(missing_debug_implementations)] // holds the node
 pub struct NodeParts {
-    pub node: Rc<RefCell<ServingNode>>,
+    pub node: SharedNode,
     pub busy: Rc<RefCell<BusyMeter>>,
     pub side: Arc<SideTables>,
     pub slo_ms: SloMs,
@@ -53,6 +67,90 @@ pub struct NodeParts {
     pub models: Option<Arc<crate::models::ModelRegistry>>,
     /// The oracle α*: sees the node before each epoch and every batch.
     pub oracle: Option<Rc<RefCell<OracleRecorder>>>,
+    /// `arrival` mode: the compute thread and the step running on it.
+    pub offload: Offload,
+}
+
+/// Everything a step needs, owned, so that it can run on another thread.
+#[derive(Clone)]
+struct StepCtx {
+    node: SharedNode,
+    side: Arc<SideTables>,
+    slo_ms: SloMs,
+    clock: Clock,
+    shedder: DeadlineShedder,
+    wall_ns: fn() -> u64,
+}
+
+/// Steps of an `arrival`-mode node run on its own thread, one at a time.
+#[derive(Default)]
+#[allow(missing_debug_implementations)] // holds a thread and channels
+pub struct Offload {
+    waker: Option<Waker>,
+    thread: Option<ComputeThread>,
+    running: Option<Running>,
+    /// Commands that arrived during a step, applied when it ends.
+    deferred: Vec<(u64, Vec<NodeControl>)>,
+}
+
+/// A step on the compute thread: its times (held until it ends), its
+/// start on the wall clock and where its outputs come back.
+struct Running {
+    times: Vec<u64>,
+    busy_since: u64,
+    done: mpsc::Receiver<Vec<Vec<NodeEvent>>>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One long-lived thread per node that runs its steps.
+struct ComputeThread {
+    jobs: Option<mpsc::Sender<Job>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ComputeThread {
+    fn spawn(node: u32) -> std::io::Result<Self> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let handle = std::thread::Builder::new()
+            .name(format!("grflow-node-{node}"))
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })?;
+        Ok(Self {
+            jobs: Some(jobs),
+            handle: Some(handle),
+        })
+    }
+
+    fn run(&self, job: Job) {
+        self.jobs
+            .as_ref()
+            .expect("open until dropped")
+            .send(job)
+            .expect("the node's compute thread died (its panic is above)");
+    }
+}
+
+impl Drop for ComputeThread {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Wakes the worker when a step ends, also when it ends by a panic, so
+/// that the worker sees the step gone instead of sleeping forever.
+struct WakeOnDrop(Waker);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.wake();
+    }
 }
 
 impl NodeParts {
@@ -88,8 +186,14 @@ impl EventOperator for NodeParts {
     type Output = NodeEvent;
 
     fn on_control(&mut self, time: u64, mut commands: Vec<NodeControl>) {
+        if self.offload.running.is_some() {
+            // The compute thread holds the node: apply between steps.
+            self.offload.deferred.push((time, commands));
+            return;
+        }
         commands.sort_by_key(|c| c.seq);
-        let mut node = self.node.borrow_mut();
+        let node = self.node.clone();
+        let mut node = lock(&node);
         if let Some(o) = &self.oracle {
             o.borrow_mut()
                 .enter(&node, time, &*self.side, &self.side.retrieval);
@@ -130,15 +234,41 @@ impl EventOperator for NodeParts {
         *out = served;
     }
 
-    /// `arrival` mode: one step per activation (a group of retrieve
-    /// requests, or up to `lanes` rank batches, or both with two lanes or
-    /// more), so that the router on this worker routes between batches; or
-    /// a wait for a short batch to fill.
+    fn on_start(&mut self, waker: Waker) {
+        self.offload.waker = Some(waker);
+    }
+
+    fn in_flight(&self) -> &[u64] {
+        self.offload.running.as_ref().map_or(&[], |r| &r.times)
+    }
+
+    /// `arrival` mode: one step at a time (a group of retrieve requests,
+    /// or up to `lanes` rank batches, or both with two lanes or more), on
+    /// the compute thread while the worker routes and admits; or a wait
+    /// for a short batch to fill.
     fn on_queue(
         &mut self,
         queue: &mut VecDeque<(u64, Routed)>,
         out: &mut Vec<(u64, NodeEvent)>,
     ) -> Step {
+        if let Some(running) = &self.offload.running {
+            match running.done.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => return Step::Pending,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    panic!("a step of node {} panicked (see above)", self.id())
+                }
+                Ok(outs) => {
+                    let running = self.offload.running.take().expect("checked");
+                    self.finish_step(running.times, outs, running.busy_since, out);
+                    for (time, commands) in std::mem::take(&mut self.offload.deferred) {
+                        self.on_control(time, commands);
+                    }
+                }
+            }
+        }
+        if queue.is_empty() {
+            return Step::Idle;
+        }
         let now = (self.wall_ns)();
         let view: Vec<Queued> = queue
             .iter()
@@ -174,20 +304,74 @@ impl EventOperator for NodeParts {
             .partition(|s| s.routed.admitted.request.mode == Mode::Retrieve);
         // The policy bounded the step already; the node splits the rank
         // batch over its lanes.
-        self.serve_batch(rank, retrieve, &mut outs);
-        self.end_step(&times, &mut outs, now);
-        for (time, events) in times.into_iter().zip(outs) {
-            out.extend(events.into_iter().map(|e| (time, e)));
-        }
-        if queue.is_empty() {
-            Step::Idle
-        } else {
-            Step::Again
+        let ctx = self.ctx();
+        match (&self.offload.waker, &self.oracle) {
+            // The oracle follows every batch on this thread.
+            (Some(waker), None) => {
+                let thread = match &self.offload.thread {
+                    Some(t) => t,
+                    None => self.offload.thread.insert(
+                        ComputeThread::spawn(self.id()).expect("spawning a node's compute thread"),
+                    ),
+                };
+                let (tx, done) = mpsc::channel();
+                let wake = WakeOnDrop(waker.clone());
+                thread.run(Box::new(move || {
+                    let _wake = wake;
+                    ctx.serve_batch(rank, retrieve, None, &mut outs);
+                    let _ = tx.send(outs);
+                }));
+                self.offload.running = Some(Running {
+                    times,
+                    busy_since: now,
+                    done,
+                });
+                Step::Pending
+            }
+            _ => {
+                ctx.serve_batch(rank, retrieve, self.oracle.as_ref(), &mut outs);
+                self.finish_step(times, outs, now, out);
+                if queue.is_empty() {
+                    Step::Idle
+                } else {
+                    Step::Again
+                }
+            }
         }
     }
 }
 
 impl NodeParts {
+    fn id(&self) -> u32 {
+        lock(&self.node).id()
+    }
+
+    fn ctx(&self) -> StepCtx {
+        StepCtx {
+            node: self.node.clone(),
+            side: self.side.clone(),
+            slo_ms: self.slo_ms,
+            clock: self.clock,
+            shedder: self.shedder,
+            wall_ns: self.wall_ns,
+        }
+    }
+
+    /// Reports, books the busy time and hands a step's outputs on, each
+    /// at its time.
+    fn finish_step(
+        &mut self,
+        times: Vec<u64>,
+        mut outs: Vec<Vec<NodeEvent>>,
+        busy_since: u64,
+        out: &mut Vec<(u64, NodeEvent)>,
+    ) {
+        self.end_step(&times, &mut outs, busy_since);
+        for (time, events) in times.into_iter().zip(outs) {
+            out.extend(events.into_iter().map(|e| (time, e)));
+        }
+    }
+
     /// The output slot of each distinct time of a step (slot i is emitted
     /// at `times[i]`), its requests in (ts, user, req_id) order, and their
     /// tokens booked as finished for the routers: every request handed to
@@ -227,9 +411,11 @@ impl NodeParts {
         let Some((slot, &time)) = times.iter().enumerate().max_by_key(|(_, t)| **t) else {
             return;
         };
-        let mut report = self.node.borrow_mut().report(time);
+        let mut node = lock(&self.node);
+        let mut report = node.report(time);
         report.completed_tokens = self.completed_tokens.clone();
-        publish_node_metrics(&self.node.borrow());
+        publish_node_metrics(&node);
+        drop(node);
         out[slot].push(NodeEvent::Report(report));
         self.busy.borrow_mut().record(busy_since, (self.wall_ns)());
     }
@@ -250,6 +436,8 @@ impl NodeParts {
             .flat_map(|(time, batch)| batch.into_iter().map(move |r| (time, r)))
             .collect();
         let (times, all) = self.begin_step(items);
+        let ctx = self.ctx();
+        let oracle = self.oracle.as_ref();
         // Rank requests are served in batches of up to `max_tokens`;
         // a retrieve request is served alone, in order. Each batch is
         // checked against the deadline when it starts, so a request queued
@@ -258,20 +446,20 @@ impl NodeParts {
         let mut batch_tokens = 0;
         for s in all {
             if s.routed.admitted.request.mode == Mode::Retrieve {
-                self.serve_batch(std::mem::take(&mut batch), Vec::new(), out);
+                ctx.serve_batch(std::mem::take(&mut batch), Vec::new(), oracle, out);
                 batch_tokens = 0;
-                self.serve_batch(Vec::new(), vec![s], out);
+                ctx.serve_batch(Vec::new(), vec![s], oracle, out);
                 continue;
             }
             let tokens = s.routed.tokens as usize;
             if !batch.is_empty() && batch_tokens + tokens > max_tokens {
-                self.serve_batch(std::mem::take(&mut batch), Vec::new(), out);
+                ctx.serve_batch(std::mem::take(&mut batch), Vec::new(), oracle, out);
                 batch_tokens = 0;
             }
             batch_tokens += tokens;
             batch.push(s);
         }
-        self.serve_batch(batch, Vec::new(), out);
+        ctx.serve_batch(batch, Vec::new(), oracle, out);
         self.end_step(&times, out, busy_since);
     }
 }
@@ -312,7 +500,7 @@ fn record_waits<'r>(node: &mut ServingNode, now: u64, batch: impl IntoIterator<I
     }
 }
 
-impl NodeParts {
+impl StepCtx {
     /// Answers the requests whose deadline has passed with a `shed` error
     /// and returns the rest, each with whether it is served late after a
     /// restart. Overload degrades this way instead of spending compute on
@@ -353,9 +541,10 @@ impl NodeParts {
     /// a lane beside them when the node has two lanes or more (else before
     /// them).
     fn serve_batch(
-        &mut self,
+        &self,
         batch: Vec<Slotted>,
         retrieve: Vec<Slotted>,
+        oracle: Option<&Rc<RefCell<OracleRecorder>>>,
         out: &mut [Vec<NodeEvent>],
     ) {
         let batch = self.shed_expired(batch, out);
@@ -403,8 +592,8 @@ impl NodeParts {
             .map(|(s, _)| s.time)
             .max()
             .unwrap_or(0);
-        let mut node = self.node.borrow_mut();
-        if let Some(o) = &self.oracle {
+        let mut node = lock(&self.node);
+        if let Some(o) = oracle {
             o.borrow_mut().enter(&node, now_ms, side, &side.retrieval);
         }
         let alpha = node.alpha();
@@ -419,7 +608,7 @@ impl NodeParts {
             node.serve_step(now_ms, &work, &retrieve_work, side, &side.retrieval)
         };
         drop(node);
-        if let Some(o) = &self.oracle {
+        if let Some(o) = oracle {
             let batch = RecordedBatch {
                 now_ms,
                 alpha,
@@ -481,7 +670,7 @@ impl NodeParts {
                 return;
             }
         };
-        let node = self.node.borrow();
+        let node = lock(&self.node);
         let latency_ms = match self.clock {
             Clock::Wall => {
                 (self.wall_ns)().saturating_sub(routed.admitted.admitted_ns) as f64 / 1e6
@@ -654,7 +843,7 @@ mod tests {
         let side = SideTables::new(meta, trace.users, trace.items, cfg.node.shard_rows).unwrap();
         let params = node_params(&cfg, &side.meta, &side.catalog()).unwrap();
         let parts = NodeParts {
-            node: Rc::new(RefCell::new(ServingNode::new(0, params).unwrap())),
+            node: Arc::new(Mutex::new(ServingNode::new(0, params).unwrap())),
             busy: Rc::new(RefCell::new(BusyMeter::new(0, 1_000_000_000))),
             side: Arc::new(side),
             slo_ms: cfg.run.slo_ms,
@@ -669,6 +858,7 @@ mod tests {
             completed_tokens: Vec::new(),
             models: None,
             oracle: None,
+            offload: Offload::default(),
         };
         let routed = trace
             .requests
@@ -752,7 +942,7 @@ mod tests {
             .filter(|e| matches!(e, NodeEvent::Response(_)))
             .count();
         assert_eq!(served, 12);
-        let counters = parts.node.borrow().counters().clone();
+        let counters = lock(&parts.node).counters().clone();
         assert_eq!(counters.responses, 12);
         assert!(
             counters.model_calls < 12,

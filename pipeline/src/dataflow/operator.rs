@@ -19,14 +19,21 @@
 //! per activation (the node serves one batch, so that the router on the
 //! same worker keeps routing between batches) or wait for a batch to fill.
 //! A time is not complete while queued data at it remains.
+//!
+//! A step may also run off the worker thread ([`Step::Pending`]): the
+//! operator keeps the times of the data it took ([`EventOperator::in_flight`])
+//! and calls its [`Waker`] when the step is done. Meanwhile the worker runs
+//! the rest of the dataflow (the source admits, the router routes).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use timely::dataflow::StreamVec;
 use timely::dataflow::channels::pact::ParallelizationContract;
 use timely::dataflow::operators::Capability;
 use timely::dataflow::operators::generic::Operator;
+use timely::scheduling::SyncActivator;
 
 use crate::config::Release;
 use crate::dataflow::stash::TimeStash;
@@ -80,6 +87,36 @@ pub trait EventOperator: 'static {
 
     /// Both inputs are closed and nothing is held: called once.
     fn on_close(&mut self) {}
+
+    /// Called once before any data: what calls the operator again from
+    /// another thread (see [`Step::Pending`]).
+    fn on_start(&mut self, waker: Waker) {
+        let _ = waker;
+    }
+
+    /// `arrival` mode: times of data taken from the queue whose outputs
+    /// are still to come (a step running elsewhere). They stay held.
+    fn in_flight(&self) -> &[u64] {
+        &[]
+    }
+}
+
+/// Schedules an operator from any thread.
+#[derive(Clone)]
+pub struct Waker(Arc<SyncActivator>);
+
+impl Waker {
+    /// Runs the operator at the worker's next step (unparks the worker).
+    pub fn wake(&self) {
+        // Fails only once the worker has shut down: nothing left to wake.
+        let _ = self.0.activate();
+    }
+}
+
+impl std::fmt::Debug for Waker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Waker")
+    }
 }
 
 /// What an arrival-mode operator wants after [`EventOperator::on_queue`].
@@ -93,6 +130,9 @@ pub enum Step {
     /// Call again after this long even if nothing arrives (a batch's wait
     /// bound).
     After(Duration),
+    /// A step runs off this thread: call again when the operator's
+    /// [`Waker`] says it is done (or more data arrives).
+    Pending,
 }
 
 /// Counts of queued records per time: a time with queued data is not
@@ -134,6 +174,9 @@ where
 {
     let scope = data.scope();
     data.binary_frontier(control, data_pact, control_pact, name, move |_cap, info| {
+        op.on_start(Waker(Arc::new(
+            scope.worker().sync_activator_for(info.address.to_vec()),
+        )));
         let activator = scope.activator_for(info.address);
         // Per time: the capability to emit at it, and in complete mode its records.
         let mut held: TimeStash<Capability<u64>, Op::Control, Op::Data> = TimeStash::default();
@@ -173,9 +216,9 @@ where
                     }
                 }
             });
-            if release == Release::Arrival && !queue.is_empty() {
+            if release == Release::Arrival && (!queue.is_empty() || !op.in_flight().is_empty()) {
                 match op.on_queue(&mut queue, &mut tagged) {
-                    Step::Idle => {}
+                    Step::Idle | Step::Pending => {}
                     Step::Again => activator.activate(),
                     Step::After(wait) => activator.activate_after(wait),
                 }
@@ -192,10 +235,12 @@ where
                     }
                 }
             }
+            let in_flight = op.in_flight().to_vec();
             let passed = |t: u64| {
                 !data_frontier.less_equal(&t)
                     && !control_frontier.less_equal(&t)
                     && !queued.holds(t)
+                    && !in_flight.contains(&t)
             };
             while let Some((time, h)) = held.pop_complete(passed) {
                 if !h.control.is_empty() {
@@ -212,6 +257,7 @@ where
             if !closed
                 && held.is_empty()
                 && queue.is_empty()
+                && in_flight.is_empty()
                 && data_frontier.is_empty()
                 && control_frontier.is_empty()
             {
@@ -628,6 +674,110 @@ mod tests {
                 worker.step();
             }
             assert_eq!(calls.borrow().last(), Some(&Call::Complete(3)));
+        });
+    }
+
+    type Answers = std::sync::mpsc::Receiver<Vec<(u64, u32)>>;
+
+    /// Hands everything queued to a thread that answers after 30 ms and
+    /// wakes the operator: the worker is free meanwhile.
+    struct Offloader {
+        calls: Calls,
+        waker: Option<Waker>,
+        running: Option<(Vec<u64>, Answers)>,
+    }
+
+    impl EventOperator for Offloader {
+        type Data = u32;
+        type Control = i64;
+        type Output = (u32, i64);
+
+        fn on_control(&mut self, _time: u64, _control: Vec<i64>) {}
+
+        fn on_data(&mut self, _time: u64, _data: Vec<u32>, _out: &mut Vec<(u32, i64)>) {
+            unreachable!("arrival mode only")
+        }
+
+        fn on_start(&mut self, waker: Waker) {
+            self.waker = Some(waker);
+        }
+
+        fn in_flight(&self) -> &[u64] {
+            self.running.as_ref().map_or(&[], |(times, _)| times)
+        }
+
+        fn on_queue(
+            &mut self,
+            queue: &mut VecDeque<(u64, u32)>,
+            out: &mut Vec<(u64, (u32, i64))>,
+        ) -> Step {
+            if let Some((_, done)) = &self.running {
+                let Ok(answers) = done.try_recv() else {
+                    return Step::Pending;
+                };
+                self.running = None;
+                for (time, d) in answers {
+                    self.calls.borrow_mut().push(Call::Data(time, vec![d]));
+                    out.push((time, (d, 1)));
+                }
+            }
+            if queue.is_empty() {
+                return Step::Idle;
+            }
+            let taken: Vec<(u64, u32)> = queue.drain(..).collect();
+            let times = taken.iter().map(|(t, _)| *t).collect();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let waker = self.waker.clone().expect("started");
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                tx.send(taken).unwrap();
+                waker.wake();
+            });
+            self.running = Some((times, rx));
+            Step::Pending
+        }
+
+        fn on_complete(&mut self, time: u64, _out: &mut Vec<(u32, i64)>) {
+            self.calls.borrow_mut().push(Call::Complete(time));
+        }
+    }
+
+    #[test]
+    fn a_step_off_the_worker_holds_its_times_and_wakes_the_worker_when_done() {
+        timely::execute_directly(|worker| {
+            let (mut data, mut control, probe, calls, outputs) =
+                wire(worker, Release::Arrival, |calls| Offloader {
+                    calls,
+                    waker: None,
+                    running: None,
+                });
+            data.advance_to(1);
+            data.send(10);
+            data.send(11);
+            data.advance_to(2);
+            control.advance_to(2);
+            let started = Instant::now();
+            steps(worker, 20);
+            // Both frontiers passed 1, but its step is still running.
+            assert!(outputs.borrow().is_empty());
+            assert!(probe.less_than(&2), "time 1 was released early");
+            assert!(calls.borrow().is_empty(), "{:?}", calls.borrow());
+            // The worker parks; the step's thread wakes it long before the
+            // park's timeout.
+            while probe.less_than(&2) {
+                worker.step_or_park(Some(Duration::from_secs(10)));
+            }
+            assert!(started.elapsed() < Duration::from_secs(5), "never woken");
+            assert!(started.elapsed() >= Duration::from_millis(30));
+            assert_eq!(*outputs.borrow(), vec![(1, (10, 1)), (1, (11, 1))]);
+            assert_eq!(
+                *calls.borrow(),
+                vec![
+                    Call::Data(1, vec![10]),
+                    Call::Data(1, vec![11]),
+                    Call::Complete(1)
+                ]
+            );
         });
     }
 }

@@ -509,7 +509,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         }
         // The stop dataflow can complete now.
         drop(stop_input);
-        let node = handles.node.borrow();
+        let node = crate::dataflow::node::lock(&handles.node);
         let mut result = WorkerResult {
             worker: index,
             committed,
