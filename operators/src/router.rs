@@ -127,6 +127,11 @@ pub struct NodeReport {
     /// [`LoadSignal::InFlight`] subtracts them from what a replica sent.
     #[serde(default)]
     pub completed_tokens: Vec<f64>,
+    /// Tokens waiting in the node's queue when it reported, by the router
+    /// replica that sent them (`arrival` mode; empty otherwise): a replica
+    /// adds the other replicas' share to its own work in flight.
+    #[serde(default)]
+    pub queued_tokens: Vec<f64>,
 }
 
 /// What l(n) measures.
@@ -138,8 +143,10 @@ pub enum LoadSignal {
     EventBacklog,
     /// Work sent and not yet finished, as replica `replica` of `replicas`
     /// sees it: the tokens it routed to the node minus those the node
-    /// reported finished, scaled by the replica count (every replica routes
-    /// a like share of the users). Real queues on real time (`arrival`
+    /// reported finished, plus what the node last reported queued from the
+    /// other replicas (before a node's first report with a queue, its own
+    /// share scaled by the replica count: every replica routes a like share
+    /// of the users). Real queues on real time (`arrival`
     /// release): an event-time model drains at a made-up rate, and at
     /// `--speed max` it let one node take nearly every request. Normalised
     /// by `token_capacity` (`node.token_capacity`), known before any report
@@ -167,6 +174,9 @@ struct NodeView {
     sent_tokens: f64,
     /// Of those, the tokens the node reported finished.
     finished_tokens: f64,
+    /// Tokens queued at the node from the other replicas, at its last
+    /// report that said (`InFlight`).
+    others_queued: Option<f64>,
 }
 
 impl NodeView {
@@ -183,10 +193,14 @@ impl NodeView {
                 replicas,
                 token_capacity,
                 ..
-            } => (
-                (self.sent_tokens - self.finished_tokens).max(0.0) * replicas as f64,
-                token_capacity,
-            ),
+            } => {
+                let own = (self.sent_tokens - self.finished_tokens).max(0.0);
+                let queued = match self.others_queued {
+                    Some(others) => own + others,
+                    None => own * replicas as f64,
+                };
+                (queued, token_capacity)
+            }
         };
         if capacity <= 0.0 {
             return 0.0;
@@ -337,6 +351,16 @@ impl Router {
             // Reports may overtake each other: finished work only grows.
             let finished = report.completed_tokens.get(replica).copied().unwrap_or(0.0);
             view.finished_tokens = view.finished_tokens.max(finished);
+            if !report.queued_tokens.is_empty() {
+                let others = report
+                    .queued_tokens
+                    .iter()
+                    .enumerate()
+                    .filter(|&(r, _)| r != replica)
+                    .map(|(_, t)| t)
+                    .sum();
+                view.others_queued = Some(others);
+            }
         }
     }
 
@@ -695,6 +719,33 @@ mod tests {
         stale.completed_tokens = vec![0.0, 100.0];
         r.apply_report(&stale);
         assert!((r.load(0, 0) - 0.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn in_flight_load_adds_what_the_node_reported_queued_from_other_replicas() {
+        let mut r = router(2);
+        r.set_load_signal(LoadSignal::InFlight {
+            replica: 0,
+            replicas: 2,
+            token_capacity: 1000.0,
+        });
+        // Before any queue report: own work in flight × 2 replicas.
+        r.route(0, 1, &[], 100.0);
+        assert!((r.load(0, 0) - 0.2).abs() < 1e-9);
+        // Node 0 has 700 tokens queued from replica 1 (and 100 from this
+        // one, which this replica counts itself).
+        let mut queued = report(0, &[], &[], 0.0);
+        queued.queued_tokens = vec![100.0, 700.0];
+        r.apply_report(&queued);
+        assert!((r.load(0, 0) - 0.8).abs() < 1e-9);
+        // So a new user goes to node 1, which this replica sees empty.
+        assert_eq!(r.route(0, 2, &[], 50.0).node, 1);
+        // The queue drained: the next report says so.
+        let mut drained = report(0, &[], &[], 0.0);
+        drained.queued_tokens = vec![0.0, 0.0];
+        drained.completed_tokens = vec![100.0, 700.0];
+        r.apply_report(&drained);
+        assert_eq!(r.load(0, 0), 0.0);
     }
 
     #[test]

@@ -259,7 +259,8 @@ impl EventOperator for NodeParts {
                 }
                 Ok(outs) => {
                     let running = self.offload.running.take().expect("checked");
-                    self.finish_step(running.times, outs, running.busy_since, out);
+                    let queued = queued_by_replica(queue);
+                    self.finish_step(running.times, outs, running.busy_since, queued, out);
                     for (time, commands) in std::mem::take(&mut self.offload.deferred) {
                         self.on_control(time, commands);
                     }
@@ -330,7 +331,8 @@ impl EventOperator for NodeParts {
             }
             _ => {
                 ctx.serve_batch(rank, retrieve, self.oracle.as_ref(), &mut outs);
-                self.finish_step(times, outs, now, out);
+                let queued = queued_by_replica(queue);
+                self.finish_step(times, outs, now, queued, out);
                 if queue.is_empty() {
                     Step::Idle
                 } else {
@@ -364,9 +366,10 @@ impl NodeParts {
         times: Vec<u64>,
         mut outs: Vec<Vec<NodeEvent>>,
         busy_since: u64,
+        queued: Vec<f64>,
         out: &mut Vec<(u64, NodeEvent)>,
     ) {
-        self.end_step(&times, &mut outs, busy_since);
+        self.end_step(&times, &mut outs, busy_since, queued);
         for (time, events) in times.into_iter().zip(outs) {
             out.extend(events.into_iter().map(|e| (time, e)));
         }
@@ -407,13 +410,20 @@ impl NodeParts {
 
     /// Reports residency, load and finished work at the step's latest
     /// time, and books the step's wall time as busy.
-    fn end_step(&mut self, times: &[u64], out: &mut [Vec<NodeEvent>], busy_since: u64) {
+    fn end_step(
+        &mut self,
+        times: &[u64],
+        out: &mut [Vec<NodeEvent>],
+        busy_since: u64,
+        queued: Vec<f64>,
+    ) {
         let Some((slot, &time)) = times.iter().enumerate().max_by_key(|(_, t)| **t) else {
             return;
         };
         let mut node = lock(&self.node);
         let mut report = node.report(time);
         report.completed_tokens = self.completed_tokens.clone();
+        report.queued_tokens = queued;
         publish_node_metrics(&node);
         drop(node);
         out[slot].push(NodeEvent::Report(report));
@@ -460,7 +470,8 @@ impl NodeParts {
             batch.push(s);
         }
         ctx.serve_batch(batch, Vec::new(), oracle, out);
-        self.end_step(&times, out, busy_since);
+        // Complete mode: the routers model load on event time instead.
+        self.end_step(&times, out, busy_since, Vec::new());
     }
 }
 
@@ -491,6 +502,21 @@ impl Deadlined for Slotted {
     fn recovered(&self) -> bool {
         self.routed.recovered()
     }
+}
+
+/// Tokens waiting in an arrival-mode queue, by the router replica that
+/// sent them: with the finished work, what every replica needs to see the
+/// whole queue, not only its own share of it.
+fn queued_by_replica(queue: &VecDeque<(u64, Routed)>) -> Vec<f64> {
+    let mut queued: Vec<f64> = Vec::new();
+    for (_, r) in queue {
+        let replica = r.router as usize;
+        if queued.len() <= replica {
+            queued.resize(replica + 1, 0.0);
+        }
+        queued[replica] += r.tokens as f64;
+    }
+    queued
 }
 
 /// Wall time each request waited from admission to the start of its batch.
