@@ -499,6 +499,18 @@ mod tests {
         .unwrap()
     }
 
+    /// A router on real time: replica `replica` of `replicas`, loads over
+    /// 1,000 tokens of capacity.
+    fn in_flight_router(nodes: usize, replica: usize, replicas: usize) -> Router {
+        let mut r = router(nodes);
+        r.set_load_signal(LoadSignal::InFlight {
+            replica,
+            replicas,
+            token_capacity: 1000.0,
+        });
+        r
+    }
+
     fn report(node: u32, kv: &[u64], shards: &[ShardId], tokens: f64) -> NodeReport {
         NodeReport {
             node,
@@ -579,12 +591,7 @@ mod tests {
     fn on_real_time_ties_go_to_the_replicas_own_node() {
         // Every replica sees equal loads here: ties spread over the nodes.
         for replica in 0..3 {
-            let mut r = router(3);
-            r.set_load_signal(LoadSignal::InFlight {
-                replica,
-                replicas: 3,
-                token_capacity: 1000.0,
-            });
+            let mut r = in_flight_router(3, replica, 3);
             assert_eq!(r.route(0, 100, &[], 0.0).node, replica as u32);
             // Past capacity everywhere, equally: the fallback keeps it too.
             for n in 0..3 {
@@ -684,23 +691,13 @@ mod tests {
 
     #[test]
     fn in_flight_load_is_what_was_sent_minus_what_the_node_finished() {
-        let mut r = router(2);
-        r.set_load_signal(LoadSignal::InFlight {
-            replica: 1,
-            replicas: 2,
-            token_capacity: 1000.0,
-        });
+        let mut r = in_flight_router(2, 1, 2);
         // No report yet: the configured capacity already counts, so a
         // burst before the first report is spread too (the tie goes to
         // replica 1's own node).
         assert_eq!(r.route(0, 99, &[], 600.0).node, 1);
         assert_eq!(r.route(0, 98, &[], 10.0).node, 0);
-        let mut r = router(2);
-        r.set_load_signal(LoadSignal::InFlight {
-            replica: 1,
-            replicas: 2,
-            token_capacity: 1000.0,
-        });
+        let mut r = in_flight_router(2, 1, 2);
         // User 9's KV is on node 0; 300 tokens sent there × 2 replicas
         // over a capacity of 1000 = 0.6, however much event time passes
         // (an event-time backlog would have drained by now).
@@ -723,12 +720,7 @@ mod tests {
 
     #[test]
     fn in_flight_load_adds_what_the_node_reported_queued_from_other_replicas() {
-        let mut r = router(2);
-        r.set_load_signal(LoadSignal::InFlight {
-            replica: 0,
-            replicas: 2,
-            token_capacity: 1000.0,
-        });
+        let mut r = in_flight_router(2, 0, 2);
         // Before any queue report: own work in flight × 2 replicas.
         r.route(0, 1, &[], 100.0);
         assert!((r.load(0, 0) - 0.2).abs() < 1e-9);
@@ -750,12 +742,7 @@ mod tests {
 
     #[test]
     fn past_capacity_everywhere_the_least_overloaded_node_is_taken() {
-        let mut r = router(3);
-        r.set_load_signal(LoadSignal::InFlight {
-            replica: 0,
-            replicas: 1,
-            token_capacity: 1000.0,
-        });
+        let mut r = in_flight_router(3, 0, 1);
         for n in 0..3 {
             r.apply_report(&report(n, &[], &[], 0.0));
         }
