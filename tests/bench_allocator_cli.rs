@@ -104,6 +104,13 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     );
     assert_eq!(report["slo_ms"].as_f64(), Some(2.0));
     assert_eq!(rows[0]["p99_reduction_vs_kv_emb_opt"].as_f64(), Some(0.0));
+    // Every row says how many histories its α cut short; kv-emb-opt never
+    // picks an α that cuts any.
+    assert!(
+        rows.iter()
+            .all(|r| r["truncated_histories"].as_u64().is_some())
+    );
+    assert_eq!(rows[0]["truncated_histories"].as_u64(), Some(0));
     assert!(rows.iter().all(|r| r["p99_ms"].as_f64().unwrap() > 0.0));
     let pid = &rows[3];
     assert!(pid["alpha_moves"].as_u64().unwrap() > 0, "{pid}");

@@ -96,6 +96,11 @@ struct Row {
     oracle_gap_previous_star: Option<f64>,
     /// Node-epochs the oracle evaluated.
     oracle_epochs: u64,
+    /// Requests served with a shortened history because the policy left
+    /// too little KV share to hold it: such a run's P99 is lower because
+    /// its answers use less of the history, so it does not compare with
+    /// runs at 0.
+    truncated_histories: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -256,10 +261,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 reference = Some(s.latency_ms.p99);
             }
             eprintln!(
-                "{name} {label:>10}: p99 {:.2} ms, SLO {:.1}%, alpha moves {}{} ({:.0} s)",
+                "{name} {label:>10}: p99 {:.2} ms, SLO {:.1}%, alpha moves {}{}{} ({:.0} s)",
                 s.latency_ms.p99,
                 s.slo_satisfaction * 100.0,
                 alloc.as_ref().map_or(0, |a| a.alpha_moves),
+                if s.truncated_histories > 0 {
+                    format!(
+                        ", {} truncated histories (answers changed: not comparable)",
+                        s.truncated_histories
+                    )
+                } else {
+                    String::new()
+                },
                 oracle.as_ref().map_or(String::new(), |o| format!(
                     ", oracle gap {:.3} (best constant {:.3}), p99 regret {:.3} ms, \
                      alpha* std {:.3}",
@@ -289,6 +302,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 oracle_gap_best_constant: oracle.as_ref().map(|o| o.gap_best_constant),
                 oracle_gap_previous_star: oracle.as_ref().and_then(|o| o.gap_previous_star),
                 oracle_epochs: out.oracle.len() as u64,
+                truncated_histories: s.truncated_histories,
             });
         }
     }
