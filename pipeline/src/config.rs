@@ -1011,6 +1011,27 @@ mod tests {
     }
 
     #[test]
+    fn the_tight_preset_is_the_emb_kv_preset_with_half_the_pool() {
+        let c = Config::parse(
+            include_str!("../../configs/allocator-tight.toml"),
+            "configs/allocator-tight.toml",
+        )
+        .unwrap();
+        let mut d = Config::parse(
+            include_str!("../../configs/allocator-emb.toml"),
+            "configs/allocator-emb.toml",
+        )
+        .unwrap();
+        d.memory.pool_mib = 2.0;
+        d.allocator.policy_file = "configs/allocator-tight-ppo.safetensors".into();
+        assert_eq!(c, d);
+        let policy = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(&c.allocator.policy_file);
+        assert!(policy.exists(), "{}", policy.display());
+    }
+
+    #[test]
     fn paper_presets_parse_as_8_virtual_nodes_at_an_a100_over_pcie_ratio() {
         for (name, text) in [
             (
