@@ -373,12 +373,8 @@ impl Router {
 
         let mut best: Option<(u32, f64)> = None;
         let mut best_without_bonus: Option<(u32, f64)> = None;
-        // Ties go to the first node visited: the lowest index, or on real
-        // time this replica's own node (see `home`).
-        let count = self.nodes.len();
-        let home = self.home();
-        for i in 0..count {
-            let n = (home + i) % count;
+        // Ties go to the first node visited (see `scan_order`).
+        for n in self.scan_order() {
             let view = &self.nodes[n];
             let n = n as u32;
             let h_kv = if view.kv_users.contains(&user) {
@@ -435,27 +431,27 @@ impl Router {
         }
     }
 
-    /// Where the scan over nodes starts, so where ties go. On real time
-    /// (`InFlight`) replica r starts at node r: a replica sees only the
-    /// work it sent itself, so equal loads are common (all zero when
-    /// traffic is light), and ties at node 0 for every replica sent most
-    /// of that traffic to one node. On event time: node 0, as always.
-    fn home(&self) -> usize {
-        match self.signal {
-            LoadSignal::InFlight { replica, .. } => replica % self.nodes.len(),
+    /// The order nodes are compared in, so where ties go: from node 0 on
+    /// event time, as always; on real time (`InFlight`) replica r starts
+    /// at node r, since a replica sees only the work it sent itself, so
+    /// equal loads are common (all zero when traffic is light), and ties
+    /// at node 0 for every replica sent most of that traffic to one node.
+    fn scan_order(&self) -> impl Iterator<Item = usize> + use<> {
+        let count = self.nodes.len();
+        let home = match self.signal {
+            LoadSignal::InFlight { replica, .. } => replica % count,
             LoadSignal::EventBacklog => 0,
-        }
+        };
+        (0..count).map(move |i| (home + i) % count)
     }
 
     /// The node with the least queued work; unclamped, so that among nodes
     /// all past capacity the least overloaded one is taken, not node 0.
     fn least_loaded(&self, now_ms: u64) -> u32 {
         let pressure = |n: usize| self.nodes[n].pressure(self.signal, now_ms);
-        let count = self.nodes.len();
-        let home = self.home();
-        let mut least = home;
-        for i in 1..count {
-            let n = (home + i) % count;
+        let mut order = self.scan_order();
+        let mut least = order.next().expect("router has at least one node");
+        for n in order {
             if pressure(n) < pressure(least) {
                 least = n;
             }

@@ -192,8 +192,7 @@ impl EventOperator for NodeParts {
             return;
         }
         commands.sort_by_key(|c| c.seq);
-        let node = self.node.clone();
-        let mut node = lock(&node);
+        let mut node = lock(&self.node);
         if let Some(o) = &self.oracle {
             o.borrow_mut()
                 .enter(&node, time, &*self.side, &self.side.retrieval);
@@ -399,11 +398,7 @@ impl NodeParts {
             (r.ts_ms, r.user_id, r.req_id)
         });
         for s in &all {
-            let replica = s.routed.router as usize;
-            if self.completed_tokens.len() <= replica {
-                self.completed_tokens.resize(replica + 1, 0.0);
-            }
-            self.completed_tokens[replica] += s.routed.tokens as f64;
+            add_for_replica(&mut self.completed_tokens, &s.routed);
         }
         (times, all)
     }
@@ -510,13 +505,19 @@ impl Deadlined for Slotted {
 fn queued_by_replica(queue: &VecDeque<(u64, Routed)>) -> Vec<f64> {
     let mut queued: Vec<f64> = Vec::new();
     for (_, r) in queue {
-        let replica = r.router as usize;
-        if queued.len() <= replica {
-            queued.resize(replica + 1, 0.0);
-        }
-        queued[replica] += r.tokens as f64;
+        add_for_replica(&mut queued, r);
     }
     queued
+}
+
+/// Adds `r`'s tokens to the entry of the router replica that sent it,
+/// growing `by_replica` as replicas appear.
+fn add_for_replica(by_replica: &mut Vec<f64>, r: &Routed) {
+    let replica = r.router as usize;
+    if by_replica.len() <= replica {
+        by_replica.resize(replica + 1, 0.0);
+    }
+    by_replica[replica] += r.tokens as f64;
 }
 
 /// Wall time each request waited from admission to the start of its batch.
