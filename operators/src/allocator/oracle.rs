@@ -3,8 +3,10 @@
 //! node's state at the epoch's start at every α of a grid (the boundary
 //! move and its refill modelled by `set_alpha` itself); α* is the α with
 //! the lowest P99 (ties: the median of the αs within 1% of the minimum).
-//! An α at which a request fails or is served with a shortened history is
-//! never α*: it changes the answers.
+//! An α at which a request fails is never α*, nor one that serves more
+//! requests with a shortened history than the run did in the epoch: a
+//! shortened history changes the answer (and costs less), so α* may change
+//! no more answers than the α it judges.
 //!
 //! [`OracleRecorder`] follows one node through a run: it copies the node
 //! before the first command or batch of each epoch, records the batches
@@ -57,14 +59,16 @@ pub struct RecordedBatch {
 }
 
 impl RecordedBatch {
-    /// Serves the batch on `node` as the run did; the latencies of the
-    /// requests, or `None` when one failed or had its history shortened.
+    /// Serves the batch on `node` as the run did, adding the requests'
+    /// latencies and the number served with a shortened history; `None`
+    /// when one failed.
     fn replay(
         &self,
         node: &mut ServingNode,
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
         latencies: &mut Vec<f64>,
+        truncated: &mut u64,
     ) -> Option<()> {
         let rank: Vec<RankWork<'_>> = self
             .rank
@@ -92,9 +96,7 @@ impl RecordedBatch {
         let (ranked, retrieved) = node.serve_step(self.now_ms, &rank, &retrieve, catalog, index);
         for outcome in ranked.into_iter().chain(retrieved) {
             let served = outcome.ok()?;
-            if served.truncated {
-                return None;
-            }
+            *truncated += u64::from(served.truncated);
             latencies.push(served.modelled_latency_ms);
         }
         Some(())
@@ -118,20 +120,24 @@ pub struct OracleEpoch {
     /// P99 the run measured for these requests (the replay at α
     /// reproduces it on a deterministic node).
     pub run_p99_ms: f64,
+    /// Requests the run served with a shortened history: the most α* may.
+    #[serde(default)]
+    pub truncated: u64,
 }
 
-/// The P99 of the epoch's `batches` replayed from `before` at `alpha`
-/// (`None`: at each batch's own α, as the run moved it); `None` when that
-/// fails a request or shortens a history.
-pub fn replay_p99(
+/// The epoch's `batches` replayed from `before` at `alpha` (`None`: at
+/// each batch's own α, as the run moved it): the P99 and how many requests
+/// were served with a shortened history; `None` when a request failed.
+pub fn replay_epoch(
     before: &ServingNode,
     alpha: Option<f64>,
     batches: &[RecordedBatch],
     catalog: &dyn ItemCatalog,
     index: &RetrievalIndex,
-) -> Result<Option<f64>, ServeError> {
+) -> Result<Option<Replayed>, ServeError> {
     let mut node = before.snapshot()?;
     let mut latencies = Vec::new();
+    let mut truncated = 0;
     for (i, b) in batches.iter().enumerate() {
         let at = match alpha {
             Some(a) if i == 0 => Some(a),
@@ -143,14 +149,25 @@ pub fn replay_p99(
         {
             return Ok(None);
         }
-        if b.replay(&mut node, catalog, index, &mut latencies)
+        if b.replay(&mut node, catalog, index, &mut latencies, &mut truncated)
             .is_none()
         {
             return Ok(None);
         }
     }
     latencies.sort_by(f64::total_cmp);
-    Ok(Some(percentile(&latencies, 0.99)))
+    Ok(Some(Replayed {
+        p99_ms: percentile(&latencies, 0.99),
+        truncated,
+    }))
+}
+
+/// An epoch replayed at one α.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Replayed {
+    pub p99_ms: f64,
+    /// Requests served with a shortened history.
+    pub truncated: u64,
 }
 
 /// α* among `(α, P99)` points (`None`: not eligible): the lowest P99, ties
@@ -254,6 +271,8 @@ struct OpenEpoch {
     before: ServingNode,
     batches: Vec<RecordedBatch>,
     latencies: Vec<f64>,
+    /// Requests the run served with a shortened history.
+    truncated: u64,
 }
 
 /// Follows one node through a run and evaluates α* per epoch.
@@ -300,6 +319,7 @@ impl OracleRecorder {
                     before,
                     batches: Vec::new(),
                     latencies: Vec::new(),
+                    truncated: 0,
                 })
             }
             Err(e) => self.error = Some(format!("node {}: {e}", node.id())),
@@ -307,11 +327,12 @@ impl OracleRecorder {
     }
 
     /// A batch the node served, with the latencies of its requests that
-    /// were answered.
-    pub fn record(&mut self, batch: RecordedBatch, latencies: &[f64]) {
+    /// were answered and how many of those had their history shortened.
+    pub fn record(&mut self, batch: RecordedBatch, latencies: &[f64], truncated: u64) {
         if let Some(o) = &mut self.open {
             o.batches.push(batch);
             o.latencies.extend_from_slice(latencies);
+            o.truncated += truncated;
         }
     }
 
@@ -340,15 +361,15 @@ impl OracleRecorder {
     ) -> Result<Option<OracleEpoch>, ServeError> {
         let mut points = Vec::with_capacity(self.grid.len());
         for &a in &self.grid {
-            points.push((
-                a,
-                replay_p99(&o.before, Some(a), &o.batches, catalog, index)?,
-            ));
+            let replayed = replay_epoch(&o.before, Some(a), &o.batches, catalog, index)?;
+            // No more changed answers than the run's.
+            let eligible = replayed.filter(|r| r.truncated <= o.truncated);
+            points.push((a, eligible.map(|r| r.p99_ms)));
         }
         let Some((alpha_star, p99_at_star_ms)) = alpha_star(&points) else {
             return Ok(None);
         };
-        let at_alpha = replay_p99(&o.before, None, &o.batches, catalog, index)?;
+        let at_alpha = replay_epoch(&o.before, None, &o.batches, catalog, index)?;
         let mut run = o.latencies.clone();
         run.sort_by(f64::total_cmp);
         let run_p99_ms = percentile(&run, 0.99);
@@ -362,11 +383,11 @@ impl OracleRecorder {
                 .sum(),
             alpha,
             alpha_star,
-            // The run shortened a history or failed a request: its own
-            // P99 stands for it.
-            p99_at_alpha_ms: at_alpha.unwrap_or(run_p99_ms),
+            // The run failed a request: its own P99 stands for it.
+            p99_at_alpha_ms: at_alpha.map_or(run_p99_ms, |r| r.p99_ms),
             p99_at_star_ms,
             run_p99_ms,
+            truncated: o.truncated,
         }))
     }
 
@@ -416,6 +437,7 @@ mod tests {
             beam_ms: [1.0, 0.0],
             fit_max_rel_err: 0.0,
             overhead_ms: 0.0,
+            occupancy_ms: 0.0,
             calibration_s: 0.0,
         }
     }
@@ -445,7 +467,13 @@ mod tests {
     }
 
     fn node() -> ServingNode {
-        let mut node = ServingNode::new(0, test_params()).unwrap();
+        node_with_pool(test_params().memory.pool_bytes)
+    }
+
+    fn node_with_pool(pool_bytes: u64) -> ServingNode {
+        let mut params = test_params();
+        params.memory.pool_bytes = pool_bytes;
+        let mut node = ServingNode::new(0, params).unwrap();
         node.set_virtual(cost());
         node
     }
@@ -479,6 +507,7 @@ mod tests {
             p99_at_alpha_ms: at_alpha,
             p99_at_star_ms: at_star,
             run_p99_ms: at_alpha,
+            truncated: 0,
         };
         let s = OracleSummary::of(&[
             e(0, 0.2, 0.4, 3.0, 2.0),
@@ -507,14 +536,19 @@ mod tests {
         let (catalog, index) = (Catalog::new(), index());
         let mut a = node();
         for b in batches(0, 30) {
-            b.replay(&mut a, &catalog, &index, &mut Vec::new()).unwrap();
+            b.replay(&mut a, &catalog, &index, &mut Vec::new(), &mut 0)
+                .unwrap();
         }
         a.set_alpha(0.3).unwrap();
         let mut b = a.snapshot().unwrap();
         let (mut la, mut lb) = (Vec::new(), Vec::new());
         for batch in batches(1, 30) {
-            batch.replay(&mut a, &catalog, &index, &mut la).unwrap();
-            batch.replay(&mut b, &catalog, &index, &mut lb).unwrap();
+            batch
+                .replay(&mut a, &catalog, &index, &mut la, &mut 0)
+                .unwrap();
+            batch
+                .replay(&mut b, &catalog, &index, &mut lb, &mut 0)
+                .unwrap();
         }
         assert_eq!(la, lb);
         assert_eq!(a.counters(), b.counters());
@@ -538,10 +572,12 @@ mod tests {
                     // The allocator's move after the epoch's first batch.
                     run.set_alpha(0.7).unwrap();
                 }
-                let mut lat = Vec::new();
+                let (mut lat, mut cut) = (Vec::new(), 0);
                 batch.alpha = run.alpha();
-                batch.replay(&mut run, &catalog, &index, &mut lat).unwrap();
-                rec.record(batch, &lat);
+                batch
+                    .replay(&mut run, &catalog, &index, &mut lat, &mut cut)
+                    .unwrap();
+                rec.record(batch, &lat, cut);
             }
         }
         rec.close(&catalog, &index);
@@ -559,5 +595,42 @@ mod tests {
         }
         assert!((epochs[1].alpha - 0.7).abs() < 0.01, "{:?}", epochs[1]);
         assert_eq!(epochs[2].epoch_start_ms, 2000);
+    }
+
+    #[test]
+    fn an_epoch_whose_run_shortened_histories_is_judged_against_alphas_that_shorten_no_more() {
+        let (catalog, index) = (Catalog::new(), index());
+        let batches = batches(0, 40);
+        // A pool this small holds the longer histories only in part, at
+        // every α: each replay shortens the same ones.
+        let mut run = node_with_pool(1 << 18);
+        run.set_alpha(0.3).unwrap();
+        let mut rec = OracleRecorder::new(1000, alpha_grid(0.1));
+        let mut cut_in_run = 0;
+        for mut batch in batches.clone() {
+            rec.enter(&run, batch.now_ms, &catalog, &index);
+            let (mut lat, mut cut) = (Vec::new(), 0);
+            batch.alpha = run.alpha();
+            batch
+                .replay(&mut run, &catalog, &index, &mut lat, &mut cut)
+                .unwrap();
+            cut_in_run += cut;
+            rec.record(batch, &lat, cut);
+        }
+        rec.close(&catalog, &index);
+        let e = rec.take().unwrap().remove(0);
+        assert!(cut_in_run > 0);
+        assert_eq!(e.truncated, cut_in_run);
+        assert_eq!(e.p99_at_alpha_ms, e.run_p99_ms);
+        assert!(
+            e.p99_at_star_ms <= e.p99_at_alpha_ms * (1.0 + TIE_SHARE),
+            "{e:?}"
+        );
+        // Every eligible α shortens no more histories than the run did.
+        let before = node_with_pool(1 << 18);
+        let star = replay_epoch(&before, Some(e.alpha_star), &batches, &catalog, &index)
+            .unwrap()
+            .unwrap();
+        assert!(star.truncated <= cut_in_run, "{star:?}");
     }
 }

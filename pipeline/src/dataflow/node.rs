@@ -657,12 +657,14 @@ impl StepCtx {
                     })
                     .collect(),
             };
-            let latencies: Vec<f64> = results
+            let answered: Vec<_> = results
                 .iter()
                 .chain(&retrieved)
-                .filter_map(|r| r.as_ref().ok().map(|s| s.modelled_latency_ms))
+                .filter_map(|r| r.as_ref().ok())
                 .collect();
-            o.borrow_mut().record(batch, &latencies);
+            let latencies: Vec<f64> = answered.iter().map(|s| s.modelled_latency_ms).collect();
+            let truncated = answered.iter().filter(|s| s.truncated).count() as u64;
+            o.borrow_mut().record(batch, &latencies, truncated);
         }
         for ((s, recovered_late), result) in members.into_iter().zip(results) {
             let served = result.map_err(|e| e.to_string());
