@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use grflow_operators::allocator::AllocatorPolicy;
-use grflow_operators::allocator::oracle::{OracleSummary, std_dev};
+use grflow_operators::allocator::oracle::{OracleEpoch, OracleSummary, std_dev};
 use grflow_pipeline::plot::{LineChart, Series};
 use grflow_pipeline::replay::ReplayOutput;
 use grflow_pipeline::{Clock, Config, ReleaseSetting, ReplayOptions, TraceInput};
@@ -447,6 +447,8 @@ struct Plots {
     /// Per regime: P99 per window (mean over nodes) of every policy.
     p99: BTreeMap<String, LineChart>,
     sweep: Option<LineChart>,
+    /// Per regime and policy: the oracle's verdict on every node-epoch.
+    oracle: BTreeMap<String, BTreeMap<String, Vec<OracleEpoch>>>,
 }
 
 impl Plots {
@@ -462,6 +464,12 @@ impl Plots {
                 .map(|(t, (sum, n))| (t as f64 / 1e3, sum / n))
                 .collect::<Vec<_>>()
         };
+        if !out.oracle.is_empty() {
+            self.oracle
+                .entry(regime.into())
+                .or_default()
+                .insert(policy.into(), out.oracle.clone());
+        }
         let p99 = self.p99.entry(regime.into()).or_insert_with(|| LineChart {
             title: format!("{regime}: P99 per window (mean over nodes)"),
             x_label: "event time (s)".into(),
@@ -540,6 +548,13 @@ impl Plots {
         for (file, chart) in charts {
             let path = dir.join(file);
             std::fs::write(&path, chart.to_svg())
+                .with_context(|| format!("writing {}", path.display()))?;
+            paths.push(path);
+        }
+        // The numbers behind the α plots, for whoever audits the gap.
+        for (regime, by_policy) in &self.oracle {
+            let path = dir.join(format!("oracle-{regime}.json"));
+            std::fs::write(&path, serde_json::to_string_pretty(by_policy)?)
                 .with_context(|| format!("writing {}", path.display()))?;
             paths.push(path);
         }
