@@ -43,6 +43,13 @@ pub struct CostModel {
     /// real replay by `grflow calibrate`, 0 from [`calibrate`] alone.
     #[serde(default)]
     pub overhead_ms: f64,
+    /// The part of `overhead_ms` spent on the node's own thread (lookups,
+    /// cache work, planning): it keeps the node busy, so under load it
+    /// delays the requests queued behind, where the rest (exchanges,
+    /// wake-ups) only adds to each request's own latency. Fitted by
+    /// `grflow calibrate` against a loaded replay; 0 in older files.
+    #[serde(default)]
+    pub occupancy_ms: f64,
     /// Seconds the calibration took.
     pub calibration_s: f64,
 }
@@ -64,7 +71,15 @@ impl CostModel {
     /// device's compute and the link alone).
     pub fn overhead_scaled(mut self, scale: f64) -> CostModel {
         self.overhead_ms *= scale;
+        self.occupancy_ms *= scale;
         self
+    }
+
+    /// Per request, the overhead that occupies the node and the rest,
+    /// which only adds to the request's latency.
+    pub fn overhead_split(&self) -> (f64, f64) {
+        let busy = self.occupancy_ms.clamp(0.0, self.overhead_ms.max(0.0));
+        (busy, self.overhead_ms.max(0.0) - busy)
     }
 
     pub fn prefill(&self, new: usize, cached: usize) -> f64 {
@@ -189,6 +204,7 @@ pub fn calibrate(
         beam_ms,
         fit_max_rel_err: 0.0,
         overhead_ms: 0.0,
+        occupancy_ms: 0.0,
         calibration_s: 0.0,
     };
     let rel = |predicted: f64, measured: f64| (predicted - measured).abs() / measured.max(1e-6);
@@ -286,6 +302,7 @@ mod tests {
             beam_ms: [0.5, 0.05],
             fit_max_rel_err: 0.0,
             overhead_ms: 0.3,
+            occupancy_ms: 0.1,
             calibration_s: 1.0,
         };
         let s = c.scaled(0.01);
@@ -296,6 +313,14 @@ mod tests {
         // The overhead has its own scale, and it leaves compute alone.
         let o = c.clone().overhead_scaled(0.5);
         assert!((o.overhead_ms - 0.15).abs() < 1e-12);
+        assert!((o.occupancy_ms - 0.05).abs() < 1e-12);
+        // The part that occupies the node never exceeds the whole.
+        let (busy, rest) = CostModel {
+            occupancy_ms: 0.5,
+            ..c.clone()
+        }
+        .overhead_split();
+        assert_eq!((busy, rest), (0.3, 0.0));
         assert_eq!(o.prefill(100, 50), c.prefill(100, 50));
     }
 

@@ -606,6 +606,7 @@ fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
         beam_ms: [5.0, 0.0],
         fit_max_rel_err: 0.0,
         overhead_ms: 0.0,
+        occupancy_ms: 0.0,
         calibration_s: 0.0,
     };
     let mut node = ServingNode::new(0, params()).unwrap();
@@ -647,6 +648,50 @@ fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
     assert!((6.0..6.5).contains(&r.modelled_latency_ms), "{r:?}");
     assert_eq!(node.counters().responses, 3);
     assert_eq!(node.memory_stats().scratch_pages, 0);
+}
+
+/// The busy part of the host overhead delays the requests queued behind;
+/// the rest adds to each request's own latency alone.
+#[test]
+fn a_virtual_node_queues_behind_the_busy_part_of_the_overhead() {
+    let catalog = Catalog::new(500);
+    let candidates: Vec<u32> = (100..120).collect();
+    let h = history(40);
+    let pair = |occupancy_ms: f64| {
+        let cost = grflow_kernels::cost::CostModel {
+            preset: "small".into(),
+            machine: "test".into(),
+            gemm_gflops: 100.0,
+            beam_width: 8,
+            beam_top_k: 8,
+            prefill_ms: [1.0, 0.0, 0.0],
+            rank_ms: [2.0, 0.0, 0.0],
+            beam_ms: [5.0, 0.0],
+            fit_max_rel_err: 0.0,
+            overhead_ms: 1.0,
+            occupancy_ms,
+            calibration_s: 0.0,
+        };
+        let mut node = ServingNode::new(0, params()).unwrap();
+        node.set_virtual(cost);
+        let mut served = (1..=2).map(|id| {
+            let req = RankRequest {
+                req_id: id,
+                user_id: id,
+                candidates: &candidates,
+            };
+            node.serve(10, req, &h, &catalog)
+                .unwrap()
+                .modelled_latency_ms
+        });
+        (served.next().unwrap(), served.next().unwrap())
+    };
+    let (a0, b0) = pair(0.0);
+    let (a1, b1) = pair(0.6);
+    // Alone, a request pays the whole overhead either way.
+    assert!((a0 - a1).abs() < 1e-9, "{a0} vs {a1}");
+    // The second waits for the first's compute, and for its busy 0.6 ms.
+    assert!((b1 - b0 - 0.6).abs() < 1e-9, "{b0} vs {b1}");
 }
 
 #[test]

@@ -239,6 +239,7 @@ fn cost() -> grflow_kernels::cost::CostModel {
         beam_ms: [2.0, 0.0],
         fit_max_rel_err: 0.0,
         overhead_ms: 0.0,
+        occupancy_ms: 0.0,
         calibration_s: 0.0,
     }
 }

@@ -1126,13 +1126,14 @@ impl ServingNode {
             .add(now_ms, plan.computed_tokens(reused) as f64);
         let link_ms = link_cost(&self.params.link, emb.miss_bytes).as_secs_f64() * 1e3;
         let modelled_latency_ms = match (&mut self.virtual_compute, virtual_ms) {
-            // Queued behind the node's earlier work, then its own compute;
-            // the link transfer of its misses comes first.
+            // Queued behind the node's earlier work, then its own compute
+            // and host work; the link transfer of its misses comes first.
             (Some(v), Some(compute_ms)) => {
                 let arrival = now_ms as f64;
+                let (busy, rest) = v.cost.overhead_split();
                 let start = v.free_at_ms.max(arrival + link_ms);
-                v.free_at_ms = start + compute_ms;
-                v.free_at_ms - arrival + v.cost.overhead_ms
+                v.free_at_ms = start + compute_ms + busy;
+                v.free_at_ms - arrival + rest
             }
             _ => self.backlog.drain_ms(backlog) + link_ms,
         };
