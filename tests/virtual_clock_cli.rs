@@ -38,10 +38,7 @@ fn calibrate_then_replay_on_the_virtual_clock() {
     assert!(saved["gemm_gflops"].as_f64().unwrap() > 0.0);
     let overhead = saved["overhead_ms"].as_f64().unwrap();
     let busy = saved["occupancy_ms"].as_f64().unwrap();
-    assert!(
-        overhead >= 0.0 && (0.0..=overhead).contains(&busy),
-        "{saved}"
-    );
+    assert!(overhead >= 0.0 && busy >= 0.0, "{saved}");
     assert!(saved["prefill_ms"].as_array().unwrap().len() == 3);
 
     let config = dir.join("trace.toml");

@@ -43,11 +43,12 @@ pub struct CostModel {
     /// real replay by `grflow calibrate`, 0 from [`calibrate`] alone.
     #[serde(default)]
     pub overhead_ms: f64,
-    /// The part of `overhead_ms` spent on the node's own thread (lookups,
-    /// cache work, planning): it keeps the node busy, so under load it
-    /// delays the requests queued behind, where the rest (exchanges,
-    /// wake-ups) only adds to each request's own latency. Fitted by
-    /// `grflow calibrate` against a loaded replay; 0 in older files.
+    /// Host time per request that keeps the node busy, so that under load
+    /// it delays the requests queued behind: the part of `overhead_ms`
+    /// spent on the node's core (lookups, cache work, planning) and work
+    /// after the response that shares it (exchanges, windows, sinks), so
+    /// it may exceed `overhead_ms`. Fitted by `grflow calibrate` against a
+    /// loaded replay; 0 in older files.
     #[serde(default)]
     pub occupancy_ms: f64,
     /// Seconds the calibration took.
@@ -75,11 +76,11 @@ impl CostModel {
         self
     }
 
-    /// Per request, the overhead that occupies the node and the rest,
-    /// which only adds to the request's latency.
+    /// Per request, the host time that occupies the node, and the part of
+    /// the overhead that only adds to the request's own latency.
     pub fn overhead_split(&self) -> (f64, f64) {
-        let busy = self.occupancy_ms.clamp(0.0, self.overhead_ms.max(0.0));
-        (busy, self.overhead_ms.max(0.0) - busy)
+        let busy = self.occupancy_ms.max(0.0);
+        (busy, (self.overhead_ms - busy).max(0.0))
     }
 
     pub fn prefill(&self, new: usize, cached: usize) -> f64 {
@@ -314,13 +315,15 @@ mod tests {
         let o = c.clone().overhead_scaled(0.5);
         assert!((o.overhead_ms - 0.15).abs() < 1e-12);
         assert!((o.occupancy_ms - 0.05).abs() < 1e-12);
-        // The part that occupies the node never exceeds the whole.
+        // Occupancy past the overhead leaves no latency-only part.
         let (busy, rest) = CostModel {
             occupancy_ms: 0.5,
             ..c.clone()
         }
         .overhead_split();
-        assert_eq!((busy, rest), (0.3, 0.0));
+        assert_eq!((busy, rest), (0.5, 0.0));
+        let (busy, rest) = c.overhead_split();
+        assert!((busy - 0.1).abs() < 1e-12 && (rest - 0.2).abs() < 1e-12);
         assert_eq!(o.prefill(100, 50), c.prefill(100, 50));
     }
 

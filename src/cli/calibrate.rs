@@ -66,7 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("{json}");
     eprintln!(
         "{} on {} (GEMM {:.1} GFLOP/s), fit within {:.0}% of its timings, overhead {:.3} ms per \
-         request ({:.3} of it busy), {:.1} s; wrote {}",
+         request ({:.3} ms busy), {:.1} s; wrote {}",
         cost.preset,
         cost.machine,
         cost.gemm_gflops,
@@ -108,11 +108,12 @@ fn validate(preset: &str, calibration: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What a request costs besides the model, and how much of that keeps the
-/// node busy. The overhead: the median wall latency of a real replay at low
-/// load minus the median the cost model alone gives on the same trace. Its
-/// busy part: the share of it that, charged as node time, makes the virtual
-/// P95 of a loaded replay match the real one. A Steady trace with its own
+/// What a request costs besides the model, and how much host time keeps
+/// the node busy. The overhead: the median wall latency of a real replay at
+/// low load minus the median the cost model alone gives on the same trace.
+/// The busy time: what, charged as node time per request, makes the virtual
+/// P99 of a Burst replay (where queues build) match the real one; the
+/// virtual P99 grows with it, so bisection finds it. Traces with their own
 /// seed (not the default's, so that the default replay validates the fit).
 fn overhead_ms(cost: &mut CostModel) -> anyhow::Result<()> {
     let mut cfg = Config::embedded();
@@ -125,12 +126,15 @@ fn overhead_ms(cost: &mut CostModel) -> anyhow::Result<()> {
     let workers = cfg.run.workers as f64;
     // About 20% busy, at most 140 req/s (the source's own cost grows past).
     let low_rps = (0.2 * workers * 1e3 / request_ms.max(1e-3)).min(140.0);
+    // 4 s at the base rate for the median; about 11 s of Burst for the P99
+    // (its 16th-slowest request).
+    let (median_requests, tail_requests) = (((low_rps * 4.0) as u64).max(100), 1600);
     let latency =
-        |regime: Regime, rps: f64, cost: Option<&CostModel>| -> anyhow::Result<(f64, f64)> {
+        |regime: Regime, requests: u64, cost: Option<&CostModel>| -> anyhow::Result<(f64, f64)> {
             let mut t = trace_cfg.clone();
             t.regime = regime;
-            t.rps = rps;
-            t.requests = ((rps * 4.0) as u64).clamp(100, 1600);
+            t.rps = low_rps;
+            t.requests = requests;
             let mut cfg = cfg.clone();
             (cfg.run.clock, cfg.run.speed) = match cost {
                 None => (Clock::Wall, "1x".into()),
@@ -144,28 +148,28 @@ fn overhead_ms(cost: &mut CostModel) -> anyhow::Result<()> {
             Ok((l.p50, l.p99))
         };
     eprintln!("measuring the per-request overhead at {low_rps:.0} req/s, real and virtual...");
-    let (wall, _) = latency(Regime::Steady, low_rps, None)?;
+    let (wall, _) = latency(Regime::Steady, median_requests, None)?;
     cost.overhead_ms = 0.0;
     cost.occupancy_ms = 0.0;
-    let (modelled, _) = latency(Regime::Steady, low_rps, Some(cost))?;
+    let (modelled, _) = latency(Regime::Steady, median_requests, Some(cost))?;
     cost.overhead_ms = (wall - modelled).max(0.0);
     eprintln!("  p50 wall {wall:.3} ms, cost model alone {modelled:.3} ms");
-    // Bursts double the rate: the tail is where queues build.
     eprintln!("fitting the share of it that keeps the node busy on a Burst trace...");
-    let (_, wall_p95) = latency(Regime::Burst, low_rps, None)?;
-    let mut best = (f64::INFINITY, 0.0);
-    for i in 0..=10 {
-        let share = f64::from(i) / 10.0;
-        cost.occupancy_ms = share * cost.overhead_ms;
-        let (_, p95) = latency(Regime::Burst, low_rps, Some(cost))?;
-        if (p95 - wall_p95).abs() < best.0 {
-            best = ((p95 - wall_p95).abs(), share);
+    let (_, wall_p99) = latency(Regime::Burst, tail_requests, None)?;
+    let (mut lo, mut hi) = (0.0, 3.0 * cost.overhead_ms + request_ms);
+    for _ in 0..10 {
+        cost.occupancy_ms = (lo + hi) / 2.0;
+        let (_, p99) = latency(Regime::Burst, tail_requests, Some(cost))?;
+        if p99 < wall_p99 {
+            lo = cost.occupancy_ms
+        } else {
+            hi = cost.occupancy_ms
         }
     }
-    cost.occupancy_ms = best.1 * cost.overhead_ms;
+    cost.occupancy_ms = (lo + hi) / 2.0;
     eprintln!(
-        "  p95 wall {wall_p95:.3} ms; busy share {:.1} of the overhead",
-        best.1
+        "  p99 wall {wall_p99:.3} ms; {:.3} ms per request keeps the node busy",
+        cost.occupancy_ms
     );
     Ok(())
 }
