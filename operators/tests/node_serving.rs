@@ -650,6 +650,45 @@ fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
     assert_eq!(node.memory_stats().scratch_pages, 0);
 }
 
+/// A request that does not fit the KV share alone is not failed: the KV
+/// share takes the pages back from EMB (α goes down) and the answer is the
+/// one a node with room gives.
+#[test]
+fn a_request_that_does_not_fit_the_kv_share_takes_pages_back_from_emb() {
+    let catalog = Catalog::new(500);
+    let candidates: Vec<u32> = (100..130).collect();
+    let h = history(60);
+    let req = |id| RankRequest {
+        req_id: id,
+        user_id: 7,
+        candidates: &candidates,
+    };
+    let mut roomy = ServingNode::new(0, params()).unwrap();
+    let want = roomy.serve(0, req(1), &h, &catalog).unwrap();
+
+    let mut tight = ServingNode::new(0, params()).unwrap();
+    tight.set_alpha(1.0).unwrap();
+    assert_eq!(tight.alpha(), 1.0);
+    let got = tight.serve(0, req(1), &h, &catalog).unwrap();
+    assert_eq!(got.items, want.items);
+    assert!(tight.alpha() < 1.0, "alpha {}", tight.alpha());
+    assert_eq!(tight.counters().kv_reclaims, 1);
+    assert!(tight.memory_stats().kv_reclaimed_pages > 0);
+    // Retrieve requests too.
+    let index = RetrievalIndex::new(sparse_sids(), 16).unwrap();
+    tight.set_alpha(1.0).unwrap();
+    let r = RetrieveRequest {
+        req_id: 2,
+        user_id: 8,
+    };
+    tight
+        .serve_retrieve(1, r, &history(50), &catalog, &index)
+        .unwrap();
+    assert!(tight.alpha() < 1.0);
+    assert_eq!(tight.counters().kv_reclaims, 2);
+    assert_eq!(roomy.counters().kv_reclaims, 0);
+}
+
 /// The busy part of the host overhead delays the requests queued behind;
 /// the rest adds to each request's own latency alone.
 #[test]

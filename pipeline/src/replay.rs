@@ -433,6 +433,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 busy_share: busy.whole,
                 busy_share_peak: busy.peak,
                 truncated_histories: c.truncated_histories,
+                kv_reclaims: c.kv_reclaims,
                 user_head_evictions: c.user_head_evictions,
                 user_heads_peak: node.user_heads_peak() as u64,
                 alpha_moves: c.alpha_moves,

@@ -115,6 +115,10 @@ pub struct NodeSummary {
     /// Requests served with only the most recent part of their history.
     #[serde(default)]
     pub truncated_histories: u64,
+    /// Requests that did not fit the KV share alone and were served after
+    /// it took pages back from EMB (α lowered on demand).
+    #[serde(default)]
+    pub kv_reclaims: u64,
     /// User prefix heads dropped because the node's table was full
     /// (node.max_users), and the most it ever held.
     #[serde(default)]

@@ -109,6 +109,9 @@ pub struct MemoryStats {
     /// Page frees the pool refused (double frees, wrong tenant): each is a
     /// bug, counted instead of corrupting the free list.
     pub rejected_page_frees: u64,
+    /// Pages taken back from EMB (α lowered) because a request's KV did
+    /// not fit in the KV share: a request never fails while EMB holds pages.
+    pub kv_reclaimed_pages: u64,
 }
 
 impl MemoryStats {
@@ -139,6 +142,9 @@ pub struct NodeMemory {
     refill_rows: KeyMap<u64, (u16, u32)>,
     next_refill_tag: u64,
     alpha: f64,
+    /// Pages the KV share took back from EMB because a request did not fit
+    /// otherwise.
+    kv_reclaimed_pages: u64,
 }
 
 impl NodeMemory {
@@ -199,6 +205,7 @@ impl NodeMemory {
             item_kv,
             refill_rows: key_map(),
             next_refill_tag: 0,
+            kv_reclaimed_pages: 0,
             cfg,
         })
     }
@@ -248,6 +255,7 @@ impl NodeMemory {
             refill_rows: self.refill_rows.clone(),
             next_refill_tag: self.next_refill_tag,
             alpha: self.alpha,
+            kv_reclaimed_pages: self.kv_reclaimed_pages,
         })
     }
 
@@ -336,6 +344,17 @@ impl NodeMemory {
             .collect())
     }
 
+    /// The KV share takes `pages` back from EMB (α goes down, as far as 0)
+    /// for a request that does not fit alone: an embedding row can be
+    /// fetched again, a request that does not fit would fail. Returns the
+    /// pages moved (fewer when EMB holds fewer).
+    pub fn reclaim_for_kv(&mut self, pages: usize) -> usize {
+        let (back, _) = self.shrink_emb(pages);
+        self.kv_reclaimed_pages += back as u64;
+        self.settle_boundary();
+        back
+    }
+
     /// After the forward: new full blocks of `tokens` join the radix index,
     /// the tail page is freed, the match is unpinned.
     pub fn kv_commit(&mut self, tokens: &[u32], block_table: &[u32], matched: &PrefixMatch) {
@@ -405,20 +424,33 @@ impl NodeMemory {
             mv.refill_rows = rows.len();
             mv.refill_bytes = rows.len() as u64 * row_bytes;
         } else if target < current {
-            let (back, evicted) = self.emb.shrink(&mut self.pool, current - target);
-            // A page the EMB cache did not hold is refused and counted by
-            // the pool (`rejected_page_frees`); the move itself stands.
-            let _ = self.pool.return_from_emb(&back);
-            mv.pages_to_emb = -(back.len() as i64);
+            let (back, evicted) = self.shrink_emb(current - target);
+            mv.pages_to_emb = -(back as i64);
             mv.emb_rows_evicted = evicted;
-            self.cancel_refill();
         }
+        self.settle_boundary();
+        mv.alpha = self.alpha;
+        Ok(mv)
+    }
+
+    /// Gives up to `pages` EMB pages back to the pool (evicting their
+    /// rows) and drops the refill in flight: (pages given, rows evicted).
+    fn shrink_emb(&mut self, pages: usize) -> (usize, usize) {
+        let (back, evicted) = self.emb.shrink(&mut self.pool, pages);
+        // A page the EMB cache did not hold is refused and counted by the
+        // pool (`rejected_page_frees`); the move itself stands.
+        let _ = self.pool.return_from_emb(&back);
+        self.cancel_refill();
+        (back.len(), evicted)
+    }
+
+    /// The KV caches' capacity and α after the boundary moved.
+    fn settle_boundary(&mut self) {
+        let pages = self.pool.pages();
         let kv_pages = pages - self.emb.pages().len();
         self.user_kv.set_capacity(kv_pages);
         self.item_kv.set_capacity(kv_pages);
         self.alpha = self.emb.pages().len() as f64 / pages as f64;
-        mv.alpha = self.alpha;
-        Ok(mv)
     }
 
     /// Drops unfinished refill jobs and forgets their rows; rows whose
@@ -458,6 +490,7 @@ impl NodeMemory {
             refill_bytes_per_s: self.link.refill_bandwidth(),
             refill_jobs: self.link.refill_counts(),
             rejected_page_frees: self.pool.rejected_frees(),
+            kv_reclaimed_pages: self.kv_reclaimed_pages,
         }
     }
 }

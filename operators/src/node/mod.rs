@@ -300,6 +300,10 @@ pub struct NodeCounters {
     /// Requests served with only the most recent part of their history.
     #[serde(default)]
     pub truncated_histories: u64,
+    /// Requests that did not fit the KV share alone and were served after
+    /// it took pages back from EMB (α lowered).
+    #[serde(default)]
+    pub kv_reclaims: u64,
     /// User prefix heads dropped because the table was full (max_users).
     pub user_head_evictions: u64,
     /// Model FLOPs executed: uncached history suffixes, candidates and
@@ -549,6 +553,23 @@ impl ServingNode {
         Ok(moved)
     }
 
+    /// A request alone failed for want of KV pages: the KV share takes the
+    /// shortfall back from EMB (α goes down). Whether any page moved, so
+    /// that trying again can go further.
+    fn reclaim_for(&mut self, e: &ServeError) -> bool {
+        let ServeError::Memory(MemoryError::KvFull { wanted, free }) = e else {
+            return false;
+        };
+        let moved = self
+            .memory
+            .reclaim_for_kv(wanted.saturating_sub(*free).max(1));
+        if moved > 0 {
+            self.recount_shards();
+            self.counters.kv_reclaims += 1;
+        }
+        moved > 0
+    }
+
     /// Serves one rank request at event time `now_ms` whose user history is
     /// `history` (the first hist_len items): User-as-prefix ranking of the
     /// candidates on top of the user's cached history KV. A batch of one.
@@ -700,8 +721,14 @@ impl ServingNode {
                         self.fill_gap(&mut ready[next], prefix.reused, catalog);
                         reserved.push((next, prefix));
                     }
-                    // Alone it does not fit either: its own error.
-                    Err(e) if reserved.is_empty() => results[ready[next].index] = Some(Err(e)),
+                    // Alone it does not fit: KV takes pages back from EMB
+                    // and it tries again; else its own error.
+                    Err(e) if reserved.is_empty() => {
+                        if self.reclaim_for(&e) {
+                            continue;
+                        }
+                        results[ready[next].index] = Some(Err(e))
+                    }
                     // Serve what fits first; this one starts the next sub-batch.
                     Err(_) => break,
                 }
@@ -928,7 +955,15 @@ impl ServingNode {
             if group.len() == MAX_RETRIEVE_GROUP {
                 return (group, i);
             }
-            match self.prepare_retrieve(w.req, w.history, catalog, index, group.len()) {
+            let mut prepared = self.prepare_retrieve(w.req, w.history, catalog, index, group.len());
+            // Alone it does not fit: KV takes pages back from EMB.
+            while let Err(e) = &prepared
+                && group.is_empty()
+                && self.reclaim_for(e)
+            {
+                prepared = self.prepare_retrieve(w.req, w.history, catalog, index, 0);
+            }
+            match prepared {
                 Ok(prep) => group.push((i, prep)),
                 // The group holds the pages it needs: it goes first.
                 Err(ServeError::Memory(_)) if !group.is_empty() => return (group, i),
