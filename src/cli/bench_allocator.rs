@@ -101,6 +101,12 @@ struct Row {
     /// its answers use less of the history, so it does not compare with
     /// runs at 0.
     truncated_histories: u64,
+    /// Requests that got no answer (a run that drops requests has a lower
+    /// P99 for it: not comparable).
+    failed_requests: u64,
+    /// Requests that did not fit the KV share alone, served after the node
+    /// took pages back from EMB (α lowered on demand).
+    kv_reclaims: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -221,7 +227,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "  alpha {alpha:.1}: p99 {p99:.2} ms (training seed {train_p99:.2}), \
                      truncated histories {truncated}"
                 );
-                let whole = train.summary.truncated_histories == 0;
+                let whole = train.summary.truncated_histories == 0 && train.summary.errors == 0;
                 if whole && best_train.is_none_or(|b| train_p99 < b.1) {
                     best_train = Some((alpha, train_p99));
                 }
@@ -260,11 +266,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if label == "kv-emb-opt" {
                 reference = Some(s.latency_ms.p99);
             }
+            let reclaims: u64 = s.nodes.iter().map(|n| n.kv_reclaims).sum();
             eprintln!(
-                "{name} {label:>10}: p99 {:.2} ms, SLO {:.1}%, alpha moves {}{}{} ({:.0} s)",
+                "{name} {label:>10}: p99 {:.4} ms, SLO {:.1}%, alpha moves {}, KV reclaims \
+                 {reclaims}{}{}{} ({:.0} s)",
                 s.latency_ms.p99,
                 s.slo_satisfaction * 100.0,
                 alloc.as_ref().map_or(0, |a| a.alpha_moves),
+                if s.errors > 0 {
+                    format!(", {} failed requests (not comparable)", s.errors)
+                } else {
+                    String::new()
+                },
                 if s.truncated_histories > 0 {
                     format!(
                         ", {} truncated histories (answers changed: not comparable)",
@@ -303,6 +316,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 oracle_gap_previous_star: oracle.as_ref().and_then(|o| o.gap_previous_star),
                 oracle_epochs: out.oracle.len() as u64,
                 truncated_histories: s.truncated_histories,
+                failed_requests: s.errors,
+                kv_reclaims: s.nodes.iter().map(|n| n.kv_reclaims).sum(),
             });
         }
     }
