@@ -590,12 +590,10 @@ fn a_full_prefix_hit_makes_no_emb_lookups_for_the_covered_history() {
     assert_eq!(served.emb_lookups, per_item);
 }
 
-/// The virtual clock: no model runs; each request is charged the cost
-/// model's compute on the node's own timeline, queued behind earlier work.
-#[test]
-fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
-    let catalog = Catalog::new(500);
-    let cost = grflow_kernels::cost::CostModel {
+/// A cost model of round numbers: prefill 1 ms, ranking 2 ms, beam search
+/// 5 ms, whatever the lengths, and the given host overhead.
+fn virtual_cost(overhead_ms: f64, occupancy_ms: f64) -> grflow_kernels::cost::CostModel {
+    grflow_kernels::cost::CostModel {
         preset: "small".into(),
         machine: "test".into(),
         gemm_gflops: 100.0,
@@ -605,12 +603,19 @@ fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
         rank_ms: [2.0, 0.0, 0.0],
         beam_ms: [5.0, 0.0],
         fit_max_rel_err: 0.0,
-        overhead_ms: 0.0,
-        occupancy_ms: 0.0,
+        overhead_ms,
+        occupancy_ms,
         calibration_s: 0.0,
-    };
+    }
+}
+
+/// The virtual clock: no model runs; each request is charged the cost
+/// model's compute on the node's own timeline, queued behind earlier work.
+#[test]
+fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
+    let catalog = Catalog::new(500);
     let mut node = ServingNode::new(0, params()).unwrap();
-    node.set_virtual(cost);
+    node.set_virtual(virtual_cost(0.0, 0.0));
     // No model runs: the pool keeps page ownership but no floats.
     assert!(node.memory().pool().is_metadata_only());
     let candidates: Vec<u32> = (100..120).collect();
@@ -697,22 +702,8 @@ fn a_virtual_node_queues_behind_the_busy_part_of_the_overhead() {
     let candidates: Vec<u32> = (100..120).collect();
     let h = history(40);
     let pair = |occupancy_ms: f64| {
-        let cost = grflow_kernels::cost::CostModel {
-            preset: "small".into(),
-            machine: "test".into(),
-            gemm_gflops: 100.0,
-            beam_width: 8,
-            beam_top_k: 8,
-            prefill_ms: [1.0, 0.0, 0.0],
-            rank_ms: [2.0, 0.0, 0.0],
-            beam_ms: [5.0, 0.0],
-            fit_max_rel_err: 0.0,
-            overhead_ms: 1.0,
-            occupancy_ms,
-            calibration_s: 0.0,
-        };
         let mut node = ServingNode::new(0, params()).unwrap();
-        node.set_virtual(cost);
+        node.set_virtual(virtual_cost(1.0, occupancy_ms));
         let mut served = (1..=2).map(|id| {
             let req = RankRequest {
                 req_id: id,
