@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use grflow_kernels::cost::CostModel;
 use grflow_pipeline::{Clock, Config, ReplayOptions, TraceInput};
-use grflow_traces::Regime;
+use grflow_traces::{Regime, Trace};
 
 use super::InputError;
 
@@ -56,7 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map_err(InputError::from_display)?;
     let mut cost = cost;
     if !args.no_overhead {
-        overhead_ms(&mut cost)?;
+        fit_overhead(&mut cost)?;
     }
     let json = serde_json::to_string_pretty(&cost)?;
     std::fs::write(&args.out, &json).with_context(|| format!("writing {}", args.out.display()))?;
@@ -115,51 +115,54 @@ fn validate(preset: &str, calibration: &std::path::Path) -> anyhow::Result<()> {
 /// P99 of a Burst replay (where queues build) match the real one; the
 /// virtual P99 grows with it, so bisection finds it. Traces with their own
 /// seed (not the default's, so that the default replay validates the fit).
-fn overhead_ms(cost: &mut CostModel) -> anyhow::Result<()> {
+fn fit_overhead(cost: &mut CostModel) -> anyhow::Result<()> {
     let mut cfg = Config::embedded();
     cfg.model.preset = cost.preset.clone();
     cfg.windows.out = "none".into();
     let mut trace_cfg = cfg.trace.gen_config().map_err(InputError::from_display)?;
-    trace_cfg.regime = Regime::Steady;
     trace_cfg.seed = 7;
     let request_ms = cost.prefill(64, 0) + cost.rank(trace_cfg.candidates, 64);
     let workers = cfg.run.workers as f64;
-    // About 20% busy, at most 140 req/s (the source's own cost grows past).
+    // About 20% busy, at most 140 req/s (the source's own cost grows past);
+    // 4 s of Steady for the median, about 11 s of Burst for the P99 (its
+    // 16th-slowest request).
     let low_rps = (0.2 * workers * 1e3 / request_ms.max(1e-3)).min(140.0);
-    // 4 s at the base rate for the median; about 11 s of Burst for the P99
-    // (its 16th-slowest request).
-    let (median_requests, tail_requests) = (((low_rps * 4.0) as u64).max(100), 1600);
-    let latency =
-        |regime: Regime, requests: u64, cost: Option<&CostModel>| -> anyhow::Result<(f64, f64)> {
-            let mut t = trace_cfg.clone();
-            t.regime = regime;
-            t.rps = low_rps;
-            t.requests = requests;
-            let mut cfg = cfg.clone();
-            (cfg.run.clock, cfg.run.speed) = match cost {
-                None => (Clock::Wall, "1x".into()),
-                Some(_) => (Clock::Virtual, "max".into()),
-            };
-            cfg.cost.model = cost.cloned();
-            let trace = Arc::new(grflow_traces::generate(&t));
-            let out = grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace), cfg))
-                .context("calibration replay")?;
-            let l = &out.summary.latency_ms;
-            Ok((l.p50, l.p99))
+    // Generated once each: the bisection replays the Burst trace ten times.
+    let trace = |regime: Regime, requests: u64| {
+        let mut t = trace_cfg.clone();
+        (t.regime, t.rps, t.requests) = (regime, low_rps, requests);
+        Arc::new(grflow_traces::generate(&t))
+    };
+    let (steady, burst) = (
+        trace(Regime::Steady, ((low_rps * 4.0) as u64).max(100)),
+        trace(Regime::Burst, 1600),
+    );
+    let latency = |trace: &Arc<Trace>, cost: Option<&CostModel>| -> anyhow::Result<(f64, f64)> {
+        let mut cfg = cfg.clone();
+        (cfg.run.clock, cfg.run.speed) = match cost {
+            None => (Clock::Wall, "1x".into()),
+            Some(_) => (Clock::Virtual, "max".into()),
         };
+        cfg.cost.model = cost.cloned();
+        let out =
+            grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
+                .context("calibration replay")?;
+        let l = &out.summary.latency_ms;
+        Ok((l.p50, l.p99))
+    };
     eprintln!("measuring the per-request overhead at {low_rps:.0} req/s, real and virtual...");
-    let (wall, _) = latency(Regime::Steady, median_requests, None)?;
+    let (wall, _) = latency(&steady, None)?;
     cost.overhead_ms = 0.0;
     cost.occupancy_ms = 0.0;
-    let (modelled, _) = latency(Regime::Steady, median_requests, Some(cost))?;
+    let (modelled, _) = latency(&steady, Some(cost))?;
     cost.overhead_ms = (wall - modelled).max(0.0);
     eprintln!("  p50 wall {wall:.3} ms, cost model alone {modelled:.3} ms");
-    eprintln!("fitting the share of it that keeps the node busy on a Burst trace...");
-    let (_, wall_p99) = latency(Regime::Burst, tail_requests, None)?;
+    eprintln!("fitting the host time that keeps the node busy on a Burst trace...");
+    let (_, wall_p99) = latency(&burst, None)?;
     let (mut lo, mut hi) = (0.0, 3.0 * cost.overhead_ms + request_ms);
     for _ in 0..10 {
         cost.occupancy_ms = (lo + hi) / 2.0;
-        let (_, p99) = latency(Regime::Burst, tail_requests, Some(cost))?;
+        let (_, p99) = latency(&burst, Some(cost))?;
         if p99 < wall_p99 {
             lo = cost.occupancy_ms
         } else {
