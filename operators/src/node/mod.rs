@@ -955,13 +955,14 @@ impl ServingNode {
             if group.len() == MAX_RETRIEVE_GROUP {
                 return (group, i);
             }
-            let mut prepared = self.prepare_retrieve(w.req, w.history, catalog, index, group.len());
+            let lane = group.len();
+            let mut prepared = self.prepare_retrieve(w.req, w.history, catalog, index, lane);
             // Alone it does not fit: KV takes pages back from EMB.
             while let Err(e) = &prepared
-                && group.is_empty()
+                && lane == 0
                 && self.reclaim_for(e)
             {
-                prepared = self.prepare_retrieve(w.req, w.history, catalog, index, 0);
+                prepared = self.prepare_retrieve(w.req, w.history, catalog, index, lane);
             }
             match prepared {
                 Ok(prep) => group.push((i, prep)),
