@@ -23,7 +23,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::mdp::State;
-use super::mlp::{Grads, Mlp};
+use super::mlp::{Grads, Mlp, tanh};
 
 /// Largest correction (±).
 pub const BOUND: f64 = 0.02;
@@ -84,7 +84,7 @@ impl Adapter {
     }
 
     fn mean(&self, x: &[f64; 5]) -> f64 {
-        BOUND * self.net.forward(x)[0].tanh()
+        BOUND * tanh(self.net.forward_with(x, |y| y[0]))
     }
 
     /// One forward pass whose result is dropped: touches the weights once
@@ -157,10 +157,11 @@ impl Adapter {
         let baseline = self.buffer.iter().map(|s| s.reward).sum::<f64>() / n;
         let mut total = Grads::zeros(&self.net);
         for s in &self.buffer {
-            let y = self.net.forward(&s.x)[0];
-            let mean = BOUND * y.tanh();
+            let y = self.net.forward_with(&s.x, |y| y[0]);
+            let t = tanh(y);
+            let mean = BOUND * t;
             // ∂ log N(applied; mean, σ²) / ∂y = (applied − mean)/σ² · ∂mean/∂y
-            let dlog = (s.applied - mean) / (EXPLORE * EXPLORE) * BOUND * (1.0 - y.tanh().powi(2));
+            let dlog = (s.applied - mean) / (EXPLORE * EXPLORE) * BOUND * (1.0 - t * t);
             total.add(&self.net.backward(&s.x, &[(s.reward - baseline) * dlog / n]));
         }
         self.net.step(&total, rate);

@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::adapter::Adapter;
 use super::mdp::{ACTIONS, State, reward};
-use super::ppo::{ActorCritic, Step};
+use super::ppo::{ActorCritic, Decider, Step};
 use super::recovery::{Recovery, Verdict};
 use crate::windows::WindowStats;
 
@@ -21,6 +21,8 @@ const RECOVERY_MIN_SIGMA: f64 = 0.02;
 #[derive(Clone, Debug)]
 pub struct Learned {
     policy: Arc<ActorCritic>,
+    /// The policy's decision network (f32).
+    decider: Decider,
     max_positions: usize,
     slo_ms: f64,
     adapter: Option<Adapter>,
@@ -50,13 +52,15 @@ impl Learned {
         // Warm-up at load, as a server warms a model: one forward of each
         // network, results dropped (no state changes), so the first
         // window's decision does not pay for first touches of the weights.
-        std::hint::black_box(policy.greedy(std::hint::black_box(&[0.0; 7]), true));
+        let decider = policy.decider();
+        std::hint::black_box(decider.greedy(std::hint::black_box(&[0.0; 7]), true));
         let adapter = smart.then(|| Adapter::new(seed, true));
         if let Some(a) = &adapter {
             a.warm_up();
         }
         Self {
             policy,
+            decider,
             max_positions,
             slo_ms: slo_ms.max(1e-9),
             adapter,
@@ -101,7 +105,7 @@ impl Learned {
                 });
                 ACTIONS[action]
             }
-            None => ACTIONS[self.policy.greedy(&state.0, allow_up)],
+            None => ACTIONS[self.decider.greedy(&state.0, allow_up)],
         };
         let correction = self.adapter.as_mut().map_or(0.0, |a| a.correct(&state));
         let step = base + correction;

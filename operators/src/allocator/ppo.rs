@@ -15,7 +15,7 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::mdp::ACTIONS;
-use super::mlp::{Grads, Layer, Mlp};
+use super::mlp::{Frozen, Grads, Layer, Mlp};
 
 /// Hidden sizes of both networks (the paper's "64/128").
 pub const HIDDEN: [usize; 2] = [64, 128];
@@ -161,6 +161,31 @@ fn softmax(logits: &[f64]) -> Vec<f64> {
     e.into_iter().map(|x| x / sum).collect()
 }
 
+/// The index of the largest logit among the allowed actions; ties (and
+/// NaN) keep the zero move.
+fn best_action<T: PartialOrd + Copy>(logits: &[T], allow_up: bool) -> usize {
+    let mut best = 3; // the "0" action first among equals
+    for (i, l) in logits.iter().enumerate() {
+        if (allow_up || ACTIONS[i] <= 0.0) && *l > logits[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// A trained actor in f32 for serving-time decisions ([`ActorCritic::decider`]).
+#[derive(Clone, Debug)]
+pub struct Decider(Frozen);
+
+impl Decider {
+    /// The greedy action, as [`ActorCritic::greedy`] (it differs only where
+    /// two logits are within f32 rounding of each other).
+    pub fn greedy(&self, state: &[f64; 7], allow_up: bool) -> usize {
+        self.0
+            .forward_with(state, |logits| best_action(logits, allow_up))
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ActorCritic {
     actor: Mlp,
@@ -210,20 +235,20 @@ impl ActorCritic {
     }
 
     pub fn value(&self, state: &[f64; 7]) -> f64 {
-        self.critic.forward(state)[0]
+        self.critic.forward_with(state, |y| y[0])
     }
 
-    /// The most likely action (index into [`ACTIONS`]): the frozen policy's
-    /// decision. Ties go to the smaller move.
+    /// The most likely action (index into [`ACTIONS`]). Ties go to the
+    /// smaller move.
     pub fn greedy(&self, state: &[f64; 7], allow_up: bool) -> usize {
-        let logits = self.actor.forward(state);
-        let mut best = 3; // the "0" action first among equals
-        for (i, l) in logits.iter().enumerate() {
-            if (allow_up || ACTIONS[i] <= 0.0) && *l > logits[best] {
-                best = i;
-            }
-        }
-        best
+        self.actor
+            .forward_with(state, |logits| best_action(logits, allow_up))
+    }
+
+    /// The frozen policy's decision network (an f32 copy of the actor):
+    /// what a serving allocator decides with.
+    pub fn decider(&self) -> Decider {
+        Decider(Frozen::of(&self.actor))
     }
 
     /// A sampled action with its log-probability and the state's value
@@ -512,6 +537,49 @@ mod tests {
         // Not a policy: refused with the reason.
         let err = ActorCritic::from_safetensors(b"not safetensors").unwrap_err();
         assert!(err.to_string().starts_with("allocator policy"), "{err}");
+    }
+
+    #[test]
+    fn the_decider_decides_as_the_trained_policy() {
+        // Every committed policy: on random states the f32 decider picks the
+        // f64 greedy action unless the two best logits are within 1e-4.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut files = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "safetensors") {
+                continue;
+            }
+            files += 1;
+            let p = ActorCritic::from_safetensors(&std::fs::read(&path).unwrap()).unwrap();
+            let d = p.decider();
+            let mut rng = ChaCha8Rng::seed_from_u64(13);
+            let (mut same, mut close) = (0, 0);
+            for i in 0..2_000 {
+                let s: [f64; 7] = std::array::from_fn(|_| rng.random_range(0.0..1.0));
+                let allow_up = i % 4 != 0;
+                let (want, got) = (p.greedy(&s, allow_up), d.greedy(&s, allow_up));
+                if want == got {
+                    same += 1;
+                    continue;
+                }
+                let logits = p.actor.forward(&s);
+                assert!(
+                    (logits[want] - logits[got]).abs() < 1e-4,
+                    "{}: {s:?} picks {got}, the policy {want} ({logits:?})",
+                    path.display()
+                );
+                close += 1;
+            }
+            assert!(
+                same >= 1_990,
+                "{}: {same} agree, {close} near ties",
+                path.display()
+            );
+        }
+        assert!(files >= 1, "no policy file in {}", dir.display());
+        // A fresh policy's ties keep the zero move in f32 too.
+        assert_eq!(ActorCritic::new(1).decider().greedy(&[0.5; 7], true), 3);
     }
 
     /// A toy MDP in the allocator's shape: α moves by the action, the

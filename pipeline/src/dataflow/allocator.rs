@@ -105,6 +105,7 @@ pub fn allocate<'s>(
                 let cap = cap.retain_least(0).expect("windows come with a time");
                 let mut session = output.session(&cap);
                 let mut stats = stats.borrow_mut();
+                let mut decided = Vec::new();
                 for w in data.flat_map(|d| d.drain(..)) {
                     // A node's allocator is built once, at its first window:
                     // setup, not part of a decision.
@@ -131,11 +132,18 @@ pub fn allocate<'s>(
                             "allocator moves alpha"
                         );
                     }
-                    // Off the decision path: the adapter's update and the
-                    // training record.
+                    decided.push(w.node);
+                }
+                // Off the decision path, once every node of the batch has
+                // its command: the adapters' updates (between two nodes'
+                // decisions, one node's update would evict the shared
+                // policy's weights from cache before the next decision) and
+                // the training records.
+                for node in decided {
+                    let allocator = allocators.get_mut(&node).expect("decided above");
                     allocator.learn();
                     let steps = allocator.take_steps();
-                    stats.steps.extend(steps.into_iter().map(|s| (w.node, s)));
+                    stats.steps.extend(steps.into_iter().map(|s| (node, s)));
                 }
             });
         }
