@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use grflow_kernels::ModelConfig;
 use grflow_operators::link::LinkConfig;
 use grflow_operators::node::{
-    ItemCatalog, MAX_RETRIEVE_GROUP, MemoryParams, NodeParams, RankRequest, RankWork,
-    RetrieveRequest, RetrieveWork, Served, ServingNode,
+    ItemCatalog, MAX_RETRIEVE_GROUP, MemoryParams, NodeCommand, NodeParams, RankRequest, RankWork,
+    RetrieveRequest, RetrieveWork, ServeError, Served, ServingNode,
 };
 use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::shards::ShardMap;
@@ -692,6 +692,18 @@ fn a_request_that_does_not_fit_the_kv_share_takes_pages_back_from_emb() {
     assert!(tight.alpha() < 1.0);
     assert_eq!(tight.counters().kv_reclaims, 2);
     assert_eq!(roomy.counters().kv_reclaims, 0);
+    // An operator's pin does not fail a request either: serving wins, α
+    // goes down, and the pin still refuses the allocator's moves.
+    tight.apply(&NodeCommand::PinAlpha(Some(1.0))).unwrap();
+    assert_eq!(tight.alpha(), 1.0);
+    let pinned = tight.serve(2, req(3), &history(60), &catalog).unwrap();
+    assert_eq!(pinned.items, want.items);
+    assert!(tight.alpha() < 1.0, "alpha {}", tight.alpha());
+    assert_eq!(tight.counters().kv_reclaims, 3);
+    assert!(matches!(
+        tight.apply(&NodeCommand::SetAlpha(1.0)),
+        Err(ServeError::AlphaPinned(_))
+    ));
 }
 
 /// The busy part of the host overhead delays the requests queued behind;
