@@ -1029,6 +1029,13 @@ mod tests {
             .join("..")
             .join(&c.allocator.policy_file);
         assert!(policy.exists(), "{}", policy.display());
+        // The cost model the policy was trained and benched with.
+        let cost: grflow_kernels::cost::CostModel = serde_json::from_str(include_str!(
+            "../../configs/allocator-tight-calibration.json"
+        ))
+        .unwrap();
+        assert_eq!(cost.preset, c.model.preset.as_str());
+        assert_eq!(cost.gemm_gflops, 131.7);
     }
 
     #[test]
