@@ -4,6 +4,9 @@
 //! enough (a few thousand parameters) that a library would cost more than
 //! it saves; the backward pass is checked against finite differences.
 
+use std::iter::Sum;
+use std::ops::{Add, Mul};
+
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -31,41 +34,59 @@ impl Layer {
     }
 
     fn apply_into(&self, x: &[f64], out: &mut [f64]) {
-        let rows = self.w.chunks_exact(self.inputs).zip(&self.b);
-        for (o, (row, b)) in out.iter_mut().zip(rows) {
-            *o = b + dot(row, x);
-        }
+        affine::<f64, 4>(&self.w, &self.b, self.inputs, x, out);
     }
 
     fn apply(&self, x: &[f64]) -> Vec<f64> {
-        self.w
-            .chunks_exact(self.inputs)
-            .zip(&self.b)
-            .map(|(row, b)| b + dot(row, x))
-            .collect()
+        let mut out = vec![0.0; self.outputs];
+        self.apply_into(x, &mut out);
+        out
     }
 }
 
-/// A dot product in four independent sums: the compiler may vectorise it
-/// (one running sum fixes the order of additions and forbids that), which
-/// keeps an allocator decision within a few microseconds.
-fn dot(a: &[f64], b: &[f64]) -> f64 {
+/// `out = W·x + b`, W row-major with `inputs` columns, for the f64 network
+/// and its f32 copy ([`Frozen`]).
+fn affine<T, const L: usize>(w: &[T], b: &[T], inputs: usize, x: &[T], out: &mut [T])
+where
+    T: Copy + Default + Add<Output = T> + Mul<Output = T> + Sum,
+{
+    for (o, (row, b)) in out.iter_mut().zip(w.chunks_exact(inputs).zip(b)) {
+        *o = *b + dot::<T, L>(row, x);
+    }
+}
+
+/// A dot product in `L` independent sums (a power of two), added pairwise
+/// at the end: the compiler may vectorise it (one running sum fixes the
+/// order of additions and forbids that), which keeps an allocator decision
+/// within a few microseconds. The order is fixed, so results are too.
+fn dot<T, const L: usize>(a: &[T], b: &[T]) -> T
+where
+    T: Copy + Default + Add<Output = T> + Mul<Output = T> + Sum,
+{
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f64; 4];
-    let (heads_a, heads_b) = (a.chunks_exact(4), b.chunks_exact(4));
-    let tail: f64 = heads_a
+    let mut acc = [T::default(); L];
+    let (heads_a, heads_b) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: T = heads_a
         .remainder()
         .iter()
         .zip(heads_b.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(&x, &y)| x * y)
         .sum();
     for (x, y) in heads_a.zip(heads_b) {
-        for k in 0..4 {
-            acc[k] += x[k] * y[k];
+        for k in 0..L {
+            acc[k] = acc[k] + x[k] * y[k];
         }
     }
-    (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail
+    // (a0 + a1) + (a2 + a3), and so on up the tree.
+    let mut width = L;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] = acc[2 * i] + acc[2 * i + 1];
+        }
+    }
+    acc[0] + tail
 }
 
 /// tanh through one `exp`: glibc's `tanh` goes through `expm1`, and the
@@ -85,26 +106,6 @@ fn tanh_f32(x: f32) -> f32 {
     let a = if a > 9.0 { 9.0 } else { a };
     let e = (-2.0 * a).exp();
     ((1.0 - e) / (1.0 + e)).copysign(x)
-}
-
-/// A dot product in eight independent f32 sums (see [`dot`]).
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; 8];
-    let (heads_a, heads_b) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = heads_a
-        .remainder()
-        .iter()
-        .zip(heads_b.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in heads_a.zip(heads_b) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
 }
 
 #[derive(Clone, Debug)]
@@ -157,10 +158,7 @@ impl Frozen {
                 l.outputs <= STACK_WIDTH,
                 "a decision network's layer is at most {STACK_WIDTH} wide"
             );
-            let rows = l.w.chunks_exact(l.inputs).zip(&l.b);
-            for (o, (row, b)) in next[..l.outputs].iter_mut().zip(rows) {
-                *o = b + dot_f32(row, src);
-            }
+            affine::<f32, 8>(&l.w, &l.b, l.inputs, src, &mut next[..l.outputs]);
             if i + 1 < self.layers.len() {
                 next[..l.outputs].iter_mut().for_each(|v| *v = tanh_f32(*v));
             }
@@ -370,6 +368,39 @@ mod tests {
                     "layer {li} parameter {k}: {numeric} vs {analytic}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn dot_adds_its_lanes_pairwise_in_a_fixed_order() {
+        // The order trained policies were computed in: four f64 lanes as
+        // (a0 + a1) + (a2 + a3), eight f32 lanes as two such halves, the
+        // tail last. Bit for bit.
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        for n in 0..140 {
+            let a: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let b: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut acc = [0.0f64; 4];
+            for i in 0..n / 4 * 4 {
+                acc[i % 4] += a[i] * b[i];
+            }
+            let tail: f64 = (n / 4 * 4..n).map(|i| a[i] * b[i]).sum();
+            let want = (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail;
+            assert_eq!(dot::<f64, 4>(&a, &b).to_bits(), want.to_bits(), "{n}");
+
+            let (a, b): (Vec<f32>, Vec<f32>) = (
+                a.iter().map(|&x| x as f32).collect(),
+                b.iter().map(|&x| x as f32).collect(),
+            );
+            let mut acc = [0.0f32; 8];
+            for i in 0..n / 8 * 8 {
+                acc[i % 8] += a[i] * b[i];
+            }
+            let tail: f32 = (n / 8 * 8..n).map(|i| a[i] * b[i]).sum();
+            let want = ((acc[0] + acc[1]) + (acc[2] + acc[3]))
+                + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+                + tail;
+            assert_eq!(dot::<f32, 8>(&a, &b).to_bits(), want.to_bits(), "{n}");
         }
     }
 
