@@ -48,6 +48,8 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
             "2",
             "--slo-ms",
             "2",
+            "--select-every",
+            "1",
             "--json",
             "--out",
         ])
@@ -70,6 +72,17 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         curve.iter().all(|c| c["decisions"].as_u64().unwrap() > 0),
         "every iteration learns from recorded decisions: {curve:?}"
     );
+    // Checkpoint selection: the greedy policy was scored before each update
+    // and at the end, and the written one is the best of those, never worse
+    // than the untrained policy (α held at the config's value).
+    assert!(curve.iter().all(|c| c["greedy_p99_ms"].as_f64().is_some()));
+    assert!(trained["selected_updates"].as_u64().unwrap() <= 2);
+    let (chosen, untrained) = (
+        trained["selected_greedy_p99_ms"].as_f64().unwrap(),
+        trained["untrained_greedy_p99_ms"].as_f64().unwrap(),
+    );
+    assert!(chosen <= untrained, "{trained}");
+    assert_eq!(untrained, curve[0]["greedy_p99_ms"].as_f64().unwrap());
     let out = ok(grflow()
         .args([
             "bench",

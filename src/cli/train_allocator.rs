@@ -4,6 +4,16 @@
 //! (each episode from a different starting α), then makes one PPO update
 //! on every node's trajectory. Writes the policy (safetensors, with its
 //! provenance) and the learning curve (JSON) beside it.
+//!
+//! The policy written is a checkpoint chosen the way `kv-emb-opt` chooses
+//! its α: every `--select-every` iterations the greedy policy (as
+//! `ppo-only` serves it) replays the training traces from the config's α,
+//! and the checkpoint with the lowest mean P99 wins. Training samples
+//! actions, serving takes the most likely one, and the two can part: a
+//! policy whose sampled walk earned a good reward may, taken greedily,
+//! drive α to a bound (seen on allocator-tight). Iteration 0, the untrained
+//! policy, never moves α, so the written policy is never worse than the
+//! config's static α on the training traces.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -57,6 +67,10 @@ pub struct Args {
     /// Seed of the policy's initial weights and of the sampled actions.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Checkpoint selection: evaluate the greedy policy every N iterations
+    /// (and at the end) and write the best; 0 writes the last policy.
+    #[arg(long, default_value_t = 5)]
+    pub select_every: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -71,7 +85,29 @@ struct CurvePoint {
     decisions: usize,
     entropy: f64,
     approx_kl: f64,
+    /// Mean p99 (ms) of the greedy policy before this iteration's update,
+    /// on the training traces from the config's α (selection points only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    greedy_p99_ms: Option<f64>,
     wall_s: f64,
+}
+
+/// The best checkpoint so far: lowest greedy mean p99, the earlier on ties.
+#[derive(Debug, Default)]
+struct Selection {
+    best: Option<(usize, f64)>,
+}
+
+impl Selection {
+    /// Offers the checkpoint after `updates` PPO updates; true when it is
+    /// the new best (a NaN score never is).
+    fn offer(&mut self, updates: usize, p99_ms: f64) -> bool {
+        let better = p99_ms.is_finite() && self.best.is_none_or(|(_, b)| p99_ms < b);
+        if better {
+            self.best = Some((updates, p99_ms));
+        }
+        better
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -88,6 +124,11 @@ struct Report {
     iterations: usize,
     first_mean_reward: f64,
     last_mean_reward: f64,
+    /// PPO updates behind the written policy, and its greedy mean p99.
+    selected_updates: usize,
+    selected_greedy_p99_ms: Option<f64>,
+    /// The untrained policy's (α held at the config's value).
+    untrained_greedy_p99_ms: Option<f64>,
     wall_s: f64,
 }
 
@@ -147,8 +188,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         base.trace.requests,
         policy.parameters()
     );
+    let mut selection = Selection::default();
+    let mut chosen = policy.clone();
+    let mut untrained_p99 = None;
+    let greedy = |updates: usize, policy: &ActorCritic| -> anyhow::Result<f64> {
+        let p99 = greedy_p99(&base, &traces, policy, &work)?;
+        eprintln!(
+            "greedy policy after {updates} updates: mean p99 {p99:.4} ms on the training traces"
+        );
+        Ok(p99)
+    };
     for iteration in 0..args.iterations {
         let it_started = std::time::Instant::now();
+        let greedy_p99_ms = if args.select_every > 0 && iteration % args.select_every == 0 {
+            let p99 = greedy(iteration, &policy)?;
+            if iteration == 0 {
+                untrained_p99 = Some(p99);
+            }
+            if selection.offer(iteration, p99) {
+                chosen = policy.clone();
+            }
+            Some(p99)
+        } else {
+            None
+        };
         std::fs::write(&policy_path, policy.to_safetensors())
             .with_context(|| format!("writing {}", policy_path.display()))?;
         let mut trajectories: Vec<Vec<Step>> = Vec::new();
@@ -176,6 +239,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             decisions: stats.steps,
             entropy: stats.entropy,
             approx_kl: stats.approx_kl,
+            greedy_p99_ms,
             wall_s: it_started.elapsed().as_secs_f64(),
         };
         eprintln!(
@@ -189,11 +253,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         curve.push(point);
     }
+    let mut selected_p99 = None;
+    if args.select_every > 0 {
+        let last = greedy(args.iterations, &policy)?;
+        if selection.offer(args.iterations, last) {
+            chosen = policy.clone();
+        }
+        selected_p99 = selection.best.map(|b| b.1);
+    } else {
+        chosen = policy.clone();
+    }
+    let selected_updates = selection.best.map_or(args.iterations, |b| b.0);
+    let mut policy = chosen;
     let regime_list: Vec<&str> = regimes.iter().map(|r| r.as_str()).collect();
     policy.provenance.trained_with = format!(
         "grflow train-allocator: {} iterations, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
          SLO {slo_ms} ms, preset {}, virtual clock calibrated on {} (GEMM {:.1} GFLOP/s), compute_scale {}, \
-         policy seed {}",
+         policy seed {}; {}",
         args.iterations,
         regime_list.join(","),
         args.seed_base,
@@ -204,7 +280,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cost.machine,
         cost.gemm_gflops,
         base.cost.compute_scale,
-        args.seed
+        args.seed,
+        match (selected_p99, untrained_p99) {
+            (Some(p), Some(u)) => format!(
+                "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the training \
+                 traces every {} iterations ({p:.4} ms; untrained {u:.4} ms)",
+                args.select_every
+            ),
+            _ => "the last checkpoint".to_string(),
+        }
     );
     policy.provenance.slo_ms = Some(slo_ms);
     std::fs::write(&args.out, policy.to_safetensors())
@@ -226,15 +310,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         iterations: args.iterations,
         first_mean_reward: curve.first().map_or(0.0, |c| c.mean_reward),
         last_mean_reward: curve.last().map_or(0.0, |c| c.mean_reward),
+        selected_updates,
+        selected_greedy_p99_ms: selected_p99,
+        untrained_greedy_p99_ms: untrained_p99,
         wall_s: started.elapsed().as_secs_f64(),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "wrote {} ({} parameters) and {}; mean reward {:.4} -> {:.4} in {:.0} s",
+            "wrote {} ({} parameters, after {} updates) and {}; mean reward {:.4} -> {:.4} in {:.0} s",
             report.policy,
             report.parameters,
+            report.selected_updates,
             report.curve,
             report.first_mean_reward,
             report.last_mean_reward,
@@ -242,6 +330,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Mean p99 (ms) of `policy` taken greedily (`ppo-only`, no sampling) over
+/// `traces`, each from the config's α: what a deployment of it would see.
+fn greedy_p99(
+    base: &grflow_pipeline::Config,
+    traces: &[(String, u64, Arc<Trace>)],
+    policy: &ActorCritic,
+    work: &std::path::Path,
+) -> anyhow::Result<f64> {
+    let path = work.join("greedy.safetensors");
+    std::fs::write(&path, policy.to_safetensors())
+        .with_context(|| format!("writing {}", path.display()))?;
+    let mut sum = 0.0;
+    for (_, _, trace) in traces {
+        let mut cfg = base.clone();
+        cfg.allocator.sample = false;
+        cfg.allocator.policy_file = path.display().to_string();
+        let out =
+            grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
+                .context("greedy evaluation episode")?;
+        sum += out.summary.latency_ms.p99;
+    }
+    Ok(sum / traces.len().max(1) as f64)
 }
 
 /// A scratch directory beside `out` for the current policy of each
@@ -261,4 +373,29 @@ fn tempdir_for(out: &std::path::Path) -> anyhow::Result<PathBuf> {
     let dir = parent.join(format!(".train-allocator-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_keeps_the_lowest_p99_and_the_earlier_on_ties() {
+        let mut s = Selection::default();
+        assert!(s.offer(0, 0.060));
+        assert!(!s.offer(5, 0.071), "worse");
+        assert!(s.offer(10, 0.055));
+        assert!(!s.offer(15, 0.055), "a tie keeps the earlier");
+        assert!(!s.offer(20, f64::NAN), "NaN never wins");
+        assert_eq!(s.best, Some((10, 0.055)));
+        let mut first_nan = Selection::default();
+        assert!(!first_nan.offer(0, f64::NAN));
+        assert!(first_nan.offer(5, 0.1));
+    }
+
+    #[test]
+    fn episodes_start_spread_over_the_alpha_range() {
+        let a: Vec<f64> = (0..4).map(|k| start_alpha(k, 4)).collect();
+        assert_eq!(a, [0.2, 0.4, 0.6, 0.8]);
+    }
 }
