@@ -260,7 +260,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             chosen = policy.clone();
         }
         selected_p99 = selection.best.map(|b| b.1);
-    } else {
+    }
+    if selection.best.is_none() {
+        // No selection, or no checkpoint scored (every p99 NaN): the last.
         chosen = policy.clone();
     }
     let selected_updates = selection.best.map_or(args.iterations, |b| b.0);
