@@ -102,7 +102,8 @@ fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
     }
     let dir = tmp_dir("readiness");
     let port = free_port();
-    let mut broker = tansu(port, &dir);
+    // Killed on drop, so a failing assertion leaves no (frozen) broker behind.
+    let broker = Broker(tansu(port, &dir));
     wait_port(port);
     let brokers = format!("127.0.0.1:{port}");
     let topics = Topics::fresh("readiness");
@@ -116,7 +117,7 @@ fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
     produce_requests(&brokers, &topics.requests, 0..50);
     wait_answered(&addr, 50.0, &mut serve);
 
-    signal(&broker, "-STOP");
+    signal(&broker.0, "-STOP");
     let lost = Instant::now();
     let body = wait_ready(&addr, 503, &mut serve, Duration::from_secs(30));
     assert!(body.contains("broker unreachable"), "{body}");
@@ -130,15 +131,23 @@ fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
         "still alive"
     );
 
-    signal(&broker, "-CONT");
+    signal(&broker.0, "-CONT");
     wait_ready(&addr, 200, &mut serve, Duration::from_secs(30));
     // Ready again means serving again: records sent after the outage are
     // answered by the same process.
     produce_requests(&brokers, &topics.requests, 50..70);
     wait_answered(&addr, 70.0, &mut serve);
     serve.kill_hard();
-    broker.kill().unwrap();
-    broker.wait().unwrap();
+}
+
+/// The test's tansu; SIGKILL (which a stopped process obeys too) on drop.
+struct Broker(Child);
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Rank requests `ids` (one per id) on partition 0 of `topic`.
