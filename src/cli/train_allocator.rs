@@ -92,19 +92,24 @@ struct CurvePoint {
     wall_s: f64,
 }
 
-/// The best checkpoint so far: lowest greedy mean p99, the earlier on ties.
-#[derive(Debug, Default)]
-struct Selection {
-    best: Option<(usize, f64)>,
+/// The best checkpoint so far (PPO updates behind it, greedy mean p99,
+/// the checkpoint): lowest p99, the earlier on ties.
+#[derive(Debug)]
+struct Selection<T> {
+    best: Option<(usize, f64, T)>,
 }
 
-impl Selection {
-    /// Offers the checkpoint after `updates` PPO updates; true when it is
-    /// the new best (a NaN score never is).
-    fn offer(&mut self, updates: usize, p99_ms: f64) -> bool {
-        let better = p99_ms.is_finite() && self.best.is_none_or(|(_, b)| p99_ms < b);
+impl<T> Selection<T> {
+    fn new() -> Self {
+        Self { best: None }
+    }
+
+    /// Offers the checkpoint after `updates` PPO updates, taken (`take`)
+    /// only when it is the new best (a NaN score never is).
+    fn offer(&mut self, updates: usize, p99_ms: f64, take: impl FnOnce() -> T) -> bool {
+        let better = p99_ms.is_finite() && self.best.as_ref().is_none_or(|b| p99_ms < b.1);
         if better {
-            self.best = Some((updates, p99_ms));
+            self.best = Some((updates, p99_ms, take()));
         }
         better
     }
@@ -188,9 +193,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         base.trace.requests,
         policy.parameters()
     );
-    let mut selection = Selection::default();
-    let mut chosen = policy.clone();
-    let mut untrained_p99 = None;
+    let mut selection = Selection::new();
     let greedy = |updates: usize, policy: &ActorCritic| -> anyhow::Result<f64> {
         let p99 = greedy_p99(&base, &traces, policy, &work)?;
         eprintln!(
@@ -202,12 +205,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let it_started = std::time::Instant::now();
         let greedy_p99_ms = if args.select_every > 0 && iteration % args.select_every == 0 {
             let p99 = greedy(iteration, &policy)?;
-            if iteration == 0 {
-                untrained_p99 = Some(p99);
-            }
-            if selection.offer(iteration, p99) {
-                chosen = policy.clone();
-            }
+            selection.offer(iteration, p99, || policy.clone());
             Some(p99)
         } else {
             None
@@ -253,20 +251,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         curve.push(point);
     }
-    let mut selected_p99 = None;
     if args.select_every > 0 {
         let last = greedy(args.iterations, &policy)?;
-        if selection.offer(args.iterations, last) {
-            chosen = policy.clone();
-        }
-        selected_p99 = selection.best.map(|b| b.1);
+        selection.offer(args.iterations, last, || policy.clone());
     }
-    if selection.best.is_none() {
-        // No selection, or no checkpoint scored (every p99 NaN): the last.
-        chosen = policy.clone();
-    }
-    let selected_updates = selection.best.map_or(args.iterations, |b| b.0);
-    let mut policy = chosen;
+    // No selection, or no checkpoint scored (every p99 NaN): the last.
+    let (selected_updates, selected_p99, mut policy) = match selection.best {
+        Some((updates, p99, chosen)) => (updates, Some(p99), chosen),
+        None => (args.iterations, None, policy),
+    };
+    let untrained_p99 = curve.first().and_then(|c| c.greedy_p99_ms);
     let regime_list: Vec<&str> = regimes.iter().map(|r| r.as_str()).collect();
     policy.provenance.trained_with = format!(
         "grflow train-allocator: {} iterations, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
@@ -383,16 +377,17 @@ mod tests {
 
     #[test]
     fn selection_keeps_the_lowest_p99_and_the_earlier_on_ties() {
-        let mut s = Selection::default();
-        assert!(s.offer(0, 0.060));
-        assert!(!s.offer(5, 0.071), "worse");
-        assert!(s.offer(10, 0.055));
-        assert!(!s.offer(15, 0.055), "a tie keeps the earlier");
-        assert!(!s.offer(20, f64::NAN), "NaN never wins");
-        assert_eq!(s.best, Some((10, 0.055)));
-        let mut first_nan = Selection::default();
-        assert!(!first_nan.offer(0, f64::NAN));
-        assert!(first_nan.offer(5, 0.1));
+        let mut s = Selection::new();
+        assert!(s.offer(0, 0.060, || "c0"));
+        assert!(!s.offer(5, 0.071, || "c5"), "worse");
+        assert!(s.offer(10, 0.055, || "c10"));
+        assert!(!s.offer(15, 0.055, || "c15"), "a tie keeps the earlier");
+        assert!(!s.offer(20, f64::NAN, || "c20"), "NaN never wins");
+        assert_eq!(s.best, Some((10, 0.055, "c10")));
+        let mut first_nan = Selection::new();
+        assert!(!first_nan.offer(0, f64::NAN, || "c0"));
+        assert!(first_nan.offer(5, 0.1, || "c5"));
+        assert_eq!(first_nan.best, Some((5, 0.1, "c5")));
     }
 
     #[test]
