@@ -66,13 +66,18 @@ pub struct Adapter {
     explore: bool,
     /// The learning rate of an update waiting for [`Adapter::train`].
     due: Option<f64>,
+    /// The next decision's exploration noise, drawn off the decision path
+    /// (at construction and in [`Adapter::train`]; the RNG, the logarithm
+    /// and the cosine were most of a cold decision's correction). The
+    /// draws come in the same order as when drawn at the decision.
+    noise: Option<f64>,
 }
 
 impl Adapter {
     /// A zero-output adapter; `explore` adds the Gaussian noise the policy
     /// gradient needs (off: decisions are the network's output alone).
     pub fn new(seed: u64, explore: bool) -> Self {
-        Self {
+        let mut a = Self {
             net: Mlp::zero_output(&[5, 16, 1], seed),
             buffer: VecDeque::with_capacity(BUFFER),
             pending: None,
@@ -80,6 +85,15 @@ impl Adapter {
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed),
             explore,
             due: None,
+            noise: None,
+        };
+        a.draw_noise();
+        a
+    }
+
+    fn draw_noise(&mut self) {
+        if self.explore && self.noise.is_none() {
+            self.noise = Some(gaussian(&mut self.rng));
         }
     }
 
@@ -98,7 +112,11 @@ impl Adapter {
         let x = inputs(s);
         let mut applied = self.mean(&x);
         if self.explore {
-            applied += EXPLORE * gaussian(&mut self.rng);
+            let z = match self.noise.take() {
+                Some(z) => z,
+                None => gaussian(&mut self.rng),
+            };
+            applied += EXPLORE * z;
         }
         let applied = applied.clamp(-BOUND, BOUND);
         self.pending = Some((x, applied));
@@ -141,13 +159,15 @@ impl Adapter {
         rate
     }
 
-    /// Runs the update the last [`Adapter::reward`] made due, if any: off
-    /// the decision path (the allocator calls it after its decision is
-    /// out), so a decision never waits for a pass over the buffer.
+    /// Runs the update the last [`Adapter::reward`] made due, if any, and
+    /// draws the next decision's exploration noise: off the decision path
+    /// (the allocator calls it after its decision is out), so a decision
+    /// never waits for a pass over the buffer or for the RNG.
     pub fn train(&mut self) {
         if let Some(rate) = self.due.take() {
             self.update(rate);
         }
+        self.draw_noise();
     }
 
     /// One ascent step on the buffer's mean advantage-weighted log
@@ -185,6 +205,23 @@ mod tests {
 
     fn state(alpha: f64, p99: f64) -> State {
         State([0.3, 0.5, 0.8, 0.4, 0.05, alpha, p99])
+    }
+
+    #[test]
+    fn noise_drawn_ahead_comes_in_the_order_drawn_at_each_decision() {
+        // Untrained (zero output), so a correction is its noise alone.
+        let mut rng = ChaCha8Rng::seed_from_u64(7 ^ 0x5eed);
+        let want: Vec<f64> = (0..20)
+            .map(|_| (EXPLORE * gaussian(&mut rng)).clamp(-BOUND, BOUND))
+            .collect();
+        let mut ahead = Adapter::new(7, true);
+        let mut at_decision = Adapter::new(7, true);
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(ahead.correct(&state(0.3, 0.3)), *w, "decision {i}");
+            ahead.train();
+            // Without train() between decisions the noise is drawn late.
+            assert_eq!(at_decision.correct(&state(0.3, 0.3)), *w, "decision {i}");
+        }
     }
 
     #[test]
