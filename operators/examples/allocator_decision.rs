@@ -1,6 +1,7 @@
-//! Time of one learned allocator decision, warm (a tight loop) and cold
+//! Time of one learned allocator decision, warm (a tight loop), cold
 //! (8 MiB of other memory touched before each decision, as serving work
-//! does between two closed windows):
+//! does between two closed windows) and colder (64 MiB, past a 32 MiB
+//! shared L3):
 //! `cargo run --release -p grflow-operators --example allocator_decision
 //! [POLICY_FILE]`. A run's `decision_us_*` are measured between real
 //! serving work.
@@ -18,9 +19,11 @@ fn main() {
         .unwrap_or_else(|| "configs/allocator-ppo.safetensors".into());
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     let policy = Arc::new(ActorCritic::from_safetensors(&bytes).expect("a policy file"));
-    let decisions = 2_000;
-    let mut other = vec![0u64; 1 << 20];
-    for cold in [false, true] {
+    for (caches, touched_mib, decisions) in
+        [("warm", 0, 2_000), ("cold", 8, 2_000), ("64 MiB", 64, 300)]
+    {
+        let mut other = vec![0u64; touched_mib << 17];
+        let cold = touched_mib > 0;
         for smart in [false, true] {
             let mut learned = Learned::new(policy.clone(), 1024, 3.0, smart, false, 7);
             let mut us = Vec::with_capacity(decisions);
@@ -49,7 +52,6 @@ fn main() {
             std::hint::black_box(&other);
             us.sort_by(f64::total_cmp);
             let name = if smart { "smart" } else { "ppo-only" };
-            let caches = if cold { "cold" } else { "warm" };
             println!(
                 "{name} ({caches}): mean {:.2} us, p99 {:.2} us per decision (sum of moves {moved:.3})",
                 us.iter().sum::<f64>() / us.len() as f64,
