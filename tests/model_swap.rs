@@ -12,12 +12,12 @@ mod common;
 mod seq_trace;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cli::{grflow, ok};
+use common::http::{free_addr, get, request};
 use common::kafka::{Serve, Tail, Topics, broker, producer, write_config};
 use common::temp::tmp_dir;
 use grflow_connectors::kafka::WireResponse;
@@ -26,29 +26,11 @@ use serde_json::{Value, json};
 
 const PARTITIONS: i32 = 2;
 
+/// `method path` with `body`, the answer's body parsed (Null if not JSON).
 fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: grflow\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out.split_once("\r\n\r\n").map_or("", |x| x.1);
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
-}
-
-/// A loopback address with a port free now.
-fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
+    let (status, body) = request(addr, method, path, body)
+        .unwrap_or_else(|| panic!("{method} {path} to {addr} got no answer"));
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 fn version_of(model: &Path) -> String {
@@ -238,13 +220,7 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
             >= N + extra),
         "extra requests answered"
     );
-    let scraped = {
-        let mut s = TcpStream::connect(&metrics).unwrap();
-        write!(s, "GET /metrics HTTP/1.1\r\nHost: grflow\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    };
+    let (_, scraped) = get(&metrics, "/metrics").expect("the job's metrics answer");
     let alphas: Vec<f64> = scraped
         .lines()
         .filter(|l| l.starts_with("grflow_alpha{"))

@@ -2,50 +2,24 @@
 //! readiness and status while it runs: scraped twice during a paced
 //! replay, the request and response counters move.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 #[path = "common/cli.rs"]
 #[allow(dead_code)] // the shared helpers serve several test binaries
 mod cli;
+#[path = "common/http.rs"]
+mod http;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::grflow;
+use http::{metric_total as total, metric_total_where as total_where};
 use temp::tmp_dir;
 
+/// GET `path`; the job listens for the whole test.
 fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: grflow\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_string();
-    (status, body)
-}
-
-/// Sum of every sample of `name` (over its labels) in Prometheus text.
-fn total(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Sum of the samples of `name` whose labels contain `label`.
-fn total_where(metrics: &str, name: &str, label: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    http::get(addr, path).unwrap_or_else(|| panic!("GET {path} from {addr} got no answer"))
 }
 
 #[test]

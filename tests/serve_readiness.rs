@@ -9,21 +9,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::http::{free_port, get, metric_total};
 use common::kafka::{Serve, Topics, write_config};
 use common::temp::tmp_dir;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn tansu(port: u16, dir: &std::path::Path) -> Child {
     let url = format!("tcp://127.0.0.1:{port}");
@@ -49,17 +41,6 @@ fn wait_port(port: u16) {
         assert!(Instant::now() < deadline, "tansu did not listen on {port}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// (status, body) of GET `path`, or None while nothing listens.
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: grflow\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.get(9..12)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
-    Some((status, body))
 }
 
 /// Polls `/readyz` until it answers `want`. On a timeout the message says
@@ -170,13 +151,7 @@ fn wait_answered(addr: &str, n: f64, serve: &mut Serve) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let metrics = get(addr, "/metrics").map(|r| r.1).unwrap_or_default();
-        let value = |name: &str| -> f64 {
-            metrics
-                .lines()
-                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
+        let value = |name: &str| metric_total(&metrics, name);
         if value("grflow_requests_in_total") >= n && value("grflow_delivered_total") >= n {
             return;
         }
