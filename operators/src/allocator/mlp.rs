@@ -238,6 +238,10 @@ impl Frozen {
 
 /// Widest layer whose activations [`Mlp::forward_with`] keeps on the stack.
 const STACK_WIDTH: usize = 256;
+/// Widest layer a [`Frozen`] network may have (its padded layers live in
+/// `STACK_WIDTH` activations; a multiple of the block, so padding fits).
+pub const MAX_WIDTH: usize = STACK_WIDTH;
+const _: () = assert!(MAX_WIDTH.is_multiple_of(BLOCK));
 
 /// Layers `sizes[0] → sizes[1] → … → sizes[n]`, tanh between them.
 #[derive(Clone, Debug, PartialEq)]

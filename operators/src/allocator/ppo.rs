@@ -15,7 +15,7 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::mdp::ACTIONS;
-use super::mlp::{Frozen, Grads, Layer, Mlp};
+use super::mlp::{Frozen, Grads, Layer, MAX_WIDTH, Mlp};
 
 /// Hidden sizes of both networks (the paper's "64/128").
 pub const HIDDEN: [usize; 2] = [64, 128];
@@ -441,6 +441,14 @@ impl ActorCritic {
                 ACTIONS.len()
             )));
         }
+        // The decider keeps its activations on the stack: refuse at load
+        // what it could not run, not at the first decision.
+        if let Some(w) = meta.actor.iter().find(|&&w| w > MAX_WIDTH) {
+            return Err(PolicyError::Meta(format!(
+                "actor sizes {:?}: a layer of {w} is wider than the {MAX_WIDTH} a decision supports",
+                meta.actor
+            )));
+        }
         let st = SafeTensors::deserialize(bytes).map_err(st_err)?;
         let read = |name: String, shape: Vec<usize>| -> Result<Vec<f64>, PolicyError> {
             let bad = |problem: String| PolicyError::Tensor {
@@ -537,6 +545,14 @@ mod tests {
         // Not a policy: refused with the reason.
         let err = ActorCritic::from_safetensors(b"not safetensors").unwrap_err();
         assert!(err.to_string().starts_with("allocator policy"), "{err}");
+        // A layer wider than a decision can run: refused at load.
+        let mut wide = ActorCritic::new(3);
+        wide.actor = Mlp::zero_output(&[STATE, MAX_WIDTH + 1, ACTIONS.len()], 3);
+        let err = ActorCritic::from_safetensors(&wide.to_safetensors()).unwrap_err();
+        assert!(err.to_string().contains("wider than"), "{err}");
+        wide.actor = Mlp::zero_output(&[STATE, MAX_WIDTH, ACTIONS.len()], 3);
+        let ok = ActorCritic::from_safetensors(&wide.to_safetensors()).unwrap();
+        assert_eq!(ok.decider().greedy(&s, true), ok.greedy(&s, true));
     }
 
     #[test]
