@@ -108,6 +108,9 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         .unwrap());
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["clock"], "virtual");
+    // Wall-clock figures come with the machine they were measured on.
+    assert!(report["host_gemm_gflops"].as_f64().unwrap() > 0.0);
+    assert!(!report["host_machine"].as_str().unwrap().is_empty());
     assert_eq!(report["sweep"].as_array().unwrap().len(), 11);
     let rows = report["rows"].as_array().unwrap();
     let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();

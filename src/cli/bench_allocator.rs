@@ -15,6 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use grflow_kernels::bench::gemm_peak_gflops;
+use grflow_kernels::cost::machine_name;
 use grflow_operators::allocator::AllocatorPolicy;
 use grflow_operators::allocator::oracle::{OracleEpoch, OracleSummary, std_dev};
 use grflow_pipeline::plot::{LineChart, Series};
@@ -126,8 +128,14 @@ struct SweepPoint {
 struct Report {
     clock: &'static str,
     preset: String,
+    /// The machine the cost model was fitted on, and its GEMM rate: every
+    /// figure of the virtual clock (P99, SLO, α) depends on these only.
     machine: String,
     gemm_gflops: f64,
+    /// The machine this bench ran on and its GEMM rate, measured after the
+    /// runs: the wall-clock figures (`decision_us_*`, `wall_s`) are its.
+    host_machine: String,
+    host_gemm_gflops: f64,
     slo_ms: f64,
     /// The PPO policy of the `ppo-only` and `smart` rows.
     policy_file: Option<String>,
@@ -321,11 +329,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             });
         }
     }
+    let wall_s = started.elapsed().as_secs_f64();
+    // After the runs, so that it neither disturbs nor waits for them.
+    let host_gemm_gflops = gemm_peak_gflops();
     let report = Report {
         clock: "virtual",
         preset: cost.preset.clone(),
         machine: cost.machine.clone(),
         gemm_gflops: cost.gemm_gflops,
+        host_machine: machine_name(),
+        host_gemm_gflops,
         slo_ms: base.run.slo_ms.rank,
         policy_file: policy_file.map(|p| p.display().to_string()),
         requests_per_run: base.trace.requests,
@@ -333,7 +346,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         sweep,
         sweep_alpha_star_std: alpha_star_std,
         oracle_step,
-        wall_s: started.elapsed().as_secs_f64(),
+        wall_s,
     };
     if let Some(dir) = &args.out {
         for path in plots.write(dir)? {
@@ -375,6 +388,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for (regime, std) in &report.sweep_alpha_star_std {
             println!("{regime}: per-epoch best static alpha, std over epochs {std:.3}");
         }
+        println!(
+            "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM {:.1} GFLOP/s), {:.0} s",
+            report.machine,
+            report.gemm_gflops,
+            report.host_machine,
+            report.host_gemm_gflops,
+            report.wall_s
+        );
     }
     Ok(())
 }
