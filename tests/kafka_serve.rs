@@ -466,9 +466,11 @@ fn bench_kafka_smoke_warms_up_then_answers_every_request() {
         "throughput_ratio",
         "kafka_p99_ms",
         "parquet_p99_ms",
+        "gemm_gflops",
     ] {
         assert!(v[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {v}");
     }
+    assert!(v["machine"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
     assert_eq!(v["requests"].as_u64(), Some(300), "{v}");
 }
 

@@ -14,6 +14,8 @@ use grflow_connectors::kafka::{
     KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, SendError, StartPosition,
     ensure_topics,
 };
+use grflow_kernels::bench::gemm_peak_gflops;
+use grflow_kernels::cost::machine_name;
 use grflow_pipeline::{Config, ReplayOptions, ServeOptions, TraceInput};
 use grflow_traces::{Mode, Regime, WriteOptions, generate, write_trace};
 use serde::Serialize;
@@ -74,6 +76,10 @@ struct KafkaBench {
     brokers: String,
     /// The --librdkafka properties the served job ran with.
     librdkafka: std::collections::BTreeMap<String, String>,
+    /// The machine the bench ran on and its GEMM rate (GFLOP/s, one core),
+    /// measured after both runs: the latencies and rates above are its.
+    machine: String,
+    gemm_gflops: f64,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -318,5 +324,8 @@ fn run_both(
         partitions: args.partitions,
         brokers: brokers.to_string(),
         librdkafka: args.librdkafka.iter().cloned().collect(),
+        machine: machine_name(),
+        // After both runs, so that it disturbs neither.
+        gemm_gflops: gemm_peak_gflops(),
     })
 }
