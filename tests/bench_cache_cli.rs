@@ -44,6 +44,9 @@ fn bench(trace: &PathBuf, repeat: &str) -> Vec<(String, u64, u64)> {
     rows.iter()
         .map(|r| {
             assert!(r["ns_per_access"].as_f64().unwrap() > 0.0);
+            // Costs come with the machine that measured them.
+            assert!(r["gemm_gflops"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(!r["machine"].as_str().unwrap().is_empty(), "{r}");
             (
                 r["policy"].as_str().unwrap().to_string(),
                 r["capacity"].as_u64().unwrap(),

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use grflow_kernels::bench::gemm_peak_gflops;
+use grflow_kernels::cost::machine_name;
 use grflow_operators::cachebench::{AccessStream, BenchConfig, BenchRow, run as run_bench};
 use grflow_operators::eviction::PolicyName;
 use grflow_operators::predictor::AccessContext;
@@ -89,12 +91,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ..BenchConfig::default()
     };
     let rows = run_bench(&name, accesses, &cfg);
+    // After the replays, so that it disturbs none of them.
+    let (machine, gemm_gflops) = (machine_name(), gemm_peak_gflops());
     if args.json {
+        let rows: Vec<HostRow> = rows
+            .iter()
+            .map(|row| HostRow {
+                row,
+                machine: &machine,
+                gemm_gflops,
+            })
+            .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
         print_table(&rows);
+        println!("costs measured on {machine} (GEMM {gemm_gflops:.1} GFLOP/s, one core)");
     }
     Ok(())
+}
+
+/// A row with the machine whose costs (`ns_per_access`, `predict_ns`,
+/// `train_ms`) it reports.
+#[derive(serde::Serialize)]
+struct HostRow<'a> {
+    #[serde(flatten)]
+    row: &'a BenchRow,
+    machine: &'a str,
+    gemm_gflops: f64,
 }
 
 fn print_table(rows: &[BenchRow]) {
