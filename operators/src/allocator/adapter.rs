@@ -177,12 +177,14 @@ impl Adapter {
         let baseline = self.buffer.iter().map(|s| s.reward).sum::<f64>() / n;
         let mut total = Grads::zeros(&self.net);
         for s in &self.buffer {
-            let y = self.net.forward_with(&s.x, |y| y[0]);
-            let t = tanh(y);
-            let mean = BOUND * t;
-            // ∂ log N(applied; mean, σ²) / ∂y = (applied − mean)/σ² · ∂mean/∂y
-            let dlog = (s.applied - mean) / (EXPLORE * EXPLORE) * BOUND * (1.0 - t * t);
-            total.add(&self.net.backward(&s.x, &[(s.reward - baseline) * dlog / n]));
+            let dout = |y: &[f64]| {
+                let t = tanh(y[0]);
+                let mean = BOUND * t;
+                // ∂ log N(applied; mean, σ²) / ∂y = (applied − mean)/σ² · ∂mean/∂y
+                let dlog = (s.applied - mean) / (EXPLORE * EXPLORE) * BOUND * (1.0 - t * t);
+                vec![(s.reward - baseline) * dlog / n]
+            };
+            self.net.backward_add(&s.x, dout, &mut total);
         }
         self.net.step(&total, rate);
     }

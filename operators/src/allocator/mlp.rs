@@ -345,20 +345,30 @@ impl Mlp {
 
     /// Gradients of `dout · output(x)` with respect to every parameter.
     pub fn backward(&self, x: &[f64], dout: &[f64]) -> Grads {
+        let mut grads = Grads::zeros(self);
+        self.backward_add(x, |_| dout.to_vec(), &mut grads);
+        grads
+    }
+
+    /// `grads +=` [`Mlp::backward`]`(x, dout(output(x)))`, adding each
+    /// term where it is made (the same sums, in the same order, as adding
+    /// a fresh `backward`): a pass over a training buffer allocates no
+    /// gradient per sample, and a `dout` that depends on the output needs
+    /// no forward pass of its own.
+    pub fn backward_add(
+        &self,
+        x: &[f64],
+        dout: impl FnOnce(&[f64]) -> Vec<f64>,
+        grads: &mut Grads,
+    ) {
         let acts = self.trace(x);
-        let mut grads: Vec<Layer> = Vec::with_capacity(self.layers.len());
-        let mut delta = dout.to_vec();
-        for (i, l) in self.layers.iter().enumerate().rev() {
+        let mut delta = dout(acts.last().expect("an output"));
+        for (i, (l, g)) in self.layers.iter().zip(&mut grads.layers).enumerate().rev() {
             let input = &acts[i];
-            let mut g = Layer {
-                inputs: l.inputs,
-                outputs: l.outputs,
-                w: vec![0.0; l.w.len()],
-                b: delta.clone(),
-            };
             for (row, d) in g.w.chunks_mut(l.inputs).zip(&delta) {
-                row.iter_mut().zip(input).for_each(|(w, x)| *w = d * x);
+                row.iter_mut().zip(input).for_each(|(w, x)| *w += d * x);
             }
+            g.b.iter_mut().zip(&delta).for_each(|(b, d)| *b += d);
             if i > 0 {
                 // Through W, then through the tanh that made `input`.
                 delta = (0..l.inputs)
@@ -370,10 +380,7 @@ impl Mlp {
                     })
                     .collect();
             }
-            grads.push(g);
         }
-        grads.reverse();
-        Grads { layers: grads }
     }
 
     /// `parameters += rate · grads` (ascent; pass a negative rate to descend).
@@ -397,6 +404,37 @@ mod tests {
         // Yet the output layer gets a gradient.
         let g = m.backward(&[0.3, 0.1, 0.9, 0.5, 0.2], &[1.0]);
         assert!(g.layers[1].w.iter().any(|v| *v != 0.0));
+    }
+
+    #[test]
+    fn backward_add_sums_exactly_what_adding_each_backward_does() {
+        let mut m = Mlp::zero_output(&[5, 16, 3], 8);
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        m.layers[1]
+            .w
+            .iter_mut()
+            .for_each(|w| *w = rng.random_range(-0.5..0.5));
+        let (mut added, mut direct) = (Grads::zeros(&m), Grads::zeros(&m));
+        for _ in 0..50 {
+            let x: Vec<f64> = (0..5).map(|_| rng.random_range(-1.0..1.0)).collect();
+            // A dout that depends on the output, as the trainers' do.
+            let y = m.forward(&x);
+            let dout: Vec<f64> = y.iter().map(|v| 0.3 - v).collect();
+            added.add(&m.backward(&x, &dout));
+            m.backward_add(
+                &x,
+                |out| {
+                    assert_eq!(out, y.as_slice());
+                    out.iter().map(|v| 0.3 - v).collect()
+                },
+                &mut direct,
+            );
+        }
+        for (a, d) in added.layers.iter().zip(&direct.layers) {
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.w), bits(&d.w));
+            assert_eq!(bits(&a.b), bits(&d.b));
+        }
     }
 
     #[test]

@@ -364,10 +364,11 @@ impl ActorCritic {
                     (dlogp * (onehot - p[j]) - cfg.entropy_coef * dh) * scale
                 })
                 .collect();
-            actor_g.add(&self.actor.backward(&s.state, &dlogits));
+            self.actor.backward_add(&s.state, |_| dlogits, &mut actor_g);
             let v = self.value(&s.state);
             vl += 0.5 * (v - ret).powi(2) * scale;
-            critic_g.add(&self.critic.backward(&s.state, &[(v - ret) * scale]));
+            self.critic
+                .backward_add(&s.state, |_| vec![(v - ret) * scale], &mut critic_g);
         }
         // Minibatches are never empty (chunks of the batch).
         self.actor_opt
