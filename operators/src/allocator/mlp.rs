@@ -4,9 +4,6 @@
 //! enough (a few thousand parameters) that a library would cost more than
 //! it saves; the backward pass is checked against finite differences.
 
-use std::iter::Sum;
-use std::ops::{Add, Mul};
-
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -34,7 +31,7 @@ impl Layer {
     }
 
     fn apply_into(&self, x: &[f64], out: &mut [f64]) {
-        affine::<f64, 4>(&self.w, &self.b, self.inputs, x, out);
+        affine(&self.w, &self.b, self.inputs, x, out);
     }
 
     fn apply(&self, x: &[f64]) -> Vec<f64> {
@@ -46,28 +43,23 @@ impl Layer {
 
 /// `out = W·x + b`, W row-major with `inputs` columns, for the f64 network
 /// (training, the adapter); [`Frozen`] has its own, laid out for decisions.
-fn affine<T, const L: usize>(w: &[T], b: &[T], inputs: usize, x: &[T], out: &mut [T])
-where
-    T: Copy + Default + Add<Output = T> + Mul<Output = T> + Sum,
-{
+fn affine(w: &[f64], b: &[f64], inputs: usize, x: &[f64], out: &mut [f64]) {
     for (o, (row, b)) in out.iter_mut().zip(w.chunks_exact(inputs).zip(b)) {
-        *o = *b + dot::<T, L>(row, x);
+        *o = *b + dot(row, x);
     }
 }
 
-/// A dot product in `L` independent sums (a power of two), added pairwise
-/// at the end: the compiler may vectorise it (one running sum fixes the
-/// order of additions and forbids that), which keeps an allocator decision
-/// within a few microseconds. The order is fixed, so results are too.
-fn dot<T, const L: usize>(a: &[T], b: &[T]) -> T
-where
-    T: Copy + Default + Add<Output = T> + Mul<Output = T> + Sum,
-{
+/// A dot product in four independent sums, added as (a0 + a1) + (a2 + a3)
+/// with the tail last: the compiler may vectorise it (one running sum
+/// fixes the order of additions and forbids that). The order is fixed,
+/// so results are too, and trained policies were computed in it.
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    const L: usize = 4;
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [T::default(); L];
+    let mut acc = [0.0; L];
     let (heads_a, heads_b) = (a.chunks_exact(L), b.chunks_exact(L));
-    let tail: T = heads_a
+    let tail: f64 = heads_a
         .remainder()
         .iter()
         .zip(heads_b.remainder())
@@ -75,18 +67,10 @@ where
         .sum();
     for (x, y) in heads_a.zip(heads_b) {
         for k in 0..L {
-            acc[k] = acc[k] + x[k] * y[k];
+            acc[k] += x[k] * y[k];
         }
     }
-    // (a0 + a1) + (a2 + a3), and so on up the tree.
-    let mut width = L;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] = acc[2 * i] + acc[2 * i + 1];
-        }
-    }
-    acc[0] + tail
+    (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail
 }
 
 /// tanh through one `exp`: glibc's `tanh` goes through `expm1`, and the
@@ -482,9 +466,8 @@ mod tests {
 
     #[test]
     fn dot_adds_its_lanes_pairwise_in_a_fixed_order() {
-        // The order trained policies were computed in: four f64 lanes as
-        // (a0 + a1) + (a2 + a3), eight f32 lanes as two such halves, the
-        // tail last. Bit for bit.
+        // The order trained policies were computed in: four lanes as
+        // (a0 + a1) + (a2 + a3), the tail last. Bit for bit.
         let mut rng = ChaCha8Rng::seed_from_u64(4);
         for n in 0..140 {
             let a: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
@@ -495,21 +478,7 @@ mod tests {
             }
             let tail: f64 = (n / 4 * 4..n).map(|i| a[i] * b[i]).sum();
             let want = (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail;
-            assert_eq!(dot::<f64, 4>(&a, &b).to_bits(), want.to_bits(), "{n}");
-
-            let (a, b): (Vec<f32>, Vec<f32>) = (
-                a.iter().map(|&x| x as f32).collect(),
-                b.iter().map(|&x| x as f32).collect(),
-            );
-            let mut acc = [0.0f32; 8];
-            for i in 0..n / 8 * 8 {
-                acc[i % 8] += a[i] * b[i];
-            }
-            let tail: f32 = (n / 8 * 8..n).map(|i| a[i] * b[i]).sum();
-            let want = ((acc[0] + acc[1]) + (acc[2] + acc[3]))
-                + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-                + tail;
-            assert_eq!(dot::<f32, 8>(&a, &b).to_bits(), want.to_bits(), "{n}");
+            assert_eq!(dot(&a, &b).to_bits(), want.to_bits(), "{n}");
         }
     }
 
