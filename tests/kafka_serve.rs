@@ -384,6 +384,12 @@ fn kafka_overload_sheds_past_the_deadline_and_pauses_reads() {
     let shed = by_req.values().filter(|a| a[0].2 == "shed").count() as u64;
     assert!(shed > 0, "nothing shed: {summary}");
     assert_eq!(summary["shed"], shed, "{summary}");
+    // A shed request is a miss of its kind's SLO, with no latency.
+    let failed: u64 = ["rank", "retrieve"]
+        .iter()
+        .map(|k| summary["by_mode"][k]["failed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(failed, shed, "{summary}");
     assert_eq!(
         summary["shed"].as_u64().unwrap() + summary["responses_out"].as_u64().unwrap(),
         N + WARM,

@@ -598,6 +598,9 @@ fn assemble(
     for tally in latency.values() {
         overall.merge(tally);
     }
+    // Requests answered with an error record are SLO misses; the record
+    // does not name a node, so only the run's and each kind's figure count them.
+    overall.record_failures(by_mode.failed());
 
     out.latency_cdf = overall.cdf(CDF_POINTS);
     let sum = |f: fn(&NodeSummary) -> u64| nodes.iter().map(f).sum::<u64>();

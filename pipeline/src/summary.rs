@@ -40,12 +40,16 @@ impl LatencySummary {
     }
 }
 
-/// The latencies of a run in bounded memory: a histogram for percentiles
-/// and an exact count of those within the SLO.
+/// The latencies of a run in bounded memory: a histogram for percentiles,
+/// an exact count of those within the SLO, and the requests answered with
+/// an error (shed or unservable), which have no latency to rank but missed
+/// the SLO all the same.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LatencyTally {
     histogram: LatencyHistogram,
     within_slo: u64,
+    #[serde(default)]
+    failed: u64,
 }
 
 impl LatencyTally {
@@ -54,13 +58,24 @@ impl LatencyTally {
         self.within_slo += (latency_ms <= slo_ms) as u64;
     }
 
+    /// `n` requests answered with an error record instead of a response.
+    pub fn record_failures(&mut self, n: u64) {
+        self.failed += n;
+    }
+
     pub fn merge(&mut self, other: &LatencyTally) {
         self.histogram.merge(&other.histogram);
         self.within_slo += other.within_slo;
+        self.failed += other.failed;
     }
 
+    /// Responses recorded (failures not included).
     pub fn count(&self) -> u64 {
         self.histogram.count()
+    }
+
+    pub fn failed(&self) -> u64 {
+        self.failed
     }
 
     pub fn summary(&self) -> LatencySummary {
@@ -81,12 +96,15 @@ impl LatencyTally {
             .collect()
     }
 
-    /// Share of latencies within the SLO (0 when nothing was recorded).
+    /// Share of requests answered within the SLO: responses within it over
+    /// responses and failures (0 when nothing was recorded). A shed request
+    /// is a miss, as a client sees it.
     pub fn slo_satisfaction(&self) -> f64 {
-        if self.count() == 0 {
+        let requests = self.count() + self.failed;
+        if requests == 0 {
             return 0.0;
         }
-        self.within_slo as f64 / self.count() as f64
+        self.within_slo as f64 / requests as f64
     }
 }
 
@@ -99,6 +117,8 @@ pub struct NodeSummary {
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
     pub latency_ms: LatencySummary,
+    /// Share of this node's responses within the SLO (an error record does
+    /// not say which node failed it; the run's figure counts those).
     pub slo_satisfaction: f64,
     /// Counters of the node's caches and link, for operators.
     pub emb_hits: u64,
@@ -185,6 +205,8 @@ pub struct Summary {
     /// When router and nodes handled requests: "complete" or "arrival".
     #[serde(default)]
     pub release: String,
+    /// Share of requests answered within their kind's SLO; a request
+    /// answered with an error record (shed, unservable) is a miss.
     pub slo_satisfaction: f64,
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
@@ -218,6 +240,20 @@ impl ModeTallies {
         tally.record(latency_ms, slo_ms.for_mode(mode));
     }
 
+    /// A request of this kind answered with an error record (shed or
+    /// unservable): a miss for its kind's SLO satisfaction.
+    pub fn record_failure(&mut self, mode: Mode) {
+        match mode {
+            Mode::Rank => self.rank.record_failures(1),
+            Mode::Retrieve => self.retrieve.record_failures(1),
+        }
+    }
+
+    /// Failures of both kinds.
+    pub fn failed(&self) -> u64 {
+        self.rank.failed() + self.retrieve.failed()
+    }
+
     pub fn merge(&mut self, other: &ModeTallies) {
         self.rank.merge(&other.rank);
         self.retrieve.merge(&other.retrieve);
@@ -242,6 +278,10 @@ pub struct ModeSummaries {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModeSummary {
     pub responses: u64,
+    /// Requests of this kind answered with an error record; they count as
+    /// SLO misses in `slo_satisfaction` and not in the latencies.
+    #[serde(default)]
+    pub failed: u64,
     pub slo_ms: f64,
     pub latency_ms: LatencySummary,
     pub slo_satisfaction: f64,
@@ -251,6 +291,7 @@ impl ModeSummary {
     pub fn new(tally: &LatencyTally, slo_ms: f64) -> Self {
         Self {
             responses: tally.count(),
+            failed: tally.failed(),
             slo_ms,
             latency_ms: tally.summary(),
             slo_satisfaction: tally.slo_satisfaction(),
@@ -293,10 +334,11 @@ impl Summary {
             ("rank", &self.by_mode.rank),
             ("retrieve", &self.by_mode.retrieve),
         ] {
-            if m.responses > 0 {
+            if m.responses + m.failed > 0 {
                 s += &format!(
-                    "  {kind:<8} {:>7} responses  p50 {:.2}  p99 {:.2} ms   SLO {} ms met by {:.1}%\n",
+                    "  {kind:<8} {:>7} responses {:>5} failed  p50 {:.2}  p99 {:.2} ms   SLO {} ms met by {:.1}%\n",
                     m.responses,
+                    m.failed,
                     m.latency_ms.p50,
                     m.latency_ms.p99,
                     m.slo_ms,
@@ -379,6 +421,32 @@ mod tests {
         assert_eq!(got.max, exact.max);
         assert_eq!(a.count(), 1000);
         assert_eq!(a.slo_satisfaction(), slo_satisfaction(&all, 30.0));
+    }
+
+    #[test]
+    fn a_failure_is_a_miss_that_has_no_latency() {
+        let mut a = LatencyTally::default();
+        a.record(10.0, 30.0);
+        a.record(40.0, 30.0);
+        a.record_failures(2);
+        let mut b = LatencyTally::default();
+        b.record_failures(1);
+        a.merge(&b);
+        assert_eq!((a.count(), a.failed()), (2, 3));
+        assert_eq!(a.slo_satisfaction(), 1.0 / 5.0);
+        assert_eq!(a.summary().max, 40.0);
+        let mut only_failed = LatencyTally::default();
+        only_failed.record_failures(1);
+        assert_eq!(only_failed.slo_satisfaction(), 0.0);
+
+        let mut modes = ModeTallies::default();
+        modes.record(Mode::Rank, 5.0, &SloMs::both(30.0));
+        modes.record_failure(Mode::Retrieve);
+        let s = modes.summaries(&SloMs::both(30.0));
+        assert_eq!((s.rank.responses, s.rank.failed), (1, 0));
+        assert_eq!((s.retrieve.responses, s.retrieve.failed), (0, 1));
+        assert_eq!(s.retrieve.slo_satisfaction, 0.0);
+        assert_eq!(modes.failed(), 1);
     }
 
     #[test]

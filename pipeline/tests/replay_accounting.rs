@@ -6,8 +6,8 @@
 use std::fs::File;
 use std::path::PathBuf;
 
-use grflow_pipeline::{Config, ReplayOptions, TraceInput, replay};
-use grflow_traces::{GenConfig, Regime, WriteOptions, generate, write_trace};
+use grflow_pipeline::{Config, ReplayOptions, SloMs, TraceInput, replay};
+use grflow_traces::{GenConfig, Mode, Regime, WriteOptions, generate, write_trace};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 const ROW_GROUP: usize = 64;
@@ -110,6 +110,91 @@ fn a_bad_row_and_an_unreadable_row_group_are_counted_in_and_answered_per_row() {
     for (row, r) in trace.requests.iter().enumerate() {
         let readable = row != BAD_ROW && row / ROW_GROUP != BAD_GROUP;
         assert_eq!(answered.contains(&r.req_id), readable, "row {row}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A request the node cannot serve (its history is longer than the user
+/// has) is answered with an error record and counts as an SLO miss, in the
+/// run's figure and in its kind's; a row that fails to decode is not a
+/// request and does not.
+#[test]
+fn an_unservable_request_is_an_slo_miss_of_its_kind() {
+    let mut trace = generate(&GenConfig {
+        regime: Regime::Steady,
+        users: 60,
+        items: 800,
+        requests: REQUESTS as u64,
+        rps: 100.0,
+        seed: 9,
+        retrieve_share: 0.25,
+        ..GenConfig::default()
+    });
+    let history_of = |user: u64| {
+        trace
+            .users
+            .iter()
+            .find(|u| u.user_id == user)
+            .map_or(0, |u| u.items.len())
+    };
+    // Two rank requests and one retrieve request ask for more history than
+    // their users have.
+    let mut unservable = Vec::new();
+    for want in [Mode::Rank, Mode::Rank, Mode::Retrieve] {
+        let row = (0..REQUESTS)
+            .find(|&i| {
+                let r = &trace.requests[i];
+                r.mode == want && history_of(r.user_id) > 0 && !unservable.contains(&i)
+            })
+            .expect("a request of each kind from a known user");
+        trace.requests[row].hist_len = history_of(trace.requests[row].user_id) as u32 + 1;
+        unservable.push(row);
+    }
+    let bad_row = (0..REQUESTS)
+        .find(|&i| trace.requests[i].mode == Mode::Rank && !unservable.contains(&i))
+        .unwrap();
+    trace.requests[bad_row].candidates.clear();
+    let dir = tmp("unservable");
+    write_trace(&dir, &trace, &WriteOptions::default()).unwrap();
+
+    let mut config = Config::embedded();
+    config.run.speed = "max".into();
+    // Every response meets an SLO this loose, so misses are the failures.
+    config.run.slo_ms = SloMs {
+        rank: 1e9,
+        retrieve: 1e9,
+    };
+    let out = replay(ReplayOptions {
+        trace: TraceInput::Parquet(dir.clone()),
+        config,
+        show_progress: false,
+        responses: grflow_pipeline::replay::ResponseOutput::Collect,
+        counters: None,
+        commands: Vec::new(),
+        oracle_step: None,
+    })
+    .unwrap();
+    let s = &out.summary;
+    assert_eq!(s.requests_in, REQUESTS as u64);
+    assert_eq!(s.errors, 4, "{:?}", out.errors);
+    assert_eq!(s.responses_out, REQUESTS as u64 - 4);
+    assert_eq!(s.by_mode.rank.failed, 2, "{:?}", s.by_mode);
+    assert_eq!(s.by_mode.retrieve.failed, 1, "{:?}", s.by_mode);
+    let answered = s.responses_out as f64;
+    assert_eq!(s.slo_satisfaction, answered / (answered + 3.0));
+    let rank = &s.by_mode.rank;
+    assert_eq!(
+        rank.slo_satisfaction,
+        rank.responses as f64 / (rank.responses + 2) as f64
+    );
+    let retrieve = &s.by_mode.retrieve;
+    assert_eq!(
+        retrieve.slo_satisfaction,
+        retrieve.responses as f64 / (retrieve.responses + 1) as f64
+    );
+    // A node's figure covers its responses only: the record names no node.
+    for n in &s.nodes {
+        assert_eq!(n.slo_satisfaction, 1.0, "node {}", n.node);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -137,13 +137,15 @@ pub fn kafka_sink<'s>(
                 .drain(..)
                 .filter_map(NodeEvent::into_answer)
                 .inspect(|a| {
-                    let (ms, mode) = match a {
+                    let (ms, mode, failed) = match a {
                         grflow_connectors::Answer::Response { row, origin } => {
-                            (row.latency_ms, Some(origin.mode))
+                            (row.latency_ms, origin.mode, false)
                         }
-                        grflow_connectors::Answer::Error { latency_ms, .. } => (*latency_ms, None),
+                        grflow_connectors::Answer::Error {
+                            latency_ms, origin, ..
+                        } => (*latency_ms, origin.mode, true),
                     };
-                    latency.record(ms, mode);
+                    latency.record(ms, mode, failed);
                 })
                 .collect();
             // The Kafka sink holds what it cannot send and retries it; a

@@ -340,7 +340,9 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                             }
                             NodeEvent::Error(e) => {
                                 sink_counters.errors.fetch_add(1, Ordering::Relaxed);
-                                out.errors.push(e.0);
+                                let (row, _, origin) = *e;
+                                out.by_mode.record_failure(origin.mode);
+                                out.errors.push(row);
                             }
                             NodeEvent::Telemetry(_) | NodeEvent::Report(_) => {}
                         }

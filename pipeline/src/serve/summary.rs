@@ -33,14 +33,15 @@ impl AnswerLatency {
         }
     }
 
-    /// One answer took `ms`; `mode` is `None` for error records.
-    pub fn record(&self, ms: f64, mode: Option<Mode>) {
+    /// One answer of kind `mode` took `ms`; `failed` for an error record,
+    /// which counts as a miss of its kind's SLO and not in its latencies.
+    pub fn record(&self, ms: f64, mode: Mode, failed: bool) {
         self.overall.lock().expect("latency lock").record(ms);
-        if let Some(mode) = mode {
-            self.by_mode
-                .lock()
-                .expect("latency lock")
-                .record(mode, ms, &self.slo_ms);
+        let mut by_mode = self.by_mode.lock().expect("latency lock");
+        if failed {
+            by_mode.record_failure(mode);
+        } else {
+            by_mode.record(mode, ms, &self.slo_ms);
         }
     }
 
