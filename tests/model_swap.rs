@@ -12,12 +12,11 @@ mod common;
 mod seq_trace;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cli::{grflow, ok};
-use common::http::{free_addr, get, request};
+use common::http::{free_addr, get, request, wait_listening};
 use common::kafka::{Serve, Tail, Topics, broker, producer, write_config};
 use common::temp::tmp_dir;
 use grflow_connectors::kafka::WireResponse;
@@ -118,11 +117,11 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
             current.to_str().unwrap(),
         ],
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while TcpStream::connect(&admin).is_err() {
-        assert!(Instant::now() < deadline, "{}", serve.stderr_text());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        wait_listening(&admin, Duration::from_secs(60)),
+        "{}",
+        serve.stderr_text()
+    );
 
     // 2,000 requests at 400/s; the swap is asked for after 800.
     const N: u64 = 2_000;

@@ -9,11 +9,10 @@
 
 mod common;
 
-use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::http::{free_port, get, metric_total};
+use common::http::{free_port, get, metric_total, wait_listening};
 use common::kafka::{Serve, Topics, write_config};
 use common::temp::tmp_dir;
 
@@ -36,11 +35,10 @@ fn tansu(port: u16, dir: &std::path::Path) -> Child {
 }
 
 fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tansu did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        wait_listening(&format!("127.0.0.1:{port}"), Duration::from_secs(20)),
+        "tansu did not listen on {port}"
+    );
 }
 
 /// Polls `/readyz` until it answers `want`. On a timeout the message says

@@ -58,3 +58,16 @@ pub fn metric_total_where(metrics: &str, name: &str, label: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Polls `addr` until something accepts a connection; false if nothing
+/// did within `within`.
+pub fn wait_listening(addr: &str, within: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while TcpStream::connect(addr).is_err() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    true
+}
