@@ -16,8 +16,9 @@
 
 use grflow_kernels::{ModelConfig, SID_STEPS};
 
-/// Share of the node's KV pages one request may pin for its history: a
-/// long history cannot evict every other user's prefix.
+/// Share of the node's pool pages one request may pin for its history: a
+/// long history cannot evict every other user's prefix. Past the KV share
+/// the request takes pages back from EMB.
 pub const MAX_PIN_SHARE: f64 = 0.5;
 
 /// What a history is used for; the two have different position budgets.
@@ -94,9 +95,9 @@ impl HistoryLimits {
     }
 }
 
-/// KV pages one request may pin on a pool of `kv_pages` KV pages.
-pub fn pinnable_pages(kv_pages: usize) -> usize {
-    (kv_pages as f64 * MAX_PIN_SHARE) as usize
+/// Pages one request may pin on a pool of `pages` pages.
+pub fn pinnable_pages(pages: usize) -> usize {
+    (pages as f64 * MAX_PIN_SHARE) as usize
 }
 
 /// The drop step for `limit`: a quarter of it rounded down to whole blocks

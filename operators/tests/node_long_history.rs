@@ -144,3 +144,45 @@ fn a_growing_long_history_keeps_reusing_its_prefix() {
     assert_eq!(cold, 4);
     assert!(reused as f64 / total as f64 > 0.9, "{reused} / {total}");
 }
+
+/// α is a speed knob: nodes built at any α serve a long history with the
+/// same items, because the limit comes from the whole pool. A history the
+/// KV share cannot hold takes pages back from EMB instead of being cut.
+#[test]
+fn alpha_never_changes_which_items_a_request_is_served_with() {
+    let catalog = catalog();
+    let candidates: Vec<u32> = (100..104).collect();
+    let node_at = |alpha: f64| {
+        let mut p = params(1 << 20);
+        p.memory.alpha = alpha;
+        ServingNode::new(0, p).unwrap()
+    };
+    let (mut kv_heavy, mut emb_heavy) = (node_at(0.1), node_at(0.9));
+    let limits = kv_heavy.history_limits();
+    assert_eq!(emb_heavy.history_limits(), limits);
+    let stats = emb_heavy.memory_stats();
+    let kv_share_tokens = (stats.pages - stats.emb_pages) * params(1 << 20).model.block_size;
+    // Longer than α 0.9's KV share holds, within the limit.
+    let len = (kv_share_tokens + 64).min(limits.rank);
+    assert!(
+        len > kv_share_tokens,
+        "limit {limits:?}, KV share {kv_share_tokens} tokens"
+    );
+    let full = history(len);
+    let req = RankRequest {
+        req_id: 1,
+        user_id: 7,
+        candidates: &candidates,
+    };
+    let a = kv_heavy.serve(0, req, &full, &catalog).unwrap();
+    let b = emb_heavy.serve(0, req, &full, &catalog).unwrap();
+    assert_eq!(a.kv_total_tokens as usize, len);
+    assert_eq!((a.items, a.scores), (b.items, b.scores));
+    assert_eq!(kv_heavy.counters().truncated_histories, 0);
+    assert_eq!(emb_heavy.counters().truncated_histories, 0);
+    assert!(
+        emb_heavy.counters().kv_reclaims > 0,
+        "{:?}",
+        emb_heavy.counters()
+    );
+}

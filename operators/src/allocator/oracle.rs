@@ -601,9 +601,11 @@ mod tests {
     fn an_epoch_whose_run_shortened_histories_is_judged_against_alphas_that_shorten_no_more() {
         let (catalog, index) = (Catalog::new(), index());
         let batches = batches(0, 40);
-        // A pool this small holds the longer histories only in part, at
-        // every α: each replay shortens the same ones.
-        let mut run = node_with_pool(1 << 18);
+        // A pool this small holds the longer histories only in part (the
+        // limit comes from the pool, not the α): each replay shortens the
+        // same ones.
+        const POOL: u64 = (1 << 18) * 7 / 10;
+        let mut run = node_with_pool(POOL);
         run.set_alpha(0.3).unwrap();
         let mut rec = OracleRecorder::new(1000, alpha_grid(0.1));
         let mut cut_in_run = 0;
@@ -627,7 +629,7 @@ mod tests {
             "{e:?}"
         );
         // Every eligible α shortens no more histories than the run did.
-        let before = node_with_pool(1 << 18);
+        let before = node_with_pool(POOL);
         let star = replay_epoch(&before, Some(e.alpha_star), &batches, &catalog, &index)
             .unwrap()
             .unwrap();

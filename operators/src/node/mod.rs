@@ -420,9 +420,12 @@ impl ServingNode {
             item_kv_policy: m.item_kv_policy.clone(),
             link: params.link,
         })?;
-        let stats = memory.stats();
+        // From the whole pool, not the KV share: a request that does not fit
+        // the KV share takes pages back from EMB, so α is a speed knob and
+        // never changes which items a request is served with (a node built
+        // at another α, or whose α moved, answers the same).
         let mut history_limits =
-            HistoryLimits::new(&params.model, pinnable_pages(stats.pages - stats.emb_pages));
+            HistoryLimits::new(&params.model, pinnable_pages(memory.stats().pages));
         if let Some(t) = &params.trained {
             history_limits = history_limits.capped(t.max_history, params.model.block_size);
         }
