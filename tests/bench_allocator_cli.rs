@@ -112,6 +112,14 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     assert!(report["host_gemm_gflops"].as_f64().unwrap() > 0.0);
     assert!(!report["host_machine"].as_str().unwrap().is_empty());
     assert_eq!(report["sweep"].as_array().unwrap().len(), 11);
+    assert!(
+        report["sweep"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["kv_reclaims"].as_u64().is_some()),
+        "{report}"
+    );
     let rows = report["rows"].as_array().unwrap();
     let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
     assert_eq!(

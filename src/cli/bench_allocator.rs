@@ -118,10 +118,14 @@ struct SweepPoint {
     p99_ms: f64,
     /// Same on the training seed.
     train_p99_ms: f64,
-    /// Requests served with a shortened history because the KV share was
-    /// too small to hold it (such an α changes the answers, so kv-emb-opt
-    /// never picks it).
+    /// Requests served with a shortened history (past the model's positions
+    /// or half the pool, whatever α; such a run's answers differ, so
+    /// kv-emb-opt never picks it).
     truncated_histories: u64,
+    /// Times a request took pages back from EMB because the KV share could
+    /// not hold it: α went down on demand, so a high static α does not stay
+    /// where it was set.
+    kv_reclaims: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -231,9 +235,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let train = run(&train_trace, AllocatorPolicy::Static, alpha)?;
                 let (p99, train_p99) = (bench.summary.latency_ms.p99, train.summary.latency_ms.p99);
                 let truncated = bench.summary.truncated_histories;
+                let reclaims: u64 = bench.summary.nodes.iter().map(|n| n.kv_reclaims).sum();
                 eprintln!(
-                    "  alpha {alpha:.1}: p99 {p99:.2} ms (training seed {train_p99:.2}), \
-                     truncated histories {truncated}"
+                    "  alpha {alpha:.1}: p99 {p99:.4} ms (training seed {train_p99:.4}), \
+                     truncated histories {truncated}, KV reclaims {reclaims}"
                 );
                 let whole = train.summary.truncated_histories == 0 && train.summary.errors == 0;
                 if whole && best_train.is_none_or(|b| train_p99 < b.1) {
@@ -245,6 +250,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     p99_ms: p99,
                     train_p99_ms: train_p99,
                     truncated_histories: truncated,
+                    kv_reclaims: reclaims,
                 });
                 outs.push((alpha, bench));
             }
