@@ -83,6 +83,18 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     );
     assert!(chosen <= untrained, "{trained}");
     assert_eq!(untrained, curve[0]["greedy_p99_ms"].as_f64().unwrap());
+    // The bench reads the cost model the config names (`cost.calibration`)
+    // without --calibration, and calibrates nothing itself.
+    let bench_config = dir.join("small-trace-calibrated.toml");
+    std::fs::write(
+        &bench_config,
+        format!(
+            "{}[cost]\ncalibration = {:?}\n",
+            std::fs::read_to_string(&config).unwrap(),
+            calibration.display().to_string()
+        ),
+    )
+    .unwrap();
     let out = ok(grflow()
         .args([
             "bench",
@@ -101,11 +113,11 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         .arg("--policy")
         .arg(&policy)
         .arg("--config")
-        .arg(&config)
-        .arg("--calibration")
-        .arg(&calibration)
+        .arg(&bench_config)
         .output()
         .unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("calibrating"), "{stderr}");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["clock"], "virtual");
     // Wall-clock figures come with the machine they were measured on.
@@ -210,4 +222,28 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("stormy"));
+}
+
+/// A config naming a calibration file that is not there: one line naming
+/// the file, exit code 2, before any run.
+#[test]
+fn bench_allocator_refuses_a_missing_calibration_file_by_name() {
+    let dir = tmp_dir("bench-allocator-missing");
+    let config = dir.join("missing.toml");
+    std::fs::write(&config, "[cost]\ncalibration = \"no/such/cal.json\"\n").unwrap();
+    let out = grflow()
+        .args([
+            "bench",
+            "allocator",
+            "--regime",
+            "burst",
+            "--json",
+            "--config",
+        ])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no/such/cal.json"), "{stderr}");
 }

@@ -1003,6 +1003,7 @@ mod tests {
         d.link.bandwidth_gbps = 8.0;
         d.cost.compute_scale = 0.01;
         d.cost.overhead_scale = 0.0;
+        d.cost.calibration = Some("configs/allocator-calibration.json".into());
         d.allocator.policy_file = "configs/allocator-emb-ppo.safetensors".into();
         assert_eq!(c, d);
         // A negative overhead scale is refused by name.
@@ -1029,11 +1030,14 @@ mod tests {
             .join("..")
             .join(&c.allocator.policy_file);
         assert!(policy.exists(), "{}", policy.display());
-        // The cost model the policy was trained and benched with.
-        let cost: grflow_kernels::cost::CostModel = serde_json::from_str(include_str!(
-            "../../configs/allocator-tight-calibration.json"
-        ))
-        .unwrap();
+        // The cost model the policy was trained and benched with, named by
+        // the config so that the bench and the trainer use it by default.
+        assert_eq!(
+            c.cost.calibration.as_deref(),
+            Some(std::path::Path::new("configs/allocator-calibration.json"))
+        );
+        let cost: grflow_kernels::cost::CostModel =
+            serde_json::from_str(include_str!("../../configs/allocator-calibration.json")).unwrap();
         assert_eq!(cost.preset, c.model.preset.as_str());
         assert_eq!(cost.gemm_gflops, 131.7);
     }

@@ -442,6 +442,10 @@ pub(crate) fn virtual_base(
             base.cost.calibration = Some(p.to_path_buf());
             grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
         }
+        // The config's own `cost.calibration` (a bad file is the user's input).
+        None if base.cost.calibration.is_some() => {
+            grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
+        }
         None => {
             eprintln!(
                 "calibrating {} (pass --calibration to reuse a file)...",
