@@ -4,10 +4,10 @@
 //! row group that cannot be read at all (its row count from the footer).
 
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use grflow_pipeline::{Config, ReplayOptions, SloMs, TraceInput, replay};
-use grflow_traces::{GenConfig, Mode, Regime, WriteOptions, generate, write_trace};
+use grflow_pipeline::{Config, ReplayOptions, ReplayOutput, SloMs, TraceInput, replay};
+use grflow_traces::{GenConfig, Mode, Regime, Trace, WriteOptions, generate, write_trace};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 const ROW_GROUP: usize = 64;
@@ -22,6 +22,34 @@ fn tmp(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A Steady trace of `REQUESTS` requests from 60 users.
+fn small_trace(seed: u64, retrieve_share: f64) -> Trace {
+    generate(&GenConfig {
+        regime: Regime::Steady,
+        users: 60,
+        items: 800,
+        requests: REQUESTS as u64,
+        rps: 100.0,
+        seed,
+        retrieve_share,
+        ..GenConfig::default()
+    })
+}
+
+/// Replays the Parquet trace in `dir`, responses collected.
+fn replay_parquet(dir: &Path, config: Config) -> ReplayOutput {
+    replay(ReplayOptions {
+        trace: TraceInput::Parquet(dir.to_path_buf()),
+        config,
+        show_progress: false,
+        responses: grflow_pipeline::replay::ResponseOutput::Collect,
+        counters: None,
+        commands: Vec::new(),
+        oracle_step: None,
+    })
+    .unwrap()
 }
 
 /// Overwrites the first column chunk of row group `g` (its page headers),
@@ -41,15 +69,7 @@ fn corrupt_row_group(path: &std::path::Path, g: usize) {
 
 #[test]
 fn a_bad_row_and_an_unreadable_row_group_are_counted_in_and_answered_per_row() {
-    let mut trace = generate(&GenConfig {
-        regime: Regime::Steady,
-        users: 60,
-        items: 800,
-        requests: REQUESTS as u64,
-        rps: 100.0,
-        seed: 5,
-        ..GenConfig::default()
-    });
+    let mut trace = small_trace(5, 0.0);
     trace.requests[BAD_ROW].candidates.clear();
     let dir = tmp("broken");
     write_trace(
@@ -66,16 +86,7 @@ fn a_bad_row_and_an_unreadable_row_group_are_counted_in_and_answered_per_row() {
 
     let mut config = Config::embedded();
     config.run.speed = "max".into();
-    let out = replay(ReplayOptions {
-        trace: TraceInput::Parquet(dir.clone()),
-        config,
-        show_progress: false,
-        responses: grflow_pipeline::replay::ResponseOutput::Collect,
-        counters: None,
-        commands: Vec::new(),
-        oracle_step: None,
-    })
-    .unwrap();
+    let out = replay_parquet(&dir, config);
     let s = &out.summary;
     assert_eq!(
         s.requests_in, REQUESTS as u64,
@@ -120,16 +131,7 @@ fn a_bad_row_and_an_unreadable_row_group_are_counted_in_and_answered_per_row() {
 /// request and does not.
 #[test]
 fn an_unservable_request_is_an_slo_miss_of_its_kind() {
-    let mut trace = generate(&GenConfig {
-        regime: Regime::Steady,
-        users: 60,
-        items: 800,
-        requests: REQUESTS as u64,
-        rps: 100.0,
-        seed: 9,
-        retrieve_share: 0.25,
-        ..GenConfig::default()
-    });
+    let mut trace = small_trace(9, 0.25);
     let history_of = |user: u64| {
         trace
             .users
@@ -164,16 +166,7 @@ fn an_unservable_request_is_an_slo_miss_of_its_kind() {
         rank: 1e9,
         retrieve: 1e9,
     };
-    let out = replay(ReplayOptions {
-        trace: TraceInput::Parquet(dir.clone()),
-        config,
-        show_progress: false,
-        responses: grflow_pipeline::replay::ResponseOutput::Collect,
-        counters: None,
-        commands: Vec::new(),
-        oracle_step: None,
-    })
-    .unwrap();
+    let out = replay_parquet(&dir, config);
     let s = &out.summary;
     assert_eq!(s.requests_in, REQUESTS as u64);
     assert_eq!(s.errors, 4, "{:?}", out.errors);
