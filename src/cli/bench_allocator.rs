@@ -235,7 +235,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let train = run(&train_trace, AllocatorPolicy::Static, alpha)?;
                 let (p99, train_p99) = (bench.summary.latency_ms.p99, train.summary.latency_ms.p99);
                 let truncated = bench.summary.truncated_histories;
-                let reclaims: u64 = bench.summary.nodes.iter().map(|n| n.kv_reclaims).sum();
+                let reclaims = kv_reclaims(&bench.summary);
                 eprintln!(
                     "  alpha {alpha:.1}: p99 {p99:.4} ms (training seed {train_p99:.4}), \
                      truncated histories {truncated}, KV reclaims {reclaims}"
@@ -280,7 +280,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if label == "kv-emb-opt" {
                 reference = Some(s.latency_ms.p99);
             }
-            let reclaims: u64 = s.nodes.iter().map(|n| n.kv_reclaims).sum();
+            let reclaims = kv_reclaims(s);
             eprintln!(
                 "{name} {label:>10}: p99 {:.4} ms, SLO {:.1}%, alpha moves {}, KV reclaims \
                  {reclaims}{}{}{} ({:.0} s)",
@@ -331,7 +331,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 oracle_epochs: out.oracle.len() as u64,
                 truncated_histories: s.truncated_histories,
                 failed_requests: s.errors,
-                kv_reclaims: s.nodes.iter().map(|n| n.kv_reclaims).sum(),
+                kv_reclaims: reclaims,
             });
         }
     }
@@ -414,6 +414,12 @@ pub(crate) fn regimes(list: &str) -> anyhow::Result<Vec<Regime>> {
         .map_err(InputError::from_display)
 }
 
+/// Pages taken back from EMB for requests the KV share could not hold, over
+/// every node of a run.
+fn kv_reclaims(s: &grflow_pipeline::Summary) -> u64 {
+    s.nodes.iter().map(|n| n.kv_reclaims).sum()
+}
+
 /// The config every allocator run starts from: `config` (or the embedded
 /// one) on the virtual clock, `complete` release, `--speed max`, no window
 /// log, `slo_ms` (`--slo-ms`) for both request kinds when given, charging
@@ -437,22 +443,19 @@ pub(crate) fn virtual_base(
     base.run.release = ReleaseSetting::Complete;
     base.run.speed = "max".into();
     base.windows.out = "none".into();
-    let cost = match calibration {
-        Some(p) => {
-            base.cost.calibration = Some(p.to_path_buf());
-            grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
-        }
-        // The config's own `cost.calibration` (a bad file is the user's input).
-        None if base.cost.calibration.is_some() => {
-            grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
-        }
-        None => {
-            eprintln!(
-                "calibrating {} (pass --calibration to reuse a file)...",
-                base.model.preset
-            );
-            grflow_pipeline::params::fitted_cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?
-        }
+    // --calibration wins over the config's own `cost.calibration`; a bad
+    // file is the user's input either way.
+    if let Some(p) = calibration {
+        base.cost.calibration = Some(p.to_path_buf());
+    }
+    let cost = if base.cost.calibration.is_some() {
+        grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
+    } else {
+        eprintln!(
+            "calibrating {} (pass --calibration to reuse a file)...",
+            base.model.preset
+        );
+        grflow_pipeline::params::fitted_cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?
     };
     // Every run charges this one model.
     base.cost.model = Some(cost.clone());
