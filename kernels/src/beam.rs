@@ -10,7 +10,7 @@ use crate::kv_store::KvBlockStore;
 use crate::model::GrModel;
 use crate::ops::{add, exp_neg, gelu, rms_norm};
 use crate::staged::{MAX_STEPS, SharedPrompt, StagedScratch, UnsharedKv, staged_attention};
-use crate::topk::{Candidate, TopBw, rank_order, sort_beam};
+use crate::topk::{Candidate, TopBw, rank_order};
 use crate::trie::SidTrie;
 
 /// Decode steps: one per semantic-ID code.
@@ -113,8 +113,9 @@ impl BeamSearch {
         self.unshared.allocated_bytes()
     }
 
-    /// The last step's per-beam candidate lists: (candidates, stride, lens);
-    /// each list is sorted in selection order.
+    /// The last step's per-beam candidate lists: (candidates, stride, lens),
+    /// each in no particular order (the selection leaves the lists it
+    /// visited as heaps).
     pub fn last_candidates(&self) -> (&[Candidate], usize, &[usize]) {
         (&self.cands, self.k, &self.lens[..self.live])
     }
@@ -301,7 +302,8 @@ impl BeamSearch {
                 self.row.select_nth_unstable_by(self.k - 1, rank_order);
                 self.row.truncate(self.k);
             }
-            sort_beam(&mut self.row);
+            // Unordered: the selection visits beams best first and orders
+            // only the candidates it takes.
             self.cands[b * self.k..b * self.k + self.row.len()].copy_from_slice(&self.row);
             self.lens[b] = self.row.len();
         }
@@ -310,9 +312,9 @@ impl BeamSearch {
     /// Global top-BW with early termination, then the in-place fork of
     /// codes, scores, trie nodes and unshared KV (or the final hits).
     fn select(&mut self, step: usize) {
-        let chosen = self
-            .top
-            .select(&self.cands, self.k, &self.lens[..self.live], self.bw);
+        let chosen =
+            self.top
+                .select_unordered(&mut self.cands, self.k, &self.lens[..self.live], self.bw);
         self.selected.clear();
         self.selected.extend_from_slice(chosen);
         if step + 1 == SID_STEPS {

@@ -17,7 +17,7 @@ use crate::model::GrModel;
 use crate::staged::{
     SharedPrompt, StagedScratch, UnsharedKv, concat_attention, per_beam_attention, staged_attention,
 };
-use crate::topk::{Candidate, TopBw, select_full_sort, select_nth_then_sort};
+use crate::topk::{Candidate, TopBw, select_full_sort, select_nth_then_sort, sort_beam};
 use crate::trie::SidTrie;
 
 /// The GEMM shapes `(m, n, k)` of `gemm_gflops` by default: a square one and
@@ -132,10 +132,18 @@ pub struct BenchReport {
     pub beam_kv_overhead_vs_ideal: f64,
     /// Top-BW of BW × K candidates from the model's last decode step.
     pub topk_candidates: usize,
+    /// Candidates the early-terminating selection offered to its heap, and
+    /// the beams it took them from (of `beam_width`).
     pub topk_visited: usize,
-    /// Early termination from unordered per-beam top-K lists: the per-beam
-    /// sorts it relies on, the heap, and the sort of the BW selected.
+    pub topk_beams_visited: usize,
+    /// Early termination from unordered per-beam top-K lists, as the search
+    /// serves it ([`TopBw::select_unordered`]): one scan for each beam's
+    /// best, beams visited best first, a heap built in place per visited
+    /// beam, and the sort of the BW selected.
     pub topk_early_termination_us: f64,
+    /// The earlier way from the same lists: sort every list, then the heap
+    /// over presorted lists ([`TopBw::sort_and_select`]).
+    pub topk_sort_then_select_us: f64,
     /// Baseline: `select_nth_unstable` of all candidates, then a sort of
     /// the BW selected.
     pub topk_select_nth_us: f64,
@@ -383,11 +391,17 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
     let kv_unshared = search.unshared_kv_bytes();
     let kv_measured = kv_prompt + kv_unshared;
 
-    // Top-BW on the model's last-step candidates. Early termination needs
-    // every beam's list sorted, so its timed region starts from unordered
-    // lists and includes those sorts; the baseline starts from the same
-    // lists, contiguous.
-    let (cand, stride, lens) = search.last_candidates();
+    // Top-BW on the model's last-step candidates. Every timed region
+    // starts from the same unordered per-beam lists (the baseline's
+    // contiguous) and ends with the BW selected in selection order.
+    let (last, stride, lens) = search.last_candidates();
+    // The search leaves its lists in no order; the presorted figures need
+    // them sorted, the others start from a shuffle of each list.
+    let mut cand = last.to_vec();
+    for (b, &len) in lens.iter().enumerate() {
+        sort_beam(&mut cand[b * stride..b * stride + len]);
+    }
+    let cand = &cand[..];
     let total: usize = lens.iter().sum();
     let loose = unordered(cand, stride, lens);
     let loose_all: Vec<Candidate> = lens
@@ -404,6 +418,14 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
         &mut work[..],
         |w| w.copy_from_slice(&loose),
         |w| {
+            std::hint::black_box(top.select_unordered(w, stride, lens, bw));
+        },
+    );
+    let sort_then_select = best_secs_with_setup(
+        reps,
+        &mut work[..],
+        |w| w.copy_from_slice(&loose),
+        |w| {
             std::hint::black_box(top.sort_and_select(w, stride, lens, bw));
         },
     );
@@ -415,17 +437,24 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
             std::hint::black_box(select_nth_then_sort(a, bw));
         },
     );
-    work.copy_from_slice(&loose);
     all.copy_from_slice(&loose_all);
-    if top.sort_and_select(&mut work, stride, lens, bw) != select_nth_then_sort(&mut all, bw) {
+    let want = select_nth_then_sort(&mut all, bw).to_vec();
+    work.copy_from_slice(&loose);
+    if top.sort_and_select(&mut work, stride, lens, bw) != want {
+        return Err(KernelError::Beam(
+            "sort-then-select and select_nth disagree".into(),
+        ));
+    }
+    work.copy_from_slice(&loose);
+    if top.select_unordered(&mut work, stride, lens, bw) != want {
         return Err(KernelError::Beam(
             "early termination and select_nth disagree".into(),
         ));
     }
+    let (visited, beams_visited) = (top.visited(), top.beams_visited());
     let presorted = best_secs(reps, || {
         std::hint::black_box(top.select(cand, stride, lens, bw));
     });
-    let visited = top.visited();
     let mut buf: Vec<Candidate> = Vec::with_capacity(total);
     let sorted = best_secs(reps, || {
         std::hint::black_box(select_full_sort(cand, stride, lens, bw, &mut buf));
@@ -537,7 +566,9 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
         beam_kv_overhead_vs_ideal: kv_measured as f64 / kv.ideal as f64 - 1.0,
         topk_candidates: total,
         topk_visited: visited,
+        topk_beams_visited: beams_visited,
         topk_early_termination_us: early * 1e6,
+        topk_sort_then_select_us: sort_then_select * 1e6,
         topk_select_nth_us: nth * 1e6,
         topk_early_termination_speedup: nth / early,
         topk_presorted_heap_us: presorted * 1e6,

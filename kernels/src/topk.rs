@@ -1,8 +1,11 @@
 //! Beam selection (xGR §6.2): the global top-BW of BW × K candidates with
-//! early termination. Each beam's candidates arrive sorted; a min-heap of
-//! size BW holds the best so far; a beam stops at its first candidate that
-//! cannot enter the heap. Ties are broken by (score desc, beam, token), so
-//! the selected set equals a full sort's exactly.
+//! early termination. A min-heap of size BW holds the best so far; a beam
+//! stops at its first candidate that cannot enter the heap. With lists in
+//! any order ([`TopBw::select_unordered`], what the search serves with)
+//! beams are visited best first and the first beam whose best candidate
+//! cannot enter ends the selection; a visited beam yields its candidates
+//! in order from a heap built in place. Ties are broken by (score desc,
+//! beam, token), so the selected set equals a full sort's exactly.
 
 use std::cmp::Ordering;
 
@@ -37,6 +40,9 @@ pub struct TopBw {
     /// Binary min-heap under selection order: the root is the worst kept.
     heap: Vec<Candidate>,
     visited: usize,
+    beams_visited: usize,
+    /// [`TopBw::select_unordered`]: each beam's best candidate and its beam.
+    order: Vec<(Candidate, u32)>,
 }
 
 impl TopBw {
@@ -44,12 +50,91 @@ impl TopBw {
         Self {
             heap: Vec::with_capacity(bw),
             visited: 0,
+            beams_visited: 0,
+            order: Vec::with_capacity(bw),
         }
     }
 
-    /// Candidates examined by the last `select` (for the bench).
+    /// Candidates offered to the heap by the last selection (for the
+    /// bench; [`TopBw::select_unordered`] also scans every candidate once
+    /// for its beam's best, which this does not count).
     pub fn visited(&self) -> usize {
         self.visited
+    }
+
+    /// Beams the last selection took candidates from.
+    pub fn beams_visited(&self) -> usize {
+        self.beams_visited
+    }
+
+    /// Selects the best `bw` of `cands` (beams of `stride` slots with
+    /// `lens[b]` valid candidates each, in any order) and returns them in
+    /// selection order. One pass finds every beam's best candidate; beams
+    /// are then visited best first, and the first whose best cannot enter
+    /// the heap ends the selection, since every later beam's candidates
+    /// are worse still. A visited beam's list becomes a heap in place
+    /// (its order afterwards is unspecified) and yields candidates in order
+    /// until one cannot enter. Costs one scan plus O(len) per visited beam,
+    /// against a sort of every list for [`TopBw::sort_and_select`]. Does not
+    /// allocate once `bw` and the beam count fit the capacities.
+    pub fn select_unordered(
+        &mut self,
+        cands: &mut [Candidate],
+        stride: usize,
+        lens: &[usize],
+        bw: usize,
+    ) -> &[Candidate] {
+        self.heap.clear();
+        self.visited = 0;
+        self.beams_visited = 0;
+        if bw == 0 {
+            return &self.heap;
+        }
+        self.order.clear();
+        for (b, &len) in lens.iter().enumerate() {
+            let beam = &cands[b * stride..b * stride + len];
+            if beam.is_empty() {
+                continue;
+            }
+            let best = best_of(beam);
+            self.order.push((best, b as u32));
+        }
+        self.order.sort_unstable_by(|x, y| rank_order(&x.0, &y.0));
+        for i in 0..self.order.len() {
+            let (best, b) = self.order[i];
+            if !self.admits(&best, bw) {
+                break;
+            }
+            self.beams_visited += 1;
+            let b = b as usize;
+            let beam = &mut cands[b * stride..b * stride + lens[b]];
+            build_best_first(beam);
+            let mut n = beam.len();
+            while n > 0 {
+                let c = beam[0];
+                self.visited += 1;
+                if !self.admits(&c, bw) {
+                    break; // the rest of this beam is worse still
+                }
+                if self.heap.len() < bw {
+                    self.push(c);
+                } else {
+                    self.heap[0] = c;
+                    self.sift_down(0);
+                }
+                n -= 1;
+                beam.swap(0, n);
+                sift_best_first(&mut beam[..n], 0);
+            }
+        }
+        self.heap.sort_unstable_by(rank_order);
+        &self.heap
+    }
+
+    /// Whether `c` would enter a heap of at most `bw`.
+    #[inline]
+    fn admits(&self, c: &Candidate, bw: usize) -> bool {
+        self.heap.len() < bw || rank_order(c, &self.heap[0]).is_lt()
     }
 
     /// Selects the best `bw` of `cands`, laid out as beams of `stride` slots
@@ -144,6 +229,54 @@ impl TopBw {
     }
 }
 
+/// The best candidate of one beam's non-empty list in selection order: the
+/// scores compared as integers ordered as `f32::total_cmp` orders them, the
+/// lower token on equal scores (one beam's candidates share their beam).
+fn best_of(beam: &[Candidate]) -> Candidate {
+    #[inline]
+    fn key(score: f32) -> i32 {
+        let bits = score.to_bits() as i32;
+        bits ^ (((bits >> 31) as u32) >> 1) as i32
+    }
+    let mut best = 0;
+    let mut best_key = key(beam[0].score);
+    for (i, c) in beam.iter().enumerate().skip(1) {
+        let k = key(c.score);
+        if k > best_key || (k == best_key && c.token < beam[best].token) {
+            best = i;
+            best_key = k;
+        }
+    }
+    beam[best]
+}
+
+/// Makes `v` a binary heap whose root is its best candidate in selection
+/// order (Floyd's construction, O(len)).
+fn build_best_first(v: &mut [Candidate]) {
+    for i in (0..v.len() / 2).rev() {
+        sift_best_first(v, i);
+    }
+}
+
+fn sift_best_first(v: &mut [Candidate], mut i: usize) {
+    let n = v.len();
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut m = i;
+        if l < n && rank_order(&v[l], &v[m]).is_lt() {
+            m = l;
+        }
+        if r < n && rank_order(&v[r], &v[m]).is_lt() {
+            m = r;
+        }
+        if m == i {
+            return;
+        }
+        v.swap(i, m);
+        i = m;
+    }
+}
+
 /// The baseline of [`TopBw::sort_and_select`]: `select_nth_unstable` of
 /// all candidates (contiguous, any order; reordered in place), then a sort
 /// of the best `bw`. Returns them in selection order.
@@ -176,4 +309,34 @@ pub fn select_full_sort<'a>(
     buf.sort_unstable_by(rank_order);
     buf.truncate(bw);
     buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(score: f32, token: u32) -> Candidate {
+        Candidate {
+            score,
+            beam: 2,
+            token,
+            node: 0,
+        }
+    }
+
+    #[test]
+    fn a_beams_best_follows_the_selection_order() {
+        let lists = [
+            vec![c(-1.0, 5), c(-0.5, 9), c(-0.5, 3), c(-2.0, 1)],
+            // total_cmp puts +0.0 before -0.0; `>` would call them equal.
+            vec![c(-0.0, 1), c(0.0, 7)],
+            vec![c(f32::NEG_INFINITY, 0), c(-1e30, 4)],
+            vec![c(-3.0, 8)],
+        ];
+        for list in lists {
+            let mut sorted = list.clone();
+            sort_beam(&mut sorted);
+            assert_eq!(best_of(&list), sorted[0], "{list:?}");
+        }
+    }
 }

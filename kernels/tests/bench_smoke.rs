@@ -54,12 +54,14 @@ fn tiny_bench_runs_every_measurement_and_names_its_shapes() {
     // configured prompt; every timing is a real, positive duration.
     assert_eq!(r.topk_candidates, opts.beam_width * opts.beam_width);
     assert!(r.topk_visited <= r.topk_candidates);
+    assert!(r.topk_beams_visited >= 1 && r.topk_beams_visited <= opts.beam_width);
     assert_eq!(r.staged_attention_prompt, opts.beam_prompt);
     for t in [
         r.staged_attention_ms,
         r.per_beam_attention_ms,
         r.concat_attention_ms,
         r.topk_early_termination_us,
+        r.topk_sort_then_select_us,
         r.topk_select_nth_us,
         r.topk_presorted_heap_us,
         r.topk_full_sort_us,

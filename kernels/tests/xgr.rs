@@ -238,6 +238,59 @@ fn early_termination_with_beam_sorts_equals_select_nth() {
     }
 }
 
+/// The search's selection: from unordered lists, visiting beams best
+/// first, it takes exactly what `select_nth_unstable` + sort takes, in the
+/// same order, and skips whole beams that cannot contribute.
+#[test]
+fn early_termination_from_unordered_lists_equals_select_nth() {
+    let mut r = rng(5);
+    let mut skipped_beams = false;
+    for (bw, k) in [
+        (1usize, 1usize),
+        (7, 3),
+        (64, 64),
+        (128, 256),
+        (512, 128),
+        (512, 512),
+    ] {
+        let (sorted, mut lens) = random_candidates(&mut r, bw, k);
+        // Some beams empty (every expansion masked).
+        if bw > 4 {
+            lens[3] = 0;
+        }
+        let mut shuffled = sorted.clone();
+        for (b, &len) in lens.iter().enumerate() {
+            let beam = &mut shuffled[b * k..b * k + len];
+            for i in (1..len).rev() {
+                beam.swap(i, r.next_u32() as usize % (i + 1));
+            }
+        }
+        let total: usize = lens.iter().sum();
+        for want in [bw, bw / 2 + 1, 1, total + 3] {
+            let mut all: Vec<Candidate> = lens
+                .iter()
+                .enumerate()
+                .flat_map(|(b, &len)| shuffled[b * k..b * k + len].iter().copied())
+                .collect();
+            let slow = select_nth_then_sort(&mut all, want).to_vec();
+            let mut cands = shuffled.clone();
+            let mut top = TopBw::with_capacity(want);
+            let fast = top.select_unordered(&mut cands, k, &lens, want).to_vec();
+            assert_eq!(fast, slow, "bw {bw} k {k} want {want}");
+            assert!(top.visited() <= total);
+            assert!(top.beams_visited() <= lens.iter().filter(|&&l| l > 0).count());
+            skipped_beams |= top.beams_visited() < bw - 1;
+            // The lists still hold the same candidates.
+            for (b, &len) in lens.iter().enumerate() {
+                let mut got = cands[b * k..b * k + len].to_vec();
+                sort_beam(&mut got);
+                assert_eq!(got, sorted[b * k..b * k + len]);
+            }
+        }
+    }
+    assert!(skipped_beams, "no selection skipped a beam");
+}
+
 #[test]
 fn fork_in_place_equals_out_of_place_gather() {
     let cfg = gr_config(8);
