@@ -984,6 +984,8 @@ mod tests {
         d.trace.requests = 24_000;
         d.trace.rps = 40.0;
         d.allocator.policy = AllocatorPolicy::Smart;
+        // The committed cost model, so the bench is the same everywhere.
+        d.cost.calibration = Some("configs/allocator-calibration.json".into());
         assert_eq!(c, d);
     }
 
@@ -1003,7 +1005,6 @@ mod tests {
         d.link.bandwidth_gbps = 8.0;
         d.cost.compute_scale = 0.01;
         d.cost.overhead_scale = 0.0;
-        d.cost.calibration = Some("configs/allocator-calibration.json".into());
         d.allocator.policy_file = "configs/allocator-emb-ppo.safetensors".into();
         assert_eq!(c, d);
         // A negative overhead scale is refused by name.
