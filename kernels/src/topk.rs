@@ -209,23 +209,29 @@ impl TopBw {
         }
     }
 
-    fn sift_down(&mut self, mut i: usize) {
-        let n = self.heap.len();
-        loop {
-            let (l, r) = (2 * i + 1, 2 * i + 2);
-            let mut m = i;
-            if l < n && Self::worse(&self.heap[l], &self.heap[m]) {
-                m = l;
-            }
-            if r < n && Self::worse(&self.heap[r], &self.heap[m]) {
-                m = r;
-            }
-            if m == i {
-                return;
-            }
-            self.heap.swap(i, m);
-            i = m;
+    fn sift_down(&mut self, i: usize) {
+        sift_down_by(&mut self.heap, i, Self::worse);
+    }
+}
+
+/// Restores a binary heap below `i` whose root is the first under `first`.
+#[inline]
+fn sift_down_by(v: &mut [Candidate], mut i: usize, first: impl Fn(&Candidate, &Candidate) -> bool) {
+    let n = v.len();
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut m = i;
+        if l < n && first(&v[l], &v[m]) {
+            m = l;
         }
+        if r < n && first(&v[r], &v[m]) {
+            m = r;
+        }
+        if m == i {
+            return;
+        }
+        v.swap(i, m);
+        i = m;
     }
 }
 
@@ -258,23 +264,8 @@ fn build_best_first(v: &mut [Candidate]) {
     }
 }
 
-fn sift_best_first(v: &mut [Candidate], mut i: usize) {
-    let n = v.len();
-    loop {
-        let (l, r) = (2 * i + 1, 2 * i + 2);
-        let mut m = i;
-        if l < n && rank_order(&v[l], &v[m]).is_lt() {
-            m = l;
-        }
-        if r < n && rank_order(&v[r], &v[m]).is_lt() {
-            m = r;
-        }
-        if m == i {
-            return;
-        }
-        v.swap(i, m);
-        i = m;
-    }
+fn sift_best_first(v: &mut [Candidate], i: usize) {
+    sift_down_by(v, i, |a, b| rank_order(a, b).is_lt());
 }
 
 /// The baseline of [`TopBw::sort_and_select`]: `select_nth_unstable` of
