@@ -62,7 +62,7 @@ impl TopBw {
         self.visited
     }
 
-    /// Beams the last selection took candidates from.
+    /// Beams the last selection offered candidates from.
     pub fn beams_visited(&self) -> usize {
         self.beams_visited
     }
@@ -111,16 +111,9 @@ impl TopBw {
             build_best_first(beam);
             let mut n = beam.len();
             while n > 0 {
-                let c = beam[0];
                 self.visited += 1;
-                if !self.admits(&c, bw) {
+                if !self.offer(beam[0], bw) {
                     break; // the rest of this beam is worse still
-                }
-                if self.heap.len() < bw {
-                    self.push(c);
-                } else {
-                    self.heap[0] = c;
-                    self.sift_down(0);
                 }
                 n -= 1;
                 beam.swap(0, n);
@@ -137,6 +130,21 @@ impl TopBw {
         self.heap.len() < bw || rank_order(c, &self.heap[0]).is_lt()
     }
 
+    /// Keeps `c` if it enters a heap of at most `bw` (evicting the worst
+    /// when full); `false` when it does not.
+    #[inline]
+    fn offer(&mut self, c: Candidate, bw: usize) -> bool {
+        if self.heap.len() < bw {
+            self.push(c);
+        } else if rank_order(&c, &self.heap[0]).is_lt() {
+            self.heap[0] = c;
+            self.sift_down(0);
+        } else {
+            return false;
+        }
+        true
+    }
+
     /// Selects the best `bw` of `cands`, laid out as beams of `stride` slots
     /// with `lens[b]` valid candidates each, every beam sorted by
     /// [`sort_beam`]. Returns them in heap order (unsorted). Does not
@@ -150,18 +158,15 @@ impl TopBw {
     ) -> &[Candidate] {
         self.heap.clear();
         self.visited = 0;
+        self.beams_visited = 0;
         if bw == 0 {
             return &self.heap;
         }
         for (b, &len) in lens.iter().enumerate() {
+            self.beams_visited += (len > 0) as usize;
             for c in &cands[b * stride..b * stride + len] {
                 self.visited += 1;
-                if self.heap.len() < bw {
-                    self.push(*c);
-                } else if rank_order(c, &self.heap[0]) == Ordering::Less {
-                    self.heap[0] = *c;
-                    self.sift_down(0);
-                } else {
+                if !self.offer(*c, bw) {
                     break; // the rest of this beam is worse still
                 }
             }
