@@ -84,9 +84,7 @@ impl TopBw {
         lens: &[usize],
         bw: usize,
     ) -> &[Candidate] {
-        self.heap.clear();
-        self.visited = 0;
-        self.beams_visited = 0;
+        self.start();
         if bw == 0 {
             return &self.heap;
         }
@@ -124,6 +122,13 @@ impl TopBw {
         &self.heap
     }
 
+    /// Empties the heap and the counters for a new selection.
+    fn start(&mut self) {
+        self.heap.clear();
+        self.visited = 0;
+        self.beams_visited = 0;
+    }
+
     /// Whether `c` would enter a heap of at most `bw`.
     #[inline]
     fn admits(&self, c: &Candidate, bw: usize) -> bool {
@@ -156,9 +161,7 @@ impl TopBw {
         lens: &[usize],
         bw: usize,
     ) -> &[Candidate] {
-        self.heap.clear();
-        self.visited = 0;
-        self.beams_visited = 0;
+        self.start();
         if bw == 0 {
             return &self.heap;
         }
