@@ -87,6 +87,43 @@ impl BatchPolicy {
     }
 }
 
+impl BatchPolicy {
+    /// The whole of `queue` as the steps [`next`](Self::next) would take
+    /// from it one after another without waiting (`complete` mode: every
+    /// request of an event time is there at once, and results must not
+    /// depend on timing). Each step is (retrieve, rank) as indices into
+    /// `queue`, each in queue order; every request is in exactly one step.
+    pub fn steps(&self, queue: &[Queued]) -> Vec<(Vec<usize>, Vec<usize>)> {
+        let now = BatchPolicy {
+            max_wait_ms: 0.0,
+            ..*self
+        };
+        let mut left: Vec<usize> = (0..queue.len()).collect();
+        let mut steps = Vec::new();
+        while !left.is_empty() {
+            let view: Vec<Queued> = left.iter().map(|&i| queue[i]).collect();
+            let Next::Serve { retrieve, rank } = now.next(&view) else {
+                unreachable!("a non-empty queue without a wait always yields a step")
+            };
+            let mut taken = vec![false; left.len()];
+            for &j in retrieve.iter().chain(&rank) {
+                taken[j] = true;
+            }
+            steps.push((
+                retrieve.iter().map(|&j| left[j]).collect(),
+                rank.iter().map(|&j| left[j]).collect(),
+            ));
+            left = left
+                .into_iter()
+                .zip(taken)
+                .filter(|&(_, t)| !t)
+                .map(|(i, _)| i)
+                .collect();
+        }
+        steps
+    }
+}
+
 /// Requests of one kind in queue order while their tokens fit `budget`
 /// (the first always), and their tokens.
 fn take_kind(queue: &[Queued], retrieve: bool, budget: usize) -> (Vec<usize>, usize) {
@@ -200,6 +237,44 @@ mod tests {
         // No retrieve request: every lane ranks, up to lanes × max_tokens.
         let q = [rank(100, 0.0); 5];
         assert_eq!(policy(200, 0.0, 2).next(&q), rank_only(vec![0, 1, 2, 3]));
+    }
+
+    #[test]
+    fn steps_cover_the_queue_once_in_the_order_next_takes_them() {
+        let q = [
+            rank(100, 0.0),
+            retrieve(),
+            rank(100, 0.0),
+            retrieve(),
+            rank(100, 0.0),
+        ];
+        // One lane: the rank front passes over the retrieve requests, which
+        // then go as one group; a wait setting changes nothing here.
+        assert_eq!(
+            policy(1000, 5.0, 1).steps(&q),
+            vec![(vec![], vec![0, 2, 4]), (vec![1, 3], vec![])]
+        );
+        assert_eq!(
+            policy(250, 0.0, 1).steps(&q),
+            vec![
+                (vec![], vec![0, 2]),
+                (vec![1, 3], vec![]),
+                (vec![], vec![4])
+            ]
+        );
+        // One request per call: every request alone, in queue order.
+        let alone: Vec<_> = policy(1, 0.0, 1)
+            .steps(&q)
+            .into_iter()
+            .map(|(r, k)| [r, k].concat())
+            .collect();
+        assert_eq!(alone, vec![vec![0], vec![1], vec![2], vec![3], vec![4]]);
+        // Two lanes: the retrieve group beside each rank batch.
+        assert_eq!(
+            policy(100, 0.0, 2).steps(&q),
+            vec![(vec![1, 3], vec![0, 2]), (vec![], vec![4])]
+        );
+        assert!(policy(100, 0.0, 1).steps(&[]).is_empty());
     }
 
     #[test]

@@ -223,12 +223,7 @@ impl EventOperator for NodeParts {
     /// `complete` mode: every request of one event time, in batches.
     fn on_data(&mut self, time: u64, batch: Vec<Routed>, out: &mut Vec<NodeEvent>) {
         let mut outs = [std::mem::take(out)];
-        // A batch per lane at once (the node splits it).
-        let budget = self
-            .batch
-            .max_tokens
-            .saturating_mul(self.batch.lanes.max(1));
-        self.serve_all(vec![(time, batch)], budget, &mut outs);
+        self.serve_all(vec![(time, batch)], &mut outs);
         let [served] = outs;
         *out = served;
     }
@@ -426,45 +421,42 @@ impl NodeParts {
     }
 
     /// Serves `arrivals` (requests per event time) in (ts, user, req_id)
-    /// order: rank requests in batches of up to `max_tokens`, each
-    /// retrieve request alone; then reports. `out[i]` is emitted at
-    /// `arrivals[i].0` (distinct times).
-    fn serve_all(
-        &mut self,
-        arrivals: Vec<(u64, Vec<Routed>)>,
-        max_tokens: usize,
-        out: &mut [Vec<NodeEvent>],
-    ) {
+    /// order, in the steps the batch policy takes from a full queue without
+    /// waiting: rank requests in batches of up to `max_tokens` per lane,
+    /// retrieve requests in groups (one prefill, one beam decode); then
+    /// reports. `out[i]` is emitted at `arrivals[i].0` (distinct times).
+    fn serve_all(&mut self, arrivals: Vec<(u64, Vec<Routed>)>, out: &mut [Vec<NodeEvent>]) {
         let busy_since = (self.wall_ns)();
         let items = arrivals
             .into_iter()
             .flat_map(|(time, batch)| batch.into_iter().map(move |r| (time, r)))
             .collect();
         let (times, all) = self.begin_step(items);
+        let view: Vec<Queued> = all
+            .iter()
+            .map(|s| Queued {
+                retrieve: s.routed.admitted.request.mode == Mode::Retrieve,
+                tokens: s.routed.tokens as usize,
+                waited_ms: 0.0,
+            })
+            .collect();
+        let steps = self.batch.steps(&view);
         let ctx = self.ctx();
         let oracle = self.oracle.as_ref();
-        // Rank requests are served in batches of up to `max_tokens`;
-        // a retrieve request is served alone, in order. Each batch is
-        // checked against the deadline when it starts, so a request queued
-        // behind earlier batches of the same activation is shed too.
-        let mut batch: Vec<Slotted> = Vec::new();
-        let mut batch_tokens = 0;
-        for s in all {
-            if s.routed.admitted.request.mode == Mode::Retrieve {
-                ctx.serve_batch(std::mem::take(&mut batch), Vec::new(), oracle, out);
-                batch_tokens = 0;
-                ctx.serve_batch(Vec::new(), vec![s], oracle, out);
-                continue;
-            }
-            let tokens = s.routed.tokens as usize;
-            if !batch.is_empty() && batch_tokens + tokens > max_tokens {
-                ctx.serve_batch(std::mem::take(&mut batch), Vec::new(), oracle, out);
-                batch_tokens = 0;
-            }
-            batch_tokens += tokens;
-            batch.push(s);
+        let mut all: Vec<Option<Slotted>> = all.into_iter().map(Some).collect();
+        let mut take = |indices: Vec<usize>| -> Vec<Slotted> {
+            indices
+                .into_iter()
+                .map(|i| all[i].take().expect("a request is in one step"))
+                .collect()
+        };
+        // Each step is checked against the deadline when it starts, so a
+        // request queued behind earlier steps of the same activation is
+        // shed too.
+        for (retrieve, rank) in steps {
+            let (retrieve, rank) = (take(retrieve), take(rank));
+            ctx.serve_batch(rank, retrieve, oracle, out);
         }
-        ctx.serve_batch(batch, Vec::new(), oracle, out);
         // Complete mode: the routers model load on event time instead.
         self.end_step(&times, out, busy_since, Vec::new());
     }
@@ -858,6 +850,11 @@ mod tests {
     /// A node wrapper with a 10 ms deadline, one request per batch, on the
     /// stepping clock, and `n` rank requests admitted at time 0.
     fn setup(n: u64) -> (NodeParts, Vec<Routed>) {
+        setup_mix(n, 0.0)
+    }
+
+    /// [`setup`] with this share of retrieve requests.
+    fn setup_mix(n: u64, retrieve_share: f64) -> (NodeParts, Vec<Routed>) {
         let cfg = Config::embedded();
         let trace = grflow_traces::generate(&GenConfig {
             regime: Regime::Steady,
@@ -865,7 +862,7 @@ mod tests {
             items: 300,
             requests: n,
             candidates: 8,
-            retrieve_share: 0.0,
+            retrieve_share,
             ..GenConfig::default()
         });
         let meta = trace.meta.clone().unwrap();
@@ -933,7 +930,7 @@ mod tests {
         NOW_NS.with(|t| t.set(0));
         let (mut parts, routed) = setup(12);
         let mut out = [Vec::new()];
-        parts.serve_all(vec![(5, routed)], parts.batch.max_tokens, &mut out);
+        parts.serve_all(vec![(5, routed)], &mut out);
         let (mut served, mut shed) = (Vec::new(), Vec::new());
         for event in &out[0] {
             match event {
@@ -965,7 +962,7 @@ mod tests {
         parts.shedder = DeadlineShedder::new(None);
         parts.batch.max_tokens = 10_000;
         let mut out = [Vec::new()];
-        parts.serve_all(vec![(5, routed)], parts.batch.max_tokens, &mut out);
+        parts.serve_all(vec![(5, routed)], &mut out);
         let served = out[0]
             .iter()
             .filter(|e| matches!(e, NodeEvent::Response(_)))
@@ -978,5 +975,38 @@ mod tests {
             "batched: {} calls",
             counters.model_calls
         );
+    }
+
+    /// Every response of a complete-mode activation of `n` requests, by
+    /// req_id, with the node's model calls.
+    fn serve_complete(n: u64, share: f64, max_tokens: usize) -> (Vec<(u64, Vec<u32>)>, u64) {
+        NOW_NS.with(|t| t.set(0));
+        let (mut parts, routed) = setup_mix(n, share);
+        parts.shedder = DeadlineShedder::new(None);
+        parts.batch.max_tokens = max_tokens;
+        let mut out = [Vec::new()];
+        parts.serve_all(vec![(5, routed)], &mut out);
+        let mut items: Vec<(u64, Vec<u32>)> = out[0]
+            .iter()
+            .filter_map(|e| match e {
+                NodeEvent::Response(r) => Some((r.0.req_id, r.0.items.clone())),
+                NodeEvent::Error(e) => panic!("unexpected error {:?}", e.0),
+                _ => None,
+            })
+            .collect();
+        items.sort();
+        let calls = lock(&parts.node).counters().model_calls;
+        (items, calls)
+    }
+
+    #[test]
+    fn complete_mode_groups_retrieve_requests_with_the_results_of_one_at_a_time() {
+        let (alone, alone_calls) = serve_complete(12, 0.5, 1);
+        let (grouped, grouped_calls) = serve_complete(12, 0.5, 10_000);
+        assert_eq!(alone.len(), 12);
+        assert_eq!(alone_calls, 12, "one request per call");
+        // One rank batch and one retrieve group.
+        assert_eq!(grouped_calls, 2);
+        assert_eq!(grouped, alone);
     }
 }
