@@ -1,8 +1,7 @@
 //! Side tables every worker holds in full: user histories and the item
 //! catalog (small next to the request stream, which is sharded).
 
-use std::collections::HashMap;
-
+use grflow_operators::eviction::KeyMap;
 use grflow_operators::node::ItemCatalog;
 use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::router::shard_profile;
@@ -12,8 +11,10 @@ use grflow_traces::{Item, Request, TraceMeta, UserHistory};
 #[derive(Debug)]
 pub struct SideTables {
     pub meta: TraceMeta,
-    users: HashMap<u64, Vec<u32>>,
-    items: HashMap<u32, Item>,
+    // Integer-keyed lookups on every request and history item: the fast
+    // hasher (nothing iterates these in an order that matters).
+    users: KeyMap<u64, Vec<u32>>,
+    items: KeyMap<u32, Item>,
     pub shards: ShardMap,
     /// Semantic IDs of the catalog for retrieve requests.
     pub retrieval: RetrievalIndex,

@@ -163,8 +163,11 @@ impl EmbCache {
 
     fn place(&mut self, pool: &mut PagePool, key: Key, values: &[f32]) {
         let s = self.free.pop().expect("caller made room");
-        let r = self.range(s);
-        pool.page_mut(s.page)[r].copy_from_slice(&values[..self.row_floats]);
+        // A metadata-only pool (virtual clock) has no floats to hold a row.
+        if !pool.is_metadata_only() {
+            let r = self.range(s);
+            pool.page_mut(s.page)[r].copy_from_slice(&values[..self.row_floats]);
+        }
         self.slots.insert(key, s);
     }
 
