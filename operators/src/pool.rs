@@ -4,6 +4,8 @@
 //! real storage: the model reads and writes KV blocks in place by page id
 //! through [`grflow_kernels::KvBlockStore`].
 
+use std::ops::Range;
+
 use grflow_kernels::KvBlockStore;
 
 /// Who holds a page.
@@ -178,6 +180,26 @@ impl PagePool {
     pub fn page_mut(&mut self, page: u32) -> &mut [f32] {
         let s = self.offset(page);
         &mut self.data[s..s + self.page_floats]
+    }
+
+    /// Writes `values` at `at` within `page`; nothing in a metadata-only
+    /// pool, which has no floats to hold them.
+    pub fn write_floats(&mut self, page: u32, at: Range<usize>, values: &[f32]) {
+        if !self.metadata_only {
+            self.page_mut(page)[at].copy_from_slice(values);
+        }
+    }
+
+    /// Copies the floats at `from_at` of `from` to `to_at` of `to` (same
+    /// length); nothing in a metadata-only pool.
+    pub fn copy_floats(&mut self, from: u32, from_at: Range<usize>, to: u32, to_at: Range<usize>) {
+        debug_assert_eq!(from_at.len(), to_at.len());
+        if self.metadata_only {
+            return;
+        }
+        let (src, dst) = (self.offset(from), self.offset(to));
+        self.data
+            .copy_within(src + from_at.start..src + from_at.end, dst + to_at.start);
     }
 
     fn offset(&self, page: u32) -> usize {

@@ -163,11 +163,7 @@ impl EmbCache {
 
     fn place(&mut self, pool: &mut PagePool, key: Key, values: &[f32]) {
         let s = self.free.pop().expect("caller made room");
-        // A metadata-only pool (virtual clock) has no floats to hold a row.
-        if !pool.is_metadata_only() {
-            let r = self.range(s);
-            pool.page_mut(s.page)[r].copy_from_slice(&values[..self.row_floats]);
-        }
+        pool.write_floats(s.page, self.range(s), &values[..self.row_floats]);
         self.slots.insert(key, s);
     }
 
@@ -227,9 +223,7 @@ impl EmbCache {
             .collect();
         for (key, from) in movers {
             let to = self.free.pop().expect("rows fit after eviction");
-            let values = pool.page(from.page)[self.range(from)].to_vec();
-            let r = self.range(to);
-            pool.page_mut(to.page)[r].copy_from_slice(&values);
+            pool.copy_floats(from.page, self.range(from), to.page, self.range(to));
             self.slots.insert(key, to);
         }
         self.policy.set_capacity(self.capacity_rows());

@@ -85,9 +85,7 @@ impl BatchPolicy {
         }
         Next::Serve { retrieve, rank }
     }
-}
 
-impl BatchPolicy {
     /// The whole of `queue` as the steps [`next`](Self::next) would take
     /// from it one after another without waiting (`complete` mode: every
     /// request of an event time is there at once, and results must not

@@ -267,11 +267,7 @@ impl EventOperator for NodeParts {
         let now = (self.wall_ns)();
         let view: Vec<Queued> = queue
             .iter()
-            .map(|(_, r)| Queued {
-                retrieve: r.admitted.request.mode == Mode::Retrieve,
-                tokens: r.tokens as usize,
-                waited_ms: now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6,
-            })
+            .map(|(_, r)| queued(r, now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6))
             .collect();
         let (retrieve, rank) = match self.batch.next(&view) {
             Next::Nothing => return Step::Idle,
@@ -432,14 +428,7 @@ impl NodeParts {
             .flat_map(|(time, batch)| batch.into_iter().map(move |r| (time, r)))
             .collect();
         let (times, all) = self.begin_step(items);
-        let view: Vec<Queued> = all
-            .iter()
-            .map(|s| Queued {
-                retrieve: s.routed.admitted.request.mode == Mode::Retrieve,
-                tokens: s.routed.tokens as usize,
-                waited_ms: 0.0,
-            })
-            .collect();
+        let view: Vec<Queued> = all.iter().map(|s| queued(&s.routed, 0.0)).collect();
         let steps = self.batch.steps(&view);
         let ctx = self.ctx();
         let oracle = self.oracle.as_ref();
@@ -488,6 +477,15 @@ impl Deadlined for Slotted {
     }
     fn recovered(&self) -> bool {
         self.routed.recovered()
+    }
+}
+
+/// `r` as the batch policy sees it, having waited `waited_ms`.
+fn queued(r: &Routed, waited_ms: f64) -> Queued {
+    Queued {
+        retrieve: r.admitted.request.mode == Mode::Retrieve,
+        tokens: r.tokens as usize,
+        waited_ms,
     }
 }
 
