@@ -247,3 +247,26 @@ fn bench_allocator_refuses_a_missing_calibration_file_by_name() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no/such/cal.json"), "{stderr}");
 }
+
+/// PPO settings that cannot train: one line naming the flag, exit code 2,
+/// before any calibration or replay.
+#[test]
+fn train_allocator_refuses_unusable_ppo_settings_by_flag() {
+    let dir = tmp_dir("train-allocator-ppo-flags");
+    for (flag, value) in [
+        ("--learning-rate", "0"),
+        ("--learning-rate", "NaN"),
+        ("--ppo-epochs", "0"),
+        ("--entropy-coef", "-0.1"),
+    ] {
+        let out = grflow()
+            .args(["train-allocator", "--iterations", "1", flag, value, "--out"])
+            .arg(dir.join("p.safetensors"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+        assert!(!dir.join("p.safetensors").exists());
+    }
+}

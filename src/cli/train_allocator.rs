@@ -71,6 +71,15 @@ pub struct Args {
     /// (and at the end) and write the best; 0 writes the last policy.
     #[arg(long, default_value_t = 5)]
     pub select_every: usize,
+    /// PPO: Adam's learning rate.
+    #[arg(long, allow_negative_numbers = true, default_value_t = PpoConfig::default().learning_rate)]
+    pub learning_rate: f64,
+    /// PPO: passes over each iteration's decisions per update.
+    #[arg(long, default_value_t = PpoConfig::default().epochs)]
+    pub ppo_epochs: usize,
+    /// PPO: weight of the entropy bonus (keeps the sampled policy exploring).
+    #[arg(long, allow_negative_numbers = true, default_value_t = PpoConfig::default().entropy_coef)]
+    pub entropy_coef: f64,
     #[arg(long)]
     pub json: bool,
 }
@@ -151,6 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--iterations and --seeds must be at least 1",
         ));
     }
+    let ppo = ppo_config(&args)?;
     let regimes = regimes(&args.regime)?;
     let (mut base, cost) = virtual_base(
         args.config.as_deref(),
@@ -184,7 +194,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let work = tempdir_for(&args.out)?;
     let policy_path = work.join("current.safetensors");
     let mut policy = ActorCritic::new(args.seed);
-    let ppo = PpoConfig::default();
     let mut curve = Vec::new();
     eprintln!(
         "training: {} iterations x {} episodes of {} requests, SLO {slo_ms} ms, {} parameters",
@@ -265,7 +274,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     policy.provenance.trained_with = format!(
         "grflow train-allocator: {} iterations, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
          SLO {slo_ms} ms, preset {}, virtual clock calibrated on {} (GEMM {:.1} GFLOP/s), compute_scale {}, \
-         policy seed {}; {}",
+         policy seed {}, PPO learning rate {}, {} epochs, entropy coefficient {}; {}",
         args.iterations,
         regime_list.join(","),
         args.seed_base,
@@ -277,6 +286,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cost.gemm_gflops,
         base.cost.compute_scale,
         args.seed,
+        ppo.learning_rate,
+        ppo.epochs,
+        ppo.entropy_coef,
         match (selected_p99, untrained_p99) {
             (Some(p), Some(u)) => format!(
                 "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the training \
@@ -330,6 +342,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Mean p99 (ms) of `policy` taken greedily (`ppo-only`, no sampling) over
 /// `traces`, each from the config's α: what a deployment of it would see.
+/// PPO's settings from the flags, checked.
+fn ppo_config(args: &Args) -> anyhow::Result<PpoConfig> {
+    if !(args.learning_rate.is_finite() && args.learning_rate > 0.0) {
+        return Err(InputError::from_display(format!(
+            "--learning-rate must be a positive number, got {}",
+            args.learning_rate
+        )));
+    }
+    if args.ppo_epochs == 0 {
+        return Err(InputError::from_display("--ppo-epochs must be at least 1"));
+    }
+    if !(args.entropy_coef.is_finite() && args.entropy_coef >= 0.0) {
+        return Err(InputError::from_display(format!(
+            "--entropy-coef must be a number >= 0, got {}",
+            args.entropy_coef
+        )));
+    }
+    Ok(PpoConfig {
+        learning_rate: args.learning_rate,
+        epochs: args.ppo_epochs,
+        entropy_coef: args.entropy_coef,
+        ..PpoConfig::default()
+    })
+}
+
 fn greedy_p99(
     base: &grflow_pipeline::Config,
     traces: &[(String, u64, Arc<Trace>)],
