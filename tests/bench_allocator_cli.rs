@@ -270,3 +270,32 @@ fn train_allocator_refuses_unusable_ppo_settings_by_flag() {
         assert!(!dir.join("p.safetensors").exists());
     }
 }
+
+/// The bench and the trainer set one α for every node, so a config with
+/// per-node α is refused by name (exit 2) instead of being overridden.
+#[test]
+fn bench_and_train_allocator_refuse_per_node_alpha_by_name() {
+    let dir = tmp_dir("bench-allocator-node-alpha");
+    let config = dir.join("split.toml");
+    std::fs::write(&config, "[memory]\nnode_alpha = [0.1, 0.8]\n").unwrap();
+    for args in [
+        &["bench", "allocator", "--regime", "burst", "--json"][..],
+        &[
+            "train-allocator",
+            "--iterations",
+            "1",
+            "--out",
+            "/nonexistent/p.st",
+        ][..],
+    ] {
+        let out = grflow()
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("memory.node_alpha"), "{args:?}: {stderr}");
+    }
+}

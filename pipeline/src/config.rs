@@ -475,6 +475,12 @@ pub struct MemorySection {
     pub pool_mib: f64,
     /// EMB share α of the pool.
     pub alpha: f64,
+    /// α per node, node 0 first, one value for every node of the job
+    /// (replaces `alpha`; a controller starts each node there): nodes with
+    /// different α specialise, since the router follows EMB and KV
+    /// residency.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_alpha: Option<Vec<f64>>,
     /// Eviction policy of the EMB cache: lru | laru | fpb | hf.
     pub emb_policy: String,
     /// Eviction policy of the user-prefix KV cache.
@@ -488,6 +494,7 @@ impl Default for MemorySection {
         Self {
             pool_mib: 4.0,
             alpha: 0.25,
+            node_alpha: None,
             emb_policy: "lru".into(),
             user_kv_policy: "lru".into(),
             item_kv_policy: "lru".into(),
@@ -582,6 +589,17 @@ impl Config {
             max_wait_ms: self.batch.max_wait_ms,
             lanes: self.node.lanes,
         }
+    }
+
+    /// The EMB share node `node` starts with: `memory.node_alpha` when
+    /// set (its length is checked against the job's nodes at start),
+    /// else `memory.alpha`.
+    pub fn alpha_of(&self, node: usize) -> f64 {
+        self.memory
+            .node_alpha
+            .as_ref()
+            .and_then(|a| a.get(node).copied())
+            .unwrap_or(self.memory.alpha)
     }
 }
 
@@ -740,6 +758,24 @@ impl Config {
                 "memory.alpha",
                 format!("must be in [0, 1] (got {})", self.memory.alpha),
             ));
+        }
+        if let Some(alphas) = &self.memory.node_alpha {
+            if alphas.is_empty() {
+                return Err(invalid(
+                    "memory.node_alpha",
+                    "must name one α per node (got an empty list)".to_string(),
+                ));
+            }
+            if let Some((i, a)) = alphas
+                .iter()
+                .enumerate()
+                .find(|(_, a)| !(0.0..=1.0).contains(*a))
+            {
+                return Err(invalid(
+                    "memory.node_alpha",
+                    format!("value {i} must be in [0, 1] (got {a})"),
+                ));
+            }
         }
         if self.memory.pool_mib.is_nan() || self.memory.pool_mib <= 0.0 {
             return Err(invalid(
@@ -904,6 +940,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("memory.alpha"), "{err}");
+        let err = Config::parse("[memory]\nnode_alpha = [0.1, 1.2]\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("memory.node_alpha") && err.contains("value 1"),
+            "{err}"
+        );
+        let err = Config::parse("[memory]\nnode_alpha = []\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("memory.node_alpha"), "{err}");
+        let cfg =
+            Config::parse("[memory]\nalpha = 0.3\nnode_alpha = [0.1, 0.8]\n", "x.toml").unwrap();
+        assert_eq!((cfg.alpha_of(0), cfg.alpha_of(1)), (0.1, 0.8));
+        assert_eq!(
+            Config::embedded().alpha_of(1),
+            Config::embedded().memory.alpha
+        );
         let err = Config::parse("[run]\nspeed = \"fast\"\n", "x.toml")
             .unwrap_err()
             .to_string();

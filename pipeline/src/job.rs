@@ -57,9 +57,20 @@ impl Job {
             Clock::Virtual => Some(crate::params::cost_model(&cfg).map_err(|e| e.to_string())?),
             _ => None,
         };
+        if let Some(alphas) = &cfg.memory.node_alpha
+            && alphas.len() != topo.total()
+        {
+            return Err(format!(
+                "memory.node_alpha: {} values for {} nodes (one per worker of every process)",
+                alphas.len(),
+                topo.total()
+            ));
+        }
         let mut nodes = Vec::with_capacity(topo.threads);
         for n in topo.local_workers() {
-            let mut node = ServingNode::new(n as u32, params.clone()).map_err(|e| e.to_string())?;
+            let mut params = params.clone();
+            params.memory.alpha = cfg.allocator.initial_alpha(cfg.alpha_of(n));
+            let mut node = ServingNode::new(n as u32, params).map_err(|e| e.to_string())?;
             if let Some(cost) = &cost {
                 node.set_virtual(cost.clone());
             }

@@ -656,14 +656,15 @@ pub(crate) fn allocator_controller(
     }
     let allocator = cfg.allocator.clone();
     let slo_ms = cfg.run.slo_ms.rank;
-    let alpha = allocator.initial_alpha(cfg.memory.alpha);
+    let start = cfg.clone();
+    let alpha = move |node: u32| allocator_start(&start, node);
     let max_positions =
         grflow_kernels::ModelConfig::preset(&cfg.model.preset).map_or(1024, |m| m.max_positions);
     let make = move |node: u32| match &policy {
         Some(p) if allocator.learned() => Allocator::with_learned(
             allocator.clone(),
             slo_ms,
-            alpha,
+            alpha(node),
             Learned::new(
                 p.clone(),
                 max_positions,
@@ -673,11 +674,16 @@ pub(crate) fn allocator_controller(
                 allocator.seed.wrapping_add(u64::from(node)),
             ),
         ),
-        _ => Allocator::new(allocator.clone(), slo_ms, alpha),
+        _ => Allocator::new(allocator.clone(), slo_ms, alpha(node)),
     };
     Some(Box::new(move |_events, windows| {
         dataflow::allocator::allocate(windows, make, stats)
     }))
+}
+
+/// The α node `node`'s controller starts from: where the node starts.
+fn allocator_start(cfg: &Config, node: u32) -> f64 {
+    cfg.allocator.initial_alpha(cfg.alpha_of(node as usize))
 }
 
 /// Event time covered, from the windows seen.

@@ -25,6 +25,15 @@ fn trace() -> Arc<Trace> {
 }
 
 fn run(trace: &Arc<Trace>, policy: AllocatorPolicy, slo_ms: f64) -> ReplayOutput {
+    run_edited(trace, policy, slo_ms, |_| {}).unwrap()
+}
+
+fn run_edited(
+    trace: &Arc<Trace>,
+    policy: AllocatorPolicy,
+    slo_ms: f64,
+    edit: impl FnOnce(&mut Config),
+) -> Result<ReplayOutput, grflow_pipeline::replay::ReplayError> {
     let mut cfg = Config::embedded();
     cfg.run.workers = 2;
     cfg.run.speed = "max".into();
@@ -34,11 +43,12 @@ fn run(trace: &Arc<Trace>, policy: AllocatorPolicy, slo_ms: f64) -> ReplayOutput
     cfg.windows.epoch_ms = 1_000;
     cfg.allocator.policy = policy;
     cfg.allocator.min_requests = 5;
+    edit(&mut cfg);
     let opts = ReplayOptions {
         responses: ResponseOutput::Drop,
         ..ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg)
     };
-    replay(opts).unwrap()
+    replay(opts)
 }
 
 /// (node, window start, α) of every window.
@@ -127,6 +137,49 @@ fn static_leaves_alpha_and_kv_opt_starts_at_zero() {
     let k = run(&trace, AllocatorPolicy::KvOpt, 0.001);
     assert!(alphas(&k).len() >= 5);
     assert!(alphas(&k).iter().all(|w| w.2.abs() < 1e-9));
+}
+
+#[test]
+fn node_alpha_starts_each_node_at_its_own_share_and_its_controller_there() {
+    let trace = trace();
+    let split = |c: &mut Config| c.memory.node_alpha = Some(vec![0.1, 0.8]);
+    // The pool moves whole pages, so α lands within a page of the setting.
+    let near = |a: f64, b: f64| (a - b).abs() < 0.01;
+    let s = run_edited(&trace, AllocatorPolicy::Static, 0.001, split).unwrap();
+    for (node, want) in [(0u32, 0.1), (1, 0.8)] {
+        let per_node: Vec<f64> = alphas(&s)
+            .into_iter()
+            .filter(|w| w.0 == node)
+            .map(|w| w.2)
+            .collect();
+        assert!(!per_node.is_empty(), "node {node} served");
+        assert!(
+            per_node.iter().all(|&a| near(a, want)),
+            "node {node}: {per_node:?}"
+        );
+        assert!(near(s.summary.nodes[node as usize].alpha, want));
+    }
+    // pid under an SLO every request meets moves node 0 (which serves most
+    // here) up from its own α, not from memory.alpha.
+    let p = run_edited(&trace, AllocatorPolicy::Pid, 1e6, split).unwrap();
+    let first_of = |node: u32| alphas(&p).into_iter().find(|w| w.0 == node).map(|w| w.2);
+    assert!(near(first_of(0).unwrap(), 0.1), "{:?}", alphas(&p));
+    assert!(near(first_of(1).unwrap(), 0.8), "{:?}", alphas(&p));
+    assert!(
+        p.summary.nodes[0].alpha > 0.1 + 0.05,
+        "{:?}",
+        p.summary.nodes[0]
+    );
+    // One value per node of the job, or the job does not start.
+    let err = run_edited(&trace, AllocatorPolicy::Static, 0.001, |c| {
+        c.memory.node_alpha = Some(vec![0.1, 0.8, 0.5]);
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("memory.node_alpha") && err.contains("3 values for 2 nodes"),
+        "{err}"
+    );
 }
 
 /// A policy taught (by PPO updates on made-up decisions) that moving α by

@@ -433,6 +433,13 @@ pub(crate) fn virtual_base(
         Some(p) => Config::load(p).map_err(InputError::from_display)?,
         None => Config::embedded(),
     };
+    if base.memory.node_alpha.is_some() {
+        // Sweeps, baselines and training episodes set one α for every node.
+        return Err(InputError::from_display(
+            "memory.node_alpha: this command sets α itself; remove it from the config \
+             (compare per-node α with `grflow replay`)",
+        ));
+    }
     if let Some(slo) = slo_ms {
         if !(slo.is_finite() && slo > 0.0) {
             return Err(InputError::from_display("--slo-ms must be positive"));
