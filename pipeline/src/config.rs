@@ -591,15 +591,18 @@ impl Config {
         }
     }
 
-    /// The EMB share node `node` starts with: `memory.node_alpha` when
-    /// set (its length is checked against the job's nodes at start),
-    /// else `memory.alpha`.
-    pub fn alpha_of(&self, node: usize) -> f64 {
-        self.memory
+    /// The EMB share node `node` and its controller start with: the
+    /// allocator policy's start (`kv-opt`: 0) from `memory.node_alpha` when
+    /// set (its length is checked against the job's nodes at start), else
+    /// from `memory.alpha`.
+    pub fn start_alpha(&self, node: usize) -> f64 {
+        let configured = self
+            .memory
             .node_alpha
             .as_ref()
             .and_then(|a| a.get(node).copied())
-            .unwrap_or(self.memory.alpha)
+            .unwrap_or(self.memory.alpha);
+        self.allocator.initial_alpha(configured)
     }
 }
 
@@ -953,9 +956,9 @@ mod tests {
         assert!(err.contains("memory.node_alpha"), "{err}");
         let cfg =
             Config::parse("[memory]\nalpha = 0.3\nnode_alpha = [0.1, 0.8]\n", "x.toml").unwrap();
-        assert_eq!((cfg.alpha_of(0), cfg.alpha_of(1)), (0.1, 0.8));
+        assert_eq!((cfg.start_alpha(0), cfg.start_alpha(1)), (0.1, 0.8));
         assert_eq!(
-            Config::embedded().alpha_of(1),
+            Config::embedded().start_alpha(1),
             Config::embedded().memory.alpha
         );
         let err = Config::parse("[run]\nspeed = \"fast\"\n", "x.toml")

@@ -69,7 +69,7 @@ impl Job {
         let mut nodes = Vec::with_capacity(topo.threads);
         for n in topo.local_workers() {
             let mut params = params.clone();
-            params.memory.alpha = cfg.allocator.initial_alpha(cfg.alpha_of(n));
+            params.memory.alpha = cfg.start_alpha(n);
             let mut node = ServingNode::new(n as u32, params).map_err(|e| e.to_string())?;
             if let Some(cost) = &cost {
                 node.set_virtual(cost.clone());

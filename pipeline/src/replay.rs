@@ -656,8 +656,9 @@ pub(crate) fn allocator_controller(
     }
     let allocator = cfg.allocator.clone();
     let slo_ms = cfg.run.slo_ms.rank;
+    // Where each node starts (`memory.node_alpha`), as the job built it.
     let start = cfg.clone();
-    let alpha = move |node: u32| allocator_start(&start, node);
+    let alpha = move |node: u32| start.start_alpha(node as usize);
     let max_positions =
         grflow_kernels::ModelConfig::preset(&cfg.model.preset).map_or(1024, |m| m.max_positions);
     let make = move |node: u32| match &policy {
@@ -679,11 +680,6 @@ pub(crate) fn allocator_controller(
     Some(Box::new(move |_events, windows| {
         dataflow::allocator::allocate(windows, make, stats)
     }))
-}
-
-/// The α node `node`'s controller starts from: where the node starts.
-fn allocator_start(cfg: &Config, node: u32) -> f64 {
-    cfg.allocator.initial_alpha(cfg.alpha_of(node as usize))
 }
 
 /// Event time covered, from the windows seen.

@@ -340,8 +340,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Mean p99 (ms) of `policy` taken greedily (`ppo-only`, no sampling) over
-/// `traces`, each from the config's α: what a deployment of it would see.
 /// PPO's settings from the flags, checked.
 fn ppo_config(args: &Args) -> anyhow::Result<PpoConfig> {
     if !(args.learning_rate.is_finite() && args.learning_rate > 0.0) {
@@ -367,6 +365,8 @@ fn ppo_config(args: &Args) -> anyhow::Result<PpoConfig> {
     })
 }
 
+/// Mean p99 (ms) of `policy` taken greedily (`ppo-only`, no sampling) over
+/// `traces`, each from the config's α: what a deployment of it would see.
 fn greedy_p99(
     base: &grflow_pipeline::Config,
     traces: &[(String, u64, Arc<Trace>)],
