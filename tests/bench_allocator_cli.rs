@@ -102,6 +102,9 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
             "--regime",
             "burst",
             "--sweep",
+            "--node-sweep",
+            "--train-seeds",
+            "2",
             "--slo-ms",
             "2",
             "--oracle-step",
@@ -120,6 +123,7 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     assert!(!stderr.contains("calibrating"), "{stderr}");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["clock"], "virtual");
+    assert_eq!(report["train_seeds"].as_u64(), Some(2));
     // Wall-clock figures come with the machine they were measured on.
     assert!(report["host_gemm_gflops"].as_f64().unwrap() > 0.0);
     assert!(!report["host_machine"].as_str().unwrap().is_empty());
@@ -136,8 +140,40 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     let policies: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
     assert_eq!(
         policies,
-        ["kv-emb-opt", "static", "kv-opt", "pid", "ppo-only", "smart"]
+        [
+            "kv-emb-opt",
+            "kv-emb-opt-node",
+            "static",
+            "kv-opt",
+            "pid",
+            "ppo-only",
+            "smart"
+        ]
     );
+    // The per-node split: one α per node, from the grid, never worse than
+    // the best single α on the training seed, and the row holds it.
+    let split = &report["node_sweep"]["burst"];
+    let node_alpha: Vec<f64> = split["node_alpha"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_f64().unwrap())
+        .collect();
+    assert_eq!(node_alpha.len(), 2, "{split}");
+    assert!(
+        node_alpha.iter().all(|a| (0.0..=1.0).contains(a)),
+        "{split}"
+    );
+    assert!(
+        split["train_p99_ms"].as_f64().unwrap()
+            <= split["train_p99_ms_single_alpha"].as_f64().unwrap(),
+        "{split}"
+    );
+    // The start, then each node's ten other α at least.
+    assert!(split["evaluations"].as_u64().unwrap() > 2 * 10, "{split}");
+    assert_eq!(rows[1]["node_alpha"], split["node_alpha"]);
+    assert_eq!(rows[1]["truncated_histories"].as_u64(), Some(0));
+    assert!(rows[0].get("node_alpha").is_none(), "{}", rows[0]);
     assert_eq!(report["slo_ms"].as_f64(), Some(2.0));
     assert_eq!(rows[0]["p99_reduction_vs_kv_emb_opt"].as_f64(), Some(0.0));
     // Every row says how many histories its α cut short; kv-emb-opt never
@@ -148,11 +184,11 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     );
     assert_eq!(rows[0]["truncated_histories"].as_u64(), Some(0));
     assert!(rows.iter().all(|r| r["p99_ms"].as_f64().unwrap() > 0.0));
-    let pid = &rows[3];
+    let pid = &rows[4];
     assert!(pid["alpha_moves"].as_u64().unwrap() > 0, "{pid}");
     assert!(pid["decision_us_p99"].as_f64().unwrap() > 0.0);
     assert!(report["sweep_alpha_star_std"]["burst"].as_f64().is_some());
-    for learned in &rows[4..] {
+    for learned in &rows[5..] {
         assert!(learned["p99_ms"].as_f64().unwrap() > 0.0, "{learned}");
     }
     // Every policy's run is followed by the oracle.
@@ -215,6 +251,24 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         "{}",
         String::from_utf8_lossy(&bad_policy.stderr)
     );
+    // The per-node search starts from the sweep's best: without --sweep it
+    // is refused by flag before any run.
+    let no_sweep = grflow()
+        .args(["bench", "allocator", "--regime", "burst", "--node-sweep"])
+        .output()
+        .unwrap();
+    assert_eq!(no_sweep.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&no_sweep.stderr).contains("--sweep"),
+        "{}",
+        String::from_utf8_lossy(&no_sweep.stderr)
+    );
+    let no_seeds = grflow()
+        .args(["bench", "allocator", "--sweep", "--train-seeds", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(no_seeds.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&no_seeds.stderr).contains("--train-seeds"));
     // A bad regime is refused by name.
     let bad = grflow()
         .args(["bench", "allocator", "--regime", "stormy"])

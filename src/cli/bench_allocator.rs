@@ -1,9 +1,10 @@
 //! `grflow bench allocator`: every regime under every allocator policy in
 //! one run, on the virtual clock (deterministic and fast: no model runs).
 //! With `--sweep`, static α ∈ {0.0, 0.1, …, 1.0} per regime first, which
-//! gives the best static α (`kv-emb-opt`, chosen on a training seed and
+//! gives the best static α (`kv-emb-opt`, chosen on training seeds and
 //! evaluated on the bench seed) and the per-epoch best static α (how much
-//! α* moves over a run). Every policy's run is followed by the oracle α*
+//! α* moves over a run); `--node-sweep` then searches one static α per node
+//! from there (`kv-emb-opt-node`, the same way). Every policy's run is followed by the oracle α*
 //! of HLEM §V (each node's epoch replayed from its state at the epoch's
 //! start at every α of the grid), which gives the oracle gap, the P99
 //! regret and how much α* moves. An α whose KV share cannot hold the
@@ -41,10 +42,22 @@ pub struct Args {
     /// Also sweep static α (needed for kv-emb-opt).
     #[arg(long)]
     pub sweep: bool,
-    /// Trace seed of the bench runs; the sweep that picks kv-emb-opt's α
-    /// uses seed + 1.
+    /// With --sweep: also search one static α per node (`memory.node_alpha`)
+    /// on the training seeds, by coordinate descent from the sweep's best,
+    /// and add its row (`kv-emb-opt-node`): about nodes × 10 replays per
+    /// round, two or three rounds.
+    #[arg(long, requires = "sweep")]
+    pub node_sweep: bool,
+    /// Trace seed of the bench runs; the sweeps that pick kv-emb-opt's α
+    /// and kv-emb-opt-node's split use seed + 1 (… seed + --train-seeds).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Training traces of the sweeps (seeds seed + 1 … seed + N): kv-emb-opt
+    /// and kv-emb-opt-node minimise their mean P99. One run's P99 moves by
+    /// several percent between neighbouring splits, so a search on one
+    /// trace partly fits its noise.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub train_seeds: u64,
     /// The PPO policy of the `ppo-only` and `smart` rows (a `grflow
     /// train-allocator` file); default the config's
     /// `allocator.policy_file` when it exists, else those rows are left out.
@@ -74,8 +87,12 @@ pub struct Args {
 struct Row {
     regime: String,
     policy: String,
-    /// α the run started at (kv-emb-opt: the sweep's best on the training seed).
+    /// α the run started at (kv-emb-opt: the sweep's best on the training
+    /// seed; kv-emb-opt-node: the mean of `node_alpha`).
     alpha_start: f64,
+    /// The per-node split the run held (kv-emb-opt-node only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_alpha: Option<Vec<f64>>,
     p99_ms: f64,
     p50_ms: f64,
     slo_satisfaction: f64,
@@ -116,7 +133,7 @@ struct SweepPoint {
     regime: String,
     alpha: f64,
     p99_ms: f64,
-    /// Same on the training seed.
+    /// Mean over the training seeds.
     train_p99_ms: f64,
     /// Requests served with a shortened history (past the model's positions
     /// or half the pool, whatever α; such a run's answers differ, so
@@ -144,13 +161,30 @@ struct Report {
     /// The PPO policy of the `ppo-only` and `smart` rows.
     policy_file: Option<String>,
     requests_per_run: u64,
+    /// Training traces of the sweeps: seeds seed + 1 … seed + this.
+    train_seeds: u64,
     rows: Vec<Row>,
     sweep: Vec<SweepPoint>,
     /// Per regime: the std over epochs of the per-epoch best static α.
     sweep_alpha_star_std: BTreeMap<String, f64>,
+    /// Per regime (`--node-sweep`): the per-node split kv-emb-opt-node holds.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    node_sweep: BTreeMap<String, NodeSweep>,
     /// The oracle's α grid step (`None`: not run).
     oracle_step: Option<f64>,
     wall_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct NodeSweep {
+    /// One α per node, node 0 first: paste as `memory.node_alpha`.
+    node_alpha: Vec<f64>,
+    /// Its mean P99 on the training seeds, against the best single α's.
+    train_p99_ms: f64,
+    train_p99_ms_single_alpha: f64,
+    /// Splits scored (each one replay per training seed).
+    evaluations: usize,
+    rounds: usize,
 }
 
 const SWEEP: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
@@ -201,9 +235,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // Replay's own check, before the sweep (which runs without it).
         grflow_pipeline::replay::check_oracle(&base, step).map_err(InputError::from_display)?;
     }
-    let run_with = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64, oracle: bool| {
+    let run_split = |trace: &Arc<Trace>,
+                     policy: AllocatorPolicy,
+                     alpha: f64,
+                     node_alpha: Option<&[f64]>,
+                     oracle: bool| {
         let mut cfg = base.clone();
         cfg.memory.alpha = alpha;
+        cfg.memory.node_alpha = node_alpha.map(<[f64]>::to_vec);
         cfg.allocator.policy = policy;
         let mut opts = ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg);
         opts.oracle_step = oracle_step.filter(|_| oracle);
@@ -213,6 +252,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             e => anyhow::Error::new(e).context("replay"),
         })
     };
+    let run_with = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64, oracle: bool| {
+        run_split(trace, policy, alpha, None, oracle)
+    };
     let run = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64| {
         run_with(trace, policy, alpha, false)
     };
@@ -221,26 +263,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let mut sweep = Vec::new();
     let mut alpha_star_std = BTreeMap::new();
+    let mut node_sweeps = BTreeMap::new();
     for regime in &regimes {
         let name = regime.as_str().to_string();
         // Generated once each, replayed by every run of the regime.
         let bench_trace = trace(*regime, args.seed)?;
-        let train_trace = trace(*regime, args.seed + 1)?;
+        let train_traces = (1..=args.train_seeds)
+            .map(|k| trace(*regime, args.seed + k))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // Mean P99 over the training traces, or `None` when a run there
+        // cut histories short or failed requests.
+        let train_score = |policy: AllocatorPolicy, alpha: f64, node_alpha: Option<&[f64]>| {
+            let mut sum = 0.0;
+            let mut whole = true;
+            for t in &train_traces {
+                let out = run_split(t, policy, alpha, node_alpha, false)?;
+                sum += out.summary.latency_ms.p99;
+                whole &= out.summary.truncated_histories == 0 && out.summary.errors == 0;
+            }
+            anyhow::Ok((sum / train_traces.len() as f64, whole))
+        };
         let mut best_train: Option<(f64, f64)> = None;
         if args.sweep {
             eprintln!("{name}: static sweep over alpha...");
             let mut outs = Vec::new();
             for &alpha in &SWEEP {
                 let bench = run(&bench_trace, AllocatorPolicy::Static, alpha)?;
-                let train = run(&train_trace, AllocatorPolicy::Static, alpha)?;
-                let (p99, train_p99) = (bench.summary.latency_ms.p99, train.summary.latency_ms.p99);
+                let (train_p99, whole) = train_score(AllocatorPolicy::Static, alpha, None)?;
+                let p99 = bench.summary.latency_ms.p99;
                 let truncated = bench.summary.truncated_histories;
                 let reclaims = kv_reclaims(&bench.summary);
                 eprintln!(
-                    "  alpha {alpha:.1}: p99 {p99:.4} ms (training seed {train_p99:.4}), \
+                    "  alpha {alpha:.1}: p99 {p99:.4} ms (training {train_p99:.4}), \
                      truncated histories {truncated}, KV reclaims {reclaims}"
                 );
-                let whole = train.summary.truncated_histories == 0 && train.summary.errors == 0;
                 if whole && best_train.is_none_or(|b| train_p99 < b.1) {
                     best_train = Some((alpha, train_p99));
                 }
@@ -257,22 +313,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             alpha_star_std.insert(name.clone(), per_epoch_best_std(&outs));
             plots.sweep(&name, &outs);
         }
-        let mut policies: Vec<(&str, AllocatorPolicy, f64)> = vec![
-            ("static", AllocatorPolicy::Static, base.memory.alpha),
-            ("kv-opt", AllocatorPolicy::KvOpt, base.memory.alpha),
-            ("pid", AllocatorPolicy::Pid, base.memory.alpha),
+        let mut split = None;
+        if let (true, Some((alpha, single_p99))) = (args.node_sweep, best_train) {
+            split = Some(node_sweep(
+                &name,
+                base.run.workers,
+                alpha,
+                single_p99,
+                |a| train_score(AllocatorPolicy::Static, alpha, Some(a)),
+            )?);
+        }
+        let mut policies: Vec<(&str, AllocatorPolicy, f64, Option<Vec<f64>>)> = vec![
+            ("static", AllocatorPolicy::Static, base.memory.alpha, None),
+            ("kv-opt", AllocatorPolicy::KvOpt, base.memory.alpha, None),
+            ("pid", AllocatorPolicy::Pid, base.memory.alpha, None),
         ];
         if policy_file.is_some() {
-            policies.push(("ppo-only", AllocatorPolicy::PpoOnly, base.memory.alpha));
-            policies.push(("smart", AllocatorPolicy::Smart, base.memory.alpha));
+            policies.push((
+                "ppo-only",
+                AllocatorPolicy::PpoOnly,
+                base.memory.alpha,
+                None,
+            ));
+            policies.push(("smart", AllocatorPolicy::Smart, base.memory.alpha, None));
+        }
+        if let Some(s) = &split {
+            let mean = s.node_alpha.iter().sum::<f64>() / s.node_alpha.len() as f64;
+            let row = ("kv-emb-opt-node", AllocatorPolicy::Static, mean);
+            policies.insert(0, (row.0, row.1, row.2, Some(s.node_alpha.clone())));
         }
         if let Some((alpha, _)) = best_train {
-            policies.insert(0, ("kv-emb-opt", AllocatorPolicy::Static, alpha));
+            policies.insert(0, ("kv-emb-opt", AllocatorPolicy::Static, alpha, None));
+        }
+        if let Some(s) = split {
+            node_sweeps.insert(name.clone(), s);
         }
         let mut reference = None;
-        for (label, policy, alpha) in policies {
+        for (label, policy, alpha, node_alpha) in policies {
             let run_started = std::time::Instant::now();
-            let out = run_with(&bench_trace, policy, alpha, true)?;
+            let out = run_split(&bench_trace, policy, alpha, node_alpha.as_deref(), true)?;
             let oracle = OracleSummary::of(&out.oracle);
             plots.policy_run(&name, label, &out);
             let s = &out.summary;
@@ -315,6 +394,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 } else {
                     alpha
                 },
+                node_alpha,
                 p99_ms: s.latency_ms.p99,
                 p50_ms: s.latency_ms.p50,
                 slo_satisfaction: s.slo_satisfaction,
@@ -348,9 +428,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         slo_ms: base.run.slo_ms.rank,
         policy_file: policy_file.map(|p| p.display().to_string()),
         requests_per_run: base.trace.requests,
+        train_seeds: args.train_seeds,
         rows,
         sweep,
         sweep_alpha_star_std: alpha_star_std,
+        node_sweep: node_sweeps,
         oracle_step,
         wall_s,
     };
@@ -394,6 +476,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for (regime, std) in &report.sweep_alpha_star_std {
             println!("{regime}: per-epoch best static alpha, std over epochs {std:.3}");
         }
+        for (regime, s) in &report.node_sweep {
+            println!(
+                "{regime}: best per-node split on the training seeds: node_alpha = {:?}",
+                s.node_alpha
+            );
+        }
         println!(
             "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM {:.1} GFLOP/s), {:.0} s",
             report.machine,
@@ -404,6 +492,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The per-node static split with the lowest P99 on the training trace
+/// (`replay` runs one split there), by coordinate descent from the sweep's
+/// best single α; splits that cut histories short or fail requests are
+/// never picked.
+fn node_sweep(
+    regime: &str,
+    nodes: usize,
+    start: f64,
+    single_p99: f64,
+    mut replay: impl FnMut(&[f64]) -> anyhow::Result<(f64, bool)>,
+) -> anyhow::Result<NodeSweep> {
+    use grflow_operators::allocator::split::{Score, coordinate_descent};
+    eprintln!("{regime}: per-node static search from alpha {start:.1}...");
+    let searched = coordinate_descent(nodes, start, &SWEEP, 4, |a: &[f64]| {
+        let (p99, usable) = replay(a)?;
+        eprintln!(
+            "  node_alpha {a:?}: p99 {p99:.4} ms (training){}",
+            if usable { "" } else { ", not comparable" }
+        );
+        Ok::<_, anyhow::Error>(if usable {
+            Score::Value(p99)
+        } else {
+            Score::Unusable
+        })
+    })?
+    .context("the sweep's best alpha was not usable on the training seeds")?;
+    Ok(NodeSweep {
+        node_alpha: searched.alphas,
+        train_p99_ms: searched.score,
+        train_p99_ms_single_alpha: single_p99,
+        evaluations: searched.evaluations,
+        rounds: searched.rounds,
+    })
 }
 
 /// `steady,trend,burst` → regimes.

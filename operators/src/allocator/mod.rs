@@ -21,6 +21,7 @@ pub mod mlp;
 pub mod oracle;
 pub mod ppo;
 pub mod recovery;
+pub mod split;
 
 pub use learned::Learned;
 
