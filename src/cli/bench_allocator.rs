@@ -43,9 +43,10 @@ pub struct Args {
     #[arg(long)]
     pub sweep: bool,
     /// With --sweep: also search one static α per node (`memory.node_alpha`)
-    /// on the training seeds, by coordinate descent from the sweep's best,
-    /// and add its row (`kv-emb-opt-node`): about nodes × 10 replays per
-    /// round, two or three rounds.
+    /// on the training seeds and add its row (`kv-emb-opt-node`): every
+    /// split of the sweep's grid for up to two nodes (121 per training
+    /// seed), else coordinate descent from the sweep's best (about
+    /// nodes × 10 replays per round, two or three rounds).
     #[arg(long, requires = "sweep")]
     pub node_sweep: bool,
     /// Trace seed of the bench runs; the sweeps that pick kv-emb-opt's α
@@ -184,8 +185,13 @@ struct NodeSweep {
     train_p99_ms_single_alpha: f64,
     /// Splits scored (each one replay per training seed).
     evaluations: usize,
+    /// `grid` (every split) or `coordinate descent` (`rounds` of it).
+    method: &'static str,
     rounds: usize,
 }
+
+/// The most splits `--node-sweep` scores one by one (two nodes: 121).
+const MAX_GRID: usize = 128;
 
 const SWEEP: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 
@@ -494,10 +500,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The per-node static split with the lowest P99 on the training trace
-/// (`replay` runs one split there), by coordinate descent from the sweep's
-/// best single α; splits that cut histories short or fail requests are
-/// never picked.
+/// The per-node static split with the lowest mean P99 on the training
+/// traces (`replay` scores one split there): the whole grid when it has
+/// at most `MAX_GRID` splits, else coordinate descent from the sweep's best
+/// single α; splits that cut histories short or fail requests are never
+/// picked.
 fn node_sweep(
     regime: &str,
     nodes: usize,
@@ -505,9 +512,9 @@ fn node_sweep(
     single_p99: f64,
     mut replay: impl FnMut(&[f64]) -> anyhow::Result<(f64, bool)>,
 ) -> anyhow::Result<NodeSweep> {
-    use grflow_operators::allocator::split::{Score, coordinate_descent};
+    use grflow_operators::allocator::split::{Score, search};
     eprintln!("{regime}: per-node static search from alpha {start:.1}...");
-    let searched = coordinate_descent(nodes, start, &SWEEP, 4, |a: &[f64]| {
+    let searched = search(nodes, start, &SWEEP, MAX_GRID, 4, |a: &[f64]| {
         let (p99, usable) = replay(a)?;
         eprintln!(
             "  node_alpha {a:?}: p99 {p99:.4} ms (training){}",
@@ -525,6 +532,11 @@ fn node_sweep(
         train_p99_ms: searched.score,
         train_p99_ms_single_alpha: single_p99,
         evaluations: searched.evaluations,
+        method: if searched.rounds == 0 {
+            "grid"
+        } else {
+            "coordinate descent"
+        },
         rounds: searched.rounds,
     })
 }

@@ -1,11 +1,14 @@
 //! The per-node static split (`memory.node_alpha`) that a trace rewards
-//! most, found by coordinate descent: each node in turn tries every α of a
-//! grid while the others hold theirs, and keeps the best; rounds repeat
-//! until one changes nothing. A full grid costs |grid|^nodes replays (11^8
-//! for a paper preset); a round costs nodes × |grid|. The router couples the
-//! nodes (it follows KV and EMB residency), so the result is a local
-//! optimum; it starts from the best single α, so it is never worse than
-//! that. Pure: the caller's `score` replays the trace.
+//! most. Where the full grid is affordable (|grid|^nodes splits: 121 for
+//! two nodes on an 11-point grid) every split is scored ([`search`]);
+//! otherwise (11^8 for a paper preset) by coordinate descent: each node in
+//! turn tries every α of the grid while the others hold theirs, and keeps
+//! the best; rounds repeat until one changes nothing (a round costs
+//! nodes × |grid|). The router couples the nodes (it follows KV and EMB
+//! residency), so descent finds a local optimum: on allocator-tight it
+//! stopped at an EMB-heavy node 0 where the grid found the reverse split.
+//! Both start from the best single α, so neither is worse than that on the
+//! scored traces. Pure: the caller's `score` replays the trace.
 
 use std::collections::BTreeMap;
 
@@ -27,8 +30,64 @@ pub struct SplitSearch {
     pub score: f64,
     /// Splits scored (each one replay; repeats are not rerun).
     pub evaluations: usize,
-    /// Rounds run, the last of which changed nothing (or `max_rounds`).
+    /// Rounds of descent run, the last of which changed nothing (or
+    /// `max_rounds`); 0 for the full grid.
     pub rounds: usize,
+}
+
+/// The full grid when it has at most `max_grid` splits, else
+/// [`coordinate_descent`] from every node at `start`.
+pub fn search<E>(
+    nodes: usize,
+    start: f64,
+    grid: &[f64],
+    max_grid: usize,
+    max_rounds: usize,
+    mut score: impl FnMut(&[f64]) -> Result<Score, E>,
+) -> Result<Option<SplitSearch>, E> {
+    let splits = u32::try_from(nodes)
+        .ok()
+        .and_then(|n| grid.len().checked_pow(n));
+    if splits.is_none_or(|s| s > max_grid) {
+        return coordinate_descent(nodes, start, grid, max_rounds, score);
+    }
+    let Score::Value(mut best) = score(&vec![start; nodes])? else {
+        return Ok(None);
+    };
+    let mut alphas = vec![start; nodes];
+    let mut evaluations = 1;
+    // Every split as a number in base |grid|, node 0 the most significant.
+    let mut index = vec![0usize; nodes];
+    loop {
+        let trial: Vec<f64> = index.iter().map(|&i| grid[i]).collect();
+        if trial != vec![start; nodes] {
+            evaluations += 1;
+            // Strictly better only: ties keep the start, then the first.
+            if let Score::Value(v) = score(&trial)?
+                && v < best
+            {
+                best = v;
+                alphas = trial;
+            }
+        }
+        let mut digit = nodes;
+        loop {
+            if digit == 0 {
+                return Ok(Some(SplitSearch {
+                    alphas,
+                    score: best,
+                    evaluations,
+                    rounds: 0,
+                }));
+            }
+            digit -= 1;
+            index[digit] += 1;
+            if index[digit] < grid.len() {
+                break;
+            }
+            index[digit] = 0;
+        }
+    }
 }
 
 /// Coordinate descent over `grid` for `nodes` nodes, starting with every
@@ -146,6 +205,33 @@ mod tests {
         assert!(
             (s.alphas[0] - 0.3).abs() < 1e-9 && (s.alphas[1] - 0.7).abs() < 1e-9,
             "{s:?}"
+        );
+    }
+
+    #[test]
+    fn the_full_grid_finds_what_descent_misses() {
+        // Two basins: (0.8, 0.1) near the start's descent path, and the
+        // better (0.1, 0.8) that descent from 0.1 does not reach.
+        let f = |a: &[f64]| {
+            let near = (a[0] - 0.8).powi(2) + (a[1] - 0.1).powi(2);
+            let far = (a[0] - 0.1).powi(2) + (a[1] - 0.8).powi(2) - 0.05;
+            Score::Value(near.min(far) + 0.2 * (a[0] - 0.1).abs() * (a[1] - 0.1).abs())
+        };
+        let descent = search(f, 2, 0.1).unwrap();
+        let grid = super::search::<()>(2, 0.1, &GRID, 121, 5, |a| Ok(f(a)))
+            .unwrap()
+            .unwrap();
+        assert!((grid.alphas[0] - 0.1).abs() < 1e-9 && (grid.alphas[1] - 0.8).abs() < 1e-9);
+        assert_eq!((grid.evaluations, grid.rounds), (121, 0));
+        assert!(grid.score < descent.score, "{grid:?} {descent:?}");
+        // Past the budget it descends instead.
+        let capped = super::search::<()>(2, 0.1, &GRID, 120, 5, |a| Ok(f(a)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(capped, descent);
+        assert_eq!(
+            super::search::<()>(2, 0.1, &GRID, 121, 5, |_| Ok(Score::Unusable)).unwrap(),
+            None
         );
     }
 
