@@ -4,6 +4,8 @@
 //! `smart` rows use a policy that `grflow train-allocator` trains first
 //! (two tiny iterations).
 
+use std::process::Output;
+
 use serde_json::Value;
 
 #[path = "common/cli.rs"]
@@ -229,12 +231,7 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         .arg(&calibration)
         .output()
         .unwrap();
-    assert_eq!(refused.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("memory.emb_policy = \"laru\""),
-        "{}",
-        String::from_utf8_lossy(&refused.stderr)
-    );
+    refused_naming(refused, "memory.emb_policy = \"laru\"");
     // A policy file that is not one is refused by name.
     let bad_policy = grflow()
         .args(["bench", "allocator", "--regime", "burst", "--policy"])
@@ -245,37 +242,33 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         .arg(&config)
         .output()
         .unwrap();
-    assert_eq!(bad_policy.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&bad_policy.stderr).contains("allocator.policy_file"),
-        "{}",
-        String::from_utf8_lossy(&bad_policy.stderr)
-    );
+    refused_naming(bad_policy, "allocator.policy_file");
     // The per-node search starts from the sweep's best: without --sweep it
     // is refused by flag before any run.
     let no_sweep = grflow()
         .args(["bench", "allocator", "--regime", "burst", "--node-sweep"])
         .output()
         .unwrap();
-    assert_eq!(no_sweep.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&no_sweep.stderr).contains("--sweep"),
-        "{}",
-        String::from_utf8_lossy(&no_sweep.stderr)
-    );
+    refused_naming(no_sweep, "--sweep");
     let no_seeds = grflow()
         .args(["bench", "allocator", "--sweep", "--train-seeds", "0"])
         .output()
         .unwrap();
-    assert_eq!(no_seeds.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&no_seeds.stderr).contains("--train-seeds"));
+    refused_naming(no_seeds, "--train-seeds");
     // A bad regime is refused by name.
     let bad = grflow()
         .args(["bench", "allocator", "--regime", "stormy"])
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("stormy"));
+    refused_naming(bad, "stormy");
+}
+
+/// `out` is a refusal of the user's input (exit 2) whose message names
+/// `what`.
+fn refused_naming(out: Output, what: &str) {
+    assert_eq!(out.status.code(), Some(2), "{what}: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(what), "{what}: {stderr}");
 }
 
 /// A config naming a calibration file that is not there: one line naming
@@ -297,9 +290,7 @@ fn bench_allocator_refuses_a_missing_calibration_file_by_name() {
         .arg(&config)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("no/such/cal.json"), "{stderr}");
+    refused_naming(out, "no/such/cal.json");
 }
 
 /// PPO settings that cannot train: one line naming the flag, exit code 2,

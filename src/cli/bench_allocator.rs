@@ -3,10 +3,11 @@
 //! With `--sweep`, static α ∈ {0.0, 0.1, …, 1.0} per regime first, which
 //! gives the best static α (`kv-emb-opt`, chosen on training seeds and
 //! evaluated on the bench seed) and the per-epoch best static α (how much
-//! α* moves over a run); `--node-sweep` then searches one static α per node
-//! from there (`kv-emb-opt-node`, the same way). Every policy's run is followed by the oracle α*
-//! of HLEM §V (each node's epoch replayed from its state at the epoch's
-//! start at every α of the grid), which gives the oracle gap, the P99
+//! α* moves over a run); `--node-sweep` then searches one static α per
+//! node from there (`kv-emb-opt-node`, the same way). Every policy's run
+//! is followed by the oracle α* of HLEM §V (each node's epoch replayed
+//! from its state at the epoch's start at every α of the grid), which
+//! gives the oracle gap, the P99
 //! regret and how much α* moves. An α whose KV share cannot hold the
 //! histories (they are truncated, so the answers change) is never
 //! kv-emb-opt's pick, an epoch's best, nor α*.
@@ -89,7 +90,7 @@ struct Row {
     regime: String,
     policy: String,
     /// α the run started at (kv-emb-opt: the sweep's best on the training
-    /// seed; kv-emb-opt-node: the mean of `node_alpha`).
+    /// seeds; kv-emb-opt-node: the mean of `node_alpha`).
     alpha_start: f64,
     /// The per-node split the run held (kv-emb-opt-node only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -277,8 +278,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let train_traces = (1..=args.train_seeds)
             .map(|k| trace(*regime, args.seed + k))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        // Mean P99 over the training traces, or `None` when a run there
-        // cut histories short or failed requests.
+        // Mean P99 over the training traces, and whether every run there
+        // was whole (no history cut short, no request failed).
         let train_score = |policy: AllocatorPolicy, alpha: f64, node_alpha: Option<&[f64]>| {
             let mut sum = 0.0;
             let mut whole = true;
@@ -319,40 +320,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             alpha_star_std.insert(name.clone(), per_epoch_best_std(&outs));
             plots.sweep(&name, &outs);
         }
-        let mut split = None;
-        if let (true, Some((alpha, single_p99))) = (args.node_sweep, best_train) {
-            split = Some(node_sweep(
-                &name,
-                base.run.workers,
-                alpha,
-                single_p99,
-                |a| train_score(AllocatorPolicy::Static, alpha, Some(a)),
-            )?);
+        // Rows in report order: the baselines picked on training seeds
+        // first (kv-emb-opt is every row's reference).
+        let mut policies: Vec<(&str, AllocatorPolicy, f64, Option<Vec<f64>>)> = Vec::new();
+        if let Some((alpha, single_p99)) = best_train {
+            policies.push(("kv-emb-opt", AllocatorPolicy::Static, alpha, None));
+            if args.node_sweep {
+                let split = node_sweep(&name, base.run.workers, alpha, single_p99, |a| {
+                    train_score(AllocatorPolicy::Static, alpha, Some(a))
+                })?;
+                let mean = split.node_alpha.iter().sum::<f64>() / split.node_alpha.len() as f64;
+                let node_alpha = Some(split.node_alpha.clone());
+                policies.push(("kv-emb-opt-node", AllocatorPolicy::Static, mean, node_alpha));
+                node_sweeps.insert(name.clone(), split);
+            }
         }
-        let mut policies: Vec<(&str, AllocatorPolicy, f64, Option<Vec<f64>>)> = vec![
-            ("static", AllocatorPolicy::Static, base.memory.alpha, None),
-            ("kv-opt", AllocatorPolicy::KvOpt, base.memory.alpha, None),
-            ("pid", AllocatorPolicy::Pid, base.memory.alpha, None),
-        ];
+        let configured = base.memory.alpha;
+        policies.push(("static", AllocatorPolicy::Static, configured, None));
+        policies.push(("kv-opt", AllocatorPolicy::KvOpt, configured, None));
+        policies.push(("pid", AllocatorPolicy::Pid, configured, None));
         if policy_file.is_some() {
-            policies.push((
-                "ppo-only",
-                AllocatorPolicy::PpoOnly,
-                base.memory.alpha,
-                None,
-            ));
-            policies.push(("smart", AllocatorPolicy::Smart, base.memory.alpha, None));
-        }
-        if let Some(s) = &split {
-            let mean = s.node_alpha.iter().sum::<f64>() / s.node_alpha.len() as f64;
-            let row = ("kv-emb-opt-node", AllocatorPolicy::Static, mean);
-            policies.insert(0, (row.0, row.1, row.2, Some(s.node_alpha.clone())));
-        }
-        if let Some((alpha, _)) = best_train {
-            policies.insert(0, ("kv-emb-opt", AllocatorPolicy::Static, alpha, None));
-        }
-        if let Some(s) = split {
-            node_sweeps.insert(name.clone(), s);
+            policies.push(("ppo-only", AllocatorPolicy::PpoOnly, configured, None));
+            policies.push(("smart", AllocatorPolicy::Smart, configured, None));
         }
         let mut reference = None;
         for (label, policy, alpha, node_alpha) in policies {

@@ -51,16 +51,17 @@ pub fn search<E>(
     if splits.is_none_or(|s| s > max_grid) {
         return coordinate_descent(nodes, start, grid, max_rounds, score);
     }
-    let Score::Value(mut best) = score(&vec![start; nodes])? else {
+    let start_split = vec![start; nodes];
+    let Score::Value(mut best) = score(&start_split)? else {
         return Ok(None);
     };
-    let mut alphas = vec![start; nodes];
+    let mut alphas = start_split.clone();
     let mut evaluations = 1;
     // Every split as a number in base |grid|, node 0 the most significant.
     let mut index = vec![0usize; nodes];
     loop {
         let trial: Vec<f64> = index.iter().map(|&i| grid[i]).collect();
-        if trial != vec![start; nodes] {
+        if trial != start_split {
             evaluations += 1;
             // Strictly better only: ties keep the start, then the first.
             if let Score::Value(v) = score(&trial)?
@@ -154,7 +155,7 @@ mod tests {
 
     const GRID: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 
-    fn search(f: impl Fn(&[f64]) -> Score, nodes: usize, start: f64) -> Option<SplitSearch> {
+    fn descend(f: impl Fn(&[f64]) -> Score, nodes: usize, start: f64) -> Option<SplitSearch> {
         coordinate_descent::<()>(nodes, start, &GRID, 5, |a| Ok(f(a))).unwrap()
     }
 
@@ -162,7 +163,7 @@ mod tests {
     fn finds_a_separable_optimum_per_node() {
         // Node 0 wants 0.1, node 1 wants 0.8.
         let f = |a: &[f64]| Score::Value((a[0] - 0.1).powi(2) + (a[1] - 0.8).powi(2));
-        let s = search(f, 2, 0.5).unwrap();
+        let s = descend(f, 2, 0.5).unwrap();
         assert!((s.alphas[0] - 0.1).abs() < 1e-9 && (s.alphas[1] - 0.8).abs() < 1e-9);
         assert!(s.score < 1e-12);
         // One round finds it, a second confirms; a split already scored is
@@ -182,7 +183,7 @@ mod tests {
                 Score::Value(1.0 - a[1])
             }
         };
-        let s = search(f, 2, 0.2).unwrap();
+        let s = descend(f, 2, 0.2).unwrap();
         assert!((s.alphas[1] - 0.5).abs() < 1e-9, "{s:?}");
         assert!(s.score <= 0.8);
         // Flat in node 0: ties keep where it started.
@@ -191,7 +192,7 @@ mod tests {
 
     #[test]
     fn an_unusable_start_gives_nothing() {
-        assert_eq!(search(|_| Score::Unusable, 3, 0.3), None);
+        assert_eq!(descend(|_| Score::Unusable, 3, 0.3), None);
     }
 
     #[test]
@@ -200,7 +201,7 @@ mod tests {
         // node 1's: the first round stops at (0.2, 0.6), the second reaches
         // (0.3, 0.7), the third confirms it.
         let f = |a: &[f64]| Score::Value(10.0 * (a[0] - 0.3).powi(2) + (a[1] - a[0] - 0.4).powi(2));
-        let s = search(f, 2, 0.0).unwrap();
+        let s = descend(f, 2, 0.0).unwrap();
         assert_eq!(s.rounds, 3, "{s:?}");
         assert!(
             (s.alphas[0] - 0.3).abs() < 1e-9 && (s.alphas[1] - 0.7).abs() < 1e-9,
@@ -217,20 +218,20 @@ mod tests {
             let far = (a[0] - 0.1).powi(2) + (a[1] - 0.8).powi(2) - 0.05;
             Score::Value(near.min(far) + 0.2 * (a[0] - 0.1).abs() * (a[1] - 0.1).abs())
         };
-        let descent = search(f, 2, 0.1).unwrap();
-        let grid = super::search::<()>(2, 0.1, &GRID, 121, 5, |a| Ok(f(a)))
+        let descent = descend(f, 2, 0.1).unwrap();
+        let grid = search::<()>(2, 0.1, &GRID, 121, 5, |a| Ok(f(a)))
             .unwrap()
             .unwrap();
         assert!((grid.alphas[0] - 0.1).abs() < 1e-9 && (grid.alphas[1] - 0.8).abs() < 1e-9);
         assert_eq!((grid.evaluations, grid.rounds), (121, 0));
         assert!(grid.score < descent.score, "{grid:?} {descent:?}");
         // Past the budget it descends instead.
-        let capped = super::search::<()>(2, 0.1, &GRID, 120, 5, |a| Ok(f(a)))
+        let capped = search::<()>(2, 0.1, &GRID, 120, 5, |a| Ok(f(a)))
             .unwrap()
             .unwrap();
         assert_eq!(capped, descent);
         assert_eq!(
-            super::search::<()>(2, 0.1, &GRID, 121, 5, |_| Ok(Score::Unusable)).unwrap(),
+            search::<()>(2, 0.1, &GRID, 121, 5, |_| Ok(Score::Unusable)).unwrap(),
             None
         );
     }
