@@ -56,6 +56,18 @@ fn calibrate_then_replay_on_the_virtual_clock() {
     assert_eq!(a["release"], "complete");
     assert_eq!(a["responses_out"], 400);
     assert_eq!(a["latency_ms"], b["latency_ms"], "deterministic");
+    // Pacing cannot change virtual latencies, so a paced run says so and
+    // gives the same figures.
+    let paced = ok(grflow()
+        .args(["replay", "--quiet", "--json", "--config"])
+        .arg(&config)
+        .args(["--clock", "virtual", "--speed", "20x", "--calibration", cal])
+        .output()
+        .unwrap());
+    let note = String::from_utf8_lossy(&paced.stderr);
+    assert!(note.contains("--speed max"), "{note}");
+    let paced: Value = serde_json::from_slice(&paced.stdout).unwrap();
+    assert_eq!(paced["latency_ms"], a["latency_ms"]);
     let (w, v) = (
         wall["latency_ms"]["p50"].as_f64().unwrap(),
         a["latency_ms"]["p50"].as_f64().unwrap(),

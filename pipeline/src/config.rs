@@ -712,6 +712,16 @@ impl Config {
         self.run.speed.parse().expect("validated")
     }
 
+    /// Whether a replay is paced although pacing cannot change its figures:
+    /// on the event or virtual clock with `complete` release, latencies come
+    /// from the nodes' modelled timelines and every time is handled in
+    /// order, so the wall-clock pace only makes the replay take longer.
+    pub fn replay_pacing_is_idle(&self) -> bool {
+        self.run.clock != Clock::Wall
+            && self.run.replay_release() == Release::Complete
+            && self.speed() != Speed::Max
+    }
+
     fn validate(&self, name: &str) -> Result<(), ConfigError> {
         let invalid = |field: &str, message: String| ConfigError::Invalid {
             path: name.to_string(),
@@ -976,6 +986,26 @@ mod tests {
                 .to_string();
             assert!(err.contains(key), "{err}");
         }
+    }
+
+    #[test]
+    fn pacing_is_idle_only_for_a_paced_deterministic_replay() {
+        let with = |clock: &str, speed: &str, release: &str| {
+            Config::parse(
+                &format!(
+                    "[run]\nclock = \"{clock}\"\nspeed = \"{speed}\"\nrelease = \"{release}\"\n"
+                ),
+                "x.toml",
+            )
+            .unwrap()
+            .replay_pacing_is_idle()
+        };
+        assert!(with("virtual", "1x", "auto"));
+        assert!(with("event", "4x", "complete"));
+        assert!(!with("virtual", "max", "auto"));
+        assert!(!with("wall", "1x", "auto"));
+        // arrival on a model clock: what has arrived depends on the pace.
+        assert!(!with("virtual", "1x", "arrival"));
     }
 
     #[test]

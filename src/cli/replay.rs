@@ -104,6 +104,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map_err(|e| InputError::from_display(format!("--release: {e}")))?;
     }
     args.cluster.apply(&mut config)?;
+    if config.replay_pacing_is_idle() {
+        eprintln!(
+            "note: --clock {} with complete release gives the same latencies at any pace; \
+             run.speed {:?} only makes this replay slower (--speed max to finish sooner)",
+            config.run.clock.as_str(),
+            config.run.speed
+        );
+    }
     let trace = match &args.trace {
         Some(dir) => TraceInput::Parquet(dir.clone()),
         None => {
