@@ -2,6 +2,10 @@
 //! cache and user-prefix KV reuse. Plain structs, no timely types: the
 //! dataflow wrapper calls `serve` per request in event-time order, `apply`
 //! for commands, and `report` once per batch. Each file does one job:
+//! - `params`: what a node is built from;
+//! - `rank`: rank requests, batched, over the node's lanes;
+//! - `retrieve`: generative-retrieval requests, computed in groups;
+//! - `counters`: the node's cumulative counters and histograms;
 //! - `plan`: what a request is served with and what it costs;
 //! - `embedding`: token embeddings through the EMB cache and the link;
 //! - `prefix`: user-prefix KV reuse, and the one release path on failure;
@@ -18,37 +22,43 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use grflow_kernels::cost::CostModel;
-use grflow_kernels::{
-    BeamPrompt, BeamSearch, GrModel, KvBlockStore, ModelConfig, PrefillJob, RankJob, SID_STEPS,
-    flops,
-};
+use grflow_kernels::{BeamSearch, GrModel};
 
 use crate::cache::{BoundaryMove, MemoryError, MemoryStats, NodeMemory, NodeMemoryConfig};
 use crate::history::{HistoryLimits, pinnable_pages};
 use crate::host::HostTables;
-use crate::link::LinkConfig;
 use crate::retrieval::RetrievalIndex;
 use crate::router::NodeReport;
-use crate::shards::ShardMap;
 
 pub mod batching;
 mod command;
+mod counters;
 mod deadline;
 pub mod embedding;
 pub mod lanes;
 pub mod load;
+mod params;
 pub mod plan;
 pub mod prefix;
+mod rank;
 pub mod residency;
+mod retrieve;
 
 pub use command::{Applied, NodeCommand};
+pub use counters::{BATCH_BUCKETS, NodeCounters, WAIT_BUCKETS_MS};
 pub use deadline::{DeadlineCheck, DeadlineShedder, Deadlined, Shedding};
+#[cfg(test)]
+pub(crate) use params::test_params;
+pub use params::{MemoryParams, NodeParams, TrainedWeights};
+pub use rank::{RankRequest, RankWork};
+pub use retrieve::{MAX_RETRIEVE_GROUP, RetrieveRequest, RetrieveWork};
 
 use embedding::{EmbStats, LinkClock, Lookup, link_cost};
 use load::Backlog;
-use plan::{Plan, top_k};
-use prefix::{UserPrefix, UserPrefixes};
+use plan::Plan;
+use prefix::UserPrefixes;
 use residency::Residency;
+use retrieve::RetrieveGroup;
 
 /// What the node needs to know about items: their embedding feature ids.
 pub trait ItemCatalog {
@@ -56,87 +66,8 @@ pub trait ItemCatalog {
     fn feature_ids(&self, item: u32) -> Option<&[u32]>;
 }
 
-/// The part of a request a node needs (operators/ does not know the trace
-/// schema).
-#[derive(Clone, Copy, Debug)]
-pub struct RankRequest<'a> {
-    pub req_id: u64,
-    pub user_id: u64,
-    pub candidates: &'a [u32],
-}
-
-/// A rank request of a batch with the history it is served with.
-#[derive(Clone, Copy, Debug)]
-pub struct RankWork<'a> {
-    pub req: RankRequest<'a>,
-    pub history: &'a [u32],
-}
-
-/// A planned request of a batch with its looked-up token embeddings.
-struct Ready<'h> {
-    /// Its position in the batch.
-    index: usize,
-    plan: Plan<'h>,
-    emb: EmbStats,
-    /// Embeddings of the history from `history_from` on: the tokens a
-    /// cached KV prefix covers need none (HLEM's EMB–KV coupling).
-    history_tokens: Vec<f32>,
-    history_from: usize,
-    candidate_tokens: Vec<f32>,
-}
-
-/// A generative-retrieval request: the user's history is the prompt.
-#[derive(Clone, Copy, Debug)]
-pub struct RetrieveRequest {
-    pub req_id: u64,
-    pub user_id: u64,
-}
-
-/// A retrieve request with the history it is served with.
-#[derive(Clone, Copy, Debug)]
-pub struct RetrieveWork<'a> {
-    pub req: RetrieveRequest,
-    pub history: &'a [u32],
-}
-
-/// A retrieve request ready for its model work: planned, its prompt
-/// looked up and its prefix reserved.
-struct RetrievePrep<'h> {
-    user_id: u64,
-    plan: Plan<'h>,
-    emb: EmbStats,
-    /// Embeddings of the history past the reused prefix.
-    history_tokens: Vec<f32>,
-    prefix: UserPrefix,
-}
-
-/// Items and scores of a retrieve request.
-type Retrieved = (Vec<u32>, Vec<f32>);
-
 /// A request's response or why it failed.
 pub type Outcome = Result<Served, ServeError>;
-
-/// A rank request's scores or why its model work failed.
-type Scored = Result<Vec<f32>, ServeError>;
-
-/// Retrieve requests computed together (one prefill and one beam decode
-/// for all of them), in a lane beside rank batches or alone.
-struct RetrieveGroup<'a, 'h> {
-    preps: Vec<&'a RetrievePrep<'h>>,
-    index: &'a RetrievalIndex,
-}
-
-/// What one lane computes.
-enum LaneJob<'a, 'h> {
-    Rank(&'a [(usize, UserPrefix)]),
-    /// A group and its beam buffers (one per request).
-    Retrieve(RetrieveGroup<'a, 'h>, &'a mut [BeamSearch]),
-}
-
-enum LaneOut {
-    Rank(Result<Vec<Vec<f32>>, ServeError>),
-    Retrieve(Vec<Result<Retrieved, ServeError>>),
-}
 
 /// Which side of the bipartite sequence was the prefix (BAT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,105 +82,6 @@ impl Prefix {
             Prefix::User => "user",
             Prefix::Item => "item",
         }
-    }
-}
-
-/// The node's device memory pool; page and row sizes come from the model.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MemoryParams {
-    pub pool_bytes: u64,
-    /// EMB share α of the pool.
-    pub alpha: f64,
-    /// Eviction policies by name: lru | laru | fpb | hf.
-    pub emb_policy: String,
-    pub user_kv_policy: String,
-    pub item_kv_policy: String,
-}
-
-/// Trained weights served instead of the seeded ones (a `grflow train`
-/// model directory, checked against the catalog by the caller).
-#[derive(Clone, Debug)]
-pub struct TrainedWeights {
-    /// The transformer as a kernels safetensors file (built into a model
-    /// once per process, see [`NodeParams::with_shared_model_and_host`]).
-    pub safetensors: Vec<u8>,
-    /// Host-tier values per table: `table_rows[t] × d_model` floats.
-    pub tables: Vec<Vec<f32>>,
-    pub model_version: String,
-    /// Histories are cut to their most recent `max_history` items.
-    pub max_history: usize,
-}
-
-/// Everything a node is built from.
-#[derive(Clone, Debug)]
-pub struct NodeParams {
-    pub model: ModelConfig,
-    pub model_seed: u64,
-    /// Items returned per response.
-    pub top_k: usize,
-    /// Generative retrieval: beam width BW and per-beam top-K (xGR).
-    pub beam_width: usize,
-    pub beam_top_k: usize,
-    pub memory: MemoryParams,
-    /// Rows of each embedding table (the host tier adds one OOV row each).
-    pub table_rows: Vec<u32>,
-    pub emb_seed: u64,
-    pub shards: ShardMap,
-    /// A shard is resident once this share of its rows is cached.
-    pub shard_resident_share: f64,
-    /// Host→device link: miss lane bandwidth and latency, refill lane cap.
-    pub link: LinkConfig,
-    /// Event-time service model for the load l(n).
-    pub service_tokens_per_ms: f64,
-    pub token_capacity: f64,
-    /// Users whose prefix head the node remembers at most (least recently
-    /// served dropped first): bounds per-user state however many users come.
-    pub max_users: usize,
-    /// Serve these weights and tables instead of the seeded ones.
-    pub trained: Option<Arc<TrainedWeights>>,
-    /// The host tier, built once and shared by every node made from these
-    /// parameters (it is read-only; 8 nodes would otherwise hold 8 equal
-    /// copies). `None`: each node builds its own.
-    pub host: Option<Arc<HostTables>>,
-    /// The GR model, likewise built once and shared (nodes only read it).
-    pub shared_model: Option<Arc<GrModel>>,
-}
-
-impl NodeParams {
-    /// The host tier these parameters stand for: the trained tables, or
-    /// the seeded ones.
-    pub fn build_host(&self) -> Result<HostTables, ServeError> {
-        match &self.trained {
-            Some(t) => HostTables::from_values(&self.table_rows, self.model.d_model, &t.tables)
-                .map_err(|e| ServeError::Model(e.to_string())),
-            None => Ok(HostTables::new(
-                &self.table_rows,
-                self.model.d_model,
-                self.emb_seed,
-            )),
-        }
-    }
-
-    /// The model these parameters stand for: the trained weights, or the
-    /// seeded ones.
-    pub fn build_model(&self) -> Result<GrModel, ServeError> {
-        match &self.trained {
-            Some(t) => GrModel::from_safetensors(&t.safetensors)
-                .map_err(|e| ServeError::Model(e.to_string())),
-            None => Ok(GrModel::new(self.model.clone(), self.model_seed)),
-        }
-    }
-
-    /// These parameters with their host tier and model built now, for
-    /// every node made from them to share (both are read-only).
-    pub fn with_shared_model_and_host(mut self) -> Result<Self, ServeError> {
-        if self.host.is_none() {
-            self.host = Some(Arc::new(self.build_host()?));
-        }
-        if self.shared_model.is_none() {
-            self.shared_model = Some(Arc::new(self.build_model()?));
-        }
-        Ok(self)
     }
 }
 
@@ -285,77 +117,6 @@ pub enum ServeError {
     EmptyCatalog { req_id: u64 },
     #[error("alpha is pinned at {0} by the operator (PinAlpha(None) releases it)")]
     AlphaPinned(f64),
-}
-
-/// Cumulative counters of a node.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct NodeCounters {
-    pub responses: u64,
-    pub emb_hits: u64,
-    pub emb_lookups: u64,
-    pub kv_reused_tokens: u64,
-    pub kv_total_tokens: u64,
-    pub link_bytes: u64,
-    pub oov_items: u64,
-    /// Requests served with only the most recent part of their history.
-    #[serde(default)]
-    pub truncated_histories: u64,
-    /// Requests that did not fit the KV share alone and were served after
-    /// it took pages back from EMB (α lowered).
-    #[serde(default)]
-    pub kv_reclaims: u64,
-    /// User prefix heads dropped because the table was full (max_users).
-    pub user_head_evictions: u64,
-    /// Model FLOPs executed: uncached history suffixes, candidates and
-    /// instruction tokens, decode steps; cached tokens cost nothing.
-    #[serde(default)]
-    pub model_flops: f64,
-    /// Tokens computed (those of the event-time service model: cached
-    /// history tokens excluded).
-    #[serde(default)]
-    pub computed_tokens: u64,
-    /// Model calls (a batch of rank requests, or one retrieve request).
-    #[serde(default)]
-    pub model_calls: u64,
-    /// Model calls by requests served together: 1, 2, 3–4, 5–8, … 65+
-    /// (see [`BATCH_BUCKETS`]).
-    #[serde(default)]
-    pub batch_size_hist: Vec<u64>,
-    /// Requests by wall time from admission to the start of their batch,
-    /// in [`WAIT_BUCKETS_MS`] (the last bucket is everything above).
-    #[serde(default)]
-    pub queue_wait_hist: Vec<u64>,
-    /// α moves that changed the boundary, the refill they queued on the
-    /// link's low-priority lane (bytes), and the most one move queued.
-    #[serde(default)]
-    pub alpha_moves: u64,
-    #[serde(default)]
-    pub refill_bytes: u64,
-    #[serde(default)]
-    pub refill_bytes_max_per_move: u64,
-}
-
-/// Upper bounds of the batch-size buckets (requests per model call); the
-/// last bucket holds everything larger.
-pub const BATCH_BUCKETS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
-
-/// Upper bounds (ms) of the queue-wait buckets; the last bucket holds
-/// everything larger.
-pub const WAIT_BUCKETS_MS: [f64; 9] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0];
-
-/// Retrieve requests decoded together at most: each holds a beam searcher
-/// sized for the longest prompt (~2 MB at hstu-3l), and 16 searches of a
-/// 32-wide beam already give the decode GEMMs 512 rows.
-pub const MAX_RETRIEVE_GROUP: usize = 16;
-
-/// Adds one to the bucket of `value` under `bounds` (one more bucket above).
-fn bump<T: PartialOrd>(hist: &mut Vec<u64>, bounds: &[T], value: T) {
-    hist.resize(bounds.len() + 1, 0);
-    let i = bounds
-        .iter()
-        .position(|b| value <= *b)
-        .unwrap_or(bounds.len());
-    hist[i] += 1;
 }
 
 #[derive(Debug)]
@@ -573,37 +334,6 @@ impl ServingNode {
         moved > 0
     }
 
-    /// Serves one rank request at event time `now_ms` whose user history is
-    /// `history` (the first hist_len items): User-as-prefix ranking of the
-    /// candidates on top of the user's cached history KV. A batch of one.
-    pub fn serve(
-        &mut self,
-        now_ms: u64,
-        req: RankRequest<'_>,
-        history: &[u32],
-        catalog: &dyn ItemCatalog,
-    ) -> Result<Served, ServeError> {
-        self.serve_rank_batch(now_ms, &[RankWork { req, history }], catalog)
-            .pop()
-            .expect("one request, one result")
-    }
-
-    /// Serves several rank requests at event time `now_ms` with batched
-    /// model calls (xGR's token-capacity batching): their uncached history
-    /// suffixes are prefilled in one set of GEMMs, then their candidates
-    /// and instruction tokens are ranked in another. Results, in order,
-    /// equal [`Self::serve`] one request at a time (within float rounding);
-    /// each request fails or succeeds alone. Requests whose pages do not
-    /// fit in the pool beside the others run in a later sub-batch.
-    pub fn serve_rank_batch(
-        &mut self,
-        now_ms: u64,
-        work: &[RankWork<'_>],
-        catalog: &dyn ItemCatalog,
-    ) -> Vec<Result<Served, ServeError>> {
-        self.serve_rank_inner(now_ms, work, catalog, Vec::new()).0
-    }
-
     /// Serves a batch of rank requests and retrieve requests in the same
     /// step. The retrieve requests are computed together: their prompts
     /// prefilled in one set of GEMMs and their beams decoded together (xGR
@@ -660,441 +390,6 @@ impl ServingNode {
         (ranked, retrieved)
     }
 
-    /// Rank batch serving; the retrieve requests of `sides` (whose beam
-    /// buffers are `beams[i]`) are computed in lanes beside the first
-    /// sub-batch (or by themselves, should no rank request get that far).
-    fn serve_rank_inner(
-        &mut self,
-        now_ms: u64,
-        work: &[RankWork<'_>],
-        catalog: &dyn ItemCatalog,
-        mut sides: Vec<RetrieveGroup<'_, '_>>,
-    ) -> (Vec<Outcome>, Vec<Result<Retrieved, ServeError>>) {
-        self.link_clock.observe(now_ms);
-        let mut retrieved = Vec::new();
-        let mut results: Vec<Option<Result<Served, ServeError>>> =
-            work.iter().map(|_| None).collect();
-        let mut ready = Vec::with_capacity(work.len());
-        for (i, w) in work.iter().enumerate() {
-            let plan = match Plan::rank(
-                &self.history_limits,
-                w.req.req_id,
-                w.history,
-                w.req.candidates.len(),
-            ) {
-                Ok(plan) => plan,
-                Err(e) => {
-                    results[i] = Some(Err(e));
-                    continue;
-                }
-            };
-            self.begin(&plan);
-            let mut emb = EmbStats::default();
-            // Tokens under a cached KV prefix need no embeddings. Should the
-            // prefix be evicted before it is pinned, the gap is looked up
-            // at reservation.
-            let history_from = self.memory.kv_cached_prefix_len(plan.history);
-            let history_tokens =
-                self.lookup()
-                    .item_tokens(&plan.history[history_from..], catalog, &mut emb);
-            let candidate_tokens = self
-                .lookup()
-                .item_tokens(w.req.candidates, catalog, &mut emb);
-            ready.push(Ready {
-                index: i,
-                plan,
-                emb,
-                history_tokens,
-                history_from,
-                candidate_tokens,
-            });
-        }
-        let miss_bytes = ready.iter().map(|r| r.emb.miss_bytes).sum();
-        self.link_clock.pay(&mut self.memory, miss_bytes);
-
-        let mut next = 0;
-        while next < ready.len() {
-            let mut reserved = Vec::new();
-            while next < ready.len() {
-                match self
-                    .prefixes
-                    .reserve(&mut self.memory, ready[next].plan.history)
-                {
-                    Ok(prefix) => {
-                        self.fill_gap(&mut ready[next], prefix.reused, catalog);
-                        reserved.push((next, prefix));
-                    }
-                    // Alone it does not fit: KV takes pages back from EMB
-                    // and it tries again; else its own error.
-                    Err(e) if reserved.is_empty() => {
-                        if self.reclaim_for(&e) {
-                            continue;
-                        }
-                        results[ready[next].index] = Some(Err(e))
-                    }
-                    // Serve what fits first; this one starts the next sub-batch.
-                    Err(_) => break,
-                }
-                next += 1;
-            }
-            if reserved.is_empty() {
-                continue;
-            }
-            let (scores, side_out) =
-                self.rank_reserved(&ready, &reserved, std::mem::take(&mut sides));
-            if !side_out.is_empty() {
-                retrieved = side_out;
-            }
-            for ((k, prefix), scored) in reserved.into_iter().zip(scores) {
-                let r = &ready[k];
-                let w = &work[r.index];
-                let scores = match scored {
-                    Ok(scores) => {
-                        self.prefixes.commit(
-                            &mut self.memory,
-                            w.req.user_id,
-                            r.plan.history,
-                            &prefix,
-                        );
-                        scores
-                    }
-                    Err(e) => {
-                        prefix::release(&mut self.memory, &prefix);
-                        results[r.index] = Some(Err(e));
-                        continue;
-                    }
-                };
-                let order = top_k(&scores, self.params.top_k);
-                let items = order.iter().map(|&i| w.req.candidates[i]).collect();
-                let top_scores = order.iter().map(|&i| scores[i]).collect();
-                let flops = self.rank_flops(&r.plan, prefix.reused, w.req.candidates.len());
-                let len = r.plan.history.len();
-                let virtual_ms = self.virtual_compute.as_ref().map(|v| {
-                    v.cost.prefill(len - prefix.reused.min(len), prefix.reused)
-                        + v.cost.rank(w.req.candidates.len(), len)
-                });
-                let served = self.finish(
-                    now_ms,
-                    &r.plan,
-                    items,
-                    top_scores,
-                    (prefix.reused, virtual_ms),
-                    &r.emb,
-                    flops,
-                );
-                results[r.index] = Some(Ok(served));
-            }
-        }
-        if !sides.is_empty() {
-            let (_, out) = self.rank_reserved(&[], &[], sides);
-            retrieved = out;
-        }
-        let results = results
-            .into_iter()
-            .map(|r| r.expect("every request of the batch has a result"))
-            .collect();
-        (results, retrieved)
-    }
-
-    /// Prefills and ranks the reserved requests of a batch in two batched
-    /// model calls, split over the node's lanes, with `side` in a lane of
-    /// its own. Should a group fail as a whole (the plans rule that out),
-    /// each of its requests is retried alone so that it fails by itself.
-    fn rank_reserved(
-        &mut self,
-        ready: &[Ready<'_>],
-        reserved: &[(usize, UserPrefix)],
-        sides: Vec<RetrieveGroup<'_, '_>>,
-    ) -> (Vec<Scored>, Vec<Result<Retrieved, ServeError>>) {
-        let d = self.params.model.d_model;
-        for side in &sides {
-            self.count_call(side.preps.len());
-        }
-        if self.virtual_compute.is_some() {
-            if !reserved.is_empty() {
-                self.count_call(reserved.len());
-            }
-            let scores = reserved
-                .iter()
-                .map(|(k, _)| Ok(vec![0.0; ready[*k].candidate_tokens.len() / d]))
-                .collect();
-            let retrieved = sides
-                .iter()
-                .flat_map(|side| side.preps.iter().map(|_| Ok((Vec::new(), Vec::new()))))
-                .collect();
-            return (scores, retrieved);
-        }
-        let lanes = self.lanes.min(reserved.len()).max(1);
-        let groups: Vec<&[(usize, UserPrefix)]> = if reserved.is_empty() {
-            Vec::new()
-        } else {
-            reserved.chunks(reserved.len().div_ceil(lanes)).collect()
-        };
-        for group in &groups {
-            self.count_call(group.len());
-        }
-        let model = &self.model;
-        let top = self.params.top_k;
-        let mut retrieved = Vec::with_capacity(sides.len());
-        let outcomes =
-            if groups.len() == 1 && sides.is_empty() {
-                vec![rank_group(
-                    model,
-                    d,
-                    ready,
-                    self.memory.kv_store(),
-                    groups[0],
-                )]
-            } else {
-                // The retrieve request first: the lane that takes it takes a
-                // rank group after it.
-                let mut jobs: Vec<LaneJob<'_, '_>> = Vec::with_capacity(groups.len() + sides.len());
-                let mut beams = &mut self.beams[..];
-                for side in sides {
-                    let (mine, rest) = beams.split_at_mut(side.preps.len());
-                    beams = rest;
-                    jobs.push(LaneJob::Retrieve(side, mine));
-                }
-                jobs.extend(groups.iter().map(|g| LaneJob::Rank(g)));
-                let outs =
-                    lanes::run_lanes(self.memory.kv_store(), jobs, self.lanes, |job, store| {
-                        match job {
-                            LaneJob::Rank(group) => {
-                                LaneOut::Rank(rank_group(model, d, ready, store, group))
-                            }
-                            LaneJob::Retrieve(side, beams) => {
-                                LaneOut::Retrieve(retrieve_group(model, store, &side, beams, top))
-                            }
-                        }
-                    });
-                let mut ranked = Vec::with_capacity(groups.len());
-                for out in outs {
-                    match out {
-                        LaneOut::Rank(r) => ranked.push(r),
-                        LaneOut::Retrieve(r) => retrieved.extend(r),
-                    }
-                }
-                ranked
-            };
-        let mut out = Vec::with_capacity(reserved.len());
-        for (group, outcome) in groups.into_iter().zip(outcomes) {
-            match outcome {
-                Ok(scores) => out.extend(scores.into_iter().map(Ok)),
-                Err(e) if group.len() == 1 => out.push(Err(e)),
-                Err(_) => out.extend(group.iter().map(|one| {
-                    rank_group(
-                        model,
-                        d,
-                        ready,
-                        self.memory.kv_store(),
-                        std::slice::from_ref(one),
-                    )
-                    .map(|mut s| s.pop().expect("one job, one result"))
-                })),
-            }
-        }
-        (out, retrieved)
-    }
-
-    /// Serves one generative-retrieval request (xGR): the user's history is
-    /// the shared prompt, beam search decodes semantic-ID triplets constrained
-    /// to the catalog, and the best `top_k` items come back with their
-    /// log-probabilities as scores.
-    pub fn serve_retrieve(
-        &mut self,
-        now_ms: u64,
-        req: RetrieveRequest,
-        history: &[u32],
-        catalog: &dyn ItemCatalog,
-        index: &RetrievalIndex,
-    ) -> Result<Served, ServeError> {
-        self.serve_retrieve_batch(now_ms, &[RetrieveWork { req, history }], catalog, index)
-            .pop()
-            .expect("one request, one result")
-    }
-
-    /// Serves retrieve requests together: planned and reserved in order,
-    /// then computed as one group (one prefill, one beam decode). A request
-    /// whose pages do not fit beside the group's starts the next group, and
-    /// so does the request after [`MAX_RETRIEVE_GROUP`] of them.
-    /// Results, in order, equal [`Self::serve_retrieve`] one at a time
-    /// (within float rounding); each request fails or succeeds alone.
-    pub fn serve_retrieve_batch(
-        &mut self,
-        now_ms: u64,
-        work: &[RetrieveWork<'_>],
-        catalog: &dyn ItemCatalog,
-        index: &RetrievalIndex,
-    ) -> Vec<Outcome> {
-        self.link_clock.observe(now_ms);
-        let mut results: Vec<Option<Outcome>> = work.iter().map(|_| None).collect();
-        let mut from = 0;
-        while from < work.len() {
-            let (mut group, next) = self.prepare_group(work, from, catalog, index, &mut results);
-            self.compute_retrieves(now_ms, &mut group, index, &mut results);
-            from = next;
-        }
-        results
-            .into_iter()
-            .map(|r| r.expect("every retrieve request has a result"))
-            .collect()
-    }
-
-    /// Prepares `work[from..]` in order as one group, until it holds
-    /// [`MAX_RETRIEVE_GROUP`] requests or a request's pages do not fit
-    /// beside the group's; returns the group (indices into `work`) and the
-    /// first request left out. A request that fails alone gets its error in
-    /// `results`.
-    fn prepare_group<'h>(
-        &mut self,
-        work: &[RetrieveWork<'h>],
-        from: usize,
-        catalog: &dyn ItemCatalog,
-        index: &RetrievalIndex,
-        results: &mut [Option<Outcome>],
-    ) -> (Vec<(usize, RetrievePrep<'h>)>, usize) {
-        let mut group = Vec::new();
-        for (i, w) in work.iter().enumerate().skip(from) {
-            if group.len() == MAX_RETRIEVE_GROUP {
-                return (group, i);
-            }
-            let lane = group.len();
-            let mut prepared = self.prepare_retrieve(w.req, w.history, catalog, index, lane);
-            // Alone it does not fit: KV takes pages back from EMB.
-            while let Err(e) = &prepared
-                && lane == 0
-                && self.reclaim_for(e)
-            {
-                prepared = self.prepare_retrieve(w.req, w.history, catalog, index, lane);
-            }
-            match prepared {
-                Ok(prep) => group.push((i, prep)),
-                // The group holds the pages it needs: it goes first.
-                Err(ServeError::Memory(_)) if !group.is_empty() => return (group, i),
-                Err(e) => results[i] = Some(Err(e)),
-            }
-        }
-        (group, work.len())
-    }
-
-    /// Computes a group of prepared retrieve requests in one model call and
-    /// books each (emptying `group`).
-    fn compute_retrieves(
-        &mut self,
-        now_ms: u64,
-        group: &mut Vec<(usize, RetrievePrep<'_>)>,
-        index: &RetrievalIndex,
-        results: &mut [Option<Outcome>],
-    ) {
-        if group.is_empty() {
-            return;
-        }
-        self.count_call(group.len());
-        let outs = if self.virtual_compute.is_some() {
-            group.iter().map(|_| Ok((Vec::new(), Vec::new()))).collect()
-        } else {
-            let side = RetrieveGroup {
-                preps: group.iter().map(|(_, prep)| prep).collect(),
-                index,
-            };
-            let top = self.params.top_k;
-            let beams = &mut self.beams[..group.len()];
-            retrieve_group(&self.model, self.memory.kv_store(), &side, beams, top)
-        };
-        for ((i, prep), out) in group.drain(..).zip(outs) {
-            results[i] = Some(self.finish_retrieve(now_ms, &prep, out));
-        }
-    }
-
-    /// Everything of a retrieve request before its model work: plan, beam
-    /// buffers, prompt embeddings (paying the link for misses) and the
-    /// prefix reservation. Nothing is held on failure. `lane` is the
-    /// request's place among those computed at once (its beam buffers).
-    fn prepare_retrieve<'h>(
-        &mut self,
-        req: RetrieveRequest,
-        history: &'h [u32],
-        catalog: &dyn ItemCatalog,
-        index: &RetrievalIndex,
-        lane: usize,
-    ) -> Result<RetrievePrep<'h>, ServeError> {
-        let plan = Plan::retrieve(
-            &self.history_limits,
-            req.req_id,
-            history,
-            self.params.beam_width,
-            index.is_empty(),
-        )?;
-        // Buffers first: failing here has taken nothing yet.
-        while self.beams.len() <= lane {
-            let cfg = &self.params.model;
-            let max_prompt = cfg.max_positions.saturating_sub(SID_STEPS);
-            let beam = BeamSearch::new(
-                cfg,
-                self.params.beam_width,
-                self.params.beam_top_k,
-                max_prompt,
-            )
-            .map_err(|e| ServeError::Model(e.to_string()))?;
-            self.beams.push(beam);
-        }
-        self.refill();
-        // Reserved first: the tokens its cached prefix covers need no
-        // embeddings (EMB lookups never evict KV pages).
-        let prefix = self.prefixes.reserve(&mut self.memory, plan.history)?;
-        // Counted once reserved: a request that waits for pages is retried.
-        self.count_truncation(&plan);
-        let mut emb = EmbStats::default();
-        let history_tokens =
-            self.lookup()
-                .item_tokens(&plan.history[prefix.reused..], catalog, &mut emb);
-        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
-        Ok(RetrievePrep {
-            user_id: req.user_id,
-            plan,
-            emb,
-            history_tokens,
-            prefix,
-        })
-    }
-
-    /// Caches the prefix of a computed retrieve request and books it, or
-    /// gives its pages back.
-    fn finish_retrieve(
-        &mut self,
-        now_ms: u64,
-        prep: &RetrievePrep<'_>,
-        retrieved: Result<Retrieved, ServeError>,
-    ) -> Result<Served, ServeError> {
-        let (items, scores) = match retrieved {
-            Ok(r) => r,
-            Err(e) => {
-                prefix::release(&mut self.memory, &prep.prefix);
-                return Err(e);
-            }
-        };
-        let history = prep.plan.history;
-        self.prefixes
-            .commit(&mut self.memory, prep.user_id, history, &prep.prefix);
-        let cfg = &self.params.model;
-        let (len, reused) = (history.len(), prep.prefix.reused);
-        let flops = flops::prefill_flops(cfg, reused, len - reused.min(len))
-            + flops::beam_search_flops(cfg, len, self.params.beam_width);
-        let virtual_ms = self
-            .virtual_compute
-            .as_ref()
-            .map(|v| v.cost.prefill(len - reused.min(len), reused) + v.cost.beam(len));
-        Ok(self.finish(
-            now_ms,
-            &prep.plan,
-            items,
-            scores,
-            (reused, virtual_ms),
-            &prep.emb,
-            flops,
-        ))
-    }
-
     /// Before any cache work: count a truncation, and let background
     /// refill (after an α move) use the idle link up to now.
     fn begin(&mut self, plan: &Plan<'_>) {
@@ -1129,23 +424,6 @@ impl ServingNode {
             residency: &mut self.residency,
             values: self.virtual_compute.is_none(),
         }
-    }
-
-    /// A rank request's prefix turned out shorter than when its embeddings
-    /// were looked up (evicted by a reservation of the same batch): looks
-    /// up the uncovered tokens and pays the link for them.
-    fn fill_gap(&mut self, r: &mut Ready<'_>, reused: usize, catalog: &dyn ItemCatalog) {
-        if reused >= r.history_from {
-            return;
-        }
-        let mut emb = EmbStats::default();
-        let gap =
-            self.lookup()
-                .item_tokens(&r.plan.history[reused..r.history_from], catalog, &mut emb);
-        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
-        r.history_tokens.splice(0..0, gap);
-        r.history_from = reused;
-        r.emb.add(&emb);
     }
 
     /// Books a served request: backlog, counters, and the response.
@@ -1203,29 +481,6 @@ impl ServingNode {
         }
     }
 
-    /// One model call serving `requests` requests together.
-    fn count_call(&mut self, requests: usize) {
-        self.counters.model_calls += 1;
-        bump(
-            &mut self.counters.batch_size_hist,
-            &BATCH_BUCKETS,
-            requests as u64,
-        );
-    }
-
-    /// A request waited `ms` (wall time) from admission to its batch.
-    pub fn record_wait(&mut self, ms: f64) {
-        bump(&mut self.counters.queue_wait_hist, &WAIT_BUCKETS_MS, ms);
-    }
-
-    /// FLOPs of a rank request on `reused` cached history tokens.
-    fn rank_flops(&self, plan: &Plan<'_>, reused: usize, candidates: usize) -> f64 {
-        let cfg = &self.params.model;
-        let len = plan.history.len();
-        flops::prefill_flops(cfg, reused, len - reused.min(len))
-            + flops::rank_user_prefix_flops(cfg, len, candidates)
-    }
-
     /// Residency changes since the previous report, and the load now.
     pub fn report(&mut self, now_ms: u64) -> NodeReport {
         let mut report = NodeReport {
@@ -1255,168 +510,5 @@ impl ServingNode {
         let memory = &self.memory;
         self.residency
             .recount(&self.params.shards, |t, r| memory.emb_contains(t, r));
-    }
-}
-
-/// Prefill of a group of retrieve requests' uncached prompts in one set of
-/// GEMMs, then their beam searches decoded together, over `store` (the
-/// pool, or a lane's view of it); `beams` holds one searcher per request.
-/// Should the group fail as a whole (the plans rule that out), each request
-/// is retried alone so that it fails by itself.
-fn retrieve_group<S: KvBlockStore + ?Sized>(
-    model: &GrModel,
-    store: &mut S,
-    group: &RetrieveGroup<'_, '_>,
-    beams: &mut [BeamSearch],
-    top: usize,
-) -> Vec<Result<Retrieved, ServeError>> {
-    let (preps, index) = (&group.preps[..], group.index);
-    match retrieve_together(model, store, preps, index, beams, top) {
-        Ok(all) => all.into_iter().map(Ok).collect(),
-        Err(e) if preps.len() == 1 => vec![Err(e)],
-        Err(_) => preps
-            .iter()
-            .zip(beams.iter_mut())
-            .map(|(prep, beam)| {
-                let one = std::slice::from_ref(prep);
-                retrieve_together(model, store, one, index, std::slice::from_mut(beam), top)
-                    .map(|mut r| r.pop().expect("one request, one result"))
-            })
-            .collect(),
-    }
-}
-
-fn retrieve_together<S: KvBlockStore + ?Sized>(
-    model: &GrModel,
-    store: &mut S,
-    preps: &[&RetrievePrep<'_>],
-    index: &RetrievalIndex,
-    beams: &mut [BeamSearch],
-    top: usize,
-) -> Result<Vec<Retrieved>, ServeError> {
-    let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
-    let prefills: Vec<PrefillJob<'_>> = preps
-        .iter()
-        .map(|prep| PrefillJob {
-            block_table: &prep.prefix.block_table,
-            cached_len: prep.prefix.reused,
-            new_tokens: &prep.history_tokens,
-        })
-        .collect();
-    model.prefill_batch(store, &prefills).map_err(model_err)?;
-    let prompts: Vec<BeamPrompt<'_>> = preps
-        .iter()
-        .map(|prep| BeamPrompt {
-            block_table: &prep.prefix.block_table,
-            prompt_len: prep.plan.history.len(),
-        })
-        .collect();
-    let beams = &mut beams[..preps.len()];
-    BeamSearch::generate_many(beams, model, &*store, &prompts, index.trie()).map_err(model_err)?;
-    Ok(beams
-        .iter()
-        .map(|beam| {
-            beam.hits()
-                .iter()
-                .filter_map(|h| index.item(h.sid).map(|item| (item, h.log_prob)))
-                .take(top)
-                .unzip()
-        })
-        .collect())
-}
-
-/// Prefill then ranking of one group of reserved requests, in two batched
-/// model calls over `store` (the pool, or a lane's view of it).
-fn rank_group<S: KvBlockStore + ?Sized>(
-    model: &GrModel,
-    d: usize,
-    ready: &[Ready<'_>],
-    store: &mut S,
-    group: &[(usize, UserPrefix)],
-) -> Result<Vec<Vec<f32>>, ServeError> {
-    let prefills: Vec<PrefillJob<'_>> = group
-        .iter()
-        .map(|(k, p)| PrefillJob {
-            block_table: &p.block_table,
-            cached_len: p.reused,
-            new_tokens: &ready[*k].history_tokens[(p.reused - ready[*k].history_from) * d..],
-        })
-        .collect();
-    let ranks: Vec<RankJob<'_>> = group
-        .iter()
-        .map(|(k, p)| RankJob {
-            block_table: &p.block_table,
-            prefix_len: ready[*k].plan.history.len(),
-            candidate_tokens: &ready[*k].candidate_tokens,
-        })
-        .collect();
-    let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
-    model.prefill_batch(store, &prefills).map_err(model_err)?;
-    model
-        .rank_user_prefix_batch(store, &ranks)
-        .map_err(model_err)
-}
-
-/// A small node for the unit tests of this module's files.
-#[cfg(test)]
-pub(crate) fn test_params() -> NodeParams {
-    const TABLE_ROWS: [u32; 2] = [200, 300];
-    let mut model = ModelConfig::preset("small").expect("preset");
-    model.n_tables = TABLE_ROWS.len();
-    model.codebook_size = 16;
-    NodeParams {
-        model,
-        model_seed: 3,
-        top_k: 5,
-        beam_width: 8,
-        beam_top_k: 8,
-        memory: MemoryParams {
-            pool_bytes: 4 << 20,
-            alpha: 0.5,
-            emb_policy: "lru".into(),
-            user_kv_policy: "lru".into(),
-            item_kv_policy: "lru".into(),
-        },
-        table_rows: TABLE_ROWS.to_vec(),
-        emb_seed: 11,
-        shards: ShardMap::new(&TABLE_ROWS, 16),
-        shard_resident_share: 0.5,
-        link: LinkConfig {
-            bytes_per_s: 25e9,
-            latency_ns: 1_000,
-            refill_bytes_per_s: 5e9,
-        },
-        service_tokens_per_ms: 20.0,
-        token_capacity: 2000.0,
-        max_users: 100,
-        trained: None,
-        host: None,
-        shared_model: None,
-    }
-}
-
-#[cfg(test)]
-mod shared_host_tests {
-    use super::*;
-
-    #[test]
-    fn nodes_from_shared_params_hold_one_host_tier_and_model_equal_to_their_own() {
-        let shared = test_params().with_shared_model_and_host().unwrap();
-        let host = shared.host.clone().unwrap();
-        let a = ServingNode::new(0, shared.clone()).unwrap();
-        let b = ServingNode::new(1, shared.clone()).unwrap();
-        assert!(Arc::ptr_eq(&a.host, &host) && Arc::ptr_eq(&b.host, &host));
-        let model = shared.shared_model.clone().unwrap();
-        assert!(Arc::ptr_eq(&a.model, &model) && Arc::ptr_eq(&b.model, &model));
-        assert_eq!(a.model_version(), b.model_version());
-        // The same values a node builds alone.
-        let alone = ServingNode::new(2, test_params()).unwrap();
-        assert!(!Arc::ptr_eq(&alone.host, &host));
-        assert_eq!(alone.model_version(), a.model_version());
-        for t in 0..2u16 {
-            for r in [0u32, 7, 199] {
-                assert_eq!(alone.host.row(t, r), host.row(t, r));
-            }
-        }
     }
 }

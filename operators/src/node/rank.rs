@@ -1,0 +1,383 @@
+//! Rank requests (user-as-prefix ranking of candidates): planned, their
+//! embeddings looked up, their prefixes reserved, then prefilled and ranked
+//! in batched model calls split over the node's lanes (with a retrieve
+//! group in a lane of its own when a step has one).
+
+use grflow_kernels::{BeamSearch, GrModel, KvBlockStore, PrefillJob, RankJob, flops};
+
+use super::embedding::EmbStats;
+use super::lanes;
+use super::plan::{Plan, top_k};
+use super::prefix::{self, UserPrefix};
+use super::retrieve::{RetrieveGroup, Retrieved, retrieve_group};
+use super::{ItemCatalog, Outcome, ServeError, Served, ServingNode};
+
+/// The part of a request a node needs (operators/ does not know the trace
+/// schema).
+#[derive(Clone, Copy, Debug)]
+pub struct RankRequest<'a> {
+    pub req_id: u64,
+    pub user_id: u64,
+    pub candidates: &'a [u32],
+}
+
+/// A rank request of a batch with the history it is served with.
+#[derive(Clone, Copy, Debug)]
+pub struct RankWork<'a> {
+    pub req: RankRequest<'a>,
+    pub history: &'a [u32],
+}
+
+/// A planned request of a batch with its looked-up token embeddings.
+struct Ready<'h> {
+    /// Its position in the batch.
+    index: usize,
+    plan: Plan<'h>,
+    emb: EmbStats,
+    /// Embeddings of the history from `history_from` on: the tokens a
+    /// cached KV prefix covers need none (HLEM's EMB–KV coupling).
+    history_tokens: Vec<f32>,
+    history_from: usize,
+    candidate_tokens: Vec<f32>,
+}
+
+/// A rank request's scores or why its model work failed.
+type Scored = Result<Vec<f32>, ServeError>;
+
+/// What one lane computes.
+enum LaneJob<'a, 'h> {
+    Rank(&'a [(usize, UserPrefix)]),
+    /// A group and its beam buffers (one per request).
+    Retrieve(RetrieveGroup<'a, 'h>, &'a mut [BeamSearch]),
+}
+
+enum LaneOut {
+    Rank(Result<Vec<Vec<f32>>, ServeError>),
+    Retrieve(Vec<Result<Retrieved, ServeError>>),
+}
+
+impl ServingNode {
+    /// Serves one rank request at event time `now_ms` whose user history is
+    /// `history` (the first hist_len items): User-as-prefix ranking of the
+    /// candidates on top of the user's cached history KV. A batch of one.
+    pub fn serve(
+        &mut self,
+        now_ms: u64,
+        req: RankRequest<'_>,
+        history: &[u32],
+        catalog: &dyn ItemCatalog,
+    ) -> Result<Served, ServeError> {
+        self.serve_rank_batch(now_ms, &[RankWork { req, history }], catalog)
+            .pop()
+            .expect("one request, one result")
+    }
+
+    /// Serves several rank requests at event time `now_ms` with batched
+    /// model calls (xGR's token-capacity batching): their uncached history
+    /// suffixes are prefilled in one set of GEMMs, then their candidates
+    /// and instruction tokens are ranked in another. Results, in order,
+    /// equal [`Self::serve`] one request at a time (within float rounding);
+    /// each request fails or succeeds alone. Requests whose pages do not
+    /// fit in the pool beside the others run in a later sub-batch.
+    pub fn serve_rank_batch(
+        &mut self,
+        now_ms: u64,
+        work: &[RankWork<'_>],
+        catalog: &dyn ItemCatalog,
+    ) -> Vec<Result<Served, ServeError>> {
+        self.serve_rank_inner(now_ms, work, catalog, Vec::new()).0
+    }
+
+    /// Rank batch serving; the retrieve requests of `sides` (whose beam
+    /// buffers are `beams[i]`) are computed in lanes beside the first
+    /// sub-batch (or by themselves, should no rank request get that far).
+    pub(super) fn serve_rank_inner(
+        &mut self,
+        now_ms: u64,
+        work: &[RankWork<'_>],
+        catalog: &dyn ItemCatalog,
+        mut sides: Vec<RetrieveGroup<'_, '_>>,
+    ) -> (Vec<Outcome>, Vec<Result<Retrieved, ServeError>>) {
+        self.link_clock.observe(now_ms);
+        let mut retrieved = Vec::new();
+        let mut results: Vec<Option<Result<Served, ServeError>>> =
+            work.iter().map(|_| None).collect();
+        let mut ready = Vec::with_capacity(work.len());
+        for (i, w) in work.iter().enumerate() {
+            let plan = match Plan::rank(
+                &self.history_limits,
+                w.req.req_id,
+                w.history,
+                w.req.candidates.len(),
+            ) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            self.begin(&plan);
+            let mut emb = EmbStats::default();
+            // Tokens under a cached KV prefix need no embeddings. Should the
+            // prefix be evicted before it is pinned, the gap is looked up
+            // at reservation.
+            let history_from = self.memory.kv_cached_prefix_len(plan.history);
+            let history_tokens =
+                self.lookup()
+                    .item_tokens(&plan.history[history_from..], catalog, &mut emb);
+            let candidate_tokens = self
+                .lookup()
+                .item_tokens(w.req.candidates, catalog, &mut emb);
+            ready.push(Ready {
+                index: i,
+                plan,
+                emb,
+                history_tokens,
+                history_from,
+                candidate_tokens,
+            });
+        }
+        let miss_bytes = ready.iter().map(|r| r.emb.miss_bytes).sum();
+        self.link_clock.pay(&mut self.memory, miss_bytes);
+
+        let mut next = 0;
+        while next < ready.len() {
+            let mut reserved = Vec::new();
+            while next < ready.len() {
+                match self
+                    .prefixes
+                    .reserve(&mut self.memory, ready[next].plan.history)
+                {
+                    Ok(prefix) => {
+                        self.fill_gap(&mut ready[next], prefix.reused, catalog);
+                        reserved.push((next, prefix));
+                    }
+                    // Alone it does not fit: KV takes pages back from EMB
+                    // and it tries again; else its own error.
+                    Err(e) if reserved.is_empty() => {
+                        if self.reclaim_for(&e) {
+                            continue;
+                        }
+                        results[ready[next].index] = Some(Err(e))
+                    }
+                    // Serve what fits first; this one starts the next sub-batch.
+                    Err(_) => break,
+                }
+                next += 1;
+            }
+            if reserved.is_empty() {
+                continue;
+            }
+            let (scores, side_out) =
+                self.rank_reserved(&ready, &reserved, std::mem::take(&mut sides));
+            if !side_out.is_empty() {
+                retrieved = side_out;
+            }
+            for ((k, prefix), scored) in reserved.into_iter().zip(scores) {
+                let r = &ready[k];
+                let w = &work[r.index];
+                let scores = match scored {
+                    Ok(scores) => {
+                        self.prefixes.commit(
+                            &mut self.memory,
+                            w.req.user_id,
+                            r.plan.history,
+                            &prefix,
+                        );
+                        scores
+                    }
+                    Err(e) => {
+                        prefix::release(&mut self.memory, &prefix);
+                        results[r.index] = Some(Err(e));
+                        continue;
+                    }
+                };
+                let order = top_k(&scores, self.params.top_k);
+                let items = order.iter().map(|&i| w.req.candidates[i]).collect();
+                let top_scores = order.iter().map(|&i| scores[i]).collect();
+                let flops = self.rank_flops(&r.plan, prefix.reused, w.req.candidates.len());
+                let len = r.plan.history.len();
+                let virtual_ms = self.virtual_compute.as_ref().map(|v| {
+                    v.cost.prefill(len - prefix.reused.min(len), prefix.reused)
+                        + v.cost.rank(w.req.candidates.len(), len)
+                });
+                let served = self.finish(
+                    now_ms,
+                    &r.plan,
+                    items,
+                    top_scores,
+                    (prefix.reused, virtual_ms),
+                    &r.emb,
+                    flops,
+                );
+                results[r.index] = Some(Ok(served));
+            }
+        }
+        if !sides.is_empty() {
+            let (_, out) = self.rank_reserved(&[], &[], sides);
+            retrieved = out;
+        }
+        let results = results
+            .into_iter()
+            .map(|r| r.expect("every request of the batch has a result"))
+            .collect();
+        (results, retrieved)
+    }
+
+    /// Prefills and ranks the reserved requests of a batch in two batched
+    /// model calls, split over the node's lanes, with `side` in a lane of
+    /// its own. Should a group fail as a whole (the plans rule that out),
+    /// each of its requests is retried alone so that it fails by itself.
+    fn rank_reserved(
+        &mut self,
+        ready: &[Ready<'_>],
+        reserved: &[(usize, UserPrefix)],
+        sides: Vec<RetrieveGroup<'_, '_>>,
+    ) -> (Vec<Scored>, Vec<Result<Retrieved, ServeError>>) {
+        let d = self.params.model.d_model;
+        for side in &sides {
+            self.count_call(side.preps.len());
+        }
+        if self.virtual_compute.is_some() {
+            if !reserved.is_empty() {
+                self.count_call(reserved.len());
+            }
+            let scores = reserved
+                .iter()
+                .map(|(k, _)| Ok(vec![0.0; ready[*k].candidate_tokens.len() / d]))
+                .collect();
+            let retrieved = sides
+                .iter()
+                .flat_map(|side| side.preps.iter().map(|_| Ok((Vec::new(), Vec::new()))))
+                .collect();
+            return (scores, retrieved);
+        }
+        let lanes = self.lanes.min(reserved.len()).max(1);
+        let groups: Vec<&[(usize, UserPrefix)]> = if reserved.is_empty() {
+            Vec::new()
+        } else {
+            reserved.chunks(reserved.len().div_ceil(lanes)).collect()
+        };
+        for group in &groups {
+            self.count_call(group.len());
+        }
+        let model = &self.model;
+        let top = self.params.top_k;
+        let mut retrieved = Vec::with_capacity(sides.len());
+        let outcomes =
+            if groups.len() == 1 && sides.is_empty() {
+                vec![rank_group(
+                    model,
+                    d,
+                    ready,
+                    self.memory.kv_store(),
+                    groups[0],
+                )]
+            } else {
+                // The retrieve request first: the lane that takes it takes a
+                // rank group after it.
+                let mut jobs: Vec<LaneJob<'_, '_>> = Vec::with_capacity(groups.len() + sides.len());
+                let mut beams = &mut self.beams[..];
+                for side in sides {
+                    let (mine, rest) = beams.split_at_mut(side.preps.len());
+                    beams = rest;
+                    jobs.push(LaneJob::Retrieve(side, mine));
+                }
+                jobs.extend(groups.iter().map(|g| LaneJob::Rank(g)));
+                let outs =
+                    lanes::run_lanes(self.memory.kv_store(), jobs, self.lanes, |job, store| {
+                        match job {
+                            LaneJob::Rank(group) => {
+                                LaneOut::Rank(rank_group(model, d, ready, store, group))
+                            }
+                            LaneJob::Retrieve(side, beams) => {
+                                LaneOut::Retrieve(retrieve_group(model, store, &side, beams, top))
+                            }
+                        }
+                    });
+                let mut ranked = Vec::with_capacity(groups.len());
+                for out in outs {
+                    match out {
+                        LaneOut::Rank(r) => ranked.push(r),
+                        LaneOut::Retrieve(r) => retrieved.extend(r),
+                    }
+                }
+                ranked
+            };
+        let mut out = Vec::with_capacity(reserved.len());
+        for (group, outcome) in groups.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(scores) => out.extend(scores.into_iter().map(Ok)),
+                Err(e) if group.len() == 1 => out.push(Err(e)),
+                Err(_) => out.extend(group.iter().map(|one| {
+                    rank_group(
+                        model,
+                        d,
+                        ready,
+                        self.memory.kv_store(),
+                        std::slice::from_ref(one),
+                    )
+                    .map(|mut s| s.pop().expect("one job, one result"))
+                })),
+            }
+        }
+        (out, retrieved)
+    }
+
+    /// A rank request's prefix turned out shorter than when its embeddings
+    /// were looked up (evicted by a reservation of the same batch): looks
+    /// up the uncovered tokens and pays the link for them.
+    fn fill_gap(&mut self, r: &mut Ready<'_>, reused: usize, catalog: &dyn ItemCatalog) {
+        if reused >= r.history_from {
+            return;
+        }
+        let mut emb = EmbStats::default();
+        let gap =
+            self.lookup()
+                .item_tokens(&r.plan.history[reused..r.history_from], catalog, &mut emb);
+        self.link_clock.pay(&mut self.memory, emb.miss_bytes);
+        r.history_tokens.splice(0..0, gap);
+        r.history_from = reused;
+        r.emb.add(&emb);
+    }
+
+    /// FLOPs of a rank request on `reused` cached history tokens.
+    fn rank_flops(&self, plan: &Plan<'_>, reused: usize, candidates: usize) -> f64 {
+        let cfg = &self.params.model;
+        let len = plan.history.len();
+        flops::prefill_flops(cfg, reused, len - reused.min(len))
+            + flops::rank_user_prefix_flops(cfg, len, candidates)
+    }
+}
+
+/// Prefill then ranking of one group of reserved requests, in two batched
+/// model calls over `store` (the pool, or a lane's view of it).
+fn rank_group<S: KvBlockStore + ?Sized>(
+    model: &GrModel,
+    d: usize,
+    ready: &[Ready<'_>],
+    store: &mut S,
+    group: &[(usize, UserPrefix)],
+) -> Result<Vec<Vec<f32>>, ServeError> {
+    let prefills: Vec<PrefillJob<'_>> = group
+        .iter()
+        .map(|(k, p)| PrefillJob {
+            block_table: &p.block_table,
+            cached_len: p.reused,
+            new_tokens: &ready[*k].history_tokens[(p.reused - ready[*k].history_from) * d..],
+        })
+        .collect();
+    let ranks: Vec<RankJob<'_>> = group
+        .iter()
+        .map(|(k, p)| RankJob {
+            block_table: &p.block_table,
+            prefix_len: ready[*k].plan.history.len(),
+            candidate_tokens: &ready[*k].candidate_tokens,
+        })
+        .collect();
+    let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
+    model.prefill_batch(store, &prefills).map_err(model_err)?;
+    model
+        .rank_user_prefix_batch(store, &ranks)
+        .map_err(model_err)
+}
