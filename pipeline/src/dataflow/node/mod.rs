@@ -8,6 +8,8 @@
 //! worker goes on admitting and routing: a request due during a long step
 //! is routed at once (to an idle node if there is one) and waits in this
 //! node's queue for the next batch, instead of waiting at the source.
+//! The thread is `compute`; what one step does (shedding, the model
+//! calls, responses and error records) is `step`.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -20,23 +22,22 @@ use timely::dataflow::StreamVec;
 use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::vec::Map;
 
-use grflow_connectors::{ErrorRow, ResponseRow};
-use grflow_operators::allocator::oracle::{
-    OracleRecorder, OwnedRank, OwnedRetrieve, RecordedBatch,
-};
+use grflow_operators::allocator::oracle::OracleRecorder;
 use grflow_operators::busy::BusyMeter;
 use grflow_operators::node::batching::{BatchPolicy, Next, Queued};
-use grflow_operators::node::{
-    DeadlineCheck, DeadlineShedder, Deadlined, NodeCommand, RankRequest, RankWork, RetrieveRequest,
-    RetrieveWork, Served, ServingNode,
-};
-use grflow_operators::windows::TelemetrySample;
+use grflow_operators::node::{DeadlineShedder, NodeCommand, ServingNode};
 use grflow_traces::Mode;
 
 use crate::config::{Clock, Release, SloMs};
 use crate::dataflow::operator::{EventOperator, Step, Waker, event_operator};
-use crate::events::{ErrorKind, NodeControl, NodeEvent, Origin, Routed, Target, Telemetry};
+use crate::events::{NodeControl, NodeEvent, Routed, Target};
 use crate::side::SideTables;
+
+mod compute;
+mod step;
+
+use compute::{ComputeThread, WakeOnDrop};
+use step::{Slotted, StepCtx};
 
 /// A serving node shared by its worker and its compute thread.
 pub type SharedNode = Arc<Mutex<ServingNode>>;
@@ -71,17 +72,6 @@ pub struct NodeParts {
     pub offload: Offload,
 }
 
-/// Everything a step needs, owned, so that it can run on another thread.
-#[derive(Clone)]
-struct StepCtx {
-    node: SharedNode,
-    side: Arc<SideTables>,
-    slo_ms: SloMs,
-    clock: Clock,
-    shedder: DeadlineShedder,
-    wall_ns: fn() -> u64,
-}
-
 /// Steps of an `arrival`-mode node run on its own thread, one at a time.
 #[derive(Default)]
 #[allow(missing_debug_implementations)] // holds a thread and channels
@@ -99,58 +89,6 @@ struct Running {
     times: Vec<u64>,
     busy_since: u64,
     done: mpsc::Receiver<Vec<Vec<NodeEvent>>>,
-}
-
-type Job = Box<dyn FnOnce() + Send>;
-
-/// One long-lived thread per node that runs its steps.
-struct ComputeThread {
-    jobs: Option<mpsc::Sender<Job>>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ComputeThread {
-    fn spawn(node: u32) -> std::io::Result<Self> {
-        let (jobs, rx) = mpsc::channel::<Job>();
-        let handle = std::thread::Builder::new()
-            .name(format!("grflow-node-{node}"))
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            })?;
-        Ok(Self {
-            jobs: Some(jobs),
-            handle: Some(handle),
-        })
-    }
-
-    fn run(&self, job: Job) {
-        self.jobs
-            .as_ref()
-            .expect("open until dropped")
-            .send(job)
-            .expect("the node's compute thread died (its panic is above)");
-    }
-}
-
-impl Drop for ComputeThread {
-    fn drop(&mut self) {
-        drop(self.jobs.take());
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// Wakes the worker when a step ends, also when it ends by a panic, so
-/// that the worker sees the step gone instead of sleeping forever.
-struct WakeOnDrop(Waker);
-
-impl Drop for WakeOnDrop {
-    fn drop(&mut self) {
-        self.0.wake();
-    }
 }
 
 impl NodeParts {
@@ -464,22 +402,6 @@ fn publish_node_metrics(node: &ServingNode) {
     metrics::gauge!("grflow_user_prefix_heads", &label).set(node.user_heads() as f64);
 }
 
-/// A request of one activation with the output slot of its event time.
-struct Slotted {
-    slot: usize,
-    time: u64,
-    routed: Routed,
-}
-
-impl Deadlined for Slotted {
-    fn admitted_ns(&self) -> u64 {
-        self.routed.admitted_ns()
-    }
-    fn recovered(&self) -> bool {
-        self.routed.recovered()
-    }
-}
-
 /// `r` as the batch policy sees it, having waited `waited_ms`.
 fn queued(r: &Routed, waited_ms: f64) -> Queued {
     Queued {
@@ -510,230 +432,6 @@ fn add_for_replica(by_replica: &mut Vec<f64>, r: &Routed) {
     by_replica[replica] += r.tokens as f64;
 }
 
-/// Wall time each request waited from admission to the start of its batch.
-fn record_waits<'r>(node: &mut ServingNode, now: u64, batch: impl IntoIterator<Item = &'r Routed>) {
-    for r in batch {
-        node.record_wait(now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6);
-    }
-}
-
-impl StepCtx {
-    /// Answers the requests whose deadline has passed with a `shed` error
-    /// and returns the rest, each with whether it is served late after a
-    /// restart. Overload degrades this way instead of spending compute on
-    /// requests nobody waits for any more.
-    fn shed_expired(
-        &self,
-        batch: Vec<Slotted>,
-        out: &mut [Vec<NodeEvent>],
-    ) -> Vec<(Slotted, bool)> {
-        let split = self.shedder.split(batch, (self.wall_ns)());
-        for (s, check) in split.shed {
-            let DeadlineCheck::Shed {
-                waited_ms,
-                deadline_ms,
-            } = check
-            else {
-                unreachable!("only shed requests are here")
-            };
-            let reason =
-                format!("shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms");
-            let req_id = s.routed.admitted.request.req_id;
-            out[s.slot].push(error_event(
-                origin(&s.routed, false),
-                req_id,
-                reason,
-                ErrorKind::Shed,
-            ));
-        }
-        split
-            .serve
-            .into_iter()
-            .map(|(s, check)| (s, matches!(check, DeadlineCheck::ServeRecovered { .. })))
-            .collect()
-    }
-
-    /// Serves rank requests with batched model calls and retrieve
-    /// requests as one group (one prefill, one beam decode), which runs in
-    /// a lane beside them when the node has two lanes or more (else before
-    /// them).
-    fn serve_batch(
-        &self,
-        batch: Vec<Slotted>,
-        retrieve: Vec<Slotted>,
-        oracle: Option<&Rc<RefCell<OracleRecorder>>>,
-        out: &mut [Vec<NodeEvent>],
-    ) {
-        let batch = self.shed_expired(batch, out);
-        let retrieve = self.shed_expired(retrieve, out);
-        let side = &*self.side;
-        let (members, histories) = with_histories(&batch, side, out);
-        let work: Vec<RankWork<'_>> = members
-            .iter()
-            .zip(histories)
-            .map(|((s, _), history)| {
-                let req = &s.routed.admitted.request;
-                RankWork {
-                    req: RankRequest {
-                        req_id: req.req_id,
-                        user_id: req.user_id,
-                        candidates: &req.candidates,
-                    },
-                    history,
-                }
-            })
-            .collect();
-        let (retrieving, histories) = with_histories(&retrieve, side, out);
-        let retrieve_work: Vec<RetrieveWork<'_>> = retrieving
-            .iter()
-            .zip(histories)
-            .map(|((s, _), history)| {
-                let req = &s.routed.admitted.request;
-                RetrieveWork {
-                    req: RetrieveRequest {
-                        req_id: req.req_id,
-                        user_id: req.user_id,
-                    },
-                    history,
-                }
-            })
-            .collect();
-        if members.is_empty() && retrieving.is_empty() {
-            return;
-        }
-        // One event time per batch: the latest of its requests (all equal
-        // in `complete` mode).
-        let now_ms = members
-            .iter()
-            .chain(&retrieving)
-            .map(|(s, _)| s.time)
-            .max()
-            .unwrap_or(0);
-        let mut node = lock(&self.node);
-        if let Some(o) = oracle {
-            o.borrow_mut().enter(&node, now_ms, side, &side.retrieval);
-        }
-        let alpha = node.alpha();
-        record_waits(
-            &mut node,
-            (self.wall_ns)(),
-            members.iter().chain(&retrieving).map(|(s, _)| &s.routed),
-        );
-        let (results, retrieved) = if retrieve_work.is_empty() {
-            (node.serve_rank_batch(now_ms, &work, side), Vec::new())
-        } else {
-            node.serve_step(now_ms, &work, &retrieve_work, side, &side.retrieval)
-        };
-        drop(node);
-        if let Some(o) = oracle {
-            let batch = RecordedBatch {
-                now_ms,
-                alpha,
-                rank: work
-                    .iter()
-                    .map(|w| OwnedRank {
-                        req_id: w.req.req_id,
-                        user_id: w.req.user_id,
-                        candidates: w.req.candidates.to_vec(),
-                        history: w.history.to_vec(),
-                    })
-                    .collect(),
-                retrieve: retrieve_work
-                    .iter()
-                    .map(|w| OwnedRetrieve {
-                        req_id: w.req.req_id,
-                        user_id: w.req.user_id,
-                        history: w.history.to_vec(),
-                    })
-                    .collect(),
-            };
-            let answered: Vec<_> = results
-                .iter()
-                .chain(&retrieved)
-                .filter_map(|r| r.as_ref().ok())
-                .collect();
-            let latencies: Vec<f64> = answered.iter().map(|s| s.modelled_latency_ms).collect();
-            let truncated = answered.iter().filter(|s| s.truncated).count() as u64;
-            o.borrow_mut().record(batch, &latencies, truncated);
-        }
-        for ((s, recovered_late), result) in members.into_iter().zip(results) {
-            let served = result.map_err(|e| e.to_string());
-            self.emit(s, recovered_late, served, &mut out[s.slot]);
-        }
-        for ((s, recovered_late), served) in retrieving.into_iter().zip(retrieved) {
-            let served = served.map_err(|e| e.to_string());
-            self.emit(s, recovered_late, served, &mut out[s.slot]);
-        }
-    }
-
-    /// The response (with its telemetry) or the error of one request.
-    fn emit(
-        &self,
-        s: &Slotted,
-        recovered_late: bool,
-        served: Result<Served, String>,
-        out: &mut Vec<NodeEvent>,
-    ) {
-        let routed = &s.routed;
-        let req = &routed.admitted.request;
-        let origin = origin(routed, recovered_late);
-        let served = match served {
-            Ok(served) => served,
-            Err(reason) => {
-                out.push(error_event(
-                    origin,
-                    req.req_id,
-                    reason,
-                    ErrorKind::Unservable,
-                ));
-                return;
-            }
-        };
-        let node = lock(&self.node);
-        let latency_ms = match self.clock {
-            Clock::Wall => {
-                (self.wall_ns)().saturating_sub(routed.admitted.admitted_ns) as f64 / 1e6
-            }
-            Clock::Event | Clock::Virtual => served.modelled_latency_ms,
-        };
-        let sample = TelemetrySample {
-            latency_us: (latency_ms * 1000.0) as u64,
-            hot_user: routed.decision.hot_user,
-            emb_hits: served.emb_hits,
-            emb_lookups: served.emb_lookups,
-            kv_reused_tokens: served.kv_reused_tokens,
-            kv_total_tokens: served.kv_total_tokens,
-            seq_len: served.seq_len,
-            slo_violated: latency_ms > self.slo_ms.for_mode(req.mode),
-            alpha_milli: (node.alpha() * 1000.0).round() as u32,
-            truncated: served.truncated,
-        };
-        let labels = [
-            ("node", node.id().to_string()),
-            ("mode", req.mode.as_str().to_string()),
-        ];
-        metrics::counter!("grflow_responses_total", &labels).increment(1);
-        metrics::histogram!("grflow_latency_ms", &labels).record(latency_ms);
-        out.push(NodeEvent::Telemetry(Telemetry {
-            node: node.id(),
-            ts_ms: s.time,
-            sample,
-        }));
-        let row = ResponseRow {
-            req_id: req.req_id,
-            node: node.id(),
-            prefix: served.prefix.as_str().to_string(),
-            items: served.items,
-            scores: served.scores,
-            latency_ms,
-            model_version: node.model_version().to_string(),
-            history_len: served.kv_total_tokens,
-            kv_reused_tokens: served.kv_reused_tokens,
-        };
-        out.push(NodeEvent::Response(Box::new((row, origin))));
-    }
-}
-
 /// Serves `routed` on this worker's node, applying the commands of
 /// `controls` (from any worker; a command for every node is copied to
 /// each) at their event times.
@@ -762,62 +460,6 @@ pub fn serve<'s>(
     event_operator(routed, addressed, by_node, to_node, "Node", release, parts)
 }
 
-fn origin(routed: &Routed, recovered_late: bool) -> Origin {
-    Origin {
-        position: routed.admitted.position.clone(),
-        ts_ms: routed.admitted.request.ts_ms,
-        admitted_ns: routed.admitted.admitted_ns,
-        recovered_late,
-        mode: routed.admitted.request.mode,
-    }
-}
-
-/// Requests (with whether each is served late after a restart) and their
-/// histories, in the same order.
-type WithHistories<'a> = (Vec<(&'a Slotted, bool)>, Vec<&'a [u32]>);
-
-/// The requests whose history can be read, with it; the others are
-/// answered `unservable` here.
-fn with_histories<'a>(
-    requests: &'a [(Slotted, bool)],
-    side: &'a SideTables,
-    out: &mut [Vec<NodeEvent>],
-) -> WithHistories<'a> {
-    let mut kept = Vec::with_capacity(requests.len());
-    let mut histories = Vec::with_capacity(requests.len());
-    for (s, recovered_late) in requests {
-        match s.routed.admitted.history(side) {
-            Ok(history) => {
-                kept.push((s, *recovered_late));
-                histories.push(history);
-            }
-            Err(e) => out[s.slot].push(unservable(s, *recovered_late, e.to_string())),
-        }
-    }
-    (kept, histories)
-}
-
-/// A request that cannot be served (e.g. its history is missing).
-fn unservable(s: &Slotted, recovered_late: bool, reason: String) -> NodeEvent {
-    error_event(
-        origin(&s.routed, recovered_late),
-        s.routed.admitted.request.req_id,
-        reason,
-        ErrorKind::Unservable,
-    )
-}
-
-/// An error record in place of a response.
-fn error_event(origin: Origin, req_id: u64, reason: String, kind: ErrorKind) -> NodeEvent {
-    metrics::counter!("grflow_errors_total", "kind" => kind.as_str()).increment(1);
-    let row = ErrorRow {
-        position: origin.position.to_string(),
-        reason,
-        req_id: Some(req_id),
-    };
-    NodeEvent::Error(Box::new((row, kind, origin)))
-}
-
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -830,6 +472,7 @@ mod tests {
     use super::*;
     use crate::Config;
     use crate::events::Admitted;
+    use crate::events::ErrorKind;
     use crate::params::node_params;
 
     thread_local! {
