@@ -149,7 +149,9 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
             "kv-opt",
             "pid",
             "ppo-only",
-            "smart"
+            "smart",
+            "ppo-only-node",
+            "smart-node"
         ]
     );
     // The per-node split: one α per node, from the grid, never worse than
@@ -174,6 +176,10 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     // The start, then each node's ten other α at least.
     assert!(split["evaluations"].as_u64().unwrap() > 2 * 10, "{split}");
     assert_eq!(rows[1]["node_alpha"], split["node_alpha"]);
+    // The learned controllers' `-node` rows start from the same split.
+    for r in &rows[7..] {
+        assert_eq!(r["node_alpha"], split["node_alpha"], "{r}");
+    }
     assert_eq!(rows[1]["truncated_histories"].as_u64(), Some(0));
     assert!(rows[0].get("node_alpha").is_none(), "{}", rows[0]);
     assert_eq!(report["slo_ms"].as_f64(), Some(2.0));

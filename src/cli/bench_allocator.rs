@@ -47,7 +47,8 @@ pub struct Args {
     /// on the training seeds and add its row (`kv-emb-opt-node`): every
     /// split of the sweep's grid for up to two nodes (121 per training
     /// seed), else coordinate descent from the sweep's best (about
-    /// nodes × 10 replays per round, two or three rounds).
+    /// nodes × 10 replays per round, two or three rounds). With a PPO
+    /// policy, `ppo-only-node` and `smart-node` start from that split.
     #[arg(long, requires = "sweep")]
     pub node_sweep: bool,
     /// Trace seed of the bench runs; the sweeps that pick kv-emb-opt's α
@@ -90,9 +91,10 @@ struct Row {
     regime: String,
     policy: String,
     /// α the run started at (kv-emb-opt: the sweep's best on the training
-    /// seeds; kv-emb-opt-node: the mean of `node_alpha`).
+    /// seeds; the `-node` rows: the mean of `node_alpha`).
     alpha_start: f64,
-    /// The per-node split the run held (kv-emb-opt-node only).
+    /// The per-node split the run held (kv-emb-opt-node) or started from
+    /// (ppo-only-node, smart-node).
     #[serde(skip_serializing_if = "Option::is_none")]
     node_alpha: Option<Vec<f64>>,
     p99_ms: f64,
@@ -342,6 +344,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if policy_file.is_some() {
             policies.push(("ppo-only", AllocatorPolicy::PpoOnly, configured, None));
             policies.push(("smart", AllocatorPolicy::Smart, configured, None));
+            // The learned controllers started from the split instead of the
+            // config's α: tune offline, then let the controller adapt.
+            if let Some(split) = node_sweeps.get(&name) {
+                let a = &split.node_alpha;
+                let mean = a.iter().sum::<f64>() / a.len() as f64;
+                for (label, policy) in [
+                    ("ppo-only-node", AllocatorPolicy::PpoOnly),
+                    ("smart-node", AllocatorPolicy::Smart),
+                ] {
+                    policies.push((label, policy, mean, Some(a.clone())));
+                }
+            }
         }
         let mut reference = None;
         for (label, policy, alpha, node_alpha) in policies {
