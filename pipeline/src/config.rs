@@ -712,7 +712,7 @@ impl Config {
         self.run.speed.parse().expect("validated")
     }
 
-    /// Whether a replay is paced although pacing cannot change its figures:
+    /// Whether a replay is paced although pacing cannot change its latencies:
     /// on the event or virtual clock with `complete` release, latencies come
     /// from the nodes' modelled timelines and every time is handled in
     /// order, so the wall-clock pace only makes the replay take longer.
