@@ -193,6 +193,13 @@ struct NodeSweep {
     rounds: usize,
 }
 
+impl NodeSweep {
+    /// The rows' `alpha_start` for a run from this split.
+    fn mean_alpha(&self) -> f64 {
+        self.node_alpha.iter().sum::<f64>() / self.node_alpha.len() as f64
+    }
+}
+
 /// The most splits `--node-sweep` scores one by one (two nodes: 121).
 const MAX_GRID: usize = 128;
 
@@ -331,8 +338,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let split = node_sweep(&name, base.run.workers, alpha, single_p99, |a| {
                     train_score(AllocatorPolicy::Static, alpha, Some(a))
                 })?;
-                let mean = split.node_alpha.iter().sum::<f64>() / split.node_alpha.len() as f64;
                 let node_alpha = Some(split.node_alpha.clone());
+                let mean = split.mean_alpha();
                 policies.push(("kv-emb-opt-node", AllocatorPolicy::Static, mean, node_alpha));
                 node_sweeps.insert(name.clone(), split);
             }
@@ -347,13 +354,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // The learned controllers started from the split instead of the
             // config's α: tune offline, then let the controller adapt.
             if let Some(split) = node_sweeps.get(&name) {
-                let a = &split.node_alpha;
-                let mean = a.iter().sum::<f64>() / a.len() as f64;
                 for (label, policy) in [
                     ("ppo-only-node", AllocatorPolicy::PpoOnly),
                     ("smart-node", AllocatorPolicy::Smart),
                 ] {
-                    policies.push((label, policy, mean, Some(a.clone())));
+                    let node_alpha = Some(split.node_alpha.clone());
+                    policies.push((label, policy, split.mean_alpha(), node_alpha));
                 }
             }
         }
