@@ -128,8 +128,11 @@ const BLOCK: usize = 16;
 struct FrozenLayer {
     inputs: usize,
     outputs: usize,
-    /// W transposed, `inputs` rows of `stride` weights: the outputs
-    /// rounded up to whole blocks, the padding zero.
+    /// W in blocks of [`BLOCK`] outputs, each block stored whole (for
+    /// every input in turn, its `BLOCK` weights): a block's loop reads
+    /// one contiguous run of memory, which a cold cache streams in, where
+    /// rows of all outputs made it stride by a row per input. The outputs
+    /// are rounded up to whole blocks, the padding zero.
     wt: Vec<f32>,
     /// Padded like a row of `wt`.
     b: Vec<f32>,
@@ -141,8 +144,9 @@ impl FrozenLayer {
         let stride = l.outputs.div_ceil(BLOCK) * BLOCK;
         let mut wt = vec![0.0f32; l.inputs * stride];
         for (o, row) in l.w.chunks_exact(l.inputs).enumerate() {
+            let (block, k) = (o / BLOCK, o % BLOCK);
             for (j, &w) in row.iter().enumerate() {
-                wt[j * stride + o] = w as f32;
+                wt[(block * l.inputs + j) * BLOCK + k] = w as f32;
             }
         }
         let mut b = vec![0.0f32; stride];
@@ -164,10 +168,11 @@ impl FrozenLayer {
     /// which made the decision 2–3× slower). The order of additions is
     /// fixed, so results are too.
     fn apply_into(&self, x: &[f32], out: &mut [f32]) {
-        for start in (0..self.stride).step_by(BLOCK) {
+        let blocks = self.wt.chunks_exact(self.inputs * BLOCK);
+        for (start, block) in (0..self.stride).step_by(BLOCK).zip(blocks) {
             let mut acc: [f32; BLOCK] = self.b[start..start + BLOCK].try_into().expect("a block");
-            for (col, &xj) in self.wt.chunks_exact(self.stride).zip(x) {
-                let w: &[f32; BLOCK] = col[start..start + BLOCK].try_into().expect("a block");
+            for (w, &xj) in block.chunks_exact(BLOCK).zip(x) {
+                let w: &[f32; BLOCK] = w.try_into().expect("a block");
                 for k in 0..BLOCK {
                     acc[k] += xj * w[k];
                 }
@@ -527,6 +532,33 @@ mod tests {
         }
         assert!((tanh_f32(0.5) - 0.5f32.tanh()).abs() < 1e-7);
         assert_eq!(tanh_f32(-100.0), -1.0);
+    }
+
+    #[test]
+    fn a_frozen_layer_adds_in_input_order_whatever_its_layout() {
+        // Per output: bias, then each input's term in turn, in f32. The
+        // block-major layout must give exactly this (decisions must not
+        // change with how the weights are laid out), padding included.
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for (inputs, outputs) in [(64, 128), (128, 7), (7, 64), (33, 20)] {
+            let l = Layer::random(inputs, outputs, &mut rng);
+            let frozen = FrozenLayer::of(&l);
+            let x: Vec<f32> = (0..inputs).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut got = vec![f32::NAN; frozen.stride];
+            frozen.apply_into(&x, &mut got);
+            for (o, row) in l.w.chunks_exact(inputs).enumerate() {
+                let mut want = l.b[o] as f32;
+                for (w, xj) in row.iter().zip(&x) {
+                    want += xj * *w as f32;
+                }
+                assert_eq!(
+                    got[o].to_bits(),
+                    want.to_bits(),
+                    "{inputs}x{outputs}: output {o}"
+                );
+            }
+            assert!(got[outputs..].iter().all(|&v| v == 0.0), "padding stays 0");
+        }
     }
 
     #[test]
