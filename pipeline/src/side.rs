@@ -99,7 +99,7 @@ impl SideTables {
         })
     }
 
-    /// Prof[u]: the K hot shards of the user's history prefix.
+    /// `Prof[u]`: the K hot shards of the user's history prefix.
     pub fn shard_profile(&self, history: &[u32], k: usize) -> Vec<ShardId> {
         shard_profile(
             history

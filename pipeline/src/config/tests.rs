@@ -1,0 +1,278 @@
+use super::*;
+use grflow_operators::allocator::AllocatorPolicy;
+
+#[test]
+fn embedded_default_parses() {
+    let cfg = Config::embedded();
+    assert_eq!(cfg.run.workers, 2);
+    assert_eq!(cfg.run.slo_ms.rank, 30.0);
+}
+
+#[test]
+fn embedded_file_and_compiled_defaults_agree() {
+    // A key left out of a user's file falls back to the compiled default,
+    // so the two must not drift apart.
+    assert_eq!(Config::embedded(), Config::default());
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let err = Config::parse("[run]\nworkres = 3\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("x.toml"), "{err}");
+    assert!(err.contains("workres"), "{err}");
+}
+
+#[test]
+fn an_unknown_codec_is_named_with_the_ones_there_are() {
+    let err = Config::parse("[kafka]\ncompression = \"brotli\"\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("brotli") && err.contains("zstd"), "{err}");
+    let ok = Config::parse("[kafka]\ncompression = \"lz4\"\n", "x.toml").unwrap();
+    assert_eq!(
+        ok.kafka.compression,
+        grflow_connectors::kafka::Compression::Lz4
+    );
+}
+
+#[test]
+fn unknown_section_is_named() {
+    let err = Config::parse("[rn]\nworkers = 3\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rn"), "{err}");
+}
+
+#[test]
+fn bad_values_name_their_field() {
+    let err = Config::parse("[memory]\nalpha = 1.5\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("memory.alpha"), "{err}");
+    let err = Config::parse("[memory]\nnode_alpha = [0.1, 1.2]\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("memory.node_alpha") && err.contains("value 1"),
+        "{err}"
+    );
+    let err = Config::parse("[memory]\nnode_alpha = []\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("memory.node_alpha"), "{err}");
+    let cfg = Config::parse("[memory]\nalpha = 0.3\nnode_alpha = [0.1, 0.8]\n", "x.toml").unwrap();
+    assert_eq!((cfg.start_alpha(0), cfg.start_alpha(1)), (0.1, 0.8));
+    assert_eq!(
+        Config::embedded().start_alpha(1),
+        Config::embedded().memory.alpha
+    );
+    let err = Config::parse("[run]\nspeed = \"fast\"\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("run.speed"), "{err}");
+    let err = Config::parse("[router]\nmiss_cost_kv = -1.0\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("miss_cost_kv"), "{err}");
+    for key in ["router.max_users", "node.max_users", "hotness.max_users"] {
+        let (section, field) = key.split_once('.').unwrap();
+        let err = Config::parse(&format!("[{section}]\n{field} = 0\n"), "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{err}");
+    }
+}
+
+#[test]
+fn pacing_is_idle_only_for_a_paced_deterministic_replay() {
+    let with = |clock: &str, speed: &str, release: &str| {
+        Config::parse(
+            &format!("[run]\nclock = \"{clock}\"\nspeed = \"{speed}\"\nrelease = \"{release}\"\n"),
+            "x.toml",
+        )
+        .unwrap()
+        .replay_pacing_is_idle()
+    };
+    assert!(with("virtual", "1x", "auto"));
+    assert!(with("event", "4x", "complete"));
+    assert!(!with("virtual", "max", "auto"));
+    assert!(!with("wall", "1x", "auto"));
+    // arrival on a model clock: what has arrived depends on the pace.
+    assert!(!with("virtual", "1x", "arrival"));
+}
+
+#[test]
+fn release_auto_follows_the_clock_in_replay_and_is_arrival_in_serve() {
+    let mut run = RunConfig::default();
+    assert_eq!(run.release, ReleaseSetting::Auto);
+    assert_eq!(run.replay_release(), Release::Arrival);
+    assert_eq!(run.serve_release(), Release::Arrival);
+    run.clock = Clock::Event;
+    assert_eq!(run.replay_release(), Release::Complete);
+    assert_eq!(run.serve_release(), Release::Arrival);
+    let cfg = Config::parse("[run]\nrelease = \"complete\"\n", "x.toml").unwrap();
+    assert_eq!(cfg.run.replay_release(), Release::Complete);
+    assert_eq!(cfg.run.serve_release(), Release::Complete);
+    let err = Config::parse("[run]\nrelease = \"eager\"\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("release"), "{err}");
+}
+
+#[test]
+fn speed_parses() {
+    assert_eq!("max".parse::<Speed>().unwrap(), Speed::Max);
+    assert_eq!("4x".parse::<Speed>().unwrap(), Speed::Factor(4.0));
+    assert!("0x".parse::<Speed>().is_err());
+}
+
+#[test]
+fn shipped_kafka_config_resumes_at_the_committed_offset() {
+    // Apache Kafka's behaviour ships; tansu's workaround has its own file,
+    // identical but for that one key.
+    let kafka = Config::parse(
+        include_str!("../../../configs/kafka.toml"),
+        "configs/kafka.toml",
+    )
+    .unwrap();
+    assert!(!kafka.kafka.refetch_from_start);
+    assert_eq!(kafka.kafka.deadline_ms, 2_000);
+    assert_eq!(kafka.kafka.max_future_ms, 60_000);
+    let mut tansu = Config::parse(
+        include_str!("../../../configs/kafka-tansu.toml"),
+        "configs/kafka-tansu.toml",
+    )
+    .unwrap();
+    assert!(tansu.kafka.refetch_from_start);
+    tansu.kafka.refetch_from_start = false;
+    assert_eq!(tansu, kafka);
+}
+
+#[test]
+fn the_allocator_preset_is_the_default_with_the_training_shape() {
+    let c = Config::parse(
+        include_str!("../../../configs/allocator-small.toml"),
+        "configs/allocator-small.toml",
+    )
+    .unwrap();
+    let mut d = Config::embedded();
+    assert_eq!(d.allocator.policy_file, "configs/allocator-ppo.safetensors");
+    assert_eq!(c.allocator.policy, AllocatorPolicy::Smart);
+    // What `grflow train-allocator --slo-ms 3 --requests 24000 --rps 40`
+    // sets on the embedded default, and nothing else.
+    d.run.slo_ms = SloMs::both(3.0);
+    d.trace.requests = 24_000;
+    d.trace.rps = 40.0;
+    d.allocator.policy = AllocatorPolicy::Smart;
+    // The committed cost model, so the bench is the same everywhere.
+    d.cost.calibration = Some("configs/allocator-calibration.json".into());
+    assert_eq!(c, d);
+}
+
+#[test]
+fn the_emb_kv_preset_is_the_allocator_preset_on_a_balanced_device() {
+    let c = Config::parse(
+        include_str!("../../../configs/allocator-emb.toml"),
+        "configs/allocator-emb.toml",
+    )
+    .unwrap();
+    let mut d = Config::parse(
+        include_str!("../../../configs/allocator-small.toml"),
+        "configs/allocator-small.toml",
+    )
+    .unwrap();
+    d.run.slo_ms = SloMs::both(0.05);
+    d.link.bandwidth_gbps = 8.0;
+    d.cost.compute_scale = 0.01;
+    d.cost.overhead_scale = 0.0;
+    d.allocator.policy_file = "configs/allocator-emb-ppo.safetensors".into();
+    assert_eq!(c, d);
+    // A negative overhead scale is refused by name.
+    let bad = Config::parse("[cost]\noverhead_scale = -1.0\n", "bad.toml").unwrap_err();
+    assert!(bad.to_string().contains("cost.overhead_scale"), "{bad}");
+}
+
+#[test]
+fn the_tight_preset_is_the_emb_kv_preset_with_half_the_pool() {
+    let c = Config::parse(
+        include_str!("../../../configs/allocator-tight.toml"),
+        "configs/allocator-tight.toml",
+    )
+    .unwrap();
+    let mut d = Config::parse(
+        include_str!("../../../configs/allocator-emb.toml"),
+        "configs/allocator-emb.toml",
+    )
+    .unwrap();
+    d.memory.pool_mib = 2.0;
+    d.allocator.policy_file = "configs/allocator-tight-ppo.safetensors".into();
+    assert_eq!(c, d);
+    let policy = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(&c.allocator.policy_file);
+    assert!(policy.exists(), "{}", policy.display());
+    // The cost model the policy was trained and benched with, named by
+    // the config so that the bench and the trainer use it by default.
+    assert_eq!(
+        c.cost.calibration.as_deref(),
+        Some(std::path::Path::new("configs/allocator-calibration.json"))
+    );
+    let cost: grflow_kernels::cost::CostModel =
+        serde_json::from_str(include_str!("../../../configs/allocator-calibration.json")).unwrap();
+    assert_eq!(cost.preset, c.model.preset.as_str());
+    assert_eq!(cost.gemm_gflops, 131.7);
+}
+
+#[test]
+fn paper_presets_parse_as_8_virtual_nodes_at_an_a100_over_pcie_ratio() {
+    for (name, text) in [
+        (
+            "paper-steady",
+            include_str!("../../../configs/paper-steady.toml"),
+        ),
+        (
+            "paper-trend",
+            include_str!("../../../configs/paper-trend.toml"),
+        ),
+        (
+            "paper-burst",
+            include_str!("../../../configs/paper-burst.toml"),
+        ),
+    ] {
+        let c = Config::parse(text, name).unwrap();
+        assert_eq!(c.run.workers, 8, "{name}");
+        assert_eq!(c.run.clock, Clock::Virtual, "{name}");
+        assert_eq!(c.model.preset, "hstu-3l", "{name}");
+        assert!(name.ends_with(&c.trace.regime), "{name}");
+        // ~130 GFLOP/s / compute_scale over the link: HLEM's 12.5-15.5
+        // TFLOP/s per GB/s.
+        let ratio = 130e9 / c.cost.compute_scale / (c.link.bandwidth_gbps * 1e9) / 1e3;
+        assert!((12.0..=15.5).contains(&ratio), "{name}: {ratio}");
+    }
+}
+
+#[test]
+fn kafka_hardening_keys_default_and_validate() {
+    let k = Config::parse("", "x.toml").unwrap().kafka;
+    assert_eq!(
+        (
+            k.max_future_ms,
+            k.produce_retries,
+            k.produce_retry_backoff_ms,
+            k.drain_timeout_ms
+        ),
+        (60_000, 5, 100, 30_000)
+    );
+    let err = Config::parse("[kafka]\ndrain_timeout_ms = 0\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("kafka.drain_timeout_ms"), "{err}");
+}
+
+#[test]
+fn empty_file_means_defaults() {
+    let cfg = Config::parse("", "empty.toml").unwrap();
+    assert_eq!(cfg.memory, MemorySection::default());
+}

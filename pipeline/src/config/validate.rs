@@ -1,0 +1,181 @@
+//! Whether a parsed config can be used: each field checked, the first bad
+//! one named with why.
+
+use super::{Config, ConfigError, Speed};
+
+impl Config {
+    pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            path: name.to_string(),
+            field: field.to_string(),
+            message,
+        };
+        if self.run.workers == 0 {
+            return Err(invalid("run.workers", "must be >= 1".into()));
+        }
+        self.run
+            .speed
+            .parse::<Speed>()
+            .map_err(|m| invalid("run.speed", m))?;
+        for (field, ms) in [
+            ("run.slo_ms.rank", self.run.slo_ms.rank),
+            ("run.slo_ms.retrieve", self.run.slo_ms.retrieve),
+        ] {
+            if ms.is_nan() || ms <= 0.0 {
+                return Err(invalid(field, format!("must be > 0 (got {ms})")));
+            }
+        }
+        let scale = self.cost.compute_scale;
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(invalid(
+                "cost.compute_scale",
+                format!("must be > 0 (got {scale})"),
+            ));
+        }
+        let overhead = self.cost.overhead_scale;
+        if !(overhead.is_finite() && overhead >= 0.0) {
+            return Err(invalid(
+                "cost.overhead_scale",
+                format!("must be >= 0 (got {overhead})"),
+            ));
+        }
+        if self.trace.min_history == 0 || self.trace.min_history > self.trace.max_history {
+            return Err(invalid(
+                "trace.min_history",
+                format!(
+                    "must be in 1..=trace.max_history ({}), got {}",
+                    self.trace.max_history, self.trace.min_history
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.memory.alpha) {
+            return Err(invalid(
+                "memory.alpha",
+                format!("must be in [0, 1] (got {})", self.memory.alpha),
+            ));
+        }
+        if let Some(alphas) = &self.memory.node_alpha {
+            if alphas.is_empty() {
+                return Err(invalid(
+                    "memory.node_alpha",
+                    "must name one α per node (got an empty list)".to_string(),
+                ));
+            }
+            if let Some((i, a)) = alphas
+                .iter()
+                .enumerate()
+                .find(|(_, a)| !(0.0..=1.0).contains(*a))
+            {
+                return Err(invalid(
+                    "memory.node_alpha",
+                    format!("value {i} must be in [0, 1] (got {a})"),
+                ));
+            }
+        }
+        if self.memory.pool_mib.is_nan() || self.memory.pool_mib <= 0.0 {
+            return Err(invalid(
+                "memory.pool_mib",
+                format!("must be > 0 (got {})", self.memory.pool_mib),
+            ));
+        }
+        if self.link.bandwidth_gbps.is_nan() || self.link.bandwidth_gbps <= 0.0 {
+            return Err(invalid("link.bandwidth_gbps", "must be > 0".into()));
+        }
+        if !(self.link.refill_share > 0.0 && self.link.refill_share <= 1.0) {
+            return Err(invalid("link.refill_share", "must be in (0, 1]".into()));
+        }
+        if self.node.shard_rows == 0 {
+            return Err(invalid("node.shard_rows", "must be >= 1".into()));
+        }
+        if !(self.node.service_tokens_per_ms > 0.0 && self.node.token_capacity > 0.0) {
+            return Err(invalid(
+                "node",
+                "service_tokens_per_ms and token_capacity must be > 0".into(),
+            ));
+        }
+        if self.node.max_users == 0 {
+            return Err(invalid("node.max_users", "must be >= 1".into()));
+        }
+        if self.hotness.max_users == 0 {
+            return Err(invalid("hotness.max_users", "must be >= 1".into()));
+        }
+        if self.batch.max_tokens == 0 {
+            return Err(invalid("batch.max_tokens", "must be >= 1".into()));
+        }
+        if !(self.batch.max_wait_ms >= 0.0 && self.batch.max_wait_ms.is_finite()) {
+            return Err(invalid(
+                "batch.max_wait_ms",
+                "must be a finite number >= 0".into(),
+            ));
+        }
+        self.allocator
+            .validate()
+            .map_err(|e| invalid("allocator", e))?;
+        if self.node.lanes == 0 || self.node.lanes > 64 {
+            return Err(invalid("node.lanes", "must be in 1..=64".into()));
+        }
+        if self.windows.epoch_ms == 0 {
+            return Err(invalid("windows.epoch_ms", "must be >= 1".into()));
+        }
+        if self.windows.out.trim().is_empty() {
+            return Err(invalid(
+                "windows.out",
+                "must be \"stderr\", \"none\" or a file path".into(),
+            ));
+        }
+        if self.model.top_k == 0 {
+            return Err(invalid("model.top_k", "must be >= 1".into()));
+        }
+        if self.model.beam_width == 0 {
+            return Err(invalid("model.beam_width", "must be >= 1".into()));
+        }
+        if self.model.beam_top_k == 0 {
+            return Err(invalid("model.beam_top_k", "must be >= 1".into()));
+        }
+        if self.model.max_candidates == 0 {
+            return Err(invalid("model.max_candidates", "must be >= 1".into()));
+        }
+        self.router
+            .validate()
+            .map_err(|e| invalid("router", e.to_string()))?;
+        let k = &self.kafka;
+        for (field, value) in [
+            ("kafka.brokers", &k.brokers),
+            ("kafka.request_topic", &k.request_topic),
+            ("kafka.response_topic", &k.response_topic),
+            ("kafka.dead_letter_topic", &k.dead_letter_topic),
+            ("kafka.group_id", &k.group_id),
+        ] {
+            if value.trim().is_empty() {
+                return Err(invalid(field, "must not be empty".into()));
+            }
+        }
+        if !matches!(k.start.as_str(), "earliest" | "latest") {
+            return Err(invalid(
+                "kafka.start",
+                format!("{:?} is not \"earliest\" or \"latest\"", k.start),
+            ));
+        }
+        for (field, value) in [
+            ("kafka.deadline_ms", k.deadline_ms),
+            ("kafka.max_in_flight", k.max_in_flight as u64),
+            ("kafka.max_in_flight_tokens", k.max_in_flight_tokens),
+            ("kafka.idle_timeout_ms", k.idle_timeout_ms),
+            ("kafka.commit_interval_ms", k.commit_interval_ms),
+            ("kafka.metrics_interval_ms", k.metrics_interval_ms),
+            ("kafka.max_message_bytes", k.max_message_bytes as u64),
+            ("kafka.drain_timeout_ms", k.drain_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(field, "must be >= 1".into()));
+            }
+        }
+        if k.create_partitions < 0 || k.restart_scan < 0 {
+            return Err(invalid(
+                "kafka",
+                "create_partitions and restart_scan must be >= 0".into(),
+            ));
+        }
+        Ok(())
+    }
+}
