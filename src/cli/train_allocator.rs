@@ -80,6 +80,13 @@ pub struct Args {
     /// PPO: weight of the entropy bonus (keeps the sampled policy exploring).
     #[arg(long, allow_negative_numbers = true, default_value_t = PpoConfig::default().entropy_coef)]
     pub entropy_coef: f64,
+    /// Start each episode's nodes at different αs (`memory.node_alpha`),
+    /// pairs that change from iteration to iteration, instead of one α for
+    /// all: walks of ±0.06 from a shared start rarely reach the split
+    /// states (one node KV-heavy, another EMB-heavy) where a tight pool
+    /// serves best, so the policy never learns what they are worth.
+    #[arg(long)]
+    pub split_starts: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -151,6 +158,20 @@ struct Report {
 fn start_alpha(k: usize, episodes: usize) -> f64 {
     let f = (k as f64 + 0.5) / episodes.max(1) as f64;
     ((0.1 + 0.8 * f) * 100.0).round() / 100.0
+}
+
+/// `--split-starts`: the starting α of each of `nodes` nodes in episode
+/// `k` of `iteration`. Node 0 starts where [`start_alpha`] says; node j
+/// takes the α of the episode j·s further on (mod `episodes`), where the
+/// shift s cycles through 1..episodes with the iteration, so that over
+/// the iterations every episode starts from many different splits, and
+/// (with 2 nodes) never from equal αs.
+fn split_start(k: usize, episodes: usize, nodes: usize, iteration: usize) -> Vec<f64> {
+    let n = episodes.max(1);
+    let shift = 1 + iteration % (n - 1).max(1);
+    (0..nodes)
+        .map(|j| start_alpha((k + j * shift) % n, n))
+        .collect()
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -226,6 +247,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for (k, (_, _, trace)) in traces.iter().enumerate() {
             let mut cfg = base.clone();
             cfg.memory.alpha = start_alpha(k, traces.len());
+            if args.split_starts {
+                cfg.memory.node_alpha =
+                    Some(split_start(k, traces.len(), base.run.workers, iteration));
+            }
             cfg.allocator.policy_file = policy_path.display().to_string();
             cfg.allocator.seed = args.seed ^ ((iteration as u64) << 20) ^ ((k as u64) << 8);
             let out =
@@ -274,7 +299,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     policy.provenance.trained_with = format!(
         "grflow train-allocator: {} iterations, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
          SLO {slo_ms} ms, preset {}, virtual clock calibrated on {} (GEMM {:.1} GFLOP/s), compute_scale {}, \
-         policy seed {}, PPO learning rate {}, {} epochs, entropy coefficient {}; {}",
+         policy seed {}, PPO learning rate {}, {} epochs, entropy coefficient {}{}; {}",
         args.iterations,
         regime_list.join(","),
         args.seed_base,
@@ -289,6 +314,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ppo.learning_rate,
         ppo.epochs,
         ppo.entropy_coef,
+        if args.split_starts {
+            ", episodes started from per-node splits"
+        } else {
+            ""
+        },
         match (selected_p99, untrained_p99) {
             (Some(p), Some(u)) => format!(
                 "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the training \
@@ -425,6 +455,30 @@ mod tests {
         assert!(!first_nan.offer(0, f64::NAN, || "c0"));
         assert!(first_nan.offer(5, 0.1, || "c5"));
         assert_eq!(first_nan.best, Some((5, 0.1, "c5")));
+    }
+
+    #[test]
+    fn split_starts_part_the_nodes_and_change_with_the_iteration() {
+        let pairs: Vec<Vec<f64>> = (0..9).map(|k| split_start(k, 9, 2, 0)).collect();
+        // Node 0 starts where one α for all would; node 1 elsewhere.
+        for (k, p) in pairs.iter().enumerate() {
+            assert_eq!(p[0], start_alpha(k, 9));
+            assert_ne!(p[0], p[1], "episode {k}");
+        }
+        assert_eq!(pairs[0], [0.14, 0.23]);
+        assert_eq!(split_start(0, 9, 2, 4), [0.14, 0.59]);
+        // Every iteration's shift differs until the cycle repeats.
+        let node1: Vec<f64> = (0..8).map(|it| split_start(0, 9, 2, it)[1]).collect();
+        let mut distinct = node1.clone();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 8, "{node1:?}");
+        assert_eq!(split_start(0, 9, 2, 8), split_start(0, 9, 2, 0));
+        assert_eq!(split_start(3, 9, 3, 0).len(), 3);
+        assert_eq!(
+            split_start(0, 1, 2, 5),
+            [0.5, 0.5],
+            "one episode: nothing to part"
+        );
     }
 
     #[test]
