@@ -132,6 +132,91 @@ struct Row {
     kv_reclaims: u64,
 }
 
+impl Row {
+    /// The row of one policy's run on the bench trace; `reference` is
+    /// `kv-emb-opt`'s P99 when it ran first.
+    fn of(
+        regime: &str,
+        label: &str,
+        policy: AllocatorPolicy,
+        alpha: f64,
+        node_alpha: Option<Vec<f64>>,
+        out: &ReplayOutput,
+        reference: Option<f64>,
+    ) -> Self {
+        let oracle = OracleSummary::of(&out.oracle);
+        let s = &out.summary;
+        let alloc = s.allocator.as_ref();
+        Row {
+            regime: regime.into(),
+            policy: label.into(),
+            alpha_start: if policy == AllocatorPolicy::KvOpt {
+                0.0
+            } else {
+                alpha
+            },
+            node_alpha,
+            p99_ms: s.latency_ms.p99,
+            p50_ms: s.latency_ms.p50,
+            slo_satisfaction: s.slo_satisfaction,
+            alpha_moves: alloc.map_or(0, |a| a.alpha_moves),
+            decision_us_mean: alloc.map_or(0.0, |a| a.decision_us_mean),
+            decision_us_p99: alloc.map_or(0.0, |a| a.decision_us_p99),
+            p99_reduction_vs_kv_emb_opt: reference.map(|r| 1.0 - s.latency_ms.p99 / r.max(1e-9)),
+            oracle_gap: oracle.as_ref().map(|o| o.gap),
+            p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
+            alpha_star_std: oracle.as_ref().map(|o| o.alpha_star_std),
+            oracle_gap_best_constant: oracle.as_ref().map(|o| o.gap_best_constant),
+            oracle_gap_previous_star: oracle.as_ref().and_then(|o| o.gap_previous_star),
+            oracle_epochs: out.oracle.len() as u64,
+            truncated_histories: s.truncated_histories,
+            failed_requests: s.errors,
+            kv_reclaims: kv_reclaims(s),
+        }
+    }
+
+    /// The progress line of the run, which took `wall_s`.
+    fn line(&self, wall_s: f64) -> String {
+        format!(
+            "{} {:>10}: p99 {:.4} ms, SLO {:.1}%, alpha moves {}, KV reclaims {}{}{}{} ({wall_s:.0} s)",
+            self.regime,
+            self.policy,
+            self.p99_ms,
+            self.slo_satisfaction * 100.0,
+            self.alpha_moves,
+            self.kv_reclaims,
+            if self.failed_requests > 0 {
+                format!(
+                    ", {} failed requests (not comparable)",
+                    self.failed_requests
+                )
+            } else {
+                String::new()
+            },
+            if self.truncated_histories > 0 {
+                format!(
+                    ", {} truncated histories (answers changed: not comparable)",
+                    self.truncated_histories
+                )
+            } else {
+                String::new()
+            },
+            match (
+                self.oracle_gap,
+                self.oracle_gap_best_constant,
+                self.p99_regret_ms,
+                self.alpha_star_std
+            ) {
+                (Some(gap), Some(constant), Some(regret), Some(std)) => format!(
+                    ", oracle gap {gap:.3} (best constant {constant:.3}), p99 regret {regret:.3} ms, \
+                     alpha* std {std:.3}"
+                ),
+                _ => String::new(),
+            },
+        )
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct SweepPoint {
     regime: String,
@@ -213,31 +298,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.calibration.as_deref(),
         args.slo_ms,
     )?;
-    let policy_file = match &args.policy {
-        Some(p) if !p.is_file() => {
-            return Err(InputError::from_display(format!(
-                "--policy {}: not a file",
-                p.display()
-            )));
-        }
-        Some(p) => Some(p.clone()),
-        // The config's `allocator.policy_file` (the embedded default's is
-        // the shipped policy).
-        None => Some(PathBuf::from(&base.allocator.policy_file)).filter(|p| p.is_file()),
-    };
-    if let Some(p) = &policy_file {
-        // Read it now, so that a file that is not a policy is the user's
-        // error (exit 2) before any run.
-        let bytes = std::fs::read(p)
-            .map_err(|e| InputError::from_display(format!("--policy {}: {e}", p.display())))?;
-        grflow_operators::allocator::ppo::ActorCritic::from_safetensors(&bytes).map_err(|e| {
-            InputError::from_display(format!(
-                "--policy {} (allocator.policy_file): {e}",
-                p.display()
-            ))
-        })?;
-        base.allocator.policy_file = p.display().to_string();
-    }
+    let policy_file = policy_file(args.policy.as_deref(), &mut base)?;
 
     let trace = |regime: Regime, seed: u64| -> anyhow::Result<Arc<Trace>> {
         let mut t = base.trace.clone();
@@ -367,67 +428,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for (label, policy, alpha, node_alpha) in policies {
             let run_started = std::time::Instant::now();
             let out = run_split(&bench_trace, policy, alpha, node_alpha.as_deref(), true)?;
-            let oracle = OracleSummary::of(&out.oracle);
             plots.policy_run(&name, label, &out);
-            let s = &out.summary;
-            let alloc = s.allocator.clone();
             if label == "kv-emb-opt" {
-                reference = Some(s.latency_ms.p99);
+                reference = Some(out.summary.latency_ms.p99);
             }
-            let reclaims = kv_reclaims(s);
-            eprintln!(
-                "{name} {label:>10}: p99 {:.4} ms, SLO {:.1}%, alpha moves {}, KV reclaims \
-                 {reclaims}{}{}{} ({:.0} s)",
-                s.latency_ms.p99,
-                s.slo_satisfaction * 100.0,
-                alloc.as_ref().map_or(0, |a| a.alpha_moves),
-                if s.errors > 0 {
-                    format!(", {} failed requests (not comparable)", s.errors)
-                } else {
-                    String::new()
-                },
-                if s.truncated_histories > 0 {
-                    format!(
-                        ", {} truncated histories (answers changed: not comparable)",
-                        s.truncated_histories
-                    )
-                } else {
-                    String::new()
-                },
-                oracle.as_ref().map_or(String::new(), |o| format!(
-                    ", oracle gap {:.3} (best constant {:.3}), p99 regret {:.3} ms, \
-                     alpha* std {:.3}",
-                    o.gap, o.gap_best_constant, o.regret_ms, o.alpha_star_std
-                )),
-                run_started.elapsed().as_secs_f64()
-            );
-            rows.push(Row {
-                regime: name.clone(),
-                policy: label.into(),
-                alpha_start: if policy == AllocatorPolicy::KvOpt {
-                    0.0
-                } else {
-                    alpha
-                },
-                node_alpha,
-                p99_ms: s.latency_ms.p99,
-                p50_ms: s.latency_ms.p50,
-                slo_satisfaction: s.slo_satisfaction,
-                alpha_moves: alloc.as_ref().map_or(0, |a| a.alpha_moves),
-                decision_us_mean: alloc.as_ref().map_or(0.0, |a| a.decision_us_mean),
-                decision_us_p99: alloc.as_ref().map_or(0.0, |a| a.decision_us_p99),
-                p99_reduction_vs_kv_emb_opt: reference
-                    .map(|r| 1.0 - s.latency_ms.p99 / r.max(1e-9)),
-                oracle_gap: oracle.as_ref().map(|o| o.gap),
-                p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
-                alpha_star_std: oracle.as_ref().map(|o| o.alpha_star_std),
-                oracle_gap_best_constant: oracle.as_ref().map(|o| o.gap_best_constant),
-                oracle_gap_previous_star: oracle.as_ref().and_then(|o| o.gap_previous_star),
-                oracle_epochs: out.oracle.len() as u64,
-                truncated_histories: s.truncated_histories,
-                failed_requests: s.errors,
-                kv_reclaims: reclaims,
-            });
+            let row = Row::of(&name, label, policy, alpha, node_alpha, &out, reference);
+            eprintln!("{}", row.line(run_started.elapsed().as_secs_f64()));
+            rows.push(row);
         }
     }
     let wall_s = started.elapsed().as_secs_f64();
@@ -459,54 +466,91 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        println!(
-            "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6} {:>7} {:>9} {:>10} {:>8}",
-            "regime",
-            "policy",
-            "alpha0",
-            "p99 ms",
-            "SLO %",
-            "moves",
-            "gap",
-            "gap const",
-            "regret ms",
-            "a* std"
-        );
-        let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
-        for r in &report.rows {
-            println!(
-                "{:<8} {:<11} {:>6.2} {:>9.2} {:>7.1} {:>6} {:>7} {:>9} {:>10} {:>8}",
-                r.regime,
-                r.policy,
-                r.alpha_start,
-                r.p99_ms,
-                r.slo_satisfaction * 100.0,
-                r.alpha_moves,
-                opt(r.oracle_gap),
-                opt(r.oracle_gap_best_constant),
-                opt(r.p99_regret_ms),
-                opt(r.alpha_star_std)
-            );
-        }
-        for (regime, std) in &report.sweep_alpha_star_std {
-            println!("{regime}: per-epoch best static alpha, std over epochs {std:.3}");
-        }
-        for (regime, s) in &report.node_sweep {
-            println!(
-                "{regime}: best per-node split on the training seeds: node_alpha = {:?}",
-                s.node_alpha
-            );
-        }
-        println!(
-            "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM {:.1} GFLOP/s), {:.0} s",
-            report.machine,
-            report.gemm_gflops,
-            report.host_machine,
-            report.host_gemm_gflops,
-            report.wall_s
-        );
+        print_table(&report);
     }
     Ok(())
+}
+
+/// The learned rows' policy: `--policy`, else the config's
+/// `allocator.policy_file` when it exists (the embedded default's is the
+/// shipped policy). Read now, so that a file that is not a policy is the
+/// user's error (exit 2) before any run; `base` is set to use it.
+fn policy_file(
+    arg: Option<&std::path::Path>,
+    base: &mut grflow_pipeline::Config,
+) -> anyhow::Result<Option<PathBuf>> {
+    let file = match arg {
+        Some(p) if !p.is_file() => {
+            return Err(InputError::from_display(format!(
+                "--policy {}: not a file",
+                p.display()
+            )));
+        }
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(PathBuf::from(&base.allocator.policy_file)).filter(|p| p.is_file()),
+    };
+    if let Some(p) = &file {
+        let bytes = std::fs::read(p)
+            .map_err(|e| InputError::from_display(format!("--policy {}: {e}", p.display())))?;
+        grflow_operators::allocator::ppo::ActorCritic::from_safetensors(&bytes).map_err(|e| {
+            InputError::from_display(format!(
+                "--policy {} (allocator.policy_file): {e}",
+                p.display()
+            ))
+        })?;
+        base.allocator.policy_file = p.display().to_string();
+    }
+    Ok(file)
+}
+
+/// The report as a table on stdout (without `--json`).
+fn print_table(report: &Report) {
+    println!(
+        "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6} {:>7} {:>9} {:>10} {:>8}",
+        "regime",
+        "policy",
+        "alpha0",
+        "p99 ms",
+        "SLO %",
+        "moves",
+        "gap",
+        "gap const",
+        "regret ms",
+        "a* std"
+    );
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    for r in &report.rows {
+        println!(
+            "{:<8} {:<11} {:>6.2} {:>9.4} {:>7.1} {:>6} {:>7} {:>9} {:>10} {:>8}",
+            r.regime,
+            r.policy,
+            r.alpha_start,
+            r.p99_ms,
+            r.slo_satisfaction * 100.0,
+            r.alpha_moves,
+            opt(r.oracle_gap),
+            opt(r.oracle_gap_best_constant),
+            opt(r.p99_regret_ms),
+            opt(r.alpha_star_std)
+        );
+    }
+    for (regime, std) in &report.sweep_alpha_star_std {
+        println!("{regime}: per-epoch best static alpha, std over epochs {std:.3}");
+    }
+    for (regime, s) in &report.node_sweep {
+        println!(
+            "{regime}: best per-node split on the training seeds: node_alpha = {:?}",
+            s.node_alpha
+        );
+    }
+    println!(
+        "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM {:.1} GFLOP/s), {:.0} s",
+        report.machine,
+        report.gemm_gflops,
+        report.host_machine,
+        report.host_gemm_gflops,
+        report.wall_s
+    );
 }
 
 /// The per-node static split with the lowest mean P99 on the training
