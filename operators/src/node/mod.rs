@@ -54,7 +54,7 @@ pub use rank::{RankRequest, RankWork};
 pub use retrieve::{MAX_RETRIEVE_GROUP, RetrieveRequest, RetrieveWork};
 
 use embedding::{EmbStats, LinkClock, Lookup, link_cost};
-use load::Backlog;
+use load::{Backlog, ReportedLoad, VirtualLoad};
 use plan::Plan;
 use prefix::UserPrefixes;
 use residency::Residency;
@@ -153,6 +153,8 @@ struct VirtualCompute {
     cost: CostModel,
     /// Event time (ms) at which the node's model is free again.
     free_at_ms: f64,
+    /// What the timeline ahead means to the router.
+    load: VirtualLoad,
 }
 
 impl ServingNode {
@@ -227,6 +229,7 @@ impl ServingNode {
         self.virtual_compute = Some(VirtualCompute {
             cost,
             free_at_ms: 0.0,
+            load: VirtualLoad::default(),
         });
         self.link_clock = LinkClock::event();
         self.memory.keep_metadata_only();
@@ -438,9 +441,8 @@ impl ServingNode {
         emb: &EmbStats,
         flops: f64,
     ) -> Served {
-        let backlog = self
-            .backlog
-            .add(now_ms, plan.computed_tokens(reused) as f64);
+        let computed_tokens = plan.computed_tokens(reused) as f64;
+        let backlog = self.backlog.add(now_ms, computed_tokens);
         let link_ms = link_cost(&self.params.link, emb.miss_bytes).as_secs_f64() * 1e3;
         let modelled_latency_ms = match (&mut self.virtual_compute, virtual_ms) {
             // Queued behind the node's earlier work, then its own compute
@@ -450,6 +452,7 @@ impl ServingNode {
                 let (busy, rest) = v.cost.overhead_split();
                 let start = v.free_at_ms.max(arrival + link_ms);
                 v.free_at_ms = start + compute_ms + busy;
+                v.load.charge(computed_tokens, compute_ms + busy);
                 v.free_at_ms - arrival + rest
             }
             _ => self.backlog.drain_ms(backlog) + link_ms,
@@ -465,7 +468,7 @@ impl ServingNode {
         c.oov_items += emb.oov_items as u64;
         c.user_head_evictions = self.prefixes.evictions();
         c.model_flops += flops;
-        c.computed_tokens += plan.computed_tokens(reused) as u64;
+        c.computed_tokens += computed_tokens as u64;
         Served {
             items,
             scores,
@@ -483,12 +486,24 @@ impl ServingNode {
 
     /// Residency changes since the previous report, and the load now.
     pub fn report(&mut self, now_ms: u64) -> NodeReport {
+        let (capacity, rate) = (
+            self.params.token_capacity,
+            self.params.service_tokens_per_ms,
+        );
+        let load = match &self.virtual_compute {
+            Some(v) => v.load.report(v.free_at_ms, now_ms, capacity, rate),
+            None => ReportedLoad {
+                inflight_tokens: self.backlog.at(now_ms),
+                token_capacity: capacity,
+                service_tokens_per_ms: rate,
+            },
+        };
         let mut report = NodeReport {
             node: self.id,
             at_ms: now_ms,
-            inflight_tokens: self.backlog.at(now_ms),
-            token_capacity: self.params.token_capacity,
-            service_tokens_per_ms: self.params.service_tokens_per_ms,
+            inflight_tokens: load.inflight_tokens,
+            token_capacity: load.token_capacity,
+            service_tokens_per_ms: load.service_tokens_per_ms,
             ..Default::default()
         };
         let touched: BTreeSet<u64> = self.prefixes.take_touched();

@@ -122,7 +122,9 @@ pub struct NodeSection {
     pub shard_rows: u32,
     /// A shard counts as resident when this share of its rows is cached.
     pub shard_resident_share: f64,
-    /// Event-time service rate used for the load l(n): tokens per ms.
+    /// Event-time service rate behind the load l(n) on the event clock:
+    /// tokens per ms (the virtual clock charges its cost model instead,
+    /// `arrival` mode counts work in flight).
     pub service_tokens_per_ms: f64,
     /// Token capacity l(n) is normalised by.
     pub token_capacity: f64,
