@@ -655,41 +655,39 @@ fn a_virtual_node_charges_the_cost_model_on_its_own_timeline() {
     assert_eq!(node.memory_stats().scratch_pages, 0);
 }
 
-/// The router's l(n) on the virtual clock is the node's modelled timeline
-/// ahead, not the event-time backlog at `service_tokens_per_ms` (a rate
-/// the cost model knows nothing of).
+/// The router's l(n) on the virtual clock counts the tokens of the requests
+/// not answered yet in modelled time, as `arrival` mode's in-flight signal
+/// does on a real node; not the event-time backlog at
+/// `service_tokens_per_ms` (a rate the cost model knows nothing of).
 #[test]
-fn a_virtual_node_reports_its_timeline_ahead_as_its_load() {
+fn a_virtual_node_reports_the_tokens_it_has_not_answered_as_its_load() {
     let catalog = Catalog::new(500);
     let mut node = ServingNode::new(0, params()).unwrap();
     node.set_virtual(virtual_cost(0.0, 0.0));
     let candidates: Vec<u32> = (100..120).collect();
     let h = history(40);
-    let mut tokens = 0.0;
-    for id in 1..=2 {
-        let req = RankRequest {
-            req_id: id,
-            user_id: id,
-            candidates: &candidates,
-        };
-        node.serve(10, req, &h, &catalog).unwrap();
-        tokens = node.counters().computed_tokens as f64;
-    }
-    // 3 ms of compute each: the model is busy until about 16 ms (plus the
-    // link of the first one's misses), charged `tokens` over 6 ms.
+    let served: Vec<_> = (1..=2)
+        .map(|id| {
+            let req = RankRequest {
+                req_id: id,
+                user_id: id,
+                candidates: &candidates,
+            };
+            node.serve(10, req, &h, &catalog).unwrap()
+        })
+        .collect();
+    let (a, b) = (&served[0], &served[1]);
+    // 3 ms of compute each, queued: answered at about 13 and 16 ms.
     let r = node.report(10);
-    let rate = tokens / 6.0;
-    assert!((r.service_tokens_per_ms - rate).abs() < 1e-9, "{r:?}");
-    let ahead_ms = r.inflight_tokens / r.service_tokens_per_ms;
-    assert!((6.0..6.5).contains(&ahead_ms), "{r:?}");
+    assert_eq!(r.inflight_tokens, f64::from(a.seq_len + b.seq_len), "{r:?}");
     assert_eq!(r.token_capacity, params().token_capacity);
-    // Not the event-time model's figure: these tokens at 20 per ms.
-    let event_ms = tokens / params().service_tokens_per_ms;
-    assert!(
-        (event_ms - ahead_ms).abs() > 1.0,
-        "{event_ms} vs {ahead_ms}"
-    );
-    // Once the timeline is behind, the node is idle.
+    // Drained at the rate the cost model was charged: computed tokens
+    // over 6 ms.
+    let rate = node.counters().computed_tokens as f64 / 6.0;
+    assert!((r.service_tokens_per_ms - rate).abs() < 1e-9, "{r:?}");
+    assert!(10.0 + a.modelled_latency_ms < 14.0 && 10.0 + b.modelled_latency_ms > 15.0);
+    assert_eq!(node.report(14).inflight_tokens, f64::from(b.seq_len));
+    // Once both are answered, the node is idle.
     assert_eq!(node.report(1_000).inflight_tokens, 0.0);
 }
 

@@ -1,7 +1,11 @@
 //! The node's load in event time: a backlog of tokens drained at the
 //! service rate. It gives the router l(n) and each response its modelled
 //! latency (deterministic, unlike wall latency). On the virtual clock the
-//! node's compute timeline is the backlog instead ([`VirtualLoad`]).
+//! router sees the requests not yet answered in modelled time instead
+//! ([`VirtualLoad`]).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// Tokens queued at the node, as of `at_ms`.
 #[derive(Clone, Debug)]
@@ -40,21 +44,23 @@ impl Backlog {
     }
 }
 
-/// The load a node on the virtual clock reports to the router: its
-/// modelled backlog (the compute timeline ahead of now), not the
-/// event-time model above, whose configured rate has nothing to do with
-/// the cost model the node is charged from (at HLEM's rates nearly every
+/// The load a node on the virtual clock reports to the router: the tokens
+/// of the requests it has not answered yet in modelled time, which is
+/// what `arrival` mode's in-flight signal counts on a real node. Not the
+/// event-time model above: its configured rate has nothing to do with the
+/// cost model the node is charged from (at HLEM's rates nearly every
 /// routing decision was an overload fallback while nodes were busy 5% of
 /// the time).
-///
-/// The router counts load in tokens and drains it at the reported rate, so
-/// the backlog is given in tokens at the rate the node has been charged so
-/// far: what the in-flight signal of `arrival` mode would count on the
-/// modelled device, over the same `node.token_capacity`.
 #[derive(Clone, Debug, Default)]
 pub struct VirtualLoad {
-    tokens: f64,
-    ms: f64,
+    /// (modelled response time as f64 bits, tokens) of the requests not
+    /// known to be answered; non-negative f64 bits order like the values.
+    pending: BinaryHeap<Reverse<(u64, u64)>>,
+    pending_tokens: u64,
+    /// Computed tokens and model ms charged so far: the rate the router
+    /// drains its own dispatches at between reports.
+    charged_tokens: f64,
+    charged_ms: f64,
 }
 
 /// What a report says about load: in-flight tokens, the tokens at load
@@ -67,32 +73,45 @@ pub struct ReportedLoad {
 }
 
 impl VirtualLoad {
-    /// Books `tokens` of work charged `ms` on the node's timeline.
-    pub fn charge(&mut self, tokens: f64, ms: f64) {
-        if tokens.is_finite() && ms.is_finite() && tokens > 0.0 && ms > 0.0 {
-            self.tokens += tokens;
-            self.ms += ms;
+    /// Books a request of `tokens` whose response is out at `done_ms`,
+    /// after `computed` tokens charged `ms` of the node's timeline.
+    pub fn book(&mut self, tokens: u64, done_ms: f64, computed: f64, ms: f64) {
+        let done = if done_ms.is_finite() {
+            done_ms.max(0.0)
+        } else {
+            0.0
+        };
+        self.pending.push(Reverse((done.to_bits(), tokens)));
+        self.pending_tokens += tokens;
+        if computed.is_finite() && ms.is_finite() && computed > 0.0 && ms > 0.0 {
+            self.charged_tokens += computed;
+            self.charged_ms += ms;
         }
     }
 
-    /// The load at `now_ms` of a node whose model is free at `free_at_ms`,
-    /// against `token_capacity`; `service_tokens_per_ms` is the rate
-    /// before anything was charged.
+    /// The load at `now_ms` against `token_capacity`; `service_tokens_per_ms`
+    /// is the rate before anything was charged. Forgets the answered.
     pub fn report(
-        &self,
-        free_at_ms: f64,
+        &mut self,
         now_ms: u64,
         token_capacity: f64,
         service_tokens_per_ms: f64,
     ) -> ReportedLoad {
-        let rate = if self.ms > 0.0 {
-            self.tokens / self.ms
+        let now = (now_ms as f64).to_bits();
+        while let Some(Reverse((done, tokens))) = self.pending.peek().copied() {
+            if done > now {
+                break;
+            }
+            self.pending.pop();
+            self.pending_tokens -= tokens;
+        }
+        let rate = if self.charged_ms > 0.0 {
+            self.charged_tokens / self.charged_ms
         } else {
             service_tokens_per_ms
         };
-        let backlog_ms = (free_at_ms - now_ms as f64).max(0.0);
         ReportedLoad {
-            inflight_tokens: backlog_ms * rate,
+            inflight_tokens: self.pending_tokens as f64,
             token_capacity,
             service_tokens_per_ms: rate,
         }
@@ -118,28 +137,27 @@ mod tests {
     }
 
     #[test]
-    fn the_virtual_load_is_the_timeline_ahead_in_tokens_at_the_charged_rate() {
+    fn the_virtual_load_counts_the_tokens_not_yet_answered_in_modelled_time() {
         let mut v = VirtualLoad::default();
-        // Nothing charged yet: the configured rate; an idle node reads 0.
-        let idle = v.report(0.0, 10, 2000.0, 20.0);
+        // Nothing booked: the configured rate; an idle node reads 0.
+        let idle = v.report(10, 2000.0, 20.0);
         assert_eq!(idle.inflight_tokens, 0.0);
         assert_eq!(
             (idle.token_capacity, idle.service_tokens_per_ms),
             (2000.0, 20.0)
         );
-        // 1,000 tokens charged 0.5 ms: 2,000 tokens per ms, a device far
-        // faster than the configured 20.
-        v.charge(1000.0, 0.5);
-        v.charge(0.0, 3.0); // nothing computed: no rate from it
-        let r = v.report(60.0, 10, 2000.0, 20.0);
+        // Two requests at 10 ms, answered at 12.5 and 15 ms; 1,000 computed
+        // tokens charged 0.5 ms: 2,000 tokens per ms.
+        v.book(300, 12.5, 600.0, 0.25);
+        v.book(200, 15.0, 400.0, 0.25);
+        v.book(50, 11.0, 0.0, 3.0); // nothing computed: no rate from it
+        let r = v.report(10, 2000.0, 20.0);
+        assert_eq!((r.inflight_tokens, r.token_capacity), (550.0, 2000.0));
         assert_eq!(r.service_tokens_per_ms, 2000.0);
-        // 50 ms of timeline ahead: 100,000 tokens at that rate, against the
-        // configured capacity.
-        assert_eq!((r.inflight_tokens, r.token_capacity), (100_000.0, 2000.0));
-        // Drained at the reported rate, it is gone when the model is free.
-        let later = r.inflight_tokens - 50.0 * r.service_tokens_per_ms;
-        assert!(later.abs() < 1e-6);
-        // A timeline behind now is no backlog.
-        assert_eq!(v.report(5.0, 10, 2000.0, 20.0).inflight_tokens, 0.0);
+        // Each leaves once its response is out, whatever the booking order.
+        assert_eq!(v.report(12, 2000.0, 20.0).inflight_tokens, 500.0);
+        assert_eq!(v.report(13, 2000.0, 20.0).inflight_tokens, 200.0);
+        assert_eq!(v.report(15, 2000.0, 20.0).inflight_tokens, 0.0);
+        assert!(v.pending.is_empty());
     }
 }

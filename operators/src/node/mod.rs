@@ -153,7 +153,7 @@ struct VirtualCompute {
     cost: CostModel,
     /// Event time (ms) at which the node's model is free again.
     free_at_ms: f64,
-    /// What the timeline ahead means to the router.
+    /// The requests not answered yet in modelled time: l(n) for the router.
     load: VirtualLoad,
 }
 
@@ -452,8 +452,11 @@ impl ServingNode {
                 let (busy, rest) = v.cost.overhead_split();
                 let start = v.free_at_ms.max(arrival + link_ms);
                 v.free_at_ms = start + compute_ms + busy;
-                v.load.charge(computed_tokens, compute_ms + busy);
-                v.free_at_ms - arrival + rest
+                let latency = v.free_at_ms - arrival + rest;
+                let done = arrival + latency;
+                v.load
+                    .book(plan.tokens as u64, done, computed_tokens, compute_ms + busy);
+                latency
             }
             _ => self.backlog.drain_ms(backlog) + link_ms,
         };
@@ -490,8 +493,8 @@ impl ServingNode {
             self.params.token_capacity,
             self.params.service_tokens_per_ms,
         );
-        let load = match &self.virtual_compute {
-            Some(v) => v.load.report(v.free_at_ms, now_ms, capacity, rate),
+        let load = match &mut self.virtual_compute {
+            Some(v) => v.load.report(now_ms, capacity, rate),
             None => ReportedLoad {
                 inflight_tokens: self.backlog.at(now_ms),
                 token_capacity: capacity,
