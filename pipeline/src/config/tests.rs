@@ -188,6 +188,9 @@ fn the_emb_kv_preset_is_the_allocator_preset_on_a_balanced_device() {
     d.cost.compute_scale = 0.01;
     d.cost.overhead_scale = 0.0;
     d.allocator.policy_file = "configs/allocator-emb-ppo.safetensors".into();
+    // About one request in flight at load 1.0 on this device, whose
+    // requests take microseconds (the virtual clock's in-flight load).
+    d.node.token_capacity = 200.0;
     assert_eq!(c, d);
     // A negative overhead scale is refused by name.
     let bad = Config::parse("[cost]\noverhead_scale = -1.0\n", "bad.toml").unwrap_err();
