@@ -221,6 +221,13 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     }
     let alpha_plot = std::fs::read_to_string(dir.join("plots/alpha-burst.svg")).unwrap();
     assert!(alpha_plot.contains("alpha* node"), "α* is drawn");
+    // Each node's α is its own line (a split between nodes must show), not
+    // a mean over nodes. (On this short trace the router may send node 1
+    // nothing, and a node without requests closes no window.)
+    for line in ["smart node 0", "pid node 0", "ppo-only node 0"] {
+        assert!(alpha_plot.contains(line), "{line} is drawn");
+    }
+    assert!(!alpha_plot.contains("smart alpha"), "no mean line");
     // The oracle needs a deterministic node: a learning cache is refused
     // by name before any run.
     let laru = dir.join("laru.toml");

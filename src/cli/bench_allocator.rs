@@ -724,21 +724,38 @@ impl Plots {
             name: policy.into(),
             points: mean_by_window(|w| w.p99_ms),
         });
+        let with_oracle = !out.oracle.is_empty();
         let chart = self
             .alpha
             .entry(regime.into())
             .or_insert_with(|| LineChart {
-                title: format!("{regime}: alpha per epoch against the oracle alpha*"),
+                title: if with_oracle {
+                    format!("{regime}: alpha per epoch and node against the oracle alpha*")
+                } else {
+                    format!("{regime}: alpha per epoch and node")
+                },
                 x_label: "event time (s)".into(),
                 y_label: "alpha (EMB share)".into(),
                 y_range: Some((0.0, 1.0)),
                 ..LineChart::default()
             });
         if !matches!(policy, "static" | "kv-opt" | "kv-emb-opt") {
-            chart.series.push(Series {
-                name: format!("{policy} alpha"),
-                points: mean_by_window(|w| w.alpha),
-            });
+            // Per node, not the mean: a learned policy's gain on allocator-tight
+            // is the two nodes' α moving apart, which a mean hides.
+            let mut by_node: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+            for w in &out.windows {
+                by_node
+                    .entry(w.node)
+                    .or_default()
+                    .push((w.window_start_ms as f64 / 1e3, w.alpha));
+            }
+            for (node, mut points) in by_node {
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                chart.series.push(Series {
+                    name: format!("{policy} node {node}"),
+                    points,
+                });
+            }
         }
         if policy == "smart" || (policy == "pid" && !out.oracle.is_empty()) {
             chart.series.retain(|s| !s.name.starts_with("alpha* "));
