@@ -4,9 +4,10 @@
 # one command, printed before it runs; the JSON of each lands in $OUT.
 #
 #   ./scripts/figures.sh            # kernels, default replay, unpaced replay, in-node laru
-#   ./scripts/figures.sh --all      # also bench cache on ../shared/data, bench kafka, memory, serve
-#                                   # (needs GRFLOW_KAFKA_BROKERS) and
-#                                   # bench memory (1M requests, long)
+#   ./scripts/figures.sh --all      # also bench cache on ../shared/data, bench kafka
+#                                   # (needs GRFLOW_KAFKA_BROKERS), bench memory (1M
+#                                   # requests, long), bench serve and bench allocator
+#                                   # on the three allocator configs (~30 min)
 #
 # Figures differ by 1.4x and more between VMs: quote them with the machine
 # line and gemm_gflops this script prints.
@@ -73,6 +74,16 @@ if $all; then
     run memory "$bin" bench memory --json
     # Goodput under a 200 ms p99 SLO on hstu-3l, unbatched vs batched (~7 min).
     run serve "$bin" bench serve --json --out "$OUT/serve"
+    # The allocator on the virtual clock (P99s depend on the committed cost
+    # model only; decision times are this machine's).
+    for cfg in small emb; do
+        run "allocator_$cfg" "$bin" bench allocator --config "configs/allocator-$cfg.toml" \
+            --sweep --no-oracle --json --out "$OUT/allocator-$cfg"
+    done
+    for seed in 42 44; do
+        run "allocator_tight_$seed" "$bin" bench allocator --config configs/allocator-tight.toml \
+            --sweep --no-oracle --json --seed "$seed" --out "$OUT/allocator-tight-$seed"
+    done
 fi
 
 log "summary ($OUT)"
@@ -114,4 +125,14 @@ for name, keys in (("memory", ("requests", "distinct_users", "growth_ratio", "rs
     b = load(name)
     if b:
         print(f"bench {name}: " + "  ".join(f"{k} {b[k]:.3f}" if isinstance(b[k], float) else f"{k} {b[k]}" for k in keys))
+for name in ("allocator_small", "allocator_emb", "allocator_tight_42", "allocator_tight_44"):
+    b = load(name)
+    if not b:
+        continue
+    rows = {(r["regime"], r["policy"]): r for r in b["rows"]}
+    for reg in ("steady", "trend", "burst"):
+        p99 = {p: rows[(reg, p)]["p99_ms"] for p in ("kv-emb-opt", "static", "ppo-only", "smart")}
+        under = 100 * rows[(reg, "smart")]["p99_reduction_vs_kv_emb_opt"]
+        print(f"bench {name} {reg}: p99 ms " + "  ".join(f"{p} {v:.4f}" for p, v in p99.items())
+              + f"  smart {under:.1f}% under kv-emb-opt")
 EOF
