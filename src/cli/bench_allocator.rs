@@ -695,6 +695,18 @@ struct Plots {
     oracle: BTreeMap<String, BTreeMap<String, Vec<OracleEpoch>>>,
 }
 
+/// `(node, event ms, value)` as one line per node, in time order, x in seconds.
+fn per_node(points: impl Iterator<Item = (u32, u64, f64)>) -> BTreeMap<u32, Vec<(f64, f64)>> {
+    let mut by_node: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+    for (node, ms, v) in points {
+        by_node.entry(node).or_default().push((ms as f64 / 1e3, v));
+    }
+    for points in by_node.values_mut() {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    by_node
+}
+
 impl Plots {
     fn policy_run(&mut self, regime: &str, policy: &str, out: &ReplayOutput) {
         let mean_by_window = |f: fn(&grflow_connectors::WindowRow) -> f64| {
@@ -742,15 +754,9 @@ impl Plots {
         if !matches!(policy, "static" | "kv-opt" | "kv-emb-opt") {
             // Per node, not the mean: a learned policy's gain on allocator-tight
             // is the two nodes' α moving apart, which a mean hides.
-            let mut by_node: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-            for w in &out.windows {
-                by_node
-                    .entry(w.node)
-                    .or_default()
-                    .push((w.window_start_ms as f64 / 1e3, w.alpha));
-            }
-            for (node, mut points) in by_node {
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let windows = out.windows.iter();
+            let by_node = per_node(windows.map(|w| (w.node, w.window_start_ms, w.alpha)));
+            for (node, points) in by_node {
                 chart.series.push(Series {
                     name: format!("{policy} node {node}"),
                     points,
@@ -759,13 +765,8 @@ impl Plots {
         }
         if policy == "smart" || (policy == "pid" && !out.oracle.is_empty()) {
             chart.series.retain(|s| !s.name.starts_with("alpha* "));
-            let mut nodes: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-            for e in &out.oracle {
-                nodes
-                    .entry(e.node)
-                    .or_default()
-                    .push((e.epoch_start_ms as f64 / 1e3, e.alpha_star));
-            }
+            let epochs = out.oracle.iter();
+            let nodes = per_node(epochs.map(|e| (e.node, e.epoch_start_ms, e.alpha_star)));
             for (node, points) in nodes {
                 chart.series.push(Series {
                     name: format!("alpha* node {node} ({policy})"),
@@ -820,5 +821,26 @@ impl Plots {
             paths.push(path);
         }
         Ok(paths)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::per_node;
+
+    #[test]
+    fn per_node_lines_are_split_by_node_in_time_order_in_seconds() {
+        let lines = per_node(
+            [
+                (1, 10_000, 0.5),
+                (0, 5_000, 0.2),
+                (1, 5_000, 0.4),
+                (0, 0, 0.25),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[&0], vec![(0.0, 0.25), (5.0, 0.2)]);
+        assert_eq!(lines[&1], vec![(5.0, 0.4), (10.0, 0.5)]);
     }
 }
