@@ -270,8 +270,8 @@ fn the_shipped_policy_loads_with_its_provenance() {
     assert!(p.parameters() < 25_000);
     let made = &p.provenance.trained_with;
     assert!(made.starts_with("grflow train-allocator"), "{made}");
-    assert!(made.contains("SLO 3 ms"), "{made}");
-    assert_eq!(p.provenance.slo_ms, Some(3.0));
+    assert!(made.contains("SLO 6.5 ms"), "{made}");
+    assert_eq!(p.provenance.slo_ms, Some(6.5));
     // Trained where less EMB is better: from a high α with a p99 over the
     // SLO it moves toward KV.
     let state = [0.3, 0.4, 0.8, 0.2, 0.3, 0.8, 0.9];

@@ -160,9 +160,9 @@ fn the_allocator_preset_is_the_default_with_the_training_shape() {
     let mut d = Config::embedded();
     assert_eq!(d.allocator.policy_file, "configs/allocator-ppo.safetensors");
     assert_eq!(c.allocator.policy, AllocatorPolicy::Smart);
-    // What `grflow train-allocator --slo-ms 3 --requests 24000 --rps 40`
+    // What `grflow train-allocator --slo-ms 6.5 --requests 24000 --rps 40`
     // sets on the embedded default, and nothing else.
-    d.run.slo_ms = SloMs::both(3.0);
+    d.run.slo_ms = SloMs::both(6.5);
     d.trace.requests = 24_000;
     d.trace.rps = 40.0;
     d.allocator.policy = AllocatorPolicy::Smart;
