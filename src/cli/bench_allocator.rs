@@ -695,16 +695,26 @@ struct Plots {
     oracle: BTreeMap<String, BTreeMap<String, Vec<OracleEpoch>>>,
 }
 
-/// `(node, event ms, value)` as one line per node, in time order, x in seconds.
-fn per_node(points: impl Iterator<Item = (u32, u64, f64)>) -> BTreeMap<u32, Vec<(f64, f64)>> {
+/// `(node, event ms, value)` as one line per node, named by `name(node)`,
+/// in node order, its points in time order, x in seconds.
+fn per_node(
+    points: impl Iterator<Item = (u32, u64, f64)>,
+    name: impl Fn(u32) -> String,
+) -> Vec<Series> {
     let mut by_node: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
     for (node, ms, v) in points {
         by_node.entry(node).or_default().push((ms as f64 / 1e3, v));
     }
-    for points in by_node.values_mut() {
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
-    }
     by_node
+        .into_iter()
+        .map(|(node, mut points)| {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            Series {
+                name: name(node),
+                points,
+            }
+        })
+        .collect()
 }
 
 impl Plots {
@@ -755,24 +765,18 @@ impl Plots {
             // Per node, not the mean: a learned policy's gain on allocator-tight
             // is the two nodes' α moving apart, which a mean hides.
             let windows = out.windows.iter();
-            let by_node = per_node(windows.map(|w| (w.node, w.window_start_ms, w.alpha)));
-            for (node, points) in by_node {
-                chart.series.push(Series {
-                    name: format!("{policy} node {node}"),
-                    points,
-                });
-            }
+            chart.series.extend(per_node(
+                windows.map(|w| (w.node, w.window_start_ms, w.alpha)),
+                |node| format!("{policy} node {node}"),
+            ));
         }
-        if policy == "smart" || (policy == "pid" && !out.oracle.is_empty()) {
+        if policy == "smart" || (policy == "pid" && with_oracle) {
             chart.series.retain(|s| !s.name.starts_with("alpha* "));
             let epochs = out.oracle.iter();
-            let nodes = per_node(epochs.map(|e| (e.node, e.epoch_start_ms, e.alpha_star)));
-            for (node, points) in nodes {
-                chart.series.push(Series {
-                    name: format!("alpha* node {node} ({policy})"),
-                    points,
-                });
-            }
+            chart.series.extend(per_node(
+                epochs.map(|e| (e.node, e.epoch_start_ms, e.alpha_star)),
+                |node| format!("alpha* node {node} ({policy})"),
+            ));
         }
     }
 
@@ -838,9 +842,12 @@ mod tests {
                 (0, 0, 0.25),
             ]
             .into_iter(),
+            |node| format!("n{node}"),
         );
         assert_eq!(lines.len(), 2);
-        assert_eq!(lines[&0], vec![(0.0, 0.25), (5.0, 0.2)]);
-        assert_eq!(lines[&1], vec![(5.0, 0.4), (10.0, 0.5)]);
+        assert_eq!(lines[0].name, "n0");
+        assert_eq!(lines[0].points, vec![(0.0, 0.25), (5.0, 0.2)]);
+        assert_eq!(lines[1].name, "n1");
+        assert_eq!(lines[1].points, vec![(5.0, 0.4), (10.0, 0.5)]);
     }
 }
