@@ -55,6 +55,17 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
     }
     // Every batched point answered every request.
     assert!(points.iter().all(|p| p["errors"].as_u64() == Some(0)));
+    // Each kind's p99 is there, and the overall p99 is one of the two
+    // kinds' tails or between them.
+    for p in points {
+        let (all, rank, retrieve) = (
+            p["p99_ms"].as_f64().unwrap(),
+            p["rank_p99_ms"].as_f64().unwrap(),
+            p["retrieve_p99_ms"].as_f64().unwrap(),
+        );
+        assert!(rank > 0.0 && retrieve > 0.0, "{p}");
+        assert!(all <= rank.max(retrieve) * 1.001, "{p}");
+    }
     let svg = std::fs::read_to_string(dir.join("latency.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("batched") && svg.contains("polyline"));
     let saved: Value =

@@ -77,6 +77,9 @@ struct LoadPoint {
     served_rps: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// The p99 of each request kind: which one makes the tail.
+    rank_p99_ms: f64,
+    retrieve_p99_ms: f64,
     errors: u64,
     meets_slo: bool,
 }
@@ -240,10 +243,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let s = replay(&trace, cfg)?;
         let meets = s.latency_ms.p99 <= slo_ms && s.errors == 0 && s.responses_out == args.requests;
         eprintln!(
-            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms{}",
+            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms (rank {:.1}, retrieve {:.1}){}",
             s.throughput_rps,
             s.latency_ms.p50,
             s.latency_ms.p99,
+            s.by_mode.rank.latency_ms.p99,
+            s.by_mode.retrieve.latency_ms.p99,
             if meets { "" } else { "  (misses)" }
         );
         points.push(LoadPoint {
@@ -252,6 +257,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             served_rps: s.throughput_rps,
             p50_ms: s.latency_ms.p50,
             p99_ms: s.latency_ms.p99,
+            rank_p99_ms: s.by_mode.rank.latency_ms.p99,
+            retrieve_p99_ms: s.by_mode.retrieve.latency_ms.p99,
             errors: s.errors,
             meets_slo: meets,
         });
