@@ -80,7 +80,7 @@ if $all; then
         run "allocator_$cfg" "$bin" bench allocator --config "configs/allocator-$cfg.toml" \
             --sweep --no-oracle --json --out "$OUT/allocator-$cfg"
     done
-    for seed in 42 44; do
+    for seed in 42 44 46 48; do
         run "allocator_tight_$seed" "$bin" bench allocator --config configs/allocator-tight.toml \
             --sweep --no-oracle --json --seed "$seed" --out "$OUT/allocator-tight-$seed"
     done
@@ -125,7 +125,7 @@ for name, keys in (("memory", ("requests", "distinct_users", "growth_ratio", "rs
     b = load(name)
     if b:
         print(f"bench {name}: " + "  ".join(f"{k} {b[k]:.3f}" if isinstance(b[k], float) else f"{k} {b[k]}" for k in keys))
-for name in ("allocator_small", "allocator_emb", "allocator_tight_42", "allocator_tight_44"):
+for name in ("allocator_small", "allocator_emb", "allocator_tight_42", "allocator_tight_44", "allocator_tight_46", "allocator_tight_48"):
     b = load(name)
     if not b:
         continue
