@@ -242,16 +242,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let cfg = configured(&base, max_tokens, &speed);
         let s = replay(&trace, cfg)?;
         let meets = s.latency_ms.p99 <= slo_ms && s.errors == 0 && s.responses_out == args.requests;
-        eprintln!(
-            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms (rank {:.1}, retrieve {:.1}){}",
-            s.throughput_rps,
-            s.latency_ms.p50,
-            s.latency_ms.p99,
-            s.by_mode.rank.latency_ms.p99,
-            s.by_mode.retrieve.latency_ms.p99,
-            if meets { "" } else { "  (misses)" }
-        );
-        points.push(LoadPoint {
+        let p = LoadPoint {
             mode,
             offered_rps: rate,
             served_rps: s.throughput_rps,
@@ -261,7 +252,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             retrieve_p99_ms: s.by_mode.retrieve.latency_ms.p99,
             errors: s.errors,
             meets_slo: meets,
-        });
+        };
+        eprintln!(
+            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms (rank {:.1}, retrieve {:.1}){}",
+            p.served_rps,
+            p.p50_ms,
+            p.p99_ms,
+            p.rank_p99_ms,
+            p.retrieve_p99_ms,
+            if meets { "" } else { "  (misses)" }
+        );
+        points.push(p);
         Ok((meets, s))
     };
 
