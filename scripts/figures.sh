@@ -125,10 +125,10 @@ for name, keys in (("memory", ("requests", "distinct_users", "growth_ratio", "rs
     b = load(name)
     if b:
         print(f"bench {name}: " + "  ".join(f"{k} {b[k]:.3f}" if isinstance(b[k], float) else f"{k} {b[k]}" for k in keys))
-for name in ("allocator_small", "allocator_emb", "allocator_tight_42", "allocator_tight_44", "allocator_tight_46", "allocator_tight_48"):
+# Every allocator bench the run above made (the configs and seeds are listed
+# once, in its loops).
+for name in sorted(f[:-5] for f in os.listdir(out) if f.startswith("allocator_") and f.endswith(".json")):
     b = load(name)
-    if not b:
-        continue
     rows = {(r["regime"], r["policy"]): r for r in b["rows"]}
     for reg in ("steady", "trend", "burst"):
         p99 = {p: rows[(reg, p)]["p99_ms"] for p in ("kv-emb-opt", "static", "ppo-only", "smart")}
