@@ -55,8 +55,11 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
     }
     // Every batched point answered every request.
     assert!(points.iter().all(|p| p["errors"].as_u64() == Some(0)));
-    // Each kind's p99 is there, and the overall p99 is one of the two
-    // kinds' tails or between them.
+    // Each kind's p99 is there, and the overall p99 is at least the lower
+    // of the two: were it under both, each kind would have its top 1% (by
+    // the same ceil rank) above it, more than the overall top 1% holds.
+    // (It can exceed both: at 150 requests the overall p99 is the second
+    // largest latency, which may be a kind's largest, above that kind's p99.)
     for p in points {
         let (all, rank, retrieve) = (
             p["p99_ms"].as_f64().unwrap(),
@@ -64,7 +67,7 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
             p["retrieve_p99_ms"].as_f64().unwrap(),
         );
         assert!(rank > 0.0 && retrieve > 0.0, "{p}");
-        assert!(all <= rank.max(retrieve) * 1.001, "{p}");
+        assert!(all >= rank.min(retrieve), "{p}");
     }
     let svg = std::fs::read_to_string(dir.join("latency.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("batched") && svg.contains("polyline"));
