@@ -86,3 +86,72 @@ fn bench_serve_rejects_an_unknown_preset_by_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--preset") && err.contains("huge"), "{err}");
 }
+
+#[test]
+fn bench_serve_at_serves_both_modes_at_the_given_rates_only() {
+    let dir = temp::tmp_dir("bench-serve-at");
+    let out = ok(grflow()
+        .args(["bench", "serve", "--json", "--preset", "small"])
+        .args(["--requests", "120", "--pool-mib", "8"])
+        .args(["--at", "40,80", "--max-wait-ms", "2"])
+        .arg("--out")
+        .arg(&dir)
+        .output()
+        .unwrap());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["max_wait_ms"].as_f64(), Some(2.0));
+    assert!(v["capacity_rps_unbatched"].as_f64().unwrap() > 0.0);
+    // No searches: no goodput, and exactly one point per rate and mode.
+    assert!(v.get("goodput_ratio").is_none(), "{v}");
+    let points = v["points"].as_array().unwrap();
+    let got: Vec<(String, f64)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["mode"].as_str().unwrap().to_string(),
+                p["offered_rps"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    let want = [
+        ("unbatched", 40.0),
+        ("batched", 40.0),
+        ("unbatched", 80.0),
+        ("batched", 80.0),
+    ];
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for ((mode, rate), (m, r)) in got.iter().zip(want) {
+        assert_eq!((mode.as_str(), *rate), (m, r));
+    }
+    for p in points {
+        // Every request of a point was served by some model call.
+        let calls: u64 = p["batch_size_hist"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .sum();
+        assert!(calls > 0, "{p}");
+        if p["mode"] == "unbatched" {
+            let hist = p["batch_size_hist"].as_array().unwrap();
+            assert!(
+                hist[1..].iter().all(|c| c == 0),
+                "one request per call: {p}"
+            );
+        }
+    }
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("probe.json")).unwrap()).unwrap();
+    assert_eq!(saved["points"], v["points"]);
+}
+
+#[test]
+fn bench_serve_rejects_a_rate_that_is_not_positive() {
+    let out = grflow()
+        .args(["bench", "serve", "--at", "10,0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--at") && err.contains('0'), "{err}");
+}

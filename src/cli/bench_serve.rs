@@ -48,6 +48,15 @@ pub struct Args {
     /// Device pool per node (MiB): room for a batch's prefixes.
     #[arg(long, default_value_t = 256.0)]
     pub pool_mib: f64,
+    /// How long the oldest request may wait for a short batch to fill in the
+    /// batched mode (`batch.max_wait_ms`).
+    #[arg(long, default_value_t = 0.0)]
+    pub max_wait_ms: f64,
+    /// Probe: serve both modes at these offered rates (req/s, comma
+    /// separated) and print the load points, without the lanes, capacity
+    /// and goodput searches.
+    #[arg(long, value_delimiter = ',')]
+    pub at: Vec<f64>,
     /// Goodput is bracketed to within this relative width (0.1 = ±5%).
     #[arg(long, default_value_t = 0.1)]
     pub precision: f64,
@@ -82,6 +91,25 @@ struct LoadPoint {
     retrieve_p99_ms: f64,
     errors: u64,
     meets_slo: bool,
+    /// Requests per model call (buckets as `batch_size_hist` below).
+    batch_size_hist: Vec<u64>,
+}
+
+/// `--at`: load points at given rates, without the searches.
+#[derive(Debug, Serialize)]
+struct Probe {
+    preset: String,
+    slo_ms: f64,
+    workers: usize,
+    requests_per_point: u64,
+    retrieve_share: f64,
+    max_tokens: usize,
+    max_wait_ms: f64,
+    service_tokens_per_ms: f64,
+    capacity_rps_unbatched: f64,
+    gemm_gflops: f64,
+    wall_s: f64,
+    points: Vec<LoadPoint>,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,6 +120,7 @@ struct ServeBench {
     requests_per_point: u64,
     retrieve_share: f64,
     max_tokens: usize,
+    max_wait_ms: f64,
     /// The router's service-rate assumption, measured in the capacity run.
     service_tokens_per_ms: f64,
     single_request_p50_ms: f64,
@@ -139,6 +168,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--retrieve-share must be in 0..=1",
         ));
     }
+    if !(args.max_wait_ms.is_finite() && args.max_wait_ms >= 0.0) {
+        return Err(InputError::from_display(
+            "--max-wait-ms must be a finite number >= 0",
+        ));
+    }
+    if let Some(bad) = args.at.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
+        return Err(InputError::from_display(format!(
+            "--at: every offered rate must be > 0 req/s (got {bad})"
+        )));
+    }
     if !(args.precision > 0.0 && args.precision < 1.0) {
         return Err(InputError::from_display("--precision must be in (0, 1)"));
     }
@@ -180,7 +219,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // Lanes: one worker, batched, at --speed max, one lane against `lanes`.
     let (mut one_lane, mut laned) = (0.0, 0.0);
-    if args.lanes > 1 {
+    let probe = !args.at.is_empty();
+    if args.lanes > 1 && !probe {
         eprintln!(
             "lanes: one worker, batched, --speed max, 1 vs {} lanes...",
             args.lanes
@@ -214,22 +254,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  {capacity_rps_unbatched:.1} req/s; node.service_tokens_per_ms = {service_tokens_per_ms:.2}"
     );
 
-    eprintln!("capacity: batched at --speed max with deep queues...");
-    let mut deep = configured(&base, args.max_tokens, "max");
-    deep.run.max_ahead_ms = DEEP_AHEAD_MS;
-    let capacity_rps_batched = replay(&trace, deep)?.throughput_rps;
-    eprintln!("  {capacity_rps_batched:.1} req/s");
-
-    // One request at a time: the first requests of the trace offered far
-    // below capacity (few of them, so that a slow model stays quick).
-    let mut few = (*trace).clone();
-    few.requests.truncate(SINGLE_REQUESTS);
-    let single = replay(
-        &Arc::new(few),
-        configured(&base, 1, &speed_for(capacity_rps_unbatched * 0.2)),
-    )?;
-    let single_request_p50_ms = single.latency_ms.p50;
-    eprintln!("single request p50: {single_request_p50_ms:.1} ms");
+    let (capacity_rps_batched, single_request_p50_ms) = if probe {
+        (0.0, 0.0)
+    } else {
+        capacity_batched_and_single(&trace, &base, args.max_tokens, capacity_rps_unbatched)?
+    };
 
     let mut points = Vec::new();
     let mut point = |mode: &'static str, rate: f64| -> anyhow::Result<(bool, Summary)> {
@@ -239,7 +268,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             1
         };
-        let cfg = configured(&base, max_tokens, &speed);
+        let mut cfg = configured(&base, max_tokens, &speed);
+        if mode == "batched" {
+            cfg.batch.max_wait_ms = args.max_wait_ms;
+        }
         let s = replay(&trace, cfg)?;
         let meets = s.latency_ms.p99 <= slo_ms && s.errors == 0 && s.responses_out == args.requests;
         let p = LoadPoint {
@@ -252,6 +284,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             retrieve_p99_ms: s.by_mode.retrieve.latency_ms.p99,
             errors: s.errors,
             meets_slo: meets,
+            batch_size_hist: sum_hists(s.nodes.iter().map(|n| &n.batch_size_hist)),
         };
         eprintln!(
             "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms (rank {:.1}, retrieve {:.1}){}",
@@ -266,6 +299,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Ok((meets, s))
     };
 
+    if probe {
+        for &rate in &args.at {
+            point("unbatched", rate)?;
+            point("batched", rate)?;
+        }
+        let report = Probe {
+            preset: args.preset.clone(),
+            slo_ms,
+            workers: args.workers,
+            requests_per_point: args.requests,
+            retrieve_share: args.retrieve_share,
+            max_tokens: args.max_tokens,
+            max_wait_ms: args.max_wait_ms,
+            service_tokens_per_ms: base.node.service_tokens_per_ms,
+            capacity_rps_unbatched,
+            gemm_gflops,
+            wall_s: started.elapsed().as_secs_f64(),
+            points,
+        };
+        return write_report(&report, &args, "probe.json", None);
+    }
     let mut goodput = |mode: &'static str| -> anyhow::Result<(f64, Option<Summary>)> {
         eprintln!("goodput, {mode}:");
         bisect(capacity_rps_unbatched, args.precision, |rate| {
@@ -293,6 +347,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         requests_per_point: args.requests,
         retrieve_share: args.retrieve_share,
         max_tokens: args.max_tokens,
+        max_wait_ms: args.max_wait_ms,
         service_tokens_per_ms: base.node.service_tokens_per_ms,
         single_request_p50_ms,
         capacity_rps_unbatched,
@@ -313,16 +368,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         wall_s: started.elapsed().as_secs_f64(),
         points,
     };
+    let svg = plot(&report);
+    write_report(&report, &args, "bench.json", Some(&svg))
+}
+
+/// Prints `report` (JSON with `--json`, else one line per field but the
+/// load points, which went to stderr as they were measured) and, with
+/// `--out`, writes it as `file` with the plot beside it.
+fn write_report<R: Serialize>(
+    report: &R,
+    args: &Args,
+    file: &str,
+    svg: Option<&str>,
+) -> anyhow::Result<()> {
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join("bench.json"), serde_json::to_vec_pretty(&report)?)?;
-        std::fs::write(dir.join("latency.svg"), plot(&report))?;
-        eprintln!("wrote {}/bench.json and latency.svg", dir.display());
+        std::fs::write(dir.join(file), serde_json::to_vec_pretty(report)?)?;
+        if let Some(svg) = svg {
+            std::fs::write(dir.join("latency.svg"), svg)?;
+        }
+        eprintln!("wrote {}", dir.join(file).display());
     }
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        println!("{}", serde_json::to_string(report)?);
     } else {
-        let mut v = serde_json::to_value(&report)?;
+        let mut v = serde_json::to_value(report)?;
         let obj = v.as_object_mut().context("object")?;
         obj.remove("points");
         for (k, v) in obj.iter() {
@@ -330,6 +400,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Batched capacity at `--speed max` with deep queues, and the p50 of
+/// requests served one at a time far below capacity.
+fn capacity_batched_and_single(
+    trace: &Arc<Trace>,
+    base: &Config,
+    max_tokens: usize,
+    capacity_rps_unbatched: f64,
+) -> anyhow::Result<(f64, f64)> {
+    let configured = |max_tokens: usize, speed: &str| {
+        let mut c = base.clone();
+        c.batch.max_tokens = max_tokens;
+        c.run.speed = speed.into();
+        c
+    };
+    eprintln!("capacity: batched at --speed max with deep queues...");
+    let mut deep = configured(max_tokens, "max");
+    deep.run.max_ahead_ms = DEEP_AHEAD_MS;
+    let capacity_rps_batched = replay(trace, deep)?.throughput_rps;
+    eprintln!("  {capacity_rps_batched:.1} req/s");
+
+    // One request at a time: the first requests of the trace offered far
+    // below capacity (few of them, so that a slow model stays quick).
+    let mut few = (**trace).clone();
+    few.requests.truncate(SINGLE_REQUESTS);
+    let single = replay(
+        &Arc::new(few),
+        configured(1, &speed_for(capacity_rps_unbatched * 0.2)),
+    )?;
+    let single_request_p50_ms = single.latency_ms.p50;
+    eprintln!("single request p50: {single_request_p50_ms:.1} ms");
+    Ok((capacity_rps_batched, single_request_p50_ms))
 }
 
 /// The replay speed factor that offers `rate` requests per second.
