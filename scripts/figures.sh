@@ -7,7 +7,7 @@
 #   ./scripts/figures.sh --all      # also bench cache on ../shared/data, bench kafka
 #                                   # (needs GRFLOW_KAFKA_BROKERS), bench memory (1M
 #                                   # requests, long), bench serve and bench allocator
-#                                   # on the three allocator configs (~30 min)
+#                                   # on the three allocator configs (~60 min)
 #
 # Figures differ by 1.4x and more between VMs: quote them with the machine
 # line and gemm_gflops this script prints.
@@ -82,7 +82,7 @@ if $all; then
     done
     for seed in 42 44 46 48; do
         run "allocator_tight_$seed" "$bin" bench allocator --config configs/allocator-tight.toml \
-            --sweep --no-oracle --json --seed "$seed" --out "$OUT/allocator-tight-$seed"
+            --sweep --no-oracle --json --train-seeds 3 --seed "$seed" --out "$OUT/allocator-tight-$seed"
     done
 fi
 
