@@ -95,25 +95,9 @@ struct LoadPoint {
     batch_size_hist: Vec<u64>,
 }
 
-/// `--at`: load points at given rates, without the searches.
-#[derive(Debug, Serialize)]
-struct Probe {
-    preset: String,
-    slo_ms: f64,
-    workers: usize,
-    requests_per_point: u64,
-    retrieve_share: f64,
-    max_tokens: usize,
-    max_wait_ms: f64,
-    service_tokens_per_ms: f64,
-    capacity_rps_unbatched: f64,
-    gemm_gflops: f64,
-    wall_s: f64,
-    points: Vec<LoadPoint>,
-}
-
-#[derive(Debug, Serialize)]
-struct ServeBench {
+/// What every report states about the run's settings.
+#[derive(Debug, Clone, Serialize)]
+struct Setup {
     preset: String,
     slo_ms: f64,
     workers: usize,
@@ -123,6 +107,23 @@ struct ServeBench {
     max_wait_ms: f64,
     /// The router's service-rate assumption, measured in the capacity run.
     service_tokens_per_ms: f64,
+}
+
+/// `--at`: load points at given rates, without the searches.
+#[derive(Debug, Serialize)]
+struct Probe {
+    #[serde(flatten)]
+    setup: Setup,
+    capacity_rps_unbatched: f64,
+    gemm_gflops: f64,
+    wall_s: f64,
+    points: Vec<LoadPoint>,
+}
+
+#[derive(Debug, Serialize)]
+struct ServeBench {
+    #[serde(flatten)]
+    setup: Setup,
     single_request_p50_ms: f64,
     capacity_rps_unbatched: f64,
     /// Batched at `--speed max` with deep queues (the source may run far
@@ -254,6 +255,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  {capacity_rps_unbatched:.1} req/s; node.service_tokens_per_ms = {service_tokens_per_ms:.2}"
     );
 
+    let setup = Setup {
+        preset: args.preset.clone(),
+        slo_ms,
+        workers: args.workers,
+        requests_per_point: args.requests,
+        retrieve_share: args.retrieve_share,
+        max_tokens: args.max_tokens,
+        max_wait_ms: args.max_wait_ms,
+        service_tokens_per_ms: base.node.service_tokens_per_ms,
+    };
     let (capacity_rps_batched, single_request_p50_ms) = if probe {
         (0.0, 0.0)
     } else {
@@ -305,14 +316,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             point("batched", rate)?;
         }
         let report = Probe {
-            preset: args.preset.clone(),
-            slo_ms,
-            workers: args.workers,
-            requests_per_point: args.requests,
-            retrieve_share: args.retrieve_share,
-            max_tokens: args.max_tokens,
-            max_wait_ms: args.max_wait_ms,
-            service_tokens_per_ms: base.node.service_tokens_per_ms,
+            setup,
             capacity_rps_unbatched,
             gemm_gflops,
             wall_s: started.elapsed().as_secs_f64(),
@@ -341,14 +345,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => (0.0, Vec::new(), Vec::new()),
     };
     let report = ServeBench {
-        preset: args.preset.clone(),
-        slo_ms,
-        workers: args.workers,
-        requests_per_point: args.requests,
-        retrieve_share: args.retrieve_share,
-        max_tokens: args.max_tokens,
-        max_wait_ms: args.max_wait_ms,
-        service_tokens_per_ms: base.node.service_tokens_per_ms,
+        setup,
         single_request_p50_ms,
         capacity_rps_unbatched,
         capacity_rps_batched,
@@ -529,18 +526,18 @@ fn plot(r: &ServeBench) -> String {
         .points
         .iter()
         .map(|p| p.p99_ms)
-        .fold(r.slo_ms * 1.5, f64::max)
-        .min(r.slo_ms * 4.0);
+        .fold(r.setup.slo_ms * 1.5, f64::max)
+        .min(r.setup.slo_ms * 4.0);
     LineChart {
         title: format!(
             "grflow bench serve: {} ({} workers), p99 vs offered load",
-            r.preset, r.workers
+            r.setup.preset, r.setup.workers
         ),
         x_label: "offered req/s".into(),
         y_label: "p99 ms".into(),
         series: vec![series("unbatched"), series("batched")],
         y_range: Some((0.0, max_y)),
-        reference: Some((r.slo_ms, format!("SLO {} ms", r.slo_ms))),
+        reference: Some((r.setup.slo_ms, format!("SLO {} ms", r.setup.slo_ms))),
         markers: true,
     }
     .to_svg()
