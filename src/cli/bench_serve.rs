@@ -96,7 +96,7 @@ struct LoadPoint {
 }
 
 /// What every report states about the run's settings.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Serialize)]
 struct Setup {
     preset: String,
     slo_ms: f64,
@@ -210,13 +210,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     gen_cfg.candidates = args.candidates;
     gen_cfg.retrieve_share = args.retrieve_share;
     let trace = Arc::new(grflow_traces::generate(&gen_cfg));
-
-    let configured = |base: &Config, max_tokens: usize, speed: &str| {
-        let mut c = base.clone();
-        c.batch.max_tokens = max_tokens;
-        c.run.speed = speed.into();
-        c
-    };
 
     // Lanes: one worker, batched, at --speed max, one lane against `lanes`.
     let (mut one_lane, mut laned) = (0.0, 0.0);
@@ -407,14 +400,8 @@ fn capacity_batched_and_single(
     max_tokens: usize,
     capacity_rps_unbatched: f64,
 ) -> anyhow::Result<(f64, f64)> {
-    let configured = |max_tokens: usize, speed: &str| {
-        let mut c = base.clone();
-        c.batch.max_tokens = max_tokens;
-        c.run.speed = speed.into();
-        c
-    };
     eprintln!("capacity: batched at --speed max with deep queues...");
-    let mut deep = configured(max_tokens, "max");
+    let mut deep = configured(base, max_tokens, "max");
     deep.run.max_ahead_ms = DEEP_AHEAD_MS;
     let capacity_rps_batched = replay(trace, deep)?.throughput_rps;
     eprintln!("  {capacity_rps_batched:.1} req/s");
@@ -425,11 +412,19 @@ fn capacity_batched_and_single(
     few.requests.truncate(SINGLE_REQUESTS);
     let single = replay(
         &Arc::new(few),
-        configured(1, &speed_for(capacity_rps_unbatched * 0.2)),
+        configured(base, 1, &speed_for(capacity_rps_unbatched * 0.2)),
     )?;
     let single_request_p50_ms = single.latency_ms.p50;
     eprintln!("single request p50: {single_request_p50_ms:.1} ms");
     Ok((capacity_rps_batched, single_request_p50_ms))
+}
+
+/// `base` with a batch budget (1: one request per model call) and a pace.
+fn configured(base: &Config, max_tokens: usize, speed: &str) -> Config {
+    let mut c = base.clone();
+    c.batch.max_tokens = max_tokens;
+    c.run.speed = speed.into();
+    c
 }
 
 /// The replay speed factor that offers `rate` requests per second.
