@@ -48,8 +48,8 @@ pub struct Args {
     /// Device pool per node (MiB): room for a batch's prefixes.
     #[arg(long, default_value_t = 256.0)]
     pub pool_mib: f64,
-    /// How long the oldest request may wait for a short batch to fill in the
-    /// batched mode (`batch.max_wait_ms`).
+    /// How long the oldest request may wait for a short batch to fill in
+    /// every batched run (`batch.max_wait_ms`).
     #[arg(long, default_value_t = 0.0)]
     pub max_wait_ms: f64,
     /// Probe: serve both modes at these offered rates (req/s, comma
@@ -199,6 +199,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     base.run.clock = Clock::Wall;
     base.run.release = ReleaseSetting::Arrival;
     base.memory.pool_mib = args.pool_mib;
+    // Only batched runs wait: with max_tokens = 1 no batch is ever short.
+    base.batch.max_wait_ms = args.max_wait_ms;
     base.windows.out = "none".into();
 
     let started = std::time::Instant::now();
@@ -272,11 +274,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             1
         };
-        let mut cfg = configured(&base, max_tokens, &speed);
-        if mode == "batched" {
-            cfg.batch.max_wait_ms = args.max_wait_ms;
-        }
-        let s = replay(&trace, cfg)?;
+        let s = replay(&trace, configured(&base, max_tokens, &speed))?;
         let meets = s.latency_ms.p99 <= slo_ms && s.errors == 0 && s.responses_out == args.requests;
         let p = LoadPoint {
             mode,
