@@ -125,15 +125,10 @@ fn bench_serve_at_serves_both_modes_at_the_given_rates_only() {
     }
     for p in points {
         // Every request of a point was served by some model call.
-        let calls: u64 = p["batch_size_hist"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c.as_u64().unwrap())
-            .sum();
+        let hist = p["batch_size_hist"].as_array().unwrap();
+        let calls: u64 = hist.iter().map(|c| c.as_u64().unwrap()).sum();
         assert!(calls > 0, "{p}");
         if p["mode"] == "unbatched" {
-            let hist = p["batch_size_hist"].as_array().unwrap();
             assert!(
                 hist[1..].iter().all(|c| c == 0),
                 "one request per call: {p}"
