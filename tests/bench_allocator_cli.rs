@@ -357,3 +357,128 @@ fn bench_and_train_allocator_refuse_per_node_alpha_by_name() {
         assert!(stderr.contains("memory.node_alpha"), "{args:?}: {stderr}");
     }
 }
+
+/// `--seeds`: the whole bench on every seed (two at once with `--jobs 2`),
+/// each seed's runs exactly those of a `--seed` run, and their means.
+#[test]
+fn bench_allocator_runs_several_seeds_and_gives_their_means() {
+    let dir = tmp_dir("bench-allocator-seeds");
+    let calibration = dir.join("small.json");
+    ok(grflow()
+        .args([
+            "calibrate",
+            "--preset",
+            "small",
+            "--reps",
+            "1",
+            "--no-overhead",
+            "--out",
+        ])
+        .arg(&calibration)
+        .output()
+        .unwrap());
+    let config = dir.join("tiny.toml");
+    std::fs::write(
+        &config,
+        "[trace]\nrequests = 300\nrps = 100.0\ncandidates = 16\n[windows]\nepoch_ms = 1000\n",
+    )
+    .unwrap();
+    let bench = |extra: &[&str]| {
+        let out = ok(grflow()
+            .args([
+                "bench",
+                "allocator",
+                "--regime",
+                "burst",
+                "--sweep",
+                "--no-oracle",
+                "--slo-ms",
+                "2",
+                "--json",
+            ])
+            .args(extra)
+            .arg("--config")
+            .arg(&config)
+            .arg("--calibration")
+            .arg(&calibration)
+            .output()
+            .unwrap());
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let plots = dir.join("plots");
+    let plots_arg = plots.display().to_string();
+    let both = bench(&["--seeds", "5,6", "--jobs", "2", "--out", &plots_arg]);
+    let single = bench(&["--seed", "6"]);
+    assert_eq!(both["seeds"], serde_json::json!([5, 6]));
+    let per_seed = both["per_seed"].as_array().unwrap();
+    assert_eq!(per_seed.len(), 2);
+    assert_eq!(per_seed[0]["seed"], 5);
+    assert_eq!(per_seed[1]["seed"], 6);
+    // Seed 6's runs, benched beside seed 5, are those of seed 6 alone
+    // (the virtual clock; decision times are wall time).
+    let virtual_figures = |rows: &Value| -> Vec<Value> {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                let o = r.as_object_mut().unwrap();
+                o.retain(|k, _| !k.starts_with("decision_us"));
+                r
+            })
+            .collect()
+    };
+    assert_eq!(
+        virtual_figures(&per_seed[1]["rows"]),
+        virtual_figures(&single["rows"])
+    );
+    assert_eq!(per_seed[1]["sweep"], single["sweep"]);
+    assert_eq!(single["seed"], 6);
+    // One mean row per (regime, policy), over both seeds.
+    let mean = both["mean"].as_array().unwrap();
+    assert_eq!(mean.len(), per_seed[0]["rows"].as_array().unwrap().len());
+    for m in mean {
+        assert_eq!(m["seeds"], 2, "{m}");
+        let policy = m["policy"].as_str().unwrap();
+        let p99: Vec<f64> = per_seed
+            .iter()
+            .map(|s| {
+                let rows = s["rows"].as_array().unwrap();
+                let r = rows.iter().find(|r| r["policy"] == policy).unwrap();
+                r["p99_ms"].as_f64().unwrap()
+            })
+            .collect();
+        let want = (p99[0] + p99[1]) / 2.0;
+        assert!(
+            (m["p99_ms_mean"].as_f64().unwrap() - want).abs() < 1e-12,
+            "{m}"
+        );
+        if policy == "static" {
+            assert!(m["seeds_below_static"].is_null(), "{m}");
+        } else {
+            assert!(m["seeds_below_static"].as_u64().unwrap() <= 2, "{m}");
+        }
+    }
+    let reference = mean.iter().find(|m| m["policy"] == "kv-emb-opt").unwrap();
+    assert_eq!(
+        reference["p99_reduction_vs_kv_emb_opt_mean"].as_f64(),
+        Some(0.0)
+    );
+    for seed in ["seed-5", "seed-6"] {
+        let svg = std::fs::read_to_string(plots.join(seed).join("p99-burst.svg")).unwrap();
+        assert!(svg.contains("<polyline"), "{seed}");
+    }
+    // Bad lists are refused by flag before any run.
+    for (list, what) in [("5,x", "--seeds: item 2"), ("5,5", "given twice")] {
+        let out = grflow()
+            .args(["bench", "allocator", "--regime", "burst", "--seeds", list])
+            .output()
+            .unwrap();
+        refused_naming(out, what);
+    }
+    let out = grflow()
+        .args(["bench", "allocator", "--seeds", "5,6", "--jobs", "0"])
+        .output()
+        .unwrap();
+    refused_naming(out, "--jobs");
+}

@@ -53,8 +53,19 @@ pub struct Args {
     pub node_sweep: bool,
     /// Trace seed of the bench runs; the sweeps that pick kv-emb-opt's α
     /// and kv-emb-opt-node's split use seed + 1 (… seed + --train-seeds).
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, default_value_t = 42, conflicts_with = "seeds")]
     pub seed: u64,
+    /// Several bench seeds, comma-separated (e.g. 42,44,46,48): the whole
+    /// bench on each (its sweeps on that seed + 1 …), then per regime and
+    /// policy the mean over them (`mean` in the JSON; the seeds' reports
+    /// are `per_seed`, their plots go to `--out`/seed-S).
+    #[arg(long)]
+    pub seeds: Option<String>,
+    /// Seeds benched at once with `--seeds` (each replay also runs the
+    /// config's workers; decision times, being wall time, suffer when the
+    /// jobs outnumber the cores).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
     /// Training traces of the sweeps (seeds seed + 1 … seed + N): kv-emb-opt
     /// and kv-emb-opt-node minimise their mean P99. One run's P99 moves by
     /// several percent between neighbouring splits, so a search on one
@@ -234,8 +245,9 @@ struct SweepPoint {
     kv_reclaims: u64,
 }
 
+/// What every report of the bench starts with.
 #[derive(Debug, Serialize)]
-struct Report {
+struct Header {
     clock: &'static str,
     preset: String,
     /// The machine the cost model was fitted on, and its GEMM rate: every
@@ -252,6 +264,14 @@ struct Report {
     requests_per_run: u64,
     /// Training traces of the sweeps: seeds seed + 1 … seed + this.
     train_seeds: u64,
+    /// The oracle's α grid step (`None`: not run).
+    oracle_step: Option<f64>,
+}
+
+/// One bench seed's runs.
+#[derive(Debug, Serialize)]
+struct SeedReport {
+    seed: u64,
     rows: Vec<Row>,
     sweep: Vec<SweepPoint>,
     /// Per regime: the std over epochs of the per-epoch best static α.
@@ -259,9 +279,47 @@ struct Report {
     /// Per regime (`--node-sweep`): the per-node split kv-emb-opt-node holds.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     node_sweep: BTreeMap<String, NodeSweep>,
-    /// The oracle's α grid step (`None`: not run).
-    oracle_step: Option<f64>,
     wall_s: f64,
+}
+
+/// `--seed` (one seed): the header and that seed's runs, side by side.
+#[derive(Debug, Serialize)]
+struct Report {
+    #[serde(flatten)]
+    header: Header,
+    #[serde(flatten)]
+    seed: SeedReport,
+}
+
+/// `--seeds`: every seed's runs and their means.
+#[derive(Debug, Serialize)]
+struct SeedsReport {
+    #[serde(flatten)]
+    header: Header,
+    seeds: Vec<u64>,
+    /// Per regime and policy, over the seeds.
+    mean: Vec<MeanRow>,
+    per_seed: Vec<SeedReport>,
+    wall_s: f64,
+}
+
+/// One (regime, policy) over the seeds of a `--seeds` run.
+#[derive(Debug, Serialize)]
+struct MeanRow {
+    regime: String,
+    policy: String,
+    /// Seeds that ran it.
+    seeds: usize,
+    p99_ms_mean: f64,
+    /// Over the seeds whose run had a kv-emb-opt row (`--sweep`).
+    p99_reduction_vs_kv_emb_opt_mean: Option<f64>,
+    p99_reduction_vs_kv_emb_opt_min: Option<f64>,
+    p99_reduction_vs_kv_emb_opt_max: Option<f64>,
+    /// Seeds on which its P99 was below `static`'s (not for `static`).
+    seeds_below_static: Option<usize>,
+    slo_satisfaction_min: f64,
+    decision_us_p99_max: f64,
+    oracle_gap_mean: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -293,182 +351,364 @@ const SWEEP: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let regimes = regimes(&args.regime)?;
+    if args.jobs == 0 {
+        return Err(InputError::from_display("--jobs must be >= 1"));
+    }
+    let seeds = match &args.seeds {
+        Some(list) => seed_list(list)?,
+        None => vec![args.seed],
+    };
     let (mut base, cost) = virtual_base(
         args.config.as_deref(),
         args.calibration.as_deref(),
         args.slo_ms,
     )?;
     let policy_file = policy_file(args.policy.as_deref(), &mut base)?;
-
-    let trace = |regime: Regime, seed: u64| -> anyhow::Result<Arc<Trace>> {
-        let mut t = base.trace.clone();
-        t.regime = regime.as_str().into();
-        t.seed = seed;
-        let t = t.gen_config().map_err(InputError::from_display)?;
-        Ok(Arc::new(grflow_traces::generate(&t)))
-    };
     let oracle_step = (!args.no_oracle).then_some(args.oracle_step);
     if let Some(step) = oracle_step {
         // Replay's own check, before the sweep (which runs without it).
         grflow_pipeline::replay::check_oracle(&base, step).map_err(InputError::from_display)?;
     }
-    let run_split = |trace: &Arc<Trace>,
-                     policy: AllocatorPolicy,
-                     alpha: f64,
-                     node_alpha: Option<&[f64]>,
-                     oracle: bool| {
-        let mut cfg = base.clone();
-        cfg.memory.alpha = alpha;
-        cfg.memory.node_alpha = node_alpha.map(<[f64]>::to_vec);
-        cfg.allocator.policy = policy;
-        let mut opts = ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg);
-        opts.oracle_step = oracle_step.filter(|_| oracle);
-        grflow_pipeline::replay(opts).map_err(|e| match e {
-            // The config's setting the oracle cannot run with.
-            grflow_pipeline::replay::ReplayError::Setup(m) => InputError::from_display(m),
-            e => anyhow::Error::new(e).context("replay"),
-        })
+    let bench = Bench {
+        base,
+        oracle_step,
+        regimes,
+        learned: policy_file.is_some(),
+        sweep: args.sweep,
+        node_sweep: args.node_sweep,
+        train_seeds: args.train_seeds,
+        tagged: args.seeds.is_some(),
     };
-    let run_with = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64, oracle: bool| {
-        run_split(trace, policy, alpha, None, oracle)
-    };
-    let run = |trace: &Arc<Trace>, policy: AllocatorPolicy, alpha: f64| {
-        run_with(trace, policy, alpha, false)
-    };
-    let mut plots = Plots::default();
-
-    let mut rows = Vec::new();
-    let mut sweep = Vec::new();
-    let mut alpha_star_std = BTreeMap::new();
-    let mut node_sweeps = BTreeMap::new();
-    for regime in &regimes {
-        let name = regime.as_str().to_string();
-        // Generated once each, replayed by every run of the regime.
-        let bench_trace = trace(*regime, args.seed)?;
-        let train_traces = (1..=args.train_seeds)
-            .map(|k| trace(*regime, args.seed + k))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        // Mean P99 over the training traces, and whether every run there
-        // was whole (no history cut short, no request failed).
-        let train_score = |policy: AllocatorPolicy, alpha: f64, node_alpha: Option<&[f64]>| {
-            let mut sum = 0.0;
-            let mut whole = true;
-            for t in &train_traces {
-                let out = run_split(t, policy, alpha, node_alpha, false)?;
-                sum += out.summary.latency_ms.p99;
-                whole &= out.summary.truncated_histories == 0 && out.summary.errors == 0;
-            }
-            anyhow::Ok((sum / train_traces.len() as f64, whole))
-        };
-        let mut best_train: Option<(f64, f64)> = None;
-        if args.sweep {
-            eprintln!("{name}: static sweep over alpha...");
-            let mut outs = Vec::new();
-            for &alpha in &SWEEP {
-                let bench = run(&bench_trace, AllocatorPolicy::Static, alpha)?;
-                let (train_p99, whole) = train_score(AllocatorPolicy::Static, alpha, None)?;
-                let p99 = bench.summary.latency_ms.p99;
-                let truncated = bench.summary.truncated_histories;
-                let reclaims = kv_reclaims(&bench.summary);
-                eprintln!(
-                    "  alpha {alpha:.1}: p99 {p99:.4} ms (training {train_p99:.4}), \
-                     truncated histories {truncated}, KV reclaims {reclaims}"
-                );
-                if whole && best_train.is_none_or(|b| train_p99 < b.1) {
-                    best_train = Some((alpha, train_p99));
-                }
-                sweep.push(SweepPoint {
-                    regime: name.clone(),
-                    alpha,
-                    p99_ms: p99,
-                    train_p99_ms: train_p99,
-                    truncated_histories: truncated,
-                    kv_reclaims: reclaims,
-                });
-                outs.push((alpha, bench));
-            }
-            alpha_star_std.insert(name.clone(), per_epoch_best_std(&outs));
-            plots.sweep(&name, &outs);
-        }
-        // Rows in report order: the baselines picked on training seeds
-        // first (kv-emb-opt is every row's reference).
-        let mut policies: Vec<(&str, AllocatorPolicy, f64, Option<Vec<f64>>)> = Vec::new();
-        if let Some((alpha, single_p99)) = best_train {
-            policies.push(("kv-emb-opt", AllocatorPolicy::Static, alpha, None));
-            if args.node_sweep {
-                let split = node_sweep(&name, base.run.workers, alpha, single_p99, |a| {
-                    train_score(AllocatorPolicy::Static, alpha, Some(a))
-                })?;
-                let node_alpha = Some(split.node_alpha.clone());
-                let mean = split.mean_alpha();
-                policies.push(("kv-emb-opt-node", AllocatorPolicy::Static, mean, node_alpha));
-                node_sweeps.insert(name.clone(), split);
-            }
-        }
-        let configured = base.memory.alpha;
-        policies.push(("static", AllocatorPolicy::Static, configured, None));
-        policies.push(("kv-opt", AllocatorPolicy::KvOpt, configured, None));
-        policies.push(("pid", AllocatorPolicy::Pid, configured, None));
-        if policy_file.is_some() {
-            policies.push(("ppo-only", AllocatorPolicy::PpoOnly, configured, None));
-            policies.push(("smart", AllocatorPolicy::Smart, configured, None));
-            // The learned controllers started from the split instead of the
-            // config's α: tune offline, then let the controller adapt.
-            if let Some(split) = node_sweeps.get(&name) {
-                for (label, policy) in [
-                    ("ppo-only-node", AllocatorPolicy::PpoOnly),
-                    ("smart-node", AllocatorPolicy::Smart),
-                ] {
-                    let node_alpha = Some(split.node_alpha.clone());
-                    policies.push((label, policy, split.mean_alpha(), node_alpha));
-                }
-            }
-        }
-        let mut reference = None;
-        for (label, policy, alpha, node_alpha) in policies {
-            let run_started = std::time::Instant::now();
-            let out = run_split(&bench_trace, policy, alpha, node_alpha.as_deref(), true)?;
-            plots.policy_run(&name, label, &out);
-            if label == "kv-emb-opt" {
-                reference = Some(out.summary.latency_ms.p99);
-            }
-            let row = Row::of(&name, label, policy, alpha, node_alpha, &out, reference);
-            eprintln!("{}", row.line(run_started.elapsed().as_secs_f64()));
-            rows.push(row);
-        }
-    }
+    let done = bench.seeds(&seeds, args.jobs)?;
     let wall_s = started.elapsed().as_secs_f64();
     // After the runs, so that it neither disturbs nor waits for them.
-    let host_gemm_gflops = gemm_peak_gflops();
-    let report = Report {
+    let header = Header {
         clock: "virtual",
         preset: cost.preset.clone(),
         machine: cost.machine.clone(),
         gemm_gflops: cost.gemm_gflops,
         host_machine: machine_name(),
-        host_gemm_gflops,
-        slo_ms: base.run.slo_ms.rank,
+        host_gemm_gflops: gemm_peak_gflops(),
+        slo_ms: bench.base.run.slo_ms.rank,
         policy_file: policy_file.map(|p| p.display().to_string()),
-        requests_per_run: base.trace.requests,
+        requests_per_run: bench.base.trace.requests,
         train_seeds: args.train_seeds,
-        rows,
-        sweep,
-        sweep_alpha_star_std: alpha_star_std,
-        node_sweep: node_sweeps,
         oracle_step,
-        wall_s,
     };
     if let Some(dir) = &args.out {
-        for path in plots.write(dir)? {
-            eprintln!("wrote {}", path.display());
+        for (seed, plots) in done.iter().map(|(r, p)| (r.seed, p)) {
+            // One seed: the plots in DIR, as always; several: DIR/seed-S.
+            let dir = if bench.tagged {
+                dir.join(format!("seed-{seed}"))
+            } else {
+                dir.clone()
+            };
+            for path in plots.write(&dir)? {
+                eprintln!("wrote {}", path.display());
+            }
         }
     }
+    let per_seed: Vec<SeedReport> = done.into_iter().map(|(r, _)| r).collect();
+    if !bench.tagged {
+        let report = Report {
+            header,
+            seed: per_seed.into_iter().next().context("one seed ran")?,
+        };
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print_table(&report.header, &report.seed);
+        }
+        return Ok(());
+    }
+    let report = SeedsReport {
+        header,
+        seeds,
+        mean: mean_rows(&per_seed),
+        per_seed,
+        wall_s,
+    };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        print_table(&report);
+        for s in &report.per_seed {
+            println!("seed {}:", s.seed);
+            print_table(&report.header, s);
+        }
+        print_means(&report);
     }
     Ok(())
+}
+
+/// `42,44,46` → the seeds, each once, in order.
+fn seed_list(list: &str) -> anyhow::Result<Vec<u64>> {
+    let mut seeds = Vec::new();
+    for (i, s) in list.split(',').enumerate() {
+        let seed: u64 = s.trim().parse().map_err(|e| {
+            InputError::from_display(format!(
+                "--seeds: item {} ({s:?}) is not a seed: {e}",
+                i + 1
+            ))
+        })?;
+        if seeds.contains(&seed) {
+            return Err(InputError::from_display(format!(
+                "--seeds: seed {seed} is given twice"
+            )));
+        }
+        seeds.push(seed);
+    }
+    Ok(seeds)
+}
+
+/// A seed's report and its plots.
+type SeedDone = (SeedReport, Plots);
+
+/// What every seed's runs share.
+struct Bench {
+    base: Config,
+    oracle_step: Option<f64>,
+    regimes: Vec<Regime>,
+    /// A PPO policy was found: the `ppo-only` and `smart` rows run.
+    learned: bool,
+    sweep: bool,
+    node_sweep: bool,
+    train_seeds: u64,
+    /// Several seeds: progress lines name theirs.
+    tagged: bool,
+}
+
+impl Bench {
+    /// Every seed's report and plots, in `seeds` order, on up to `jobs`
+    /// threads (each replay runs the config's workers besides).
+    fn seeds(&self, seeds: &[u64], jobs: usize) -> anyhow::Result<Vec<SeedDone>> {
+        if jobs <= 1 || seeds.len() <= 1 {
+            return seeds.iter().map(|&s| self.seed(s)).collect();
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done: std::sync::Mutex<Vec<(usize, anyhow::Result<SeedDone>)>> =
+            std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..jobs.min(seeds.len()) {
+                s.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&seed) = seeds.get(i) else { break };
+                        let out = self.seed(seed);
+                        done.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push((i, out));
+                    }
+                });
+            }
+        });
+        let mut done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+        done.sort_by_key(|(i, _)| *i);
+        done.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// One replay of `trace` under `policy` from `alpha` (or the per-node
+    /// split), followed by the oracle when `oracle` and the bench runs it.
+    fn replay(
+        &self,
+        trace: &Arc<Trace>,
+        policy: AllocatorPolicy,
+        alpha: f64,
+        node_alpha: Option<&[f64]>,
+        oracle: bool,
+    ) -> anyhow::Result<ReplayOutput> {
+        let mut cfg = self.base.clone();
+        cfg.memory.alpha = alpha;
+        cfg.memory.node_alpha = node_alpha.map(<[f64]>::to_vec);
+        cfg.allocator.policy = policy;
+        let mut opts = ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg);
+        opts.oracle_step = self.oracle_step.filter(|_| oracle);
+        grflow_pipeline::replay(opts).map_err(|e| match e {
+            // The config's setting the oracle cannot run with.
+            grflow_pipeline::replay::ReplayError::Setup(m) => InputError::from_display(m),
+            e => anyhow::Error::new(e).context("replay"),
+        })
+    }
+
+    fn trace(&self, regime: Regime, seed: u64) -> anyhow::Result<Arc<Trace>> {
+        let mut t = self.base.trace.clone();
+        t.regime = regime.as_str().into();
+        t.seed = seed;
+        let t = t.gen_config().map_err(InputError::from_display)?;
+        Ok(Arc::new(grflow_traces::generate(&t)))
+    }
+
+    /// Every regime and policy on bench seed `seed` (the sweeps on seed + 1
+    /// … seed + train_seeds).
+    fn seed(&self, seed: u64) -> anyhow::Result<SeedDone> {
+        let started = std::time::Instant::now();
+        let tag = if self.tagged {
+            format!("[seed {seed}] ")
+        } else {
+            String::new()
+        };
+        let mut plots = Plots::default();
+        let mut rows = Vec::new();
+        let mut sweep = Vec::new();
+        let mut alpha_star_std = BTreeMap::new();
+        let mut node_sweeps = BTreeMap::new();
+        for regime in &self.regimes {
+            let name = regime.as_str().to_string();
+            // Generated once each, replayed by every run of the regime.
+            let bench_trace = self.trace(*regime, seed)?;
+            let train_traces = (1..=self.train_seeds)
+                .map(|k| self.trace(*regime, seed + k))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            // Mean P99 over the training traces, and whether every run there
+            // was whole (no history cut short, no request failed).
+            let train_score = |policy: AllocatorPolicy, alpha: f64, node_alpha: Option<&[f64]>| {
+                let mut sum = 0.0;
+                let mut whole = true;
+                for t in &train_traces {
+                    let out = self.replay(t, policy, alpha, node_alpha, false)?;
+                    sum += out.summary.latency_ms.p99;
+                    whole &= out.summary.truncated_histories == 0 && out.summary.errors == 0;
+                }
+                anyhow::Ok((sum / train_traces.len() as f64, whole))
+            };
+            let mut best_train: Option<(f64, f64)> = None;
+            if self.sweep {
+                eprintln!("{tag}{name}: static sweep over alpha...");
+                let mut outs = Vec::new();
+                for &alpha in &SWEEP {
+                    let bench =
+                        self.replay(&bench_trace, AllocatorPolicy::Static, alpha, None, false)?;
+                    let (train_p99, whole) = train_score(AllocatorPolicy::Static, alpha, None)?;
+                    let p99 = bench.summary.latency_ms.p99;
+                    let truncated = bench.summary.truncated_histories;
+                    let reclaims = kv_reclaims(&bench.summary);
+                    eprintln!(
+                        "{tag}  alpha {alpha:.1}: p99 {p99:.4} ms (training {train_p99:.4}), \
+                         truncated histories {truncated}, KV reclaims {reclaims}"
+                    );
+                    if whole && best_train.is_none_or(|b| train_p99 < b.1) {
+                        best_train = Some((alpha, train_p99));
+                    }
+                    sweep.push(SweepPoint {
+                        regime: name.clone(),
+                        alpha,
+                        p99_ms: p99,
+                        train_p99_ms: train_p99,
+                        truncated_histories: truncated,
+                        kv_reclaims: reclaims,
+                    });
+                    outs.push((alpha, bench));
+                }
+                alpha_star_std.insert(name.clone(), per_epoch_best_std(&outs));
+                plots.sweep(&name, &outs);
+            }
+            // Rows in report order: the baselines picked on training seeds
+            // first (kv-emb-opt is every row's reference).
+            let mut policies: Vec<(&str, AllocatorPolicy, f64, Option<Vec<f64>>)> = Vec::new();
+            if let Some((alpha, single_p99)) = best_train {
+                policies.push(("kv-emb-opt", AllocatorPolicy::Static, alpha, None));
+                if self.node_sweep {
+                    let nodes = self.base.run.workers;
+                    let split = node_sweep(&tag, &name, nodes, alpha, single_p99, |a| {
+                        train_score(AllocatorPolicy::Static, alpha, Some(a))
+                    })?;
+                    let node_alpha = Some(split.node_alpha.clone());
+                    let mean = split.mean_alpha();
+                    policies.push(("kv-emb-opt-node", AllocatorPolicy::Static, mean, node_alpha));
+                    node_sweeps.insert(name.clone(), split);
+                }
+            }
+            let configured = self.base.memory.alpha;
+            policies.push(("static", AllocatorPolicy::Static, configured, None));
+            policies.push(("kv-opt", AllocatorPolicy::KvOpt, configured, None));
+            policies.push(("pid", AllocatorPolicy::Pid, configured, None));
+            if self.learned {
+                policies.push(("ppo-only", AllocatorPolicy::PpoOnly, configured, None));
+                policies.push(("smart", AllocatorPolicy::Smart, configured, None));
+                // The learned controllers started from the split instead of the
+                // config's α: tune offline, then let the controller adapt.
+                if let Some(split) = node_sweeps.get(&name) {
+                    for (label, policy) in [
+                        ("ppo-only-node", AllocatorPolicy::PpoOnly),
+                        ("smart-node", AllocatorPolicy::Smart),
+                    ] {
+                        let node_alpha = Some(split.node_alpha.clone());
+                        policies.push((label, policy, split.mean_alpha(), node_alpha));
+                    }
+                }
+            }
+            let mut reference = None;
+            for (label, policy, alpha, node_alpha) in policies {
+                let run_started = std::time::Instant::now();
+                let out = self.replay(&bench_trace, policy, alpha, node_alpha.as_deref(), true)?;
+                plots.policy_run(&name, label, &out);
+                if label == "kv-emb-opt" {
+                    reference = Some(out.summary.latency_ms.p99);
+                }
+                let row = Row::of(&name, label, policy, alpha, node_alpha, &out, reference);
+                eprintln!("{tag}{}", row.line(run_started.elapsed().as_secs_f64()));
+                rows.push(row);
+            }
+        }
+        let report = SeedReport {
+            seed,
+            rows,
+            sweep,
+            sweep_alpha_star_std: alpha_star_std,
+            node_sweep: node_sweeps,
+            wall_s: started.elapsed().as_secs_f64(),
+        };
+        Ok((report, plots))
+    }
+}
+
+/// Per (regime, policy), in the order the rows came, the figures over
+/// every seed that ran it.
+fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for r in per_seed.iter().flat_map(|s| &s.rows) {
+        if !keys.contains(&(r.regime.as_str(), r.policy.as_str())) {
+            keys.push((r.regime.as_str(), r.policy.as_str()));
+        }
+    }
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    keys.into_iter()
+        .map(|(regime, policy)| {
+            let mut p99 = Vec::new();
+            let mut reductions = Vec::new();
+            let mut gaps = Vec::new();
+            let mut slo_min = f64::INFINITY;
+            let mut decision_max: f64 = 0.0;
+            let mut below_static = 0;
+            let mut with_static = 0;
+            for s in per_seed {
+                let find = |p: &str| s.rows.iter().find(|r| r.regime == regime && r.policy == p);
+                let Some(r) = find(policy) else { continue };
+                p99.push(r.p99_ms);
+                reductions.extend(r.p99_reduction_vs_kv_emb_opt);
+                gaps.extend(r.oracle_gap);
+                slo_min = slo_min.min(r.slo_satisfaction);
+                decision_max = decision_max.max(r.decision_us_p99);
+                if let Some(st) = find("static") {
+                    with_static += 1;
+                    below_static += usize::from(r.p99_ms < st.p99_ms);
+                }
+            }
+            let bound = |f: fn(f64, f64) -> f64| reductions.iter().copied().reduce(f);
+            MeanRow {
+                regime: regime.into(),
+                policy: policy.into(),
+                seeds: p99.len(),
+                p99_ms_mean: mean(&p99).unwrap_or(0.0),
+                p99_reduction_vs_kv_emb_opt_mean: mean(&reductions),
+                p99_reduction_vs_kv_emb_opt_min: bound(f64::min),
+                p99_reduction_vs_kv_emb_opt_max: bound(f64::max),
+                seeds_below_static: (policy != "static" && with_static > 0).then_some(below_static),
+                slo_satisfaction_min: slo_min,
+                decision_us_p99_max: decision_max,
+                oracle_gap_mean: mean(&gaps),
+            }
+        })
+        .collect()
 }
 
 /// The learned rows' policy: `--policy`, else the config's
@@ -503,8 +743,8 @@ fn policy_file(
     Ok(file)
 }
 
-/// The report as a table on stdout (without `--json`).
-fn print_table(report: &Report) {
+/// One seed's runs as a table on stdout (without `--json`).
+fn print_table(header: &Header, report: &SeedReport) {
     println!(
         "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6} {:>7} {:>9} {:>10} {:>8}",
         "regime",
@@ -545,11 +785,54 @@ fn print_table(report: &Report) {
     }
     println!(
         "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM {:.1} GFLOP/s), {:.0} s",
-        report.machine,
-        report.gemm_gflops,
-        report.host_machine,
-        report.host_gemm_gflops,
+        header.machine,
+        header.gemm_gflops,
+        header.host_machine,
+        header.host_gemm_gflops,
         report.wall_s
+    );
+}
+
+/// The means over the seeds as a table on stdout (without `--json`).
+fn print_means(report: &SeedsReport) {
+    let seeds: Vec<String> = report.seeds.iter().map(u64::to_string).collect();
+    println!("mean over seeds {}:", seeds.join(", "));
+    println!(
+        "{:<8} {:<15} {:>10} {:>22} {:>13} {:>9} {:>8}",
+        "regime", "policy", "p99 ms", "under kv-emb-opt", "below static", "SLO min", "gap"
+    );
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0));
+    for m in &report.mean {
+        let under = match m.p99_reduction_vs_kv_emb_opt_mean {
+            Some(_) => format!(
+                "{} ({} to {})",
+                pct(m.p99_reduction_vs_kv_emb_opt_mean),
+                pct(m.p99_reduction_vs_kv_emb_opt_min),
+                pct(m.p99_reduction_vs_kv_emb_opt_max)
+            ),
+            None => "-".into(),
+        };
+        let below = m
+            .seeds_below_static
+            .map_or("-".to_string(), |n| format!("{n} of {}", m.seeds));
+        println!(
+            "{:<8} {:<15} {:>10.4} {:>22} {:>13} {:>8.1}% {:>8}",
+            m.regime,
+            m.policy,
+            m.p99_ms_mean,
+            under,
+            below,
+            m.slo_satisfaction_min * 100.0,
+            m.oracle_gap_mean
+                .map_or("-".to_string(), |g| format!("{g:.3}"))
+        );
+    }
+    println!(
+        "{} seeds in {:.0} s on {} (GEMM {:.1} GFLOP/s)",
+        report.seeds.len(),
+        report.wall_s,
+        report.header.host_machine,
+        report.header.host_gemm_gflops
     );
 }
 
@@ -559,6 +842,7 @@ fn print_table(report: &Report) {
 /// single α; splits that cut histories short or fail requests are never
 /// picked.
 fn node_sweep(
+    tag: &str,
     regime: &str,
     nodes: usize,
     start: f64,
@@ -566,11 +850,11 @@ fn node_sweep(
     mut replay: impl FnMut(&[f64]) -> anyhow::Result<(f64, bool)>,
 ) -> anyhow::Result<NodeSweep> {
     use grflow_operators::allocator::split::{Score, search};
-    eprintln!("{regime}: per-node static search from alpha {start:.1}...");
+    eprintln!("{tag}{regime}: per-node static search from alpha {start:.1}...");
     let searched = search(nodes, start, &SWEEP, MAX_GRID, 4, |a: &[f64]| {
         let (p99, usable) = replay(a)?;
         eprintln!(
-            "  node_alpha {a:?}: p99 {p99:.4} ms (training){}",
+            "{tag}  node_alpha {a:?}: p99 {p99:.4} ms (training){}",
             if usable { "" } else { ", not comparable" }
         );
         Ok::<_, anyhow::Error>(if usable {
