@@ -53,6 +53,11 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
             "{mode} was bisected: {points:?}"
         );
     }
+    // The two searches take turns from the same rate, so that a drift of
+    // the machine's speed reaches both modes alike.
+    assert_eq!(points[0]["mode"], "unbatched");
+    assert_eq!(points[1]["mode"], "batched");
+    assert_eq!(points[0]["offered_rps"], points[1]["offered_rps"]);
     // Every batched point answered every request.
     assert!(points.iter().all(|p| p["errors"].as_u64() == Some(0)));
     // Each kind's p99 is there, and the overall p99 is at least the lower

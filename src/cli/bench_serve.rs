@@ -315,14 +315,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         return write_report(&report, &args, "probe.json", None);
     }
-    let mut goodput = |mode: &'static str| -> anyhow::Result<(f64, Option<Summary>)> {
-        eprintln!("goodput, {mode}:");
-        bisect(capacity_rps_unbatched, args.precision, |rate| {
-            point(mode, rate)
-        })
-    };
-    let (goodput_rps_unbatched, _) = goodput("unbatched")?;
-    let (goodput_rps_batched, at_goodput) = goodput("batched")?;
+    // The two searches take turns, so that both modes see the same
+    // stretches of the machine's speed.
+    eprintln!("goodput, unbatched and batched in turn:");
+    let mut searches = [
+        (
+            "unbatched",
+            Bisection::new(capacity_rps_unbatched, args.precision),
+        ),
+        (
+            "batched",
+            Bisection::new(capacity_rps_unbatched, args.precision),
+        ),
+    ];
+    while searches.iter().any(|(_, b)| b.next().is_some()) {
+        for (mode, search) in &mut searches {
+            if let Some(rate) = search.next() {
+                let (meets, s) = point(mode, rate)?;
+                search.record(rate, meets, s);
+            }
+        }
+    }
+    let [(_, unbatched), (_, batched)] = searches;
+    let (goodput_rps_unbatched, _) = unbatched.result();
+    let (goodput_rps_batched, at_goodput) = batched.result();
 
     let (served_gflops, batch_size_hist, queue_wait_hist) = match &at_goodput {
         Some(s) => {
@@ -444,47 +460,76 @@ fn replay(trace: &Arc<Trace>, config: Config) -> anyhow::Result<Summary> {
     Ok(out.summary)
 }
 
-/// The highest rate for which `meets` holds, bracketed to within
-/// `precision` (relative): grows or shrinks from `start` by 1.5× until the
-/// bracket is found, then bisects. Returns the rate and the summary of the
-/// last run that met the objective.
+/// A search for the highest rate for which an objective holds, bracketed
+/// to within `precision` (relative): grows or shrinks from `start` by 1.5×
+/// until the bracket is found (at most 12 steps), then bisects. A state
+/// machine, so that two searches can take turns: the VM's speed drifts by
+/// 7–20% within minutes, and two searches run one after the other would
+/// each see a different machine.
+struct Bisection<S> {
+    precision: f64,
+    rate: f64,
+    bracketing: u32,
+    good: Option<(f64, S)>,
+    bad: Option<f64>,
+}
+
+impl<S> Bisection<S> {
+    fn new(start: f64, precision: f64) -> Self {
+        Self {
+            precision,
+            rate: start.max(1e-3),
+            bracketing: 0,
+            good: None,
+            bad: None,
+        }
+    }
+
+    /// The rate to try next; `None` once the search is over.
+    fn next(&self) -> Option<f64> {
+        match (&self.good, self.bad) {
+            (Some((g, _)), Some(b)) => (b / g > 1.0 + self.precision).then(|| (g * b).sqrt()),
+            _ => (self.bracketing < 12).then_some(self.rate),
+        }
+    }
+
+    /// What the run at `rate` (the last `next()`) gave.
+    fn record(&mut self, rate: f64, meets: bool, s: S) {
+        let bracketed = self.good.is_some() && self.bad.is_some();
+        if meets {
+            self.good = Some((rate, s));
+        } else {
+            self.bad = Some(rate);
+        }
+        if !bracketed {
+            self.bracketing += 1;
+            self.rate = if meets { rate * 1.5 } else { rate / 1.5 };
+        }
+    }
+
+    /// The highest rate that met the objective and its run's summary
+    /// (0 and none when no rate did, or no failing rate bounded it).
+    fn result(self) -> (f64, Option<S>) {
+        match (self.good, self.bad) {
+            (Some((g, s)), Some(_)) => (g, Some(s)),
+            _ => (0.0, None),
+        }
+    }
+}
+
+/// One search run to its end.
+#[cfg(test)]
 fn bisect<S>(
     start: f64,
     precision: f64,
     mut meets: impl FnMut(f64) -> anyhow::Result<(bool, S)>,
 ) -> anyhow::Result<(f64, Option<S>)> {
-    let (mut good, mut bad): (Option<(f64, S)>, Option<f64>) = (None, None);
-    let mut rate = start.max(1e-3);
-    // Bracket: at most 12 steps of 1.5× either way.
-    for _ in 0..12 {
+    let mut b = Bisection::new(start, precision);
+    while let Some(rate) = b.next() {
         let (ok, s) = meets(rate)?;
-        if ok {
-            good = Some((rate, s));
-            if bad.is_some() {
-                break;
-            }
-            rate *= 1.5;
-        } else {
-            bad = Some(rate);
-            if good.is_some() {
-                break;
-            }
-            rate /= 1.5;
-        }
+        b.record(rate, ok, s);
     }
-    let (Some(mut g), Some(mut b)) = (good, bad) else {
-        return Ok((0.0, None));
-    };
-    while b / g.0 > 1.0 + precision {
-        let mid = (g.0 * b).sqrt();
-        let (ok, s) = meets(mid)?;
-        if ok {
-            g = (mid, s);
-        } else {
-            b = mid;
-        }
-    }
-    Ok((g.0, Some(g.1)))
+    Ok(b.result())
 }
 
 fn sum_hists<'a>(hists: impl Iterator<Item = &'a Vec<u64>>) -> Vec<u64> {
@@ -555,6 +600,26 @@ mod tests {
         // Nothing meets the objective: no goodput.
         let (g, s) = bisect(50.0, 0.1, |r| Ok((false, r))).unwrap();
         assert_eq!((g, s), (0.0, None));
+    }
+
+    #[test]
+    fn searches_taking_turns_end_where_each_alone_does() {
+        let alone = |threshold: f64| bisect(40.0, 0.05, |r| Ok((r <= threshold, r))).unwrap();
+        let mut a = Bisection::new(40.0, 0.05);
+        let mut b = Bisection::new(40.0, 0.05);
+        let mut turns = 0;
+        while a.next().is_some() || b.next().is_some() {
+            if let Some(r) = a.next() {
+                a.record(r, r <= 23.0, r);
+            }
+            if let Some(r) = b.next() {
+                b.record(r, r <= 71.0, r);
+            }
+            turns += 1;
+        }
+        assert!(turns < 14, "{turns}");
+        assert_eq!(a.result(), alone(23.0));
+        assert_eq!(b.result(), alone(71.0));
     }
 
     #[test]
