@@ -4,6 +4,7 @@
 //! `smart` rows use a policy that `grflow train-allocator` trains first
 //! (two tiny iterations).
 
+use std::ffi::OsStr;
 use std::process::Output;
 
 use serde_json::Value;
@@ -18,26 +19,8 @@ use temp::tmp_dir;
 #[test]
 fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     let dir = tmp_dir("bench-allocator");
-    let calibration = dir.join("small.json");
-    ok(grflow()
-        .args([
-            "calibrate",
-            "--preset",
-            "small",
-            "--reps",
-            "1",
-            "--no-overhead",
-            "--out",
-        ])
-        .arg(&calibration)
-        .output()
-        .unwrap());
-    let config = dir.join("small-trace.toml");
-    std::fs::write(
-        &config,
-        "[trace]\nrequests = 600\nrps = 100.0\ncandidates = 16\n[windows]\nepoch_ms = 1000\n",
-    )
-    .unwrap();
+    let calibration = small_calibration(&dir);
+    let config = short_trace(&dir, "small-trace.toml", 600);
     let policy = dir.join("policy.safetensors");
     let trained = ok(grflow()
         .args([
@@ -276,6 +259,39 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     refused_naming(bad, "stormy");
 }
 
+/// A cost model of the small preset fitted here (one rep, no overhead).
+fn small_calibration(dir: &std::path::Path) -> std::path::PathBuf {
+    let calibration = dir.join("small.json");
+    ok(grflow()
+        .args([
+            "calibrate",
+            "--preset",
+            "small",
+            "--reps",
+            "1",
+            "--no-overhead",
+            "--out",
+        ])
+        .arg(&calibration)
+        .output()
+        .unwrap());
+    calibration
+}
+
+/// A config whose trace has `requests` requests at 100 req/s with 1 s
+/// windows.
+fn short_trace(dir: &std::path::Path, name: &str, requests: u64) -> std::path::PathBuf {
+    let config = dir.join(name);
+    std::fs::write(
+        &config,
+        format!(
+            "[trace]\nrequests = {requests}\nrps = 100.0\ncandidates = 16\n[windows]\nepoch_ms = 1000\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
 /// `out` is a refusal of the user's input (exit 2) whose message names
 /// `what`.
 fn refused_naming(out: Output, what: &str) {
@@ -363,44 +379,15 @@ fn bench_and_train_allocator_refuse_per_node_alpha_by_name() {
 #[test]
 fn bench_allocator_runs_several_seeds_and_gives_their_means() {
     let dir = tmp_dir("bench-allocator-seeds");
-    let calibration = dir.join("small.json");
-    ok(grflow()
-        .args([
-            "calibrate",
-            "--preset",
-            "small",
-            "--reps",
-            "1",
-            "--no-overhead",
-            "--out",
-        ])
-        .arg(&calibration)
-        .output()
-        .unwrap());
-    let config = dir.join("tiny.toml");
-    std::fs::write(
-        &config,
-        "[trace]\nrequests = 300\nrps = 100.0\ncandidates = 16\n[windows]\nepoch_ms = 1000\n",
-    )
-    .unwrap();
+    let calibration = small_calibration(&dir);
+    let config = short_trace(&dir, "tiny.toml", 300);
     let bench = |extra: &[&str]| {
         let out = ok(grflow()
-            .args([
-                "bench",
-                "allocator",
-                "--regime",
-                "burst",
-                "--sweep",
-                "--no-oracle",
-                "--slo-ms",
-                "2",
-                "--json",
-            ])
+            .args(["bench", "allocator", "--regime", "burst", "--sweep"])
+            .args(["--no-oracle", "--slo-ms", "2", "--json"])
             .args(extra)
-            .arg("--config")
-            .arg(&config)
-            .arg("--calibration")
-            .arg(&calibration)
+            .args([OsStr::new("--config"), config.as_os_str()])
+            .args([OsStr::new("--calibration"), calibration.as_os_str()])
             .output()
             .unwrap());
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
