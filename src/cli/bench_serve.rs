@@ -517,21 +517,6 @@ impl<S> Bisection<S> {
     }
 }
 
-/// One search run to its end.
-#[cfg(test)]
-fn bisect<S>(
-    start: f64,
-    precision: f64,
-    mut meets: impl FnMut(f64) -> anyhow::Result<(bool, S)>,
-) -> anyhow::Result<(f64, Option<S>)> {
-    let mut b = Bisection::new(start, precision);
-    while let Some(rate) = b.next() {
-        let (ok, s) = meets(rate)?;
-        b.record(rate, ok, s);
-    }
-    Ok(b.result())
-}
-
 fn sum_hists<'a>(hists: impl Iterator<Item = &'a Vec<u64>>) -> Vec<u64> {
     let mut sum: Vec<u64> = Vec::new();
     for h in hists {
@@ -584,6 +569,20 @@ fn plot(r: &ServeBench) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One search run to its end.
+    fn bisect<S>(
+        start: f64,
+        precision: f64,
+        mut meets: impl FnMut(f64) -> anyhow::Result<(bool, S)>,
+    ) -> anyhow::Result<(f64, Option<S>)> {
+        let mut b = Bisection::new(start, precision);
+        while let Some(rate) = b.next() {
+            let (ok, s) = meets(rate)?;
+            b.record(rate, ok, s);
+        }
+        Ok(b.result())
+    }
 
     #[test]
     fn bisection_brackets_the_threshold_within_the_precision() {
