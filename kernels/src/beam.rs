@@ -7,7 +7,7 @@ use crate::backend::{MatMut, MatRef};
 use crate::config::ModelConfig;
 use crate::error::KernelError;
 use crate::kv_store::KvBlockStore;
-use crate::model::GrModel;
+use crate::model::{GrModel, LayerMatrix};
 use crate::ops::{add, exp_neg, gelu, rms_norm};
 use crate::staged::{MAX_STEPS, SharedPrompt, StagedScratch, UnsharedKv, staged_attention};
 use crate::topk::{Candidate, TopBw, rank_order};
@@ -440,10 +440,10 @@ fn decode_step<S: KvBlockStore + ?Sized>(
     let h = &mut h[..n * d];
     for (l, w) in model.layers.iter().enumerate() {
         rms_norm(x, &w.ln1, h);
-        be.matmul(
+        be.matmul_weight(
             MatMut::row_major(&mut qkv[..n * 3 * d], n, 3 * d),
             MatRef::row_major(h, n, d),
-            MatRef::row_major(&w.wqkv, d, 3 * d),
+            model.layer_matrix(l, LayerMatrix::Qkv),
             1.0,
             false,
         );
@@ -481,37 +481,36 @@ fn decode_step<S: KvBlockStore + ?Sized>(
             );
             o += nb;
         }
-        be.matmul(
+        be.matmul_weight(
             MatMut::row_major(x, n, d),
             MatRef::row_major(&attn[..n * d], n, d),
-            MatRef::row_major(&w.wo, d, d),
+            model.layer_matrix(l, LayerMatrix::Out),
             1.0,
             true,
         );
         rms_norm(x, &w.ln2, h);
         let ff = &mut ff[..n * f];
-        be.matmul(
+        be.matmul_weight(
             MatMut::row_major(ff, n, f),
             MatRef::row_major(h, n, d),
-            MatRef::row_major(&w.w1, d, f),
+            model.layer_matrix(l, LayerMatrix::Ff1),
             1.0,
             false,
         );
         gelu(ff);
-        be.matmul(
+        be.matmul_weight(
             MatMut::row_major(x, n, d),
             MatRef::row_major(ff, n, f),
-            MatRef::row_major(&w.w2, f, d),
+            model.layer_matrix(l, LayerMatrix::Ff2),
             1.0,
             true,
         );
     }
     rms_norm(x, &model.ln_f, h);
-    let head = &model.sid_head[step * d * c..(step + 1) * d * c];
-    be.matmul(
+    be.matmul_weight(
         MatMut::row_major(&mut logits[..n * c], n, c),
         MatRef::row_major(h, n, d),
-        MatRef::row_major(head, d, c),
+        model.sid_head_matrix(step),
         1.0,
         false,
     );

@@ -5,7 +5,7 @@ use crate::attention::{AttnScratch, LocalMask, Segment, attend, gather, scatter}
 use crate::backend::{MatMut, MatRef};
 use crate::error::KernelError;
 use crate::kv_store::KvBlockStore;
-use crate::model::GrModel;
+use crate::model::{GrModel, LayerMatrix};
 use crate::ops::{add, gelu, rms_norm};
 
 /// A cached item-prefix entry (BAT Item-as-prefix): the blocks holding one
@@ -147,10 +147,10 @@ impl GrModel {
         let mut scratch = AttnScratch::default();
         for (l, w) in self.layers.iter().enumerate() {
             rms_norm(&x, &w.ln1, &mut h);
-            be.matmul(
+            be.matmul_weight(
                 MatMut::row_major(&mut qkv, n_all, 3 * d),
                 MatRef::row_major(&h, n_all, d),
-                MatRef::row_major(&w.wqkv, d, 3 * d),
+                self.layer_matrix(l, LayerMatrix::Qkv),
                 1.0,
                 false,
             );
@@ -185,26 +185,26 @@ impl GrModel {
                     &mut attn[r0 * d..(r0 + n) * d],
                 );
             }
-            be.matmul(
+            be.matmul_weight(
                 MatMut::row_major(&mut x, n_all, d),
                 MatRef::row_major(&attn, n_all, d),
-                MatRef::row_major(&w.wo, d, d),
+                self.layer_matrix(l, LayerMatrix::Out),
                 1.0,
                 true,
             );
             rms_norm(&x, &w.ln2, &mut h);
-            be.matmul(
+            be.matmul_weight(
                 MatMut::row_major(&mut ff, n_all, f),
                 MatRef::row_major(&h, n_all, d),
-                MatRef::row_major(&w.w1, d, f),
+                self.layer_matrix(l, LayerMatrix::Ff1),
                 1.0,
                 false,
             );
             gelu(&mut ff);
-            be.matmul(
+            be.matmul_weight(
                 MatMut::row_major(&mut x, n_all, d),
                 MatRef::row_major(&ff, n_all, f),
-                MatRef::row_major(&w.w2, f, d),
+                self.layer_matrix(l, LayerMatrix::Ff2),
                 1.0,
                 true,
             );

@@ -26,7 +26,7 @@ pub mod tables;
 mod topk;
 mod trie;
 
-pub use backend::{Backend, CpuBackend, MatMut, MatRef};
+pub use backend::{Backend, CpuBackend, MatMut, MatRef, Weight};
 pub use beam::{BeamHit, BeamKvBytes, BeamPrompt, BeamSearch, SID_STEPS, beam_kv_bytes};
 pub use config::ModelConfig;
 pub use error::KernelError;

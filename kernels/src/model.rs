@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::{Backend, CpuBackend, MatRef, Weight};
 use crate::config::ModelConfig;
 use crate::error::KernelError;
 
@@ -25,6 +25,42 @@ pub(crate) struct LayerWeights {
     pub w2: Vec<f32>,
 }
 
+/// A layer's matrices stored once more column-major (`out × in` row-major),
+/// the layout in which the CPU backend multiplies rows by a large weight
+/// without repacking the weight on every call (see `CpuBackend::matmul`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct ColMajor {
+    pub wqkv: Vec<f32>,
+    pub wo: Vec<f32>,
+    pub w1: Vec<f32>,
+    pub w2: Vec<f32>,
+}
+
+/// Weights with fewer floats than this stay row-major only: small ones
+/// multiply faster row-major (`d_model` 64: ~10% at 150 rows, ~30% at 32),
+/// large ones column-major (`d_model` 512: up to 2x at 32 rows and below).
+const COL_MAJOR_MIN_FLOATS: usize = 1 << 16;
+
+/// One of a layer's four matrices.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LayerMatrix {
+    Qkv,
+    Out,
+    Ff1,
+    Ff2,
+}
+
+/// A row-major `rows × cols` matrix transposed: the same matrix column-major.
+fn col_major(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; w.len()];
+    for (i, row) in w.chunks_exact(cols).enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            t[j * rows + i] = *v;
+        }
+    }
+    t
+}
+
 /// A decoder-only GR transformer (pre-norm RMSNorm, softmax attention,
 /// GELU FFN, learned absolute positions) with two heads:
 /// - ranking: a bilinear pointer head `s_i = softmax_i(⟨W_rank·h_Instr, k_i⟩/√d)`
@@ -35,6 +71,10 @@ pub(crate) struct LayerWeights {
 pub struct GrModel {
     pub(crate) cfg: ModelConfig,
     pub(crate) layers: Vec<LayerWeights>,
+    /// `layers` column-major, derived from them when the model is built.
+    pub(crate) cols: Vec<ColMajor>,
+    /// `sid_head` column-major per level (`3 × C × d`), derived likewise.
+    pub(crate) sid_head_cols: Vec<f32>,
     /// `max_positions × d`.
     pub(crate) pos: Vec<f32>,
     /// The instruction (discriminant) token of ranking requests.
@@ -112,11 +152,13 @@ impl GrModel {
             // Wider than 1/√d so that code distributions are not flat.
             sid_head: init.normalish(3 * d * c, 3.0 * wd),
             layers,
+            cols: Vec::new(),
+            sid_head_cols: Vec::new(),
             cfg,
             version: String::new(),
             backend: Arc::new(CpuBackend::default()),
         };
-        Ok(model.with_version())
+        Ok(model.built())
     }
 
     /// The same weights on another backend (e.g. a multi-threaded CPU one).
@@ -137,6 +179,66 @@ impl GrModel {
     /// models with the same version compute the same function.
     pub fn model_version(&self) -> String {
         self.version.clone()
+    }
+
+    /// Derives what is computed from the weights: the column-major copies
+    /// (of large weights only) and the version. Every constructor ends here.
+    fn built(mut self) -> Self {
+        let (d, f, c) = (self.cfg.d_model, self.cfg.d_ff, self.cfg.codebook_size);
+        if d * d < COL_MAJOR_MIN_FLOATS {
+            return self.with_version();
+        }
+        self.cols = self
+            .layers
+            .iter()
+            .map(|l| ColMajor {
+                wqkv: col_major(&l.wqkv, d, 3 * d),
+                wo: col_major(&l.wo, d, d),
+                w1: col_major(&l.w1, d, f),
+                w2: col_major(&l.w2, f, d),
+            })
+            .collect();
+        self.sid_head_cols = self
+            .sid_head
+            .chunks_exact(d * c)
+            .flat_map(|level| col_major(level, d, c))
+            .collect();
+        self.with_version()
+    }
+
+    /// Layer `l`'s matrix `which` (`in × out`), with its column-major copy
+    /// where [`GrModel::built`] made one.
+    pub(crate) fn layer_matrix(&self, l: usize, which: LayerMatrix) -> Weight<'_> {
+        let (d, f) = (self.cfg.d_model, self.cfg.d_ff);
+        let w = &self.layers[l];
+        let (row_major, rows, cols) = match which {
+            LayerMatrix::Qkv => (&w.wqkv, d, 3 * d),
+            LayerMatrix::Out => (&w.wo, d, d),
+            LayerMatrix::Ff1 => (&w.w1, d, f),
+            LayerMatrix::Ff2 => (&w.w2, f, d),
+        };
+        let col_major = self.cols.get(l).map(|c| match which {
+            LayerMatrix::Qkv => &c.wqkv,
+            LayerMatrix::Out => &c.wo,
+            LayerMatrix::Ff1 => &c.w1,
+            LayerMatrix::Ff2 => &c.w2,
+        });
+        Weight {
+            row_major: MatRef::row_major(row_major, rows, cols),
+            col_major: col_major.map(|t| MatRef::col_major(t, rows, cols)),
+        }
+    }
+
+    /// The codebook head of decode step `level` (`d × C`), like
+    /// [`GrModel::layer_matrix`].
+    pub(crate) fn sid_head_matrix(&self, level: usize) -> Weight<'_> {
+        let (d, c) = (self.cfg.d_model, self.cfg.codebook_size);
+        let at = level * d * c..(level + 1) * d * c;
+        Weight {
+            row_major: MatRef::row_major(&self.sid_head[at.clone()], d, c),
+            col_major: (!self.sid_head_cols.is_empty())
+                .then(|| MatRef::col_major(&self.sid_head_cols[at], d, c)),
+        }
     }
 
     fn with_version(mut self) -> Self {
@@ -287,11 +389,13 @@ impl GrModel {
             sid_emb: read("sid_emb")?,
             sid_head: read("sid_head")?,
             layers,
+            cols: Vec::new(),
+            sid_head_cols: Vec::new(),
             cfg,
             version: String::new(),
             backend: Arc::new(CpuBackend::default()),
         };
-        Ok(model.with_version())
+        Ok(model.built())
     }
 
     /// Position embedding row `p`.

@@ -39,6 +39,40 @@ fn suffix_on_cached_prefix_equals_recomputation() {
     assert!(check_prefix_reuse(7, 0, 3) <= TOL);
 }
 
+/// A wide model multiplies chunks of up to 64 rows by column-major copies
+/// of its weights and longer ones row-major: both equal recomputation.
+#[test]
+fn user_prefix_ranking_with_column_major_weights_equals_recomputation() {
+    let model = wide_model(13);
+    let cfg = model.config().clone();
+    let d = cfg.d_model;
+    let mut r = rng(6);
+    let (u, n) = (110, 12);
+    let hist = tokens(&mut r, u, d);
+    let cands = tokens(&mut r, n, d);
+    let mut pool = Pool::new(&cfg, 16, &mut r);
+    let table = pool.alloc(cfg.blocks_for(u));
+    // 90 rows (row-major weights), then 20 (column-major).
+    model
+        .prefill(&mut pool.store, &table, 0, &hist[..90 * d])
+        .unwrap();
+    model
+        .prefill(&mut pool.store, &table, 90, &hist[90 * d..])
+        .unwrap();
+    let full = reference::causal(&model, &hist);
+    let kv = kv_diff(&cfg, &pool.store, &table, u, &full.k, &full.v, 0);
+    assert!(kv <= TOL, "KV differs by {kv}");
+    let fast = model
+        .rank_user_prefix(&pool.store, &table, u, &cands)
+        .unwrap();
+    let (slow, _) = reference::rank_user_prefix(&model, &hist, &cands);
+    assert!(
+        max_diff(&fast, &slow) <= TOL,
+        "scores differ by {}",
+        max_diff(&fast, &slow)
+    );
+}
+
 #[test]
 fn user_prefix_ranking_equals_recomputation() {
     let model = small_model(11);

@@ -9,6 +9,21 @@ pub fn small_model(seed: u64) -> GrModel {
     GrModel::new(ModelConfig::preset("small").unwrap(), seed)
 }
 
+/// A model wide enough (`d_model` 256) that it keeps column-major copies of
+/// its weights, which the CPU backend multiplies a few rows by.
+pub fn wide_model(seed: u64) -> GrModel {
+    let cfg = ModelConfig {
+        d_model: 256,
+        n_layers: 2,
+        n_heads: 4,
+        d_ff: 512,
+        codebook_size: 64,
+        max_positions: 256,
+        ..ModelConfig::preset("small").unwrap()
+    };
+    GrModel::new(cfg, seed)
+}
+
 /// `n` random token rows of width `d` (like summed embedding rows).
 pub fn tokens(rng: &mut ChaCha8Rng, n: usize, d: usize) -> Vec<f32> {
     (0..n * d)
