@@ -179,73 +179,48 @@ impl CpuBackend {
 }
 
 /// Products of a weight with at most this many rows go through
-/// [`via_col_major`] where the weight has a column-major copy. `bench
+/// [`CpuBackend::via_col_major`] where the weight has a column-major copy. `bench
 /// kernels` on a 2-core Xeon (`hstu-3l`): a 32-beam decode 1.9x faster;
 /// a 205-token suffix prefill 13% slower that way, so longer products keep
 /// the row-major weight.
 const VIA_COL_MAJOR_ROWS: usize = 64;
 
 thread_local! {
-    /// [`via_col_major`]'s column-major product, reused between calls.
+    /// [`CpuBackend::via_col_major`]'s column-major product, reused between calls.
     static COL_MAJOR_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `dst = (accumulate ? dst : 0) + scale · lhs · rhs` for a row-major
-/// `dst` and a column-major `rhs`, computed column-major and copied into
-/// `dst`. Into a row-major destination the gemm crate transposes the
-/// problem and repacks all of `rhs` on every call, which for a few rows
-/// costs as much as the product itself; into a column-major one it reads
-/// `rhs` where it lies.
-fn via_col_major(
-    dst: MatMut<'_>,
-    lhs: MatRef<'_>,
-    rhs: MatRef<'_>,
-    scale: f32,
-    accumulate: bool,
-    parallelism: gemm::Parallelism,
-) {
-    let (m, n, k) = (dst.rows, dst.cols, lhs.cols);
-    COL_MAJOR_OUT.with(|out| {
-        let mut out = out.borrow_mut();
-        out.clear();
-        out.resize(m * n, 0.0);
-        // SAFETY: `out` holds m × n floats, column-major (rs 1, cs m); the
-        // views were bounds-checked at construction and the shapes by the
-        // caller; `out` is this thread's own buffer, distinct from both.
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                out.as_mut_ptr(),
-                m as isize,
-                1,
-                false,
-                lhs.data.as_ptr(),
-                lhs.cs as isize,
-                lhs.rs as isize,
-                rhs.data.as_ptr(),
-                rhs.cs as isize,
-                rhs.rs as isize,
-                1.0,
-                scale,
-                false,
-                false,
-                false,
-                parallelism,
-            );
-        }
-        for i in 0..m {
-            let row = &mut dst.data[i * dst.rs..i * dst.rs + n];
-            for (j, d) in row.iter_mut().enumerate() {
-                let v = out[j * m + i];
-                *d = if accumulate { *d + v } else { v };
-            }
-        }
-    });
-}
-
 impl CpuBackend {
+    /// `dst = (accumulate ? dst : 0) + scale · lhs · rhs` for a row-major
+    /// `dst` and a column-major `rhs`, computed column-major and copied into
+    /// `dst`. Into a row-major destination the gemm crate transposes the
+    /// problem and repacks all of `rhs` on every call, which for a few rows
+    /// costs as much as the product itself; into a column-major one it reads
+    /// `rhs` where it lies.
+    fn via_col_major(
+        &self,
+        dst: MatMut<'_>,
+        lhs: MatRef<'_>,
+        rhs: MatRef<'_>,
+        scale: f32,
+        accumulate: bool,
+    ) {
+        let (m, n) = (dst.rows, dst.cols);
+        COL_MAJOR_OUT.with(|out| {
+            let mut out = out.borrow_mut();
+            out.clear();
+            out.resize(m * n, 0.0);
+            self.matmul(MatMut::new(&mut out, m, n, 1, m), lhs, rhs, scale, false);
+            for i in 0..m {
+                let row = &mut dst.data[i * dst.rs..i * dst.rs + n];
+                for (j, d) in row.iter_mut().enumerate() {
+                    let v = out[j * m + i];
+                    *d = if accumulate { *d + v } else { v };
+                }
+            }
+        });
+    }
+
     fn parallelism(&self) -> gemm::Parallelism {
         if self.threads > 1 {
             gemm::Parallelism::Rayon(self.threads)
@@ -333,7 +308,7 @@ impl Backend for CpuBackend {
     ) {
         match w.col_major {
             Some(col_major) if lhs.rows <= VIA_COL_MAJOR_ROWS && dst.cs == 1 => {
-                via_col_major(dst, lhs, col_major, scale, accumulate, self.parallelism());
+                self.via_col_major(dst, lhs, col_major, scale, accumulate);
             }
             _ => self.matmul(dst, lhs, w.row_major, scale, accumulate),
         }
