@@ -26,15 +26,11 @@ pub(crate) struct LayerWeights {
 }
 
 /// A layer's matrices stored once more column-major (`out × in` row-major),
-/// the layout in which the CPU backend multiplies rows by a large weight
-/// without repacking the weight on every call (see `CpuBackend::matmul`).
+/// indexed by [`LayerMatrix`]: the layout in which the CPU backend
+/// multiplies rows by a large weight without repacking the weight on every
+/// call (see `CpuBackend::matmul_weight`).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct ColMajor {
-    pub wqkv: Vec<f32>,
-    pub wo: Vec<f32>,
-    pub w1: Vec<f32>,
-    pub w2: Vec<f32>,
-}
+pub(crate) struct ColMajor([Vec<f32>; 4]);
 
 /// Weights with fewer floats than this stay row-major only: small ones
 /// multiply faster row-major (`d_model` 64: ~10% at 150 rows, ~30% at 32),
@@ -48,6 +44,33 @@ pub(crate) enum LayerMatrix {
     Out,
     Ff1,
     Ff2,
+}
+
+impl LayerMatrix {
+    const ALL: [LayerMatrix; 4] = [Self::Qkv, Self::Out, Self::Ff1, Self::Ff2];
+
+    /// `in × out`.
+    fn shape(self, cfg: &ModelConfig) -> (usize, usize) {
+        let (d, f) = (cfg.d_model, cfg.d_ff);
+        match self {
+            Self::Qkv => (d, 3 * d),
+            Self::Out => (d, d),
+            Self::Ff1 => (d, f),
+            Self::Ff2 => (f, d),
+        }
+    }
+}
+
+impl LayerWeights {
+    /// Matrix `which`, row-major.
+    fn matrix(&self, which: LayerMatrix) -> &[f32] {
+        match which {
+            LayerMatrix::Qkv => &self.wqkv,
+            LayerMatrix::Out => &self.wo,
+            LayerMatrix::Ff1 => &self.w1,
+            LayerMatrix::Ff2 => &self.w2,
+        }
+    }
 }
 
 /// A row-major `rows × cols` matrix transposed: the same matrix column-major.
@@ -184,18 +207,19 @@ impl GrModel {
     /// Derives what is computed from the weights: the column-major copies
     /// (of large weights only) and the version. Every constructor ends here.
     fn built(mut self) -> Self {
-        let (d, f, c) = (self.cfg.d_model, self.cfg.d_ff, self.cfg.codebook_size);
+        let (d, c) = (self.cfg.d_model, self.cfg.codebook_size);
         if d * d < COL_MAJOR_MIN_FLOATS {
             return self.with_version();
         }
+        let cfg = &self.cfg;
         self.cols = self
             .layers
             .iter()
-            .map(|l| ColMajor {
-                wqkv: col_major(&l.wqkv, d, 3 * d),
-                wo: col_major(&l.wo, d, d),
-                w1: col_major(&l.w1, d, f),
-                w2: col_major(&l.w2, f, d),
+            .map(|l| {
+                ColMajor(LayerMatrix::ALL.map(|which| {
+                    let (rows, cols) = which.shape(cfg);
+                    col_major(l.matrix(which), rows, cols)
+                }))
             })
             .collect();
         self.sid_head_cols = self
@@ -209,23 +233,13 @@ impl GrModel {
     /// Layer `l`'s matrix `which` (`in × out`), with its column-major copy
     /// where [`GrModel::built`] made one.
     pub(crate) fn layer_matrix(&self, l: usize, which: LayerMatrix) -> Weight<'_> {
-        let (d, f) = (self.cfg.d_model, self.cfg.d_ff);
-        let w = &self.layers[l];
-        let (row_major, rows, cols) = match which {
-            LayerMatrix::Qkv => (&w.wqkv, d, 3 * d),
-            LayerMatrix::Out => (&w.wo, d, d),
-            LayerMatrix::Ff1 => (&w.w1, d, f),
-            LayerMatrix::Ff2 => (&w.w2, f, d),
-        };
-        let col_major = self.cols.get(l).map(|c| match which {
-            LayerMatrix::Qkv => &c.wqkv,
-            LayerMatrix::Out => &c.wo,
-            LayerMatrix::Ff1 => &c.w1,
-            LayerMatrix::Ff2 => &c.w2,
-        });
+        let (rows, cols) = which.shape(&self.cfg);
         Weight {
-            row_major: MatRef::row_major(row_major, rows, cols),
-            col_major: col_major.map(|t| MatRef::col_major(t, rows, cols)),
+            row_major: MatRef::row_major(self.layers[l].matrix(which), rows, cols),
+            col_major: self
+                .cols
+                .get(l)
+                .map(|c| MatRef::col_major(&c.0[which as usize], rows, cols)),
         }
     }
 
