@@ -44,6 +44,13 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
     let ceiling =
         v["capacity_rps_batched"].as_f64().unwrap() / v["goodput_rps_unbatched"].as_f64().unwrap();
     assert!((v["goodput_ratio_ceiling"].as_f64().unwrap() - ceiling).abs() < 1e-9);
+    // The nodes' GEMMs were timed in place, and took part of their time.
+    for mode in ["unbatched", "batched"] {
+        let rate = v[format!("gemm_gflops_in_place_{mode}")].as_f64().unwrap();
+        let share = v[format!("gemm_time_share_{mode}")].as_f64().unwrap();
+        assert!(rate > 0.0 && share > 0.0 && share < 1.0, "{mode}: {v}");
+    }
+    assert!(v["gemm_gflops_in_place_at_goodput"].as_f64().unwrap() > 0.0);
     assert_eq!(v["lanes"].as_u64(), Some(2));
     assert!(v["capacity_rps_one_worker_lanes"].as_f64().unwrap() > 0.0);
     let points = v["points"].as_array().unwrap();

@@ -270,6 +270,7 @@ impl Backend for CpuBackend {
             return;
         }
         let parallelism = self.parallelism();
+        let started = std::time::Instant::now();
         // SAFETY: the views were bounds-checked at construction (every
         // (i, j) lies inside its slice), the shapes were checked above, and
         // `dst` is a unique borrow so it cannot alias `lhs` or `rhs`.
@@ -296,6 +297,7 @@ impl Backend for CpuBackend {
                 parallelism,
             );
         }
+        crate::tally::record(m, n, k, started.elapsed().as_nanos() as u64);
     }
 
     fn matmul_weight(

@@ -23,6 +23,7 @@ mod ops;
 pub mod reference;
 mod staged;
 pub mod tables;
+pub mod tally;
 mod topk;
 mod trie;
 
@@ -38,5 +39,6 @@ pub use staged::{
     SharedPrompt, StagedScratch, UnsharedKv, concat_attention, per_beam_attention, staged_attention,
 };
 pub use tables::EmbeddingTables;
+pub use tally::{GemmTally, absorb as absorb_gemm, gemm_tally};
 pub use topk::{Candidate, TopBw, rank_order, select_full_sort, select_nth_then_sort, sort_beam};
 pub use trie::SidTrie;

@@ -440,6 +440,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 refill_bytes: c.refill_bytes,
                 refill_bytes_max_per_move: c.refill_bytes_max_per_move,
                 model_gflop: c.model_flops / 1e9,
+                gemm_gflop: c.gemm_flops / 1e9,
+                gemm_s: c.gemm_ns as f64 / 1e9,
                 computed_tokens: c.computed_tokens,
                 model_calls: c.model_calls,
                 batch_size_hist: c.batch_size_hist.clone(),

@@ -162,6 +162,14 @@ pub struct NodeSummary {
     /// ≤500, more).
     #[serde(default)]
     pub model_gflop: f64,
+    /// What the node's GEMMs executed (GFLOP) and the wall time inside them
+    /// (s): `gemm_gflop / gemm_s` is the GEMM rate the node got in place.
+    /// `model_gflop` is the model's FLOPs by formula; this is what the
+    /// products ran (attention's own products included).
+    #[serde(default)]
+    pub gemm_gflop: f64,
+    #[serde(default)]
+    pub gemm_s: f64,
     /// Tokens computed (cached history excluded): with busy_share, the
     /// node's measured service rate (calibrates node.service_tokens_per_ms).
     #[serde(default)]

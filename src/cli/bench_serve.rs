@@ -142,6 +142,18 @@ struct ServeBench {
     served_gflops: f64,
     /// served_gflops / (gemm_gflops × workers).
     efficiency: f64,
+    /// The GEMM rate the nodes got in place (FLOPs their products ran over
+    /// the time inside them, per node), unbatched and batched at `--speed
+    /// max` (deep queues when batched), and batched at goodput. With most
+    /// of a node's time in GEMMs, the ratio of the two capacities is about
+    /// the ratio of the two rates: what batching can win on this machine.
+    gemm_gflops_in_place_unbatched: f64,
+    gemm_gflops_in_place_batched: f64,
+    gemm_gflops_in_place_at_goodput: f64,
+    /// Share of the nodes' wall time spent inside GEMMs in the two
+    /// capacity runs.
+    gemm_time_share_unbatched: f64,
+    gemm_time_share_batched: f64,
     /// Requests per model call at batched goodput: 1, 2, 3–4, 5–8, 9–16,
     /// 17–32, 33–64, 65+.
     batch_size_hist: Vec<u64>,
@@ -249,6 +261,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!(
         "  {capacity_rps_unbatched:.1} req/s; node.service_tokens_per_ms = {service_tokens_per_ms:.2}"
     );
+    let gemm_unbatched = InPlace::of(&capacity);
+    eprintln!(
+        "  GEMMs in place {:.1} GFLOP/s per node, {:.0}% of the time",
+        gemm_unbatched.gflops,
+        gemm_unbatched.time_share * 1e2
+    );
 
     let setup = Setup {
         preset: args.preset.clone(),
@@ -260,8 +278,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_wait_ms: args.max_wait_ms,
         service_tokens_per_ms: base.node.service_tokens_per_ms,
     };
-    let (capacity_rps_batched, single_request_p50_ms) = if probe {
-        (0.0, 0.0)
+    let (capacity_rps_batched, single_request_p50_ms, gemm_batched) = if probe {
+        (0.0, 0.0, InPlace::default())
     } else {
         capacity_batched_and_single(&trace, &base, args.max_tokens, capacity_rps_unbatched)?
     };
@@ -340,16 +358,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (goodput_rps_unbatched, _) = unbatched.result();
     let (goodput_rps_batched, at_goodput) = batched.result();
 
-    let (served_gflops, batch_size_hist, queue_wait_hist) = match &at_goodput {
+    let (served_gflops, batch_size_hist, queue_wait_hist, gemm_at_goodput) = match &at_goodput {
         Some(s) => {
             let gflop: f64 = s.nodes.iter().map(|n| n.model_gflop).sum();
             (
                 gflop / s.wall_s.max(1e-9),
                 sum_hists(s.nodes.iter().map(|n| &n.batch_size_hist)),
                 sum_hists(s.nodes.iter().map(|n| &n.queue_wait_hist)),
+                InPlace::of(s),
             )
         }
-        None => (0.0, Vec::new(), Vec::new()),
+        None => (0.0, Vec::new(), Vec::new(), InPlace::default()),
     };
     let report = ServeBench {
         setup,
@@ -363,6 +382,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         gemm_gflops,
         served_gflops,
         efficiency: served_gflops / (gemm_gflops * args.workers as f64).max(1e-9),
+        gemm_gflops_in_place_unbatched: gemm_unbatched.gflops,
+        gemm_gflops_in_place_batched: gemm_batched.gflops,
+        gemm_gflops_in_place_at_goodput: gemm_at_goodput.gflops,
+        gemm_time_share_unbatched: gemm_unbatched.time_share,
+        gemm_time_share_batched: gemm_batched.time_share,
         batch_size_hist,
         queue_wait_hist,
         lanes: args.lanes,
@@ -406,19 +430,46 @@ fn write_report<R: Serialize>(
     Ok(())
 }
 
-/// Batched capacity at `--speed max` with deep queues, and the p50 of
-/// requests served one at a time far below capacity.
+/// The GEMM rate a run's nodes got in place, and the share of their wall
+/// time inside GEMMs.
+#[derive(Clone, Copy, Debug, Default)]
+struct InPlace {
+    /// Per node: FLOPs the products ran over the time inside them.
+    gflops: f64,
+    time_share: f64,
+}
+
+impl InPlace {
+    fn of(s: &Summary) -> Self {
+        let flop: f64 = s.nodes.iter().map(|n| n.gemm_gflop).sum();
+        let secs: f64 = s.nodes.iter().map(|n| n.gemm_s).sum();
+        let wall = s.wall_s * s.nodes.len() as f64;
+        Self {
+            gflops: if secs > 0.0 { flop / secs } else { 0.0 },
+            time_share: if wall > 0.0 { secs / wall } else { 0.0 },
+        }
+    }
+}
+
+/// Batched capacity at `--speed max` with deep queues (and its GEMM rate in
+/// place), and the p50 of requests served one at a time far below capacity.
 fn capacity_batched_and_single(
     trace: &Arc<Trace>,
     base: &Config,
     max_tokens: usize,
     capacity_rps_unbatched: f64,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<(f64, f64, InPlace)> {
     eprintln!("capacity: batched at --speed max with deep queues...");
     let mut deep = configured(base, max_tokens, "max");
     deep.run.max_ahead_ms = DEEP_AHEAD_MS;
-    let capacity_rps_batched = replay(trace, deep)?.throughput_rps;
-    eprintln!("  {capacity_rps_batched:.1} req/s");
+    let deep = replay(trace, deep)?;
+    let capacity_rps_batched = deep.throughput_rps;
+    let gemm = InPlace::of(&deep);
+    eprintln!(
+        "  {capacity_rps_batched:.1} req/s; GEMMs in place {:.1} GFLOP/s per node, {:.0}% of the time",
+        gemm.gflops,
+        gemm.time_share * 1e2
+    );
 
     // One request at a time: the first requests of the trace offered far
     // below capacity (few of them, so that a slow model stays quick).
@@ -430,7 +481,7 @@ fn capacity_batched_and_single(
     )?;
     let single_request_p50_ms = single.latency_ms.p50;
     eprintln!("single request p50: {single_request_p50_ms:.1} ms");
-    Ok((capacity_rps_batched, single_request_p50_ms))
+    Ok((capacity_rps_batched, single_request_p50_ms, gemm))
 }
 
 /// `base` with a batch budget (1: one request per model call) and a pace.

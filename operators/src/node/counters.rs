@@ -51,6 +51,13 @@ pub struct NodeCounters {
     pub refill_bytes: u64,
     #[serde(default)]
     pub refill_bytes_max_per_move: u64,
+    /// What the node's GEMMs executed (lanes included): FLOPs and wall time
+    /// inside the products. Beside `model_flops` it shows the GEMM rate the
+    /// node gets in place, against the peak of ideal shapes.
+    #[serde(default)]
+    pub gemm_flops: f64,
+    #[serde(default)]
+    pub gemm_ns: u64,
 }
 
 /// Upper bounds of the batch-size buckets (requests per model call); the
@@ -80,6 +87,13 @@ impl ServingNode {
             &BATCH_BUCKETS,
             requests as u64,
         );
+    }
+
+    /// GEMM work done for this node (a difference of
+    /// [`grflow_kernels::gemm_tally`] readings around its model work).
+    pub fn count_gemm(&mut self, done: grflow_kernels::GemmTally) {
+        self.counters.gemm_flops += done.flop;
+        self.counters.gemm_ns += done.nanos;
     }
 
     /// A request waited `ms` (wall time) from admission to its batch.

@@ -71,6 +71,7 @@ where
     let next = AtomicUsize::new(0);
     let base: &PagePool = pool;
     let lane = || {
+        let tally = grflow_kernels::gemm_tally();
         let mut store = LaneStore::new(base);
         let mut done = Vec::new();
         loop {
@@ -83,14 +84,24 @@ where
                 .expect("each job is taken once");
             done.push((i, work(job, &mut store)));
         }
-        (done, store.written)
+        (
+            done,
+            store.written,
+            grflow_kernels::gemm_tally().since(tally),
+        )
     };
     let lanes_done: Vec<LaneDone<T>> = std::thread::scope(|s| {
         let others: Vec<_> = (1..threads).map(|_| s.spawn(lane)).collect();
-        let mut all = vec![lane()];
+        let (done, written, _) = lane();
+        let mut all = vec![(done, written)];
         for other in others {
             match other.join() {
-                Ok(d) => all.push(d),
+                Ok((done, written, gemm)) => {
+                    // The caller's tally covers its own lane; the others'
+                    // work was done on its behalf.
+                    grflow_kernels::absorb_gemm(gemm);
+                    all.push((done, written));
+                }
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }

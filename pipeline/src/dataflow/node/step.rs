@@ -158,11 +158,13 @@ impl StepCtx {
             (self.wall_ns)(),
             members.iter().chain(&retrieving).map(|(s, _)| &s.routed),
         );
+        let gemm = grflow_kernels::gemm_tally();
         let (results, retrieved) = if retrieve_work.is_empty() {
             (node.serve_rank_batch(now_ms, &work, side), Vec::new())
         } else {
             node.serve_step(now_ms, &work, &retrieve_work, side, &side.retrieval)
         };
+        node.count_gemm(grflow_kernels::gemm_tally().since(gemm));
         drop(node);
         if let Some(o) = oracle {
             let batch = RecordedBatch {
