@@ -76,13 +76,11 @@ mod tests {
     use super::*;
     use crate::backend::{Backend, CpuBackend, MatMut, MatRef};
 
-    #[test]
-    fn a_product_is_counted_on_its_own_thread_only() {
+    /// One 7×3 · 3×5 product of ones on this thread: every entry is 3.
+    fn product() -> Vec<f32> {
         let (m, n, k) = (7, 5, 3);
-        let a = vec![1.0f32; m * k];
-        let b = vec![1.0f32; k * n];
+        let (a, b) = (vec![1.0f32; m * k], vec![1.0f32; k * n]);
         let mut c = vec![0.0f32; m * n];
-        let before = gemm_tally();
         CpuBackend::default().matmul(
             MatMut::new(&mut c, m, n, n, 1),
             MatRef::new(&a, m, k, k, 1),
@@ -90,20 +88,19 @@ mod tests {
             1.0,
             false,
         );
+        c
+    }
+
+    #[test]
+    fn a_product_is_counted_on_its_own_thread_only() {
+        let before = gemm_tally();
+        assert!(product().iter().all(|&v| v == 3.0));
         let done = gemm_tally().since(before);
         assert_eq!(done.calls, 1);
-        assert_eq!(done.flop, 2.0 * (m * n * k) as f64);
-        assert!(c.iter().all(|&v| v == k as f32));
+        assert_eq!(done.flop, 2.0 * (7 * 5 * 3) as f64);
         // Another thread's products are its own until absorbed.
-        let other = std::thread::spawn(move || {
-            let mut c = vec![0.0f32; m * n];
-            CpuBackend::default().matmul(
-                MatMut::new(&mut c, m, n, n, 1),
-                MatRef::new(&a, m, k, k, 1),
-                MatRef::new(&b, k, n, n, 1),
-                1.0,
-                false,
-            );
+        let other = std::thread::spawn(|| {
+            product();
             gemm_tally()
         })
         .join()
