@@ -71,6 +71,13 @@ pub struct Args {
     /// (and at the end) and write the best; 0 writes the last policy.
     #[arg(long, default_value_t = 5)]
     pub select_every: usize,
+    /// What selection minimises: `mean` (the greedy policy's mean p99 over
+    /// the training traces) or `worst-regime` (the largest, over regimes,
+    /// of its mean p99 over the untrained policy's, which holds α at the
+    /// config's value: a checkpoint that loses to static α in any regime
+    /// scores above 1 and the untrained policy, 1, wins over it).
+    #[arg(long, default_value = "mean")]
+    pub select_by: SelectBy,
     /// PPO: Adam's learning rate.
     #[arg(long, allow_negative_numbers = true, default_value_t = PpoConfig::default().learning_rate)]
     pub learning_rate: f64,
@@ -91,6 +98,45 @@ pub struct Args {
     pub json: bool,
 }
 
+/// `--select-by`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SelectBy {
+    Mean,
+    WorstRegime,
+}
+
+/// The greedy policy's mean p99 (ms) over the training traces, overall and
+/// per regime.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Greedy {
+    mean: f64,
+    by_regime: BTreeMap<String, f64>,
+}
+
+impl Greedy {
+    /// The score selection minimises: the mean p99, or the worst regime's
+    /// p99 over `untrained`'s in that regime.
+    fn score(&self, by: SelectBy, untrained: &Greedy) -> f64 {
+        match by {
+            SelectBy::Mean => self.mean,
+            SelectBy::WorstRegime => self
+                .by_regime
+                .iter()
+                .map(|(regime, p99)| match untrained.by_regime.get(regime) {
+                    Some(&u) if u > 0.0 => p99 / u,
+                    _ => f64::NAN,
+                })
+                .fold(f64::NEG_INFINITY, |worst, r| {
+                    if r.is_nan() || worst.is_nan() {
+                        f64::NAN
+                    } else {
+                        worst.max(r)
+                    }
+                }),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct CurvePoint {
     iteration: usize,
@@ -105,6 +151,11 @@ struct CurvePoint {
     /// on the training traces from the config's α (selection points only).
     #[serde(skip_serializing_if = "Option::is_none")]
     greedy_p99_ms: Option<f64>,
+    /// The same per regime, and the score selection compared.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    greedy_p99_ms_by_regime: BTreeMap<String, f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    selection_score: Option<f64>,
     wall_s: f64,
 }
 
@@ -224,22 +275,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         policy.parameters()
     );
     let mut selection = Selection::new();
-    let greedy = |updates: usize, policy: &ActorCritic| -> anyhow::Result<f64> {
-        let p99 = greedy_p99(&base, &traces, policy, &work)?;
+    // The untrained policy's greedy p99s (iteration 0's): static α.
+    let mut untrained: Option<Greedy> = None;
+    let mut greedy = |updates: usize, policy: &ActorCritic| -> anyhow::Result<(Greedy, f64)> {
+        let g = greedy_p99(&base, &traces, policy, &work)?;
+        let reference = untrained.get_or_insert_with(|| g.clone());
+        let score = g.score(args.select_by, reference);
         eprintln!(
-            "greedy policy after {updates} updates: mean p99 {p99:.4} ms on the training traces"
+            "greedy policy after {updates} updates: mean p99 {:.4} ms on the training traces \
+             ({}), selection score {score:.4}",
+            g.mean,
+            g.by_regime
+                .iter()
+                .map(|(r, p)| format!("{r} {p:.4}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
-        Ok(p99)
+        Ok((g, score))
     };
     for iteration in 0..args.iterations {
         let it_started = std::time::Instant::now();
-        let greedy_p99_ms = if args.select_every > 0 && iteration % args.select_every == 0 {
-            let p99 = greedy(iteration, &policy)?;
-            selection.offer(iteration, p99, || policy.clone());
-            Some(p99)
+        let evaluated = if args.select_every > 0 && iteration % args.select_every == 0 {
+            let (g, score) = greedy(iteration, &policy)?;
+            selection.offer(iteration, score, || (policy.clone(), g.mean));
+            Some((g, score))
         } else {
             None
         };
+        let greedy_p99_ms = evaluated.as_ref().map(|(g, _)| g.mean);
         std::fs::write(&policy_path, policy.to_safetensors())
             .with_context(|| format!("writing {}", policy_path.display()))?;
         let mut trajectories: Vec<Vec<Step>> = Vec::new();
@@ -272,6 +335,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             entropy: stats.entropy,
             approx_kl: stats.approx_kl,
             greedy_p99_ms,
+            greedy_p99_ms_by_regime: evaluated
+                .as_ref()
+                .map(|(g, _)| g.by_regime.clone())
+                .unwrap_or_default(),
+            selection_score: evaluated.map(|(_, score)| score),
             wall_s: it_started.elapsed().as_secs_f64(),
         };
         eprintln!(
@@ -286,15 +354,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         curve.push(point);
     }
     if args.select_every > 0 {
-        let last = greedy(args.iterations, &policy)?;
-        selection.offer(args.iterations, last, || policy.clone());
+        let (g, last) = greedy(args.iterations, &policy)?;
+        selection.offer(args.iterations, last, || (policy.clone(), g.mean));
     }
     // No selection, or no checkpoint scored (every p99 NaN): the last.
-    let (selected_updates, selected_p99, mut policy) = match selection.best {
-        Some((updates, p99, chosen)) => (updates, Some(p99), chosen),
+    let (selected_updates, selected, mut policy) = match selection.best {
+        Some((updates, score, (chosen, p99))) => (updates, Some((score, p99)), chosen),
         None => (args.iterations, None, policy),
     };
+    let selected_p99 = selected.map(|(_, p99)| p99);
     let untrained_p99 = curve.first().and_then(|c| c.greedy_p99_ms);
+    let untrained_score = curve.first().and_then(|c| c.selection_score);
     let regime_list: Vec<&str> = regimes.iter().map(|r| r.as_str()).collect();
     policy.provenance.trained_with = format!(
         "grflow train-allocator: {} iterations, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
@@ -319,10 +389,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             ""
         },
-        match (selected_p99, untrained_p99) {
-            (Some(p), Some(u)) => format!(
+        match (
+            selected.map(|(score, _)| score),
+            untrained_score,
+            args.select_by
+        ) {
+            (Some(p), Some(u), SelectBy::Mean) => format!(
                 "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the training \
                  traces every {} iterations ({p:.4} ms; untrained {u:.4} ms)",
+                args.select_every
+            ),
+            (Some(p), Some(u), SelectBy::WorstRegime) => format!(
+                "checkpoint after {selected_updates} updates, chosen every {} iterations by the worst \
+                 regime's greedy mean p99 on the training traces over the untrained policy's (static α) \
+                 ({p:.4}; untrained {u:.4})",
                 args.select_every
             ),
             _ => "the last checkpoint".to_string(),
@@ -396,27 +476,37 @@ fn ppo_config(args: &Args) -> anyhow::Result<PpoConfig> {
 }
 
 /// Mean p99 (ms) of `policy` taken greedily (`ppo-only`, no sampling) over
-/// `traces`, each from the config's α: what a deployment of it would see.
+/// `traces`, each from the config's α (what a deployment of it would see),
+/// overall and per regime.
 fn greedy_p99(
     base: &grflow_pipeline::Config,
     traces: &[(String, u64, Arc<Trace>)],
     policy: &ActorCritic,
     work: &std::path::Path,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Greedy> {
     let path = work.join("greedy.safetensors");
     std::fs::write(&path, policy.to_safetensors())
         .with_context(|| format!("writing {}", path.display()))?;
-    let mut sum = 0.0;
-    for (_, _, trace) in traces {
+    let mut by_regime: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for (regime, _, trace) in traces {
         let mut cfg = base.clone();
         cfg.allocator.sample = false;
         cfg.allocator.policy_file = path.display().to_string();
         let out =
             grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
                 .context("greedy evaluation episode")?;
-        sum += out.summary.latency_ms.p99;
+        let e = by_regime.entry(regime.clone()).or_default();
+        e.0 += out.summary.latency_ms.p99;
+        e.1 += 1;
     }
-    Ok(sum / traces.len().max(1) as f64)
+    let total: f64 = by_regime.values().map(|(sum, _)| sum).sum();
+    Ok(Greedy {
+        mean: total / traces.len().max(1) as f64,
+        by_regime: by_regime
+            .into_iter()
+            .map(|(r, (sum, n))| (r, sum / n as f64))
+            .collect(),
+    })
 }
 
 /// A scratch directory beside `out` for the current policy of each
@@ -441,6 +531,41 @@ fn tempdir_for(out: &std::path::Path) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn greedy(mean: f64, by_regime: &[(&str, f64)]) -> Greedy {
+        Greedy {
+            mean,
+            by_regime: by_regime.iter().map(|(r, p)| (r.to_string(), *p)).collect(),
+        }
+    }
+
+    #[test]
+    fn worst_regime_scores_the_regime_that_lost_most_against_static_alpha() {
+        let untrained = greedy(0.05, &[("burst", 0.06), ("steady", 0.04), ("trend", 0.05)]);
+        // Burst 25% better, trend 10% worse: the mean improves, the worst
+        // regime does not.
+        let split = greedy(
+            0.047,
+            &[("burst", 0.045), ("steady", 0.04), ("trend", 0.055)],
+        );
+        assert!(
+            split.score(SelectBy::Mean, &untrained) < untrained.score(SelectBy::Mean, &untrained)
+        );
+        assert!((split.score(SelectBy::WorstRegime, &untrained) - 1.1).abs() < 1e-9);
+        assert_eq!(untrained.score(SelectBy::WorstRegime, &untrained), 1.0);
+        // Better everywhere scores under 1.
+        let better = greedy(
+            0.045,
+            &[("burst", 0.054), ("steady", 0.036), ("trend", 0.045)],
+        );
+        assert!((better.score(SelectBy::WorstRegime, &untrained) - 0.9).abs() < 1e-9);
+        // A regime the reference lacks, or a NaN p99, makes no score that
+        // selection could take (it never takes a NaN).
+        let odd = greedy(0.05, &[("burst", f64::NAN), ("steady", 0.04)]);
+        assert!(odd.score(SelectBy::WorstRegime, &untrained).is_nan());
+        let unknown = greedy(0.05, &[("paper", 0.01)]);
+        assert!(unknown.score(SelectBy::WorstRegime, &untrained).is_nan());
+    }
 
     #[test]
     fn selection_keeps_the_lowest_p99_and_the_earlier_on_ties() {
