@@ -424,7 +424,7 @@ fn write_report<R: Serialize>(
         let obj = v.as_object_mut().context("object")?;
         obj.remove("points");
         for (k, v) in obj.iter() {
-            println!("{k:<24} {v}");
+            println!("{k:<34} {v}");
         }
     }
     Ok(())
