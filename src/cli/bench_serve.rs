@@ -262,11 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  {capacity_rps_unbatched:.1} req/s; node.service_tokens_per_ms = {service_tokens_per_ms:.2}"
     );
     let gemm_unbatched = InPlace::of(&capacity);
-    eprintln!(
-        "  GEMMs in place {:.1} GFLOP/s per node, {:.0}% of the time",
-        gemm_unbatched.gflops,
-        gemm_unbatched.time_share * 1e2
-    );
+    eprintln!("  {gemm_unbatched}");
 
     let setup = Setup {
         preset: args.preset.clone(),
@@ -451,6 +447,17 @@ impl InPlace {
     }
 }
 
+impl std::fmt::Display for InPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GEMMs in place {:.1} GFLOP/s per node, {:.0}% of the time",
+            self.gflops,
+            self.time_share * 1e2
+        )
+    }
+}
+
 /// Batched capacity at `--speed max` with deep queues (and its GEMM rate in
 /// place), and the p50 of requests served one at a time far below capacity.
 fn capacity_batched_and_single(
@@ -465,11 +472,7 @@ fn capacity_batched_and_single(
     let deep = replay(trace, deep)?;
     let capacity_rps_batched = deep.throughput_rps;
     let gemm = InPlace::of(&deep);
-    eprintln!(
-        "  {capacity_rps_batched:.1} req/s; GEMMs in place {:.1} GFLOP/s per node, {:.0}% of the time",
-        gemm.gflops,
-        gemm.time_share * 1e2
-    );
+    eprintln!("  {capacity_rps_batched:.1} req/s; {gemm}");
 
     // One request at a time: the first requests of the trace offered far
     // below capacity (few of them, so that a slow model stays quick).

@@ -117,23 +117,22 @@ impl Greedy {
     /// The score selection minimises: the mean p99, or the worst regime's
     /// p99 over `untrained`'s in that regime.
     fn score(&self, by: SelectBy, untrained: &Greedy) -> f64 {
-        match by {
-            SelectBy::Mean => self.mean,
-            SelectBy::WorstRegime => self
-                .by_regime
-                .iter()
-                .map(|(regime, p99)| match untrained.by_regime.get(regime) {
-                    Some(&u) if u > 0.0 => p99 / u,
-                    _ => f64::NAN,
-                })
-                .fold(f64::NEG_INFINITY, |worst, r| {
-                    if r.is_nan() || worst.is_nan() {
-                        f64::NAN
-                    } else {
-                        worst.max(r)
-                    }
-                }),
+        if by == SelectBy::Mean {
+            return self.mean;
         }
+        // NaN (never selected) when a regime has no reference or no p99.
+        let mut worst = f64::NEG_INFINITY;
+        for (regime, p99) in &self.by_regime {
+            let ratio = match untrained.by_regime.get(regime) {
+                Some(&u) if u > 0.0 => p99 / u,
+                _ => return f64::NAN,
+            };
+            if ratio.is_nan() {
+                return f64::NAN;
+            }
+            worst = worst.max(ratio);
+        }
+        worst
     }
 }
 
