@@ -51,6 +51,10 @@ fn bench_serve_smoke_reports_goodput_of_both_modes_and_writes_the_plot() {
         assert!(rate > 0.0 && share > 0.0 && share < 1.0, "{mode}: {v}");
     }
     assert!(v["gemm_gflops_in_place_at_goodput"].as_f64().unwrap() > 0.0);
+    // Batching serves the same FLOPs in fewer, larger products.
+    let size = |mode: &str| v[format!("gemm_mflop_per_call_{mode}")].as_f64().unwrap();
+    assert!(size("unbatched") > 0.0, "{v}");
+    assert!(size("batched") > size("unbatched"), "{v}");
     assert_eq!(v["lanes"].as_u64(), Some(2));
     assert!(v["capacity_rps_one_worker_lanes"].as_f64().unwrap() > 0.0);
     let points = v["points"].as_array().unwrap();

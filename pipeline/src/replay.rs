@@ -442,6 +442,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 model_gflop: c.model_flops / 1e9,
                 gemm_gflop: c.gemm_flops / 1e9,
                 gemm_s: c.gemm_ns as f64 / 1e9,
+                gemm_calls: c.gemm_calls,
                 computed_tokens: c.computed_tokens,
                 model_calls: c.model_calls,
                 batch_size_hist: c.batch_size_hist.clone(),

@@ -170,6 +170,10 @@ pub struct NodeSummary {
     pub gemm_gflop: f64,
     #[serde(default)]
     pub gemm_s: f64,
+    /// GEMM calls behind `gemm_gflop` (`gemm_gflop / gemm_calls`: the mean
+    /// product's size).
+    #[serde(default)]
+    pub gemm_calls: u64,
     /// Tokens computed (cached history excluded): with busy_share, the
     /// node's measured service rate (calibrates node.service_tokens_per_ms).
     #[serde(default)]

@@ -48,7 +48,7 @@ fn gemm_work_is_counted_on_the_node_with_its_lanes_and_not_in_virtual_time() {
             n.gemm_gflop,
             n.model_gflop
         );
-        assert!(n.gemm_s > 0.0, "{lanes} lanes: {n:?}");
+        assert!(n.gemm_s > 0.0 && n.gemm_calls > 0, "{lanes} lanes: {n:?}");
     }
     // Split over two lanes the same requests run about the same products:
     // the second lane's share is not lost.
@@ -56,5 +56,9 @@ fn gemm_work_is_counted_on_the_node_with_its_lanes_and_not_in_virtual_time() {
     assert!((0.8..1.25).contains(&ratio), "two lanes / one: {ratio}");
 
     let virt = node(&trace, 1, Clock::Virtual);
-    assert_eq!((virt.gemm_gflop, virt.gemm_s), (0.0, 0.0), "{virt:?}");
+    assert_eq!(
+        (virt.gemm_gflop, virt.gemm_s, virt.gemm_calls),
+        (0.0, 0.0, 0),
+        "{virt:?}"
+    );
 }

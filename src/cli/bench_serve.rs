@@ -154,6 +154,10 @@ struct ServeBench {
     /// capacity runs.
     gemm_time_share_unbatched: f64,
     gemm_time_share_batched: f64,
+    /// Mean size of one GEMM (MFLOP per call) in the two capacity runs:
+    /// batching makes the products larger, not fewer FLOPs per request.
+    gemm_mflop_per_call_unbatched: f64,
+    gemm_mflop_per_call_batched: f64,
     /// Requests per model call at batched goodput: 1, 2, 3–4, 5–8, 9–16,
     /// 17–32, 33–64, 65+.
     batch_size_hist: Vec<u64>,
@@ -383,6 +387,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         gemm_gflops_in_place_at_goodput: gemm_at_goodput.gflops,
         gemm_time_share_unbatched: gemm_unbatched.time_share,
         gemm_time_share_batched: gemm_batched.time_share,
+        gemm_mflop_per_call_unbatched: gemm_unbatched.mflop_per_call,
+        gemm_mflop_per_call_batched: gemm_batched.mflop_per_call,
         batch_size_hist,
         queue_wait_hist,
         lanes: args.lanes,
@@ -433,16 +439,24 @@ struct InPlace {
     /// Per node: FLOPs the products ran over the time inside them.
     gflops: f64,
     time_share: f64,
+    /// Mean FLOPs of one product (MFLOP).
+    mflop_per_call: f64,
 }
 
 impl InPlace {
     fn of(s: &Summary) -> Self {
         let flop: f64 = s.nodes.iter().map(|n| n.gemm_gflop).sum();
         let secs: f64 = s.nodes.iter().map(|n| n.gemm_s).sum();
+        let calls: u64 = s.nodes.iter().map(|n| n.gemm_calls).sum();
         let wall = s.wall_s * s.nodes.len() as f64;
         Self {
             gflops: if secs > 0.0 { flop / secs } else { 0.0 },
             time_share: if wall > 0.0 { secs / wall } else { 0.0 },
+            mflop_per_call: if calls > 0 {
+                flop * 1e3 / calls as f64
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -451,9 +465,10 @@ impl std::fmt::Display for InPlace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "GEMMs in place {:.1} GFLOP/s per node, {:.0}% of the time",
+            "GEMMs in place {:.1} GFLOP/s per node, {:.0}% of the time, {:.1} MFLOP per call",
             self.gflops,
-            self.time_share * 1e2
+            self.time_share * 1e2,
+            self.mflop_per_call
         )
     }
 }

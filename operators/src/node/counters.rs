@@ -58,6 +58,10 @@ pub struct NodeCounters {
     pub gemm_flops: f64,
     #[serde(default)]
     pub gemm_ns: u64,
+    /// GEMM calls behind `gemm_flops`: their mean size shows what batching
+    /// changes (larger products, the same FLOPs per request).
+    #[serde(default)]
+    pub gemm_calls: u64,
 }
 
 /// Upper bounds of the batch-size buckets (requests per model call); the
@@ -94,6 +98,7 @@ impl ServingNode {
     pub fn count_gemm(&mut self, done: grflow_kernels::GemmTally) {
         self.counters.gemm_flops += done.flop;
         self.counters.gemm_ns += done.nanos;
+        self.counters.gemm_calls += done.calls;
     }
 
     /// A request waited `ms` (wall time) from admission to its batch.
