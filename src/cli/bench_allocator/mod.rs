@@ -12,6 +12,9 @@
 //! histories (they are truncated, so the answers change) is never
 //! kv-emb-opt's pick, an epoch's best, nor α*.
 
+mod plots;
+mod report;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,14 +23,17 @@ use anyhow::Context;
 use grflow_kernels::bench::gemm_peak_gflops;
 use grflow_kernels::cost::machine_name;
 use grflow_operators::allocator::AllocatorPolicy;
-use grflow_operators::allocator::oracle::{OracleEpoch, OracleSummary, std_dev};
-use grflow_pipeline::plot::{LineChart, Series};
+use grflow_operators::allocator::oracle::std_dev;
 use grflow_pipeline::replay::ReplayOutput;
 use grflow_pipeline::{Clock, Config, ReleaseSetting, ReplayOptions, TraceInput};
 use grflow_traces::{Regime, Trace};
-use serde::Serialize;
 
-use super::InputError;
+use crate::cli::InputError;
+use plots::Plots;
+use report::{
+    Header, NodeSweep, Report, Row, SeedReport, SeedsReport, SweepPoint, kv_reclaims, mean_rows,
+    print_means, print_table,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -95,252 +101,6 @@ pub struct Args {
     pub out: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct Row {
-    regime: String,
-    policy: String,
-    /// α the run started at (kv-emb-opt: the sweep's best on the training
-    /// seeds; the `-node` rows: the mean of `node_alpha`).
-    alpha_start: f64,
-    /// The per-node split the run held (kv-emb-opt-node) or started from
-    /// (ppo-only-node, smart-node).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    node_alpha: Option<Vec<f64>>,
-    p99_ms: f64,
-    p50_ms: f64,
-    slo_satisfaction: f64,
-    alpha_moves: u64,
-    decision_us_mean: f64,
-    decision_us_p99: f64,
-    /// 1 − p99 / p99 of kv-emb-opt (positive: lower p99).
-    p99_reduction_vs_kv_emb_opt: Option<f64>,
-    /// Mean |α − α*| over node-epochs (the oracle's; `None` without it).
-    oracle_gap: Option<f64>,
-    /// Mean over node-epochs of the replayed P99 at the run's α minus the
-    /// P99 at α*.
-    p99_regret_ms: Option<f64>,
-    /// Std of α* over epochs (per node, averaged over nodes).
-    alpha_star_std: Option<f64>,
-    /// The gap of the best constant α in hindsight (per node the median
-    /// α* of this run): the gap left when α* is jitter around a level.
-    oracle_gap_best_constant: Option<f64>,
-    /// The gap of a controller that knew the previous epoch's α* exactly.
-    oracle_gap_previous_star: Option<f64>,
-    /// Node-epochs the oracle evaluated.
-    oracle_epochs: u64,
-    /// Requests served with a shortened history because the policy left
-    /// too little KV share to hold it: such a run's P99 is lower because
-    /// its answers use less of the history, so it does not compare with
-    /// runs at 0.
-    truncated_histories: u64,
-    /// Requests that got no answer (a run that drops requests has a lower
-    /// P99 for it: not comparable).
-    failed_requests: u64,
-    /// Requests that did not fit the KV share alone, served after the node
-    /// took pages back from EMB (α lowered on demand).
-    kv_reclaims: u64,
-}
-
-impl Row {
-    /// The row of one policy's run on the bench trace; `reference` is
-    /// `kv-emb-opt`'s P99 when it ran first.
-    fn of(
-        regime: &str,
-        label: &str,
-        policy: AllocatorPolicy,
-        alpha: f64,
-        node_alpha: Option<Vec<f64>>,
-        out: &ReplayOutput,
-        reference: Option<f64>,
-    ) -> Self {
-        let oracle = OracleSummary::of(&out.oracle);
-        let s = &out.summary;
-        let alloc = s.allocator.as_ref();
-        Row {
-            regime: regime.into(),
-            policy: label.into(),
-            alpha_start: if policy == AllocatorPolicy::KvOpt {
-                0.0
-            } else {
-                alpha
-            },
-            node_alpha,
-            p99_ms: s.latency_ms.p99,
-            p50_ms: s.latency_ms.p50,
-            slo_satisfaction: s.slo_satisfaction,
-            alpha_moves: alloc.map_or(0, |a| a.alpha_moves),
-            decision_us_mean: alloc.map_or(0.0, |a| a.decision_us_mean),
-            decision_us_p99: alloc.map_or(0.0, |a| a.decision_us_p99),
-            p99_reduction_vs_kv_emb_opt: reference.map(|r| 1.0 - s.latency_ms.p99 / r.max(1e-9)),
-            oracle_gap: oracle.as_ref().map(|o| o.gap),
-            p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
-            alpha_star_std: oracle.as_ref().map(|o| o.alpha_star_std),
-            oracle_gap_best_constant: oracle.as_ref().map(|o| o.gap_best_constant),
-            oracle_gap_previous_star: oracle.as_ref().and_then(|o| o.gap_previous_star),
-            oracle_epochs: out.oracle.len() as u64,
-            truncated_histories: s.truncated_histories,
-            failed_requests: s.errors,
-            kv_reclaims: kv_reclaims(s),
-        }
-    }
-
-    /// The progress line of the run, which took `wall_s`.
-    fn line(&self, wall_s: f64) -> String {
-        format!(
-            "{} {:>10}: p99 {:.4} ms, SLO {:.1}%, alpha moves {}, KV reclaims {}{}{}{} ({wall_s:.0} s)",
-            self.regime,
-            self.policy,
-            self.p99_ms,
-            self.slo_satisfaction * 100.0,
-            self.alpha_moves,
-            self.kv_reclaims,
-            if self.failed_requests > 0 {
-                format!(
-                    ", {} failed requests (not comparable)",
-                    self.failed_requests
-                )
-            } else {
-                String::new()
-            },
-            if self.truncated_histories > 0 {
-                format!(
-                    ", {} truncated histories (answers changed: not comparable)",
-                    self.truncated_histories
-                )
-            } else {
-                String::new()
-            },
-            match (
-                self.oracle_gap,
-                self.oracle_gap_best_constant,
-                self.p99_regret_ms,
-                self.alpha_star_std
-            ) {
-                (Some(gap), Some(constant), Some(regret), Some(std)) => format!(
-                    ", oracle gap {gap:.3} (best constant {constant:.3}), p99 regret {regret:.3} ms, \
-                     alpha* std {std:.3}"
-                ),
-                _ => String::new(),
-            },
-        )
-    }
-}
-
-#[derive(Debug, Serialize)]
-struct SweepPoint {
-    regime: String,
-    alpha: f64,
-    p99_ms: f64,
-    /// Mean over the training seeds.
-    train_p99_ms: f64,
-    /// Requests served with a shortened history (past the model's positions
-    /// or half the pool, whatever α; such a run's answers differ, so
-    /// kv-emb-opt never picks it).
-    truncated_histories: u64,
-    /// Times a request took pages back from EMB because the KV share could
-    /// not hold it: α went down on demand, so a high static α does not stay
-    /// where it was set.
-    kv_reclaims: u64,
-}
-
-/// What every report of the bench starts with.
-#[derive(Debug, Serialize)]
-struct Header {
-    clock: &'static str,
-    preset: String,
-    /// The machine the cost model was fitted on, and its GEMM rate: every
-    /// figure of the virtual clock (P99, SLO, α) depends on these only.
-    machine: String,
-    gemm_gflops: f64,
-    /// The machine this bench ran on and its GEMM rate, measured after the
-    /// runs: the wall-clock figures (`decision_us_*`, `wall_s`) are its.
-    host_machine: String,
-    host_gemm_gflops: f64,
-    slo_ms: f64,
-    /// The PPO policy of the `ppo-only` and `smart` rows.
-    policy_file: Option<String>,
-    requests_per_run: u64,
-    /// Training traces of the sweeps: seeds seed + 1 … seed + this.
-    train_seeds: u64,
-    /// The oracle's α grid step (`None`: not run).
-    oracle_step: Option<f64>,
-}
-
-/// One bench seed's runs.
-#[derive(Debug, Serialize)]
-struct SeedReport {
-    seed: u64,
-    rows: Vec<Row>,
-    sweep: Vec<SweepPoint>,
-    /// Per regime: the std over epochs of the per-epoch best static α.
-    sweep_alpha_star_std: BTreeMap<String, f64>,
-    /// Per regime (`--node-sweep`): the per-node split kv-emb-opt-node holds.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    node_sweep: BTreeMap<String, NodeSweep>,
-    wall_s: f64,
-}
-
-/// `--seed` (one seed): the header and that seed's runs, side by side.
-#[derive(Debug, Serialize)]
-struct Report {
-    #[serde(flatten)]
-    header: Header,
-    #[serde(flatten)]
-    seed: SeedReport,
-}
-
-/// `--seeds`: every seed's runs and their means.
-#[derive(Debug, Serialize)]
-struct SeedsReport {
-    #[serde(flatten)]
-    header: Header,
-    seeds: Vec<u64>,
-    /// Per regime and policy, over the seeds.
-    mean: Vec<MeanRow>,
-    per_seed: Vec<SeedReport>,
-    wall_s: f64,
-}
-
-/// One (regime, policy) over the seeds of a `--seeds` run.
-#[derive(Debug, Serialize)]
-struct MeanRow {
-    regime: String,
-    policy: String,
-    /// Seeds that ran it.
-    seeds: usize,
-    p99_ms_mean: f64,
-    /// Over the seeds whose run had a kv-emb-opt row (`--sweep`).
-    p99_reduction_vs_kv_emb_opt_mean: Option<f64>,
-    p99_reduction_vs_kv_emb_opt_min: Option<f64>,
-    p99_reduction_vs_kv_emb_opt_max: Option<f64>,
-    /// Seeds on which its P99 was below `static`'s (not for `static`).
-    seeds_below_static: Option<usize>,
-    slo_satisfaction_min: f64,
-    decision_us_p99_max: f64,
-    oracle_gap_mean: Option<f64>,
-}
-
-#[derive(Debug, Serialize)]
-struct NodeSweep {
-    /// One α per node, node 0 first: paste as `memory.node_alpha`.
-    node_alpha: Vec<f64>,
-    /// Its mean P99 on the training seeds, against the best single α's.
-    train_p99_ms: f64,
-    train_p99_ms_single_alpha: f64,
-    /// Splits scored (each one replay per training seed).
-    evaluations: usize,
-    /// `grid` (every split) or `coordinate descent` (`rounds` of it).
-    method: &'static str,
-    rounds: usize,
-}
-
-impl NodeSweep {
-    /// The rows' `alpha_start` for a run from this split.
-    fn mean_alpha(&self) -> f64 {
-        self.node_alpha.iter().sum::<f64>() / self.node_alpha.len() as f64
-    }
 }
 
 /// The most splits `--node-sweep` scores one by one (two nodes: 121).
@@ -662,56 +422,6 @@ impl Bench {
     }
 }
 
-/// Per (regime, policy), in the order the rows came, the figures over
-/// every seed that ran it.
-fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
-    let mut keys: Vec<(&str, &str)> = Vec::new();
-    for r in per_seed.iter().flat_map(|s| &s.rows) {
-        if !keys.contains(&(r.regime.as_str(), r.policy.as_str())) {
-            keys.push((r.regime.as_str(), r.policy.as_str()));
-        }
-    }
-    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-    keys.into_iter()
-        .map(|(regime, policy)| {
-            let mut p99 = Vec::new();
-            let mut reductions = Vec::new();
-            let mut gaps = Vec::new();
-            let mut slo_min = f64::INFINITY;
-            let mut decision_max: f64 = 0.0;
-            let mut below_static = 0;
-            let mut with_static = 0;
-            for s in per_seed {
-                let find = |p: &str| s.rows.iter().find(|r| r.regime == regime && r.policy == p);
-                let Some(r) = find(policy) else { continue };
-                p99.push(r.p99_ms);
-                reductions.extend(r.p99_reduction_vs_kv_emb_opt);
-                gaps.extend(r.oracle_gap);
-                slo_min = slo_min.min(r.slo_satisfaction);
-                decision_max = decision_max.max(r.decision_us_p99);
-                if let Some(st) = find("static") {
-                    with_static += 1;
-                    below_static += usize::from(r.p99_ms < st.p99_ms);
-                }
-            }
-            let bound = |f: fn(f64, f64) -> f64| reductions.iter().copied().reduce(f);
-            MeanRow {
-                regime: regime.into(),
-                policy: policy.into(),
-                seeds: p99.len(),
-                p99_ms_mean: mean(&p99).unwrap_or(0.0),
-                p99_reduction_vs_kv_emb_opt_mean: mean(&reductions),
-                p99_reduction_vs_kv_emb_opt_min: bound(f64::min),
-                p99_reduction_vs_kv_emb_opt_max: bound(f64::max),
-                seeds_below_static: (policy != "static" && with_static > 0).then_some(below_static),
-                slo_satisfaction_min: slo_min,
-                decision_us_p99_max: decision_max,
-                oracle_gap_mean: mean(&gaps),
-            }
-        })
-        .collect()
-}
-
 /// The learned rows' policy: `--policy`, else the config's
 /// `allocator.policy_file` when it exists (the embedded default's is the
 /// shipped policy). Read now, so that a file that is not a policy is the
@@ -742,99 +452,6 @@ fn policy_file(
         base.allocator.policy_file = p.display().to_string();
     }
     Ok(file)
-}
-
-/// One seed's runs as a table on stdout (without `--json`).
-fn print_table(header: &Header, report: &SeedReport) {
-    println!(
-        "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6} {:>7} {:>9} {:>10} {:>8}",
-        "regime",
-        "policy",
-        "alpha0",
-        "p99 ms",
-        "SLO %",
-        "moves",
-        "gap",
-        "gap const",
-        "regret ms",
-        "a* std"
-    );
-    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
-    for r in &report.rows {
-        println!(
-            "{:<8} {:<11} {:>6.2} {:>9.4} {:>7.1} {:>6} {:>7} {:>9} {:>10} {:>8}",
-            r.regime,
-            r.policy,
-            r.alpha_start,
-            r.p99_ms,
-            r.slo_satisfaction * 100.0,
-            r.alpha_moves,
-            opt(r.oracle_gap),
-            opt(r.oracle_gap_best_constant),
-            opt(r.p99_regret_ms),
-            opt(r.alpha_star_std)
-        );
-    }
-    for (regime, std) in &report.sweep_alpha_star_std {
-        println!("{regime}: per-epoch best static alpha, std over epochs {std:.3}");
-    }
-    for (regime, s) in &report.node_sweep {
-        println!(
-            "{regime}: best per-node split on the training seeds: node_alpha = {:?}",
-            s.node_alpha
-        );
-    }
-    println!(
-        "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM {:.1} GFLOP/s), {:.0} s",
-        header.machine,
-        header.gemm_gflops,
-        header.host_machine,
-        header.host_gemm_gflops,
-        report.wall_s
-    );
-}
-
-/// The means over the seeds as a table on stdout (without `--json`).
-fn print_means(report: &SeedsReport) {
-    let seeds: Vec<String> = report.seeds.iter().map(u64::to_string).collect();
-    println!("mean over seeds {}:", seeds.join(", "));
-    println!(
-        "{:<8} {:<15} {:>10} {:>22} {:>13} {:>9} {:>8}",
-        "regime", "policy", "p99 ms", "under kv-emb-opt", "below static", "SLO min", "gap"
-    );
-    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0));
-    for m in &report.mean {
-        let under = match m.p99_reduction_vs_kv_emb_opt_mean {
-            Some(_) => format!(
-                "{} ({} to {})",
-                pct(m.p99_reduction_vs_kv_emb_opt_mean),
-                pct(m.p99_reduction_vs_kv_emb_opt_min),
-                pct(m.p99_reduction_vs_kv_emb_opt_max)
-            ),
-            None => "-".into(),
-        };
-        let below = m
-            .seeds_below_static
-            .map_or("-".to_string(), |n| format!("{n} of {}", m.seeds));
-        println!(
-            "{:<8} {:<15} {:>10.4} {:>22} {:>13} {:>8.1}% {:>8}",
-            m.regime,
-            m.policy,
-            m.p99_ms_mean,
-            under,
-            below,
-            m.slo_satisfaction_min * 100.0,
-            m.oracle_gap_mean
-                .map_or("-".to_string(), |g| format!("{g:.3}"))
-        );
-    }
-    println!(
-        "{} seeds in {:.0} s on {} (GEMM {:.1} GFLOP/s)",
-        report.seeds.len(),
-        report.wall_s,
-        report.header.host_machine,
-        report.header.host_gemm_gflops
-    );
 }
 
 /// The per-node static split with the lowest mean P99 on the training
@@ -885,12 +502,6 @@ pub(crate) fn regimes(list: &str) -> anyhow::Result<Vec<Regime>> {
         .map(|r| r.trim().parse::<Regime>())
         .collect::<Result<_, _>>()
         .map_err(InputError::from_display)
-}
-
-/// Pages taken back from EMB for requests the KV share could not hold, over
-/// every node of a run.
-fn kv_reclaims(s: &grflow_pipeline::Summary) -> u64 {
-    s.nodes.iter().map(|n| n.kv_reclaims).sum()
 }
 
 /// The config every allocator run starts from: `config` (or the embedded
@@ -967,172 +578,16 @@ fn per_epoch_best_std(runs: &[(f64, ReplayOutput)]) -> f64 {
     std_dev(&best)
 }
 
-/// The bench's pictures, gathered as the runs finish.
-#[derive(Default)]
-struct Plots {
-    /// Per regime: α over time of each policy that moves it and α* of
-    /// each node (from `smart`'s run, else `pid`'s).
-    alpha: BTreeMap<String, LineChart>,
-    /// Per regime: P99 per window (mean over nodes) of every policy.
-    p99: BTreeMap<String, LineChart>,
-    sweep: Option<LineChart>,
-    /// Per regime and policy: the oracle's verdict on every node-epoch.
-    oracle: BTreeMap<String, BTreeMap<String, Vec<OracleEpoch>>>,
-}
-
-/// `(node, event ms, value)` as one line per node, named by `name(node)`,
-/// in node order, its points in time order, x in seconds.
-fn per_node(
-    points: impl Iterator<Item = (u32, u64, f64)>,
-    name: impl Fn(u32) -> String,
-) -> Vec<Series> {
-    let mut by_node: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-    for (node, ms, v) in points {
-        by_node.entry(node).or_default().push((ms as f64 / 1e3, v));
-    }
-    by_node
-        .into_iter()
-        .map(|(node, mut points)| {
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            Series {
-                name: name(node),
-                points,
-            }
-        })
-        .collect()
-}
-
-impl Plots {
-    fn policy_run(&mut self, regime: &str, policy: &str, out: &ReplayOutput) {
-        let mean_by_window = |f: fn(&grflow_connectors::WindowRow) -> f64| {
-            let mut by: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-            for w in &out.windows {
-                let e = by.entry(w.window_start_ms).or_default();
-                e.0 += f(w);
-                e.1 += 1.0;
-            }
-            by.into_iter()
-                .map(|(t, (sum, n))| (t as f64 / 1e3, sum / n))
-                .collect::<Vec<_>>()
-        };
-        if !out.oracle.is_empty() {
-            self.oracle
-                .entry(regime.into())
-                .or_default()
-                .insert(policy.into(), out.oracle.clone());
-        }
-        let p99 = self.p99.entry(regime.into()).or_insert_with(|| LineChart {
-            title: format!("{regime}: P99 per window (mean over nodes)"),
-            x_label: "event time (s)".into(),
-            y_label: "P99 (ms)".into(),
-            ..LineChart::default()
-        });
-        p99.series.push(Series {
-            name: policy.into(),
-            points: mean_by_window(|w| w.p99_ms),
-        });
-        let with_oracle = !out.oracle.is_empty();
-        let chart = self
-            .alpha
-            .entry(regime.into())
-            .or_insert_with(|| LineChart {
-                title: if with_oracle {
-                    format!("{regime}: alpha per epoch and node against the oracle alpha*")
-                } else {
-                    format!("{regime}: alpha per epoch and node")
-                },
-                x_label: "event time (s)".into(),
-                y_label: "alpha (EMB share)".into(),
-                y_range: Some((0.0, 1.0)),
-                ..LineChart::default()
-            });
-        if !matches!(policy, "static" | "kv-opt" | "kv-emb-opt") {
-            // Per node, not the mean: a learned policy's gain on allocator-tight
-            // is the two nodes' α moving apart, which a mean hides.
-            let windows = out.windows.iter();
-            chart.series.extend(per_node(
-                windows.map(|w| (w.node, w.window_start_ms, w.alpha)),
-                |node| format!("{policy} node {node}"),
-            ));
-        }
-        if policy == "smart" || (policy == "pid" && with_oracle) {
-            chart.series.retain(|s| !s.name.starts_with("alpha* "));
-            let epochs = out.oracle.iter();
-            chart.series.extend(per_node(
-                epochs.map(|e| (e.node, e.epoch_start_ms, e.alpha_star)),
-                |node| format!("alpha* node {node} ({policy})"),
-            ));
-        }
-    }
-
-    fn sweep(&mut self, regime: &str, runs: &[(f64, ReplayOutput)]) {
-        let chart = self.sweep.get_or_insert_with(|| LineChart {
-            title: "static alpha sweep: P99 against alpha".into(),
-            x_label: "alpha (EMB share)".into(),
-            y_label: "P99 (ms)".into(),
-            markers: true,
-            ..LineChart::default()
-        });
-        chart.series.push(Series {
-            name: regime.into(),
-            points: runs
-                .iter()
-                .filter(|(_, o)| o.summary.truncated_histories == 0)
-                .map(|(a, o)| (*a, o.summary.latency_ms.p99))
-                .collect(),
-        });
-    }
-
-    fn write(&self, dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut charts: Vec<(String, &LineChart)> = Vec::new();
-        for (regime, c) in &self.alpha {
-            charts.push((format!("alpha-{regime}.svg"), c));
-        }
-        for (regime, c) in &self.p99 {
-            charts.push((format!("p99-{regime}.svg"), c));
-        }
-        if let Some(c) = &self.sweep {
-            charts.push(("sweep.svg".into(), c));
-        }
-        let mut paths = Vec::new();
-        for (file, chart) in charts {
-            let path = dir.join(file);
-            std::fs::write(&path, chart.to_svg())
-                .with_context(|| format!("writing {}", path.display()))?;
-            paths.push(path);
-        }
-        // The numbers behind the α plots, for whoever audits the gap.
-        for (regime, by_policy) in &self.oracle {
-            let path = dir.join(format!("oracle-{regime}.json"));
-            std::fs::write(&path, serde_json::to_string_pretty(by_policy)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-            paths.push(path);
-        }
-        Ok(paths)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::per_node;
+    use super::seed_list;
 
     #[test]
-    fn per_node_lines_are_split_by_node_in_time_order_in_seconds() {
-        let lines = per_node(
-            [
-                (1, 10_000, 0.5),
-                (0, 5_000, 0.2),
-                (1, 5_000, 0.4),
-                (0, 0, 0.25),
-            ]
-            .into_iter(),
-            |node| format!("n{node}"),
-        );
-        assert_eq!(lines.len(), 2);
-        assert_eq!(lines[0].name, "n0");
-        assert_eq!(lines[0].points, vec![(0.0, 0.25), (5.0, 0.2)]);
-        assert_eq!(lines[1].name, "n1");
-        assert_eq!(lines[1].points, vec![(5.0, 0.4), (10.0, 0.5)]);
+    fn seed_lists_parse_in_order_and_name_the_bad_item() {
+        assert_eq!(seed_list("42, 44,46").unwrap(), vec![42, 44, 46]);
+        let bad = seed_list("42,x").unwrap_err().to_string();
+        assert!(bad.contains("item 2") && bad.contains("\"x\""), "{bad}");
+        let twice = seed_list("42,44,42").unwrap_err().to_string();
+        assert!(twice.contains("seed 42 is given twice"), "{twice}");
     }
 }

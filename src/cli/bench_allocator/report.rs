@@ -1,0 +1,493 @@
+//! What `grflow bench allocator` reports: one row per (regime, policy) run,
+//! the sweep's points, per-seed and over-seeds reports, and their tables.
+
+use std::collections::BTreeMap;
+
+use grflow_operators::allocator::AllocatorPolicy;
+use grflow_operators::allocator::oracle::OracleSummary;
+use grflow_pipeline::replay::ReplayOutput;
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub(super) struct Row {
+    pub(super) regime: String,
+    pub(super) policy: String,
+    /// α the run started at (kv-emb-opt: the sweep's best on the training
+    /// seeds; the `-node` rows: the mean of `node_alpha`).
+    pub(super) alpha_start: f64,
+    /// The per-node split the run held (kv-emb-opt-node) or started from
+    /// (ppo-only-node, smart-node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) node_alpha: Option<Vec<f64>>,
+    pub(super) p99_ms: f64,
+    pub(super) p50_ms: f64,
+    pub(super) slo_satisfaction: f64,
+    pub(super) alpha_moves: u64,
+    pub(super) decision_us_mean: f64,
+    pub(super) decision_us_p99: f64,
+    /// 1 − p99 / p99 of kv-emb-opt (positive: lower p99).
+    pub(super) p99_reduction_vs_kv_emb_opt: Option<f64>,
+    /// Mean |α − α*| over node-epochs (the oracle's; `None` without it).
+    pub(super) oracle_gap: Option<f64>,
+    /// Mean over node-epochs of the replayed P99 at the run's α minus the
+    /// P99 at α*.
+    pub(super) p99_regret_ms: Option<f64>,
+    /// Std of α* over epochs (per node, averaged over nodes).
+    pub(super) alpha_star_std: Option<f64>,
+    /// The gap of the best constant α in hindsight (per node the median
+    /// α* of this run): the gap left when α* is jitter around a level.
+    pub(super) oracle_gap_best_constant: Option<f64>,
+    /// The gap of a controller that knew the previous epoch's α* exactly.
+    pub(super) oracle_gap_previous_star: Option<f64>,
+    /// Node-epochs the oracle evaluated.
+    pub(super) oracle_epochs: u64,
+    /// Requests served with a shortened history because the policy left
+    /// too little KV share to hold it: such a run's P99 is lower because
+    /// its answers use less of the history, so it does not compare with
+    /// runs at 0.
+    pub(super) truncated_histories: u64,
+    /// Requests that got no answer (a run that drops requests has a lower
+    /// P99 for it: not comparable).
+    pub(super) failed_requests: u64,
+    /// Requests that did not fit the KV share alone, served after the node
+    /// took pages back from EMB (α lowered on demand).
+    pub(super) kv_reclaims: u64,
+}
+
+impl Row {
+    /// The row of one policy's run on the bench trace; `reference` is
+    /// `kv-emb-opt`'s P99 when it ran first.
+    pub(super) fn of(
+        regime: &str,
+        label: &str,
+        policy: AllocatorPolicy,
+        alpha: f64,
+        node_alpha: Option<Vec<f64>>,
+        out: &ReplayOutput,
+        reference: Option<f64>,
+    ) -> Self {
+        let oracle = OracleSummary::of(&out.oracle);
+        let s = &out.summary;
+        let alloc = s.allocator.as_ref();
+        Row {
+            regime: regime.into(),
+            policy: label.into(),
+            alpha_start: if policy == AllocatorPolicy::KvOpt {
+                0.0
+            } else {
+                alpha
+            },
+            node_alpha,
+            p99_ms: s.latency_ms.p99,
+            p50_ms: s.latency_ms.p50,
+            slo_satisfaction: s.slo_satisfaction,
+            alpha_moves: alloc.map_or(0, |a| a.alpha_moves),
+            decision_us_mean: alloc.map_or(0.0, |a| a.decision_us_mean),
+            decision_us_p99: alloc.map_or(0.0, |a| a.decision_us_p99),
+            p99_reduction_vs_kv_emb_opt: reference.map(|r| 1.0 - s.latency_ms.p99 / r.max(1e-9)),
+            oracle_gap: oracle.as_ref().map(|o| o.gap),
+            p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
+            alpha_star_std: oracle.as_ref().map(|o| o.alpha_star_std),
+            oracle_gap_best_constant: oracle.as_ref().map(|o| o.gap_best_constant),
+            oracle_gap_previous_star: oracle.as_ref().and_then(|o| o.gap_previous_star),
+            oracle_epochs: out.oracle.len() as u64,
+            truncated_histories: s.truncated_histories,
+            failed_requests: s.errors,
+            kv_reclaims: kv_reclaims(s),
+        }
+    }
+
+    /// The progress line of the run, which took `wall_s`.
+    pub(super) fn line(&self, wall_s: f64) -> String {
+        format!(
+            "{} {:>10}: p99 {:.4} ms, SLO {:.1}%, alpha moves {}, KV reclaims {}{}{}{} ({wall_s:.0} s)",
+            self.regime,
+            self.policy,
+            self.p99_ms,
+            self.slo_satisfaction * 100.0,
+            self.alpha_moves,
+            self.kv_reclaims,
+            if self.failed_requests > 0 {
+                format!(
+                    ", {} failed requests (not comparable)",
+                    self.failed_requests
+                )
+            } else {
+                String::new()
+            },
+            if self.truncated_histories > 0 {
+                format!(
+                    ", {} truncated histories (answers changed: not comparable)",
+                    self.truncated_histories
+                )
+            } else {
+                String::new()
+            },
+            match (
+                self.oracle_gap,
+                self.oracle_gap_best_constant,
+                self.p99_regret_ms,
+                self.alpha_star_std
+            ) {
+                (Some(gap), Some(constant), Some(regret), Some(std)) => format!(
+                    ", oracle gap {gap:.3} (best constant {constant:.3}), p99 regret {regret:.3} ms, \
+                     alpha* std {std:.3}"
+                ),
+                _ => String::new(),
+            },
+        )
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct SweepPoint {
+    pub(super) regime: String,
+    pub(super) alpha: f64,
+    pub(super) p99_ms: f64,
+    /// Mean over the training seeds.
+    pub(super) train_p99_ms: f64,
+    /// Requests served with a shortened history (past the model's positions
+    /// or half the pool, whatever α; such a run's answers differ, so
+    /// kv-emb-opt never picks it).
+    pub(super) truncated_histories: u64,
+    /// Times a request took pages back from EMB because the KV share could
+    /// not hold it: α went down on demand, so a high static α does not stay
+    /// where it was set.
+    pub(super) kv_reclaims: u64,
+}
+
+/// What every report of the bench starts with.
+#[derive(Debug, Serialize)]
+pub(super) struct Header {
+    pub(super) clock: &'static str,
+    pub(super) preset: String,
+    /// The machine the cost model was fitted on, and its GEMM rate: every
+    /// figure of the virtual clock (P99, SLO, α) depends on these only.
+    pub(super) machine: String,
+    pub(super) gemm_gflops: f64,
+    /// The machine this bench ran on and its GEMM rate, measured after the
+    /// runs: the wall-clock figures (`decision_us_*`, `wall_s`) are its.
+    pub(super) host_machine: String,
+    pub(super) host_gemm_gflops: f64,
+    pub(super) slo_ms: f64,
+    /// The PPO policy of the `ppo-only` and `smart` rows.
+    pub(super) policy_file: Option<String>,
+    pub(super) requests_per_run: u64,
+    /// Training traces of the sweeps: seeds seed + 1 … seed + this.
+    pub(super) train_seeds: u64,
+    /// The oracle's α grid step (`None`: not run).
+    pub(super) oracle_step: Option<f64>,
+}
+
+/// One bench seed's runs.
+#[derive(Debug, Serialize)]
+pub(super) struct SeedReport {
+    pub(super) seed: u64,
+    pub(super) rows: Vec<Row>,
+    pub(super) sweep: Vec<SweepPoint>,
+    /// Per regime: the std over epochs of the per-epoch best static α.
+    pub(super) sweep_alpha_star_std: BTreeMap<String, f64>,
+    /// Per regime (`--node-sweep`): the per-node split kv-emb-opt-node holds.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) node_sweep: BTreeMap<String, NodeSweep>,
+    pub(super) wall_s: f64,
+}
+
+/// `--seed` (one seed): the header and that seed's runs, side by side.
+#[derive(Debug, Serialize)]
+pub(super) struct Report {
+    #[serde(flatten)]
+    pub(super) header: Header,
+    #[serde(flatten)]
+    pub(super) seed: SeedReport,
+}
+
+/// `--seeds`: every seed's runs and their means.
+#[derive(Debug, Serialize)]
+pub(super) struct SeedsReport {
+    #[serde(flatten)]
+    pub(super) header: Header,
+    pub(super) seeds: Vec<u64>,
+    /// Per regime and policy, over the seeds.
+    pub(super) mean: Vec<MeanRow>,
+    pub(super) per_seed: Vec<SeedReport>,
+    pub(super) wall_s: f64,
+}
+
+/// One (regime, policy) over the seeds of a `--seeds` run.
+#[derive(Debug, Serialize)]
+pub(super) struct MeanRow {
+    pub(super) regime: String,
+    pub(super) policy: String,
+    /// Seeds that ran it.
+    pub(super) seeds: usize,
+    pub(super) p99_ms_mean: f64,
+    /// Over the seeds whose run had a kv-emb-opt row (`--sweep`).
+    pub(super) p99_reduction_vs_kv_emb_opt_mean: Option<f64>,
+    pub(super) p99_reduction_vs_kv_emb_opt_min: Option<f64>,
+    pub(super) p99_reduction_vs_kv_emb_opt_max: Option<f64>,
+    /// Seeds on which its P99 was below `static`'s (not for `static`).
+    pub(super) seeds_below_static: Option<usize>,
+    pub(super) slo_satisfaction_min: f64,
+    pub(super) decision_us_p99_max: f64,
+    pub(super) oracle_gap_mean: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct NodeSweep {
+    /// One α per node, node 0 first: paste as `memory.node_alpha`.
+    pub(super) node_alpha: Vec<f64>,
+    /// Its mean P99 on the training seeds, against the best single α's.
+    pub(super) train_p99_ms: f64,
+    pub(super) train_p99_ms_single_alpha: f64,
+    /// Splits scored (each one replay per training seed).
+    pub(super) evaluations: usize,
+    /// `grid` (every split) or `coordinate descent` (`rounds` of it).
+    pub(super) method: &'static str,
+    pub(super) rounds: usize,
+}
+
+impl NodeSweep {
+    /// The rows' `alpha_start` for a run from this split.
+    pub(super) fn mean_alpha(&self) -> f64 {
+        self.node_alpha.iter().sum::<f64>() / self.node_alpha.len() as f64
+    }
+}
+
+/// Per (regime, policy), in the order the rows came, the figures over
+/// every seed that ran it.
+pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for r in per_seed.iter().flat_map(|s| &s.rows) {
+        if !keys.contains(&(r.regime.as_str(), r.policy.as_str())) {
+            keys.push((r.regime.as_str(), r.policy.as_str()));
+        }
+    }
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    keys.into_iter()
+        .map(|(regime, policy)| {
+            let mut p99 = Vec::new();
+            let mut reductions = Vec::new();
+            let mut gaps = Vec::new();
+            let mut slo_min = f64::INFINITY;
+            let mut decision_max: f64 = 0.0;
+            let mut below_static = 0;
+            let mut with_static = 0;
+            for s in per_seed {
+                let find = |p: &str| s.rows.iter().find(|r| r.regime == regime && r.policy == p);
+                let Some(r) = find(policy) else { continue };
+                p99.push(r.p99_ms);
+                reductions.extend(r.p99_reduction_vs_kv_emb_opt);
+                gaps.extend(r.oracle_gap);
+                slo_min = slo_min.min(r.slo_satisfaction);
+                decision_max = decision_max.max(r.decision_us_p99);
+                if let Some(st) = find("static") {
+                    with_static += 1;
+                    below_static += usize::from(r.p99_ms < st.p99_ms);
+                }
+            }
+            let bound = |f: fn(f64, f64) -> f64| reductions.iter().copied().reduce(f);
+            MeanRow {
+                regime: regime.into(),
+                policy: policy.into(),
+                seeds: p99.len(),
+                p99_ms_mean: mean(&p99).unwrap_or(0.0),
+                p99_reduction_vs_kv_emb_opt_mean: mean(&reductions),
+                p99_reduction_vs_kv_emb_opt_min: bound(f64::min),
+                p99_reduction_vs_kv_emb_opt_max: bound(f64::max),
+                seeds_below_static: (policy != "static" && with_static > 0).then_some(below_static),
+                slo_satisfaction_min: slo_min,
+                decision_us_p99_max: decision_max,
+                oracle_gap_mean: mean(&gaps),
+            }
+        })
+        .collect()
+}
+
+/// One seed's runs as a table on stdout (without `--json`).
+pub(super) fn print_table(header: &Header, report: &SeedReport) {
+    println!(
+        "{:<8} {:<11} {:>6} {:>9} {:>7} {:>6} {:>7} {:>9} {:>10} {:>8}",
+        "regime",
+        "policy",
+        "alpha0",
+        "p99 ms",
+        "SLO %",
+        "moves",
+        "gap",
+        "gap const",
+        "regret ms",
+        "a* std"
+    );
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    for r in &report.rows {
+        println!(
+            "{:<8} {:<11} {:>6.2} {:>9.4} {:>7.1} {:>6} {:>7} {:>9} {:>10} {:>8}",
+            r.regime,
+            r.policy,
+            r.alpha_start,
+            r.p99_ms,
+            r.slo_satisfaction * 100.0,
+            r.alpha_moves,
+            opt(r.oracle_gap),
+            opt(r.oracle_gap_best_constant),
+            opt(r.p99_regret_ms),
+            opt(r.alpha_star_std)
+        );
+    }
+    for (regime, std) in &report.sweep_alpha_star_std {
+        println!("{regime}: per-epoch best static alpha, std over epochs {std:.3}");
+    }
+    for (regime, s) in &report.node_sweep {
+        println!(
+            "{regime}: best per-node split on the training seeds: node_alpha = {:?}",
+            s.node_alpha
+        );
+    }
+    println!(
+        "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM {:.1} GFLOP/s), {:.0} s",
+        header.machine,
+        header.gemm_gflops,
+        header.host_machine,
+        header.host_gemm_gflops,
+        report.wall_s
+    );
+}
+
+/// The means over the seeds as a table on stdout (without `--json`).
+pub(super) fn print_means(report: &SeedsReport) {
+    let seeds: Vec<String> = report.seeds.iter().map(u64::to_string).collect();
+    println!("mean over seeds {}:", seeds.join(", "));
+    println!(
+        "{:<8} {:<15} {:>10} {:>22} {:>13} {:>9} {:>8}",
+        "regime", "policy", "p99 ms", "under kv-emb-opt", "below static", "SLO min", "gap"
+    );
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0));
+    for m in &report.mean {
+        let under = match m.p99_reduction_vs_kv_emb_opt_mean {
+            Some(_) => format!(
+                "{} ({} to {})",
+                pct(m.p99_reduction_vs_kv_emb_opt_mean),
+                pct(m.p99_reduction_vs_kv_emb_opt_min),
+                pct(m.p99_reduction_vs_kv_emb_opt_max)
+            ),
+            None => "-".into(),
+        };
+        let below = m
+            .seeds_below_static
+            .map_or("-".to_string(), |n| format!("{n} of {}", m.seeds));
+        println!(
+            "{:<8} {:<15} {:>10.4} {:>22} {:>13} {:>8.1}% {:>8}",
+            m.regime,
+            m.policy,
+            m.p99_ms_mean,
+            under,
+            below,
+            m.slo_satisfaction_min * 100.0,
+            m.oracle_gap_mean
+                .map_or("-".to_string(), |g| format!("{g:.3}"))
+        );
+    }
+    println!(
+        "{} seeds in {:.0} s on {} (GEMM {:.1} GFLOP/s)",
+        report.seeds.len(),
+        report.wall_s,
+        report.header.host_machine,
+        report.header.host_gemm_gflops
+    );
+}
+
+/// Pages taken back from EMB for requests the KV share could not hold, over
+/// every node of a run.
+pub(super) fn kv_reclaims(s: &grflow_pipeline::Summary) -> u64 {
+    s.nodes.iter().map(|n| n.kv_reclaims).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(regime: &str, policy: &str, p99_ms: f64, reduction: Option<f64>) -> Row {
+        Row {
+            regime: regime.into(),
+            policy: policy.into(),
+            alpha_start: 0.25,
+            node_alpha: None,
+            p99_ms,
+            p50_ms: p99_ms / 2.0,
+            slo_satisfaction: 1.0 - p99_ms / 1e3,
+            alpha_moves: 0,
+            decision_us_mean: 1.0,
+            decision_us_p99: p99_ms / 10.0,
+            p99_reduction_vs_kv_emb_opt: reduction,
+            oracle_gap: None,
+            p99_regret_ms: None,
+            alpha_star_std: None,
+            oracle_gap_best_constant: None,
+            oracle_gap_previous_star: None,
+            oracle_epochs: 0,
+            truncated_histories: 0,
+            failed_requests: 0,
+            kv_reclaims: 0,
+        }
+    }
+
+    fn seed(seed: u64, rows: Vec<Row>) -> SeedReport {
+        SeedReport {
+            seed,
+            rows,
+            sweep: Vec::new(),
+            sweep_alpha_star_std: BTreeMap::new(),
+            node_sweep: BTreeMap::new(),
+            wall_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn means_over_seeds_count_the_seeds_below_static_and_bound_the_reduction() {
+        let per_seed = [
+            seed(
+                42,
+                vec![
+                    row("burst", "static", 50.0, Some(0.0)),
+                    row("burst", "smart", 40.0, Some(0.2)),
+                ],
+            ),
+            seed(
+                44,
+                vec![
+                    row("burst", "static", 60.0, Some(-0.1)),
+                    row("burst", "smart", 66.0, Some(-0.2)),
+                    // A policy only one seed ran.
+                    row("burst", "pid", 55.0, None),
+                ],
+            ),
+        ];
+        let mean = mean_rows(&per_seed);
+        let keys: Vec<(&str, &str)> = mean
+            .iter()
+            .map(|m| (m.regime.as_str(), m.policy.as_str()))
+            .collect();
+        // In the order the rows first came.
+        assert_eq!(
+            keys,
+            [("burst", "static"), ("burst", "smart"), ("burst", "pid")]
+        );
+        let smart = &mean[1];
+        assert_eq!(smart.seeds, 2);
+        assert!((smart.p99_ms_mean - 53.0).abs() < 1e-12);
+        assert_eq!(smart.seeds_below_static, Some(1));
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-12;
+        assert!(close(smart.p99_reduction_vs_kv_emb_opt_mean, 0.0));
+        assert!(close(smart.p99_reduction_vs_kv_emb_opt_min, -0.2));
+        assert!(close(smart.p99_reduction_vs_kv_emb_opt_max, 0.2));
+        assert!((smart.slo_satisfaction_min - 0.934).abs() < 1e-12);
+        assert!((smart.decision_us_p99_max - 6.6).abs() < 1e-12);
+        assert_eq!(smart.oracle_gap_mean, None);
+        // static is never counted against itself.
+        assert_eq!(mean[0].seeds_below_static, None);
+        let pid = &mean[2];
+        assert_eq!((pid.seeds, pid.seeds_below_static), (1, Some(1)));
+        assert_eq!(pid.p99_reduction_vs_kv_emb_opt_mean, None);
+    }
+}
