@@ -259,6 +259,38 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     refused_naming(bad, "stormy");
 }
 
+#[test]
+fn bench_allocator_says_why_kv_emb_opt_is_missing_when_every_alpha_truncates() {
+    let dir = tmp_dir("bench-allocator-truncating");
+    let calibration = small_calibration(&dir);
+    // Histories of 200-400 items in a 0.5 MiB pool: every static alpha cuts
+    // them short, on the training trace too, so no alpha is comparable.
+    let config = dir.join("truncating.toml");
+    std::fs::write(
+        &config,
+        "[trace]\nrequests = 200\nrps = 100.0\ncandidates = 16\nmin_history = 200\n\
+         max_history = 400\n[memory]\npool_mib = 0.5\n[windows]\nepoch_ms = 1000\n",
+    )
+    .unwrap();
+    let out = ok(grflow()
+        .args(["bench", "allocator", "--regime", "burst", "--sweep"])
+        .args(["--no-oracle", "--slo-ms", "2", "--json"])
+        .args([OsStr::new("--config"), config.as_os_str()])
+        .args([OsStr::new("--calibration"), calibration.as_os_str()])
+        .output()
+        .unwrap());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["policy"] != "kv-emb-opt"), "{report}");
+    let why = report["kv_emb_opt_missing"]["burst"].as_str().unwrap();
+    assert!(
+        why.contains("no static alpha") && why.contains("truncated histories"),
+        "{why}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("burst: no static alpha"), "{stderr}");
+}
+
 /// A cost model of the small preset fitted here (one rep, no overhead).
 fn small_calibration(dir: &std::path::Path) -> std::path::PathBuf {
     let calibration = dir.join("small.json");

@@ -221,6 +221,34 @@ fn seed_list(list: &str) -> anyhow::Result<Vec<u64>> {
     Ok(seeds)
 }
 
+/// A static α's runs on the training traces: mean P99, and the requests
+/// served with a shortened history or not at all (either makes a run
+/// incomparable, so such an α is never kv-emb-opt).
+#[derive(Clone, Copy, Debug, Default)]
+struct TrainScore {
+    p99_ms: f64,
+    truncated: u64,
+    failed: u64,
+}
+
+impl TrainScore {
+    fn whole(&self) -> bool {
+        self.truncated == 0 && self.failed == 0
+    }
+
+    /// "N truncated histories, M failed requests" (what is nonzero).
+    fn flaws(&self) -> String {
+        let mut parts = Vec::new();
+        if self.truncated > 0 {
+            parts.push(format!("{} truncated histories", self.truncated));
+        }
+        if self.failed > 0 {
+            parts.push(format!("{} failed requests", self.failed));
+        }
+        parts.join(", ")
+    }
+}
+
 /// A seed's report and its plots.
 type SeedDone = (SeedReport, Plots);
 
@@ -312,6 +340,7 @@ impl Bench {
         let mut sweep = Vec::new();
         let mut alpha_star_std = BTreeMap::new();
         let mut node_sweeps = BTreeMap::new();
+        let mut kv_emb_opt_missing = BTreeMap::new();
         for regime in &self.regimes {
             let name = regime.as_str().to_string();
             // Generated once each, replayed by every run of the regime.
@@ -319,34 +348,43 @@ impl Bench {
             let train_traces = (1..=self.train_seeds)
                 .map(|k| self.trace(*regime, seed + k))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            // Mean P99 over the training traces, and whether every run there
-            // was whole (no history cut short, no request failed).
+            // Mean P99 over the training traces, and what they served
+            // with a history cut short or not at all.
             let train_score = |policy: AllocatorPolicy, alpha: f64, node_alpha: Option<&[f64]>| {
-                let mut sum = 0.0;
-                let mut whole = true;
+                let mut score = TrainScore::default();
                 for t in &train_traces {
                     let out = self.replay(t, policy, alpha, node_alpha, false)?;
-                    sum += out.summary.latency_ms.p99;
-                    whole &= out.summary.truncated_histories == 0 && out.summary.errors == 0;
+                    score.p99_ms += out.summary.latency_ms.p99 / train_traces.len() as f64;
+                    score.truncated += out.summary.truncated_histories;
+                    score.failed += out.summary.errors;
                 }
-                anyhow::Ok((sum / train_traces.len() as f64, whole))
+                anyhow::Ok(score)
             };
             let mut best_train: Option<(f64, f64)> = None;
+            let mut unusable = Vec::new();
             if self.sweep {
                 eprintln!("{tag}{name}: static sweep over alpha...");
                 let mut outs = Vec::new();
                 for &alpha in &SWEEP {
                     let bench =
                         self.replay(&bench_trace, AllocatorPolicy::Static, alpha, None, false)?;
-                    let (train_p99, whole) = train_score(AllocatorPolicy::Static, alpha, None)?;
+                    let train = train_score(AllocatorPolicy::Static, alpha, None)?;
+                    let train_p99 = train.p99_ms;
                     let p99 = bench.summary.latency_ms.p99;
                     let truncated = bench.summary.truncated_histories;
                     let reclaims = kv_reclaims(&bench.summary);
                     eprintln!(
-                        "{tag}  alpha {alpha:.1}: p99 {p99:.4} ms (training {train_p99:.4}), \
-                         truncated histories {truncated}, KV reclaims {reclaims}"
+                        "{tag}  alpha {alpha:.1}: p99 {p99:.4} ms (training {train_p99:.4}{}), \
+                         truncated histories {truncated}, KV reclaims {reclaims}",
+                        if train.whole() {
+                            String::new()
+                        } else {
+                            format!(": {}", train.flaws())
+                        }
                     );
-                    if whole && best_train.is_none_or(|b| train_p99 < b.1) {
+                    if !train.whole() {
+                        unusable.push(train);
+                    } else if best_train.is_none_or(|b| train_p99 < b.1) {
                         best_train = Some((alpha, train_p99));
                     }
                     sweep.push(SweepPoint {
@@ -361,6 +399,25 @@ impl Bench {
                 }
                 alpha_star_std.insert(name.clone(), per_epoch_best_std(&outs));
                 plots.sweep(&name, &outs);
+                if best_train.is_none() {
+                    // Every α cut histories short or failed requests on the
+                    // training traces: no baseline to measure against. Say
+                    // so rather than leave its row out unexplained.
+                    let why = format!(
+                        "no static alpha served the training traces (seeds {}..={}) whole \
+                         (the fewest flaws: {}); kv-emb-opt and the reductions against it are \
+                         left out (raise memory.pool_mib or lower trace.max_history)",
+                        seed + 1,
+                        seed + self.train_seeds,
+                        unusable
+                            .iter()
+                            .min_by_key(|t| t.truncated + t.failed)
+                            .map(TrainScore::flaws)
+                            .unwrap_or_default()
+                    );
+                    eprintln!("{tag}{name}: {why}");
+                    kv_emb_opt_missing.insert(name.clone(), why);
+                }
             }
             // Rows in report order: the baselines picked on training seeds
             // first (kv-emb-opt is every row's reference).
@@ -370,7 +427,8 @@ impl Bench {
                 if self.node_sweep {
                     let nodes = self.base.run.workers;
                     let split = node_sweep(&tag, &name, nodes, alpha, single_p99, |a| {
-                        train_score(AllocatorPolicy::Static, alpha, Some(a))
+                        let score = train_score(AllocatorPolicy::Static, alpha, Some(a))?;
+                        Ok((score.p99_ms, score.whole()))
                     })?;
                     let node_alpha = Some(split.node_alpha.clone());
                     let mean = split.mean_alpha();
@@ -416,6 +474,7 @@ impl Bench {
             sweep,
             sweep_alpha_star_std: alpha_star_std,
             node_sweep: node_sweeps,
+            kv_emb_opt_missing,
             wall_s: started.elapsed().as_secs_f64(),
         };
         Ok((report, plots))

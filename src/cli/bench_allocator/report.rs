@@ -190,6 +190,10 @@ pub(super) struct SeedReport {
     /// Per regime (`--node-sweep`): the per-node split kv-emb-opt-node holds.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) node_sweep: BTreeMap<String, NodeSweep>,
+    /// Per regime: why there is no kv-emb-opt row (no static α served the
+    /// training traces whole), when there is none after a sweep.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) kv_emb_opt_missing: BTreeMap<String, String>,
     pub(super) wall_s: f64,
 }
 
@@ -338,6 +342,9 @@ pub(super) fn print_table(header: &Header, report: &SeedReport) {
     for (regime, std) in &report.sweep_alpha_star_std {
         println!("{regime}: per-epoch best static alpha, std over epochs {std:.3}");
     }
+    for (regime, why) in &report.kv_emb_opt_missing {
+        println!("{regime}: {why}");
+    }
     for (regime, s) in &report.node_sweep {
         println!(
             "{regime}: best per-node split on the training seeds: node_alpha = {:?}",
@@ -439,6 +446,7 @@ mod tests {
             sweep: Vec::new(),
             sweep_alpha_star_std: BTreeMap::new(),
             node_sweep: BTreeMap::new(),
+            kv_emb_opt_missing: BTreeMap::new(),
             wall_s: 1.0,
         }
     }
