@@ -229,6 +229,27 @@ fn the_tight_preset_is_the_emb_kv_preset_with_half_the_pool() {
 }
 
 #[test]
+fn the_long_preset_is_the_tight_preset_with_long_histories() {
+    let c = Config::parse(
+        include_str!("../../../configs/allocator-long.toml"),
+        "configs/allocator-long.toml",
+    )
+    .unwrap();
+    let mut d = Config::parse(
+        include_str!("../../../configs/allocator-tight.toml"),
+        "configs/allocator-tight.toml",
+    )
+    .unwrap();
+    // What its header says it changes, and nothing else.
+    d.trace.items = 200_000;
+    d.trace.min_history = 100;
+    d.trace.max_history = 400;
+    d.memory.pool_mib = 12.0;
+    d.cost.compute_scale = 0.0015;
+    assert_eq!(c, d);
+}
+
+#[test]
 fn paper_presets_parse_as_8_virtual_nodes_at_an_a100_over_pcie_ratio() {
     for (name, text) in [
         (
