@@ -361,10 +361,10 @@ impl Bench {
                 anyhow::Ok(score)
             };
             let mut best_train: Option<(f64, f64)> = None;
-            let mut unusable = Vec::new();
             if self.sweep {
                 eprintln!("{tag}{name}: static sweep over alpha...");
                 let mut outs = Vec::new();
+                let mut unusable = Vec::new();
                 for &alpha in &SWEEP {
                     let bench =
                         self.replay(&bench_trace, AllocatorPolicy::Static, alpha, None, false)?;
@@ -406,7 +406,9 @@ impl Bench {
                     let why = format!(
                         "no static alpha served the training traces (seeds {}..={}) whole \
                          (the fewest flaws: {}); kv-emb-opt and the reductions against it are \
-                         left out (raise memory.pool_mib or lower trace.max_history)",
+                         left out (lower trace.max_history: histories grow by an item per request and \
+                         are cut at the model's positions or half the pool; or raise \
+                         memory.pool_mib)",
                         seed + 1,
                         seed + self.train_seeds,
                         unusable
