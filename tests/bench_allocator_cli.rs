@@ -354,6 +354,49 @@ fn bench_allocator_refuses_a_missing_calibration_file_by_name() {
     refused_naming(out, "no/such/cal.json");
 }
 
+/// A reward that every window earns in full teaches nothing: with an SLO
+/// far above every p99 the trainer says so, naming the flag to change.
+#[test]
+fn train_allocator_warns_when_every_window_meets_the_slo() {
+    let dir = tmp_dir("train-allocator-flat-reward");
+    let config = short_trace(&dir, "flat.toml", 400);
+    let policy = dir.join("flat.safetensors");
+    let out = ok(grflow()
+        .args([
+            "train-allocator",
+            "--regime",
+            "steady",
+            "--seeds",
+            "1",
+            "--iterations",
+            "1",
+            "--select-every",
+            "0",
+            "--slo-ms",
+            "10000",
+            "--json",
+            "--out",
+        ])
+        .arg(&policy)
+        .arg("--config")
+        .arg(&config)
+        .arg("--calibration")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/configs/allocator-calibration.json"
+        ))
+        .output()
+        .unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: 100% of iteration 0's decisions earned Eq. 5's best reward")
+            && stderr.contains("--slo-ms near"),
+        "{stderr}"
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["first_best_reward_share"], 1.0);
+}
+
 /// PPO settings that cannot train: one line naming the flag, exit code 2,
 /// before any calibration or replay.
 #[test]

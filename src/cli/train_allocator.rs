@@ -141,6 +141,8 @@ struct CurvePoint {
     iteration: usize,
     /// Mean Eq. 5 reward of the iteration's decisions.
     mean_reward: f64,
+    /// Share of them at the best reward (1): near 1 the reward is flat.
+    best_reward_share: f64,
     /// Mean p99 (ms) of the iteration's episodes.
     mean_p99_ms: f64,
     decisions: usize,
@@ -195,12 +197,34 @@ struct Report {
     iterations: usize,
     first_mean_reward: f64,
     last_mean_reward: f64,
+    /// The first iteration's share of decisions at the best reward (a
+    /// warning says so when it is 0.9 or more: the reward was flat).
+    first_best_reward_share: f64,
     /// PPO updates behind the written policy, and its greedy mean p99.
     selected_updates: usize,
     selected_greedy_p99_ms: Option<f64>,
     /// The untrained policy's (α held at the config's value).
     untrained_greedy_p99_ms: Option<f64>,
     wall_s: f64,
+}
+
+/// An iteration with at least this share of its decisions at Eq. 5's best
+/// reward is told apart: its advantages are noise.
+const FLAT_REWARD_SHARE: f64 = 0.9;
+
+/// Why an iteration whose windows nearly all met the SLO teaches nothing,
+/// and what to pass instead.
+fn flat_reward_warning(point: &CurvePoint, slo_ms: f64) -> String {
+    format!(
+        "{:.0}% of iteration {}'s decisions earned Eq. 5's best reward (the window met the SLO of \
+         {slo_ms} ms with nothing truncated), so the reward hardly depends on alpha and PPO has \
+         little to learn; the episodes' p99 averaged {:.4} ms: train for an SLO that the windows' \
+         p99 crosses (--slo-ms near {:.4})",
+        point.best_reward_share * 100.0,
+        point.iteration,
+        point.mean_p99_ms,
+        point.mean_p99_ms
+    )
 }
 
 /// Starting α of episode `k` of an iteration: spread over [0.1, 0.9] so
@@ -292,6 +316,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         Ok((g, score))
     };
+    let mut warned_flat = false;
     for iteration in 0..args.iterations {
         let it_started = std::time::Instant::now();
         let evaluated = if args.select_every > 0 && iteration % args.select_every == 0 {
@@ -329,6 +354,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let point = CurvePoint {
             iteration,
             mean_reward: stats.mean_reward,
+            best_reward_share: stats.best_reward_share,
             mean_p99_ms: p99s.iter().sum::<f64>() / p99s.len().max(1) as f64,
             decisions: stats.steps,
             entropy: stats.entropy,
@@ -350,6 +376,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             point.entropy,
             point.wall_s
         );
+        if !warned_flat && point.best_reward_share >= FLAT_REWARD_SHARE {
+            warned_flat = true;
+            eprintln!("warning: {}", flat_reward_warning(&point, slo_ms));
+        }
         curve.push(point);
     }
     if args.select_every > 0 {
@@ -427,6 +457,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         iterations: args.iterations,
         first_mean_reward: curve.first().map_or(0.0, |c| c.mean_reward),
         last_mean_reward: curve.last().map_or(0.0, |c| c.mean_reward),
+        first_best_reward_share: curve.first().map_or(0.0, |c| c.best_reward_share),
         selected_updates,
         selected_greedy_p99_ms: selected_p99,
         untrained_greedy_p99_ms: untrained_p99,

@@ -56,6 +56,9 @@ impl State {
     }
 }
 
+/// Eq. 5's highest reward: the window met the SLO with nothing truncated.
+pub const BEST_REWARD: f64 = 1.0;
+
 /// Eq. 5 with λ = 1/τ_SLO: the window's SLO satisfaction minus its p99
 /// overshoot in units of the SLO. 1 at best; unbounded below, so a p99 of
 /// three SLOs (−2 + satisfaction) weighs more than any satisfaction gain.

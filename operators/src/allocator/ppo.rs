@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde::{Deserialize, Serialize};
 
-use super::mdp::ACTIONS;
+use super::mdp::{ACTIONS, BEST_REWARD};
 use super::mlp::{Frozen, Grads, Layer, MAX_WIDTH, Mlp};
 
 /// Hidden sizes of both networks (the paper's "64/128").
@@ -76,6 +76,10 @@ impl Default for PpoConfig {
 pub struct UpdateStats {
     pub steps: usize,
     pub mean_reward: f64,
+    /// Share of the decisions whose window earned Eq. 5's best reward.
+    /// Near 1 the reward does not depend on the action (every window
+    /// met the SLO), and there is nothing to learn.
+    pub best_reward_share: f64,
     pub policy_loss: f64,
     pub value_loss: f64,
     pub entropy: f64,
@@ -298,6 +302,11 @@ impl ActorCritic {
         let mut stats = UpdateStats {
             steps: n,
             mean_reward: batch.iter().map(|b| b.0.reward).sum::<f64>() / n.max(1) as f64,
+            best_reward_share: batch
+                .iter()
+                .filter(|b| b.0.reward >= BEST_REWARD - 1e-9)
+                .count() as f64
+                / n.max(1) as f64,
             ..Default::default()
         };
         if n == 0 {
@@ -640,5 +649,30 @@ mod tests {
         assert!(ACTIONS[p.greedy(&state(0.8), true)] < 0.0);
         assert!(ACTIONS[p.greedy(&state(0.1), true)] > 0.0);
         assert!(ACTIONS[p.greedy(&state(0.1), false)] <= 0.0);
+    }
+
+    /// The share of decisions at Eq. 5's best reward is what tells a
+    /// trainer that the reward is flat (every window met the SLO).
+    #[test]
+    fn update_counts_the_decisions_at_the_best_reward() {
+        let mut p = ActorCritic::new(1);
+        let step = |reward: f64| Step {
+            state: [0.5; 7],
+            action: 3,
+            logp: (1.0f64 / ACTIONS.len() as f64).ln(),
+            value: 0.0,
+            reward,
+            allow_up: true,
+        };
+        let trajs = vec![vec![step(1.0), step(0.4)], vec![step(1.0), step(-0.5)]];
+        let stats = p.update(&trajs, &PpoConfig::default(), 1);
+        assert_eq!(stats.steps, 4);
+        assert_eq!(stats.best_reward_share, 0.5);
+        assert_eq!(stats.mean_reward, (1.0 + 0.4 + 1.0 - 0.5) / 4.0);
+        let flat = vec![vec![step(1.0); 3]];
+        assert_eq!(
+            p.update(&flat, &PpoConfig::default(), 2).best_reward_share,
+            1.0
+        );
     }
 }
