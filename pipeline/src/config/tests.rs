@@ -246,7 +246,15 @@ fn the_long_preset_is_the_tight_preset_with_long_histories() {
     d.trace.max_history = 400;
     d.memory.pool_mib = 12.0;
     d.cost.compute_scale = 0.0015;
+    // Its P99 lies under tight's SLO in every window, so it has its own
+    // SLO and a policy trained for it.
+    d.run.slo_ms = SloMs::both(0.025);
+    d.allocator.policy_file = "configs/allocator-long-ppo.safetensors".into();
     assert_eq!(c, d);
+    let policy = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(&c.allocator.policy_file);
+    assert!(policy.exists(), "{}", policy.display());
 }
 
 #[test]
