@@ -616,3 +616,102 @@ fn kafka_compressed_topics_are_read_and_written() {
         "rankings, not errors"
     );
 }
+
+/// `grflow serve` with the allocator on (the PID baseline) and requests
+/// arriving live, 250 ms of event time every 250 ms: windows close while the
+/// job serves, each node's allocator moves α, and later windows are served
+/// at the moved α. Every request is answered, each closed window goes to
+/// `windows.out` with the α its requests were served at, and the summary
+/// says what the allocator did and where each node's α ended.
+#[test]
+fn serve_moves_alpha_window_by_window_and_reports_it() {
+    let Some(brokers) = broker("serve_moves_alpha_window_by_window_and_reports_it") else {
+        return;
+    };
+    // 2 ms of event time per request: 16 windows of 250 ms, ~60 requests
+    // per node and window (pid leaves windows under 20 requests alone).
+    const N: u64 = 2_000;
+    const CHUNK: u64 = 125;
+    let topics = Topics::fresh("serve-alloc");
+    topics.create(&brokers, PARTITIONS);
+
+    let dir = tmp_dir("kafka-serve-alloc");
+    let windows = dir.join("windows.jsonl");
+    let config = write_config(
+        &dir,
+        &topics,
+        &format!(
+            "\n[allocator]\npolicy = \"pid\"\n\n[windows]\nepoch_ms = 250\nout = {:?}",
+            windows.to_str().unwrap()
+        ),
+    );
+    let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
+    tail.read_until(Duration::from_millis(1_000), |_| false);
+    let job = Serve::start(&brokers, &config, "alloc");
+    for chunk in 0..N / CHUNK {
+        let records: Vec<_> = (chunk * CHUNK..(chunk + 1) * CHUNK)
+            .map(|i| ((i % PARTITIONS as u64) as i32, Some(request(i))))
+            .collect();
+        produce(&brokers, &topics.requests, &records);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        tail.read_until(Duration::from_secs(120), |t| t.req_ids.len() as u64 >= N),
+        "{} of {N} answered; stderr:\n{}",
+        tail.req_ids.len(),
+        job.stderr_text()
+    );
+    let summary = job.stop();
+    assert_eq!(summary["responses_out"], N, "{summary}");
+
+    let allocator = &summary["allocator"];
+    assert_eq!(allocator["policy"], "pid", "{summary}");
+    let decided = allocator["windows"].as_u64().unwrap();
+    let moves = allocator["alpha_moves"].as_u64().unwrap();
+    assert!(decided >= 8, "{decided} windows decided: {summary}");
+    assert!((1..=decided).contains(&moves), "{moves} moves: {summary}");
+    assert!(allocator["decision_us_mean"].as_f64().unwrap() > 0.0);
+
+    // Each window as the node served it: α starts at memory.alpha (0.25),
+    // stays within pid's bounds [0.1, 0.9], and moves during the run.
+    let text = std::fs::read_to_string(&windows).unwrap();
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len() as u64, decided, "one line per window decided");
+    let mut by_node: BTreeMap<u64, Vec<(u64, f64)>> = BTreeMap::new();
+    for r in &rows {
+        assert_eq!(r["kind"], "window");
+        by_node
+            .entry(r["node"].as_u64().unwrap())
+            .or_default()
+            .push((
+                r["window_start_ms"].as_u64().unwrap(),
+                r["alpha"].as_f64().unwrap(),
+            ));
+    }
+    let mut served_moved = 0;
+    for (node, mut seen) in by_node {
+        seen.sort_by_key(|&(start, _)| start);
+        assert!((seen[0].1 - 0.25).abs() < 1e-9, "node {node}: {seen:?}");
+        for &(_, alpha) in &seen {
+            assert!(
+                (0.1 - 1e-3..=0.9 + 1e-3).contains(&alpha),
+                "node {node}: {seen:?}"
+            );
+        }
+        if seen.iter().any(|&(_, alpha)| (alpha - 0.25).abs() > 0.01) {
+            served_moved += 1;
+        }
+        let at_exit = summary["alpha_at_exit"][node.to_string()].as_f64().unwrap();
+        assert!(
+            (0.1 - 1e-3..=0.9 + 1e-3).contains(&at_exit),
+            "node {node}: {at_exit}"
+        );
+    }
+    assert!(
+        served_moved >= 1,
+        "no window was served at a moved alpha: {rows:?}\n{summary}"
+    );
+}

@@ -124,6 +124,9 @@ pub fn allocate<'s>(
                     stats.windows += 1;
                     if let Some(alpha) = decision {
                         stats.moves += 1;
+                        // A no-op without a recorder (replay, bench).
+                        metrics::counter!("grflow_alpha_moves_total", "node" => w.node.to_string())
+                            .increment(1);
                         tracing::info!(
                             node = w.node,
                             window_start_ms = w.window_start_ms,

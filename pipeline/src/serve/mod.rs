@@ -35,6 +35,7 @@ use grflow_connectors::parquet::load_side_tables;
 use grflow_operators::node::ServingNode;
 
 use crate::config::Config;
+use crate::dataflow::allocator::AllocatorStats;
 use crate::dataflow::control::{LiveControl, SourceClock};
 use crate::dataflow::{self, ServingParts};
 use crate::events::{NodeControl, Target};
@@ -131,6 +132,10 @@ struct WorkerResult {
     oov_items: u64,
     truncated_histories: u64,
     model_version: String,
+    /// The worker's node's α when the job stopped.
+    alpha: f64,
+    /// What this worker's allocators did (no training records).
+    allocator: AllocatorStats,
     process_part: Option<ProcessPart>,
     /// Global worker index.
     worker: usize,
@@ -381,6 +386,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         )));
         let router = Job::router(&worker_cfg, worker.peers());
         let node = nodes.take(index);
+        let allocator_stats: Rc<RefCell<AllocatorStats>> = Rc::default();
         let probe = ProbeHandle::new();
         let handles = worker.dataflow::<u64, _, _>(|scope| {
             let requests =
@@ -408,7 +414,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     controller: crate::replay::allocator_controller(
                         &worker_cfg,
                         worker_policy.clone(),
-                        std::rc::Rc::default(),
+                        allocator_stats.clone(),
                     ),
                     live: Some(live.clone()),
                     models: Some(worker_models.clone()),
@@ -510,12 +516,18 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         // The stop dataflow can complete now.
         drop(stop_input);
         let node = crate::dataflow::node::lock(&handles.node);
+        let mut allocator = allocator_stats.take();
+        // Serving never samples moves, so nothing is recorded; and the
+        // result crosses processes in cluster mode.
+        allocator.steps.clear();
         let mut result = WorkerResult {
             worker: index,
             committed,
             oov_items: node.counters().oov_items,
             truncated_histories: node.counters().truncated_histories,
             model_version: node.model_version().to_string(),
+            alpha: node.alpha(),
+            allocator,
             process_part: None,
         };
         drop(node);
@@ -719,6 +731,14 @@ fn summarise(
             .first()
             .map(|r| r.model_version.clone())
             .unwrap_or_default(),
+        alpha_at_exit: results.iter().map(|r| (r.worker, r.alpha)).collect(),
+        allocator: cfg.allocator.moves().then(|| {
+            let mut stats = AllocatorStats::default();
+            for r in results {
+                stats.merge(&r.allocator);
+            }
+            stats.summary(cfg.allocator.policy)
+        }),
     }
 }
 

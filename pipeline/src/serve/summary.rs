@@ -151,6 +151,12 @@ pub struct ServeSummary {
     pub lag: BTreeMap<i32, i64>,
     pub committed: BTreeMap<i32, i64>,
     pub model_version: String,
+    /// Each node's α (EMB share of its pool) when the job stopped, by node.
+    pub alpha_at_exit: BTreeMap<usize, f64>,
+    /// What the allocator did (absent when α does not move): windows
+    /// decided, `SetAlpha` commands sent, decision time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<crate::dataflow::allocator::AllocatorSummary>,
 }
 
 #[cfg(test)]
