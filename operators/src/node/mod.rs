@@ -344,9 +344,10 @@ impl ServingNode {
     /// retrieve group (split over the lanes when there is no rank work) is
     /// a job beside the rank batch's groups, and the lanes take the jobs as
     /// they come free, so neither kind waits for the other. Retrieve
-    /// requests whose pages do not fit beside the group are served after
-    /// it, as [`Self::serve_retrieve_batch`] splits a group. Results equal
-    /// serving them one after another (within float rounding).
+    /// requests past [`MAX_RETRIEVE_GROUP`] or whose pages do not fit beside
+    /// the group are served after it, group by group, each split over the
+    /// lanes. Results equal serving them one after another (within float
+    /// rounding).
     pub fn serve_step(
         &mut self,
         now_ms: u64,
@@ -382,9 +383,13 @@ impl ServingNode {
         for ((i, prep), out) in preps.iter().zip(outs) {
             retrieved[*i] = Some(self.finish_retrieve(now_ms, prep, out));
         }
-        let rest = self.serve_retrieve_batch(now_ms, &retrieve[later..], catalog, index);
-        for (slot, out) in retrieved[later..].iter_mut().zip(rest) {
-            *slot = Some(out);
+        if later < retrieve.len() {
+            // The next groups, each split over the lanes in turn (served
+            // by `serve_retrieve_batch` they would run on one thread).
+            let (_, rest) = self.serve_step(now_ms, &[], &retrieve[later..], catalog, index);
+            for (slot, out) in retrieved[later..].iter_mut().zip(rest) {
+                *slot = Some(out);
+            }
         }
         let retrieved = retrieved
             .into_iter()
