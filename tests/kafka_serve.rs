@@ -648,11 +648,22 @@ fn serve_moves_alpha_window_by_window_and_reports_it() {
     let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
     tail.read_until(Duration::from_millis(1_000), |_| false);
     let job = Serve::start(&brokers, &config, "alloc");
-    for chunk in 0..N / CHUNK {
-        let records: Vec<_> = (chunk * CHUNK..(chunk + 1) * CHUNK)
+    let chunk = |c: u64| -> Vec<_> {
+        (c * CHUNK..(c + 1) * CHUNK)
             .map(|i| ((i % PARTITIONS as u64) as i32, Some(request(i))))
-            .collect();
-        produce(&brokers, &topics.requests, &records);
+            .collect()
+    };
+    // The first chunk answered: the job is up, so the rest arrives live
+    // (a backlog read at once is served before any window closes).
+    produce(&brokers, &topics.requests, &chunk(0));
+    assert!(
+        tail.read_until(Duration::from_secs(120), |t| t.req_ids.len() as u64
+            >= CHUNK),
+        "the first {CHUNK} requests were not answered; stderr:\n{}",
+        job.stderr_text()
+    );
+    for c in 1..N / CHUNK {
+        produce(&brokers, &topics.requests, &chunk(c));
         std::thread::sleep(Duration::from_millis(250));
     }
     assert!(
