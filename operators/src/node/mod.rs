@@ -362,35 +362,40 @@ impl ServingNode {
             return (self.serve_rank_batch(now_ms, rank, catalog), retrieved);
         }
         let mut retrieved: Vec<Option<Outcome>> = retrieve.iter().map(|_| None).collect();
-        // The requests from `later` on did not fit beside the group: they
-        // are served after the step (pages freed by then).
-        let (preps, later) = self.prepare_group(retrieve, 0, catalog, index, &mut retrieved);
-        // Beside rank work one group keeps the beams batched; alone, the
-        // retrieve requests are split over the lanes.
-        let per_group = if rank.is_empty() {
-            preps.len().div_ceil(self.lanes)
-        } else {
-            preps.len()
-        };
-        let sides = preps
-            .chunks(per_group.max(1))
-            .map(|chunk| RetrieveGroup {
-                preps: chunk.iter().map(|(_, prep)| prep).collect(),
-                index,
-            })
-            .collect();
-        let (ranked, outs) = self.serve_rank_inner(now_ms, rank, catalog, sides);
-        for ((i, prep), out) in preps.iter().zip(outs) {
-            retrieved[*i] = Some(self.finish_retrieve(now_ms, prep, out));
-        }
-        if later < retrieve.len() {
-            // The next groups, each split over the lanes in turn (served
-            // by `serve_retrieve_batch` they would run on one thread).
-            let (_, rest) = self.serve_step(now_ms, &[], &retrieve[later..], catalog, index);
-            for (slot, out) in retrieved[later..].iter_mut().zip(rest) {
-                *slot = Some(out);
+        let mut ranked = None;
+        let mut from = 0;
+        loop {
+            // The requests from `later` on did not fit beside the group
+            // (pages, or `MAX_RETRIEVE_GROUP`): the next group takes them
+            // (pages freed by then), split over the lanes as well.
+            let (preps, later) = self.prepare_group(retrieve, from, catalog, index, &mut retrieved);
+            // Beside rank work one group keeps the beams batched; alone,
+            // the retrieve requests are split over the lanes.
+            let with_rank = ranked.is_none() && !rank.is_empty();
+            let per_group = if with_rank {
+                preps.len()
+            } else {
+                preps.len().div_ceil(self.lanes)
+            };
+            let sides = preps
+                .chunks(per_group.max(1))
+                .map(|chunk| RetrieveGroup {
+                    preps: chunk.iter().map(|(_, prep)| prep).collect(),
+                    index,
+                })
+                .collect();
+            let this_rank = if ranked.is_none() { rank } else { &[] };
+            let (r, outs) = self.serve_rank_inner(now_ms, this_rank, catalog, sides);
+            ranked.get_or_insert(r);
+            for ((i, prep), out) in preps.iter().zip(outs) {
+                retrieved[*i] = Some(self.finish_retrieve(now_ms, prep, out));
             }
+            if later >= retrieve.len() {
+                break;
+            }
+            from = later;
         }
+        let ranked = ranked.expect("the loop runs at least once");
         let retrieved = retrieved
             .into_iter()
             .map(|r| r.expect("every retrieve request has a result"))
