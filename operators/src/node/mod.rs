@@ -362,7 +362,9 @@ impl ServingNode {
             return (self.serve_rank_batch(now_ms, rank, catalog), retrieved);
         }
         let mut retrieved: Vec<Option<Outcome>> = retrieve.iter().map(|_| None).collect();
-        let mut ranked = None;
+        // The rank work goes with the first group; the later groups run alone.
+        let mut rank = rank;
+        let mut ranked = Vec::new();
         let mut from = 0;
         loop {
             // The requests from `later` on did not fit beside the group
@@ -371,11 +373,10 @@ impl ServingNode {
             let (preps, later) = self.prepare_group(retrieve, from, catalog, index, &mut retrieved);
             // Beside rank work one group keeps the beams batched; alone,
             // the retrieve requests are split over the lanes.
-            let with_rank = ranked.is_none() && !rank.is_empty();
-            let per_group = if with_rank {
-                preps.len()
-            } else {
+            let per_group = if rank.is_empty() {
                 preps.len().div_ceil(self.lanes)
+            } else {
+                preps.len()
             };
             let sides = preps
                 .chunks(per_group.max(1))
@@ -384,9 +385,9 @@ impl ServingNode {
                     index,
                 })
                 .collect();
-            let this_rank = if ranked.is_none() { rank } else { &[] };
-            let (r, outs) = self.serve_rank_inner(now_ms, this_rank, catalog, sides);
-            ranked.get_or_insert(r);
+            let (r, outs) = self.serve_rank_inner(now_ms, rank, catalog, sides);
+            ranked.extend(r);
+            rank = &[];
             for ((i, prep), out) in preps.iter().zip(outs) {
                 retrieved[*i] = Some(self.finish_retrieve(now_ms, prep, out));
             }
@@ -395,7 +396,6 @@ impl ServingNode {
             }
             from = later;
         }
-        let ranked = ranked.expect("the loop runs at least once");
         let retrieved = retrieved
             .into_iter()
             .map(|r| r.expect("every retrieve request has a result"))
