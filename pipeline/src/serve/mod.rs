@@ -144,16 +144,32 @@ struct WorkerResult {
 /// How long process 0 waits for the other processes' results at exit.
 const GATHER_WAIT: Duration = Duration::from_secs(30);
 
-/// Runs until `stop` is set, then drains, commits and returns the summary.
-pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, ServeError> {
-    let cfg = opts.config.clone();
+/// Settings that are for replay or training only: refused before the job
+/// starts, naming the key, rather than served.
+fn check_servable(cfg: &Config) -> Result<(), String> {
     if cfg.run.clock == crate::config::Clock::Virtual {
-        return Err(ServeError::Config(
+        return Err(
             "run.clock = \"virtual\" charges a cost model instead of running the model: \
              it is for replay, not for serving"
                 .into(),
-        ));
+        );
     }
+    if cfg.allocator.sample {
+        // Training keeps one record per decided window, which a job that
+        // runs for months would grow without bound.
+        return Err(
+            "allocator.sample = true is for `grflow train-allocator` only: \
+             it samples random α moves and keeps every decision; remove it to serve"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Runs until `stop` is set, then drains, commits and returns the summary.
+pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, ServeError> {
+    let cfg = opts.config.clone();
+    check_servable(&cfg).map_err(ServeError::Config)?;
     let k = cfg.kafka.clone();
     let settings = opts.settings();
     let started = Instant::now();
@@ -786,5 +802,23 @@ impl DrainClock {
             d.saturating_duration_since(Instant::now())
         });
         left.clamp(Duration::from_millis(1), Duration::from_secs(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_and_training_settings_are_refused_by_name() {
+        assert_eq!(check_servable(&Config::default()), Ok(()));
+        let mut cfg = Config::default();
+        cfg.run.clock = crate::config::Clock::Virtual;
+        let e = check_servable(&cfg).unwrap_err();
+        assert!(e.contains("run.clock"), "{e}");
+        let mut cfg = Config::default();
+        cfg.allocator.sample = true;
+        let e = check_servable(&cfg).unwrap_err();
+        assert!(e.contains("allocator.sample"), "{e}");
     }
 }
