@@ -217,6 +217,28 @@ fn unknown_config_key_is_a_clear_error_with_exit_code_2() {
     );
 }
 
+#[test]
+fn a_generated_trace_over_the_candidate_limit_is_refused_naming_both_keys() {
+    let dir = tmp_dir("candidates");
+    let cfg = dir.join("limit.toml");
+    std::fs::write(
+        &cfg,
+        "[model]\nmax_candidates = 50\n[trace]\ncandidates = 100\nrequests = 20\n",
+    )
+    .unwrap();
+    let out = grflow()
+        .args(["replay", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("trace.candidates") && err.contains("model.max_candidates"),
+        "{err}"
+    );
+}
+
 /// Reads one string column of a Parquet output file.
 fn string_column(path: &Path, column: &str) -> Vec<String> {
     use arrow::array::{Array, AsArray};

@@ -105,14 +105,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "generating {} requests from {} users...",
         args.requests, args.users
     );
-    let trace = generate(&GenConfig {
+    let gen_cfg = GenConfig {
         regime: Regime::Steady,
         users: args.users,
         requests: args.requests,
         rps: args.rps,
         candidates: args.candidates,
         ..GenConfig::default()
-    });
+    };
+    // The flags, checked; the error names the flag.
+    gen_cfg.validate().map_err(InputError::from_display)?;
+    let trace = generate(&gen_cfg);
     let distinct_users = trace
         .requests
         .iter()

@@ -227,6 +227,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     gen_cfg.rps = TRACE_RPS;
     gen_cfg.candidates = args.candidates;
     gen_cfg.retrieve_share = args.retrieve_share;
+    // The flags above, checked; the error names the flag.
+    gen_cfg.validate().map_err(InputError::from_display)?;
     let trace = Arc::new(grflow_traces::generate(&gen_cfg));
 
     // Lanes: one worker, batched, at --speed max, one lane against `lanes`.

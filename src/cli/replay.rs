@@ -119,9 +119,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .trace
                 .gen_config()
                 .map_err(InputError::from_display)?;
-            gen_cfg
-                .validate()
-                .map_err(|e| InputError::from_display(format!("trace: {e}")))?;
+            // A Parquet trace's oversized requests are counted as errors;
+            // a generated one would be all oversized, so it is refused.
+            if gen_cfg.candidates > config.model.max_candidates {
+                return Err(InputError::from_display(format!(
+                    "trace.candidates ({}) is more than model.max_candidates ({}): \
+                     every generated request would be refused",
+                    gen_cfg.candidates, config.model.max_candidates
+                )));
+            }
             TraceInput::Memory(Arc::new(grflow_traces::generate(&gen_cfg)))
         }
     };

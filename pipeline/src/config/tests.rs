@@ -86,6 +86,45 @@ fn bad_values_name_their_field() {
 }
 
 #[test]
+fn unusable_numbers_are_refused_at_load_naming_the_key() {
+    // Each of these was accepted and then panicked, aborted, or turned
+    // into nonsense later in the run.
+    for (text, key) in [
+        ("[trace]\nusers = 5\n", "trace.users"),
+        ("[trace]\nrequests = 0\n", "trace.requests"),
+        ("[trace]\nretrieve_share = 1.5\n", "trace.retrieve_share"),
+        ("[trace]\nitems = 20000000\n", "trace.items"),
+        ("[trace]\nregime = \"calm\"\n", "trace.regime"),
+        ("[memory]\npool_mib = inf\n", "memory.pool_mib"),
+        ("[memory]\npool_mib = 1e9\n", "memory.pool_mib"),
+        ("[run]\nslo_ms = inf\n", "run.slo_ms.rank"),
+        ("[link]\nbandwidth_gbps = inf\n", "link.bandwidth_gbps"),
+        ("[link]\nlatency_us = -5.0\n", "link.latency_us"),
+        ("[link]\nlatency_us = nan\n", "link.latency_us"),
+        (
+            "[node]\nshard_resident_share = 2.0\n",
+            "node.shard_resident_share",
+        ),
+        ("[node]\ntoken_capacity = inf\n", "node.token_capacity"),
+        ("[hotness]\nwindows = 0\n", "hotness.windows"),
+        ("[hotness]\nwindow_ms = 0\n", "hotness.window_ms"),
+        ("[hotness]\nhot_share = -1.0\n", "hotness.hot_share"),
+    ] {
+        let err = Config::parse(text, "x.toml").unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains("x.toml"), "{text}: {err}");
+    }
+    // The trace's own error names the key, not the generator's CLI flag.
+    let err = Config::parse("[trace]\nusers = 5\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(!err.contains("--"), "{err}");
+    let mut cfg = Config::embedded();
+    cfg.trace.candidates = 0;
+    let err = cfg.trace.gen_config().unwrap_err();
+    assert!(err.starts_with("trace.candidates"), "{err}");
+}
+
+#[test]
 fn pacing_is_idle_only_for_a_paced_deterministic_replay() {
     let with = |clock: &str, speed: &str, release: &str| {
         Config::parse(

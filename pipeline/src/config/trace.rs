@@ -41,8 +41,46 @@ impl Default for DefaultTraceConfig {
 }
 
 impl DefaultTraceConfig {
-    /// The generator settings this section stands for.
+    /// The generator settings this section stands for, checked: the error
+    /// is `trace.<key>: <why>`.
     pub fn gen_config(&self) -> Result<grflow_traces::GenConfig, String> {
+        let g = self.unchecked()?;
+        self.check(&g)
+            .map_err(|(field, why)| format!("{field}: {why}"))?;
+        Ok(g)
+    }
+
+    /// The first bad key of this section and why, as (field, message).
+    pub(super) fn invalid_field(&self) -> Option<(String, String)> {
+        match self.unchecked() {
+            Err(e) => Some(("trace.regime".into(), e)),
+            Ok(g) => self.check(&g).err(),
+        }
+    }
+
+    /// The generator's own checks name its CLI flags; a config names keys.
+    fn check(&self, g: &grflow_traces::GenConfig) -> Result<(), (String, String)> {
+        let Err(grflow_traces::GenError::Invalid { field, rule, value }) = g.validate() else {
+            return Ok(());
+        };
+        if field == "codebook-size" {
+            // Not a key: every generated trace uses the default codebook.
+            let max = (g.codebook_size as u64).pow(3);
+            return Err((
+                "trace.items".into(),
+                format!(
+                    "must be at most {max} ({}³ semantic ids; got {})",
+                    g.codebook_size, self.items
+                ),
+            ));
+        }
+        Err((
+            format!("trace.{}", field.replace('-', "_")),
+            format!("must be {rule} (got {value})"),
+        ))
+    }
+
+    fn unchecked(&self) -> Result<grflow_traces::GenConfig, String> {
         Ok(grflow_traces::GenConfig {
             regime: self
                 .regime

@@ -3,6 +3,9 @@
 
 use super::{Config, ConfigError, Speed};
 
+/// The largest `memory.pool_mib` accepted: 1 TiB.
+const MAX_POOL_MIB: f64 = 1_048_576.0;
+
 impl Config {
     pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
         let invalid = |field: &str, message: String| ConfigError::Invalid {
@@ -21,8 +24,11 @@ impl Config {
             ("run.slo_ms.rank", self.run.slo_ms.rank),
             ("run.slo_ms.retrieve", self.run.slo_ms.retrieve),
         ] {
-            if ms.is_nan() || ms <= 0.0 {
-                return Err(invalid(field, format!("must be > 0 (got {ms})")));
+            if !(ms.is_finite() && ms > 0.0) {
+                return Err(invalid(
+                    field,
+                    format!("must be a finite number > 0 (got {ms})"),
+                ));
             }
         }
         let scale = self.cost.compute_scale;
@@ -48,6 +54,11 @@ impl Config {
                 ),
             ));
         }
+        // Every command that generates this trace would otherwise stop
+        // later, or panic in the generator.
+        if let Some((field, message)) = self.trace.invalid_field() {
+            return Err(invalid(&field, message));
+        }
         if !(0.0..=1.0).contains(&self.memory.alpha) {
             return Err(invalid(
                 "memory.alpha",
@@ -72,14 +83,29 @@ impl Config {
                 ));
             }
         }
-        if self.memory.pool_mib.is_nan() || self.memory.pool_mib <= 0.0 {
+        // Past 1 TiB a pool is a typo, and allocating it would abort the job.
+        if !(self.memory.pool_mib > 0.0 && self.memory.pool_mib <= MAX_POOL_MIB) {
             return Err(invalid(
                 "memory.pool_mib",
-                format!("must be > 0 (got {})", self.memory.pool_mib),
+                format!(
+                    "must be > 0 and at most {MAX_POOL_MIB} (1 TiB) (got {})",
+                    self.memory.pool_mib
+                ),
             ));
         }
-        if self.link.bandwidth_gbps.is_nan() || self.link.bandwidth_gbps <= 0.0 {
-            return Err(invalid("link.bandwidth_gbps", "must be > 0".into()));
+        let gbps = self.link.bandwidth_gbps;
+        if !(gbps.is_finite() && gbps > 0.0) {
+            return Err(invalid(
+                "link.bandwidth_gbps",
+                format!("must be a finite number > 0 (got {gbps})"),
+            ));
+        }
+        let latency = self.link.latency_us;
+        if !(latency.is_finite() && latency >= 0.0) {
+            return Err(invalid(
+                "link.latency_us",
+                format!("must be a finite number >= 0 (got {latency})"),
+            ));
         }
         if !(self.link.refill_share > 0.0 && self.link.refill_share <= 1.0) {
             return Err(invalid("link.refill_share", "must be in (0, 1]".into()));
@@ -87,10 +113,25 @@ impl Config {
         if self.node.shard_rows == 0 {
             return Err(invalid("node.shard_rows", "must be >= 1".into()));
         }
-        if !(self.node.service_tokens_per_ms > 0.0 && self.node.token_capacity > 0.0) {
+        for (field, v) in [
+            (
+                "node.service_tokens_per_ms",
+                self.node.service_tokens_per_ms,
+            ),
+            ("node.token_capacity", self.node.token_capacity),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(invalid(
+                    field,
+                    format!("must be a finite number > 0 (got {v})"),
+                ));
+            }
+        }
+        let share = self.node.shard_resident_share;
+        if !(share > 0.0 && share <= 1.0) {
             return Err(invalid(
-                "node",
-                "service_tokens_per_ms and token_capacity must be > 0".into(),
+                "node.shard_resident_share",
+                format!("must be in (0, 1] (got {share})"),
             ));
         }
         if self.node.max_users == 0 {
@@ -98,6 +139,19 @@ impl Config {
         }
         if self.hotness.max_users == 0 {
             return Err(invalid("hotness.max_users", "must be >= 1".into()));
+        }
+        if self.hotness.window_ms == 0 {
+            return Err(invalid("hotness.window_ms", "must be >= 1".into()));
+        }
+        if self.hotness.windows == 0 {
+            return Err(invalid("hotness.windows", "must be >= 1".into()));
+        }
+        let hot = self.hotness.hot_share;
+        if !(hot > 0.0 && hot <= 1.0) {
+            return Err(invalid(
+                "hotness.hot_share",
+                format!("must be in (0, 1] (got {hot})"),
+            ));
         }
         if self.batch.max_tokens == 0 {
             return Err(invalid("batch.max_tokens", "must be >= 1".into()));
