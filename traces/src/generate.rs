@@ -62,8 +62,10 @@ impl Regime {
     }
 }
 
-/// Parameters of a synthetic trace; `Default` is grflow's embedded default
-/// (12,000 requests at 200 rps ≈ 60 s of event time).
+/// Parameters of a synthetic trace; `Default` is `grflow gen-trace`'s
+/// (Steady, 12,000 requests at 200 rps ≈ 60 s of event time, no retrieve
+/// requests). `grflow replay` generates from its config's `[trace]`
+/// section instead (Burst, 140 rps, 20% retrieve by default).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GenConfig {
     pub regime: Regime,
