@@ -42,6 +42,7 @@ fn main() {
                     p99_ms: 2.0 + (i % 7) as f64 * 0.1,
                     alpha: 0.3,
                     truncated_share: 0.0,
+                    alpha_end: None,
                 };
                 if cold {
                     other.iter_mut().for_each(|v| *v = v.wrapping_add(i as u64));

@@ -40,6 +40,12 @@ pub struct WindowStats {
     /// Share of requests served with a truncated history.
     #[serde(default)]
     pub truncated_share: f64,
+    /// α of the window's latest request (by event time): the node's α as
+    /// the window ended, which an operator's pin or a KV reclaim may have
+    /// moved away from what the allocator last set. None where the
+    /// samples carry no time.
+    #[serde(default)]
+    pub alpha_end: Option<f64>,
 }
 
 /// Start of the window that holds `ts_ms`.
@@ -88,6 +94,7 @@ impl WindowStats {
             p99_ms: percentile_weighted(&latencies, 0.99) as f64 / 1000.0,
             alpha: ratio(alpha, n) / 1000.0,
             truncated_share: ratio(truncated, n),
+            alpha_end: None,
         }
     }
 }
@@ -107,10 +114,15 @@ pub struct WindowAccumulator {
     alpha_milli: u64,
     truncated: u64,
     latencies_us: Vec<u64>,
+    /// (event time, α in thousandths) of the latest sample; the larger α
+    /// on a tie, so that the order samples arrive in does not matter.
+    latest: Option<(u64, u32)>,
 }
 
 impl WindowAccumulator {
-    pub fn add(&mut self, s: &TelemetrySample) {
+    /// Adds the sample of a request served at event time `time_ms`.
+    pub fn add(&mut self, time_ms: u64, s: &TelemetrySample) {
+        self.latest = self.latest.max(Some((time_ms, s.alpha_milli)));
         self.requests += 1;
         self.hot += s.hot_user as u64;
         self.emb_hits += s.emb_hits as u64;
@@ -149,6 +161,7 @@ impl WindowAccumulator {
             p99_ms: self.latencies_us[rank - 1] as f64 / 1000.0,
             alpha: ratio(self.alpha_milli, n) / 1000.0,
             truncated_share: ratio(self.truncated, n),
+            alpha_end: self.latest.map(|(_, a)| a as f64 / 1000.0),
         }
     }
 }
@@ -235,16 +248,41 @@ mod tests {
             })
             .collect();
         let mut acc = WindowAccumulator::default();
-        for s in &samples {
-            acc.add(s);
+        for (i, s) in samples.iter().enumerate() {
+            acc.add(i as u64 / 2, s);
         }
         assert_eq!(acc.requests(), 257);
         let batch = WindowStats::from_samples(samples.iter().map(|s| (s, 1)));
-        assert_eq!(acc.finish(), batch);
+        let acc = acc.finish();
+        // The batch aggregate has no times, hence no α at the end.
+        assert_eq!(acc.alpha_end, Some(0.5));
+        assert_eq!(
+            acc,
+            WindowStats {
+                alpha_end: Some(0.5),
+                ..batch
+            }
+        );
         assert_eq!(
             WindowAccumulator::default().finish(),
             WindowStats::default()
         );
+    }
+
+    #[test]
+    fn the_alpha_at_the_end_is_the_latest_requests_whatever_the_order() {
+        let at = |alpha_milli| TelemetrySample {
+            alpha_milli,
+            ..sample(1_000, false, false)
+        };
+        let mut acc = WindowAccumulator::default();
+        acc.add(30, &at(300));
+        acc.add(10, &at(500));
+        acc.add(30, &at(200));
+        acc.add(20, &at(700));
+        let w = acc.finish();
+        assert_eq!(w.alpha_end, Some(0.3));
+        assert!((w.alpha - 0.425).abs() < 1e-12);
     }
 
     #[test]

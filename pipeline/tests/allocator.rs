@@ -66,7 +66,8 @@ fn pid_moves_alpha_toward_kv_while_p99_is_over_the_slo_the_same_on_every_run() {
     let a = run(&trace, AllocatorPolicy::Pid, 0.001);
     let summary = a.summary.allocator.clone().expect("pid reports");
     assert!(summary.alpha_moves > 0, "{summary:?}");
-    assert!(summary.windows >= summary.alpha_moves);
+    assert!(summary.windows >= summary.decisions);
+    assert!(summary.decisions >= summary.alpha_moves);
     assert!(summary.decision_us_p99 > 0.0);
     assert_eq!(a.summary.responses_out, trace.requests.len() as u64);
     // Nodes that served (the event-time router may favour one).
@@ -125,6 +126,20 @@ fn growing_the_emb_share_queues_refill_bounded_by_the_pages_that_moved() {
     }
     // A node that served more than a handful had rows to refill.
     assert!(refilled >= 1, "{:?}", a.summary.nodes);
+}
+
+#[test]
+fn windows_too_small_to_decide_on_are_not_timed_as_decisions() {
+    let trace = trace();
+    let o = run_edited(&trace, AllocatorPolicy::Pid, 0.001, |c| {
+        c.allocator.min_requests = u64::MAX;
+    })
+    .unwrap();
+    let summary = o.summary.allocator.expect("pid reports");
+    assert!(summary.windows > 0, "{summary:?}");
+    assert_eq!(summary.decisions, 0, "{summary:?}");
+    assert_eq!(summary.alpha_moves, 0, "{summary:?}");
+    assert_eq!(summary.decision_us_mean, 0.0, "{summary:?}");
 }
 
 #[test]

@@ -140,6 +140,7 @@ mod tests {
             p99_ms,
             alpha: 0.4,
             truncated_share: 0.0,
+            alpha_end: None,
         }
     }
 

@@ -94,6 +94,7 @@ mod tests {
             p99_ms: 45.0,
             alpha: 0.4,
             truncated_share: 0.0,
+            alpha_end: None,
         }
     }
 

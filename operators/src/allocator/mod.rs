@@ -3,7 +3,8 @@
 //! need no learned model: `static` (α from the config, never moved),
 //! `kv-opt` (α = 0: all of the pool to KV, as HLEM defines it) and `pid`
 //! (HLEM's PID baseline on the p99 error). Each decision is an action of at
-//! most ±`max_step` (Eq. 3's largest) with α clipped to
+//! most ±`max_step` (Eq. 3's largest; `smart` adds its adapter's residual of
+//! at most ±0.02) from the node's α at the window's end, with α clipped to
 //! [`min_alpha`, `max_alpha`] (Eq. 4, 6). Pure: the dataflow wrapper feeds
 //! it windows and turns its answers into `SetAlpha` commands.
 //!
@@ -212,18 +213,39 @@ impl Allocator {
         self.alpha
     }
 
+    /// Whether a window with statistics `w` gets a decision (else it has
+    /// too few requests and α stays).
+    pub fn decides(&self, w: &WindowStats) -> bool {
+        w.requests >= self.cfg.min_requests
+    }
+
     /// The α to set after a closed epoch with statistics `w`, or None to
     /// leave it.
     pub fn decide(&mut self, w: &WindowStats) -> Option<f64> {
-        if w.requests < self.cfg.min_requests {
+        if !self.decides(w) {
             return None;
         }
-        let step = match (self.cfg.policy, &mut self.learned) {
-            (AllocatorPolicy::Pid, _) => self.pid_step(w),
-            (AllocatorPolicy::PpoOnly | AllocatorPolicy::Smart, Some(l)) => l.decide(w, self.alpha),
+        // Decide from the node's α, not the last one set: a pin, a KV
+        // reclaim or a move cut short by pinned pages may have changed it,
+        // and a move from a stale α would jump by more than one step.
+        if let Some(alpha) = w.alpha_end {
+            self.alpha = alpha;
+        }
+        let (step, bound) = match (self.cfg.policy, &mut self.learned) {
+            (AllocatorPolicy::Pid, _) => (self.pid_step(w), self.cfg.max_step),
+            (AllocatorPolicy::PpoOnly, Some(l)) => (l.decide(w, self.alpha), self.cfg.max_step),
+            // The adapter's residual comes on top of the policy's action.
+            (AllocatorPolicy::Smart, Some(l)) => {
+                (l.decide(w, self.alpha), self.cfg.max_step + adapter::BOUND)
+            }
             _ => return None,
         };
-        let next = (self.alpha + step).clamp(self.cfg.min_alpha, self.cfg.max_alpha);
+        // A start outside [min_alpha, max_alpha] (memory.alpha is any α in
+        // [0, 1]) is not pulled in by a jump: α only moves by the step,
+        // and never further out.
+        let lower = self.cfg.min_alpha.min(self.alpha);
+        let upper = self.cfg.max_alpha.max(self.alpha);
+        let next = (self.alpha + step.clamp(-bound, bound)).clamp(lower, upper);
         if (next - self.alpha).abs() < 1e-9 {
             return None;
         }
@@ -303,6 +325,44 @@ mod tests {
         assert!(up > 0.1, "{up}");
         // Too few requests: no decision.
         assert_eq!(a.decide(&window(3.0, 5)), None);
+    }
+
+    #[test]
+    fn decisions_start_from_the_nodes_alpha_at_the_windows_end() {
+        let mut a = Allocator::new(pid(), 30.0, 0.5);
+        let low = |alpha_end| WindowStats {
+            alpha_end,
+            ..window(3.0, 100)
+        };
+        // Below the SLO: α up from 0.5.
+        let up = a.decide(&low(Some(0.5))).unwrap();
+        assert!(up > 0.5 && up <= 0.56 + 1e-9, "{up}");
+        // An operator pinned the node at 0.3 (or a reclaim moved it): the
+        // next move starts there, one step at most, not from `up`.
+        let next = a.decide(&low(Some(0.3))).unwrap();
+        assert!(next > 0.3 && next <= 0.36 + 1e-9, "{next}");
+        assert_eq!(a.alpha(), next);
+        // A window without times leaves the allocator's own α.
+        let again = a.decide(&low(None)).unwrap();
+        assert!(again > next && again <= next + 0.06 + 1e-9, "{again}");
+    }
+
+    #[test]
+    fn a_start_outside_the_bounds_moves_by_steps_and_never_further_out() {
+        // Starting at α 0 with min_alpha 0.1: below the SLO the first move
+        // is one step up, not a jump to the bound plus a step.
+        let mut a = Allocator::new(pid(), 30.0, 0.0);
+        let up = a.decide(&window(3.0, 100)).unwrap();
+        assert!(up > 0.0 && up <= 0.06 + 1e-9, "{up}");
+        // Starting at α 1 above the SLO: down by one step.
+        let mut a = Allocator::new(pid(), 30.0, 1.0);
+        let down = a.decide(&window(300.0, 100)).unwrap();
+        assert!((down - 0.94).abs() < 1e-9, "{down}");
+        // Starting at α 0, above the SLO: the step points further out, so
+        // α stays (it is never pushed below 0 nor under where it is).
+        let mut a = Allocator::new(pid(), 30.0, 0.0);
+        assert_eq!(a.decide(&window(300.0, 100)), None);
+        assert_eq!(a.alpha(), 0.0);
     }
 
     #[test]

@@ -27,6 +27,9 @@ const DECISION_SAMPLES: usize = 65_536;
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct AllocatorStats {
     pub windows: u64,
+    /// Windows with enough requests to decide on (`allocator.min_requests`).
+    #[serde(default)]
+    pub decisions: u64,
     pub moves: u64,
     /// Decision times (µs), from the closed window's arrival to the command.
     decision_us: Vec<f64>,
@@ -48,6 +51,7 @@ impl AllocatorStats {
 
     pub fn merge(&mut self, other: &AllocatorStats) {
         self.windows += other.windows;
+        self.decisions += other.decisions;
         self.moves += other.moves;
         for &us in &other.decision_us {
             self.record(us);
@@ -68,6 +72,7 @@ impl AllocatorStats {
         AllocatorSummary {
             policy,
             windows: self.windows,
+            decisions: self.decisions,
             alpha_moves: self.moves,
             decision_us_mean: if us.is_empty() {
                 0.0
@@ -85,6 +90,10 @@ pub struct AllocatorSummary {
     pub policy: AllocatorPolicy,
     /// Closed windows the allocators saw.
     pub windows: u64,
+    /// Of those, the windows with enough requests to decide on; the
+    /// decision times are theirs.
+    #[serde(default)]
+    pub decisions: u64,
     /// `SetAlpha` commands they sent.
     pub alpha_moves: u64,
     pub decision_us_mean: f64,
@@ -111,6 +120,7 @@ pub fn allocate<'s>(
                     // setup, not part of a decision.
                     let allocator = allocators.entry(w.node).or_insert_with(|| make(w.node));
                     let started = Instant::now();
+                    let decides = allocator.decides(&w.stats);
                     let decision = allocator.decide(&w.stats);
                     if let Some(alpha) = decision {
                         session.give(NodeControl {
@@ -120,7 +130,11 @@ pub fn allocate<'s>(
                         });
                     }
                     // The command is out: the log line is not decision time.
-                    stats.record(started.elapsed().as_secs_f64() * 1e6);
+                    // A window too small to decide on is not a decision.
+                    if decides {
+                        stats.record(started.elapsed().as_secs_f64() * 1e6);
+                        stats.decisions += 1;
+                    }
                     stats.windows += 1;
                     if let Some(alpha) = decision {
                         stats.moves += 1;

@@ -67,7 +67,7 @@ pub fn closed_windows<'s>(
                     nodes: BTreeMap::new(),
                 });
                 for t in data.flat_map(|d| d.drain(..)) {
-                    window.nodes.entry(t.node).or_default().add(&t.sample);
+                    window.nodes.entry(t.node).or_default().add(time, &t.sample);
                     gauge.samples += 1;
                 }
             });
