@@ -343,3 +343,52 @@ fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
     assert_eq!(summary.shed, 0, "{summary:?}");
     assert_eq!(summary.responses_out, total as u64, "{summary:?}");
 }
+
+#[test]
+fn mock_a_committed_offset_past_the_log_end_does_not_skip_new_requests() {
+    // The group committed offset 1,000 on a log that has since been
+    // created again (or cut short, or the group id was reused): its 20 new
+    // records are all below that offset.
+    const TOTAL: u64 = 20;
+    let group = "past-end";
+    let mock = cluster(group);
+    let brokers = mock.bootstrap_servers();
+    let committer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut old = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        old.add_partition_offset(REQUESTS, p, Offset::Offset(1_000))
+            .unwrap();
+    }
+    committer
+        .commit(&old, rdkafka::consumer::CommitMode::Sync)
+        .unwrap();
+    drop(committer);
+    assert_eq!(committed(&brokers, group), vec![1_000; PARTITIONS as usize]);
+    produce_requests(&brokers, 0, TOTAL);
+    let config = Config::parse(&config_text(&brokers, group, ""), "past-end.toml").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let job_stop = stop.clone();
+    let job =
+        std::thread::spawn(move || grflow_pipeline::serve(ServeOptions::new(config), job_stop));
+    let responses = read_records(&brokers, RESPONSES, PARTITIONS, TOTAL as usize);
+    stop.store(true, Ordering::Relaxed);
+    let summary = job.join().unwrap().expect("serve");
+    let req_ids: std::collections::BTreeSet<u64> = responses
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(r).unwrap();
+            v["req_id"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(req_ids.len() as u64, TOTAL, "every request answered");
+    assert_eq!(summary.responses_out, TOTAL, "{summary:?}");
+    assert_eq!(summary.duplicates_skipped, 0, "{summary:?}");
+    // The commit now points into the log as it is.
+    let now = committed(&brokers, group);
+    assert_eq!(now.iter().sum::<i64>(), TOTAL as i64, "{now:?}");
+}

@@ -492,7 +492,8 @@ fn mock_leader_change_consumer_resumes_and_commits() {
             .map(|&partition| Resumed {
                 partition,
                 offset: 0,
-                from_commit: false
+                from_commit: false,
+                past_end: None,
             })
             .collect::<Vec<_>>()
     );
@@ -544,7 +545,8 @@ fn mock_leader_change_consumer_resumes_and_commits() {
             .map(|&partition| Resumed {
                 partition,
                 offset: ACKED,
-                from_commit: true
+                from_commit: true,
+                past_end: None,
             })
             .collect::<Vec<_>>()
     );
@@ -650,7 +652,8 @@ fn mock_consumer_survives_broker_down() {
         vec![Resumed {
             partition: 0,
             offset: 2 * HALF,
-            from_commit: true
+            from_commit: true,
+            past_end: None,
         }]
     );
     eprintln!(
@@ -746,7 +749,8 @@ fn mock_sync_commit_lands_after_a_coordinator_outage() {
         vec![Resumed {
             partition: 0,
             offset: 10,
-            from_commit: true
+            from_commit: true,
+            past_end: None,
         }]
     );
     eprintln!(

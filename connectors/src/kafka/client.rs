@@ -150,6 +150,12 @@ pub struct Resumed {
     pub offset: i64,
     /// Whether `offset` came from a committed offset (a restart).
     pub from_commit: bool,
+    /// The group's committed offset when it lay past the end of the log
+    /// (the topic was deleted and created again, the log was cut short, or
+    /// the group id was used on another topic): it was ignored and the
+    /// partition read from the start position, since every record below
+    /// it would otherwise be skipped as already consumed.
+    pub past_end: Option<i64>,
 }
 
 /// Number of partitions of `topic`.
@@ -317,13 +323,26 @@ impl RequestConsumer {
         }
         let mut resumed = Vec::with_capacity(partitions.len());
         let mut assignment = TopicPartitionList::new();
-        for &p in partitions {
-            let from_commit = committed
+        for (&p, &(_, high)) in partitions.iter().zip(&listed) {
+            let committed_at = committed
                 .find_partition(topic, p)
                 .and_then(|e| match e.offset() {
                     Offset::Offset(o) if o >= 0 => Some(o),
                     _ => None,
                 });
+            let past_end = committed_at.filter(|&o| o > high);
+            if let Some(o) = past_end {
+                tracing::warn!(
+                    topic,
+                    partition = p,
+                    committed = o,
+                    log_end = high,
+                    "the group's committed offset is past the end of the log (topic created \
+                     again, log cut short, or the group id reused): reading from the start \
+                     position instead"
+                );
+            }
+            let from_commit = committed_at.filter(|&o| o <= high);
             // `offset`: below it, records count as already consumed.
             let (offset, fetch_from) = match (from_commit, refetch, start) {
                 (Some(o), Refetch::FromCommitted, _) => (o, Offset::Offset(o)),
@@ -338,6 +357,7 @@ impl RequestConsumer {
                 partition: p,
                 offset,
                 from_commit: from_commit.is_some(),
+                past_end,
             });
         }
         consumer

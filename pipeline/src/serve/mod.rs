@@ -297,13 +297,22 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     partition = r.partition,
                     offset = r.offset,
                     from_commit = r.from_commit,
+                    committed_past_end = r.past_end,
                     "reading"
                 );
             }
         }
+        // Answers on the response topic name (partition, offset) of the
+        // log they answered: where that log is gone (a committed offset
+        // past its end), they say nothing about the records there now.
+        let renewed: Vec<i32> = resumed
+            .iter()
+            .filter(|r| r.past_end.is_some())
+            .map(|r| r.partition)
+            .collect();
         let mine: HashSet<RecordId> = answered
             .iter()
-            .filter(|id| owned.contains(&id.partition))
+            .filter(|id| owned.contains(&id.partition) && !renewed.contains(&id.partition))
             .copied()
             .collect();
         let source_settings = SourceSettings {
