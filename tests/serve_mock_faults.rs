@@ -392,3 +392,32 @@ fn mock_a_committed_offset_past_the_log_end_does_not_skip_new_requests() {
     let now = committed(&brokers, group);
     assert_eq!(now.iter().sum::<i64>(), TOTAL as i64, "{now:?}");
 }
+
+#[test]
+fn mock_refused_commits_are_counted_and_not_reported_as_committed() {
+    const TOTAL: u64 = 20;
+    let group = "refused-commits";
+    let mock = cluster(group);
+    let brokers = mock.bootstrap_servers();
+    // The group may not commit (as with a missing ACL), for the whole run.
+    mock.request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; 1_000],
+    );
+    produce_requests(&brokers, 0, TOTAL);
+    let config = Config::parse(&config_text(&brokers, group, ""), "refused.toml").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let job_stop = stop.clone();
+    let job =
+        std::thread::spawn(move || grflow_pipeline::serve(ServeOptions::new(config), job_stop));
+    let responses = read_records(&brokers, RESPONSES, PARTITIONS, TOTAL as usize);
+    assert_eq!(responses.len() as u64, TOTAL);
+    // A few commit intervals (100 ms) with the answers durable.
+    std::thread::sleep(Duration::from_millis(600));
+    stop.store(true, Ordering::Relaxed);
+    let summary = job.join().unwrap().expect("serve");
+    assert_eq!(summary.responses_out, TOTAL, "{summary:?}");
+    assert!(summary.commit_failures > 0, "{summary:?}");
+    assert!(summary.committed.is_empty(), "{summary:?}");
+    assert_eq!(committed(&brokers, group), vec![-1; PARTITIONS as usize]);
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
@@ -255,10 +255,35 @@ pub fn ensure_topics(
     Ok(())
 }
 
+/// The request consumer's context: keeps what the broker answered to
+/// commits, which librdkafka reports only through this callback (the
+/// default context drops it, so a refused commit went unnoticed).
+#[derive(Debug, Default)]
+struct CommitWatch {
+    refused: std::sync::Mutex<Vec<String>>,
+}
+
+impl ClientContext for CommitWatch {}
+
+impl ConsumerContext for CommitWatch {
+    fn commit_callback(
+        &self,
+        result: rdkafka::error::KafkaResult<()>,
+        _offsets: &TopicPartitionList,
+    ) {
+        if let Err(e) = result {
+            self.refused
+                .lock()
+                .expect("commit watch lock")
+                .push(e.to_string());
+        }
+    }
+}
+
 /// Reads a fixed set of partitions of one topic and commits explicitly.
 #[allow(missing_debug_implementations)] // wraps an rdkafka client
 pub struct RequestConsumer {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<CommitWatch>,
     topic: String,
     partitions: Vec<i32>,
     paused: bool,
@@ -278,7 +303,7 @@ impl RequestConsumer {
         refetch: Refetch,
         timeout: Duration,
     ) -> Result<(Self, Vec<Resumed>), KafkaClientError> {
-        let consumer: BaseConsumer = settings
+        let consumer: BaseConsumer<CommitWatch> = settings
             .client_config_with(&[
                 ("group.id", &settings.group_id),
                 ("enable.auto.commit", "false"),
@@ -299,7 +324,7 @@ impl RequestConsumer {
                 // A serving job wants records now, not batched for 500 ms.
                 ("fetch.wait.max.ms", "5"),
             ])
-            .create()
+            .create_with_context(CommitWatch::default())
             .map_err(kafka("creating the request consumer"))?;
         let mut wanted = TopicPartitionList::new();
         for &p in partitions {
@@ -456,6 +481,19 @@ impl RequestConsumer {
             .map_err(kafka(format!("committing {offsets:?}")))
     }
 
+    /// Why the broker refused the commits it answered since the last call
+    /// (answers arrive while the consumer polls).
+    pub fn take_refused_commits(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .consumer
+                .context()
+                .refused
+                .lock()
+                .expect("commit watch lock"),
+        )
+    }
+
     /// High watermarks as of the last fetch response (no broker round trip).
     pub fn cached_high_watermarks(&self) -> Vec<(i32, Option<i64>)> {
         self.partitions
@@ -469,7 +507,11 @@ impl RequestConsumer {
 /// rdkafka 0.39 wraps only the broker round trip (ListOffsets), which tansu
 /// 0.6 answers with a batch's base offset instead of the end of the log; the
 /// value cached from fetch responses needs the C call.
-fn cached_high_watermark(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+fn cached_high_watermark<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
     let topic = std::ffi::CString::new(topic).ok()?;
     let (mut low, mut high) = (-1i64, -1i64);
     // SAFETY: the client pointer is valid for the life of `consumer`, `topic`

@@ -46,6 +46,8 @@ pub enum KafkaEvent<'a> {
     Resent,
     /// An output failed every retry and went to the dead-letter topic.
     Undeliverable { topic: &'a str, error: &'a str },
+    /// The broker refused an offset commit (the offsets are sent again).
+    CommitFailed { worker: usize, error: &'a str },
 }
 
 impl KafkaEvent<'_> {
@@ -107,6 +109,21 @@ impl KafkaEvent<'_> {
                 tracing::debug!(topic, error, "producing an output failed");
             }
             Self::Resent => count(&counters.resent, "grflow_resent_total"),
+            Self::CommitFailed { worker, error } => {
+                let n = counters.commit_failures.fetch_add(1, Ordering::Relaxed) + 1;
+                metrics::counter!("grflow_commit_failures_total").increment(1);
+                // A lasting refusal (an ACL) repeats every commit interval:
+                // the 1st, 2nd, 4th, 8th, ... are logged.
+                if n.is_power_of_two() {
+                    tracing::warn!(
+                        worker,
+                        error,
+                        refused_so_far = n,
+                        "offset commit refused: the offsets are sent again; until one succeeds \
+                         a restart reads the records since the last commit again"
+                    );
+                }
+            }
             Self::Undeliverable { topic, error } => {
                 count(&counters.undeliverable, "grflow_undeliverable_total");
                 tracing::error!(
@@ -142,6 +159,10 @@ mod tests {
             KafkaEvent::ErrorAnswered { kind: "shed" },
             KafkaEvent::ErrorAnswered { kind: "unservable" },
             KafkaEvent::Delivered,
+            KafkaEvent::CommitFailed {
+                worker: 0,
+                error: "refused",
+            },
         ] {
             e.emit(&c);
         }
@@ -152,5 +173,6 @@ mod tests {
         assert_eq!((n(&c.responses), n(&c.recovered_unshed)), (1, 1));
         assert_eq!((n(&c.shed), n(&c.unservable)), (1, 1));
         assert_eq!(n(&c.delivered), 1);
+        assert_eq!(n(&c.commit_failures), 1);
     }
 }

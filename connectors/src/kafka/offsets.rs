@@ -167,6 +167,14 @@ impl OffsetBook {
         out
     }
 
+    /// The broker refused a commit: the next [`Self::take_commits`] sends
+    /// every partition's safe offset again, moved or not.
+    pub fn forget_commits(&mut self) {
+        for p in self.partitions.values_mut() {
+            p.last_commit = None;
+        }
+    }
+
     /// Every partition's safe commit, whether or not it moved (for the
     /// final, synchronous commit at shutdown).
     pub fn safe_commits(&self) -> Vec<(i32, i64)> {

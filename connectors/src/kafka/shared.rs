@@ -51,6 +51,8 @@ pub struct KafkaCounters {
     pub undeliverable: AtomicU64,
     /// Times reads were paused because too many requests were in flight.
     pub pauses: AtomicU64,
+    /// Offset commits the broker refused (the offsets are sent again).
+    pub commit_failures: AtomicU64,
     pub newest_event_ms: AtomicU64,
 }
 
@@ -221,6 +223,8 @@ pub struct CountsSnapshot {
     pub produce_failures: u64,
     pub undeliverable: u64,
     pub pauses: u64,
+    #[serde(default)]
+    pub commit_failures: u64,
 }
 
 impl CountsSnapshot {
@@ -242,6 +246,7 @@ impl CountsSnapshot {
             produce_failures: c.produce_failures.load(Ordering::Relaxed),
             undeliverable: c.undeliverable.load(Ordering::Relaxed),
             pauses: c.pauses.load(Ordering::Relaxed),
+            commit_failures: c.commit_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -262,5 +267,6 @@ impl CountsSnapshot {
         self.produce_failures += o.produce_failures;
         self.undeliverable += o.undeliverable;
         self.pauses += o.pauses;
+        self.commit_failures += o.commit_failures;
     }
 }

@@ -334,12 +334,24 @@ impl KafkaSource {
     /// Commits what moved (periodically), or every partition's safe offset
     /// and waits for the broker (`final_commit`, at shutdown).
     pub fn commit(&mut self, final_commit: bool) -> Vec<(i32, i64)> {
+        // Answers to earlier (asynchronous) commits, read while polling.
+        let refused = self.consumer.take_refused_commits();
+        for error in &refused {
+            KafkaEvent::CommitFailed {
+                worker: self.worker,
+                error,
+            }
+            .emit(&self.shared.counters);
+        }
         let commits = {
             let mut book = self
                 .shared
                 .book(self.worker)
                 .lock()
                 .expect("offset book lock");
+            if !refused.is_empty() {
+                book.forget_commits();
+            }
             if final_commit {
                 book.safe_commits()
             } else {
@@ -347,7 +359,18 @@ impl KafkaSource {
             }
         };
         if let Err(e) = self.consumer.commit(&commits, final_commit) {
-            tracing::warn!(worker = self.worker, error = %e, "offset commit");
+            KafkaEvent::CommitFailed {
+                worker: self.worker,
+                error: &e.to_string(),
+            }
+            .emit(&self.shared.counters);
+            self.shared
+                .book(self.worker)
+                .lock()
+                .expect("offset book lock")
+                .forget_commits();
+            // Not committed: the summary must not say it is.
+            return Vec::new();
         }
         commits
     }

@@ -739,6 +739,7 @@ fn summarise(
         resent: c.resent,
         produce_failures: c.produce_failures,
         undeliverable: c.undeliverable,
+        commit_failures: c.commit_failures,
         drain_timed_out: part.drain_timed_out,
         pauses: c.pauses,
         oov_items: results.iter().map(|r| r.oov_items).sum(),

@@ -132,6 +132,10 @@ pub struct ServeSummary {
     pub produce_failures: u64,
     /// Outputs dead-lettered after failing every retry.
     pub undeliverable: u64,
+    /// Offset commits the broker refused (each sent again; `committed`
+    /// lists only offsets the final commit got through).
+    #[serde(default)]
+    pub commit_failures: u64,
     /// The shutdown drain stopped at `kafka.drain_timeout_ms`: what was not
     /// answered by then is not committed and is read again on restart.
     pub drain_timed_out: bool,
