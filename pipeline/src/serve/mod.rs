@@ -679,10 +679,15 @@ fn flush(sink: &RefCell<KafkaSink>) -> usize {
 fn log_metrics(shared: &SharedState, latency: &AnswerLatency) {
     let c = &shared.counters;
     let lag = shared.lag.lock().expect("lag lock").clone();
-    let p99_ms = latency.p99_ms();
+    let p99_ms_since_start = latency.p99_ms();
+    // The gauge is this interval's: a p99 since start would hardly move
+    // after weeks of traffic. No answers: the last value stays.
+    let p99_ms = latency.take_recent_p99_ms();
     // Counters reach /metrics as they happen (`KafkaEvent`); gauges here.
     metrics::gauge!("grflow_in_flight").set(shared.in_flight() as f64);
-    metrics::gauge!("grflow_p99_ms").set(p99_ms);
+    if let Some(p99) = p99_ms {
+        metrics::gauge!("grflow_p99_ms").set(p99);
+    }
     for (partition, behind) in &lag {
         metrics::gauge!("grflow_consumer_lag", "partition" => partition.to_string())
             .set(*behind as f64);
@@ -699,6 +704,7 @@ fn log_metrics(shared: &SharedState, latency: &AnswerLatency) {
         undeliverable = c.undeliverable.load(Ordering::Relaxed),
         in_flight = shared.in_flight(),
         p99_ms,
+        p99_ms_since_start,
         lag = ?lag,
         "serve metrics"
     );

@@ -20,6 +20,9 @@ use crate::summary::{ModeSummaries, ModeTallies};
 #[derive(Debug)]
 pub struct AnswerLatency {
     pub overall: Mutex<LatencyHistogram>,
+    /// Since the last metrics interval: a job that ran for weeks would
+    /// otherwise hide an hour-long regression in its overall p99.
+    recent: Mutex<LatencyHistogram>,
     pub by_mode: Mutex<ModeTallies>,
     slo_ms: SloMs,
 }
@@ -28,6 +31,7 @@ impl AnswerLatency {
     pub fn new(slo_ms: SloMs) -> Self {
         Self {
             overall: Mutex::default(),
+            recent: Mutex::default(),
             by_mode: Mutex::default(),
             slo_ms,
         }
@@ -47,6 +51,7 @@ impl AnswerLatency {
             return;
         }
         self.overall.lock().expect("latency lock").record(ms);
+        self.recent.lock().expect("latency lock").record(ms);
         self.by_mode
             .lock()
             .expect("latency lock")
@@ -55,6 +60,13 @@ impl AnswerLatency {
 
     pub fn p99_ms(&self) -> f64 {
         self.overall.lock().expect("latency lock").quantile(0.99)
+    }
+
+    /// The p99 of the answers since the last call (None when there were
+    /// none), and a fresh start for the next interval.
+    pub fn take_recent_p99_ms(&self) -> Option<f64> {
+        let recent = std::mem::take(&mut *self.recent.lock().expect("latency lock"));
+        (recent.count() > 0).then(|| recent.quantile(0.99))
     }
 }
 
@@ -182,5 +194,24 @@ mod tests {
         assert_eq!((s.rank.responses, s.rank.failed), (1, 0));
         assert_eq!((s.retrieve.responses, s.retrieve.failed), (0, 1));
         assert_eq!(s.retrieve.slo_satisfaction, 0.0);
+    }
+
+    #[test]
+    fn the_recent_p99_is_the_last_intervals_not_the_jobs() {
+        let latency = AnswerLatency::new(SloMs::both(30.0));
+        assert_eq!(latency.take_recent_p99_ms(), None);
+        for _ in 0..100_000 {
+            latency.record(5.0, Mode::Rank, false);
+        }
+        let first = latency.take_recent_p99_ms().unwrap();
+        assert!((first - 5.0).abs() < 0.1, "{first}");
+        // A regression after weeks of good answers.
+        for _ in 0..500 {
+            latency.record(800.0, Mode::Rank, false);
+        }
+        let second = latency.take_recent_p99_ms().unwrap();
+        assert!(second >= 790.0, "{second}");
+        assert!(latency.p99_ms() < 6.0, "the job's p99 hides it");
+        assert_eq!(latency.take_recent_p99_ms(), None);
     }
 }
