@@ -37,6 +37,15 @@ pub struct Args {
     /// Semantic-ID codebook size C (C³ >= items).
     #[arg(long, default_value_t = GenConfig::default().codebook_size)]
     pub codebook_size: u16,
+    /// Candidates per rank request (the label plus popularity-sampled items).
+    #[arg(long, default_value_t = GenConfig::default().candidates)]
+    pub candidates: usize,
+    /// Shortest user history (items).
+    #[arg(long, default_value_t = GenConfig::default().min_history)]
+    pub min_history: u32,
+    /// Longest user history (items).
+    #[arg(long, default_value_t = GenConfig::default().max_history)]
+    pub max_history: u32,
     /// Rows per row group of requests.parquet (the unit of sharding over workers).
     #[arg(long, default_value_t = grflow_traces::DEFAULT_ROW_GROUP_ROWS)]
     pub row_group_rows: usize,
@@ -59,6 +68,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tables: args.tables,
         retrieve_share: args.retrieve_share,
         codebook_size: args.codebook_size,
+        candidates: args.candidates,
+        min_history: args.min_history,
+        max_history: args.max_history,
         ..GenConfig::default()
     };
     cfg.validate().map_err(InputError::from_display)?;

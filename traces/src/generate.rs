@@ -358,7 +358,7 @@ fn generate_with_schedule(cfg: &GenConfig) -> (Trace, Schedule) {
             table_rows: table_rows(cfg.items, cfg.tables),
             codebook_size: cfg.codebook_size,
             source: format!(
-                "grflow gen-trace --regime {} --users {} --items {} --requests {} --rps {} --seed {} --tables {} --retrieve-share {}",
+                "grflow gen-trace --regime {} --users {} --items {} --requests {} --rps {} --seed {} --tables {} --retrieve-share {} --codebook-size {} --candidates {} --min-history {} --max-history {}",
                 cfg.regime.as_str(),
                 cfg.users,
                 cfg.items,
@@ -366,7 +366,11 @@ fn generate_with_schedule(cfg: &GenConfig) -> (Trace, Schedule) {
                 cfg.rps,
                 cfg.seed,
                 cfg.tables,
-                cfg.retrieve_share
+                cfg.retrieve_share,
+                cfg.codebook_size,
+                cfg.candidates,
+                cfg.min_history,
+                cfg.max_history
             ),
         }),
         requests,
@@ -545,6 +549,30 @@ mod tests {
         let max = *lens.iter().max().unwrap();
         let min = *lens.iter().min().unwrap();
         assert!(min >= 10 && max <= 600, "histories {min}..{max}");
+    }
+
+    #[test]
+    fn the_recorded_source_names_every_setting_that_shapes_the_trace() {
+        let cfg = GenConfig {
+            users: 100,
+            requests: 50,
+            codebook_size: 512,
+            candidates: 20,
+            min_history: 200,
+            max_history: 300,
+            ..GenConfig::default()
+        };
+        let source = generate(&cfg).meta.unwrap().source;
+        for flag in [
+            "--users 100",
+            "--requests 50",
+            "--codebook-size 512",
+            "--candidates 20",
+            "--min-history 200",
+            "--max-history 300",
+        ] {
+            assert!(source.contains(flag), "{flag} missing from {source}");
+        }
     }
 
     #[test]
