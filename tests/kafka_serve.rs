@@ -720,6 +720,17 @@ fn serve_moves_alpha_window_by_window_and_reports_it() {
             (0.1 - 1e-3..=0.9 + 1e-3).contains(&at_exit),
             "node {node}: {at_exit}"
         );
+        // What the moves cost (rows evicted before a grown EMB share are
+        // refilled; with room to spare there may be none).
+        let refill = &summary["refill"][node.to_string()];
+        let (bytes, max) = (
+            refill["refill_bytes"].as_u64().unwrap(),
+            refill["refill_bytes_max_per_move"].as_u64().unwrap(),
+        );
+        assert!(max <= bytes, "node {node}: {refill}");
+        if (at_exit - 0.25).abs() > 0.01 {
+            assert!(refill["alpha_moves"].as_u64().unwrap() >= 1, "{refill}");
+        }
     }
     assert!(
         served_moved >= 1,

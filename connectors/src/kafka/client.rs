@@ -355,7 +355,11 @@ impl RequestConsumer {
                     Offset::Offset(o) if o >= 0 => Some(o),
                     _ => None,
                 });
-            let past_end = committed_at.filter(|&o| o > high);
+            // Only where the broker's log end can be trusted: a broker that
+            // needs `Refetch::FromStart` (tansu 0.6) also answers ListOffsets
+            // with the last batch's base offset, below a committed offset
+            // inside that batch.
+            let past_end = committed_at.filter(|&o| o > high && refetch == Refetch::FromCommitted);
             if let Some(o) = past_end {
                 tracing::warn!(
                     topic,
@@ -367,7 +371,7 @@ impl RequestConsumer {
                      position instead"
                 );
             }
-            let from_commit = committed_at.filter(|&o| o <= high);
+            let from_commit = committed_at.filter(|_| past_end.is_none());
             // `offset`: below it, records count as already consumed.
             let (offset, fetch_from) = match (from_commit, refetch, start) {
                 (Some(o), Refetch::FromCommitted, _) => (o, Offset::Offset(o)),

@@ -45,7 +45,7 @@ use crate::params::node_params;
 use crate::side::SideTables;
 use grflow_operators::node::NodeCommand;
 pub use summary::ServeSummary;
-use summary::{AnswerLatency, ProcessPart};
+use summary::{AnswerLatency, ProcessPart, RefillSummary};
 
 /// Timeout of blocking metadata, commit and watermark calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -134,6 +134,7 @@ struct WorkerResult {
     model_version: String,
     /// The worker's node's α when the job stopped.
     alpha: f64,
+    refill: RefillSummary,
     /// What this worker's allocators did (no training records).
     allocator: AllocatorStats,
     process_part: Option<ProcessPart>,
@@ -552,6 +553,12 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             truncated_histories: node.counters().truncated_histories,
             model_version: node.model_version().to_string(),
             alpha: node.alpha(),
+            refill: RefillSummary {
+                alpha_moves: node.counters().alpha_moves,
+                refill_bytes: node.counters().refill_bytes,
+                refill_bytes_max_per_move: node.counters().refill_bytes_max_per_move,
+                kv_reclaims: node.counters().kv_reclaims,
+            },
             allocator,
             process_part: None,
         };
@@ -764,6 +771,7 @@ fn summarise(
             .map(|r| r.model_version.clone())
             .unwrap_or_default(),
         alpha_at_exit: results.iter().map(|r| (r.worker, r.alpha)).collect(),
+        refill: results.iter().map(|r| (r.worker, r.refill)).collect(),
         allocator: cfg.allocator.moves().then(|| {
             let mut stats = AllocatorStats::default();
             for r in results {

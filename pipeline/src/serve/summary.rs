@@ -169,10 +169,25 @@ pub struct ServeSummary {
     pub model_version: String,
     /// Each node's α (EMB share of its pool) when the job stopped, by node.
     pub alpha_at_exit: BTreeMap<usize, f64>,
+    /// What moving α cost each node, by node: bytes refilled into the EMB
+    /// share after its boundary grew, in all and at most per move (HLEM
+    /// §IV-B bounds it by the pages that changed sides).
+    pub refill: BTreeMap<usize, RefillSummary>,
     /// What the allocator did (absent when α does not move): windows
     /// decided, `SetAlpha` commands sent, decision time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocator: Option<crate::dataflow::allocator::AllocatorSummary>,
+}
+
+/// One node's refill traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct RefillSummary {
+    pub alpha_moves: u64,
+    pub refill_bytes: u64,
+    pub refill_bytes_max_per_move: u64,
+    /// Times the KV share took pages back from EMB for a request that did
+    /// not fit alone.
+    pub kv_reclaims: u64,
 }
 
 #[cfg(test)]

@@ -399,6 +399,7 @@ fn publish_node_metrics(node: &ServingNode) {
     metrics::gauge!("grflow_kv_hit_rate", &label).set(ratio(c.kv_reused_tokens, c.kv_total_tokens));
     metrics::counter!("grflow_model_calls_total", &label).absolute(c.model_calls);
     metrics::counter!("grflow_model_flops_total", &label).absolute(c.model_flops as u64);
+    metrics::counter!("grflow_refill_bytes_total", &label).absolute(c.refill_bytes);
     metrics::gauge!("grflow_user_prefix_heads", &label).set(node.user_heads() as f64);
 }
 
