@@ -13,6 +13,17 @@ impl Config {
             field: field.to_string(),
             message,
         };
+        // `inf` passes a plain `> 0` and NaN fails every comparison.
+        let finite_positive = |field: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(invalid(
+                    field,
+                    format!("must be a finite number > 0 (got {v})"),
+                ))
+            }
+        };
         if self.run.workers == 0 {
             return Err(invalid("run.workers", "must be >= 1".into()));
         }
@@ -20,24 +31,9 @@ impl Config {
             .speed
             .parse::<Speed>()
             .map_err(|m| invalid("run.speed", m))?;
-        for (field, ms) in [
-            ("run.slo_ms.rank", self.run.slo_ms.rank),
-            ("run.slo_ms.retrieve", self.run.slo_ms.retrieve),
-        ] {
-            if !(ms.is_finite() && ms > 0.0) {
-                return Err(invalid(
-                    field,
-                    format!("must be a finite number > 0 (got {ms})"),
-                ));
-            }
-        }
-        let scale = self.cost.compute_scale;
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(invalid(
-                "cost.compute_scale",
-                format!("must be > 0 (got {scale})"),
-            ));
-        }
+        finite_positive("run.slo_ms.rank", self.run.slo_ms.rank)?;
+        finite_positive("run.slo_ms.retrieve", self.run.slo_ms.retrieve)?;
+        finite_positive("cost.compute_scale", self.cost.compute_scale)?;
         let overhead = self.cost.overhead_scale;
         if !(overhead.is_finite() && overhead >= 0.0) {
             return Err(invalid(
@@ -93,13 +89,7 @@ impl Config {
                 ),
             ));
         }
-        let gbps = self.link.bandwidth_gbps;
-        if !(gbps.is_finite() && gbps > 0.0) {
-            return Err(invalid(
-                "link.bandwidth_gbps",
-                format!("must be a finite number > 0 (got {gbps})"),
-            ));
-        }
+        finite_positive("link.bandwidth_gbps", self.link.bandwidth_gbps)?;
         let latency = self.link.latency_us;
         if !(latency.is_finite() && latency >= 0.0) {
             return Err(invalid(
@@ -113,20 +103,11 @@ impl Config {
         if self.node.shard_rows == 0 {
             return Err(invalid("node.shard_rows", "must be >= 1".into()));
         }
-        for (field, v) in [
-            (
-                "node.service_tokens_per_ms",
-                self.node.service_tokens_per_ms,
-            ),
-            ("node.token_capacity", self.node.token_capacity),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(invalid(
-                    field,
-                    format!("must be a finite number > 0 (got {v})"),
-                ));
-            }
-        }
+        finite_positive(
+            "node.service_tokens_per_ms",
+            self.node.service_tokens_per_ms,
+        )?;
+        finite_positive("node.token_capacity", self.node.token_capacity)?;
         let share = self.node.shard_resident_share;
         if !(share > 0.0 && share <= 1.0) {
             return Err(invalid(

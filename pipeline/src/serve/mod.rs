@@ -553,12 +553,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             truncated_histories: node.counters().truncated_histories,
             model_version: node.model_version().to_string(),
             alpha: node.alpha(),
-            refill: RefillSummary {
-                alpha_moves: node.counters().alpha_moves,
-                refill_bytes: node.counters().refill_bytes,
-                refill_bytes_max_per_move: node.counters().refill_bytes_max_per_move,
-                kv_reclaims: node.counters().kv_reclaims,
-            },
+            refill: RefillSummary::of(node.counters()),
             allocator,
             process_part: None,
         };

@@ -190,6 +190,17 @@ pub struct RefillSummary {
     pub kv_reclaims: u64,
 }
 
+impl RefillSummary {
+    pub fn of(c: &grflow_operators::node::NodeCounters) -> Self {
+        Self {
+            alpha_moves: c.alpha_moves,
+            refill_bytes: c.refill_bytes,
+            refill_bytes_max_per_move: c.refill_bytes_max_per_move,
+            kv_reclaims: c.kv_reclaims,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
