@@ -377,3 +377,25 @@ fn release_flag_picks_the_policy_and_auto_follows_the_clock() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--release"), "names the flag: {err}");
 }
+
+#[test]
+fn a_pool_too_small_for_one_page_names_memory_pool_mib() {
+    let dir = tmp_dir("tiny-pool");
+    let cfg = dir.join("tiny.toml");
+    std::fs::write(
+        &cfg,
+        "[memory]\npool_mib = 0.00001\n[trace]\nrequests = 20\n",
+    )
+    .unwrap();
+    let out = grflow()
+        .args(["replay", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("memory.pool_mib") && !err.contains("pool_bytes"),
+        "{err}"
+    );
+}

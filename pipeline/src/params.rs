@@ -22,6 +22,16 @@ pub enum ParamsError {
     Calibration { path: String, reason: String },
     #[error("calibrating {preset} for the virtual clock: {reason}")]
     Calibrate { preset: String, reason: String },
+    #[error(
+        "memory.pool_mib {pool_mib} holds no KV page of {page_bytes} bytes for model {preset:?} \
+         (at least {min_mib:.4} MiB)"
+    )]
+    PoolTooSmall {
+        pool_mib: f64,
+        page_bytes: u64,
+        preset: String,
+        min_mib: f64,
+    },
 }
 
 /// The virtual clock's cost model, scaled by `cost.compute_scale` and
@@ -99,8 +109,19 @@ pub fn node_params(
         }
         None => None,
     };
+    let pool_bytes = (cfg.memory.pool_mib * 1024.0 * 1024.0) as u64;
+    // The page size depends on the model, so the config alone cannot check it.
+    let page_bytes = model.kv_block_floats() as u64 * 4;
+    if pool_bytes < page_bytes {
+        return Err(ParamsError::PoolTooSmall {
+            pool_mib: cfg.memory.pool_mib,
+            page_bytes,
+            preset: cfg.model.preset.clone(),
+            min_mib: page_bytes as f64 / (1024.0 * 1024.0),
+        });
+    }
     let memory = MemoryParams {
-        pool_bytes: (cfg.memory.pool_mib * 1024.0 * 1024.0) as u64,
+        pool_bytes,
         alpha: cfg.allocator.initial_alpha(cfg.memory.alpha),
         emb_policy: cfg.memory.emb_policy.clone(),
         user_kv_policy: cfg.memory.user_kv_policy.clone(),
