@@ -139,9 +139,73 @@ pub enum Answer {
     },
 }
 
-/// Wall time now, ns since the Unix epoch; comparable across processes.
+/// Time now in ns since the Unix epoch, read from the monotonic clock: the
+/// wall clock at the process's first call plus the monotonic time since.
+/// Latencies and deadlines are differences of these stamps, and a wall-clock
+/// step (NTP, a VM resumed) must not shed every queued request or record
+/// latencies of 0. Processes of one cluster compare stamps, so the anchor is
+/// the wall clock: they agree as far as their wall clocks agreed when each
+/// started.
 pub fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    static ANCHOR: std::sync::OnceLock<MonotonicEpoch> = std::sync::OnceLock::new();
+    ANCHOR
+        .get_or_init(MonotonicEpoch::now)
+        .at(std::time::Instant::now())
+}
+
+/// A wall-clock reading and the monotonic instant it was taken at.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicEpoch {
+    wall_ns: u64,
+    at: std::time::Instant,
+}
+
+impl MonotonicEpoch {
+    pub fn now() -> Self {
+        let at = std::time::Instant::now();
+        let wall_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Self { wall_ns, at }
+    }
+
+    /// Ns since the Unix epoch at `instant`; never goes back as `instant`
+    /// moves on, whatever the wall clock does meanwhile.
+    pub fn at(&self, instant: std::time::Instant) -> u64 {
+        self.wall_ns
+            .saturating_add(instant.saturating_duration_since(self.at).as_nanos() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    #[test]
+    fn stamps_count_monotonic_time_from_the_anchor() {
+        let epoch = MonotonicEpoch::now();
+        let later = epoch.at + Duration::from_millis(250);
+        assert_eq!(epoch.at(later) - epoch.at(epoch.at), 250_000_000);
+        // An instant before the anchor never goes below it.
+        let before = epoch.at.checked_sub(Duration::from_secs(1));
+        if let Some(before) = before {
+            assert_eq!(epoch.at(before), epoch.wall_ns);
+        }
+    }
+
+    #[test]
+    fn now_ns_never_goes_back_and_starts_at_the_wall_clock() {
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+        let a = now_ns();
+        assert!(a.abs_diff(wall) < 5_000_000_000, "{a} vs wall {wall}");
+        let mut last = a;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(5) {
+            let t = now_ns();
+            assert!(t >= last);
+            last = t;
+        }
+        assert!(last > a);
+    }
 }
