@@ -431,11 +431,62 @@ fn kafka_restart_scan_reads_to_the_end_of_a_batched_response_topic() {
     let answered = scan_answered(
         &settings,
         &topics.responses,
+        &topics.requests,
         200_000,
         Duration::from_secs(10),
     )
     .unwrap();
     assert_eq!(answered.len() as i64, N);
+}
+
+/// Two request topics answered on one response topic: the scan for one
+/// counts its own answers and those written before answers named their
+/// topic, never the other topic's (whose (partition, offset) would make a
+/// restarted job skip new requests unanswered).
+#[test]
+fn kafka_restart_scan_counts_only_answers_to_its_request_topic() {
+    let Some(brokers) = broker("kafka_restart_scan_topic") else {
+        return;
+    };
+    let topics = Topics::fresh("scantopic");
+    topics.create(&brokers, 1);
+    let answer = |offset: i64, topic: Option<&str>| {
+        let source = RecordId {
+            partition: 0,
+            offset,
+        };
+        let r = WireResponse::ranking(source, offset as u64, vec![1], &[0.5], "v".into());
+        let r = match topic {
+            Some(t) => r.requested_on(t),
+            None => r,
+        };
+        (0, Some(serde_json::to_vec(&r).unwrap()))
+    };
+    let other = format!("{}-other", topics.requests);
+    let mut records: Vec<_> = (0..10).map(|i| answer(i, Some(&topics.requests))).collect();
+    records.extend((10..20).map(|i| answer(i, Some(&other))));
+    // An answer from before the topic was recorded: no `topic` field.
+    let mut old: serde_json::Value = serde_json::from_slice(&answer(20, None).1.unwrap()).unwrap();
+    old.as_object_mut().unwrap().remove("topic");
+    records.push((0, Some(serde_json::to_vec(&old).unwrap())));
+    produce(&brokers, &topics.responses, &records);
+    let settings = KafkaSettings {
+        brokers: brokers.clone(),
+        group_id: topics.group.clone(),
+        ..KafkaSettings::default()
+    };
+    let answered = scan_answered(
+        &settings,
+        &topics.responses,
+        &topics.requests,
+        1_000,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let mut offsets: Vec<i64> = answered.iter().map(|r| r.offset).collect();
+    offsets.sort_unstable();
+    let expected: Vec<i64> = (0..10).chain([20]).collect();
+    assert_eq!(offsets, expected);
 }
 
 /// `grflow bench kafka` end to end at smoke scale: the job is warmed up on

@@ -196,7 +196,10 @@ mod tests {
 
     #[test]
     fn now_ns_never_goes_back_and_starts_at_the_wall_clock() {
-        let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
         let a = now_ns();
         assert!(a.abs_diff(wall) < 5_000_000_000, "{a} vs wall {wall}");
         let mut last = a;

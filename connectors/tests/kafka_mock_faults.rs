@@ -386,7 +386,7 @@ fn mock_broker_down_then_up_every_output_is_delivered_exactly_once() {
     assert_eq!(copies.len(), sources.len(), "nothing else on the topic");
     let duplicates: usize = copies.values().map(|&n| n - 1).sum();
     // The restart scan sees the same set.
-    let answered = scan_answered(&settings, topic, N * 2, CALL_TIMEOUT).unwrap();
+    let answered = scan_answered(&settings, topic, "requests", N * 2, CALL_TIMEOUT).unwrap();
     assert_eq!(answered.into_iter().collect::<BTreeSet<_>>(), sources);
     eprintln!(
         "broker down/up: {N} outputs, {reported_by_the_outage_end} reported before the leader came back, \

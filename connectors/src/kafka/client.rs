@@ -662,13 +662,16 @@ impl OutputProducer {
     }
 }
 
-/// The request records that already have a response on `response_topic`,
-/// from the last `lookback` messages of each of its partitions. A restarted
-/// job skips these instead of answering them a second time (and perhaps
-/// differently, since cache state changed).
+/// The records of `request_topic` that already have a response on
+/// `response_topic`, from the last `lookback` messages of each of its
+/// partitions. A restarted job skips these instead of answering them a
+/// second time (and perhaps differently, since cache state changed).
+/// Answers to another request topic sharing the response topic are not
+/// counted: their (partition, offset) would hide new requests.
 pub fn scan_answered(
     settings: &KafkaSettings,
     response_topic: &str,
+    request_topic: &str,
     lookback: i64,
     timeout: Duration,
 ) -> Result<HashSet<RecordId>, KafkaClientError> {
@@ -724,6 +727,7 @@ pub fn scan_answered(
         let p = message.partition();
         if let Some(payload) = message.payload()
             && let Ok(response) = serde_json::from_slice::<WireResponse>(payload)
+            && response.answers_topic(request_topic)
         {
             answered.insert(response.source());
         }

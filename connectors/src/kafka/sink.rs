@@ -89,15 +89,20 @@ pub struct KafkaSink<P: Produce = OutputProducer> {
     failure_log: LogLimiter,
 }
 
-/// The request record an answer belongs to.
-fn record_id(position: &SourcePosition) -> Option<RecordId> {
+/// The request topic and record an answer belongs to.
+fn record_id(position: &SourcePosition) -> Option<(&str, RecordId)> {
     match position {
         SourcePosition::Kafka {
-            partition, offset, ..
-        } => Some(RecordId {
-            partition: *partition,
-            offset: *offset,
-        }),
+            topic,
+            partition,
+            offset,
+        } => Some((
+            topic,
+            RecordId {
+                partition: *partition,
+                offset: *offset,
+            },
+        )),
         SourcePosition::Parquet { .. } => None,
     }
 }
@@ -120,7 +125,7 @@ impl<P: Produce> KafkaSink<P> {
     pub fn answer(&mut self, answer: Answer) {
         let response = match answer {
             Answer::Response { row, origin } => {
-                let Some(source) = record_id(&origin.position) else {
+                let Some((topic, source)) = record_id(&origin.position) else {
                     return;
                 };
                 KafkaEvent::Answered {
@@ -136,6 +141,7 @@ impl<P: Produce> KafkaSink<P> {
                     row.model_version,
                 )
                 .timed(row.node, origin.ts_ms, to_microseconds(latency_ms))
+                .requested_on(topic)
             }
             Answer::Error {
                 row,
@@ -143,7 +149,7 @@ impl<P: Produce> KafkaSink<P> {
                 origin,
                 latency_ms,
             } => {
-                let Some(source) = record_id(&origin.position) else {
+                let Some((topic, source)) = record_id(&origin.position) else {
                     return;
                 };
                 KafkaEvent::ErrorAnswered {
@@ -151,11 +157,9 @@ impl<P: Produce> KafkaSink<P> {
                 }
                 .emit(&self.shared.counters);
                 let req_id = row.req_id.unwrap_or_default();
-                WireResponse::failed(source, req_id, kind.as_str(), row.reason).timed(
-                    0,
-                    origin.ts_ms,
-                    to_microseconds(latency_ms),
-                )
+                WireResponse::failed(source, req_id, kind.as_str(), row.reason)
+                    .timed(0, origin.ts_ms, to_microseconds(latency_ms))
+                    .requested_on(topic)
             }
         };
         let payload = serde_json::to_vec(&response).expect("responses serialize");
@@ -688,6 +692,13 @@ mod tests {
         assert!(wire[0].error.is_none());
         assert_eq!(wire[1].req_id, 8);
         assert_eq!(wire[1].error.as_ref().unwrap().kind, "shed");
+        // Each names its request record, topic included (the restart scan).
+        for (w, offset) in wire.iter().zip(0..) {
+            assert_eq!(
+                (w.topic.as_str(), w.partition, w.offset),
+                (REQUESTS, 0, offset)
+            );
+        }
         // Both answers are durable: both offsets commit.
         assert_eq!(safe_commit(&shared), 2);
         assert_eq!(shared.counters.responses.load(Ordering::Relaxed), 1);

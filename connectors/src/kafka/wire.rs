@@ -325,8 +325,11 @@ pub struct WireResponse {
     pub ts_ms: u64,
     /// Time from consumption to response, milliseconds.
     pub latency_ms: f64,
-    /// The request's partition and offset on the request topic: a restarted
-    /// job reads these back to recognise requests it already answered.
+    /// The request's topic, partition and offset: a restarted job reads
+    /// these back to recognise requests it already answered. An empty
+    /// topic (answers written before it was recorded) matches any.
+    #[serde(default)]
+    pub topic: String,
     pub partition: i32,
     pub offset: i64,
 }
@@ -365,6 +368,7 @@ impl WireResponse {
             node: 0,
             ts_ms: 0,
             latency_ms: 0.0,
+            topic: String::new(),
             partition: source.partition,
             offset: source.offset,
         }
@@ -384,6 +388,7 @@ impl WireResponse {
             node: 0,
             ts_ms: 0,
             latency_ms: 0.0,
+            topic: String::new(),
             partition: source.partition,
             offset: source.offset,
         }
@@ -395,6 +400,17 @@ impl WireResponse {
         self.ts_ms = ts_ms;
         self.latency_ms = latency_ms;
         self
+    }
+
+    /// Records the request topic the answered request came from.
+    pub fn requested_on(mut self, topic: &str) -> Self {
+        self.topic = topic.to_string();
+        self
+    }
+
+    /// Whether this answers a request read from `request_topic`.
+    pub fn answers_topic(&self, request_topic: &str) -> bool {
+        self.topic.is_empty() || self.topic == request_topic
     }
 
     pub fn source(&self) -> RecordId {

@@ -199,7 +199,13 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         )?;
     }
     let partitions = partition_count(&settings, &k.request_topic, CALL_TIMEOUT)?;
-    let answered = scan_answered(&settings, &k.response_topic, k.restart_scan, CALL_TIMEOUT)?;
+    let answered = scan_answered(
+        &settings,
+        &k.response_topic,
+        &k.request_topic,
+        k.restart_scan,
+        CALL_TIMEOUT,
+    )?;
     if !answered.is_empty() {
         tracing::info!(
             answered = answered.len(),
