@@ -187,6 +187,7 @@ fn run_both(
             (k.response_topic.as_str(), args.partitions),
             (k.dead_letter_topic.as_str(), 1),
         ],
+        k.replication_factor,
         timeout,
     )
     .with_context(|| format!("creating topics on {brokers} (is a broker running?)"))?;

@@ -72,6 +72,7 @@ impl Topics {
                 (&self.responses, partitions),
                 (&self.dead_letters, 1),
             ],
+            -1,
             Duration::from_secs(10),
         )
         .expect("create topics");

@@ -101,8 +101,15 @@ pub enum KafkaClientError {
     },
     #[error("topic `{topic}` does not exist on {brokers}")]
     NoSuchTopic { topic: String, brokers: String },
-    #[error("creating topic `{topic}`: {reason}")]
-    CreateTopic { topic: String, reason: String },
+    #[error(
+        "creating topic `{topic}` ({partitions} partitions, replication factor {replication}): {reason}"
+    )]
+    CreateTopic {
+        topic: String,
+        partitions: i32,
+        replication: i32,
+        reason: String,
+    },
     #[error("kafka admin runtime: {0}")]
     Runtime(String),
 }
@@ -220,10 +227,13 @@ pub fn partition_count(
     Ok(partitions)
 }
 
-/// Creates the topics that do not exist yet; existing ones are left alone.
+/// Creates the topics that do not exist yet with `replication` copies of
+/// each partition (-1: the broker's `default.replication.factor`); existing
+/// ones are left alone.
 pub fn ensure_topics(
     settings: &KafkaSettings,
     topics: &[(&str, i32)],
+    replication: i32,
     timeout: Duration,
 ) -> Result<(), KafkaClientError> {
     let admin: AdminClient<DefaultClientContext> = settings
@@ -232,7 +242,9 @@ pub fn ensure_topics(
         .map_err(kafka("creating an admin client"))?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
-        .map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(1)))
+        .map(|(name, partitions)| {
+            NewTopic::new(name, *partitions, TopicReplication::Fixed(replication))
+        })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(timeout));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -246,7 +258,13 @@ pub fn ensure_topics(
         if let Err((topic, code)) = result
             && code != RDKafkaErrorCode::TopicAlreadyExists
         {
+            let partitions = topics
+                .iter()
+                .find(|(name, _)| *name == topic)
+                .map_or(0, |(_, p)| *p);
             return Err(KafkaClientError::CreateTopic {
+                partitions,
+                replication,
                 topic,
                 reason: code.to_string(),
             });

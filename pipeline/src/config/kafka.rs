@@ -25,6 +25,9 @@ pub struct KafkaSection {
     pub refetch_from_start: bool,
     /// Create missing topics at start with this many partitions (0 = never create).
     pub create_partitions: i32,
+    /// Copies of each partition of the topics created at start; -1 = the
+    /// broker's `default.replication.factor`.
+    pub replication_factor: i32,
     /// A request not answered this long after it was consumed gets a `shed` error record.
     pub deadline_ms: u64,
     /// Per worker: consumed requests without a durable answer before reads pause.
@@ -84,6 +87,7 @@ impl Default for KafkaSection {
             catalog: String::new(),
             refetch_from_start: false,
             create_partitions: 4,
+            replication_factor: -1,
             deadline_ms: 2_000,
             max_in_flight: 2_048,
             max_in_flight_tokens: 262_144,

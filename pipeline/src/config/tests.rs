@@ -109,6 +109,10 @@ fn unusable_numbers_are_refused_at_load_naming_the_key() {
         ("[hotness]\nwindows = 0\n", "hotness.windows"),
         ("[hotness]\nwindow_ms = 0\n", "hotness.window_ms"),
         ("[hotness]\nhot_share = -1.0\n", "hotness.hot_share"),
+        (
+            "[kafka]\nreplication_factor = 0\n",
+            "kafka.replication_factor",
+        ),
     ] {
         let err = Config::parse(text, "x.toml").unwrap_err().to_string();
         assert!(err.contains(key) && err.contains("x.toml"), "{text}: {err}");

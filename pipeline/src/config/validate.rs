@@ -211,6 +211,15 @@ impl Config {
                 "create_partitions and restart_scan must be >= 0".into(),
             ));
         }
+        if !(k.replication_factor == -1 || k.replication_factor >= 1) {
+            return Err(invalid(
+                "kafka.replication_factor",
+                format!(
+                    "must be >= 1, or -1 for the broker's default (got {})",
+                    k.replication_factor
+                ),
+            ));
+        }
         Ok(())
     }
 }

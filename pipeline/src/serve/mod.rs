@@ -195,6 +195,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 (k.response_topic.as_str(), k.create_partitions),
                 (k.dead_letter_topic.as_str(), 1),
             ],
+            k.replication_factor,
             CALL_TIMEOUT,
         )?;
     }
