@@ -24,6 +24,9 @@ pub struct TelemetrySample {
     /// Served with a truncated history (the KV share could not hold it).
     #[serde(default)]
     pub truncated: bool,
+    /// The node's α was pinned by an operator when it served the request.
+    #[serde(default)]
+    pub alpha_pinned: bool,
 }
 
 /// Aggregates of one (node, window).
@@ -46,6 +49,10 @@ pub struct WindowStats {
     /// samples carry no time.
     #[serde(default)]
     pub alpha_end: Option<f64>,
+    /// α was pinned by an operator as the window ended (its latest
+    /// request): the node refuses the allocator's moves until released.
+    #[serde(default)]
+    pub pinned_end: bool,
 }
 
 /// Start of the window that holds `ts_ms`.
@@ -95,6 +102,7 @@ impl WindowStats {
             alpha: ratio(alpha, n) / 1000.0,
             truncated_share: ratio(truncated, n),
             alpha_end: None,
+            pinned_end: false,
         }
     }
 }
@@ -114,15 +122,17 @@ pub struct WindowAccumulator {
     alpha_milli: u64,
     truncated: u64,
     latencies_us: Vec<u64>,
-    /// (event time, α in thousandths) of the latest sample; the larger α
-    /// on a tie, so that the order samples arrive in does not matter.
-    latest: Option<(u64, u32)>,
+    /// (event time, α in thousandths, pinned) of the latest sample; the
+    /// larger on a tie, so that the order samples arrive in does not matter.
+    latest: Option<(u64, u32, bool)>,
 }
 
 impl WindowAccumulator {
     /// Adds the sample of a request served at event time `time_ms`.
     pub fn add(&mut self, time_ms: u64, s: &TelemetrySample) {
-        self.latest = self.latest.max(Some((time_ms, s.alpha_milli)));
+        self.latest = self
+            .latest
+            .max(Some((time_ms, s.alpha_milli, s.alpha_pinned)));
         self.requests += 1;
         self.hot += s.hot_user as u64;
         self.emb_hits += s.emb_hits as u64;
@@ -161,7 +171,8 @@ impl WindowAccumulator {
             p99_ms: self.latencies_us[rank - 1] as f64 / 1000.0,
             alpha: ratio(self.alpha_milli, n) / 1000.0,
             truncated_share: ratio(self.truncated, n),
-            alpha_end: self.latest.map(|(_, a)| a as f64 / 1000.0),
+            alpha_end: self.latest.map(|(_, a, _)| a as f64 / 1000.0),
+            pinned_end: self.latest.is_some_and(|(_, _, pinned)| pinned),
         }
     }
 }
@@ -208,6 +219,7 @@ mod tests {
             slo_violated: violated,
             alpha_milli: 500,
             truncated: false,
+            alpha_pinned: false,
         }
     }
 
@@ -283,6 +295,23 @@ mod tests {
         let w = acc.finish();
         assert_eq!(w.alpha_end, Some(0.3));
         assert!((w.alpha - 0.425).abs() < 1e-12);
+        assert!(!w.pinned_end);
+    }
+
+    #[test]
+    fn a_pin_counts_when_it_holds_at_the_windows_end() {
+        let at = |alpha_pinned| TelemetrySample {
+            alpha_pinned,
+            ..sample(1_000, false, false)
+        };
+        let mut pinned_then_released = WindowAccumulator::default();
+        pinned_then_released.add(10, &at(true));
+        pinned_then_released.add(20, &at(false));
+        assert!(!pinned_then_released.finish().pinned_end);
+        let mut pinned = WindowAccumulator::default();
+        pinned.add(20, &at(true));
+        pinned.add(10, &at(false));
+        assert!(pinned.finish().pinned_end);
     }
 
     #[test]

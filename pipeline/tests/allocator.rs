@@ -143,6 +143,51 @@ fn windows_too_small_to_decide_on_are_not_timed_as_decisions() {
 }
 
 #[test]
+fn an_operators_pin_holds_alpha_and_the_allocator_sends_nothing_meanwhile() {
+    use grflow_operators::node::NodeCommand;
+    use grflow_pipeline::events::{ScheduledCommand, Target};
+    let trace = trace();
+    let pin_ms = trace.requests[trace.requests.len() / 3].ts_ms;
+    let mut cfg = Config::embedded();
+    cfg.run.workers = 2;
+    cfg.run.speed = "max".into();
+    cfg.run.clock = Clock::Event;
+    cfg.run.release = ReleaseSetting::Complete;
+    cfg.run.slo_ms = SloMs::both(0.001);
+    cfg.windows.epoch_ms = 1_000;
+    cfg.allocator.policy = AllocatorPolicy::Pid;
+    cfg.allocator.min_requests = 5;
+    let opts = ReplayOptions {
+        responses: ResponseOutput::Drop,
+        commands: vec![ScheduledCommand {
+            at_ms: pin_ms,
+            target: Target::All,
+            command: NodeCommand::PinAlpha(Some(0.2)),
+        }],
+        ..ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg)
+    };
+    let o = replay(opts).unwrap();
+    let summary = o.summary.allocator.clone().expect("pid reports");
+    // Windows wholly after the pin run at 0.2 on every node, and none of
+    // them got a decision: before, each sent a SetAlpha the node refused.
+    let pinned: Vec<_> = alphas(&o)
+        .into_iter()
+        .filter(|w| w.1 > pin_ms + 1_000)
+        .collect();
+    assert!(pinned.len() >= 4, "{:?}", alphas(&o));
+    for w in &pinned {
+        assert!((w.2 - 0.2).abs() < 0.01, "held at the pin: {w:?}");
+    }
+    let windows_before = alphas(&o).iter().filter(|w| w.1 < pin_ms).count() as u64;
+    assert!(
+        summary.decisions <= windows_before,
+        "decided while pinned: {summary:?}, {windows_before} windows before the pin"
+    );
+    assert!(summary.alpha_moves > 0, "moved before the pin: {summary:?}");
+    assert!(summary.windows > windows_before + 4, "{summary:?}");
+}
+
+#[test]
 fn static_leaves_alpha_and_kv_opt_starts_at_zero() {
     let trace = trace();
     let s = run(&trace, AllocatorPolicy::Static, 0.001);

@@ -95,6 +95,7 @@ mod tests {
             alpha: 0.4,
             truncated_share: 0.0,
             alpha_end: None,
+            pinned_end: false,
         }
     }
 

@@ -214,9 +214,10 @@ impl Allocator {
     }
 
     /// Whether a window with statistics `w` gets a decision (else it has
-    /// too few requests and α stays).
+    /// too few requests, or an operator pinned α, and α stays). A pinned
+    /// window is not learned from either: the node would refuse its move.
     pub fn decides(&self, w: &WindowStats) -> bool {
-        w.requests >= self.cfg.min_requests
+        w.requests >= self.cfg.min_requests && !w.pinned_end
     }
 
     /// The α to set after a closed epoch with statistics `w`, or None to
@@ -345,6 +346,30 @@ mod tests {
         // A window without times leaves the allocator's own α.
         let again = a.decide(&low(None)).unwrap();
         assert!(again > next && again <= next + 0.06 + 1e-9, "{again}");
+    }
+
+    #[test]
+    fn a_pinned_window_gets_no_decision_and_winds_nothing_up() {
+        let mut a = Allocator::new(pid(), 30.0, 0.5);
+        let pinned = WindowStats {
+            alpha_end: Some(0.3),
+            pinned_end: true,
+            ..window(300.0, 100)
+        };
+        assert!(!a.decides(&pinned));
+        // Far over the SLO for many windows while pinned: no command (the
+        // node would refuse it) and no integral wound up meanwhile.
+        for _ in 0..20 {
+            assert_eq!(a.decide(&pinned), None);
+        }
+        assert_eq!(a.alpha(), 0.5);
+        // Released, below the SLO: one step up from where the pin left α.
+        let released = WindowStats {
+            alpha_end: Some(0.3),
+            ..window(3.0, 100)
+        };
+        let up = a.decide(&released).unwrap();
+        assert!(up > 0.3 && up <= 0.36 + 1e-9, "{up}");
     }
 
     #[test]

@@ -245,6 +245,11 @@ impl ServingNode {
         self.memory.alpha()
     }
 
+    /// Whether an operator pinned α (`NodeCommand::PinAlpha`).
+    pub fn alpha_pinned(&self) -> bool {
+        self.alpha_pin.is_some()
+    }
+
     pub fn model_version(&self) -> &str {
         &self.model_version
     }

@@ -20,6 +20,11 @@ use grflow_operators::node::NodeCommand;
 
 use crate::events::{ClosedWindow, NodeControl, Target};
 
+/// The allocator's commands come after a job's scheduled commands of the
+/// same time (whose `seq` counts from 0), whichever input delivers first:
+/// runs in `complete` mode stay reproducible.
+const ALLOCATOR_SEQ: u64 = u64::MAX;
+
 /// Decisions kept for the decision-time percentiles (the most recent).
 const DECISION_SAMPLES: usize = 65_536;
 
@@ -125,7 +130,7 @@ pub fn allocate<'s>(
                     if let Some(alpha) = decision {
                         session.give(NodeControl {
                             target: Target::Node(w.node),
-                            seq: 0,
+                            seq: ALLOCATOR_SEQ,
                             command: NodeCommand::SetAlpha(alpha),
                         });
                     }

@@ -126,6 +126,7 @@ mod tests {
                 slo_violated: false,
                 alpha_milli: 500,
                 truncated: false,
+                alpha_pinned: false,
             },
         }
     }

@@ -248,6 +248,7 @@ impl StepCtx {
             slo_violated: latency_ms > self.slo_ms.for_mode(req.mode),
             alpha_milli: (node.alpha() * 1000.0).round() as u32,
             truncated: served.truncated,
+            alpha_pinned: node.alpha_pinned(),
         };
         let labels = [
             ("node", node.id().to_string()),
