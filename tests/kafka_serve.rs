@@ -668,6 +668,55 @@ fn kafka_compressed_topics_are_read_and_written() {
     );
 }
 
+/// Partitions added to the request topic while `grflow serve` runs are
+/// read from their beginning by the worker that owns them: every request
+/// produced to them is answered (before, the partition count was read once
+/// at start and their requests waited forever). Needs a broker that can add
+/// partitions (Apache Kafka); tansu 0.6 cannot, so CI runs the mock-cluster
+/// test `connectors/tests/kafka_mock_partitions.rs` instead.
+#[test]
+fn partitions_created_while_serving_are_read() {
+    let Some(brokers) = broker("partitions_created_while_serving_are_read") else {
+        return;
+    };
+    const N: u64 = 100;
+    let topics = Topics::fresh("grow");
+    topics.create(&brokers, 1);
+    let records: Vec<_> = (0..N).map(|i| (0, Some(request(i)))).collect();
+    produce(&brokers, &topics.requests, &records);
+    let dir = tmp_dir("grow");
+    let config = write_config(&dir, &topics, "");
+    let mut tail = Tail::new(&brokers, &topics.responses, 1);
+    let serve = Serve::start(&brokers, &config, "grow");
+    let first = tail.read_until(Duration::from_secs(60), |t| t.req_ids.len() as u64 >= N);
+    assert!(
+        first,
+        "{} of {N}; stderr:\n{}",
+        tail.req_ids.len(),
+        serve.stderr_text()
+    );
+    if !common::kafka::grow_partitions(&brokers, &topics.requests, 4) {
+        serve.stop();
+        return;
+    }
+    // Both workers own some of partitions 1..=3 (fnv1a64(topic) + p mod 2).
+    let records: Vec<_> = (N..4 * N)
+        .map(|i| ((1 + i % 3) as i32, Some(request(i))))
+        .collect();
+    produce(&brokers, &topics.requests, &records);
+    let all = tail.read_until(Duration::from_secs(60), |t| t.req_ids.len() as u64 >= 4 * N);
+    assert!(
+        all,
+        "{} of {} answered after the topic grew; stderr:\n{}",
+        tail.req_ids.len(),
+        4 * N,
+        serve.stderr_text()
+    );
+    let summary = serve.stop();
+    assert_eq!(summary["requests_in"], 4 * N, "{summary}");
+    assert_eq!(summary["responses_out"], 4 * N, "{summary}");
+}
+
 /// `grflow serve` with the allocator on (the PID baseline) and requests
 /// arriving live, 250 ms of event time every 250 ms: windows close while the
 /// job serves, each node's allocator moves α, and later windows are served

@@ -79,6 +79,37 @@ impl Topics {
     }
 }
 
+/// Grows `topic` to `total` partitions (Kafka's CreatePartitions); false
+/// (and a printed reason) where the broker cannot (tansu 0.6).
+pub fn grow_partitions(brokers: &str, topic: &str, total: usize) -> bool {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = match runtime
+        .block_on(admin.create_partitions(&[NewPartitions::new(topic, total)], &opts))
+    {
+        Err(rdkafka::error::KafkaError::AdminOp(
+            rdkafka::types::RDKafkaErrorCode::UnsupportedFeature,
+        )) => {
+            eprintln!("skipping: the broker at {brokers} cannot add partitions (CreatePartitions)");
+            return false;
+        }
+        other => other.expect("create_partitions"),
+    };
+    for r in results {
+        r.unwrap_or_else(|(t, code)| panic!("growing `{t}`: {code}"));
+    }
+    true
+}
+
 /// A serve config for `topics`; `kafka_extra` lines go into [kafka].
 pub fn write_config(dir: &Path, topics: &Topics, kafka_extra: &str) -> PathBuf {
     let text = format!(

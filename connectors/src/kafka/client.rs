@@ -192,12 +192,18 @@ impl BrokerProbe {
         })
     }
 
-    /// Ok when a broker answered within `timeout`.
-    pub fn check(&self, timeout: Duration) -> Result<(), KafkaClientError> {
-        self.consumer
+    /// The topic's partition count when a broker answered within
+    /// `timeout` (0 where the answer does not list the topic).
+    pub fn check(&self, timeout: Duration) -> Result<i32, KafkaClientError> {
+        let metadata = self
+            .consumer
             .fetch_metadata(Some(&self.topic), timeout)
-            .map(|_| ())
-            .map_err(kafka(format!("metadata of `{}`", self.topic)))
+            .map_err(kafka(format!("metadata of `{}`", self.topic)))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == self.topic && t.error().is_none())
+            .map_or(0, |t| t.partitions().len() as i32))
     }
 }
 
@@ -305,6 +311,7 @@ pub struct RequestConsumer {
     topic: String,
     partitions: Vec<i32>,
     paused: bool,
+    refetch: Refetch,
     /// Which records were in the log at start (see [`RecoveryBounds`]);
     /// settled by `poll`, hence the cell.
     recovery: std::cell::RefCell<RecoveryBounds>,
@@ -344,69 +351,8 @@ impl RequestConsumer {
             ])
             .create_with_context(CommitWatch::default())
             .map_err(kafka("creating the request consumer"))?;
-        let mut wanted = TopicPartitionList::new();
-        for &p in partitions {
-            wanted.add_partition(topic, p);
-        }
-        let committed = if partitions.is_empty() {
-            TopicPartitionList::new()
-        } else {
-            consumer
-                .committed_offsets(wanted, timeout)
-                .map_err(kafka(format!("committed offsets of `{topic}`")))?
-        };
-        // Where each log ends now: records below may have been in flight
-        // at a crash of a previous incarnation.
-        let mut listed = Vec::with_capacity(partitions.len());
-        for &p in partitions {
-            let (_, high) = consumer
-                .fetch_watermarks(topic, p, timeout)
-                .map_err(kafka(format!("watermarks of `{topic}`[{p}]")))?;
-            listed.push((p, high));
-        }
-        let mut resumed = Vec::with_capacity(partitions.len());
-        let mut assignment = TopicPartitionList::new();
-        for (&p, &(_, high)) in partitions.iter().zip(&listed) {
-            let committed_at = committed
-                .find_partition(topic, p)
-                .and_then(|e| match e.offset() {
-                    Offset::Offset(o) if o >= 0 => Some(o),
-                    _ => None,
-                });
-            // Only where the broker's log end can be trusted: a broker that
-            // needs `Refetch::FromStart` (tansu 0.6) also answers ListOffsets
-            // with the last batch's base offset, below a committed offset
-            // inside that batch.
-            let past_end = committed_at.filter(|&o| o > high && refetch == Refetch::FromCommitted);
-            if let Some(o) = past_end {
-                tracing::warn!(
-                    topic,
-                    partition = p,
-                    committed = o,
-                    log_end = high,
-                    "the group's committed offset is past the end of the log (topic created \
-                     again, log cut short, or the group id reused): reading from the start \
-                     position instead"
-                );
-            }
-            let from_commit = committed_at.filter(|_| past_end.is_none());
-            // `offset`: below it, records count as already consumed.
-            let (offset, fetch_from) = match (from_commit, refetch, start) {
-                (Some(o), Refetch::FromCommitted, _) => (o, Offset::Offset(o)),
-                (Some(o), Refetch::FromStart, _) => (o, Offset::Beginning),
-                (None, _, StartPosition::Earliest) => (0, Offset::Beginning),
-                (None, _, StartPosition::Latest) => (0, Offset::End),
-            };
-            assignment
-                .add_partition_offset(topic, p, fetch_from)
-                .map_err(kafka("building the assignment"))?;
-            resumed.push(Resumed {
-                partition: p,
-                offset,
-                from_commit: from_commit.is_some(),
-                past_end,
-            });
-        }
+        let (assignment, resumed, listed) =
+            resume_positions(&consumer, topic, partitions, start, refetch, timeout)?;
         consumer
             .assign(&assignment)
             .map_err(kafka(format!("assigning `{topic}` {partitions:?}")))?;
@@ -416,6 +362,7 @@ impl RequestConsumer {
                 topic: topic.to_string(),
                 partitions: partitions.to_vec(),
                 paused: false,
+                refetch,
                 recovery: std::cell::RefCell::new(RecoveryBounds::new(listed)),
             },
             resumed,
@@ -424,6 +371,39 @@ impl RequestConsumer {
 
     pub fn partitions(&self) -> &[i32] {
         &self.partitions
+    }
+
+    /// Starts reading `added` partitions too (created while the job runs),
+    /// each at its committed offset or else from its beginning: every
+    /// record in a partition created after the job started is new, whatever
+    /// `kafka.start` says. Partitions already read are left alone.
+    pub fn add_partitions(
+        &mut self,
+        added: &[i32],
+        timeout: Duration,
+    ) -> Result<Vec<Resumed>, KafkaClientError> {
+        let added: Vec<i32> = added
+            .iter()
+            .copied()
+            .filter(|p| !self.partitions.contains(p))
+            .collect();
+        if added.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (assignment, resumed, listed) = resume_positions(
+            &self.consumer,
+            &self.topic,
+            &added,
+            StartPosition::Earliest,
+            self.refetch,
+            timeout,
+        )?;
+        self.consumer
+            .incremental_assign(&assignment)
+            .map_err(kafka(format!("adding `{}` {added:?}", self.topic)))?;
+        self.recovery.borrow_mut().extend(listed);
+        self.partitions.extend(added);
+        Ok(resumed)
     }
 
     /// The next record, waiting at most `timeout`; `None` when none came
@@ -523,6 +503,83 @@ impl RequestConsumer {
             .map(|&p| (p, cached_high_watermark(&self.consumer, &self.topic, p)))
             .collect()
     }
+}
+
+/// Where each of `partitions` of `topic` resumes: its committed offset or,
+/// when the group never committed one (or committed past the log's end),
+/// `start`. Returns the assignment, what was resumed, and each log's end.
+fn resume_positions<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partitions: &[i32],
+    start: StartPosition,
+    refetch: Refetch,
+    timeout: Duration,
+) -> Result<(TopicPartitionList, Vec<Resumed>, Vec<(i32, i64)>), KafkaClientError> {
+    let mut wanted = TopicPartitionList::new();
+    for &p in partitions {
+        wanted.add_partition(topic, p);
+    }
+    let committed = if partitions.is_empty() {
+        TopicPartitionList::new()
+    } else {
+        consumer
+            .committed_offsets(wanted, timeout)
+            .map_err(kafka(format!("committed offsets of `{topic}`")))?
+    };
+    // Where each log ends now: records below may have been in flight
+    // at a crash of a previous incarnation.
+    let mut listed = Vec::with_capacity(partitions.len());
+    for &p in partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(kafka(format!("watermarks of `{topic}`[{p}]")))?;
+        listed.push((p, high));
+    }
+    let mut resumed = Vec::with_capacity(partitions.len());
+    let mut assignment = TopicPartitionList::new();
+    for (&p, &(_, high)) in partitions.iter().zip(&listed) {
+        let committed_at = committed
+            .find_partition(topic, p)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) if o >= 0 => Some(o),
+                _ => None,
+            });
+        // Only where the broker's log end can be trusted: a broker that
+        // needs `Refetch::FromStart` (tansu 0.6) also answers ListOffsets
+        // with the last batch's base offset, below a committed offset
+        // inside that batch.
+        let past_end = committed_at.filter(|&o| o > high && refetch == Refetch::FromCommitted);
+        if let Some(o) = past_end {
+            tracing::warn!(
+                topic,
+                partition = p,
+                committed = o,
+                log_end = high,
+                "the group's committed offset is past the end of the log (topic created \
+                 again, log cut short, or the group id reused): reading from the start \
+                 position instead"
+            );
+        }
+        let from_commit = committed_at.filter(|_| past_end.is_none());
+        // `offset`: below it, records count as already consumed.
+        let (offset, fetch_from) = match (from_commit, refetch, start) {
+            (Some(o), Refetch::FromCommitted, _) => (o, Offset::Offset(o)),
+            (Some(o), Refetch::FromStart, _) => (o, Offset::Beginning),
+            (None, _, StartPosition::Earliest) => (0, Offset::Beginning),
+            (None, _, StartPosition::Latest) => (0, Offset::End),
+        };
+        assignment
+            .add_partition_offset(topic, p, fetch_from)
+            .map_err(kafka("building the assignment"))?;
+        resumed.push(Resumed {
+            partition: p,
+            offset,
+            from_commit: from_commit.is_some(),
+            past_end,
+        });
+    }
+    Ok((assignment, resumed, listed))
 }
 
 /// A partition's high watermark as of the consumer's last fetch response.

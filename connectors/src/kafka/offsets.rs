@@ -232,6 +232,13 @@ impl RecoveryBounds {
         }
     }
 
+    /// Partitions read from now on, with their ends as listed now.
+    pub fn extend(&mut self, listed: impl IntoIterator<Item = (i32, i64)>) {
+        for (p, end) in listed {
+            self.ends.entry(p).or_insert((end.max(0), false));
+        }
+    }
+
     /// The high watermark known when `partition`'s first record arrives;
     /// later calls change nothing (later ends cover new records).
     pub fn settle(&mut self, partition: i32, fetched_high: Option<i64>) {

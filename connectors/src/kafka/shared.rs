@@ -85,6 +85,9 @@ pub struct SharedState {
     pub counters: KafkaCounters,
     /// Consumer lag per request partition, as last measured.
     pub lag: Mutex<BTreeMap<i32, i64>>,
+    /// The request topic's partition count as last seen (it only grows);
+    /// a worker that owns a partition beyond those it reads adds it.
+    pub partitions: std::sync::atomic::AtomicI32,
 }
 
 impl SharedState {
@@ -101,7 +104,22 @@ impl SharedState {
             drain_timed_out: AtomicBool::new(false),
             counters: KafkaCounters::default(),
             lag: Mutex::default(),
+            partitions: std::sync::atomic::AtomicI32::new(0),
         }
+    }
+
+    /// Records that the request topic has `partitions` partitions now.
+    pub fn saw_partitions(&self, partitions: i32) {
+        self.partitions.fetch_max(partitions, Ordering::Relaxed);
+    }
+
+    /// Workers of the job (one offset book each).
+    pub fn workers(&self) -> usize {
+        self.books.len()
+    }
+
+    pub fn request_topic(&self) -> &str {
+        &self.request_topic
     }
 
     /// The offset book of the worker that reads `partition`.

@@ -21,7 +21,7 @@ use super::shared::SharedState;
 use super::sink::KafkaSink;
 use super::{
     Admission, DeadLetter, DecodeLimits, History, RawRecord, RecordId, RequestConsumer,
-    decode_request_within,
+    decode_request_within, owned_partitions,
 };
 use crate::error::SourceError;
 use crate::records::SourcePosition;
@@ -68,7 +68,14 @@ pub struct KafkaSource {
     answered: HashSet<RecordId>,
     last_commit: Instant,
     clamp_log: LogLimiter,
+    /// The request topic's partition count this source has taken its
+    /// partitions from (see [`SharedState::saw_partitions`]).
+    known_partitions: i32,
 }
+
+/// How long adding a partition created while the job runs may wait on the
+/// broker (committed offset, log end); on failure it is tried again.
+const ADD_PARTITION_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl KafkaSource {
     /// Worker `worker`'s source over `consumer`'s partitions; `answered`
@@ -86,6 +93,7 @@ impl KafkaSource {
             settings.idle_timeout,
             settings.max_skew_ms,
         );
+        let known_partitions = shared.partitions.load(Ordering::Relaxed);
         Self {
             worker,
             consumer,
@@ -96,6 +104,50 @@ impl KafkaSource {
             answered,
             last_commit: Instant::now(),
             clamp_log: LogLimiter::default(),
+            known_partitions,
+        }
+    }
+
+    /// Starts reading the partitions this worker owns among those created
+    /// since it last looked. A failure is logged and tried at the next poll.
+    fn adopt_new_partitions(&mut self) {
+        let seen = self.shared.partitions.load(Ordering::Relaxed);
+        if seen <= self.known_partitions {
+            return;
+        }
+        let topic = self.shared.request_topic().to_string();
+        let workers = self.shared.workers();
+        let owned: Vec<i32> = owned_partitions(&topic, seen, self.worker, workers)
+            .into_iter()
+            .filter(|&p| p >= self.known_partitions)
+            .collect();
+        match self.consumer.add_partitions(&owned, ADD_PARTITION_TIMEOUT) {
+            Ok(resumed) => {
+                let mut book = self
+                    .shared
+                    .book(self.worker)
+                    .lock()
+                    .expect("offset book lock");
+                for r in &resumed {
+                    book.resume(r.partition, r.offset);
+                    tracing::info!(
+                        worker = self.worker,
+                        topic,
+                        partition = r.partition,
+                        offset = r.offset,
+                        from_commit = r.from_commit,
+                        "partition created while serving: reading it"
+                    );
+                }
+                self.known_partitions = seen;
+            }
+            Err(e) => tracing::warn!(
+                worker = self.worker,
+                topic,
+                partitions = ?owned,
+                error = %e,
+                "could not start reading new partitions; trying again"
+            ),
         }
     }
 
@@ -105,6 +157,7 @@ impl KafkaSource {
     /// earliest event time this worker may still emit; the state is `Idle`
     /// once the consumer has nothing more to give right now.
     pub fn poll_at(&mut self, max: usize, now: Instant, emit_floor: u64) -> Polled {
+        self.adopt_new_partitions();
         self.apply_backpressure();
         let mut records = Vec::new();
         let mut state = SourceState::Ready;

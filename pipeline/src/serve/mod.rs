@@ -267,6 +267,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     };
 
     let shared = Arc::new(SharedState::new(&k.request_topic, workers));
+    shared.saw_partitions(partitions);
     let latency = Arc::new(AnswerLatency::new(cfg.run.slo_ms));
     let delivery_state = shared.clone();
     let producer = Arc::new(OutputProducer::new(
@@ -369,15 +370,14 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     // Model, catalog and consumers are set up; the dataflow starts now.
     ops.set_ready();
     let watch_done = Arc::new(AtomicBool::new(false));
-    let watch = (k.unready_after_ms > 0)
-        .then(|| {
-            BrokerProbe::new(&settings, &k.request_topic).map(|probe| {
-                let unready_after = Duration::from_millis(k.unready_after_ms);
-                let done = watch_done.clone();
-                std::thread::spawn(move || watch_broker(probe, unready_after, &done))
-            })
-        })
-        .transpose()?;
+    let watch = {
+        let probe = BrokerProbe::new(&settings, &k.request_topic)?;
+        let unready_after =
+            (k.unready_after_ms > 0).then(|| Duration::from_millis(k.unready_after_ms));
+        let done = watch_done.clone();
+        let shared = shared.clone();
+        std::thread::spawn(move || watch_broker(probe, unready_after, &shared, &done))
+    };
     // What the workers obey: set by this process's signal or by a stop
     // another process broadcast (every process drains together; one that
     // left alone would break timely's connections and panic the others).
@@ -592,9 +592,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     if let Some(w) = model_watch {
         let _ = w.join();
     }
-    if let Some(w) = watch {
-        let _ = w.join();
-    }
+    let _ = watch.join();
     let mut results = Vec::with_capacity(topo.threads);
     for (i, r) in joined.into_iter().enumerate() {
         results.extend(r.map_err(|_| ServeError::WorkerPanicked(topo.local_workers().start + i))?);
@@ -622,10 +620,18 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s))
 }
 
-/// Readiness follows the broker: asks for metadata every second; after
-/// `unready_after` without an answer `/readyz` says not ready (and why),
-/// and ready again at the next answer. Runs until `done`.
-fn watch_broker(probe: BrokerProbe, unready_after: Duration, done: &AtomicBool) {
+/// Asks the broker for the request topic's metadata every second. The
+/// partition count goes to `shared` (workers start reading partitions
+/// created while the job runs). Readiness follows the broker when
+/// `unready_after` is set: after that long without an answer `/readyz`
+/// says not ready (and why), and ready again at the next answer. Runs
+/// until `done`.
+fn watch_broker(
+    probe: BrokerProbe,
+    unready_after: Option<Duration>,
+    shared: &SharedState,
+    done: &AtomicBool,
+) {
     const EVERY: Duration = Duration::from_secs(1);
     let ops = crate::ops::state();
     let mut last_ok = Instant::now();
@@ -633,7 +639,17 @@ fn watch_broker(probe: BrokerProbe, unready_after: Duration, done: &AtomicBool) 
     while !done.load(Ordering::Relaxed) {
         let asked = Instant::now();
         match probe.check(EVERY) {
-            Ok(()) => {
+            Ok(partitions) => {
+                let before = shared.partitions.load(Ordering::Relaxed);
+                if partitions > before {
+                    tracing::info!(
+                        topic = shared.request_topic(),
+                        before,
+                        now = partitions,
+                        "the request topic has new partitions"
+                    );
+                    shared.saw_partitions(partitions);
+                }
                 last_ok = Instant::now();
                 if std::mem::take(&mut unready) {
                     tracing::info!("broker reachable again: ready");
@@ -643,7 +659,7 @@ fn watch_broker(probe: BrokerProbe, unready_after: Duration, done: &AtomicBool) 
             }
             Err(e) => {
                 metrics::gauge!("grflow_broker_reachable").set(0.0);
-                if !unready && last_ok.elapsed() >= unready_after {
+                if !unready && unready_after.is_some_and(|after| last_ok.elapsed() >= after) {
                     unready = true;
                     let reason = format!(
                         "broker unreachable for {} s: {e}",
