@@ -43,6 +43,7 @@ fn main() {
                     alpha: 0.3,
                     truncated_share: 0.0,
                     alpha_end: None,
+                    pinned_end: false,
                 };
                 if cold {
                     other.iter_mut().for_each(|v| *v = v.wrapping_add(i as u64));

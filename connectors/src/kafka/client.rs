@@ -351,8 +351,11 @@ impl RequestConsumer {
             ])
             .create_with_context(CommitWatch::default())
             .map_err(kafka("creating the request consumer"))?;
-        let (assignment, resumed, listed) =
-            resume_positions(&consumer, topic, partitions, start, refetch, timeout)?;
+        let Positions {
+            assignment,
+            resumed,
+            listed,
+        } = resume_positions(&consumer, topic, partitions, start, refetch, timeout)?;
         consumer
             .assign(&assignment)
             .map_err(kafka(format!("assigning `{topic}` {partitions:?}")))?;
@@ -390,7 +393,11 @@ impl RequestConsumer {
         if added.is_empty() {
             return Ok(Vec::new());
         }
-        let (assignment, resumed, listed) = resume_positions(
+        let Positions {
+            assignment,
+            resumed,
+            listed,
+        } = resume_positions(
             &self.consumer,
             &self.topic,
             &added,
@@ -505,9 +512,17 @@ impl RequestConsumer {
     }
 }
 
+/// Where a set of partitions resumes.
+struct Positions {
+    assignment: TopicPartitionList,
+    resumed: Vec<Resumed>,
+    /// (partition, end of its log now).
+    listed: Vec<(i32, i64)>,
+}
+
 /// Where each of `partitions` of `topic` resumes: its committed offset or,
 /// when the group never committed one (or committed past the log's end),
-/// `start`. Returns the assignment, what was resumed, and each log's end.
+/// `start`.
 fn resume_positions<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
@@ -515,7 +530,7 @@ fn resume_positions<C: ConsumerContext>(
     start: StartPosition,
     refetch: Refetch,
     timeout: Duration,
-) -> Result<(TopicPartitionList, Vec<Resumed>, Vec<(i32, i64)>), KafkaClientError> {
+) -> Result<Positions, KafkaClientError> {
     let mut wanted = TopicPartitionList::new();
     for &p in partitions {
         wanted.add_partition(topic, p);
@@ -579,7 +594,11 @@ fn resume_positions<C: ConsumerContext>(
             past_end,
         });
     }
-    Ok((assignment, resumed, listed))
+    Ok(Positions {
+        assignment,
+        resumed,
+        listed,
+    })
 }
 
 /// A partition's high watermark as of the consumer's last fetch response.
