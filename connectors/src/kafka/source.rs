@@ -71,11 +71,14 @@ pub struct KafkaSource {
     /// The request topic's partition count this source has taken its
     /// partitions from (see [`SharedState::saw_partitions`]).
     known_partitions: i32,
+    /// After a failed attempt to add new partitions, when to try again.
+    adopt_retry_at: Option<Instant>,
 }
 
 /// How long adding a partition created while the job runs may wait on the
 /// broker (committed offset, log end); on failure it is tried again.
 const ADD_PARTITION_TIMEOUT: Duration = Duration::from_secs(5);
+const ADD_PARTITION_RETRY: Duration = Duration::from_secs(5);
 
 impl KafkaSource {
     /// Worker `worker`'s source over `consumer`'s partitions; `answered`
@@ -105,14 +108,15 @@ impl KafkaSource {
             last_commit: Instant::now(),
             clamp_log: LogLimiter::default(),
             known_partitions,
+            adopt_retry_at: None,
         }
     }
 
     /// Starts reading the partitions this worker owns among those created
-    /// since it last looked. A failure is logged and tried at the next poll.
-    fn adopt_new_partitions(&mut self) {
+    /// since it last looked. A failure is logged and tried again 5 s later.
+    fn adopt_new_partitions(&mut self, now: Instant) {
         let seen = self.shared.partitions.load(Ordering::Relaxed);
-        if seen <= self.known_partitions {
+        if seen <= self.known_partitions || self.adopt_retry_at.is_some_and(|at| now < at) {
             return;
         }
         let topic = self.shared.request_topic().to_string();
@@ -140,14 +144,19 @@ impl KafkaSource {
                     );
                 }
                 self.known_partitions = seen;
+                self.adopt_retry_at = None;
             }
-            Err(e) => tracing::warn!(
-                worker = self.worker,
-                topic,
-                partitions = ?owned,
-                error = %e,
-                "could not start reading new partitions; trying again"
-            ),
+            Err(e) => {
+                // Each try may wait on the broker: not at every poll.
+                self.adopt_retry_at = Some(now + ADD_PARTITION_RETRY);
+                tracing::warn!(
+                    worker = self.worker,
+                    topic,
+                    partitions = ?owned,
+                    error = %e,
+                    "could not start reading new partitions; trying again"
+                )
+            }
         }
     }
 
@@ -157,7 +166,7 @@ impl KafkaSource {
     /// earliest event time this worker may still emit; the state is `Idle`
     /// once the consumer has nothing more to give right now.
     pub fn poll_at(&mut self, max: usize, now: Instant, emit_floor: u64) -> Polled {
-        self.adopt_new_partitions();
+        self.adopt_new_partitions(now);
         self.apply_backpressure();
         let mut records = Vec::new();
         let mut state = SourceState::Ready;
