@@ -186,6 +186,23 @@ fn a_model_that_does_not_fit_the_trace_is_refused_naming_the_file_and_the_differ
         "{err}"
     );
 
+    // Weights that are not the ones model.json's version was made from (a
+    // directory caught mid-copy, or files of two models): one weight moved.
+    let mixed = dir.join("mixed");
+    std::fs::create_dir_all(&mixed).unwrap();
+    for f in ["items.parquet", "model.json"] {
+        std::fs::copy(model.join(f), mixed.join(f)).unwrap();
+    }
+    let mut bytes = std::fs::read(model.join("model.safetensors")).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(mixed.join("model.safetensors"), bytes).unwrap();
+    let err = refused(None, &trace, Some(&mixed));
+    assert!(
+        err.contains("model.json") && err.contains("does not match the files"),
+        "{err}"
+    );
+
     // The flag overrides the config: the good model serves the trace even
     // though the config names a directory that does not exist.
     std::fs::write(&config, "[model]\nweights = \"/nonexistent/model\"\n").unwrap();

@@ -147,6 +147,20 @@ pub fn load(dir: &Path, meta: &TraceMeta, items: &[Item]) -> Result<Trained, Wei
             ),
         ));
     }
+    // Last, so that a file broken in a way named above says so: the files
+    // must be the ones the version was made from (a directory still being
+    // copied, or one mixing two models, would serve one model's weights
+    // under another's version).
+    if json.model_version != m.files_version {
+        return Err(bad(
+            MODEL_JSON,
+            format!(
+                "model_version {} does not match the files, which hash to {}: a directory \
+                 still being copied, or files of different models",
+                json.model_version, m.files_version
+            ),
+        ));
+    }
     // The config stays the file's: beam search checks it against the model.
     Ok(Trained {
         config: m.params.cfg.clone(),

@@ -101,6 +101,25 @@ fn items_parquet(items: &[Item]) -> Result<Vec<u8>, String> {
     Ok(buf)
 }
 
+/// The model version of a directory's files: a hash of the weights, the
+/// items file and model.json without its `model_version`.
+fn files_version(params: &Params, weights: &[u8], items_bytes: &[u8], json: &ModelJson) -> String {
+    let mut unversioned = json.clone();
+    unversioned.model_version = String::new();
+    let body = serde_json::to_vec(&unversioned).expect("model.json serialises");
+    let h = fnv(
+        body,
+        fnv(
+            items_bytes.iter().copied(),
+            fnv(weights.iter().copied(), FNV0),
+        ),
+    );
+    format!(
+        "gr-{}d{}l-{h:016x}",
+        params.cfg.d_model, params.cfg.n_layers
+    )
+}
+
 /// Writes the model directory and returns the model version.
 pub fn write_model_dir(
     dir: &Path,
@@ -114,19 +133,7 @@ pub fn write_model_dir(
         path: dir.join(ITEMS_FILE),
         reason,
     })?;
-    json.model_version = String::new();
-    let body = serde_json::to_vec(&json).expect("model.json serialises");
-    let h = fnv(
-        body,
-        fnv(
-            items_bytes.iter().copied(),
-            fnv(weights.iter().copied(), FNV0),
-        ),
-    );
-    json.model_version = format!(
-        "gr-{}d{}l-{h:016x}",
-        params.cfg.d_model, params.cfg.n_layers
-    );
+    json.model_version = files_version(params, &weights, &items_bytes, &json);
     let write = |name: &str, bytes: &[u8]| {
         let path = dir.join(name);
         std::fs::write(&path, bytes).map_err(TrainError::io(&path))
@@ -146,6 +153,9 @@ pub struct ModelDir {
     pub params: Params,
     pub items: Vec<Item>,
     pub json: ModelJson,
+    /// The version the files hash to; not `json.model_version` when the
+    /// directory is being copied or mixes files of different models.
+    pub files_version: String,
 }
 
 pub fn load_model_dir(dir: &Path) -> Result<ModelDir, TrainError> {
@@ -163,6 +173,7 @@ pub fn load_model_dir(dir: &Path) -> Result<ModelDir, TrainError> {
         path: ipath.clone(),
         reason,
     };
+    let items_bytes = std::fs::read(&ipath).map_err(TrainError::io(&ipath))?;
     let file = File::open(&ipath).map_err(TrainError::io(&ipath))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.build())
@@ -181,9 +192,11 @@ pub fn load_model_dir(dir: &Path) -> Result<ModelDir, TrainError> {
             json.vocabulary.items_hash
         )));
     }
+    let files_version = files_version(&params, &bytes, &items_bytes, &json);
     Ok(ModelDir {
         params,
         items,
         json,
+        files_version,
     })
 }
