@@ -1,9 +1,11 @@
 //! Hot model swap under load against the real broker (GRFLOW_KAFKA_BROKERS;
-//! skipped with a reason without it): `grflow serve --admin-addr` answers
-//! a paced stream of requests with model A, `POST /model` switches it to
-//! model B mid-stream, a model of another item space is refused while A
-//! keeps serving, and every answer's scores are what its `model_version`
-//! computes (checked against `grflow replay --model` of each).
+//! skipped with a reason without it): `grflow serve --model-watch current`
+//! answers a paced stream of requests with model A (the link's, from the
+//! first request), moving the link switches it to model B mid-stream, a
+//! model of another item space is refused by `POST /model` while A keeps
+//! serving, `POST /model` rolls back to A, and every answer's scores are
+//! what its `model_version` computes (checked against `grflow replay
+//! --model` of each).
 
 #[path = "common/cli.rs"]
 mod cli;
@@ -90,20 +92,17 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
 
     let topics = Topics::fresh("model-swap");
     topics.create(&brokers, PARTITIONS);
-    let extra = format!(
-        "catalog = {:?}\n\n[model]\nweights = {:?}\n",
-        trace.display().to_string(),
-        a.display().to_string()
-    );
+    // No model.weights: the watched link decides what serves from the start.
+    let extra = format!("catalog = {:?}\n", trace.display().to_string());
     let config = write_config(&dir, &topics, &extra);
     let admin = free_addr();
     let mut tail = Tail::new(&brokers, &topics.responses, PARTITIONS);
     tail.read_until(Duration::from_millis(1_000), |_| false);
     let metrics = free_addr();
-    // A watched link, pointing at B from the start (so nothing happens
-    // until it moves).
+    // A watched link, pointing at A from the start: A serves the first
+    // request (before, the seeded weights served until the link moved).
     let current = dir.join("current");
-    std::os::unix::fs::symlink(&b, &current).unwrap();
+    std::os::unix::fs::symlink(&a, &current).unwrap();
     let serve = Serve::start_with(
         &brokers,
         &config,
@@ -154,9 +153,10 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
                 refused["error"].as_str().unwrap().contains("item"),
                 "names the item space: {refused}"
             );
-            let (status, asked) = http(&admin, "POST", "/model", b.to_str().unwrap());
-            assert_eq!(status, 202, "{asked}");
-            assert_eq!(asked["swapping_to"], vb.as_str());
+            // The swap to B by the watched path: the link moves.
+            let next = dir.join("current.next");
+            std::os::unix::fs::symlink(&b, &next).unwrap();
+            std::fs::rename(&next, &current).unwrap();
             // An operator pins α too (HLEM's runtime switch).
             let (status, pinned) = http(&admin, "POST", "/alpha", "0.3");
             assert_eq!(status, 202, "{pinned}");
@@ -175,44 +175,45 @@ fn kafka_hot_model_swap_under_load_answers_everything_with_the_version_that_comp
         tail.req_ids.len(),
         serve.stderr_text()
     );
-    let (status, report) = http(&admin, "GET", "/model", "");
-    assert_eq!(status, 200);
-    for v in report["serving"].as_object().unwrap().values() {
-        assert_eq!(v, vb.as_str(), "every node serves B: {report}");
-    }
-    // Rollback by the watched path: the link moves to A.
-    let next = dir.join("current.next");
-    std::os::unix::fs::symlink(&a, &next).unwrap();
-    std::fs::rename(&next, &current).unwrap();
-    let rolled_back = |r: &Value| {
+    let serving = |version: &str, r: &Value| {
         r["serving"]
             .as_object()
-            .is_some_and(|s| s.values().all(|v| v == va.as_str()))
+            .is_some_and(|s| !s.is_empty() && s.values().all(|v| v == version))
     };
-    // The nodes take commands between batches: keep a few requests coming.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // The nodes take commands between batches: keep a few requests coming
+    // until every node serves `version`.
     let mut extra = 0u64;
-    loop {
-        let (_, report) = http(&admin, "GET", "/model", "");
-        if rolled_back(&report) {
-            break;
+    let mut wait_serving = |version: &str, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, report) = http(&admin, "GET", "/model", "");
+            assert_eq!(status, 200);
+            if serving(version, &report) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{what}: {report}");
+            let r = &originals[0];
+            let body = json!({
+                "req_id": N + extra, "user_id": r.user_id, "ts_ms": 1_700_000_100_000u64 + extra,
+                "candidates": r.candidates, "hist_len": r.hist_len, "mode": "rank",
+            })
+            .to_string();
+            let _ = p.send(
+                BaseRecord::<(), _>::to(&topics.requests)
+                    .partition(0)
+                    .payload(&body),
+            );
+            original_of.insert(N + extra, r.req_id);
+            extra += 1;
+            std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(Instant::now() < deadline, "no rollback: {report}");
-        let r = &originals[0];
-        let body = json!({
-            "req_id": N + extra, "user_id": r.user_id, "ts_ms": 1_700_000_100_000u64 + extra,
-            "candidates": r.candidates, "hist_len": r.hist_len, "mode": "rank",
-        })
-        .to_string();
-        let _ = p.send(
-            BaseRecord::<(), _>::to(&topics.requests)
-                .partition(0)
-                .payload(&body),
-        );
-        original_of.insert(N + extra, r.req_id);
-        extra += 1;
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    };
+    wait_serving(&vb, "every node serves B after the link moved");
+    // Rollback by the admin endpoint.
+    let (status, asked) = http(&admin, "POST", "/model", a.to_str().unwrap());
+    assert_eq!(status, 202, "{asked}");
+    assert_eq!(asked["swapping_to"], va.as_str());
+    wait_serving(&va, "no rollback");
     p.flush(Duration::from_secs(10)).unwrap();
     assert!(
         tail.read_until(Duration::from_secs(60), |t| t.req_ids.len() as u64

@@ -54,7 +54,12 @@ impl ModelRegistry {
     /// Loads `path` and checks it; its version. Refused: the error, kept
     /// for /status; nothing changes.
     pub fn load(&self, path: &str) -> Result<String, String> {
+        // Built once here and shared by every node of the process that
+        // swaps to it (else each node built its own model and host tier).
         let loaded = (self.loader)(path).and_then(|params| {
+            let params = params
+                .with_shared_model_and_host()
+                .map_err(|e| e.to_string())?;
             let version = params
                 .trained
                 .as_ref()
@@ -107,6 +112,9 @@ impl ModelRegistry {
             .expect("models lock")
             .insert(node, version.into());
         self.publish();
+        // /status's top-level model_version follows the swap (the last
+        // node to take a model; `models.serving` has each node's).
+        crate::ops::state().set_status_field("model_version", serde_json::json!(version));
     }
 
     pub fn note_error(&self, e: String) {
@@ -135,8 +143,10 @@ const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// changes (a new directory copied there, or a symlink moved to another),
 /// the model is loaded and checked like an admin call, and every node
 /// swaps to it (its resolved directory, so that a later move of the link
-/// does not change what the nodes load). A refused model is reported once
-/// per version. Runs until `done`.
+/// does not change what the nodes load). A refused model is tried again
+/// when its files change (a directory caught mid-copy loads once the copy
+/// is complete) and reported once per state of its files. Runs until
+/// `done`.
 pub fn watch(
     path: std::path::PathBuf,
     models: std::sync::Arc<ModelRegistry>,
@@ -144,28 +154,93 @@ pub fn watch(
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let version_at = |p: &std::path::Path| -> Option<String> {
-            let text = std::fs::read_to_string(p.join("model.json")).ok()?;
-            let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-            json["model_version"].as_str().map(str::to_string)
-        };
-        let mut seen = version_at(&path);
+        // The served version starts as the one there now (serve loads the
+        // watched model at start).
+        let mut seen = watched_files(&path).map(|f| f.version);
+        let mut refused: Option<WatchedFiles> = None;
         while !done.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(WATCH_EVERY);
-            let now = version_at(&path);
-            if now.is_none() || now == seen {
+            let Some(now) = watched_files(&path) else {
+                continue;
+            };
+            if !worth_loading(&now, seen.as_deref(), refused.as_ref()) {
                 continue;
             }
-            seen = now;
             let dir = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
             let dir = dir.display().to_string();
             match models.load(&dir) {
                 Ok(version) => {
                     tracing::info!(path = %dir, version, "watched model changed: swapping");
+                    seen = Some(now.version);
+                    refused = None;
                     submit(grflow_operators::node::NodeCommand::SwapModel { path: dir, version });
                 }
-                Err(e) => tracing::warn!(path = %dir, "{e}"),
+                Err(e) => {
+                    tracing::warn!(path = %dir, "{e} (tried again when its files change)");
+                    refused = Some(now);
+                }
             }
         }
     })
+}
+
+/// What the watcher compares: the version model.json names and each
+/// file's size and modification time.
+#[derive(Clone, Debug, PartialEq)]
+struct WatchedFiles {
+    version: String,
+    files: Vec<Option<(u64, std::time::SystemTime)>>,
+}
+
+/// Whether the watched directory should be loaded: its version is not the
+/// one served, and it is not the same files as a load refused before (a
+/// copy that completed, or a fixed file, is tried again).
+fn worth_loading(now: &WatchedFiles, served: Option<&str>, refused: Option<&WatchedFiles>) -> bool {
+    Some(now.version.as_str()) != served && refused != Some(now)
+}
+
+fn watched_files(dir: &std::path::Path) -> Option<WatchedFiles> {
+    use grflow_train::artifact::{ITEMS_FILE, MODEL_JSON, WEIGHTS_FILE};
+    let text = std::fs::read_to_string(dir.join(MODEL_JSON)).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let version = json["model_version"].as_str()?.to_string();
+    let files = [MODEL_JSON, WEIGHTS_FILE, ITEMS_FILE]
+        .iter()
+        .map(|f| {
+            let m = std::fs::metadata(dir.join(f)).ok()?;
+            Some((m.len(), m.modified().ok()?))
+        })
+        .collect();
+    Some(WatchedFiles { version, files })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_directory_is_tried_again_once_its_files_change() {
+        let dir = std::env::temp_dir().join(format!("grflow-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let json = |v: &str| format!("{{\"model_version\": \"{v}\"}}");
+        std::fs::write(dir.join("model.json"), json("v2")).unwrap();
+        // Half the weights copied so far.
+        std::fs::write(dir.join("model.safetensors"), [0u8; 10]).unwrap();
+        std::fs::write(dir.join("items.parquet"), [0u8; 4]).unwrap();
+        let partial = watched_files(&dir).unwrap();
+        assert_eq!(partial.version, "v2");
+        assert!(worth_loading(&partial, Some("v1"), None));
+        // Refused: not again while nothing changes.
+        assert!(!worth_loading(&partial, Some("v1"), Some(&partial)));
+        // The copy completes: tried again.
+        std::fs::write(dir.join("model.safetensors"), [0u8; 20]).unwrap();
+        let complete = watched_files(&dir).unwrap();
+        assert!(worth_loading(&complete, Some("v1"), Some(&partial)));
+        // Served already: nothing to do.
+        assert!(!worth_loading(&complete, Some("v2"), None));
+        // No model.json (yet): nothing to look at.
+        std::fs::remove_file(dir.join("model.json")).unwrap();
+        assert!(watched_files(&dir).is_none());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

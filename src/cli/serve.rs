@@ -45,9 +45,10 @@ pub struct Args {
     /// each node serves.
     #[arg(long)]
     pub admin_addr: Option<String>,
-    /// A model directory, or a symlink to one, watched every second: when
-    /// the `model_version` in its model.json changes, every node swaps to it
-    /// (as `POST /model` would).
+    /// A model directory, or a symlink to one, served from the start (in
+    /// place of --model) and watched every second: when the `model_version`
+    /// in its model.json changes, every node swaps to it (as `POST /model`
+    /// would).
     #[arg(long)]
     pub model_watch: Option<PathBuf>,
     #[command(flatten)]
@@ -66,6 +67,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(m) = args.model {
         config.model.weights = Some(m);
+    }
+    // A watched model is served from the start, not only once it changes:
+    // otherwise a restarted job would go back to --model (or the seeded
+    // weights) until the link next moved.
+    if let Some(watched) = &args.model_watch
+        && watched.join("model.json").exists()
+    {
+        let dir = std::fs::canonicalize(watched).unwrap_or_else(|_| watched.clone());
+        if let Some(other) = &config.model.weights
+            && std::fs::canonicalize(other).ok().as_ref() != Some(&dir)
+        {
+            tracing::warn!(
+                watched = %dir.display(),
+                ignored = %other.display(),
+                "--model-watch decides the model served from the start; model.weights (or --model) is ignored"
+            );
+        }
+        config.model.weights = Some(dir);
     }
     if let Some(g) = args.group {
         config.kafka.group_id = g;
