@@ -303,6 +303,28 @@ fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
     assert!(!served.contains(&bad_req.to_string()));
 }
 
+/// Rows out of time order within a row group are served at their own
+/// times, not counted late: the source hands a row group out in time order.
+#[test]
+fn rows_out_of_order_within_a_row_group_are_not_late() {
+    let dir = tmp_dir("out-of-order");
+    let mut trace = grflow_traces::generate(&grflow_traces::GenConfig {
+        users: 100,
+        items: 1000,
+        requests: 1_000,
+        rps: 100.0,
+        seed: 9,
+        ..grflow_traces::GenConfig::default()
+    });
+    // Row 150 is stamped 1 s after its neighbours (still in the trace's span).
+    trace.requests[150].ts_ms += 1_000;
+    let path = dir.join("trace");
+    grflow_traces::write_trace(&path, &trace, &grflow_traces::WriteOptions::default()).unwrap();
+    let summary = replay_json(&path, 1, None);
+    conserved(&summary);
+    assert_eq!(summary["late_records"].as_u64(), Some(0), "{summary}");
+}
+
 #[test]
 fn retrieve_requests_are_served_by_beam_search_and_the_event_clock_is_deterministic() {
     let dir = tmp_dir("retrieve");

@@ -40,7 +40,15 @@ pub(crate) struct Staged {
 }
 
 impl Staged {
-    pub fn new(records: Vec<SourceRecord>) -> Self {
+    /// Sorts a row group's records by event time (bad records first, each
+    /// kind in file order): the pipeline moves its time to the first
+    /// pending record's, so a record behind it in the group would count as
+    /// late and be served at a later time, in the wrong window.
+    pub fn new(mut records: Vec<SourceRecord>) -> Self {
+        records.sort_by_key(|r| match r {
+            SourceRecord::Bad { .. } => (0, 0),
+            SourceRecord::Request { request, .. } => (1, request.ts_ms),
+        });
         let mut suffix_min = vec![u64::MAX; records.len() + 1];
         for i in (0..records.len()).rev() {
             let ts = match &records[i] {
