@@ -480,3 +480,35 @@ fn imported_trace_round_trips() {
     assert_eq!(load_side_tables(&dir).unwrap().users, trace.users);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A requests.parquet written without column statistics: the event-time
+/// range comes from the column itself (it was 0, so a paced replay of epoch
+/// timestamps waited decades for its first request), and watermarks still
+/// hold.
+#[test]
+fn a_file_without_statistics_reports_its_true_event_time_range() {
+    let (dir, trace) = written("no-stats");
+    let path = dir.join("requests.parquet");
+    // Rewrite it with statistics off, in row groups as before.
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None)
+        .set_max_row_group_row_count(Some(ROW_GROUP))
+        .build();
+    let batch = requests_to_batch(&trace.requests);
+    let mut w =
+        ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let info = ParquetRequestSource::inspect(&dir).unwrap();
+    let (lo, hi) = (
+        trace.requests.iter().map(|r| r.ts_ms).min().unwrap(),
+        trace.requests.iter().map(|r| r.ts_ms).max().unwrap(),
+    );
+    assert_eq!((info.min_ts_ms, info.max_ts_ms), (lo, hi));
+    assert!(info.row_groups > 1, "{info:?}");
+    let mut source = ParquetRequestSource::open(&dir, 0, 1).unwrap();
+    let (records, errors) = drain(&mut source);
+    assert!(errors.is_empty());
+    assert_eq!(records.len(), trace.requests.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -88,6 +88,36 @@ impl CheckedFile {
         Ok(reader.map(|b| b.map_err(|e| e.to_string())))
     }
 
+    /// Least and greatest non-null value of the u64 column `column` in row
+    /// group `g`, read from the data (for files written without
+    /// statistics); None when the group has none or cannot be read.
+    pub fn u64_range(&self, g: usize, column: &str) -> Option<(u64, u64)> {
+        use arrow::array::{Array, AsArray};
+        use arrow::datatypes::UInt64Type;
+        let file = self.file.try_clone().ok()?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
+        let mask = parquet::arrow::ProjectionMask::columns(builder.parquet_schema(), [column]);
+        let reader = builder
+            .with_row_groups(vec![g])
+            .with_projection(mask)
+            .with_batch_size(65_536)
+            .build()
+            .ok()?;
+        let mut range: Option<(u64, u64)> = None;
+        for batch in reader {
+            let batch = batch.ok()?;
+            let values = batch.column(0).as_primitive_opt::<UInt64Type>()?;
+            for i in 0..values.len() {
+                if values.is_valid(i) {
+                    let v = values.value(i);
+                    range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+                }
+            }
+        }
+        range
+    }
+
     /// Row counts of every row group.
     pub fn row_group_rows(&self) -> Vec<u64> {
         self.metadata

@@ -262,9 +262,27 @@ impl RequestSource for ParquetRequestSource {
     }
 }
 
-/// Per-row-group (min, max) of ts_ms from the statistics; a group without
-/// statistics gets (0, u64::MAX), which keeps watermarks correct.
+/// Per-row-group (min, max) of ts_ms from the statistics, or read from the
+/// column where a group has none (a trace written without statistics
+/// would otherwise start its paced replay at event time 0, decades before
+/// its first request). A group that cannot be read either gets (0,
+/// u64::MAX), which keeps watermarks correct.
 fn ts_stats(file: &CheckedFile) -> Result<(Vec<u64>, Vec<u64>), SourceError> {
+    let (mut mins, mut maxes) = ts_statistics(file)?;
+    for g in 0..mins.len() {
+        if mins[g] == 0
+            && maxes[g] == u64::MAX
+            && let Some((lo, hi)) = file.u64_range(g, "ts_ms")
+        {
+            (mins[g], maxes[g]) = (lo, hi);
+        }
+    }
+    Ok((mins, maxes))
+}
+
+/// Per-row-group (min, max) of ts_ms from the statistics; (0, u64::MAX)
+/// where a group has none.
+fn ts_statistics(file: &CheckedFile) -> Result<(Vec<u64>, Vec<u64>), SourceError> {
     let meta = file.metadata.metadata();
     let n = meta.num_row_groups();
     let fallback = || (vec![0; n], vec![u64::MAX; n]);
