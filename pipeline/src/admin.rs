@@ -7,7 +7,7 @@
 //! allocator's moves are refused meanwhile); with `auto` it releases α to
 //! the allocator again.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,7 +145,6 @@ fn answer(
     models: &ModelRegistry,
     submit: &Submit,
 ) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let reply = if !peer.ip().is_loopback() {
         AdminReply {
@@ -153,36 +152,28 @@ fn answer(
             body: serde_json::json!({"error": "the admin endpoint answers loopback peers only"}),
         }
     } else {
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let mut request_line = String::new();
-        reader.read_line(&mut request_line)?;
-        let mut length = 0usize;
-        let mut header = String::new();
-        while reader.read_line(&mut header)? > 2 {
-            if let Some((k, v)) = header.split_once(':')
-                && k.trim().eq_ignore_ascii_case("content-length")
-            {
-                length = v.trim().parse().unwrap_or(0);
-            }
-            header.clear();
-        }
-        let mut parts = request_line.split_whitespace();
-        let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-        if length > MAX_BODY {
-            AdminReply {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        match crate::http::read_head(&stream, deadline) {
+            Err(crate::http::HeadError::Io(e)) => return Err(e),
+            Err(e) => AdminReply {
+                status: 400,
+                body: serde_json::json!({"error": e.to_string()}),
+            },
+            Ok((head, _)) if head.content_length.unwrap_or(0) > MAX_BODY => AdminReply {
                 status: 413,
                 body: serde_json::json!({"error": "body too large"}),
+            },
+            Ok((head, mut body_reader)) => {
+                let mut body = vec![0u8; head.content_length.unwrap_or(0)];
+                body_reader.read_exact(&mut body)?;
+                route(
+                    &head.method,
+                    &head.path,
+                    &String::from_utf8_lossy(&body),
+                    models,
+                    &**submit,
+                )
             }
-        } else {
-            let mut body = vec![0u8; length];
-            reader.read_exact(&mut body)?;
-            route(
-                method,
-                path,
-                &String::from_utf8_lossy(&body),
-                models,
-                &**submit,
-            )
         }
     };
     let text = serde_json::to_string(&reply.body).unwrap_or_default() + "\n";

@@ -5,7 +5,7 @@
 //! version at `/status`. Requests are answered one at a time; a scrape is
 //! small, and nothing here is on the serving path.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -226,24 +226,23 @@ fn answer(
     state: &OpsState,
     metrics: &dyn Fn() -> String,
 ) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line)?;
-    // The headers are not needed; read them so the client sees a clean close.
-    let mut header = String::new();
-    while reader.read_line(&mut header)? > 2 {
-        header.clear();
-    }
-    let r = route(&request_line, state, metrics);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let (r, head_only) = match crate::http::read_head(&stream, deadline) {
+        Ok((head, _)) => (
+            route(&format!("{} {}", head.method, head.path), state, metrics),
+            head.method == "HEAD",
+        ),
+        Err(crate::http::HeadError::Io(e)) => return Err(e),
+        Err(e) => (reply(400, "text/plain", format!("{e}\n")), false),
+    };
     let reason = match r.status {
         200 => "OK",
+        400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
         _ => "Service Unavailable",
     };
-    let head_only = request_line.starts_with("HEAD ");
     let mut stream = stream;
     write!(
         stream,
