@@ -78,6 +78,13 @@ pub fn route(
                     serde_json::json!({"error": "the body must be a model directory path"}),
                 );
             }
+            // Resolved here: a relative path (or a link moved later) would
+            // name another directory, or none, on another process of a
+            // cluster, whose working directory differs.
+            let resolved = std::fs::canonicalize(dir)
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| dir.to_string());
+            let dir = resolved.as_str();
             match models.load(dir) {
                 Ok(version) => {
                     submit(NodeCommand::SwapModel {
@@ -235,6 +242,18 @@ mod tests {
         assert_eq!(route("POST", "/model", " ", &models, &submit).status, 400);
         assert_eq!(route("DELETE", "/model", "", &models, &submit).status, 405);
         assert_eq!(route("GET", "/", "", &models, &submit).status, 404);
+    }
+
+    #[test]
+    fn a_relative_model_path_is_resolved_before_it_is_loaded() {
+        let models = registry(false);
+        let submit = |_: NodeCommand| {};
+        // The test's working directory exists; "." names it relatively.
+        let here = std::fs::canonicalize(".").unwrap().display().to_string();
+        let r = route("POST", "/model", ".", &models, &submit);
+        assert_eq!(r.status, 409);
+        let error = r.body["error"].as_str().unwrap();
+        assert!(error.contains(&format!("{here}: item space")), "{error}");
     }
 
     #[test]
