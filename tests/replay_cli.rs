@@ -305,6 +305,7 @@ fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
 
 /// Rows out of time order within a row group are served at their own
 /// times, not counted late: the source hands a row group out in time order.
+/// The summary's event time is the trace's span.
 #[test]
 fn rows_out_of_order_within_a_row_group_are_not_late() {
     let dir = tmp_dir("out-of-order");
@@ -323,6 +324,21 @@ fn rows_out_of_order_within_a_row_group_are_not_late() {
     let summary = replay_json(&path, 1, None);
     conserved(&summary);
     assert_eq!(summary["late_records"].as_u64(), Some(0), "{summary}");
+    // The event time the trace covers, first request to last (it was read
+    // off the windows' starts: short by up to a window, 0 under one).
+    let (lo, hi) = (
+        trace.requests.iter().map(|r| r.ts_ms).min().unwrap(),
+        trace.requests.iter().map(|r| r.ts_ms).max().unwrap(),
+    );
+    let span = summary["event_time_s"].as_f64().unwrap();
+    assert!((span - (hi - lo) as f64 / 1000.0).abs() < 1e-9, "{span}");
+    // A trace shorter than one window.
+    let short = dir.join("short");
+    trace.requests.truncate(200);
+    grflow_traces::write_trace(&short, &trace, &grflow_traces::WriteOptions::default()).unwrap();
+    let summary = replay_json(&short, 1, None);
+    let span = summary["event_time_s"].as_f64().unwrap();
+    assert!(span > 1.0, "{summary}");
 }
 
 #[test]

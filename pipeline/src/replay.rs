@@ -222,7 +222,9 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let cfg = opts.config.clone();
 
     // Side tables are loaded once and shared by every worker thread.
-    let (side, requests, total, origin_ts, trace_name) = match &opts.trace {
+    // `span_ms`: the event time the trace covers, first request to last
+    // (None where a row group's range is unknown).
+    let (side, requests, total, origin_ts, span_ms, trace_name) = match &opts.trace {
         TraceInput::Parquet(dir) => {
             let tables = load_side_tables(dir)?;
             let side =
@@ -234,6 +236,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 None,
                 info.rows,
                 info.min_ts_ms,
+                (info.rows > 0 && info.max_ts_ms != u64::MAX)
+                    .then(|| info.max_ts_ms.saturating_sub(info.min_ts_ms)),
                 dir.display().to_string(),
             )
         }
@@ -251,12 +255,16 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             .map_err(|e| ReplayError::Setup(e.to_string()))?;
             let requests: Arc<Vec<Request>> = Arc::new(trace.requests.clone());
             let origin = requests.first().map_or(0, |r| r.ts_ms);
+            let (lo, hi) = requests.iter().fold((u64::MAX, 0), |(lo, hi), r| {
+                (lo.min(r.ts_ms), hi.max(r.ts_ms))
+            });
             let name = format!("embedded default ({})", side.meta.source);
             (
                 side,
                 Some(requests),
                 trace.requests.len() as u64,
                 origin,
+                (lo <= hi).then(|| hi - lo),
                 name,
             )
         }
@@ -515,6 +523,9 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         CounterSnapshot::of(&counters)
     };
     let mut out = assemble(results, &cfg, totals, workers, wall_s, trace_name);
+    if let Some(span) = span_ms {
+        out.summary.event_time_s = span as f64 / 1000.0;
+    }
     out.responses = responses;
     Ok(out)
 }
@@ -685,7 +696,8 @@ pub(crate) fn allocator_controller(
     }))
 }
 
-/// Event time covered, from the windows seen.
+/// Event time covered, from the windows seen (their starts, so short by up
+/// to a window): used where the trace's own range is unknown.
 fn event_span_s(windows: &[WindowRow]) -> f64 {
     let first = windows.iter().map(|w| w.window_start_ms).min();
     let last = windows.iter().map(|w| w.window_start_ms).max();
