@@ -101,9 +101,12 @@ pub fn build_trace(raw: RawEvents, name: &str, cfg: &ImportConfig) -> Result<Tra
             table_rows: table_rows(n_items as u32, cfg.tables),
             codebook_size: cfg.codebook_size,
             source: format!(
-                "grflow import --format {} {file} --seed {}: {} interactions, {} users, {} items{}",
+                "grflow import --format {} --input {file} --seed {} --tables {} --candidates {}: \
+                 {} interactions, {} users, {} items{}",
                 cfg.format.as_str(),
                 cfg.seed,
+                cfg.tables,
+                cfg.candidates,
                 events.len(),
                 raw.users.len(),
                 n_items,
@@ -167,7 +170,16 @@ mod tests {
             );
         }
         assert_eq!(t.items.len(), 3);
-        assert_eq!(t.meta.unwrap().table_rows[0], 3);
+        let meta = t.meta.unwrap();
+        assert_eq!(meta.table_rows[0], 3);
+        // The source names every flag that shaped the trace.
+        assert!(
+            meta.source.starts_with(
+                "grflow import --format recbole --input x.inter --seed 42 --tables 4 --candidates 3:"
+            ),
+            "{}",
+            meta.source
+        );
     }
 
     #[test]
