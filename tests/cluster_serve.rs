@@ -168,3 +168,60 @@ fn kafka_two_processes_kill_one_restart_both_leaves_one_answer_per_request() {
         "{s0}\n{s1}"
     );
 }
+
+/// A process whose peer never starts is not ready (it serves nothing until
+/// the cluster connects), and SIGTERM ends it at once with exit 0: before,
+/// `/readyz` said ready while it waited and the signal was ignored until
+/// `cluster.connect_timeout_s` (300 s by default).
+#[test]
+fn a_process_waiting_for_its_peers_is_not_ready_and_stops_on_sigterm() {
+    let Some(brokers) = broker("a_process_waiting_for_its_peers") else {
+        return;
+    };
+    let dir = tmp_dir("cluster-waiting");
+    let topics = Topics::fresh("cluster-waiting");
+    topics.create(&brokers, PARTITIONS);
+    let config = write_config(&dir, &topics, "");
+    let hosts = hostfile(&dir);
+    let metrics = common::http::free_addr();
+    let mut alone = Serve::start_with(
+        &brokers,
+        &config,
+        "waiting",
+        &[
+            "--metrics-addr",
+            &metrics,
+            "--workers",
+            "1",
+            "--hostfile",
+            hosts.to_str().unwrap(),
+            "--process",
+            "0",
+        ],
+    );
+    assert!(
+        common::http::wait_listening(&metrics, Duration::from_secs(60)),
+        "{}",
+        alone.stderr_text()
+    );
+    // Give it time to open its consumers and start waiting for process 1.
+    std::thread::sleep(Duration::from_secs(2));
+    let (status, body) = common::http::get(&metrics, "/readyz").expect("readyz answers");
+    assert_eq!(status, 503, "{body}");
+    let pid = alone.child.id().to_string();
+    let signalled = std::time::Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let exited = alone.exited_within(Duration::from_secs(10));
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "{exited:?} after {:?}; stderr:\n{}",
+        signalled.elapsed(),
+        alone.stderr_text()
+    );
+}

@@ -208,8 +208,14 @@ impl Cluster {
     /// connects to every other process: timely prints its connection
     /// messages on stdout, which would corrupt a JSON summary there, so
     /// stdout points at stderr until the connections are made; a watchdog
-    /// ends the process if they are not made within the connect timeout.
-    pub fn execute<T, F>(&self, func: F) -> Result<WorkerGuards<T>, String>
+    /// ends the process if they are not made within the connect timeout,
+    /// or as soon as `stop` is set meanwhile (a SIGTERM while waiting for
+    /// peers: nothing was read yet, so there is nothing to drain).
+    pub fn execute<T, F>(
+        &self,
+        func: F,
+        stop: Option<Arc<AtomicBool>>,
+    ) -> Result<WorkerGuards<T>, String>
     where
         T: Send + 'static,
         F: Fn(&mut Worker) -> T + Send + Sync + 'static,
@@ -226,18 +232,31 @@ impl Cluster {
             "connecting to the other processes"
         );
         let connected = Arc::new(AtomicBool::new(false));
-        if let Some(timeout) = self.connect_timeout {
+        if self.connect_timeout.is_some() || stop.is_some() {
             let connected = connected.clone();
             let addresses = self.addresses.clone();
+            let timeout = self.connect_timeout;
+            let started = std::time::Instant::now();
             std::thread::spawn(move || {
-                std::thread::sleep(timeout);
-                if !connected.load(Ordering::SeqCst) {
-                    eprintln!(
-                        "error: cluster: not every process connected within {} s \
-                         (cluster.connect_timeout_s); hosts {addresses:?}",
-                        timeout.as_secs()
-                    );
-                    std::process::exit(3);
+                while !connected.load(Ordering::SeqCst) {
+                    if stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                        eprintln!(
+                            "cluster: stopped while waiting for the other processes \
+                             (hosts {addresses:?}); nothing was read"
+                        );
+                        std::process::exit(0);
+                    }
+                    if let Some(t) = timeout
+                        && started.elapsed() >= t
+                    {
+                        eprintln!(
+                            "error: cluster: not every process connected within {} s \
+                             (cluster.connect_timeout_s); hosts {addresses:?}",
+                            t.as_secs()
+                        );
+                        std::process::exit(3);
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
                 }
             });
         }

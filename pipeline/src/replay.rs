@@ -326,163 +326,168 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
     let guards = job
         .cluster
-        .execute(move |worker| {
-            let index = worker.index();
-            let peers = worker.peers();
-            let pacing = Pacing {
-                speed,
-                origin_ts_ms: origin_ts,
-                start: *worker_started.get_or_init(Instant::now),
-            };
-            let source: Box<dyn RequestSource> = match &worker_trace {
-                TraceInput::Parquet(dir) => match ParquetRequestSource::open(dir, index, peers) {
-                    Ok(s) => Box::new(s.with_max_candidates(worker_cfg.model.max_candidates)),
-                    Err(e) => {
-                        *worker_setup_error.lock().expect("lock") = Some(e.to_string());
-                        Box::new(MemoryRequestSource::new(Arc::new(Vec::new()), index, peers))
-                    }
-                },
-                TraceInput::Memory(_) => Box::new(MemoryRequestSource::new(
-                    requests.clone().expect("memory trace has requests"),
-                    index,
-                    peers,
-                )),
-            };
-            let router = Job::router(&worker_cfg, peers);
-            let node = nodes.take(index);
-            let allocator_stats: Rc<RefCell<AllocatorStats>> = Default::default();
-            let oracle = oracle_step.map(|step| {
-                Rc::new(RefCell::new(OracleRecorder::new(
-                    worker_cfg.windows.epoch_ms,
-                    alpha_grid(step),
-                )))
-            });
-            let batch_writer = worker_writer.clone();
-            let responses: dataflow::ResponseBatchSink =
-                Box::new(move |rows| batch_writer.lock().expect("lock").write(rows));
-            let df = dataflow::build(
-                worker,
-                DataflowParts {
-                    source,
-                    pacing,
-                    max_ahead_ms: (pacing.speed == Speed::Max)
-                        .then_some(worker_cfg.run.max_ahead_ms),
-                    serving: ServingParts {
-                        router,
-                        node,
-                        side: worker_side.clone(),
-                        slo_ms: worker_cfg.run.slo_ms,
-                        clock: worker_cfg.run.clock,
-                        deadline: None,
-                        window_ms: worker_cfg.windows.epoch_ms,
-                        release,
-                        batch: worker_cfg.batch_policy(),
-                        token_capacity: worker_cfg.node.token_capacity,
-                        commands: worker_commands.clone(),
-                        command_pacing: pacing,
-                        controller: allocator_controller(
-                            &worker_cfg,
-                            worker_policy.clone(),
-                            allocator_stats.clone(),
-                        ),
-                        live: None,
-                        models: None,
-                        oracle: oracle.clone(),
+        .execute(
+            move |worker| {
+                let index = worker.index();
+                let peers = worker.peers();
+                let pacing = Pacing {
+                    speed,
+                    origin_ts_ms: origin_ts,
+                    start: *worker_started.get_or_init(Instant::now),
+                };
+                let source: Box<dyn RequestSource> = match &worker_trace {
+                    TraceInput::Parquet(dir) => match ParquetRequestSource::open(dir, index, peers)
+                    {
+                        Ok(s) => Box::new(s.with_max_candidates(worker_cfg.model.max_candidates)),
+                        Err(e) => {
+                            *worker_setup_error.lock().expect("lock") = Some(e.to_string());
+                            Box::new(MemoryRequestSource::new(Arc::new(Vec::new()), index, peers))
+                        }
                     },
-                    counters: worker_counters.clone(),
-                    responses,
-                    gather_responses: topo.is_cluster(),
-                },
-            );
-            while !df.probe.done() {
-                worker.step_or_park(None);
-            }
-            // Let the last window updates drain.
-            while worker.step() {}
-
-            let mut outputs = std::mem::take(&mut *df.outputs.borrow_mut());
-            // The sink flushes its last batch when its input closes; this only
-            // guards against a batch left behind.
-            if !outputs.pending_responses.is_empty() {
-                worker_writer
-                    .lock()
-                    .expect("lock")
-                    .write(&mut outputs.pending_responses);
-            }
-            let node = crate::dataflow::node::lock(&df.node);
-            let windows = std::mem::take(&mut outputs.windows);
-            let oracle = match oracle {
-                Some(o) => {
-                    let mut o = o.borrow_mut();
-                    o.close(&*worker_side, &worker_side.retrieval);
-                    o.take().unwrap_or_else(|e| {
-                        *worker_setup_error.lock().expect("lock") = Some(format!("oracle: {e}"));
-                        Vec::new()
-                    })
+                    TraceInput::Memory(_) => Box::new(MemoryRequestSource::new(
+                        requests.clone().expect("memory trace has requests"),
+                        index,
+                        peers,
+                    )),
+                };
+                let router = Job::router(&worker_cfg, peers);
+                let node = nodes.take(index);
+                let allocator_stats: Rc<RefCell<AllocatorStats>> = Default::default();
+                let oracle = oracle_step.map(|step| {
+                    Rc::new(RefCell::new(OracleRecorder::new(
+                        worker_cfg.windows.epoch_ms,
+                        alpha_grid(step),
+                    )))
+                });
+                let batch_writer = worker_writer.clone();
+                let responses: dataflow::ResponseBatchSink =
+                    Box::new(move |rows| batch_writer.lock().expect("lock").write(rows));
+                let df = dataflow::build(
+                    worker,
+                    DataflowParts {
+                        source,
+                        pacing,
+                        max_ahead_ms: (pacing.speed == Speed::Max)
+                            .then_some(worker_cfg.run.max_ahead_ms),
+                        serving: ServingParts {
+                            router,
+                            node,
+                            side: worker_side.clone(),
+                            slo_ms: worker_cfg.run.slo_ms,
+                            clock: worker_cfg.run.clock,
+                            deadline: None,
+                            window_ms: worker_cfg.windows.epoch_ms,
+                            release,
+                            batch: worker_cfg.batch_policy(),
+                            token_capacity: worker_cfg.node.token_capacity,
+                            commands: worker_commands.clone(),
+                            command_pacing: pacing,
+                            controller: allocator_controller(
+                                &worker_cfg,
+                                worker_policy.clone(),
+                                allocator_stats.clone(),
+                            ),
+                            live: None,
+                            models: None,
+                            oracle: oracle.clone(),
+                        },
+                        counters: worker_counters.clone(),
+                        responses,
+                        gather_responses: topo.is_cluster(),
+                    },
+                );
+                while !df.probe.done() {
+                    worker.step_or_park(None);
                 }
-                None => Vec::new(),
-            };
-            let gauge = *df.window_gauge.borrow();
-            let c = node.counters();
-            let busy = df.busy.borrow().shares(crate::events::now_ns());
-            let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-            let node_summary = NodeSummary {
-                node: node.id(),
-                responses_out: c.responses,
-                alpha: node.alpha(),
-                emb_hit_rate: ratio(c.emb_hits, c.emb_lookups),
-                kv_hit_rate: ratio(c.kv_reused_tokens, c.kv_total_tokens),
-                emb_hits: c.emb_hits,
-                emb_lookups: c.emb_lookups,
-                kv_reused_tokens: c.kv_reused_tokens,
-                kv_total_tokens: c.kv_total_tokens,
-                link_bytes: c.link_bytes,
-                oov_items: c.oov_items,
-                busy_share: busy.whole,
-                busy_share_peak: busy.peak,
-                truncated_histories: c.truncated_histories,
-                kv_reclaims: c.kv_reclaims,
-                user_head_evictions: c.user_head_evictions,
-                user_heads_peak: node.user_heads_peak() as u64,
-                alpha_moves: c.alpha_moves,
-                refill_bytes: c.refill_bytes,
-                refill_bytes_max_per_move: c.refill_bytes_max_per_move,
-                model_gflop: c.model_flops / 1e9,
-                gemm_gflop: c.gemm_flops / 1e9,
-                gemm_s: c.gemm_ns as f64 / 1e9,
-                gemm_calls: c.gemm_calls,
-                computed_tokens: c.computed_tokens,
-                model_calls: c.model_calls,
-                batch_size_hist: c.batch_size_hist.clone(),
-                queue_wait_hist: c.queue_wait_hist.clone(),
-                windows_open_peak: gauge.open_peak as u64,
-                window_samples_peak: gauge.samples_peak,
-                ..NodeSummary::default()
-            };
-            let mut result = WorkerResult {
-                node: node_summary,
-                allocator: allocator_stats.borrow().clone(),
-                router: df.router.borrow().stats().clone(),
-                latency: outputs.latency,
-                by_mode: outputs.by_mode,
-                errors: outputs.errors,
-                windows,
-                oracle,
-                model_version: node.model_version().to_string(),
-                counters: None,
-            };
-            drop(node);
-            if !topo.is_cluster() {
-                return vec![result];
-            }
-            // Every local worker is done with the job, so the process's
-            // counters are final.
-            local_done.wait();
-            if topo.local(index) == Some(0) {
-                result.counters = Some(CounterSnapshot::of(&worker_counters));
-            }
-            crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT)
-        })
+                // Let the last window updates drain.
+                while worker.step() {}
+
+                let mut outputs = std::mem::take(&mut *df.outputs.borrow_mut());
+                // The sink flushes its last batch when its input closes; this only
+                // guards against a batch left behind.
+                if !outputs.pending_responses.is_empty() {
+                    worker_writer
+                        .lock()
+                        .expect("lock")
+                        .write(&mut outputs.pending_responses);
+                }
+                let node = crate::dataflow::node::lock(&df.node);
+                let windows = std::mem::take(&mut outputs.windows);
+                let oracle = match oracle {
+                    Some(o) => {
+                        let mut o = o.borrow_mut();
+                        o.close(&*worker_side, &worker_side.retrieval);
+                        o.take().unwrap_or_else(|e| {
+                            *worker_setup_error.lock().expect("lock") =
+                                Some(format!("oracle: {e}"));
+                            Vec::new()
+                        })
+                    }
+                    None => Vec::new(),
+                };
+                let gauge = *df.window_gauge.borrow();
+                let c = node.counters();
+                let busy = df.busy.borrow().shares(crate::events::now_ns());
+                let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+                let node_summary = NodeSummary {
+                    node: node.id(),
+                    responses_out: c.responses,
+                    alpha: node.alpha(),
+                    emb_hit_rate: ratio(c.emb_hits, c.emb_lookups),
+                    kv_hit_rate: ratio(c.kv_reused_tokens, c.kv_total_tokens),
+                    emb_hits: c.emb_hits,
+                    emb_lookups: c.emb_lookups,
+                    kv_reused_tokens: c.kv_reused_tokens,
+                    kv_total_tokens: c.kv_total_tokens,
+                    link_bytes: c.link_bytes,
+                    oov_items: c.oov_items,
+                    busy_share: busy.whole,
+                    busy_share_peak: busy.peak,
+                    truncated_histories: c.truncated_histories,
+                    kv_reclaims: c.kv_reclaims,
+                    user_head_evictions: c.user_head_evictions,
+                    user_heads_peak: node.user_heads_peak() as u64,
+                    alpha_moves: c.alpha_moves,
+                    refill_bytes: c.refill_bytes,
+                    refill_bytes_max_per_move: c.refill_bytes_max_per_move,
+                    model_gflop: c.model_flops / 1e9,
+                    gemm_gflop: c.gemm_flops / 1e9,
+                    gemm_s: c.gemm_ns as f64 / 1e9,
+                    gemm_calls: c.gemm_calls,
+                    computed_tokens: c.computed_tokens,
+                    model_calls: c.model_calls,
+                    batch_size_hist: c.batch_size_hist.clone(),
+                    queue_wait_hist: c.queue_wait_hist.clone(),
+                    windows_open_peak: gauge.open_peak as u64,
+                    window_samples_peak: gauge.samples_peak,
+                    ..NodeSummary::default()
+                };
+                let mut result = WorkerResult {
+                    node: node_summary,
+                    allocator: allocator_stats.borrow().clone(),
+                    router: df.router.borrow().stats().clone(),
+                    latency: outputs.latency,
+                    by_mode: outputs.by_mode,
+                    errors: outputs.errors,
+                    windows,
+                    oracle,
+                    model_version: node.model_version().to_string(),
+                    counters: None,
+                };
+                drop(node);
+                if !topo.is_cluster() {
+                    return vec![result];
+                }
+                // Every local worker is done with the job, so the process's
+                // counters are final.
+                local_done.wait();
+                if topo.local(index) == Some(0) {
+                    result.counters = Some(CounterSnapshot::of(&worker_counters));
+                }
+                crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT)
+            },
+            None,
+        )
         .map_err(ReplayError::Timely)?;
 
     let mut results = Vec::with_capacity(workers);

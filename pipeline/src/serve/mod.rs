@@ -358,7 +358,6 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let worker_policy = job.allocator_policy.clone();
     let worker_models = models.clone();
     let metrics_every = Duration::from_millis(k.metrics_interval_ms);
-    let ops = crate::ops::state();
     job.publish(
         "serve",
         serde_json::json!({
@@ -367,8 +366,6 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             "models": models.report(),
         }),
     );
-    // Model, catalog and consumers are set up; the dataflow starts now.
-    ops.set_ready();
     let watch_done = Arc::new(AtomicBool::new(false));
     let watch = {
         let probe = BrokerProbe::new(&settings, &k.request_topic)?;
@@ -383,10 +380,16 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     // left alone would break timely's connections and panic the others).
     let job_stop = Arc::new(AtomicBool::new(false));
     let signalled = stop;
+    let stop_while_connecting = signalled.clone();
     let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
     let guards = job.cluster.execute(move |worker| {
         let index = worker.index();
         let local = topo.local(index).expect("a local worker");
+        // Model, catalog and consumers are set up and (in cluster mode) the
+        // other processes connected: the dataflow starts now.
+        if local == 0 {
+            crate::ops::state().set_ready();
+        }
         let stop = job_stop.clone();
         let clock = Rc::new(SourceClock::default());
         let live = LiveControl {
@@ -583,7 +586,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             // Another process prints its own part too.
             vec![result]
         }
-    })
+    }, Some(stop_while_connecting))
     .map_err(ServeError::Timely)?;
 
     let joined = guards.join();
