@@ -599,7 +599,8 @@ fn assemble(
         nodes.push(r.node);
         model_version = r.model_version;
     }
-    out.errors.sort_by(|a, b| a.position.cmp(&b.position));
+    out.errors
+        .sort_by(|a, b| natural_cmp(&a.position, &b.position));
     sort_windows(&mut out.windows);
     out.oracle.sort_by_key(|e| (e.node, e.epoch_start_ms));
     // Stable: each node's decisions keep their order.
@@ -701,6 +702,42 @@ pub(crate) fn allocator_controller(
     }))
 }
 
+/// Compares positions such as "t/requests.parquet: row group 2, row 17"
+/// with their numbers as numbers, so that row 3 comes before row 17 and
+/// row group 2 before row group 10.
+fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    fn chunks(s: &str) -> impl Iterator<Item = (bool, &str)> {
+        let mut rest = s;
+        std::iter::from_fn(move || {
+            let first = rest.chars().next()?;
+            let digit = first.is_ascii_digit();
+            let end = rest
+                .find(|c: char| c.is_ascii_digit() != digit)
+                .unwrap_or(rest.len());
+            let (chunk, tail) = rest.split_at(end);
+            rest = tail;
+            Some((digit, chunk))
+        })
+    }
+    let (mut x, mut y) = (chunks(a), chunks(b));
+    loop {
+        let order = match (x.next(), y.next()) {
+            (None, None) => return std::cmp::Ordering::Equal,
+            (None, Some(_)) => return std::cmp::Ordering::Less,
+            (Some(_), None) => return std::cmp::Ordering::Greater,
+            (Some((true, p)), Some((true, q))) => {
+                // Leading zeros aside, the longer run is the larger number.
+                let (p, q) = (p.trim_start_matches('0'), q.trim_start_matches('0'));
+                p.len().cmp(&q.len()).then_with(|| p.cmp(q))
+            }
+            (Some((_, p)), Some((_, q))) => p.cmp(q),
+        };
+        if order != std::cmp::Ordering::Equal {
+            return order;
+        }
+    }
+}
+
 /// Event time covered, from the windows seen (their starts, so short by up
 /// to a window): used where the trace's own range is unknown.
 fn event_span_s(windows: &[WindowRow]) -> f64 {
@@ -738,4 +775,36 @@ fn spawn_progress(
         }
         bar.finish_and_clear();
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::natural_cmp;
+
+    #[test]
+    fn error_positions_sort_by_their_numbers() {
+        let mut positions = vec![
+            "t/requests.parquet: row group 10, row 2600",
+            "t/requests.parquet: row group 0, row 17",
+            "t/requests.parquet: row group 2, row 600",
+            "t/requests.parquet: row group 0, row 3",
+            "t/requests.parquet: row group 0, row 15",
+        ];
+        positions.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(
+            positions,
+            [
+                "t/requests.parquet: row group 0, row 3",
+                "t/requests.parquet: row group 0, row 15",
+                "t/requests.parquet: row group 0, row 17",
+                "t/requests.parquet: row group 2, row 600",
+                "t/requests.parquet: row group 10, row 2600",
+            ]
+        );
+        assert_eq!(natural_cmp("a007", "a7"), std::cmp::Ordering::Equal);
+        assert_eq!(
+            natural_cmp("topic[1]@9", "topic[1]@10"),
+            std::cmp::Ordering::Less
+        );
+    }
 }
