@@ -110,6 +110,9 @@ impl Default for GenConfig {
     }
 }
 
+/// The longest user history the generator makes.
+pub const MAX_HISTORY: u32 = 1_000_000;
+
 /// Why a generator config is unusable.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum GenError {
@@ -153,6 +156,15 @@ impl GenConfig {
         }
         if self.candidates == 0 {
             return bad("candidates", ">= 1", "0".into());
+        }
+        // Every user's history is generated up front: past this it is a
+        // typo that would run until memory is gone.
+        if self.max_history > MAX_HISTORY {
+            return bad(
+                "max-history",
+                "at most 1000000",
+                self.max_history.to_string(),
+            );
         }
         if self.min_history == 0 || self.max_history < self.min_history {
             return bad(
@@ -591,5 +603,12 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(err.to_string().contains("--items"));
+        let err = GenConfig {
+            max_history: 4_000_000_000,
+            ..GenConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(err.to_string().contains("--max-history"), "{err}");
     }
 }
