@@ -199,18 +199,25 @@ fn corrupt_parquet_is_a_clear_error_with_exit_code_2() {
     assert!(err.contains("requests.parquet"), "names the file: {err}");
 }
 
-#[test]
-fn unknown_config_key_is_a_clear_error_with_exit_code_2() {
-    let dir = tmp_dir("config");
-    let cfg = dir.join("bad.toml");
-    std::fs::write(&cfg, "[memory]\nalpah = 0.3\n").unwrap();
+/// `grflow replay --config F` with `text` in F (named `name`): it must exit
+/// 2; its stderr.
+fn refused_config(name: &str, text: &str) -> String {
+    let dir = tmp_dir(name);
+    let cfg = dir.join(format!("{name}.toml"));
+    std::fs::write(&cfg, text).unwrap();
     let out = grflow()
         .args(["replay", "--config"])
         .arg(&cfg)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    err
+}
+
+#[test]
+fn unknown_config_key_is_a_clear_error_with_exit_code_2() {
+    let err = refused_config("bad", "[memory]\nalpah = 0.3\n");
     assert!(
         err.contains("bad.toml") && err.contains("alpah"),
         "names file and key: {err}"
@@ -219,20 +226,10 @@ fn unknown_config_key_is_a_clear_error_with_exit_code_2() {
 
 #[test]
 fn a_generated_trace_over_the_candidate_limit_is_refused_naming_both_keys() {
-    let dir = tmp_dir("candidates");
-    let cfg = dir.join("limit.toml");
-    std::fs::write(
-        &cfg,
+    let err = refused_config(
+        "limit",
         "[model]\nmax_candidates = 50\n[trace]\ncandidates = 100\nrequests = 20\n",
-    )
-    .unwrap();
-    let out = grflow()
-        .args(["replay", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(
         err.contains("trace.candidates") && err.contains("model.max_candidates"),
         "{err}"
@@ -418,20 +415,10 @@ fn release_flag_picks_the_policy_and_auto_follows_the_clock() {
 
 #[test]
 fn a_pool_too_small_for_one_page_names_memory_pool_mib() {
-    let dir = tmp_dir("tiny-pool");
-    let cfg = dir.join("tiny.toml");
-    std::fs::write(
-        &cfg,
+    let err = refused_config(
+        "tiny",
         "[memory]\npool_mib = 0.00001\n[trace]\nrequests = 20\n",
-    )
-    .unwrap();
-    let out = grflow()
-        .args(["replay", "--config"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(
         err.contains("memory.pool_mib") && !err.contains("pool_bytes"),
         "{err}"

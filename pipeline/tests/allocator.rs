@@ -34,6 +34,16 @@ fn run_edited(
     slo_ms: f64,
     edit: impl FnOnce(&mut Config),
 ) -> Result<ReplayOutput, grflow_pipeline::replay::ReplayError> {
+    replay(options(trace, policy, slo_ms, edit))
+}
+
+/// Two workers on the event clock, `complete` release, 1 s windows.
+fn options(
+    trace: &Arc<Trace>,
+    policy: AllocatorPolicy,
+    slo_ms: f64,
+    edit: impl FnOnce(&mut Config),
+) -> ReplayOptions {
     let mut cfg = Config::embedded();
     cfg.run.workers = 2;
     cfg.run.speed = "max".into();
@@ -44,11 +54,10 @@ fn run_edited(
     cfg.allocator.policy = policy;
     cfg.allocator.min_requests = 5;
     edit(&mut cfg);
-    let opts = ReplayOptions {
+    ReplayOptions {
         responses: ResponseOutput::Drop,
         ..ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg)
-    };
-    replay(opts)
+    }
 }
 
 /// (node, window start, α) of every window.
@@ -148,23 +157,13 @@ fn an_operators_pin_holds_alpha_and_the_allocator_sends_nothing_meanwhile() {
     use grflow_pipeline::events::{ScheduledCommand, Target};
     let trace = trace();
     let pin_ms = trace.requests[trace.requests.len() / 3].ts_ms;
-    let mut cfg = Config::embedded();
-    cfg.run.workers = 2;
-    cfg.run.speed = "max".into();
-    cfg.run.clock = Clock::Event;
-    cfg.run.release = ReleaseSetting::Complete;
-    cfg.run.slo_ms = SloMs::both(0.001);
-    cfg.windows.epoch_ms = 1_000;
-    cfg.allocator.policy = AllocatorPolicy::Pid;
-    cfg.allocator.min_requests = 5;
     let opts = ReplayOptions {
-        responses: ResponseOutput::Drop,
         commands: vec![ScheduledCommand {
             at_ms: pin_ms,
             target: Target::All,
             command: NodeCommand::PinAlpha(Some(0.2)),
         }],
-        ..ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg)
+        ..options(&trace, AllocatorPolicy::Pid, 0.001, |_| {})
     };
     let o = replay(opts).unwrap();
     let summary = o.summary.allocator.clone().expect("pid reports");
