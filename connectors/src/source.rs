@@ -25,6 +25,10 @@ pub enum SourceRecord {
     Bad {
         position: SourcePosition,
         reason: String,
+        /// The row's `req_id` where it was readable (a row refused for
+        /// what it asks, such as too many candidates), so that its error
+        /// row joins back to the request.
+        req_id: Option<u64>,
     },
 }
 

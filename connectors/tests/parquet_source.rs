@@ -277,11 +277,17 @@ fn rows_with_too_many_candidates_are_bad_records_with_positions() {
     let bad: Vec<_> = records
         .iter()
         .filter_map(|r| match r {
-            SourceRecord::Bad { position, reason } => Some((position.to_string(), reason)),
+            SourceRecord::Bad {
+                position,
+                reason,
+                req_id,
+            } => Some((position.to_string(), reason, *req_id)),
             SourceRecord::Request { .. } => None,
         })
         .collect();
     assert_eq!(bad.len(), 1, "{bad:?}");
+    // Readable, so its error row names the request.
+    assert_eq!(bad[0].2, Some(trace.requests[7].req_id));
     assert!(
         bad[0].0.ends_with("requests.parquet: row group 0, row 7"),
         "{}",
@@ -352,6 +358,7 @@ fn nulls_in_required_columns_are_bad_rows_with_positions() {
             SourceRecord::Bad {
                 position: SourcePosition::Parquet { row, .. },
                 reason,
+                ..
             } => Some((*row, reason.clone())),
             _ => None,
         })

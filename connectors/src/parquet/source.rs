@@ -211,12 +211,14 @@ impl ParquetRequestSource {
                                         request.candidates.len(),
                                         self.max_candidates,
                                     ),
+                                    req_id: Some(request.req_id),
                                 }
                             }
                             Ok(request) => SourceRecord::request(request, position),
                             Err(e) => SourceRecord::Bad {
                                 position,
                                 reason: e.to_string(),
+                                req_id: None,
                             },
                         });
                     }
@@ -229,6 +231,7 @@ impl ParquetRequestSource {
                 records.push(SourceRecord::Bad {
                     position: position(first + records.len() as u64),
                     reason: reason.clone(),
+                    req_id: None,
                 });
             }
         }

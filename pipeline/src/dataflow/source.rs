@@ -168,7 +168,11 @@ pub fn request_source<'s>(
                 }
                 match pending.front().expect("not empty") {
                     SourceRecord::Bad { .. } => {
-                        let Some(SourceRecord::Bad { position, reason }) = pending.pop_front()
+                        let Some(SourceRecord::Bad {
+                            position,
+                            reason,
+                            req_id,
+                        }) = pending.pop_front()
                         else {
                             unreachable!()
                         };
@@ -178,7 +182,7 @@ pub fn request_source<'s>(
                         output.session(&*c).give(Ingest::Bad(ErrorRow {
                             position: position.to_string(),
                             reason,
-                            req_id: None,
+                            req_id,
                         }));
                     }
                     SourceRecord::Request { request, .. } => {
