@@ -199,12 +199,18 @@ impl BrokerProbe {
             .consumer
             .fetch_metadata(Some(&self.topic), timeout)
             .map_err(kafka(format!("metadata of `{}`", self.topic)))?;
-        Ok(metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == self.topic && t.error().is_none())
-            .map_or(0, |t| t.partitions().len() as i32))
+        Ok(partitions_listed(&metadata, &self.topic))
     }
+}
+
+/// Partitions of `topic` in a metadata answer (0 where it is not listed,
+/// or listed with an error).
+fn partitions_listed(metadata: &rdkafka::metadata::Metadata, topic: &str) -> i32 {
+    metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len() as i32)
 }
 
 pub fn partition_count(
@@ -219,11 +225,7 @@ pub fn partition_count(
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(kafka(format!("metadata of `{topic}`")))?;
-    let partitions = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic && t.error().is_none())
-        .map_or(0, |t| t.partitions().len() as i32);
+    let partitions = partitions_listed(&metadata, topic);
     if partitions == 0 {
         return Err(KafkaClientError::NoSuchTopic {
             topic: topic.into(),
