@@ -8,7 +8,7 @@ mod common;
 #[path = "common/seq_trace.rs"]
 mod seq_trace;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -423,20 +423,26 @@ fn kafka_restart_scan_reads_to_the_end_of_a_batched_response_topic() {
         })
         .collect();
     produce(&brokers, &topics.responses, &records);
+    let answered = scan_responses(&brokers, &topics, 200_000);
+    assert_eq!(answered.len() as i64, N);
+}
+
+/// What a restarted job's scan of `topics.responses` finds answered for
+/// `topics.requests`, looking back `lookback` records per partition.
+fn scan_responses(brokers: &str, topics: &Topics, lookback: i64) -> HashSet<RecordId> {
     let settings = KafkaSettings {
-        brokers: brokers.clone(),
+        brokers: brokers.to_string(),
         group_id: topics.group.clone(),
         ..KafkaSettings::default()
     };
-    let answered = scan_answered(
+    scan_answered(
         &settings,
         &topics.responses,
         &topics.requests,
-        200_000,
+        lookback,
         Duration::from_secs(10),
     )
-    .unwrap();
-    assert_eq!(answered.len() as i64, N);
+    .unwrap()
 }
 
 /// Two request topics answered on one response topic: the scan for one
@@ -470,19 +476,7 @@ fn kafka_restart_scan_counts_only_answers_to_its_request_topic() {
     old.as_object_mut().unwrap().remove("topic");
     records.push((0, Some(serde_json::to_vec(&old).unwrap())));
     produce(&brokers, &topics.responses, &records);
-    let settings = KafkaSettings {
-        brokers: brokers.clone(),
-        group_id: topics.group.clone(),
-        ..KafkaSettings::default()
-    };
-    let answered = scan_answered(
-        &settings,
-        &topics.responses,
-        &topics.requests,
-        1_000,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let answered = scan_responses(&brokers, &topics, 1_000);
     let mut offsets: Vec<i64> = answered.iter().map(|r| r.offset).collect();
     offsets.sort_unstable();
     let expected: Vec<i64> = (0..10).chain([20]).collect();
