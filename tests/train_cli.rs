@@ -84,3 +84,113 @@ fn train_writes_a_model_that_eval_scores_and_resume_continues() {
     assert!(err.contains("items"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+fn fails_with(out: std::process::Output, needle: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(needle), "wanted {needle:?} in: {err}");
+    err
+}
+
+/// What a careless command must not do: write a model over its own trace,
+/// discard an earlier run's checkpoint, resume from damaged or mismatched
+/// files, or score files that are not the model they claim to be.
+#[test]
+fn train_and_eval_refuse_what_would_lose_or_mislabel_work() {
+    let dir = tmp_dir("train-cli-refusals");
+    let trace = import_walks(&dir, "walks", 120, 60, 1);
+    let model = dir.join("model");
+    let train = |out: &std::path::Path, extra: &[&str]| {
+        grflow()
+            .args(["train", "--quiet", "--seed", "3", "--trace"])
+            .arg(&trace)
+            .arg("--out")
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // The trace itself as --out: refused, the trace untouched.
+    let items_before = std::fs::read(trace.join("items.parquet")).unwrap();
+    fails_with(train(&trace, &["--max-epochs", "1"]), "--out");
+    assert_eq!(
+        std::fs::read(trace.join("items.parquet")).unwrap(),
+        items_before
+    );
+    fails_with(train(&model, &["--max-epochs", "0"]), "--max-epochs");
+
+    ok(train(&model, &["--max-epochs", "1"]));
+    // A new run into the same --out: refused; --force replaces it.
+    fails_with(train(&model, &["--max-epochs", "1"]), "--resume");
+    ok(train(&model, &["--max-epochs", "1", "--force"]));
+
+    // Resuming keeps the checkpoint's seed unless told another, and a
+    // differing hyper-parameter is named with both values.
+    let ckpt = model.join("checkpoint");
+    let resume = |extra: &[&str]| {
+        grflow()
+            .args(["train", "--quiet", "--trace"])
+            .arg(&trace)
+            .arg("--out")
+            .arg(&model)
+            .arg("--resume")
+            .arg(&ckpt)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    fails_with(
+        resume(&["--seed", "7", "--max-epochs", "2"]),
+        "seed: checkpoint 3, this run 7",
+    );
+    // A tensor file that is not the one state.json was saved with (a save
+    // cut short, or a file copied in) is refused, naming the file.
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("state.json")).unwrap()).unwrap();
+    let files: Vec<String> = state["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["file"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(files.len(), 4, "{state}");
+    // (After one epoch `best` equals `params`; AdamW's moments do not.)
+    let (params, adam_m) = (ckpt.join(&files[0]), ckpt.join(&files[2]));
+    let saved = std::fs::read(&params).unwrap();
+    std::fs::copy(&adam_m, &params).unwrap();
+    fails_with(resume(&["--max-epochs", "2"]), &files[0]);
+    std::fs::write(&params, saved).unwrap();
+    ok(resume(&["--max-epochs", "2"]));
+    // Epoch 1's tensor files were replaced by epoch 2's.
+    let names: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(names.iter().all(|n| n.contains("-e0002")), "{names:?}");
+
+    // eval: another trace of the same catalog is refused unless asked for.
+    let other = import_walks(&dir, "fewer", 100, 60, 1);
+    let eval = |trace: &std::path::Path, extra: &[&str]| {
+        grflow()
+            .args(["eval", "--json", "--model"])
+            .arg(&model)
+            .arg("--trace")
+            .arg(trace)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    fails_with(eval(&other, &[]), "--other-trace");
+    let out = ok(eval(&other, &["--other-trace"]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: "));
+    // model.json edited after training: its files no longer hash to the
+    // version it names.
+    let json_path = model.join("model.json");
+    let mut json: Value = serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    json["training_secs"] = Value::from(1.5);
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+    fails_with(eval(&trace, &[]), "files hash to");
+    std::fs::remove_dir_all(&dir).ok();
+}

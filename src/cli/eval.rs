@@ -8,7 +8,7 @@ use grflow_kernels::bench::gemm_peak_gflops;
 use grflow_train::artifact::{items_hash, load_model_dir};
 use grflow_train::data::Dataset;
 use grflow_train::eval::{EvalOptions, Subject, evaluate};
-use indicatif::ProgressBar;
+use indicatif::{ProgressBar, ProgressStyle};
 
 use super::InputError;
 
@@ -32,11 +32,42 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Evaluate on a trace other than the one the model was trained on
+    /// (same catalog). Its test items may then be items the model trained
+    /// on, which inflates every figure.
+    #[arg(long)]
+    pub other_trace: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = load_model_dir(&args.model).map_err(InputError::from_display)?;
+    if dir.files_version != dir.json.model_version {
+        return Err(InputError::from_display(format!(
+            "{}: model.json says model_version {} but the files hash to {} \
+             (a copy in progress, or files of different models)",
+            args.model.display(),
+            dir.json.model_version,
+            dir.files_version
+        )));
+    }
     let data = Dataset::from_trace(&args.trace).map_err(InputError::from_display)?;
+    let trained_on = &dir.json.dataset.fingerprint;
+    if data.fingerprint() != *trained_on {
+        let what = format!(
+            "{}: not the trace the model was trained on (its sequences hash to {}, the \
+             model's training trace {} to {trained_on})",
+            args.trace.display(),
+            data.fingerprint(),
+            dir.json.dataset.trace
+        );
+        if !args.other_trace {
+            return Err(InputError::from_display(format!(
+                "{what}; its test items may be items the model trained on. Pass --other-trace \
+                 to evaluate anyway"
+            )));
+        }
+        eprintln!("warning: {what}");
+    }
     if items_hash(&data.catalog) != dir.json.vocabulary.items_hash {
         return Err(InputError::from_display(format!(
             "{}: the trace's {} items (hash {}) are not the model's {} (hash {})",
@@ -59,15 +90,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         ProgressBar::new(1)
     };
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
     let subject = Subject {
         params: &dir.params,
         max_history: dir.json.max_history,
         arch: &dir.json.arch,
         model_version: &dir.json.model_version,
     };
-    let report = evaluate(subject, &data, &opts, gemm, &mut |done, total| {
+    let report = evaluate(subject, &data, &opts, gemm, &mut |stage, done, total| {
+        bar.set_message(stage);
         bar.set_length(total as u64);
         bar.set_position(done as u64);
+    })
+    .map_err(|e| match e {
+        grflow_train::TrainError::Invalid(_) => InputError::from_display(e),
+        other => anyhow::Error::new(other),
     })?;
     bar.finish_and_clear();
     if args.json {

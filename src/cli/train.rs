@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use grflow_train::artifact::{DatasetInfo, ModelJson, Vocabulary, items_hash, write_model_dir};
+use grflow_train::artifact::{
+    DatasetInfo, MODEL_JSON, ModelJson, Vocabulary, items_hash, write_model_dir,
+};
 use grflow_train::checkpoint::Checkpoint;
 use grflow_train::data::Dataset;
 use grflow_train::fit::{EpochReport, Observer, TrainConfig, fit};
@@ -21,15 +23,20 @@ pub struct Args {
     /// Model directory to write (checkpoints go to OUT/checkpoint).
     #[arg(long, default_value = "model")]
     pub out: PathBuf,
-    /// Seeds initialisation, batches and negatives.
-    #[arg(long, default_value_t = 42)]
-    pub seed: u64,
+    /// Seeds initialisation, batches and negatives [default: 42, or the
+    /// checkpoint's with --resume].
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Continue the checkpoint in this directory (e.g. OUT/checkpoint).
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Upper bound on epochs (early stopping usually ends the run first).
     #[arg(long)]
     pub max_epochs: Option<usize>,
+    /// Replace the model and checkpoint already in OUT (without it, a new
+    /// run refuses an OUT that holds one: use --resume to continue it).
+    #[arg(long)]
+    pub force: bool,
     /// No progress display.
     #[arg(long)]
     pub quiet: bool,
@@ -76,16 +83,76 @@ fn commit() -> String {
     env!("GRFLOW_COMMIT").to_string()
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let data = Dataset::from_trace(&args.trace).map_err(InputError::from_display)?;
-    let mut cfg = TrainConfig::defaults(args.seed);
-    if let Some(e) = args.max_epochs {
-        cfg.max_epochs = e;
+/// Refuses an `--out` that would overwrite the trace or, on a new run, a
+/// model or checkpoint that is there already.
+fn check_out(args: &Args) -> anyhow::Result<()> {
+    let out = &args.out;
+    let same = match (out.canonicalize(), args.trace.canonicalize()) {
+        (Ok(o), Ok(t)) => o == t,
+        _ => false,
+    };
+    if same || TRACE_FILES.iter().any(|f| out.join(f).exists()) {
+        return Err(InputError::from_display(format!(
+            "--out {}: holds a trace (writing the model there would replace its items.parquet); \
+             choose another directory",
+            out.display()
+        )));
     }
+    let existing = [MODEL_JSON, "checkpoint/state.json"]
+        .into_iter()
+        .find(|f| out.join(f).exists());
+    if let Some(f) = existing
+        && args.resume.is_none()
+        && !args.force
+    {
+        return Err(InputError::from_display(format!(
+            "--out {}: already holds {f} from an earlier run; continue it with --resume {}, \
+             or pass --force to replace it",
+            out.display(),
+            out.join("checkpoint").display()
+        )));
+    }
+    Ok(())
+}
+
+/// A trace directory's own files (a model directory has items.parquet too).
+const TRACE_FILES: [&str; 2] = ["requests.parquet", "users.parquet"];
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.max_epochs == Some(0) {
+        return Err(InputError::from_display("--max-epochs: must be at least 1"));
+    }
+    check_out(&args)?;
+    let data = Dataset::from_trace(&args.trace).map_err(InputError::from_display)?;
     let resume = match &args.resume {
         Some(dir) => Some(Checkpoint::load(dir).map_err(InputError::from_display)?),
         None => None,
     };
+    // A resumed run keeps its seed unless told otherwise.
+    let seed = args
+        .seed
+        .or(resume.as_ref().map(|c| c.state.config.seed))
+        .unwrap_or(42);
+    let mut cfg = TrainConfig::defaults(seed);
+    if let Some(e) = args.max_epochs {
+        cfg.max_epochs = e;
+    }
+    if let Some(ck) = &resume {
+        let done = ck.state.epochs_done;
+        let stopped = done - ck.state.best_epoch >= cfg.patience;
+        if done >= cfg.max_epochs || stopped {
+            eprintln!(
+                "warning: the checkpoint has run {done} epochs ({}); no epoch runs, \
+                 the model is written from its best epoch {} (raise --max-epochs to train on)",
+                if stopped {
+                    "early-stopped"
+                } else {
+                    "at --max-epochs"
+                },
+                ck.state.best_epoch
+            );
+        }
+    }
     let bar = if args.quiet {
         ProgressBar::hidden()
     } else {

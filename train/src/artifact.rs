@@ -12,6 +12,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::write_atomic;
 use crate::error::TrainError;
 use crate::fit::{EpochReport, TrainConfig};
 use crate::metrics::RankMetrics;
@@ -62,14 +63,14 @@ pub struct DatasetInfo {
     pub users: usize,
 }
 
-fn fnv(bytes: impl IntoIterator<Item = u8>, mut h: u64) -> u64 {
+pub(crate) fn fnv(bytes: impl IntoIterator<Item = u8>, mut h: u64) -> u64 {
     for b in bytes {
         h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
     }
     h
 }
 
-const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
+pub(crate) const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// The hash recorded in [`Vocabulary::items_hash`].
 pub fn items_hash(items: &[Item]) -> String {
@@ -134,10 +135,11 @@ pub fn write_model_dir(
         reason,
     })?;
     json.model_version = files_version(params, &weights, &items_bytes, &json);
-    let write = |name: &str, bytes: &[u8]| {
-        let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(TrainError::io(&path))
-    };
+    // Each file is renamed into place and model.json goes last: a reader
+    // never sees half a file, and one that reads while the three are
+    // replaced finds files that do not hash to `model_version` and refuses
+    // them (serving and `grflow eval` both check).
+    let write = |name: &str, bytes: &[u8]| write_atomic(&dir.join(name), bytes);
     write(WEIGHTS_FILE, &weights)?;
     write(ITEMS_FILE, &items_bytes)?;
     write(

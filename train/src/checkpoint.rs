@@ -4,8 +4,10 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::adamw::AdamW;
+use crate::artifact::{FNV0, fnv};
 use crate::error::TrainError;
 use crate::fit::{EpochReport, TrainConfig};
 use crate::params::Params;
@@ -36,32 +38,70 @@ const FILES: [&str; 4] = ["params", "best", "adam_m", "adam_v"];
 struct StateFile {
     state: State,
     adam_step: u64,
+    /// The tensor files this state goes with, in `FILES` order, and the
+    /// FNV-1a hash of each (empty in checkpoints written before them).
+    #[serde(default)]
+    tensors: Vec<TensorFile>,
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
-    let tmp = path.with_extension("tmp");
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TensorFile {
+    file: String,
+    fnv: String,
+}
+
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     std::fs::write(&tmp, bytes).map_err(TrainError::io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(TrainError::io(path))
 }
 
+fn hash(bytes: &[u8]) -> String {
+    format!("{:016x}", fnv(bytes.iter().copied(), FNV0))
+}
+
 impl Checkpoint {
-    /// Writes the checkpoint into `dir` (created if needed); state.json
-    /// goes last, so a checkpoint with a state file is complete.
+    /// Writes the checkpoint into `dir` (created if needed). The tensors go
+    /// to files named by epoch and state.json, renamed in last, names them
+    /// with their hashes: whenever the process stops, state.json describes
+    /// one complete epoch (the new or the previous). Files of earlier
+    /// epochs are removed after.
     pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
         std::fs::create_dir_all(dir).map_err(TrainError::io(dir))?;
         let tensors = [&self.params, &self.best, &self.opt.m, &self.opt.v];
+        let mut refs = Vec::with_capacity(FILES.len());
         for (name, p) in FILES.iter().zip(tensors) {
-            write_atomic(
-                &dir.join(format!("{name}.safetensors")),
-                &p.to_safetensors(),
-            )?;
+            let file = format!("{name}-e{:04}.safetensors", self.state.epochs_done);
+            let bytes = p.to_safetensors();
+            write_atomic(&dir.join(&file), &bytes)?;
+            refs.push(TensorFile {
+                file,
+                fnv: hash(&bytes),
+            });
         }
         let state = StateFile {
             state: self.state.clone(),
             adam_step: self.opt.step,
+            tensors: refs.clone(),
         };
         let json = serde_json::to_vec_pretty(&state).expect("state serialises");
-        write_atomic(&dir.join("state.json"), &json)
+        write_atomic(&dir.join("state.json"), &json)?;
+        // Older epochs' tensors (and those of checkpoints from before the
+        // files were named by epoch): nothing refers to them any more.
+        let keep: Vec<&str> = refs.iter().map(|r| r.file.as_str()).collect();
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let ours =
+                    FILES.iter().any(|f| name.starts_with(f)) && name.ends_with(".safetensors");
+                if ours && !keep.contains(&name.as_str()) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn load(dir: &Path) -> Result<Self, TrainError> {
@@ -74,11 +114,45 @@ impl Checkpoint {
                 path: dir.join("state.json"),
                 reason: e.to_string(),
             })?;
+        let files: Vec<(String, Option<String>)> = if sf.tensors.is_empty() {
+            FILES
+                .iter()
+                .map(|n| (format!("{n}.safetensors"), None))
+                .collect()
+        } else if sf.tensors.len() == FILES.len() {
+            sf.tensors
+                .iter()
+                .map(|t| (t.file.clone(), Some(t.fnv.clone())))
+                .collect()
+        } else {
+            return Err(TrainError::Model {
+                path: dir.join("state.json"),
+                reason: format!(
+                    "names {} tensor files, a checkpoint has {}",
+                    sf.tensors.len(),
+                    FILES.len()
+                ),
+            });
+        };
         let mut ps = Vec::new();
-        for name in FILES {
-            let file = format!("{name}.safetensors");
-            let origin = dir.join(&file).display().to_string();
-            ps.push(Params::from_safetensors(&read(&file)?, &origin)?);
+        for (file, want) in files {
+            let bytes = read(&file)?;
+            let origin = dir.join(&file);
+            if let Some(want) = want
+                && hash(&bytes) != want
+            {
+                return Err(TrainError::Model {
+                    path: origin,
+                    reason: format!(
+                        "does not hash to {want} as state.json says (changed or damaged after epoch {} was saved)",
+                        sf.state.epochs_done
+                    ),
+                });
+            }
+            ps.push(Params::from_safetensors(
+                &bytes,
+                &origin.display().to_string(),
+            )?);
         }
         let v = ps.pop().expect("4 files");
         let m = ps.pop().expect("4 files");
@@ -98,8 +172,14 @@ impl Checkpoint {
         })
     }
 
-    /// A checkpoint continues only the run it came from.
-    pub fn check(&self, cfg: &TrainConfig, fingerprint: &str) -> Result<(), TrainError> {
+    /// A checkpoint continues only the run it came from: the same data,
+    /// hyper-parameters (but `max_epochs`) and tensor shapes.
+    pub fn check(
+        &self,
+        cfg: &TrainConfig,
+        fingerprint: &str,
+        n_items: usize,
+    ) -> Result<(), TrainError> {
         if self.state.fingerprint != fingerprint {
             return Err(TrainError::Invalid(format!(
                 "checkpoint was trained on dataset {}, this trace is {fingerprint}",
@@ -110,10 +190,81 @@ impl Checkpoint {
         // More epochs may be granted to a resumed run.
         want.max_epochs = self.state.config.max_epochs;
         if want != self.state.config {
-            return Err(TrainError::Invalid(
-                "checkpoint hyper-parameters differ from this run's".to_string(),
-            ));
+            let diffs = config_diff(&self.state.config, &want);
+            return Err(TrainError::Invalid(format!(
+                "checkpoint hyper-parameters differ from this run's: {}",
+                diffs.join(", ")
+            )));
+        }
+        let tensors = [
+            ("params", &self.params),
+            ("best", &self.best),
+            ("adam_m", &self.opt.m),
+            ("adam_v", &self.opt.v),
+        ];
+        for (name, p) in tensors {
+            if p.cfg != cfg.model || p.n_items() != n_items {
+                return Err(TrainError::Invalid(format!(
+                    "checkpoint {name} tensors are for {} items and another model shape, \
+                     this run trains {n_items} items",
+                    p.n_items()
+                )));
+            }
         }
         Ok(())
+    }
+}
+
+/// `field: checkpoint → this run` for every leaf that differs.
+fn config_diff(old: &TrainConfig, new: &TrainConfig) -> Vec<String> {
+    fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+        match (a, b) {
+            (Value::Object(x), Value::Object(y)) => {
+                let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                for k in keys {
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(
+                        &p,
+                        x.get(k).unwrap_or(&Value::Null),
+                        y.get(k).unwrap_or(&Value::Null),
+                        out,
+                    );
+                }
+            }
+            _ if a != b => out.push(format!("{path}: checkpoint {a}, this run {b}")),
+            _ => {}
+        }
+    }
+    let (a, b) = (
+        serde_json::to_value(old).expect("config serialises"),
+        serde_json::to_value(new).expect("config serialises"),
+    );
+    let mut out = Vec::new();
+    walk("", &a, &b, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_differing_hyper_parameter_is_named_with_both_values() {
+        let a = TrainConfig::defaults(42);
+        let mut b = a.clone();
+        b.seed = 7;
+        b.adamw.lr *= 2.0;
+        let d = config_diff(&a, &b);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(
+            d.iter()
+                .any(|l| l.starts_with("seed: checkpoint 42, this run 7")),
+            "{d:?}"
+        );
+        assert!(d.iter().any(|l| l.starts_with("adamw.lr: ")), "{d:?}");
     }
 }

@@ -23,20 +23,31 @@ pub struct Dataset {
 pub struct User {
     pub user_id: u64,
     pub items: Vec<u32>,
-    /// The distinct items, sorted (negatives are drawn outside it).
+    /// The distinct items, sorted (evaluation negatives are drawn outside it).
     seen: Vec<u32>,
+    /// The distinct items of the training part, sorted (training negatives
+    /// are drawn outside it, as SASRec does: excluding the held-out items
+    /// too would tell training which items that user is tested on).
+    train_seen: Vec<u32>,
+}
+
+fn distinct(items: &[u32]) -> Vec<u32> {
+    let mut v = items.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 impl User {
     pub fn new(user_id: u64, items: Vec<u32>) -> Self {
-        let mut seen = items.clone();
-        seen.sort_unstable();
-        seen.dedup();
-        User {
+        let mut user = User {
             user_id,
+            seen: distinct(&items),
+            train_seen: Vec::new(),
             items,
-            seen,
-        }
+        };
+        user.train_seen = distinct(user.train_items());
+        user
     }
 
     /// SASRec's training part: all but the validation and test items (all
@@ -67,13 +78,25 @@ impl User {
     }
 
     /// An item drawn uniformly from those the user never interacted with
-    /// (any item when the user has seen them all).
+    /// (any item when the user has seen them all): an evaluation negative.
     pub fn negative(&self, n_items: usize, rng: &mut impl Rng) -> u32 {
-        loop {
-            let i = rng.random_range(0..n_items as u32);
-            if !self.has_seen(i) || self.seen.len() >= n_items {
-                return i;
-            }
+        draw_outside(&self.seen, n_items, rng)
+    }
+
+    /// An item drawn uniformly from those outside the user's training part:
+    /// a training negative.
+    pub fn training_negative(&self, n_items: usize, rng: &mut impl Rng) -> u32 {
+        draw_outside(&self.train_seen, n_items, rng)
+    }
+}
+
+/// Uniform over `0..n_items` outside the sorted `excluded` (anywhere when
+/// it covers every item).
+fn draw_outside(excluded: &[u32], n_items: usize, rng: &mut impl Rng) -> u32 {
+    loop {
+        let i = rng.random_range(0..n_items as u32);
+        if excluded.binary_search(&i).is_err() || excluded.len() >= n_items {
+            return i;
         }
     }
 }
@@ -186,7 +209,7 @@ pub fn train_sequence(
         .map(|t| {
             let mut cands = Vec::with_capacity(negatives + 1);
             cands.push(s[t]);
-            cands.extend((0..negatives).map(|_| user.negative(n_items, rng)));
+            cands.extend((0..negatives).map(|_| user.training_negative(n_items, rng)));
             Target { prefix: t, cands }
         })
         .collect();
@@ -220,5 +243,27 @@ pub fn eval_question(
             prefix: history.len(),
             cands,
         }],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn training_negatives_may_be_held_out_items_evaluation_negatives_never() {
+        // Training part [0, 1]; 2 is the validation item, 3 the test item.
+        let user = User::new(7, vec![0, 1, 2, 3]);
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let train: Vec<u32> = (0..400)
+            .map(|_| user.training_negative(5, &mut rng))
+            .collect();
+        assert!(train.iter().all(|&i| i >= 2), "{train:?}");
+        assert!(
+            train.contains(&2) && train.contains(&3),
+            "held-out items excluded"
+        );
+        let eval: Vec<u32> = (0..100).map(|_| user.negative(5, &mut rng)).collect();
+        assert!(eval.iter().all(|&i| i == 4), "{eval:?}");
     }
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{Dataset, eval_question};
 use crate::error::TrainError;
-use crate::metrics::{MetricSum, RankMetrics, rank_of_first};
+use crate::metrics::{MetricSum, RankMetrics, Standing};
 use crate::net::Sequence;
 use crate::params::Params;
 
@@ -67,7 +67,7 @@ impl Served {
             .rank_user_prefix(&self.store, &self.table, h.len(), &c)?)
     }
 
-    /// The positive's rank among the whole catalog: `cands[0]` is the
+    /// The positive's standing among the whole catalog: `cands[0]` is the
     /// positive, the rest are ranked against it in chunks of `chunk`, each
     /// chunk with the positive prepended. Softmax ratios within a chunk
     /// are logit differences (the instruction never sees the candidates),
@@ -77,21 +77,18 @@ impl Served {
         history: &[u32],
         cands: &[u32],
         chunk: usize,
-    ) -> Result<usize, TrainError> {
+    ) -> Result<Standing, TrainError> {
         let (pos, rest) = cands
             .split_first()
             .ok_or_else(|| TrainError::Invalid("full ranking needs a positive".to_string()))?;
-        let mut above = 0;
-        let mut tied = 0;
+        let mut st = Standing::default();
         for part in rest.chunks(chunk.max(1)) {
             let mut c = Vec::with_capacity(part.len() + 1);
             c.push(*pos);
             c.extend_from_slice(part);
-            let s = self.rank(history, &c)?;
-            above += s[1..].iter().filter(|&&v| v > s[0]).count();
-            tied += s[1..].iter().filter(|&&v| v == s[0]).count();
+            st = st.plus(Standing::of_first(&self.rank(history, &c)?));
         }
-        Ok(above + tied / 2)
+        Ok(st)
     }
 }
 
@@ -192,7 +189,7 @@ pub fn score_served(
         let t0 = Instant::now();
         let s = served.rank(&q.history, &q.targets[0].cands)?;
         lat.push(t0.elapsed().as_secs_f64() * 1e3);
-        m.add(rank_of_first(&s));
+        m.add_standing(Standing::of_first(&s));
         if done % 256 == 0 {
             progress(done);
         }
@@ -209,7 +206,7 @@ pub fn score_popularity(counts: &[u64], qs: &[(usize, Sequence)]) -> RankMetrics
             .iter()
             .map(|&c| counts[c as usize] as f32)
             .collect();
-        m.add(rank_of_first(&s));
+        m.add_standing(Standing::of_first(&s));
     }
     m.mean()
 }
@@ -237,7 +234,7 @@ pub fn evaluate(
     data: &Dataset,
     opts: &EvalOptions,
     gemm_gflops: f64,
-    progress: &mut dyn FnMut(usize, usize),
+    progress: &mut dyn FnMut(&'static str, usize, usize),
 ) -> Result<EvalReport, TrainError> {
     let Subject {
         params: p,
@@ -253,21 +250,29 @@ pub fn evaluate(
         )));
     }
     let qs = test_questions(data, max_history, opts);
+    if qs.is_empty() {
+        return Err(TrainError::Invalid(
+            "no test users: a test question needs a user with 3 or more items".to_string(),
+        ));
+    }
     let mut served = Served::new(p, max_history)?;
     let total = qs.len();
-    let (sampled, mut lat) = score_served(&mut served, &qs, &mut |d| progress(d, total))?;
+    let (sampled, mut lat) =
+        score_served(&mut served, &qs, &mut |d| progress("sampled 100", d, total))?;
     let counts = data.train_counts();
     let pop = score_popularity(&counts, &qs);
     let (full, pop_full) = if opts.full {
         let (mut m, mut pm) = (MetricSum::default(), MetricSum::default());
-        for (u, q) in qs.iter().take(opts.full_users) {
+        let n_full = qs.len().min(opts.full_users);
+        for (i, (u, q)) in qs.iter().take(opts.full_users).enumerate() {
+            progress("full catalog", i, n_full);
             let user = &data.users[*u];
             let target = q.targets[0].cands[0];
             let mut cands = vec![target];
             cands.extend((0..data.n_items as u32).filter(|&i| i != target && !user.has_seen(i)));
-            m.add(served.full_rank(&q.history, &cands, opts.full_chunk)?);
+            m.add_standing(served.full_rank(&q.history, &cands, opts.full_chunk)?);
             let s: Vec<f32> = cands.iter().map(|&c| counts[c as usize] as f32).collect();
-            pm.add(rank_of_first(&s));
+            pm.add_standing(Standing::of_first(&s));
         }
         let n = m.count() as usize;
         (

@@ -16,7 +16,7 @@ use crate::adamw::{AdamW, AdamWConfig};
 use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, eval_question, train_sequence};
 use crate::error::TrainError;
-use crate::metrics::{MetricSum, RankMetrics, rank_of_first};
+use crate::metrics::{MetricSum, RankMetrics, Standing};
 use crate::net::{self, Dropout, Sequence};
 use crate::params::Params;
 
@@ -180,7 +180,7 @@ pub fn validate(p: &Params, data: &Dataset, cfg: &TrainConfig) -> Result<RankMet
         .collect();
     let mut m = MetricSum::default();
     for s in score(p, &qs, cfg.threads)? {
-        m.add(rank_of_first(&s));
+        m.add_standing(Standing::of_first(&s));
     }
     Ok(m.mean())
 }
@@ -253,7 +253,7 @@ pub fn fit(
     let fingerprint = data.fingerprint();
     let mut ck = match resume {
         Some(ck) => {
-            ck.check(cfg, &fingerprint)?;
+            ck.check(cfg, &fingerprint, data.n_items)?;
             ck
         }
         None => {
@@ -280,7 +280,15 @@ pub fn fit(
         .collect();
     if train_users.is_empty() {
         return Err(TrainError::Invalid(
-            "no user has 2 training items".to_string(),
+            "no user has 2 training items (a user of 3 or more items keeps 2 of them for validation and test)"
+                .to_string(),
+        ));
+    }
+    if !data.users.iter().any(|u| u.valid().is_some()) {
+        // Early stopping and the best epoch would be chosen on nothing.
+        return Err(TrainError::Invalid(
+            "no user has the 3 items a validation question needs (history, validation item, test item)"
+                .to_string(),
         ));
     }
     while ck.state.epochs_done < cfg.max_epochs

@@ -253,7 +253,14 @@ impl Params {
                     v.shape()
                 )));
             }
-            Ok(from_le(v.data()))
+            let values = from_le(v.data());
+            if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+                return Err(bad(format!(
+                    "{name}: value {} at index {i} is not finite",
+                    values[i]
+                )));
+            }
+            Ok(values)
         };
         if items.is_none() {
             p.emb = read(&p, &table_name(0))?;
@@ -316,4 +323,23 @@ fn from_le(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_weight_that_is_not_finite_is_refused_on_load_naming_its_tensor() {
+        let mut model = ModelConfig::preset("small").unwrap();
+        model.n_tables = 1;
+        let mut p = Params::init(model, 10, 1).unwrap();
+        let ok = p.to_safetensors();
+        assert!(Params::from_safetensors(&ok, "m").is_ok());
+        p.w_rank[3] = f32::NAN;
+        let err = Params::from_safetensors(&p.to_safetensors(), "m")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("w_rank") && err.contains("index 3"), "{err}");
+    }
 }

@@ -32,7 +32,14 @@ fn train_and_eval(test: &str, rel: &str, format: ImportFormat) -> Option<EvalRep
         arch: &tc.arch,
         model_version: "test",
     };
-    let r = evaluate(subject, &data, &EvalOptions::default(), 0.0, &mut |_, _| {}).unwrap();
+    let r = evaluate(
+        subject,
+        &data,
+        &EvalOptions::default(),
+        0.0,
+        &mut |_, _, _| {},
+    )
+    .unwrap();
     eprintln!(
         "{rel}: {} epochs, {:.0} s; {}",
         fitted.history.len(),
