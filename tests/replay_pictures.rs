@@ -66,7 +66,17 @@ fn replay_out_draws_the_latency_cdf_hit_rates_and_alpha_per_node() {
     let summary: Value = serde_json::from_str(&read(&out, "summary.json")).unwrap();
     let windows = summary["windows"].as_u64().unwrap() as usize;
     assert!(windows >= 10, "{summary}");
-    assert!(summary["allocator"]["alpha_moves"].as_u64().unwrap() > 0);
+    let moves = summary["allocator"]["alpha_moves"].as_u64().unwrap();
+    assert!(moves > 0);
+    // Every command sent moved a node's boundary (none rounded to the
+    // pages the node already held).
+    let node_moves: u64 = summary["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["alpha_moves"].as_u64().unwrap())
+        .sum();
+    assert_eq!(moves, node_moves, "{summary}");
 
     let cdf = read(&out, "latency_cdf.svg");
     assert_eq!(

@@ -26,6 +26,9 @@ pub struct Job {
     pub model_version: String,
     /// The allocator's frozen PPO policy (`ppo-only`, `smart`).
     pub allocator_policy: Option<Arc<ActorCritic>>,
+    /// Pages of a node's pool (every node has the same): the grid the
+    /// nodes move α on, which the allocator decides on.
+    pub pool_pages: usize,
 }
 
 impl std::fmt::Debug for Job {
@@ -87,8 +90,13 @@ impl Job {
             .and_then(|n| n.as_ref())
             .map(|n| n.model_version().to_string())
             .unwrap_or_default();
+        let pool_pages = nodes
+            .first()
+            .and_then(|n| n.as_ref())
+            .map_or(0, |n| n.memory().pool().pages());
         let allocator_policy = allocator_policy(&cfg)?;
         Ok(Self {
+            pool_pages,
             cfg,
             cluster,
             side,

@@ -318,6 +318,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_counters = counters.clone();
     let worker_side = side.clone();
     let worker_policy = job.allocator_policy.clone();
+    let pool_pages = job.pool_pages;
     let worker_trace = opts.trace.clone();
     let worker_setup_error = setup_error.clone();
     let worker_writer = writer.clone();
@@ -385,6 +386,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                             controller: allocator_controller(
                                 &worker_cfg,
                                 worker_policy.clone(),
+                                pool_pages,
                                 allocator_stats.clone(),
                             ),
                             live: None,
@@ -669,6 +671,7 @@ pub const CDF_POINTS: usize = 200;
 pub(crate) fn allocator_controller(
     cfg: &Config,
     policy: Option<Arc<ActorCritic>>,
+    pool_pages: usize,
     stats: Rc<RefCell<AllocatorStats>>,
 ) -> Option<dataflow::Controller> {
     if !cfg.allocator.moves() {
@@ -681,21 +684,24 @@ pub(crate) fn allocator_controller(
     let alpha = move |node: u32| start.start_alpha(node as usize);
     let max_positions =
         grflow_kernels::ModelConfig::preset(&cfg.model.preset).map_or(1024, |m| m.max_positions);
-    let make = move |node: u32| match &policy {
-        Some(p) if allocator.learned() => Allocator::with_learned(
-            allocator.clone(),
-            slo_ms,
-            alpha(node),
-            Learned::new(
-                p.clone(),
-                max_positions,
+    let make = move |node: u32| {
+        let made = match &policy {
+            Some(p) if allocator.learned() => Allocator::with_learned(
+                allocator.clone(),
                 slo_ms,
-                allocator.policy == AllocatorPolicy::Smart,
-                allocator.sample,
-                allocator.seed.wrapping_add(u64::from(node)),
+                alpha(node),
+                Learned::new(
+                    p.clone(),
+                    max_positions,
+                    slo_ms,
+                    allocator.policy == AllocatorPolicy::Smart,
+                    allocator.sample,
+                    allocator.seed.wrapping_add(u64::from(node)),
+                ),
             ),
-        ),
-        _ => Allocator::new(allocator.clone(), slo_ms, alpha(node)),
+            _ => Allocator::new(allocator.clone(), slo_ms, alpha(node)),
+        };
+        made.with_pool_pages(pool_pages)
     };
     Some(Box::new(move |_events, windows| {
         dataflow::allocator::allocate(windows, make, stats)

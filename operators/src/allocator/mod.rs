@@ -169,6 +169,10 @@ pub struct Allocator {
     integral: f64,
     previous_error: Option<f64>,
     learned: Option<Learned>,
+    /// Pages of the node's pool, when known: the node moves the boundary
+    /// in whole pages (EMB gets round(α · pages)), so a decision that
+    /// rounds to the page count the node has is no move and is not sent.
+    pool_pages: Option<usize>,
 }
 
 impl Allocator {
@@ -182,6 +186,15 @@ impl Allocator {
             integral: 0.0,
             previous_error: None,
             learned: None,
+            pool_pages: None,
+        }
+    }
+
+    /// Decides on the node's page grid: `pages` is its pool's page count.
+    pub fn with_pool_pages(self, pages: usize) -> Self {
+        Self {
+            pool_pages: (pages > 0).then_some(pages),
+            ..self
         }
     }
 
@@ -250,6 +263,14 @@ impl Allocator {
         if (next - self.alpha).abs() < 1e-9 {
             return None;
         }
+        if let Some(pages) = self.pool_pages {
+            // The node's α is reported in thousandths; on a grid coarser
+            // than that, rounding recovers its page count exactly.
+            let on_grid = |a: f64| (a * pages as f64).round() as i64;
+            if on_grid(next) == on_grid(self.alpha) {
+                return None;
+            }
+        }
         self.alpha = next;
         Some(next)
     }
@@ -279,6 +300,26 @@ mod tests {
             p99_ms,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_decision_that_rounds_to_the_nodes_page_count_is_not_sent() {
+        // A p99 far over the SLO pushes α down to min_alpha (0.1).
+        let cfg = AllocatorConfig { kp: 1.0, ..pid() };
+        let hot = |alpha_end| WindowStats {
+            alpha_end: Some(alpha_end),
+            ..window(1000.0, 100)
+        };
+        // 128 pages: the node holds 13 (α 0.1015625, reported 0.102), and
+        // 0.1 is 12.8 pages, 13 on the node: no move, nothing sent.
+        let mut a = Allocator::new(cfg.clone(), 10.0, 0.3).with_pool_pages(128);
+        assert_eq!(a.decide(&hot(0.102)), None);
+        // 64 pages: 7 (α 0.109375, reported 0.109) to 6.4, so 6: a move.
+        let mut a = Allocator::new(cfg.clone(), 10.0, 0.3).with_pool_pages(64);
+        assert_eq!(a.decide(&hot(0.109)), Some(0.1));
+        // Without the grid the no-op is sent.
+        let mut a = Allocator::new(cfg, 10.0, 0.3);
+        assert_eq!(a.decide(&hot(0.102)), Some(0.1));
     }
 
     fn pid() -> AllocatorConfig {

@@ -356,6 +356,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let worker_producer = producer.clone();
     let worker_side = side.clone();
     let worker_policy = job.allocator_policy.clone();
+    let pool_pages = job.pool_pages;
     let worker_models = models.clone();
     let metrics_every = Duration::from_millis(k.metrics_interval_ms);
     job.publish(
@@ -450,6 +451,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     controller: crate::replay::allocator_controller(
                         &worker_cfg,
                         worker_policy.clone(),
+                        pool_pages,
                         allocator_stats.clone(),
                     ),
                     live: Some(live.clone()),
