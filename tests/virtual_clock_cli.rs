@@ -139,4 +139,59 @@ fn calibrate_then_replay_on_the_virtual_clock() {
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("fitted for preset \"small\""), "{err}");
+
+    // A run without the oracle into the same --out leaves no oracle.json
+    // of the earlier run beside its summary.
+    ok(grflow()
+        .args(["replay", "--quiet", "--config"])
+        .arg(&config)
+        .args(args)
+        .arg("--out")
+        .arg(&oracle_dir)
+        .output()
+        .unwrap());
+    assert!(!oracle_dir.join("oracle.json").exists());
+
+    let refusal = |extra: &[&str], config: &std::path::Path, needle: &str| {
+        let out = grflow()
+            .args(["replay", "--quiet", "--config"])
+            .arg(config)
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(needle), "wanted {needle:?} in: {err}");
+    };
+    // A step that does not divide 1 (its grid would be {0, 1/3, 2/3, 1}).
+    let mut with_step = args.to_vec();
+    with_step.extend(["--oracle-step", "0.4"]);
+    refusal(&with_step, &config, "--oracle-step 0.4");
+    // --calibration on a clock that charges no cost model.
+    refusal(
+        &["--clock", "wall", "--calibration", cal],
+        &config,
+        "--calibration",
+    );
+    // A calibration timed at another beam width, and one whose costs are
+    // not positive, are refused naming what is wrong.
+    let beam8 = dir.join("beam8.toml");
+    std::fs::write(&beam8, "[model]\nbeam_width = 8\nbeam_top_k = 8\n").unwrap();
+    refusal(&args, &beam8, "model.beam_width is 8");
+    let mut negative = saved.clone();
+    negative["prefill_ms"] = serde_json::json!([-5.0, -5.0, -5.0]);
+    let negative_file = dir.join("negative.json");
+    std::fs::write(&negative_file, negative.to_string()).unwrap();
+    refusal(
+        &[
+            "--clock",
+            "virtual",
+            "--speed",
+            "max",
+            "--calibration",
+            negative_file.to_str().unwrap(),
+        ],
+        &config,
+        "prefill_ms",
+    );
 }

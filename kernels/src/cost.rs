@@ -83,6 +83,46 @@ impl CostModel {
         (busy, (self.overhead_ms - busy).max(0.0))
     }
 
+    /// Why the numbers cannot be a machine's costs, if they cannot: a value
+    /// that is not finite, a negative overhead, or a cost function that is
+    /// not positive where requests use it (a hand-edited or damaged file
+    /// would otherwise be clamped to free compute).
+    pub fn check(&self) -> Result<(), String> {
+        let named = [
+            ("prefill_ms", &self.prefill_ms[..]),
+            ("rank_ms", &self.rank_ms[..]),
+            ("beam_ms", &self.beam_ms[..]),
+            ("overhead_ms", std::slice::from_ref(&self.overhead_ms)),
+            ("occupancy_ms", std::slice::from_ref(&self.occupancy_ms)),
+            ("gemm_gflops", std::slice::from_ref(&self.gemm_gflops)),
+        ];
+        for (name, values) in named {
+            if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+                return Err(format!("{name}: {v} is not a number of ms"));
+            }
+        }
+        if self.overhead_ms < 0.0 || self.occupancy_ms < 0.0 {
+            return Err(format!(
+                "overhead_ms {} and occupancy_ms {} must not be negative",
+                self.overhead_ms, self.occupancy_ms
+            ));
+        }
+        let probes = [
+            ("prefill_ms", self.prefill(64, 0), "64 new tokens"),
+            ("prefill_ms", self.prefill(64, 256), "64 tokens after 256"),
+            ("rank_ms", self.rank(100, 64), "100 candidates on 64 tokens"),
+            ("beam_ms", self.beam(64), "a 64-token prompt"),
+        ];
+        for (name, ms, what) in probes {
+            if ms <= 0.0 {
+                return Err(format!(
+                    "{name}: costs {ms} ms for {what}; a cost must be positive"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn prefill(&self, new: usize, cached: usize) -> f64 {
         if new == 0 {
             return 0.0;

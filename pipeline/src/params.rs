@@ -69,6 +69,21 @@ pub fn fitted_cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
                 cost.preset
             )));
         }
+        // The beam term was timed at one width: another would be charged
+        // the wrong cost for every retrieve request.
+        if (cost.beam_width, cost.beam_top_k) != (cfg.model.beam_width, cfg.model.beam_top_k) {
+            return Err(bad(format!(
+                "beam search timed at beam_width {} and beam_top_k {}, but model.beam_width is {} \
+                 and model.beam_top_k {} (run grflow calibrate --beam-width {} --beam-top-k {})",
+                cost.beam_width,
+                cost.beam_top_k,
+                cfg.model.beam_width,
+                cfg.model.beam_top_k,
+                cfg.model.beam_width,
+                cfg.model.beam_top_k
+            )));
+        }
+        cost.check().map_err(bad)?;
         return Ok(cost);
     }
     tracing::warn!(

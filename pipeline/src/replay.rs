@@ -541,9 +541,19 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
 /// oracle_step`; `replay` checks it first): the oracle replays a node's
 /// epochs, so it needs a deterministic node.
 pub fn check_oracle(cfg: &Config, step: f64) -> Result<(), ReplayError> {
-    if !(step > 0.0 && step <= 1.0) {
+    if !(0.001..=1.0).contains(&step) {
         return Err(ReplayError::Setup(format!(
-            "the oracle's alpha step must be in (0, 1] (got {step})"
+            "--oracle-step: the oracle's alpha step must be in [0.001, 1] (got {step})"
+        )));
+    }
+    // The grid is 0, step, 2·step, …, 1: a step that does not divide 1
+    // would be replaced by one that does, and reported as given.
+    let n = (1.0 / step).round();
+    if ((1.0 / step) - n).abs() > 1e-6 * n {
+        return Err(ReplayError::Setup(format!(
+            "--oracle-step {step}: must divide 1 into whole steps (the grid is 0, step, …, 1); \
+             the nearest that does is {}",
+            1.0 / n
         )));
     }
     if cfg.run.clock != Clock::Virtual || cfg.run.replay_release() != Release::Complete {

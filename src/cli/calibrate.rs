@@ -61,7 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let json = serde_json::to_string_pretty(&cost)?;
     std::fs::write(&args.out, &json).with_context(|| format!("writing {}", args.out.display()))?;
     if args.validate {
-        validate(&args.preset, &args.out)?;
+        validate(&args)?;
     }
     println!("{json}");
     eprintln!(
@@ -81,9 +81,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// The default trace replayed for real at 1x and on the virtual clock:
 /// p50 and p99 of both and their ratios (virtual / wall).
-fn validate(preset: &str, calibration: &std::path::Path) -> anyhow::Result<()> {
+fn validate(args: &Args) -> anyhow::Result<()> {
+    let (preset, calibration) = (&args.preset, &args.out);
     let mut cfg = Config::embedded();
     cfg.model.preset = preset.to_string();
+    (cfg.model.beam_width, cfg.model.beam_top_k) = (args.beam_width, args.beam_top_k);
     cfg.windows.out = "none".into();
     let trace = cfg.trace.gen_config().map_err(InputError::from_display)?;
     let trace = Arc::new(grflow_traces::generate(&trace));
@@ -118,6 +120,8 @@ fn validate(preset: &str, calibration: &std::path::Path) -> anyhow::Result<()> {
 fn fit_overhead(cost: &mut CostModel) -> anyhow::Result<()> {
     let mut cfg = Config::embedded();
     cfg.model.preset = cost.preset.clone();
+    // The replays search with the beam the model was timed at.
+    (cfg.model.beam_width, cfg.model.beam_top_k) = (cost.beam_width, cost.beam_top_k);
     cfg.windows.out = "none".into();
     let mut trace_cfg = cfg.trace.gen_config().map_err(InputError::from_display)?;
     trace_cfg.seed = 7;

@@ -104,6 +104,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map_err(|e| InputError::from_display(format!("--release: {e}")))?;
     }
     args.cluster.apply(&mut config)?;
+    if args.calibration.is_some() && config.run.clock != Clock::Virtual {
+        // It would be ignored: the run would look like a calibrated one.
+        return Err(InputError::from_display(format!(
+            "--calibration: only --clock virtual charges a cost model; this run's clock is {}",
+            config.run.clock.as_str()
+        )));
+    }
     if config.replay_pacing_is_idle() {
         eprintln!(
             "note: --clock {} with complete release gives the same latencies at any pace; \
@@ -142,6 +149,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => ResponseOutput::Drop,
     };
     let process = config.cluster.process;
+    let (config_min_requests, config_epoch_ms) =
+        (config.allocator.min_requests, config.windows.epoch_ms);
     let output = grflow_pipeline::replay(ReplayOptions {
         trace,
         config,
@@ -186,6 +195,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             None => eprintln!("oracle: no epoch served a request"),
         }
     }
+    if let Some(a) = &output.summary.allocator
+        && a.windows > 0
+        && a.decisions == 0
+    {
+        eprintln!(
+            "warning: allocator.policy {} decided in none of {} windows: each had fewer than \
+             allocator.min_requests ({}) requests (raise the load, or lower \
+             allocator.min_requests or windows.epoch_ms, {} ms); α stayed where it started",
+            serde_json::to_string(&a.policy)?,
+            a.windows,
+            config_min_requests,
+            config_epoch_ms
+        );
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&output.summary)?);
     } else {
@@ -214,6 +237,9 @@ fn write_outputs(dir: &Path, output: &ReplayOutput) -> anyhow::Result<()> {
             dir.join("oracle.json"),
             serde_json::to_string_pretty(&output.oracle)?,
         )?;
+    } else if dir.join("oracle.json").exists() {
+        // An earlier run's, which would sit beside this run's summary.
+        std::fs::remove_file(dir.join("oracle.json"))?;
     }
     for (name, chart) in grflow_pipeline::run_charts::run_charts(output) {
         std::fs::write(dir.join(name), chart.to_svg())?;

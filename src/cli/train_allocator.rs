@@ -286,7 +286,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ));
         }
     }
-    let work = tempdir_for(&args.out)?;
+    let scratch = Scratch::beside(&args.out)?;
+    let work = scratch.0.clone();
     let policy_path = work.join("current.safetensors");
     let mut policy = ActorCritic::new(args.seed);
     let mut curve = Vec::new();
@@ -342,13 +343,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             cfg.allocator.seed = args.seed ^ ((iteration as u64) << 20) ^ ((k as u64) << 8);
             let out =
                 grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
-                    .context("training episode")?;
+                    .map_err(|e| episode_error(e, "training episode"))?;
             p99s.push(out.summary.latency_ms.p99);
             let mut by_node: BTreeMap<u32, Vec<Step>> = BTreeMap::new();
             for (node, step) in out.allocator_steps {
                 by_node.entry(node).or_default().push(step);
             }
             trajectories.extend(by_node.into_values());
+        }
+        if trajectories.iter().all(|t| t.is_empty()) {
+            // Nothing to learn from: the policy would be written untrained.
+            return Err(InputError::from_display(format!(
+                "iteration {iteration}: the allocator decided in no window of any episode: \
+                 every window had fewer than allocator.min_requests ({}) requests; raise \
+                 --requests or --rps, or lower allocator.min_requests or windows.epoch_ms ({} ms)",
+                base.allocator.min_requests, base.windows.epoch_ms
+            )));
         }
         let stats = policy.update(&trajectories, &ppo, args.seed ^ iteration as u64);
         let point = CurvePoint {
@@ -443,7 +453,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let curve_path = PathBuf::from(format!("{}.curve.json", args.out.display()));
     std::fs::write(&curve_path, serde_json::to_string_pretty(&curve)?)
         .with_context(|| format!("writing {}", curve_path.display()))?;
-    let _ = std::fs::remove_dir_all(&work);
+    drop(scratch);
     let report = Report {
         policy: args.out.display().to_string(),
         curve: curve_path.display().to_string(),
@@ -524,7 +534,7 @@ fn greedy_p99(
         cfg.allocator.policy_file = path.display().to_string();
         let out =
             grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
-                .context("greedy evaluation episode")?;
+                .map_err(|e| episode_error(e, "greedy evaluation episode"))?;
         let e = by_regime.entry(regime.clone()).or_default();
         e.0 += out.summary.latency_ms.p99;
         e.1 += 1;
@@ -539,23 +549,60 @@ fn greedy_p99(
     })
 }
 
-/// A scratch directory beside `out` for the current policy of each
-/// iteration (the runs read it as `allocator.policy_file`).
-fn tempdir_for(out: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    if !parent.is_dir() {
-        return Err(InputError::from_display(format!(
-            "--out {}: directory {} does not exist",
-            out.display(),
-            parent.display()
-        )));
+/// A replay's setup error (the config or trace) is the user's to fix:
+/// exit code 2, as `grflow replay` gives for the same config.
+fn episode_error(e: grflow_pipeline::ReplayError, what: &str) -> anyhow::Error {
+    match e {
+        grflow_pipeline::ReplayError::Source(_) | grflow_pipeline::ReplayError::Setup(_) => {
+            InputError::from_display(format!("{what}: {e}"))
+        }
+        other => anyhow::Error::new(other).context(what.to_string()),
     }
-    let dir = parent.join(format!(".train-allocator-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
+}
+
+/// A scratch directory beside `out` for the current policy of each
+/// iteration (the runs read it as `allocator.policy_file`), removed when
+/// dropped: on success and on every error.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    /// Checks `out` before any training: a directory, or a place that
+    /// cannot be written, would lose the trained policy at the end.
+    fn beside(out: &std::path::Path) -> anyhow::Result<Self> {
+        if out.is_dir() {
+            return Err(InputError::from_display(format!(
+                "--out {}: is a directory; name the policy file to write (e.g. {}/policy.safetensors)",
+                out.display(),
+                out.display()
+            )));
+        }
+        let parent = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        if !parent.is_dir() {
+            return Err(InputError::from_display(format!(
+                "--out {}: directory {} does not exist",
+                out.display(),
+                parent.display()
+            )));
+        }
+        let dir = parent.join(format!(".train-allocator-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            InputError::from_display(format!(
+                "--out {}: cannot write in {}: {e}",
+                out.display(),
+                parent.display()
+            ))
+        })?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[cfg(test)]
