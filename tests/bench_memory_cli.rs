@@ -67,3 +67,53 @@ fn a_million_requests_from_half_a_million_users_run_in_bounded_memory() {
         "RSS grew {growth:.3}x from 20% to 100%: {r}"
     );
 }
+
+/// A run shorter than `--interval-s` has its 100% sample, and its 20%
+/// figure comes from a sample taken before every request was answered (it
+/// used to be the 100% sample, so that growth read 1.0).
+#[test]
+fn bench_memory_takes_its_20_percent_sample_before_the_end_of_a_short_run() {
+    let r = bench(&[
+        "--requests",
+        "2000",
+        "--users",
+        "1500",
+        "--candidates",
+        "8",
+        "--interval-s",
+        "1000",
+    ]);
+    let samples = r["samples"].as_array().unwrap();
+    let at_20 = samples
+        .iter()
+        .find(|s| (400..2000).contains(&s["answered"].as_u64().unwrap()))
+        .unwrap_or_else(|| panic!("no sample between 20% and 100%: {r}"));
+    assert_eq!(r["rss_at_20_kib"], at_20["rss_kib"], "{r}");
+    assert_eq!(
+        samples.last().unwrap()["answered"].as_u64(),
+        Some(2000),
+        "{r}"
+    );
+}
+
+/// An interval too long for a Duration (or absurd) is an input error
+/// naming the flag, and leaves no scratch trace behind.
+#[test]
+fn bench_memory_rejects_an_unbounded_interval_and_leaves_no_temp_dir() {
+    for bad in ["inf", "1e300", "1e6"] {
+        let child = Command::new(env!("CARGO_BIN_EXE_grflow"))
+            .args(["bench", "memory", "--json", "--requests", "200"])
+            .args(["--users", "100", "--candidates", "8"])
+            .args(["--interval-s", bad])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let dir = std::env::temp_dir().join(format!("grflow-bench-memory-{}", child.id()));
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--interval-s"), "{bad}: {err}");
+        assert!(!dir.exists(), "{bad}: {} was left behind", dir.display());
+    }
+}

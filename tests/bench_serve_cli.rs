@@ -166,3 +166,98 @@ fn bench_serve_rejects_a_rate_that_is_not_positive() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--at") && err.contains('0'), "{err}");
 }
+
+/// Smoke-scale flags that keep a run to a few seconds.
+const TINY: [&str; 8] = [
+    "--preset",
+    "small",
+    "--requests",
+    "20",
+    "--lanes",
+    "1",
+    "--pool-mib",
+    "8",
+];
+
+#[test]
+fn bench_serve_reports_the_highest_passing_rate_as_a_lower_bound_when_no_rate_fails() {
+    // An SLO no run misses: every rate the searches try meets it.
+    let out = ok(grflow()
+        .args(["bench", "serve", "--json"])
+        .args(TINY)
+        .args(["--slo-ms", "1000000"])
+        .output()
+        .unwrap());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = v["points"].as_array().unwrap();
+    assert!(points.iter().all(|p| p["meets_slo"] == true), "{v}");
+    for mode in ["unbatched", "batched"] {
+        let highest = points
+            .iter()
+            .filter(|p| p["mode"] == mode)
+            .map(|p| p["offered_rps"].as_f64().unwrap())
+            .fold(0.0, f64::max);
+        let goodput = v[format!("goodput_rps_{mode}")].as_f64().unwrap();
+        assert!(goodput > 0.0 && goodput == highest, "{mode}: {v}");
+        assert_eq!(v[format!("goodput_unbounded_{mode}")], true, "{mode}: {v}");
+    }
+    let ceiling =
+        v["capacity_rps_batched"].as_f64().unwrap() / v["goodput_rps_unbatched"].as_f64().unwrap();
+    assert!(
+        (v["goodput_ratio_ceiling"].as_f64().unwrap() - ceiling).abs() < 1e-9,
+        "{v}"
+    );
+    // --lanes 1 skips the lanes comparison: no ratio to report.
+    assert!(v["lanes_capacity_ratio"].is_null(), "{v}");
+}
+
+#[test]
+fn bench_serve_rejects_an_out_path_that_is_a_file_before_measuring() {
+    let dir = temp::tmp_dir("bench-serve-out-file");
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let started = std::time::Instant::now();
+    let out = grflow()
+        .args(["bench", "serve", "--json"])
+        .args(TINY)
+        .arg("--out")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--out") && err.contains(&*file.to_string_lossy()),
+        "{err}"
+    );
+    // Nothing was measured.
+    assert!(!err.contains("capacity"), "{err}");
+    assert!(out.stdout.is_empty());
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // An uncreatable directory (under that file) is refused alike.
+    let out = grflow()
+        .args(["bench", "serve", "--json"])
+        .args(TINY)
+        .arg("--out")
+        .arg(file.join("sub"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--out"), "{err}");
+}
+
+#[test]
+fn bench_serve_rejects_an_slo_that_is_not_a_positive_number() {
+    for bad in ["0", "-5", "nan", "inf"] {
+        let out = grflow()
+            .args(["bench", "serve", "--json"])
+            .args(TINY)
+            .arg(format!("--slo-ms={bad}"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--slo-ms"), "{bad}: {err}");
+    }
+}

@@ -293,17 +293,32 @@ fn beam_group_ms(backend: Arc<dyn Backend>, reps: usize) -> Result<(f64, f64), K
     Ok((alone * 1e3, group * 1e3 / BEAM_GROUP as f64))
 }
 
+/// The largest codebook the benches accept: codes are u16.
+pub const MAX_CODEBOOK: usize = 1 << 16;
+
+/// The codes `0..c` of a codebook of `c <= MAX_CODEBOOK` (counted in u32,
+/// so that `c = 65536` is not truncated to an empty range).
+fn codes(c: usize) -> impl Iterator<Item = u16> {
+    debug_assert!(c <= MAX_CODEBOOK);
+    (0..c.min(MAX_CODEBOOK) as u32).map(|x| x as u16)
+}
+
 /// Runs every measurement.
 pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
     if opts.prefill_tokens < 10 {
         return Err(KernelError::InvalidConfig(format!(
-            "prefill_tokens {} < 10 leaves no 10% suffix to time",
+            "prefill tokens (--prefill-tokens) {} < 10 leave no 10% suffix to time",
             opts.prefill_tokens
         )));
     }
-    if opts.codebook_size < 32.max(opts.beam_width) || opts.codebook_size > 1 << 16 {
+    if opts.beam_width == 0 {
+        return Err(KernelError::InvalidConfig(
+            "beam width (--beam-width) must be >= 1".into(),
+        ));
+    }
+    if opts.codebook_size < 32.max(opts.beam_width) || opts.codebook_size > MAX_CODEBOOK {
         return Err(KernelError::InvalidConfig(format!(
-            "codebook_size {} must be in max(32, beam_width {})..=65536",
+            "codebook size (--codebook-size) {} must be in max(32, beam width {})..={MAX_CODEBOOK}",
             opts.codebook_size, opts.beam_width
         )));
     }
@@ -372,7 +387,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
     let gprompt = rows(beam_prompt, gcfg.d_model, 10);
     gm.prefill(&mut gstore, &gtable, 0, &gprompt)?;
     let catalog: Vec<[u16; 3]> = (0..32u16)
-        .flat_map(|a| (0..32u16).flat_map(move |b| (0..c as u16).map(move |x| [a, b, x])))
+        .flat_map(|a| (0..32u16).flat_map(move |b| codes(c).map(move |x| [a, b, x])))
         .collect();
     let trie = SidTrie::new(&catalog, c)?;
     let mut search = BeamSearch::new(&gcfg, bw, bw, beam_prompt)?;
@@ -575,4 +590,40 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
         topk_full_sort_us: sorted * 1e6,
         topk_presorted_vs_full_sort_speedup: sorted / presorted,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_cover_the_largest_codebook() {
+        assert_eq!(codes(32).collect::<Vec<_>>(), (0..32).collect::<Vec<u16>>());
+        // 65536 as u16 is 0: the range must not wrap to empty.
+        assert_eq!(codes(MAX_CODEBOOK).count(), MAX_CODEBOOK);
+        assert_eq!(codes(MAX_CODEBOOK).last(), Some(u16::MAX));
+    }
+
+    #[test]
+    fn bad_options_name_their_flags() {
+        let bad = |opts: BenchOptions| run(&opts).unwrap_err().to_string();
+        let err = bad(BenchOptions {
+            prefill_tokens: 5,
+            ..BenchOptions::default()
+        });
+        assert!(err.contains("--prefill-tokens"), "{err}");
+        let err = bad(BenchOptions {
+            codebook_size: MAX_CODEBOOK + 1,
+            ..BenchOptions::default()
+        });
+        assert!(
+            err.contains("--codebook-size") && err.contains("65536"),
+            "{err}"
+        );
+        let err = bad(BenchOptions {
+            beam_width: 0,
+            ..BenchOptions::default()
+        });
+        assert!(err.contains("--beam-width"), "{err}");
+    }
 }

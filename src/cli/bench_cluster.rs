@@ -4,8 +4,11 @@
 //! run on the same trace. Each job is a `grflow replay` child process of
 //! this binary; throughput is responses / wall time from process 0's summary.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use grflow_kernels::bench::gemm_peak_gflops;
@@ -83,6 +86,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--retrieve-share must be in 0..=1",
         ));
     }
+    // Before measuring: a bad --out must not cost the whole run.
+    if let Some(out) = &args.out {
+        super::check_out_dir(out)?;
+    }
     let started = std::time::Instant::now();
     let dir = std::env::temp_dir().join(format!("grflow-bench-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -90,13 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let bench = result?;
 
-    if let Some(out) = &args.out {
-        std::fs::create_dir_all(out)?;
-        std::fs::write(
-            out.join("bench.json"),
-            serde_json::to_string_pretty(&bench)?,
-        )?;
-    }
+    // Printed first, so that a failed write does not lose the figures.
     if args.json {
         println!("{}", serde_json::to_string_pretty(&bench)?);
     } else {
@@ -118,6 +119,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "  2×1 / 1×1 = {:.2}   2×1 / 1×2 = {:.2}   ({:.0} s)",
             bench.ratio_2x1_over_1x1, bench.ratio_2x1_over_1x2, bench.wall_s
         );
+    }
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let path = out.join("bench.json");
+        super::bench_serve::write_file(&path, serde_json::to_string_pretty(&bench)?)?;
+        eprintln!("wrote {}", path.display());
     }
     Ok(())
 }
@@ -188,28 +195,149 @@ fn two_processes(config: &Path, dir: &Path) -> anyhow::Result<Job> {
         text.push_str(&format!("127.0.0.1:{}\n", l.local_addr()?.port()));
     }
     drop(ports);
-    std::fs::write(&hosts, text)?;
-    let follower = replay(config, 1)?
+    std::fs::write(&hosts, text).with_context(|| format!("writing {}", hosts.display()))?;
+    let mut follower = replay(config, 1)?;
+    follower
         .arg("--hostfile")
         .arg(&hosts)
         .args(["--process", "1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let leader = replay(config, 1)?
+        .stdout(Stdio::null());
+    let mut leader = replay(config, 1)?;
+    leader
         .arg("--hostfile")
         .arg(&hosts)
-        .args(["--process", "0"])
-        .output()?;
-    let follower = follower.wait_with_output()?;
-    if !follower.status.success() {
-        anyhow::bail!(
-            "process 1 failed ({}): {}",
-            follower.status,
-            String::from_utf8_lossy(&follower.stderr)
-        );
-    }
+        .args(["--process", "0"]);
+    let leader = run_pair(leader, follower, FOLLOWER_GRACE)?;
     job(&leader, 2, 1)
+}
+
+/// How long the second process of a pair may run on after the first ended
+/// (either way round) before it is killed and the job reported as failed.
+const FOLLOWER_GRACE: Duration = Duration::from_secs(60);
+
+/// A child process whose piped output is drained by threads (so that a full
+/// pipe cannot block it), killed and reaped when dropped unless it exited:
+/// an error on any path leaves no process behind.
+struct Running {
+    name: &'static str,
+    child: Child,
+    stdout: Option<JoinHandle<Vec<u8>>>,
+    stderr: Option<JoinHandle<Vec<u8>>>,
+}
+
+impl Running {
+    fn spawn(name: &'static str, mut cmd: Command) -> anyhow::Result<Self> {
+        let mut child = cmd
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<Vec<u8>>> {
+            pipe.map(|mut p| {
+                std::thread::spawn(move || {
+                    let mut bytes = Vec::new();
+                    let _ = p.read_to_end(&mut bytes);
+                    bytes
+                })
+            })
+        }
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
+        Ok(Self {
+            name,
+            child,
+            stdout,
+            stderr,
+        })
+    }
+
+    fn try_wait(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        self.child
+            .try_wait()
+            .with_context(|| format!("waiting for {}", self.name))
+    }
+
+    /// Its output, once it has exited (`status` from `try_wait`).
+    fn output(mut self, status: ExitStatus) -> std::process::Output {
+        let join =
+            |h: Option<JoinHandle<Vec<u8>>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
+        std::process::Output {
+            status,
+            stdout: join(self.stdout.take()),
+            stderr: join(self.stderr.take()),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs the two processes of a cluster job: the follower (process 1)
+/// first, then the leader (process 0, whose stdout is piped). Fails with
+/// the stderr of whichever fails first (the other is killed), and when one
+/// is still running `grace` after the other exited. The leader's output
+/// when both succeed.
+fn run_pair(
+    mut leader: Command,
+    follower: Command,
+    grace: Duration,
+) -> anyhow::Result<std::process::Output> {
+    let mut follower = Running::spawn("process 1", follower)?;
+    leader.stdout(Stdio::piped());
+    let mut leader = Running::spawn("process 0", leader)?;
+    let mut first_exit: Option<Instant> = None;
+    let (mut leader_status, mut follower_status) = (None, None);
+    loop {
+        if leader_status.is_none() {
+            leader_status = leader.try_wait()?;
+        }
+        if follower_status.is_none() {
+            follower_status = follower.try_wait()?;
+        }
+        // The leader's failure first: it is the one the report is about.
+        for (status, p) in [
+            (leader_status, &mut leader),
+            (follower_status, &mut follower),
+        ] {
+            if let Some(status) = status.filter(|s| !s.success()) {
+                let name = p.name;
+                // Dropping `p` would not kill it (it exited); the other
+                // one is killed when this returns.
+                let err = std::mem::take(&mut p.stderr)
+                    .and_then(|h| h.join().ok())
+                    .unwrap_or_default();
+                anyhow::bail!(
+                    "{name} of the 2-process job failed ({status}): {}",
+                    String::from_utf8_lossy(&err).trim_end()
+                );
+            }
+        }
+        match (leader_status, follower_status) {
+            (Some(l), Some(_)) => return Ok(leader.output(l)),
+            (None, None) => {}
+            _ => {
+                let since = *first_exit.get_or_insert_with(Instant::now);
+                if since.elapsed() > grace {
+                    let (done, late) = if leader_status.is_some() {
+                        ("process 0", "process 1")
+                    } else {
+                        ("process 1", "process 0")
+                    };
+                    // Both are dropped (the late one killed) on return.
+                    anyhow::bail!(
+                        "{late} of the 2-process job was still running {} s after {done} exited; killed it",
+                        grace.as_secs()
+                    );
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn job(out: &std::process::Output, processes: usize, workers: usize) -> anyhow::Result<Job> {
@@ -241,4 +369,106 @@ fn job(out: &std::process::Output, processes: usize, workers: usize) -> anyhow::
             })
             .unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]).stdin(Stdio::null());
+        c
+    }
+
+    /// A child that writes its pid to a file and sleeps 10 minutes; the
+    /// file's path and a reader of the pid.
+    fn sleeper(name: &str) -> (Command, impl Fn() -> u32) {
+        let path = std::env::temp_dir().join(format!(
+            "grflow-bench-cluster-test-{}-{name}",
+            std::process::id()
+        ));
+        let cmd = sh(&format!("echo $$ > {}; exec sleep 600", path.display()));
+        let pid = move || {
+            let pid = std::fs::read_to_string(&path)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let _ = std::fs::remove_file(&path);
+            pid
+        };
+        (cmd, pid)
+    }
+
+    /// Whether process `pid` still exists (a reaped child does not).
+    fn alive(pid: u32) -> bool {
+        Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    #[test]
+    fn a_failing_leader_is_reported_and_the_follower_killed() {
+        let (follower, pid) = sleeper("follower");
+        let started = Instant::now();
+        // The follower has written its pid before the leader fails.
+        let leader = sh("sleep 0.3; echo leader broke >&2; exit 3");
+        let err = run_pair(leader, follower, Duration::from_secs(600))
+            .unwrap_err()
+            .to_string();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(
+            err.contains("process 0") && err.contains("leader broke"),
+            "{err}"
+        );
+        let pid = pid();
+        assert!(!alive(pid), "process 1 ({pid}) was left running");
+    }
+
+    #[test]
+    fn a_failing_follower_is_reported_and_the_leader_killed() {
+        let (leader, pid) = sleeper("leader");
+        let started = Instant::now();
+        let follower = sh("sleep 0.3; echo follower broke >&2; exit 4");
+        let err = run_pair(leader, follower, Duration::from_secs(600))
+            .unwrap_err()
+            .to_string();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(
+            err.contains("process 1") && err.contains("follower broke"),
+            "{err}"
+        );
+        let pid = pid();
+        assert!(!alive(pid), "process 0 ({pid}) was left running");
+    }
+
+    #[test]
+    fn a_follower_that_outlives_the_leader_by_the_grace_is_killed() {
+        let (follower, pid) = sleeper("late");
+        let started = Instant::now();
+        let err = run_pair(sh("echo summary"), follower, Duration::from_millis(500))
+            .unwrap_err()
+            .to_string();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(
+            err.contains("process 1") && err.contains("still running"),
+            "{err}"
+        );
+        let pid = pid();
+        assert!(!alive(pid), "process 1 ({pid}) was left running");
+    }
+
+    #[test]
+    fn both_succeeding_give_the_leaders_output_even_when_stderr_is_large() {
+        // 1 MiB of stderr from each: more than a pipe holds.
+        let noisy = "head -c 1048576 /dev/zero >&2";
+        let out = run_pair(
+            sh(&format!("{noisy}; echo summary")),
+            sh(noisy),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "summary");
+        assert_eq!(out.stderr.len(), 1 << 20);
+    }
 }

@@ -135,30 +135,11 @@ fn run_both(
     trace: &grflow_traces::Trace,
     dir: PathBuf,
 ) -> anyhow::Result<KafkaBench> {
-    // Parquet first: it needs no broker, and warms nothing the Kafka run uses.
-    eprintln!(
-        "replaying {} requests from Parquet at {} rps...",
-        args.requests, args.rps
-    );
-    let replayed = grflow_pipeline::replay(ReplayOptions {
-        trace: TraceInput::Parquet(dir.clone()),
-        config: config.clone(),
-        show_progress: false,
-        responses: grflow_pipeline::replay::ResponseOutput::Drop,
-        counters: None,
-        commands: Vec::new(),
-        oracle_step: None,
-    })
-    .context("Parquet replay")?;
-    let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;
-    let parquet_p99_ms = replayed.summary.latency_ms.p99;
-
-    eprintln!("serving the same trace through Kafka at {brokers}...");
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis();
     let base = format!("grflow-bench-{nonce}");
-    let mut serve_cfg = config;
+    let mut serve_cfg = config.clone();
     let k = &mut serve_cfg.kafka;
     k.brokers = brokers.to_string();
     k.request_topic = format!("{base}.requests");
@@ -191,6 +172,27 @@ fn run_both(
         timeout,
     )
     .with_context(|| format!("creating topics on {brokers} (is a broker running?)"))?;
+
+    // The topics exist: the broker answers, so the Parquet half is not
+    // spent on a run that cannot finish. Parquet first: it warms nothing
+    // the Kafka run uses.
+    eprintln!(
+        "replaying {} requests from Parquet at {} rps...",
+        args.requests, args.rps
+    );
+    let replayed = grflow_pipeline::replay(ReplayOptions {
+        trace: TraceInput::Parquet(dir.clone()),
+        config: config.clone(),
+        show_progress: false,
+        responses: grflow_pipeline::replay::ResponseOutput::Drop,
+        counters: None,
+        commands: Vec::new(),
+        oracle_step: None,
+    })
+    .context("Parquet replay")?;
+    let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;
+    let parquet_p99_ms = replayed.summary.latency_ms.p99;
+    eprintln!("serving the same trace through Kafka at {brokers}...");
     let (request_topic, response_topic) = (k.request_topic.clone(), k.response_topic.clone());
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -1,8 +1,10 @@
 //! `grflow bench kernels`: measures the compute core (kernels/) and prints
 //! one JSON object (`--json`) or a table.
 
-use anyhow::{Context, bail};
-use grflow_kernels::bench::{BenchOptions, DEFAULT_GEMM_SHAPES, run as run_bench};
+use anyhow::Context;
+use grflow_kernels::bench::{BenchOptions, DEFAULT_GEMM_SHAPES, MAX_CODEBOOK, run as run_bench};
+
+use super::InputError;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -22,7 +24,8 @@ pub struct Args {
     /// Beam width (= per-beam top-K) of the beam measurements.
     #[arg(long, default_value_t = 512)]
     pub beam_width: usize,
-    /// Codebook size of the beam measurements (>= 32 and >= beam width).
+    /// Codebook size of the beam measurements (>= 32, >= beam width and
+    /// <= 65536).
     #[arg(long, default_value_t = 1024)]
     pub codebook_size: usize,
     /// Prompt length of the beam measurements.
@@ -38,35 +41,69 @@ fn shape_name([m, n, k]: [usize; 3]) -> String {
 }
 
 /// Parses `MxNxK` (each >= 1); `i` is the shape's position in the list.
-fn parse_shape(i: usize, text: &str) -> anyhow::Result<[usize; 3]> {
+fn parse_shape(i: usize, text: &str) -> Result<[usize; 3], InputError> {
     let dims: Vec<usize> = text
         .trim()
         .split('x')
         .map(|d| d.parse::<usize>())
         .collect::<Result<_, _>>()
-        .with_context(|| format!("--gemm-shapes[{i}] = {text:?} is not MxNxK"))?;
+        .map_err(|e| InputError(format!("--gemm-shapes[{i}] = {text:?} is not MxNxK: {e}")))?;
     match dims[..] {
         [m, n, k] if m > 0 && n > 0 && k > 0 => Ok([m, n, k]),
-        _ => bail!("--gemm-shapes[{i}] = {text:?} is not MxNxK with every size >= 1"),
+        _ => Err(InputError(format!(
+            "--gemm-shapes[{i}] = {text:?} is not MxNxK with every size >= 1"
+        ))),
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+/// The flags as the benchmark's options; a bad one is an input error
+/// naming it.
+fn options(args: &Args) -> Result<BenchOptions, InputError> {
+    let at_least = |flag: &str, value: usize, min: usize| {
+        if value < min {
+            Err(InputError(format!("{flag} must be >= {min} (got {value})")))
+        } else {
+            Ok(())
+        }
+    };
+    at_least("--threads", args.threads, 1)?;
+    at_least("--reps", args.reps, 1)?;
+    at_least("--beam-width", args.beam_width, 1)?;
+    if args.prefill_tokens < 10 {
+        return Err(InputError(format!(
+            "--prefill-tokens must be >= 10 to leave a 10% suffix to time (got {})",
+            args.prefill_tokens
+        )));
+    }
+    let min_codebook = 32.max(args.beam_width);
+    if !(min_codebook..=MAX_CODEBOOK).contains(&args.codebook_size) {
+        return Err(InputError(format!(
+            "--codebook-size must be in {min_codebook}..={MAX_CODEBOOK} (>= 32 and >= --beam-width {}; got {})",
+            args.beam_width, args.codebook_size
+        )));
+    }
+    if args.gemm_shapes.is_empty() {
+        return Err(InputError("--gemm-shapes names no shape".into()));
+    }
     let gemm_shapes = args
         .gemm_shapes
         .iter()
         .enumerate()
         .map(|(i, s)| parse_shape(i, s))
-        .collect::<anyhow::Result<_>>()?;
-    let opts = BenchOptions {
-        threads: args.threads.max(1),
+        .collect::<Result<_, _>>()?;
+    Ok(BenchOptions {
+        threads: args.threads,
         gemm_shapes,
         prefill_tokens: args.prefill_tokens,
         beam_width: args.beam_width,
         codebook_size: args.codebook_size,
         beam_prompt: args.beam_prompt,
-        reps: args.reps.max(1),
-    };
+        reps: args.reps,
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let opts = options(&args)?;
     eprintln!(
         "benchmarking kernels on {} thread(s) (a few seconds)...",
         opts.threads

@@ -64,7 +64,8 @@ struct MemoryBench {
     throughput_rps: f64,
     /// After the trace was written and before the replay started.
     rss_before_kib: u64,
-    /// At the first sample with at least 20% of the requests answered.
+    /// At the first sample with at least 20% and fewer than 100% of the
+    /// requests answered (one is taken when 20% are).
     rss_at_20_kib: u64,
     /// When the last request was answered, before the job's state is freed.
     rss_at_100_kib: u64,
@@ -80,6 +81,21 @@ struct MemoryBench {
     samples: Vec<Sample>,
 }
 
+/// The longest `--interval-s` (s): one day.
+const MAX_INTERVAL_S: f64 = 86_400.0;
+
+/// How often the sampler looks at the answered count.
+const POLL: Duration = Duration::from_millis(10);
+
+/// A scratch directory removed when dropped, on every path out.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.requests == 0
         || args.users == 0
@@ -91,6 +107,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(InputError::from_display(
             "--requests, --users, --workers, --rps and --interval-s must be > 0",
         ));
+    }
+    if args.interval_s > MAX_INTERVAL_S {
+        return Err(InputError::from_display(format!(
+            "--interval-s {} is over the limit of {MAX_INTERVAL_S} s (one day)",
+            args.interval_s
+        )));
     }
     let mut config = match &args.config {
         Some(path) => Config::load(path).map_err(InputError::from_display)?,
@@ -122,13 +144,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|r| r.user_id)
         .collect::<HashSet<_>>()
         .len();
-    let dir = std::env::temp_dir().join(format!("grflow-bench-memory-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    write_trace(&dir, &trace, &WriteOptions::default()).context("writing the bench trace")?;
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("grflow-bench-memory-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    write_trace(&dir.0, &trace, &WriteOptions::default()).context("writing the bench trace")?;
     drop(trace);
-    let result = measure(&args, config, &dir, distinct_users, gemm_gflops);
-    let _ = std::fs::remove_dir_all(&dir);
-    let report = result?;
+    let report = measure(&args, config, &dir.0, distinct_users, gemm_gflops)?;
+    drop(dir);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -187,12 +209,18 @@ fn measure(
     let mut samples = Vec::new();
     let mut next_sample = start + interval;
     let mut at_100 = None;
+    let twenty = args.requests.div_ceil(5);
+    let mut at_20_taken = false;
     while !job.is_finished() {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(POLL);
         let done = answered();
-        // The 100% figure is taken once, as soon as the last answer is out.
+        // The 100% figure is taken once, as soon as the last answer is out;
+        // the 20% one as soon as 20% are (unless the poll missed the
+        // stretch between 20% and 100%: then there is none).
         let last = at_100.is_none() && done >= args.requests;
-        if Instant::now() >= next_sample || last {
+        let first_20 = !at_20_taken && done >= twenty && done < args.requests;
+        at_20_taken |= first_20;
+        if Instant::now() >= next_sample || last || first_20 {
             let s = Sample {
                 wall_s: start.elapsed().as_secs_f64(),
                 answered: done,
@@ -207,7 +235,9 @@ fn measure(
                 s.wall_s, s.answered, s.rss_kib
             );
             samples.push(s);
-            next_sample += interval;
+            if Instant::now() >= next_sample {
+                next_sample += interval;
+            }
         }
     }
     let out = job
@@ -215,12 +245,16 @@ fn measure(
         .map_err(|_| anyhow::anyhow!("replay thread panicked"))?
         .context("replay")?;
     let s = &out.summary;
-    let twenty = args.requests.div_ceil(5);
+    // Not the 100% sample: a run shorter than the interval has only that
+    // one, and its growth would read 1.0.
     let rss_at_20_kib = samples
         .iter()
-        .find(|s| s.answered >= twenty)
+        .find(|s| s.answered >= twenty && s.answered < args.requests)
         .map(|s| s.rss_kib)
-        .context("no sample at 20% of the requests: lower --interval-s")?;
+        .context(
+            "no sample between 20% and 100% of the requests: the run was too short to sample; \
+             raise --requests",
+        )?;
     let rss_at_100_kib = at_100.context("the job ended before answering every request")?;
     Ok(MemoryBench {
         requests: s.requests_in,

@@ -5,7 +5,7 @@
 //! answered. Also reports the model FLOPs executed per second at batched
 //! goodput against this machine's GEMM rate.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -131,17 +131,24 @@ struct ServeBench {
     /// at best on this machine, the ceiling of `goodput_rps_batched`.
     capacity_rps_batched: f64,
     /// capacity_rps_batched / goodput_rps_unbatched: the largest
-    /// goodput_ratio this machine allows.
-    goodput_ratio_ceiling: f64,
+    /// goodput_ratio this machine allows (null when the unbatched goodput
+    /// is 0).
+    goodput_ratio_ceiling: Option<f64>,
+    /// The highest rate that met the SLO (0 when none did).
     goodput_rps_unbatched: f64,
     goodput_rps_batched: f64,
-    goodput_ratio: f64,
+    /// True when every rate the search tried met the SLO: the goodput is
+    /// then only a lower bound (the highest rate tried).
+    goodput_unbounded_unbatched: bool,
+    goodput_unbounded_batched: bool,
+    /// goodput_rps_batched / goodput_rps_unbatched (null when the latter is 0).
+    goodput_ratio: Option<f64>,
     gemm_gflops: f64,
     /// Model GFLOPs executed per second at batched goodput (cached tokens
     /// are not credited).
     served_gflops: f64,
-    /// served_gflops / (gemm_gflops × workers).
-    efficiency: f64,
+    /// served_gflops / (gemm_gflops × workers) (null when the GEMM rate is 0).
+    efficiency: Option<f64>,
     /// The GEMM rate the nodes got in place (FLOPs their products ran over
     /// the time inside them, per node), unbatched and batched at `--speed
     /// max` (deep queues when batched), and batched at goodput. With most
@@ -169,7 +176,9 @@ struct ServeBench {
     lanes: usize,
     capacity_rps_one_worker_one_lane: f64,
     capacity_rps_one_worker_lanes: f64,
-    lanes_capacity_ratio: f64,
+    /// capacity_rps_one_worker_lanes / capacity_rps_one_worker_one_lane
+    /// (null with `--lanes 1`, which skips the comparison).
+    lanes_capacity_ratio: Option<f64>,
     wall_s: f64,
     points: Vec<LoadPoint>,
 }
@@ -184,6 +193,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Err(InputError::from_display(
             "--retrieve-share must be in 0..=1",
         ));
+    }
+    if let Some(slo) = args.slo_ms
+        && !(slo.is_finite() && slo > 0.0)
+    {
+        return Err(InputError::from_display(format!(
+            "--slo-ms must be a finite number > 0 (got {slo})"
+        )));
     }
     if !(args.max_wait_ms.is_finite() && args.max_wait_ms >= 0.0) {
         return Err(InputError::from_display(
@@ -204,6 +220,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.preset,
             grflow_kernels::ModelConfig::PRESETS
         )));
+    }
+    // Before measuring: a bad --out must not cost the whole run.
+    if let Some(dir) = &args.out {
+        super::check_out_dir(dir)?;
     }
     let slo_ms = args
         .slo_ms
@@ -357,8 +377,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let [(_, unbatched), (_, batched)] = searches;
-    let (goodput_rps_unbatched, _) = unbatched.result();
-    let (goodput_rps_batched, at_goodput) = batched.result();
+    let unbatched = unbatched.result();
+    let batched = batched.result();
+    let (goodput_rps_unbatched, goodput_rps_batched) = (unbatched.rps, batched.rps);
+    for (mode, g) in [("unbatched", &unbatched), ("batched", &batched)] {
+        if g.unbounded {
+            eprintln!(
+                "  {mode}: every rate tried met the SLO; goodput {:.1} req/s is a lower bound",
+                g.rps
+            );
+        }
+    }
+    let at_goodput = batched.at;
 
     let (served_gflops, batch_size_hist, queue_wait_hist, gemm_at_goodput) = match &at_goodput {
         Some(s) => {
@@ -377,13 +407,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         single_request_p50_ms,
         capacity_rps_unbatched,
         capacity_rps_batched,
-        goodput_ratio_ceiling: capacity_rps_batched / goodput_rps_unbatched.max(1e-9),
+        goodput_ratio_ceiling: ratio(capacity_rps_batched, goodput_rps_unbatched),
         goodput_rps_unbatched,
         goodput_rps_batched,
-        goodput_ratio: goodput_rps_batched / goodput_rps_unbatched.max(1e-9),
+        goodput_unbounded_unbatched: unbatched.unbounded,
+        goodput_unbounded_batched: batched.unbounded,
+        goodput_ratio: ratio(goodput_rps_batched, goodput_rps_unbatched),
         gemm_gflops,
         served_gflops,
-        efficiency: served_gflops / (gemm_gflops * args.workers as f64).max(1e-9),
+        efficiency: ratio(served_gflops, gemm_gflops * args.workers as f64),
         gemm_gflops_in_place_unbatched: gemm_unbatched.gflops,
         gemm_gflops_in_place_batched: gemm_batched.gflops,
         gemm_gflops_in_place_at_goodput: gemm_at_goodput.gflops,
@@ -396,7 +428,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         lanes: args.lanes,
         capacity_rps_one_worker_one_lane: one_lane,
         capacity_rps_one_worker_lanes: laned,
-        lanes_capacity_ratio: laned / one_lane.max(1e-9),
+        lanes_capacity_ratio: ratio(laned, one_lane),
         wall_s: started.elapsed().as_secs_f64(),
         points,
     };
@@ -404,24 +436,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     write_report(&report, &args, "bench.json", Some(&svg))
 }
 
+/// `a / b`, or none when `b` is not positive (no figure to divide by).
+fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0).then(|| a / b)
+}
+
+/// Writes `bytes` to `path`, the error naming the path.
+pub(super) fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
 /// Prints `report` (JSON with `--json`, else one line per field but the
-/// load points, which went to stderr as they were measured) and, with
-/// `--out`, writes it as `file` with the plot beside it.
+/// load points, which went to stderr as they were measured) and then, with
+/// `--out`, writes it as `file` with the plot beside it: a write that fails
+/// has not lost the figures printed.
 fn write_report<R: Serialize>(
     report: &R,
     args: &Args,
     file: &str,
     svg: Option<&str>,
 ) -> anyhow::Result<()> {
+    print_report(report, args.json)?;
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join(file), serde_json::to_vec_pretty(report)?)?;
+        write_file(&dir.join(file), serde_json::to_vec_pretty(report)?)?;
         if let Some(svg) = svg {
-            std::fs::write(dir.join("latency.svg"), svg)?;
+            write_file(&dir.join("latency.svg"), svg)?;
         }
         eprintln!("wrote {}", dir.join(file).display());
     }
-    if args.json {
+    Ok(())
+}
+
+fn print_report<R: Serialize>(report: &R, json: bool) -> anyhow::Result<()> {
+    if json {
         println!("{}", serde_json::to_string(report)?);
     } else {
         let mut v = serde_json::to_value(report)?;
@@ -578,14 +626,32 @@ impl<S> Bisection<S> {
         }
     }
 
-    /// The highest rate that met the objective and its run's summary
-    /// (0 and none when no rate did, or no failing rate bounded it).
-    fn result(self) -> (f64, Option<S>) {
-        match (self.good, self.bad) {
-            (Some((g, s)), Some(_)) => (g, Some(s)),
-            _ => (0.0, None),
+    /// The highest rate that met the objective and its run's summary (0
+    /// and none when no rate did); `unbounded` when no rate failed, so that
+    /// the rate is a lower bound.
+    fn result(self) -> Goodput<S> {
+        match self.good {
+            Some((rps, s)) => Goodput {
+                rps,
+                at: Some(s),
+                unbounded: self.bad.is_none(),
+            },
+            None => Goodput {
+                rps: 0.0,
+                at: None,
+                unbounded: false,
+            },
         }
     }
+}
+
+/// What a `Bisection` found.
+#[derive(Debug, PartialEq)]
+struct Goodput<S> {
+    rps: f64,
+    at: Option<S>,
+    /// Every rate tried met the objective: `rps` is only a lower bound.
+    unbounded: bool,
 }
 
 fn sum_hists<'a>(hists: impl Iterator<Item = &'a Vec<u64>>) -> Vec<u64> {
@@ -646,7 +712,7 @@ mod tests {
         start: f64,
         precision: f64,
         mut meets: impl FnMut(f64) -> anyhow::Result<(bool, S)>,
-    ) -> anyhow::Result<(f64, Option<S>)> {
+    ) -> anyhow::Result<Goodput<S>> {
         let mut b = Bisection::new(start, precision);
         while let Some(rate) = b.next() {
             let (ok, s) = meets(rate)?;
@@ -659,17 +725,46 @@ mod tests {
     fn bisection_brackets_the_threshold_within_the_precision() {
         let threshold = 137.0;
         let mut calls = 0;
-        let (g, s) = bisect(50.0, 0.1, |r| {
+        let found = bisect(50.0, 0.1, |r| {
             calls += 1;
             Ok((r <= threshold, r))
         })
         .unwrap();
+        let g = found.rps;
         assert!(g <= threshold && g >= threshold / 1.1, "{g}");
-        assert_eq!(s, Some(g));
+        assert_eq!(found.at, Some(g));
+        assert!(!found.unbounded);
         assert!(calls < 12, "{calls} calls");
         // Nothing meets the objective: no goodput.
-        let (g, s) = bisect(50.0, 0.1, |r| Ok((false, r))).unwrap();
-        assert_eq!((g, s), (0.0, None));
+        let none = bisect(50.0, 0.1, |r| Ok((false, r))).unwrap();
+        assert_eq!(
+            none,
+            Goodput {
+                rps: 0.0,
+                at: None,
+                unbounded: false
+            }
+        );
+    }
+
+    #[test]
+    fn bisection_reports_the_highest_rate_as_a_lower_bound_when_every_rate_meets() {
+        let mut tried = Vec::new();
+        let found = bisect(50.0, 0.1, |r| {
+            tried.push(r);
+            Ok((true, r))
+        })
+        .unwrap();
+        let highest = tried.iter().copied().fold(0.0, f64::max);
+        assert!(highest > 50.0, "{tried:?}");
+        assert_eq!(
+            found,
+            Goodput {
+                rps: highest,
+                at: Some(highest),
+                unbounded: true
+            }
+        );
     }
 
     #[test]

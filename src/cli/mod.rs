@@ -28,6 +28,31 @@ impl InputError {
     }
 }
 
+/// Checks `--out DIR` before a bench measures anything: creates it and
+/// writes a probe file there, so that a regular file or an unwritable path
+/// is an input error (exit 2) naming `--out` instead of a failure after
+/// the whole run.
+pub(crate) fn check_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(InputError::from_display(format!(
+            "--out {}: exists and is not a directory",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| {
+        InputError::from_display(format!(
+            "--out {}: cannot create the directory: {e}",
+            dir.display()
+        ))
+    })?;
+    let probe = dir.join(format!(".grflow-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| {
+        InputError::from_display(format!("--out {}: cannot write there: {e}", dir.display()))
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// `--hostfile FILE --process I`: timely's cluster mode from grflow's own
 /// flags (they override the `[cluster]` section).
 #[derive(clap::Args, Debug, Default)]

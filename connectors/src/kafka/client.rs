@@ -254,7 +254,12 @@ pub fn ensure_topics(
             NewTopic::new(name, *partitions, TopicReplication::Fixed(replication))
         })
         .collect();
-    let opts = AdminOptions::new().operation_timeout(Some(timeout));
+    // The operation timeout bounds the broker's side; the request timeout
+    // the client's wait for an answer (default socket.timeout.ms, 60 s),
+    // which is what a missing broker runs into.
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(timeout))
+        .request_timeout(Some(timeout));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

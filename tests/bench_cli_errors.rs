@@ -1,0 +1,57 @@
+//! Bench commands that fail fail fast and say why: no broker for `bench
+//! kafka`, a bad `--out` for `bench cluster`. Neither needs a broker or a
+//! long run (a few seconds each).
+
+use std::time::{Duration, Instant};
+
+#[path = "common/temp.rs"]
+mod temp;
+
+fn grflow() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
+}
+
+/// No broker at the address: the command fails within the admin timeout
+/// (10 s, it used to wait librdkafka's 60 s), names the broker, and does
+/// so before spending the Parquet half of the run.
+#[test]
+fn bench_kafka_without_a_broker_fails_fast_naming_it() {
+    let started = Instant::now();
+    let out = grflow()
+        .args(["bench", "kafka", "--json", "--requests", "50"])
+        .args(["--brokers", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let elapsed = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+    assert!(
+        !err.contains("Parquet"),
+        "the Parquet half ran first: {err}"
+    );
+    assert!(elapsed < Duration::from_secs(20), "took {elapsed:?}: {err}");
+}
+
+#[test]
+fn bench_cluster_rejects_an_out_path_that_is_a_file_before_measuring() {
+    let dir = temp::tmp_dir("bench-cluster-out-file");
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let started = Instant::now();
+    let out = grflow()
+        .args(["bench", "cluster", "--json", "--preset", "small"])
+        .args(["--requests", "20"])
+        .arg("--out")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--out") && err.contains(&*file.to_string_lossy()),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing was measured");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
