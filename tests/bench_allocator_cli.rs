@@ -544,3 +544,69 @@ fn bench_allocator_runs_several_seeds_and_gives_their_means() {
         .unwrap();
     refused_naming(out, "--jobs");
 }
+
+/// Output places that cannot be written are refused before any run (the
+/// bench and the training take minutes to hours); a training whose
+/// windows are all too small to decide on is refused, not written as a
+/// policy; no scratch directory is left behind.
+#[test]
+fn bench_and_train_allocator_refuse_outputs_and_empty_training_up_front() {
+    let dir = tmp_dir("bench-allocator-outputs");
+    let calibration = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/configs/allocator-calibration.json"
+    );
+    let a_file = dir.join("a-file");
+    std::fs::write(&a_file, "").unwrap();
+    let started = std::time::Instant::now();
+    let out = grflow()
+        .args([
+            "bench",
+            "allocator",
+            "--regime",
+            "burst",
+            "--no-oracle",
+            "--json",
+        ])
+        .args(["--calibration", calibration, "--out"])
+        .arg(&a_file)
+        .output()
+        .unwrap();
+    refused_naming(out, "--out");
+    assert!(
+        started.elapsed().as_secs() < 20,
+        "refused only after the runs"
+    );
+
+    let train = |out: &std::path::Path, config: &std::path::Path| {
+        grflow()
+            .args(["train-allocator", "--regime", "burst", "--seeds", "1"])
+            .args([
+                "--iterations",
+                "1",
+                "--select-every",
+                "0",
+                "--calibration",
+                calibration,
+            ])
+            .arg("--config")
+            .arg(config)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let config = short_trace(&dir, "tiny.toml", 300);
+    refused_naming(train(&dir, &config), "is a directory");
+    // 5 requests: no window reaches allocator.min_requests.
+    let five = short_trace(&dir, "five.toml", 5);
+    let policy = dir.join("p.safetensors");
+    refused_naming(train(&policy, &five), "allocator.min_requests");
+    assert!(!policy.exists());
+    let scratch: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".train-allocator-"))
+        .collect();
+    assert!(scratch.is_empty(), "{scratch:?}");
+}

@@ -188,7 +188,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tables: vec![0],
         },
         dataset: DatasetInfo {
-            trace: args.trace.display().to_string(),
+            // Absolute: the model may be read from anywhere later.
+            trace: args
+                .trace
+                .canonicalize()
+                .unwrap_or_else(|_| args.trace.clone())
+                .display()
+                .to_string(),
             fingerprint: data.fingerprint(),
             users: data.users.len(),
         },

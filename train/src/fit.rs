@@ -326,7 +326,8 @@ pub fn fit(
             let (loss, g) = batch_grad(&ck.params, &seqs, cfg.threads, cfg.dropout, seed)?;
             if !loss.is_finite() {
                 return Err(TrainError::Invalid(format!(
-                    "loss became {loss} at epoch {epoch} step {step}"
+                    "loss became {loss} at epoch {epoch} step {} of {steps}",
+                    step + 1
                 )));
             }
             ck.opt.update(&mut ck.params, &g);

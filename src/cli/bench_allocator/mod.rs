@@ -129,6 +129,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // Replay's own check, before the sweep (which runs without it).
         grflow_pipeline::replay::check_oracle(&base, step).map_err(InputError::from_display)?;
     }
+    if let Some(dir) = &args.out {
+        // Before the runs, which may take an hour: not after them.
+        super::check_out_dir(dir)?;
+    }
     let bench = Bench {
         base,
         oracle_step,
@@ -155,8 +159,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         train_seeds: args.train_seeds,
         oracle_step,
     };
-    if let Some(dir) = &args.out {
-        for (seed, plots) in done.iter().map(|(r, p)| (r.seed, p)) {
+    // The plots go after the report is printed: a failed write loses
+    // no figure.
+    let (per_seed, plots): (Vec<SeedReport>, Vec<_>) = done
+        .into_iter()
+        .map(|(r, p)| {
+            let seed = r.seed;
+            (r, (seed, p))
+        })
+        .unzip();
+    let write_plots = || -> anyhow::Result<()> {
+        let Some(dir) = &args.out else {
+            return Ok(());
+        };
+        for (seed, plots) in &plots {
             // One seed: the plots in DIR, as always; several: DIR/seed-S.
             let dir = if bench.tagged {
                 dir.join(format!("seed-{seed}"))
@@ -167,8 +183,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 eprintln!("wrote {}", path.display());
             }
         }
-    }
-    let per_seed: Vec<SeedReport> = done.into_iter().map(|(r, _)| r).collect();
+        Ok(())
+    };
     if !bench.tagged {
         let mut seed = per_seed.into_iter().next().context("one seed ran")?;
         // One seed: the run's wall time, setup and calibration included, as
@@ -180,7 +196,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             print_table(&report.header, &report.seed);
         }
-        return Ok(());
+        return write_plots();
     }
     let report = SeedsReport {
         header,
@@ -198,7 +214,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         print_means(&report);
     }
-    Ok(())
+    write_plots()
 }
 
 /// `42,44,46` → the seeds, each once, in order.
@@ -499,7 +515,19 @@ fn policy_file(
             )));
         }
         Some(p) => Some(p.to_path_buf()),
-        None => Some(PathBuf::from(&base.allocator.policy_file)).filter(|p| p.is_file()),
+        None => {
+            let p = PathBuf::from(&base.allocator.policy_file);
+            if !p.is_file() {
+                // Said, not silent: the table would just lack two rows.
+                eprintln!(
+                    "note: allocator.policy_file {} is not a file (relative paths are read from \
+                     the working directory); the ppo-only and smart rows are left out (give \
+                     --policy FILE to run them)",
+                    p.display()
+                );
+            }
+            Some(p).filter(|p| p.is_file())
+        }
     };
     if let Some(p) = &file {
         let bytes = std::fs::read(p)
