@@ -77,3 +77,29 @@ fn zero_repeats_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--repeat"), "names the flag: {err}");
 }
+
+/// A capacity ratio that holds no key of the trace (every policy would
+/// score 0 hits) is refused naming the flag and the least ratio that works.
+#[test]
+fn a_capacity_of_no_key_is_refused() {
+    let trace = seq_trace();
+    let out = Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args(["bench", "cache", "--trace"])
+        .arg(&trace)
+        .args([
+            "--format",
+            "seq",
+            "--policies",
+            "lru",
+            "--capacity-ratio",
+            "0.001",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--capacity-ratio 0.001: holds no key"),
+        "{err}"
+    );
+}

@@ -73,6 +73,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .collect(),
         keys: stream.keys,
     };
+    let distinct = accesses
+        .keys
+        .iter()
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    if let Some(r) = args
+        .capacity_ratio
+        .iter()
+        .find(|&&r| grflow_operators::cachebench::capacity(r, distinct) == 0)
+    {
+        // A cache of no entries hits nothing under every policy.
+        return Err(InputError::from_display(format!(
+            "--capacity-ratio {r}: holds no key of this trace's {distinct} distinct keys \
+             (at least {:.6})",
+            1.0 / distinct.max(1) as f64
+        )));
+    }
     let name = args.trace.file_name().map_or_else(
         || args.trace.display().to_string(),
         |n| n.to_string_lossy().into_owned(),

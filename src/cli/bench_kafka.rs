@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use grflow_connectors::kafka::{
     KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, SendError, StartPosition,
-    ensure_topics,
+    delete_topics, ensure_topics,
 };
 use grflow_kernels::bench::gemm_peak_gflops;
 use grflow_kernels::cost::machine_name;
@@ -172,6 +172,15 @@ fn run_both(
         timeout,
     )
     .with_context(|| format!("creating topics on {brokers} (is a broker running?)"))?;
+    // The bench's topics hold its records: deleted however the run ends.
+    let _cleanup = BenchTopics {
+        settings: settings.clone(),
+        topics: vec![
+            k.request_topic.clone(),
+            k.response_topic.clone(),
+            k.dead_letter_topic.clone(),
+        ],
+    };
 
     // The topics exist: the broker answers, so the Parquet half is not
     // spent on a run that cannot finish. Parquet first: it warms nothing
@@ -331,4 +340,23 @@ fn run_both(
         // After both runs, so that it disturbs neither.
         gemm_gflops: gemm_peak_gflops(),
     })
+}
+
+/// Deletes the bench's topics when dropped; a broker that refuses (or
+/// cannot delete topics) gets a note naming them.
+struct BenchTopics {
+    settings: KafkaSettings,
+    topics: Vec<String>,
+}
+
+impl Drop for BenchTopics {
+    fn drop(&mut self) {
+        let names: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        if let Err(e) = delete_topics(&self.settings, &names, Duration::from_secs(5)) {
+            eprintln!(
+                "note: the bench's topics {} were not deleted: {e}",
+                names.join(", ")
+            );
+        }
+    }
 }

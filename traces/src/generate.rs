@@ -113,6 +113,12 @@ impl Default for GenConfig {
 /// The longest user history the generator makes.
 pub const MAX_HISTORY: u32 = 1_000_000;
 
+/// The most users, and items, the generator makes: each is held in
+/// memory from the start (a user's history, an item's features), so a
+/// count past this is a typo that would abort when memory runs out.
+pub const MAX_USERS: u64 = 100_000_000;
+pub const MAX_ITEMS: u32 = 100_000_000;
+
 /// Why a generator config is unusable.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum GenError {
@@ -128,8 +134,15 @@ impl GenConfig {
     /// Checks every field; the error names the CLI flag.
     pub fn validate(&self) -> Result<(), GenError> {
         let bad = |field, rule, value: String| Err(GenError::Invalid { field, rule, value });
-        if self.users < 20 {
-            return bad("users", ">= 20", self.users.to_string());
+        if !(20..=MAX_USERS).contains(&self.users) {
+            return bad(
+                "users",
+                ">= 20 and at most 100000000",
+                self.users.to_string(),
+            );
+        }
+        if self.items > MAX_ITEMS {
+            return bad("items", "at most 100000000", self.items.to_string());
         }
         if (self.items as usize) <= self.candidates {
             return bad(
@@ -610,5 +623,26 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(err.to_string().contains("--max-history"), "{err}");
+        // Counts held in memory up front: a typo is refused, not an abort.
+        for (cfg, flag) in [
+            (
+                GenConfig {
+                    users: 100_000_000_000,
+                    ..GenConfig::default()
+                },
+                "--users",
+            ),
+            (
+                GenConfig {
+                    items: 4_000_000_000,
+                    codebook_size: 2_000,
+                    ..GenConfig::default()
+                },
+                "--items",
+            ),
+        ] {
+            let err = cfg.validate().unwrap_err();
+            assert!(err.to_string().contains(flag), "{err}");
+        }
     }
 }

@@ -286,6 +286,41 @@ pub fn ensure_topics(
     Ok(())
 }
 
+/// Deletes `topics` (a bench's own); the topics the broker did not delete,
+/// with why, are the error.
+pub fn delete_topics(
+    settings: &KafkaSettings,
+    topics: &[&str],
+    timeout: Duration,
+) -> Result<(), KafkaClientError> {
+    let admin: AdminClient<DefaultClientContext> = settings
+        .client_config()
+        .create()
+        .map_err(kafka("creating an admin client"))?;
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(timeout))
+        .request_timeout(Some(timeout));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| KafkaClientError::Runtime(e.to_string()))?;
+    let results = runtime
+        .block_on(admin.delete_topics(topics, &opts))
+        .map_err(kafka("delete_topics"))?;
+    let failed: Vec<String> = results
+        .into_iter()
+        .filter_map(|r| r.err().map(|(topic, code)| format!("{topic} ({code})")))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(KafkaClientError::Runtime(format!(
+            "topics not deleted: {}",
+            failed.join(", ")
+        )))
+    }
+}
+
 /// The request consumer's context: keeps what the broker answered to
 /// commits, which librdkafka reports only through this callback (the
 /// default context drops it, so a refused commit went unnoticed).

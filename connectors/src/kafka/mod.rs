@@ -30,7 +30,7 @@ pub use assign::{fnv1a64, owned_partitions, partition_owner};
 pub use client::{
     BrokerProbe, Compression, Delivery, DeliveryCallback, KafkaClientError, KafkaSettings,
     OutputProducer, RawRecord, Refetch, RequestConsumer, Resumed, SendError, StartPosition,
-    builtin_features, ensure_topics, partition_count, scan_answered,
+    builtin_features, delete_topics, ensure_topics, partition_count, scan_answered,
 };
 pub use events::KafkaEvent;
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};

@@ -84,6 +84,18 @@ pub fn build_trace(raw: RawEvents, name: &str, cfg: &ImportConfig) -> Result<Tra
         }
         history.push(item);
     }
+    if requests.is_empty() {
+        // Every user interacted once: nothing to replay or train on.
+        return Err(ImportError::Config {
+            file: name.to_string(),
+            reason: format!(
+                "no user has a second interaction ({} interactions of {} users), so no request \
+                 has a history to condition on",
+                events.len(),
+                raw.users.len()
+            ),
+        });
+    }
     let users = histories
         .into_iter()
         .enumerate()
@@ -130,6 +142,16 @@ mod tests {
 
     const INTER: &str = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n\
         20\t100\t5\t3\n10\t300\t4\t1\n10\t100\t3\t2\n20\t200\t1\t3\n9\t300\t2\t3\n10\t200\t2\t5\n";
+
+    #[test]
+    fn a_dataset_of_single_interactions_is_refused() {
+        let text = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n\
+            1\t100\t5\t3\n2\t300\t4\t1\n";
+        let err = import_str(text, "x.inter", &ImportConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no user has a second interaction"), "{err}");
+    }
 
     #[test]
     fn ids_are_dense_in_raw_order_and_events_in_time_order() {
