@@ -141,14 +141,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let done = ck.state.epochs_done;
         let stopped = done - ck.state.best_epoch >= cfg.patience;
         if done >= cfg.max_epochs || stopped {
+            let why = if stopped {
+                format!(
+                    "it stopped early, {} epochs without a better one",
+                    cfg.patience
+                )
+            } else {
+                format!("--max-epochs is {}: raise it to train on", cfg.max_epochs)
+            };
             eprintln!(
-                "warning: the checkpoint has run {done} epochs ({}); no epoch runs, \
-                 the model is written from its best epoch {} (raise --max-epochs to train on)",
-                if stopped {
-                    "early-stopped"
-                } else {
-                    "at --max-epochs"
-                },
+                "warning: the checkpoint has run {done} epochs ({why}); no epoch runs, and the \
+                 model is written from its best epoch {}",
                 ck.state.best_epoch
             );
         }
