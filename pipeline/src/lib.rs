@@ -22,6 +22,7 @@ pub mod side;
 pub mod summary;
 pub mod trained;
 pub mod window_log;
+pub mod worker_failure;
 
 pub use config::{Clock, Config, ConfigError, Release, ReleaseSetting, SloMs, Speed};
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};

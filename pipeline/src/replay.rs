@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use grflow_connectors::parquet::{
     MemoryRequestSource, ParquetRequestSource, RequestSource, ResponseSink, SinkError, SourceError,
@@ -325,11 +325,14 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_commands = opts.commands.clone();
     let worker_started = started.clone();
     let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
+    let failure = crate::worker_failure::WorkerFailure::default();
+    let worker_failure = failure.clone();
     let guards = job
         .cluster
         .execute(
             move |worker| {
                 let index = worker.index();
+                let _watch = worker_failure.watch(index);
                 let peers = worker.peers();
                 let pacing = Pacing {
                     speed,
@@ -399,7 +402,16 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     },
                 );
                 while !df.probe.done() {
-                    worker.step_or_park(None);
+                    if worker_failure.failed().is_some() {
+                        // Another worker panicked: its frontier never moves
+                        // again. Leave without waiting on it (or on the
+                        // barrier below); replay reports the failure.
+                        for id in worker.installed_dataflows() {
+                            worker.drop_dataflow(id);
+                        }
+                        return Vec::new();
+                    }
+                    worker.step_or_park(Some(Duration::from_millis(50)));
                 }
                 // Let the last window updates drain.
                 while worker.step() {}
@@ -493,7 +505,11 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         .map_err(ReplayError::Timely)?;
 
     let mut results = Vec::with_capacity(workers);
-    for (i, r) in guards.join().into_iter().enumerate() {
+    let joined = guards.join();
+    if let Some(worker) = failure.failed() {
+        return Err(ReplayError::WorkerPanicked(worker));
+    }
+    for (i, r) in joined.into_iter().enumerate() {
         let global = topo.local_workers().start + i;
         results.extend(r.map_err(|_| ReplayError::WorkerPanicked(global))?);
     }

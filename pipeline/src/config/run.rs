@@ -214,18 +214,27 @@ pub enum Speed {
     Factor(f64),
 }
 
+/// The slowest and fastest pacing factors.
+const MIN_SPEED: f64 = 1e-6;
+const MAX_SPEED: f64 = 1e6;
+
 impl std::str::FromStr for Speed {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s == "max" {
             return Ok(Speed::Max);
         }
+        // Bounded: 1e-6x paces one event-time second over 11 days, and
+        // past 1e6x pacing is `max` in all but name.
         let factor = s
             .strip_suffix('x')
             .and_then(|f| f.parse::<f64>().ok())
-            .filter(|f| f.is_finite() && *f > 0.0)
+            .filter(|f| (MIN_SPEED..=MAX_SPEED).contains(f))
             .ok_or_else(|| {
-                format!("speed {s:?} is not max or a positive factor like 1x, 4x, 0.5x")
+                format!(
+                    "speed {s:?} is not max or a factor like 1x, 4x, 0.5x \
+                     (from {MIN_SPEED}x to {MAX_SPEED}x)"
+                )
             })?;
         Ok(Speed::Factor(factor))
     }

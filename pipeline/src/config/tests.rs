@@ -169,6 +169,12 @@ fn speed_parses() {
     assert_eq!("max".parse::<Speed>().unwrap(), Speed::Max);
     assert_eq!("4x".parse::<Speed>().unwrap(), Speed::Factor(4.0));
     assert!("0x".parse::<Speed>().is_err());
+    // A factor so small its due times overflow a Duration (a worker
+    // panicked on it), or so large it is `max`, is refused.
+    for s in ["1e-300x", "1e9x", "NaNx", "infx"] {
+        assert!(s.parse::<Speed>().is_err(), "{s}");
+    }
+    assert_eq!("1e-6x".parse::<Speed>().unwrap(), Speed::Factor(1e-6));
 }
 
 #[test]

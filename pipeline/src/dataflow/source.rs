@@ -53,12 +53,7 @@ impl Pacing {
     pub(crate) fn lateness(&self, ts_ms: u64) -> Duration {
         match self.speed {
             Speed::Max => Duration::ZERO,
-            Speed::Factor(f) => {
-                let due = ts_ms.saturating_sub(self.origin_ts_ms) as f64 / f / 1000.0;
-                self.start
-                    .elapsed()
-                    .saturating_sub(Duration::from_secs_f64(due))
-            }
+            Speed::Factor(f) => self.start.elapsed().saturating_sub(self.due(ts_ms, f)),
         }
     }
 
@@ -66,11 +61,15 @@ impl Pacing {
     pub(crate) fn wait_for(&self, ts_ms: u64) -> Duration {
         match self.speed {
             Speed::Max => Duration::ZERO,
-            Speed::Factor(f) => {
-                let due = ts_ms.saturating_sub(self.origin_ts_ms) as f64 / f / 1000.0;
-                Duration::from_secs_f64(due).saturating_sub(self.start.elapsed())
-            }
+            Speed::Factor(f) => self.due(ts_ms, f).saturating_sub(self.start.elapsed()),
         }
+    }
+
+    /// Wall time from the start at which `ts_ms` is due at `factor`
+    /// (saturating: a due time past what a Duration holds is never).
+    fn due(&self, ts_ms: u64, factor: f64) -> Duration {
+        let secs = ts_ms.saturating_sub(self.origin_ts_ms) as f64 / factor / 1000.0;
+        Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
     }
 }
 

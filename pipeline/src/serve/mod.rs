@@ -352,6 +352,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     ));
     let worker_cfg = cfg.clone();
     let worker_shared = shared.clone();
+    let failure = crate::worker_failure::WorkerFailure::default();
+    let worker_failure = failure.clone();
     let worker_latency = latency.clone();
     let worker_producer = producer.clone();
     let worker_side = side.clone();
@@ -385,6 +387,13 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
     let guards = job.cluster.execute(move |worker| {
         let index = worker.index();
+        // A panic here stops the others (through `fatal`) instead of
+        // leaving them serving without this worker's partitions.
+        let _watch = PanicToFatal {
+            shared: worker_shared.clone(),
+            failure: worker_failure.clone(),
+            index,
+        };
         let local = topo.local(index).expect("a local worker");
         // Model, catalog and consumers are set up and (in cluster mode) the
         // other processes connected: the dataflow starts now.
@@ -573,6 +582,10 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         if !topo.is_cluster() {
             return vec![result];
         }
+        if worker_failure.failed().is_some() {
+            // A worker that panicked never reaches the barrier.
+            return Vec::new();
+        }
         // Every local worker has committed: the process's counters are final.
         local_done.wait();
         if local == 0 {
@@ -598,6 +611,9 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         let _ = w.join();
     }
     let _ = watch.join();
+    if let Some(worker) = failure.failed() {
+        return Err(ServeError::WorkerPanicked(worker));
+    }
     let mut results = Vec::with_capacity(topo.threads);
     for (i, r) in joined.into_iter().enumerate() {
         results.extend(r.map_err(|_| ServeError::WorkerPanicked(topo.local_workers().start + i))?);
@@ -867,5 +883,26 @@ mod tests {
         cfg.allocator.sample = true;
         let e = check_servable(&cfg).unwrap_err();
         assert!(e.contains("allocator.sample"), "{e}");
+    }
+}
+
+/// Marks the job fatal when its worker unwinds, after recording which
+/// worker failed.
+struct PanicToFatal {
+    shared: Arc<SharedState>,
+    failure: crate::worker_failure::WorkerFailure,
+    index: usize,
+}
+
+impl Drop for PanicToFatal {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Recorded first: the others check it once they see `fatal`.
+            self.failure.record(self.index);
+            self.shared.set_fatal(format!(
+                "worker {} panicked (see the panic message above)",
+                self.index
+            ));
+        }
     }
 }
