@@ -117,6 +117,11 @@ fn replay_writes_the_documented_outputs() {
     let dir = tmp_dir("outputs");
     let trace = gen_trace(&dir, "steady", 200);
     let out = dir.join("out");
+    // An earlier run's files (one from a run with the oracle, one left by
+    // an interrupted run) are not left beside this run's.
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("oracle.json"), "[]").unwrap();
+    std::fs::write(out.join("responses.parquet.partial"), "").unwrap();
     let summary = replay_json(&trace, 2, Some(&out));
     for f in [
         "summary.json",
@@ -125,6 +130,9 @@ fn replay_writes_the_documented_outputs() {
         "errors.parquet",
     ] {
         assert!(out.join(f).is_file(), "{f} written");
+    }
+    for f in ["oracle.json", "responses.parquet.partial"] {
+        assert!(!out.join(f).exists(), "{f} left from another run");
     }
     let on_disk: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();

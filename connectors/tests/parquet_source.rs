@@ -352,18 +352,21 @@ fn nulls_in_required_columns_are_bad_rows_with_positions() {
     let (records, errors) = drain(&mut s);
     assert!(errors.is_empty());
     assert_eq!(records.len(), 6);
-    let bad: Vec<(u64, String)> = records
+    let bad: Vec<(u64, String, Option<u64>)> = records
         .iter()
         .filter_map(|r| match r {
             SourceRecord::Bad {
                 position: SourcePosition::Parquet { row, .. },
                 reason,
-                ..
-            } => Some((*row, reason.clone())),
+                req_id,
+            } => Some((*row, reason.clone(), *req_id)),
             _ => None,
         })
         .collect();
     assert_eq!(bad.len(), 2);
+    // Their req_id column is readable: the error rows name the requests.
+    assert_eq!(bad[0].2, Some(rows[2].req_id));
+    assert_eq!(bad[1].2, Some(rows[4].req_id));
     assert_eq!(bad[0].0, 2);
     assert!(
         bad[0].1.contains("ts_ms") && bad[0].1.contains("null"),

@@ -88,6 +88,10 @@ impl BusyMeter {
         let mut peak = self.peak;
         if in_bucket * 2 >= self.interval_ns {
             peak = peak.max((self.bucket_busy_ns as f64 / in_bucket as f64).min(1.0));
+        } else if self.bucket == 0 {
+            // A run shorter than half an interval has no interval to
+            // compare: its busiest stretch is the run itself (it read 0).
+            peak = whole;
         }
         BusyShare { whole, peak }
     }
@@ -138,6 +142,15 @@ mod tests {
         assert!((m.shares(13).peak - 0.2).abs() < 1e-12);
         // Half an interval in, it counts with its real length.
         assert!((m.shares(15).peak - 0.4).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_run_shorter_than_half_an_interval_peaks_at_its_whole_share() {
+        let mut m = BusyMeter::new(0, 10);
+        m.record(0, 3);
+        let s = m.shares(4);
+        assert!((s.whole - 0.75).abs() < 1e-12);
+        assert_eq!(s.peak, s.whole, "{s:?}");
     }
 
     #[test]

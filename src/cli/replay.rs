@@ -104,6 +104,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map_err(|e| InputError::from_display(format!("--release: {e}")))?;
     }
     args.cluster.apply(&mut config)?;
+    if args.calibration.is_none()
+        && config.cost.calibration.is_some()
+        && config.run.clock != Clock::Virtual
+    {
+        eprintln!(
+            "note: cost.calibration is used by --clock virtual only; this run's clock is {} \
+             and runs the model",
+            config.run.clock.as_str()
+        );
+    }
     if args.calibration.is_some() && config.run.clock != Clock::Virtual {
         // It would be ignored: the run would look like a calibrated one.
         return Err(InputError::from_display(format!(
@@ -139,12 +149,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let show_progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
-    // Responses stream into responses.parquet as they are produced.
+    // Responses stream into responses.parquet.partial as they are
+    // produced, renamed once the run has ended well. An earlier run's
+    // outputs go first: a run that fails or is interrupted leaves no mix
+    // of its files and another run's.
     let responses = match &args.out {
         Some(dir) => {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("creating output directory {}", dir.display()))?;
-            ResponseOutput::Parquet(dir.join("responses.parquet"))
+            for name in OUTPUT_FILES {
+                let path = dir.join(name);
+                if path.exists() {
+                    std::fs::remove_file(&path)
+                        .with_context(|| format!("removing {}", path.display()))?;
+                }
+            }
+            ResponseOutput::Parquet(dir.join(PARTIAL_RESPONSES))
         }
         None => ResponseOutput::Drop,
     };
@@ -165,6 +185,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         other => anyhow::Error::new(other),
     })?;
     if output.follower {
+        if let Some(dir) = &args.out {
+            // Responses went to process 0.
+            let _ = std::fs::remove_file(dir.join(PARTIAL_RESPONSES));
+        }
         // Process 0 writes the job's summary and files.
         eprintln!("process {process}: done; process 0 writes the job's outputs");
         if args.json {
@@ -220,8 +244,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every file `replay --out` writes (the charts included).
+const OUTPUT_FILES: [&str; 9] = [
+    "summary.json",
+    "responses.parquet",
+    PARTIAL_RESPONSES,
+    "windows.parquet",
+    "errors.parquet",
+    "oracle.json",
+    "latency_cdf.svg",
+    "hit_rates.svg",
+    "alpha.svg",
+];
+
+/// Where responses stream until the run has ended.
+const PARTIAL_RESPONSES: &str = "responses.parquet.partial";
+
 fn write_outputs(dir: &Path, output: &ReplayOutput) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
+    let partial = dir.join(PARTIAL_RESPONSES);
+    if partial.exists() {
+        std::fs::rename(&partial, dir.join("responses.parquet"))?;
+    }
     std::fs::write(
         dir.join("summary.json"),
         serde_json::to_string_pretty(&output.summary)?,

@@ -195,12 +195,16 @@ pub fn check_columns(schema: &Schema, columns: &[ColumnSpec]) -> Result<(), Colu
 pub struct RowError {
     pub column: &'static str,
     pub reason: String,
+    /// The row's `req_id` when that column could be read: a refused
+    /// request stays joinable to what its client sent.
+    pub req_id: Option<u64>,
 }
 
 fn null(column: &'static str) -> RowError {
     RowError {
         column,
         reason: "null in a required column".into(),
+        req_id: None,
     }
 }
 
@@ -256,6 +260,7 @@ fn list_u32(list: &ListArray, row: usize, column: &'static str) -> Result<Vec<u3
         return Err(RowError {
             column,
             reason: "null item in the list".into(),
+            req_id: None,
         });
     }
     Ok(values.values()[start..end].to_vec())
@@ -272,6 +277,7 @@ fn list_u16(list: &ListArray, row: usize, column: &'static str) -> Result<Vec<u1
         return Err(RowError {
             column,
             reason: "null item in the list".into(),
+            req_id: None,
         });
     }
     Ok(values.values()[start..end].to_vec())
@@ -318,30 +324,38 @@ pub fn decode_requests(batch: &RecordBatch) -> Result<Vec<Result<Request, RowErr
         c.u32("hist_len"),
     );
     let (cands, modes, label) = (c.list("candidates"), c.utf8("mode"), c.u32("label"));
+    let decode = |i: usize| -> Result<Request, RowError> {
+        if modes.is_null(i) {
+            return Err(null("mode"));
+        }
+        let mode = modes.value(i).parse::<Mode>().map_err(|reason| RowError {
+            column: "mode",
+            reason,
+            req_id: None,
+        })?;
+        let candidates = list_u32(cands, i, "candidates")?;
+        if candidates.is_empty() && mode == Mode::Rank {
+            return Err(RowError {
+                column: "candidates",
+                reason: "a rank request needs candidates".into(),
+                req_id: None,
+            });
+        }
+        Ok(Request {
+            ts_ms: req(ts, i, "ts_ms")?,
+            req_id: req(req_id, i, "req_id")?,
+            user_id: req(user, i, "user_id")?,
+            hist_len: req(hist, i, "hist_len")?,
+            candidates,
+            mode,
+            label: (!label.is_null(i)).then(|| label.value(i)),
+        })
+    };
     Ok((0..batch.num_rows())
         .map(|i| {
-            if modes.is_null(i) {
-                return Err(null("mode"));
-            }
-            let mode = modes.value(i).parse::<Mode>().map_err(|reason| RowError {
-                column: "mode",
-                reason,
-            })?;
-            let candidates = list_u32(cands, i, "candidates")?;
-            if candidates.is_empty() && mode == Mode::Rank {
-                return Err(RowError {
-                    column: "candidates",
-                    reason: "a rank request needs candidates".into(),
-                });
-            }
-            Ok(Request {
-                ts_ms: req(ts, i, "ts_ms")?,
-                req_id: req(req_id, i, "req_id")?,
-                user_id: req(user, i, "user_id")?,
-                hist_len: req(hist, i, "hist_len")?,
-                candidates,
-                mode,
-                label: (!label.is_null(i)).then(|| label.value(i)),
+            decode(i).map_err(|e| RowError {
+                req_id: (!req_id.is_null(i)).then(|| req_id.value(i)),
+                ..e
             })
         })
         .collect())
@@ -422,6 +436,7 @@ pub fn decode_items(batch: &RecordBatch) -> Result<Vec<Item>, DecodeError> {
                 let sid: [u16; 3] = s.as_slice().try_into().map_err(|_| RowError {
                     column: "sid",
                     reason: format!("expected a triplet, found {} codes", s.len()),
+                    req_id: None,
                 })?;
                 Ok(Item {
                     item_id: req(id, i, "item_id")?,

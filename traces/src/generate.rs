@@ -117,6 +117,9 @@ pub const MAX_HISTORY: u32 = 1_000_000;
 /// memory from the start (a user's history, an item's features), so a
 /// count past this is a typo that would abort when memory runs out.
 pub const MAX_USERS: u64 = 100_000_000;
+
+/// The longest span of event time a generated trace covers, in seconds.
+pub const MAX_SPAN_S: f64 = 1e8;
 pub const MAX_ITEMS: u32 = 100_000_000;
 
 /// Why a generator config is unusable.
@@ -156,6 +159,15 @@ impl GenConfig {
         }
         if !(self.rps.is_finite() && self.rps > 0.0) {
             return bad("rps", "> 0", self.rps.to_string());
+        }
+        // The regimes' schedules (bursts, trend) are laid over the trace's
+        // span up front: a span of ages is a typo, not a workload.
+        if self.requests as f64 / self.rps > MAX_SPAN_S {
+            return bad(
+                "rps",
+                "such that requests / rps is at most 1e8 s (about 3 years)",
+                self.rps.to_string(),
+            );
         }
         if self.tables == 0 {
             return bad("tables", ">= 1", "0".into());
@@ -625,6 +637,14 @@ mod tests {
         assert!(err.to_string().contains("--max-history"), "{err}");
         // Counts held in memory up front: a typo is refused, not an abort.
         for (cfg, flag) in [
+            (
+                GenConfig {
+                    rps: 1e-300,
+                    regime: Regime::Burst,
+                    ..GenConfig::default()
+                },
+                "--rps",
+            ),
             (
                 GenConfig {
                     users: 100_000_000_000,

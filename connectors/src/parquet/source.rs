@@ -218,7 +218,7 @@ impl ParquetRequestSource {
                             Err(e) => SourceRecord::Bad {
                                 position,
                                 reason: e.to_string(),
-                                req_id: None,
+                                req_id: e.req_id,
                             },
                         });
                     }

@@ -113,17 +113,30 @@ impl Default for AllocatorConfig {
 }
 
 impl AllocatorConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        let finite = [self.kp, self.ki, self.kd, self.max_step]
-            .iter()
-            .all(|v| v.is_finite());
-        if !finite || self.max_step <= 0.0 {
-            return Err("gains must be finite and max_step > 0".into());
+    /// The first unusable key (`allocator.<key>`) and why.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        for (key, v) in [
+            ("allocator.kp", self.kp),
+            ("allocator.ki", self.ki),
+            ("allocator.kd", self.kd),
+        ] {
+            if !v.is_finite() {
+                return Err((key, format!("must be a finite number (got {v})")));
+            }
+        }
+        if !(self.max_step.is_finite() && self.max_step > 0.0) {
+            return Err((
+                "allocator.max_step",
+                format!("must be a finite number > 0 (got {})", self.max_step),
+            ));
         }
         if !(0.0 <= self.min_alpha && self.min_alpha <= self.max_alpha && self.max_alpha <= 1.0) {
-            return Err(format!(
-                "need 0 <= min_alpha <= max_alpha <= 1 (got {} and {})",
-                self.min_alpha, self.max_alpha
+            return Err((
+                "allocator.min_alpha",
+                format!(
+                    "need 0 <= min_alpha <= max_alpha <= 1 (got {} and {})",
+                    self.min_alpha, self.max_alpha
+                ),
             ));
         }
         Ok(())
@@ -438,7 +451,7 @@ mod tests {
             max_alpha: 0.2,
             ..Default::default()
         };
-        assert!(cfg.validate().unwrap_err().contains("min_alpha"));
+        assert_eq!(cfg.validate().unwrap_err().0, "allocator.min_alpha");
         assert!(
             "ppo"
                 .parse::<AllocatorPolicy>()

@@ -5,6 +5,19 @@
 use crate::eviction::{EvictCtx, EvictionPolicy, Key, PolicyName, UnknownPolicy};
 use crate::predictor::{AccessContext, OnlinePredictor, PredictorConfig, Training};
 
+/// Why a policy cannot serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error(transparent)]
+    Unknown(#[from] UnknownPolicy),
+    /// Known, but it needs the trace's future (`opt`) or blocks on its
+    /// predictor (`laru-sync`).
+    #[error(
+        "eviction policy {0:?} is for `grflow bench cache` only; a serving cache takes lru, laru, fpb or hf"
+    )]
+    BenchOnly(String),
+}
+
 /// One cache's eviction order, with its clock (one tick per request).
 #[derive(Debug)]
 pub struct GuidedPolicy {
@@ -16,10 +29,10 @@ pub struct GuidedPolicy {
 impl GuidedPolicy {
     /// `name`: lru | laru | fpb | hf (online policies; `opt` and
     /// `laru-sync` are bench-only).
-    pub fn new(name: &str, capacity: usize) -> Result<Self, UnknownPolicy> {
+    pub fn new(name: &str, capacity: usize) -> Result<Self, PolicyError> {
         let parsed = PolicyName::parse(name)?;
         if matches!(parsed, PolicyName::Opt | PolicyName::LaruSync) {
-            return Err(UnknownPolicy(format!("{name} (bench only)")));
+            return Err(PolicyError::BenchOnly(name.to_string()));
         }
         let policy = parsed.build_online(capacity).expect("online policy");
         let predictor = parsed.uses_predictions().then(|| {

@@ -107,6 +107,11 @@ fn unusable_numbers_are_refused_at_load_naming_the_key() {
         ),
         ("[node]\ntoken_capacity = inf\n", "node.token_capacity"),
         ("[hotness]\nwindows = 0\n", "hotness.windows"),
+        // Allocated up front: these aborted on a failed allocation.
+        ("[hotness]\nwindows = 1000000000\n", "hotness.windows"),
+        ("[model]\nbeam_width = 100000000\n", "model.beam_width"),
+        ("[model]\nbeam_top_k = 100000000\n", "model.beam_top_k"),
+        ("[trace]\nregime = \"burst\"\nrps = 1e-300\n", "trace.rps"),
         ("[hotness]\nwindow_ms = 0\n", "hotness.window_ms"),
         ("[hotness]\nhot_share = -1.0\n", "hotness.hot_share"),
         (

@@ -82,10 +82,8 @@ impl DefaultTraceConfig {
 
     fn unchecked(&self) -> Result<grflow_traces::GenConfig, String> {
         Ok(grflow_traces::GenConfig {
-            regime: self
-                .regime
-                .parse()
-                .map_err(|e| format!("trace.regime: {e}"))?,
+            // The error names trace.regime where it is reported.
+            regime: self.regime.parse()?,
             users: self.users,
             items: self.items,
             requests: self.requests,

@@ -124,8 +124,13 @@ impl Config {
         if self.hotness.window_ms == 0 {
             return Err(invalid("hotness.window_ms", "must be >= 1".into()));
         }
-        if self.hotness.windows == 0 {
-            return Err(invalid("hotness.windows", "must be >= 1".into()));
+        // Each tracked user keeps `windows` counters: bounded so that a
+        // typo is an error here, not an allocation failure later.
+        if !(1..=MAX_HOTNESS_WINDOWS).contains(&self.hotness.windows) {
+            return Err(invalid(
+                "hotness.windows",
+                format!("must be in 1..={MAX_HOTNESS_WINDOWS}"),
+            ));
         }
         let hot = self.hotness.hot_share;
         if !(hot > 0.0 && hot <= 1.0) {
@@ -145,7 +150,7 @@ impl Config {
         }
         self.allocator
             .validate()
-            .map_err(|e| invalid("allocator", e))?;
+            .map_err(|(key, message)| invalid(key, message))?;
         if self.node.lanes == 0 || self.node.lanes > 64 {
             return Err(invalid("node.lanes", "must be in 1..=64".into()));
         }
@@ -161,11 +166,14 @@ impl Config {
         if self.model.top_k == 0 {
             return Err(invalid("model.top_k", "must be >= 1".into()));
         }
-        if self.model.beam_width == 0 {
-            return Err(invalid("model.beam_width", "must be >= 1".into()));
-        }
-        if self.model.beam_top_k == 0 {
-            return Err(invalid("model.beam_top_k", "must be >= 1".into()));
+        // A search holds beam_width × beam_top_k candidates per step.
+        for (key, v) in [
+            ("model.beam_width", self.model.beam_width),
+            ("model.beam_top_k", self.model.beam_top_k),
+        ] {
+            if !(1..=MAX_BEAM).contains(&v) {
+                return Err(invalid(key, format!("must be in 1..={MAX_BEAM}")));
+            }
         }
         if self.model.max_candidates == 0 {
             return Err(invalid("model.max_candidates", "must be >= 1".into()));
@@ -205,11 +213,13 @@ impl Config {
                 return Err(invalid(field, "must be >= 1".into()));
             }
         }
-        if k.create_partitions < 0 || k.restart_scan < 0 {
-            return Err(invalid(
-                "kafka",
-                "create_partitions and restart_scan must be >= 0".into(),
-            ));
+        for (field, value) in [
+            ("kafka.create_partitions", i64::from(k.create_partitions)),
+            ("kafka.restart_scan", k.restart_scan),
+        ] {
+            if value < 0 {
+                return Err(invalid(field, format!("must be >= 0 (got {value})")));
+            }
         }
         if !(k.replication_factor == -1 || k.replication_factor >= 1) {
             return Err(invalid(
@@ -223,3 +233,9 @@ impl Config {
         Ok(())
     }
 }
+
+/// The most hotness windows a user's counters keep.
+const MAX_HOTNESS_WINDOWS: usize = 1_000;
+
+/// The widest beam, and the most candidates kept per beam and step.
+const MAX_BEAM: usize = 4_096;
