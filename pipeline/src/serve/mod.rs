@@ -868,24 +868,6 @@ impl DrainClock {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replay_and_training_settings_are_refused_by_name() {
-        assert_eq!(check_servable(&Config::default()), Ok(()));
-        let mut cfg = Config::default();
-        cfg.run.clock = crate::config::Clock::Virtual;
-        let e = check_servable(&cfg).unwrap_err();
-        assert!(e.contains("run.clock"), "{e}");
-        let mut cfg = Config::default();
-        cfg.allocator.sample = true;
-        let e = check_servable(&cfg).unwrap_err();
-        assert!(e.contains("allocator.sample"), "{e}");
-    }
-}
-
 /// Marks the job fatal when its worker unwinds, after recording which
 /// worker failed.
 struct PanicToFatal {
@@ -904,5 +886,23 @@ impl Drop for PanicToFatal {
                 self.index
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_and_training_settings_are_refused_by_name() {
+        assert_eq!(check_servable(&Config::default()), Ok(()));
+        let mut cfg = Config::default();
+        cfg.run.clock = crate::config::Clock::Virtual;
+        let e = check_servable(&cfg).unwrap_err();
+        assert!(e.contains("run.clock"), "{e}");
+        let mut cfg = Config::default();
+        cfg.allocator.sample = true;
+        let e = check_servable(&cfg).unwrap_err();
+        assert!(e.contains("allocator.sample"), "{e}");
     }
 }
