@@ -558,24 +558,19 @@ fn bench_and_train_allocator_refuse_outputs_and_empty_training_up_front() {
     );
     let a_file = dir.join("a-file");
     std::fs::write(&a_file, "").unwrap();
-    let started = std::time::Instant::now();
-    let out = grflow()
-        .args([
+    // Refused before the runs (each takes seconds to minutes).
+    cli::refused_out(
+        &[
             "bench",
             "allocator",
             "--regime",
             "burst",
             "--no-oracle",
             "--json",
-        ])
-        .args(["--calibration", calibration, "--out"])
-        .arg(&a_file)
-        .output()
-        .unwrap();
-    refused_naming(out, "--out");
-    assert!(
-        started.elapsed().as_secs() < 20,
-        "refused only after the runs"
+            "--calibration",
+            calibration,
+        ],
+        &a_file,
     );
 
     let train = |out: &std::path::Path, config: &std::path::Path| {

@@ -9,8 +9,9 @@ use serde_json::Value;
 mod temp;
 use temp::tmp_dir;
 
-fn seq_trace() -> PathBuf {
-    let dir = tmp_dir("bench-cache");
+/// The trace in a directory of its own (`name`): tests run in parallel.
+fn seq_trace(name: &str) -> PathBuf {
+    let dir = tmp_dir(name);
     // 2,000 requests over 200 items, skewed so that caches of 10–40 keys
     // hit sometimes and miss often.
     let mut x: u64 = 12345;
@@ -58,7 +59,7 @@ fn bench(trace: &PathBuf, repeat: &str) -> Vec<(String, u64, u64)> {
 
 #[test]
 fn repeated_replays_report_the_same_rows_and_counts() {
-    let trace = seq_trace();
+    let trace = seq_trace("bench-cache-repeat");
     let once = bench(&trace, "1");
     assert_eq!(once.len(), 6, "2 policies x 3 ratios: {once:?}");
     assert!(once.iter().any(|&(_, _, hits)| hits > 0));
@@ -82,7 +83,7 @@ fn zero_repeats_is_a_clear_error() {
 /// score 0 hits) is refused naming the flag and the least ratio that works.
 #[test]
 fn a_capacity_of_no_key_is_refused() {
-    let trace = seq_trace();
+    let trace = seq_trace("bench-cache-capacity");
     let out = Command::new(env!("CARGO_BIN_EXE_grflow"))
         .args(["bench", "cache", "--trace"])
         .arg(&trace)

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, Instant};
 
+#[path = "common/cli.rs"]
+#[allow(dead_code)] // `ok` is for the other test binaries
+mod cli;
 #[path = "common/temp.rs"]
 mod temp;
-
-fn grflow() -> std::process::Command {
-    std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
-}
+use cli::grflow;
 
 /// No broker at the address: the command fails within the admin timeout
 /// (10 s, it used to wait librdkafka's 60 s), names the broker, and does
@@ -38,20 +38,16 @@ fn bench_cluster_rejects_an_out_path_that_is_a_file_before_measuring() {
     let dir = temp::tmp_dir("bench-cluster-out-file");
     let file = dir.join("not-a-dir");
     std::fs::write(&file, "x").unwrap();
-    let started = Instant::now();
-    let out = grflow()
-        .args(["bench", "cluster", "--json", "--preset", "small"])
-        .args(["--requests", "20"])
-        .arg("--out")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("--out") && err.contains(&*file.to_string_lossy()),
-        "{err}"
+    cli::refused_out(
+        &[
+            "bench",
+            "cluster",
+            "--json",
+            "--preset",
+            "small",
+            "--requests",
+            "20",
+        ],
+        &file,
     );
-    assert!(out.stdout.is_empty(), "nothing was measured");
-    assert!(started.elapsed() < Duration::from_secs(5));
 }

@@ -20,9 +20,9 @@ fn bench(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-#[test]
-fn bench_memory_samples_rss_through_a_replay() {
-    let r = bench(&[
+/// 2,000 requests of 1,500 users, sampled every `interval_s`.
+fn small_run(interval_s: &str) -> serde_json::Value {
+    bench(&[
         "--requests",
         "2000",
         "--users",
@@ -30,8 +30,13 @@ fn bench_memory_samples_rss_through_a_replay() {
         "--candidates",
         "8",
         "--interval-s",
-        "0.05",
-    ]);
+        interval_s,
+    ])
+}
+
+#[test]
+fn bench_memory_samples_rss_through_a_replay() {
+    let r = small_run("0.05");
     assert_eq!(r["requests"].as_u64(), Some(2000), "{r}");
     assert_eq!(r["errors"].as_u64(), Some(0), "{r}");
     assert!(r["distinct_users"].as_u64().unwrap() > 100, "{r}");
@@ -73,16 +78,7 @@ fn a_million_requests_from_half_a_million_users_run_in_bounded_memory() {
 /// used to be the 100% sample, so that growth read 1.0).
 #[test]
 fn bench_memory_takes_its_20_percent_sample_before_the_end_of_a_short_run() {
-    let r = bench(&[
-        "--requests",
-        "2000",
-        "--users",
-        "1500",
-        "--candidates",
-        "8",
-        "--interval-s",
-        "1000",
-    ]);
+    let r = small_run("1000");
     let samples = r["samples"].as_array().unwrap();
     let at_20 = samples
         .iter()

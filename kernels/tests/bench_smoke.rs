@@ -82,7 +82,7 @@ fn bench_rejects_a_codebook_smaller_than_the_beam() {
         ..tiny()
     };
     let err = run(&opts).unwrap_err().to_string();
-    assert!(err.contains("codebook_size 8"), "{err}");
+    assert!(err.contains("(--codebook-size) 8"), "{err}");
     let opts = BenchOptions {
         gemm_shapes: vec![[4, 0, 4]],
         ..tiny()

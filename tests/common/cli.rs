@@ -17,3 +17,20 @@ pub fn ok(out: Output) -> Output {
     );
     out
 }
+
+/// Runs `args --out OUT` and asserts it was refused up front: exit 2 within
+/// 5 s, naming `--out` and the path, nothing printed on stdout. The stderr.
+#[allow(dead_code)] // not every test binary uses it
+pub fn refused_out(args: &[&str], out: &std::path::Path) -> String {
+    let started = std::time::Instant::now();
+    let run = grflow().args(args).arg("--out").arg(out).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr).to_string();
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--out") && err.contains(&*out.to_string_lossy()),
+        "{err}"
+    );
+    assert!(run.stdout.is_empty(), "nothing was measured");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    err
+}

@@ -235,6 +235,35 @@ pub fn partition_count(
     Ok(partitions)
 }
 
+/// An admin client, its options and a runtime to wait on it with. The
+/// operation timeout bounds the broker's side; the request timeout the
+/// client's wait for an answer (default socket.timeout.ms, 60 s), which is
+/// what a missing broker runs into.
+fn admin_session(
+    settings: &KafkaSettings,
+    timeout: Duration,
+) -> Result<
+    (
+        AdminClient<DefaultClientContext>,
+        AdminOptions,
+        tokio::runtime::Runtime,
+    ),
+    KafkaClientError,
+> {
+    let admin: AdminClient<DefaultClientContext> = settings
+        .client_config()
+        .create()
+        .map_err(kafka("creating an admin client"))?;
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(timeout))
+        .request_timeout(Some(timeout));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| KafkaClientError::Runtime(e.to_string()))?;
+    Ok((admin, opts, runtime))
+}
+
 /// Creates the topics that do not exist yet with `replication` copies of
 /// each partition (-1: the broker's `default.replication.factor`); existing
 /// ones are left alone.
@@ -244,26 +273,13 @@ pub fn ensure_topics(
     replication: i32,
     timeout: Duration,
 ) -> Result<(), KafkaClientError> {
-    let admin: AdminClient<DefaultClientContext> = settings
-        .client_config()
-        .create()
-        .map_err(kafka("creating an admin client"))?;
+    let (admin, opts, runtime) = admin_session(settings, timeout)?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|(name, partitions)| {
             NewTopic::new(name, *partitions, TopicReplication::Fixed(replication))
         })
         .collect();
-    // The operation timeout bounds the broker's side; the request timeout
-    // the client's wait for an answer (default socket.timeout.ms, 60 s),
-    // which is what a missing broker runs into.
-    let opts = AdminOptions::new()
-        .operation_timeout(Some(timeout))
-        .request_timeout(Some(timeout));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .map_err(|e| KafkaClientError::Runtime(e.to_string()))?;
     let results = runtime
         .block_on(admin.create_topics(&new, &opts))
         .map_err(kafka("create_topics"))?;
@@ -293,17 +309,7 @@ pub fn delete_topics(
     topics: &[&str],
     timeout: Duration,
 ) -> Result<(), KafkaClientError> {
-    let admin: AdminClient<DefaultClientContext> = settings
-        .client_config()
-        .create()
-        .map_err(kafka("creating an admin client"))?;
-    let opts = AdminOptions::new()
-        .operation_timeout(Some(timeout))
-        .request_timeout(Some(timeout));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .map_err(|e| KafkaClientError::Runtime(e.to_string()))?;
+    let (admin, opts, runtime) = admin_session(settings, timeout)?;
     let results = runtime
         .block_on(admin.delete_topics(topics, &opts))
         .map_err(kafka("delete_topics"))?;
