@@ -302,6 +302,15 @@ impl Router {
         self.signal = signal;
     }
 
+    /// The configured capacity of every node that has not reported yet:
+    /// without it the first tick's burst saw every node at load 0 and all
+    /// of it went to one node.
+    pub fn seed_token_capacity(&mut self, token_capacity: f64) {
+        for view in self.nodes.iter_mut().filter(|v| v.token_capacity == 0.0) {
+            view.token_capacity = token_capacity;
+        }
+    }
+
     pub fn config(&self) -> &RouterConfig {
         &self.cfg
     }
@@ -351,16 +360,17 @@ impl Router {
             // Reports may overtake each other: finished work only grows.
             let finished = report.completed_tokens.get(replica).copied().unwrap_or(0.0);
             view.finished_tokens = view.finished_tokens.max(finished);
-            if !report.queued_tokens.is_empty() {
-                let others = report
-                    .queued_tokens
-                    .iter()
-                    .enumerate()
-                    .filter(|&(r, _)| r != replica)
-                    .map(|(_, t)| t)
-                    .sum();
-                view.others_queued = Some(others);
-            }
+            // An empty list is an empty queue (the node sends one entry per
+            // replica that has tokens queued): ignoring it kept the last
+            // queue's tokens as phantom load once the queue had drained.
+            let others = report
+                .queued_tokens
+                .iter()
+                .enumerate()
+                .filter(|&(r, _)| r != replica)
+                .map(|(_, t)| t)
+                .sum();
+            view.others_queued = Some(others);
         }
     }
 
@@ -639,6 +649,19 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_before_the_first_report_is_spread_by_the_configured_capacity() {
+        // Event-time backlog, no report yet: every node read load 0 and
+        // the whole burst went to node 0.
+        let mut r = router(2);
+        r.seed_token_capacity(1000.0);
+        let nodes: Vec<u32> = (0..4).map(|u| r.route(0, u, &[], 600.0).node).collect();
+        assert!(nodes.contains(&0) && nodes.contains(&1), "{nodes:?}");
+        // A report's own figures replace the seed.
+        r.apply_report(&report(0, &[], &[], 0.0));
+        assert_eq!(r.nodes[0].token_capacity, 1000.0);
+    }
+
+    #[test]
     fn profile_takes_the_most_touched_shards() {
         let p = shard_profile([5, 5, 5, 1, 1, 9, 2, 2], 2);
         assert_eq!(p, vec![1, 5]);
@@ -697,25 +720,26 @@ mod tests {
         // replica 1's own node).
         assert_eq!(r.route(0, 99, &[], 600.0).node, 1);
         assert_eq!(r.route(0, 98, &[], 10.0).node, 0);
-        let mut r = in_flight_router(2, 1, 2);
-        // User 9's KV is on node 0; 300 tokens sent there × 2 replicas
-        // over a capacity of 1000 = 0.6, however much event time passes
-        // (an event-time backlog would have drained by now).
-        r.apply_report(&report(0, &[9], &[], 0.0));
-        r.route(0, 9, &[], 300.0);
+        let mut r = in_flight_router(2, 0, 2);
+        // With no report yet, 300 tokens sent to node 0 (replica 0's own,
+        // where the tie goes) count × 2 replicas over a capacity of 1000 =
+        // 0.6, however much event time passes (an event-time backlog would
+        // have drained by now).
+        assert_eq!(r.route(0, 9, &[], 300.0).node, 0);
         assert!((r.load(0, 1_000_000) - 0.6).abs() < 1e-9);
         assert_eq!(r.load(1, 1_000_000), 0.0);
-        // The node finished 200 of replica 1's tokens (and some of
-        // replica 0's, which this replica does not count).
-        let mut done = report(0, &[], &[], 0.0);
-        done.completed_tokens = vec![5_000.0, 200.0];
+        // The node finished 200 of replica 0's tokens (and some of
+        // replica 1's, which this replica does not count), and has nothing
+        // of replica 1's queued: 100 left in flight.
+        let mut done = report(0, &[9], &[], 0.0);
+        done.completed_tokens = vec![200.0, 5_000.0];
         r.apply_report(&done);
-        assert!((r.load(0, 0) - 0.2).abs() < 1e-9);
+        assert!((r.load(0, 0) - 0.1).abs() < 1e-9);
         // An older report arriving late does not undo finished work.
         let mut stale = report(0, &[], &[], 0.0);
-        stale.completed_tokens = vec![0.0, 100.0];
+        stale.completed_tokens = vec![100.0, 0.0];
         r.apply_report(&stale);
-        assert!((r.load(0, 0) - 0.2).abs() < 1e-9);
+        assert!((r.load(0, 0) - 0.1).abs() < 1e-9);
     }
 
     #[test]
@@ -732,9 +756,9 @@ mod tests {
         assert!((r.load(0, 0) - 0.8).abs() < 1e-9);
         // So a new user goes to node 1, which this replica sees empty.
         assert_eq!(r.route(0, 2, &[], 50.0).node, 1);
-        // The queue drained: the next report says so.
+        // The queue drained: the next report says so, as the node does,
+        // with no entry at all (it read as load 0.7 before).
         let mut drained = report(0, &[], &[], 0.0);
-        drained.queued_tokens = vec![0.0, 0.0];
         drained.completed_tokens = vec![100.0, 700.0];
         r.apply_report(&drained);
         assert_eq!(r.load(0, 0), 0.0);

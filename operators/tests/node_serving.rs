@@ -821,6 +821,34 @@ fn a_swapped_model_serves_like_a_fresh_node_of_it_and_reuses_nothing_from_before
 }
 
 #[test]
+fn after_a_model_swap_the_next_report_takes_back_what_the_old_memory_held() {
+    let catalog = Catalog::new(500);
+    let candidates: Vec<u32> = (0..100).collect();
+    let mut node = ServingNode::new(0, params()).unwrap();
+    let req = RankRequest {
+        req_id: 1,
+        user_id: 1,
+        candidates: &candidates,
+    };
+    node.serve(10, req, &history(40), &catalog).unwrap();
+    let before = node.report(10);
+    assert_eq!(before.kv_users_added, vec![1]);
+    assert!(!before.shards_added.is_empty());
+    let mut next = params();
+    next.model_seed = 4;
+    node.swap_model(next).unwrap();
+    // The routers were told user 1's KV and these shards are here: the
+    // new memory is empty, so the report says so (it said nothing before).
+    let after = node.report(11);
+    assert_eq!(after.kv_users_removed, vec![1]);
+    let mut removed = after.shards_removed.clone();
+    let mut added = before.shards_added.clone();
+    removed.sort();
+    added.sort();
+    assert_eq!(removed, added);
+}
+
+#[test]
 fn a_model_swap_that_fails_leaves_the_old_model_serving() {
     let mut node = ServingNode::new(0, params()).unwrap();
     let version = node.model_version().to_string();
@@ -833,4 +861,79 @@ fn a_model_swap_that_fails_leaves_the_old_model_serving() {
         version: "v".into(),
     };
     assert!(node.apply(&swap).is_err(), "apply cannot load weights");
+}
+
+#[test]
+fn a_bad_memory_policy_is_named_once_by_its_key() {
+    let mut p = params();
+    p.memory.emb_policy = "arc".into();
+    let Err(err) = ServingNode::new(0, p) else {
+        panic!("an unknown policy was accepted");
+    };
+    let msg = err.to_string();
+    // It read "memory: memory.emb_policy: ..." before.
+    assert!(
+        msg.starts_with("memory.emb_policy: unknown eviction policy"),
+        "{msg}"
+    );
+}
+
+/// With two lanes the step's retrieve group reserves its pages before the
+/// rank requests and holds them until it is committed. A rank request that
+/// fits alone but not beside the group waits for the group instead of
+/// taking pages back from EMB (moving α) or failing: the same answers,
+/// reclaims and α as one lane, which serves the group first.
+#[test]
+fn a_rank_request_waits_for_the_retrieve_groups_pages_instead_of_moving_alpha() {
+    let catalog = Catalog::new(500);
+    let index = RetrievalIndex::new(sparse_sids(), 16).unwrap();
+    let candidates: Vec<u32> = (100..130).collect();
+    let (rank_history, retrieve_history) = (history(60), history(60));
+    let work = [RankWork {
+        req: RankRequest {
+            req_id: 1,
+            user_id: 1,
+            candidates: &candidates,
+        },
+        history: &rank_history,
+    }];
+    let retrieve = [RetrieveWork {
+        req: RetrieveRequest {
+            req_id: 2,
+            user_id: 2,
+        },
+        history: &retrieve_history,
+    }];
+    let mut tight_cases = 0;
+    for alpha_milli in 950..=999 {
+        let alpha = alpha_milli as f64 / 1000.0;
+        let serve = |lanes| {
+            let mut node = ServingNode::new(0, params()).unwrap();
+            node.set_lanes(lanes);
+            node.set_alpha(alpha).unwrap();
+            let out = node.serve_step(5, &work, &retrieve, &catalog, &index);
+            (node, out)
+        };
+        let (one, (ranked_one, retrieved_one)) = serve(1);
+        let (two, (ranked_two, retrieved_two)) = serve(2);
+        let ok = |o: &[Result<Served, ServeError>]| o.iter().all(|r| r.is_ok());
+        assert!(ok(&ranked_two) && ok(&retrieved_two), "alpha {alpha}");
+        assert_eq!(ok(&ranked_one), ok(&ranked_two), "alpha {alpha}");
+        assert_eq!(ok(&retrieved_one), ok(&retrieved_two), "alpha {alpha}");
+        assert_eq!(
+            two.counters().kv_reclaims,
+            one.counters().kv_reclaims,
+            "alpha {alpha}"
+        );
+        assert_eq!(two.alpha(), one.alpha(), "alpha {alpha}");
+        assert_eq!(
+            ranked_two[0].as_ref().unwrap().items,
+            ranked_one[0].as_ref().unwrap().items
+        );
+        // Between α 0.97 and 0.98 the group and the rank request fit one
+        // after the other but not together (two lanes reclaimed before).
+        tight_cases += (one.counters().kv_reclaims == 0) as u32;
+    }
+    // The scan reaches the α where even one lane must take pages back.
+    assert!(tight_cases > 0 && tight_cases < 50, "{tight_cases}");
 }

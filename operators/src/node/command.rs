@@ -82,6 +82,13 @@ impl ServingNode {
         next.backlog = std::mem::replace(&mut self.backlog, Backlog::new(1.0));
         next.link_clock = self.link_clock;
         next.alpha_pin = self.alpha_pin;
+        // What the routers were told stays known, recounted against the
+        // empty memory, so that the next report takes back every user and
+        // shard that is gone (routers kept them as resident before).
+        next.residency = std::mem::take(&mut self.residency);
+        next.recount_shards();
+        // Cumulative: the new prefix table counts from zero.
+        next.head_evictions_before = self.head_evictions_before + self.prefixes.evictions();
         let from = std::mem::replace(self, next).model_version;
         Ok(Applied::Model {
             from,

@@ -107,7 +107,8 @@ pub struct Served {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("memory: {0}")]
+    // Every MemoryError names its key or its cause itself.
+    #[error(transparent)]
     Memory(#[from] MemoryError),
     #[error("model: {0}")]
     Model(String),
@@ -145,6 +146,8 @@ pub struct ServingNode {
     /// α pinned by an operator (`NodeCommand::PinAlpha`): the allocator's
     /// `SetAlpha` is refused meanwhile.
     alpha_pin: Option<f64>,
+    /// User-head evictions of the prefix tables before the last model swap.
+    head_evictions_before: u64,
 }
 
 /// A node on the virtual clock: its compute timeline.
@@ -211,6 +214,7 @@ impl ServingNode {
             lanes: 1,
             virtual_compute: None,
             alpha_pin: None,
+            head_evictions_before: 0,
         })
     }
 
@@ -308,6 +312,7 @@ impl ServingNode {
             lanes: self.lanes,
             virtual_compute: self.virtual_compute.clone(),
             alpha_pin: self.alpha_pin,
+            head_evictions_before: self.head_evictions_before,
         })
     }
 
@@ -391,11 +396,18 @@ impl ServingNode {
                 })
                 .collect();
             let (r, outs) = self.serve_rank_inner(now_ms, rank, catalog, sides);
-            ranked.extend(r);
-            rank = &[];
             for ((i, prep), out) in preps.iter().zip(outs) {
                 retrieved[*i] = Some(self.finish_retrieve(now_ms, prep, out));
             }
+            // The group's pages are committed or freed now: the rank
+            // requests that waited for them are served.
+            let waited: Vec<usize> = (0..r.len()).filter(|&i| r[i].is_none()).collect();
+            let again: Vec<RankWork<'_>> = waited.iter().map(|&i| rank[i]).collect();
+            let mut again = self.serve_rank_batch(now_ms, &again, catalog).into_iter();
+            ranked.extend(r.into_iter().map(|o| {
+                o.unwrap_or_else(|| again.next().expect("one result per waiting request"))
+            }));
+            rank = &[];
             if later >= retrieve.len() {
                 break;
             }
@@ -406,13 +418,6 @@ impl ServingNode {
             .map(|r| r.expect("every retrieve request has a result"))
             .collect();
         (ranked, retrieved)
-    }
-
-    /// Before any cache work: count a truncation, and let background
-    /// refill (after an α move) use the idle link up to now.
-    fn begin(&mut self, plan: &Plan<'_>) {
-        self.count_truncation(plan);
-        self.refill();
     }
 
     fn count_truncation(&mut self, plan: &Plan<'_>) {
@@ -475,6 +480,9 @@ impl ServingNode {
             }
             _ => self.backlog.drain_ms(backlog) + link_ms,
         };
+        // Counted when served: a request that fails is not "served with
+        // a truncated history".
+        self.count_truncation(plan);
         let history_len = plan.history.len();
         let c = &mut self.counters;
         c.responses += 1;
@@ -484,7 +492,7 @@ impl ServingNode {
         c.kv_total_tokens += history_len as u64;
         c.link_bytes += emb.miss_bytes as u64;
         c.oov_items += emb.oov_items as u64;
-        c.user_head_evictions = self.prefixes.evictions();
+        c.user_head_evictions = self.head_evictions_before + self.prefixes.evictions();
         c.model_flops += flops;
         c.computed_tokens += computed_tokens as u64;
         Served {

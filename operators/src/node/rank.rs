@@ -85,19 +85,29 @@ impl ServingNode {
         work: &[RankWork<'_>],
         catalog: &dyn ItemCatalog,
     ) -> Vec<Result<Served, ServeError>> {
-        self.serve_rank_inner(now_ms, work, catalog, Vec::new()).0
+        self.serve_rank_inner(now_ms, work, catalog, Vec::new())
+            .0
+            .into_iter()
+            .map(|r| r.expect("without retrieve groups no request waits"))
+            .collect()
     }
 
     /// Rank batch serving; the retrieve requests of `sides` (whose beam
     /// buffers are `beams[i]`) are computed in lanes beside the first
     /// sub-batch (or by themselves, should no rank request get that far).
+    /// A request that does not fit even alone while the groups of `sides`
+    /// hold their pages gets no result (`None`): the caller serves it again
+    /// once those groups are committed, instead of this call taking pages
+    /// back from EMB (moving α) or failing it for pages that are about to
+    /// be free.
     pub(super) fn serve_rank_inner(
         &mut self,
         now_ms: u64,
         work: &[RankWork<'_>],
         catalog: &dyn ItemCatalog,
         mut sides: Vec<RetrieveGroup<'_, '_>>,
-    ) -> (Vec<Outcome>, Vec<Result<Retrieved, ServeError>>) {
+    ) -> (Vec<Option<Outcome>>, Vec<Result<Retrieved, ServeError>>) {
+        let sides_hold_pages = !sides.is_empty();
         self.link_clock.observe(now_ms);
         let mut retrieved = Vec::new();
         let mut results: Vec<Option<Result<Served, ServeError>>> =
@@ -116,7 +126,7 @@ impl ServingNode {
                     continue;
                 }
             };
-            self.begin(&plan);
+            self.refill();
             let mut emb = EmbStats::default();
             // Tokens under a cached KV prefix need no embeddings. Should the
             // prefix be evicted before it is pinned, the gap is looked up
@@ -152,13 +162,17 @@ impl ServingNode {
                         self.fill_gap(&mut ready[next], prefix.reused, catalog);
                         reserved.push((next, prefix));
                     }
-                    // Alone it does not fit: KV takes pages back from EMB
-                    // and it tries again; else its own error.
+                    // Alone it does not fit: it waits for the retrieve
+                    // groups' pages; else KV takes pages back from EMB and
+                    // it tries again; else its own error.
                     Err(e) if reserved.is_empty() => {
-                        if self.reclaim_for(&e) {
+                        if sides_hold_pages {
+                            // No result: served again after the groups.
+                        } else if self.reclaim_for(&e) {
                             continue;
+                        } else {
+                            results[ready[next].index] = Some(Err(e));
                         }
-                        results[ready[next].index] = Some(Err(e))
                     }
                     // Serve what fits first; this one starts the next sub-batch.
                     Err(_) => break,
@@ -217,10 +231,6 @@ impl ServingNode {
             let (_, out) = self.rank_reserved(&[], &[], sides);
             retrieved = out;
         }
-        let results = results
-            .into_iter()
-            .map(|r| r.expect("every request of the batch has a result"))
-            .collect();
         (results, retrieved)
     }
 
@@ -253,11 +263,21 @@ impl ServingNode {
             return (scores, retrieved);
         }
         let lanes = self.lanes.min(reserved.len()).max(1);
-        let groups: Vec<&[(usize, UserPrefix)]> = if reserved.is_empty() {
-            Vec::new()
-        } else {
-            reserved.chunks(reserved.len().div_ceil(lanes)).collect()
-        };
+        // Each lane gets about the same tokens to compute, not the same
+        // number of requests.
+        let tokens: Vec<usize> = reserved
+            .iter()
+            .map(|(k, prefix)| ready[*k].plan.computed_tokens(prefix.reused))
+            .collect();
+        let mut rest = reserved;
+        let groups: Vec<&[(usize, UserPrefix)]> = lanes::balanced_sizes(&tokens, lanes)
+            .into_iter()
+            .map(|n| {
+                let (group, after) = rest.split_at(n);
+                rest = after;
+                group
+            })
+            .collect();
         for group in &groups {
             self.count_call(group.len());
         }

@@ -197,8 +197,6 @@ impl ServingNode {
         // Reserved first: the tokens its cached prefix covers need no
         // embeddings (EMB lookups never evict KV pages).
         let prefix = self.prefixes.reserve(&mut self.memory, plan.history)?;
-        // Counted once reserved: a request that waits for pages is retried.
-        self.count_truncation(&plan);
         let mut emb = EmbStats::default();
         let history_tokens =
             self.lookup()

@@ -174,6 +174,7 @@ pub fn serving<'s>(
     parts: ServingParts,
 ) -> (ServingStreams<'s>, ServingHandles) {
     let mut router = parts.router;
+    router.seed_token_capacity(parts.token_capacity);
     if parts.release == Release::Arrival {
         // Arrival serves on real time: l(n) is the work sent and not yet
         // finished, not an event-time model of it.
