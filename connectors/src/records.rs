@@ -74,6 +74,16 @@ pub struct WindowRow {
     pub slo_violation_share: f64,
     pub p99_ms: f64,
     pub alpha: f64,
+    /// Requests answered with an error (shed or unservable); counted in
+    /// `requests` and as SLO violations, not in the latency.
+    pub failed: u64,
+    /// Share of the served requests whose history was cut to fit.
+    pub truncated_share: f64,
+    /// The node's α as the window ended (its latest request's), which an
+    /// operator's pin or a KV reclaim may have moved; null when unknown.
+    pub alpha_end: Option<f64>,
+    /// α was pinned by an operator as the window ended.
+    pub pinned_end: bool,
 }
 
 /// One row of errors.parquet.

@@ -87,6 +87,10 @@ fn responses_windows_and_errors_round_trip() {
         slo_violation_share: 0.01,
         p99_ms: 12.5,
         alpha: 0.6,
+        failed: 3,
+        truncated_share: 0.0,
+        alpha_end: None,
+        pinned_end: true,
     };
     let mut w = WindowSink::create(&dir.join("windows.parquet")).unwrap();
     w.write(std::slice::from_ref(&window)).unwrap();
@@ -98,6 +102,21 @@ fn responses_windows_and_errors_round_trip() {
             .as_primitive::<Float64Type>()
             .value(0),
         12.5
+    );
+    assert_eq!(
+        b.column_by_name("failed")
+            .unwrap()
+            .as_primitive::<UInt64Type>()
+            .value(0),
+        3
+    );
+    // Unknown α at the end is null, not 0.
+    assert!(b.column_by_name("alpha_end").unwrap().is_null(0));
+    assert!(
+        b.column_by_name("pinned_end")
+            .unwrap()
+            .as_boolean()
+            .value(0)
     );
 
     let mut e = ErrorSink::create(&dir.join("errors.parquet")).unwrap();

@@ -34,6 +34,7 @@ fn main() {
             for i in 0..decisions {
                 let w = WindowStats {
                     requests: 100,
+                    failed: 0,
                     hot_user_share: 0.3,
                     emb_hit_rate: 0.8,
                     kv_hit_rate: 0.5,

@@ -88,11 +88,11 @@ impl BusyMeter {
         let mut peak = self.peak;
         if in_bucket * 2 >= self.interval_ns {
             peak = peak.max((self.bucket_busy_ns as f64 / in_bucket as f64).min(1.0));
-        } else if self.bucket == 0 {
-            // A run shorter than half an interval has no interval to
-            // compare: its busiest stretch is the run itself (it read 0).
-            peak = whole;
         }
+        // Some stretch of the run is at least as busy as the run itself: a
+        // run shorter than half an interval (it read 0), or one busy mostly
+        // in its short tail, would otherwise peak under its whole share.
+        peak = peak.max(whole);
         BusyShare { whole, peak }
     }
 }
@@ -135,11 +135,13 @@ mod tests {
     }
 
     #[test]
-    fn a_short_tail_interval_does_not_count() {
+    fn a_short_tail_interval_counts_only_through_the_whole_share() {
         let mut m = BusyMeter::new(0, 10);
         m.record(0, 2);
         m.record(10, 12); // the tail interval is 3 long at `now`
-        assert!((m.shares(13).peak - 0.2).abs() < 1e-12);
+        // Not the tail's 2/3: the run's 4/13, above the first interval's 0.2.
+        let s = m.shares(13);
+        assert!((s.peak - 4.0 / 13.0).abs() < 1e-12, "{s:?}");
         // Half an interval in, it counts with its real length.
         assert!((m.shares(15).peak - 0.4).abs() < 1e-12);
     }
@@ -150,6 +152,17 @@ mod tests {
         m.record(0, 3);
         let s = m.shares(4);
         assert!((s.whole - 0.75).abs() < 1e-12);
+        assert_eq!(s.peak, s.whole, "{s:?}");
+    }
+
+    #[test]
+    fn the_peak_is_never_under_the_whole_share() {
+        let mut m = BusyMeter::new(0, 10);
+        m.record(0, 1);
+        m.record(20, 24); // busy mostly in a tail shorter than half an interval
+        let s = m.shares(24);
+        assert!((s.whole - 5.0 / 24.0).abs() < 1e-12);
+        // It read 0.1, the first interval's share.
         assert_eq!(s.peak, s.whole, "{s:?}");
     }
 

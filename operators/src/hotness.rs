@@ -60,7 +60,10 @@ impl HotUsers {
     /// Records one request and says whether its user is hot.
     pub fn observe(&mut self, ts_ms: u64, user: u64) -> bool {
         let window = ts_ms / self.cfg.window_ms.max(1);
-        if self.current_window != Some(window) {
+        // Only forward: in `arrival` mode a request of an earlier window can
+        // come after later ones (another source), and rolling back to it
+        // would drop every user counted only since.
+        if self.current_window.is_none_or(|c| window > c) {
             self.roll_to(window);
         }
         let w = self.cfg.windows.max(1);
@@ -68,10 +71,13 @@ impl HotUsers {
             .counts
             .get_or_insert_with(user, || vec![(u64::MAX, 0); w]);
         let slot = &mut slots[(window % w as u64) as usize];
-        if slot.0 != window {
-            *slot = (window, 0);
+        if slot.0 == window {
+            slot.1 += 1;
+        } else if slot.0 == u64::MAX || slot.0 < window {
+            *slot = (window, 1);
         }
-        slot.1 += 1;
+        // Else the slot holds a later window: this late one is past the
+        // W windows counted and is not counted.
         self.hot.contains(&user)
     }
 
@@ -163,6 +169,33 @@ mod tests {
         // Window 4: windows 2-3 were empty, so nobody is hot any more.
         assert!(!h.observe(4500, 0));
         assert_eq!(h.hot_users(), 0);
+    }
+
+    #[test]
+    fn a_late_request_is_counted_without_rolling_the_hot_set_back() {
+        let cfg = HotnessConfig {
+            window_ms: 1000,
+            windows: 2,
+            hot_share: 0.5,
+            ..Default::default()
+        };
+        let hot_after = |order: &[(u64, u64)]| {
+            let mut h = HotUsers::new(cfg.clone());
+            for &(ts, user) in order {
+                h.observe(ts, user);
+            }
+            h.observe(2000, 999);
+            let mut hot: Vec<u64> = [1, 2].into_iter().filter(|&u| h.is_hot(u)).collect();
+            hot.sort();
+            hot
+        };
+        // Window 0: user 1 once; window 1: user 2 three times, user 1 once.
+        let in_order = [(0, 1), (1000, 2), (1000, 2), (1000, 2), (1000, 1)];
+        // The same requests with user 1's window-0 request arriving late.
+        let late = [(1000, 2), (1000, 2), (0, 1), (1000, 2), (1000, 1)];
+        assert_eq!(hot_after(&in_order), vec![2]);
+        // It gave [1]: rolling back to window 0 dropped user 2's counts.
+        assert_eq!(hot_after(&late), vec![2]);
     }
 
     #[test]

@@ -8,7 +8,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What one served request contributes to its node's window.
+/// What one request answered by a node contributes to its window: served,
+/// or failed (shed past its deadline, or unservable), which counts as a
+/// request that missed its SLO and has no latency.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TelemetrySample {
     pub latency_us: u64,
@@ -27,12 +29,42 @@ pub struct TelemetrySample {
     /// The node's α was pinned by an operator when it served the request.
     #[serde(default)]
     pub alpha_pinned: bool,
+    /// Answered with an error instead of a response: only `hot_user`,
+    /// `alpha_milli` and `alpha_pinned` are meaningful.
+    #[serde(default)]
+    pub failed: bool,
 }
 
-/// Aggregates of one (node, window).
+impl TelemetrySample {
+    /// A request the node answered with an error (shed or unservable).
+    pub fn failed(hot_user: bool, alpha_milli: u32, alpha_pinned: bool) -> Self {
+        Self {
+            latency_us: 0,
+            hot_user,
+            emb_hits: 0,
+            emb_lookups: 0,
+            kv_reused_tokens: 0,
+            kv_total_tokens: 0,
+            seq_len: 0,
+            slo_violated: true,
+            alpha_milli,
+            truncated: false,
+            alpha_pinned,
+            failed: true,
+        }
+    }
+}
+
+/// Aggregates of one (node, window). `requests`, `hot_user_share` and
+/// `slo_violation_share` count every request the node answered, failed ones
+/// included (a shed request missed its SLO); the latency, hit-rate, length,
+/// α and truncation figures are over the served ones.
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
 pub struct WindowStats {
     pub requests: u64,
+    /// Requests answered with an error (shed past the deadline, unservable).
+    #[serde(default)]
+    pub failed: u64,
     pub hot_user_share: f64,
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
@@ -65,7 +97,7 @@ impl WindowStats {
     /// (as differential's reduce presents them; order does not matter here
     /// except that p99 needs latencies, which are sorted first in the key).
     pub fn from_samples<'a>(samples: impl IntoIterator<Item = (&'a TelemetrySample, u64)>) -> Self {
-        let mut n = 0u64;
+        let (mut n, mut failed) = (0u64, 0u64);
         let (mut hot, mut emb_hits, mut emb_lookups, mut kv_reused, mut kv_total) =
             (0u64, 0u64, 0u64, 0u64, 0u64);
         let (mut seq, mut violated, mut alpha, mut truncated) = (0u64, 0u64, 0u64, 0u64);
@@ -76,13 +108,17 @@ impl WindowStats {
             }
             n += count;
             hot += s.hot_user as u64 * count;
+            violated += s.slo_violated as u64 * count;
+            alpha += s.alpha_milli as u64 * count;
+            if s.failed {
+                failed += count;
+                continue;
+            }
             emb_hits += s.emb_hits as u64 * count;
             emb_lookups += s.emb_lookups as u64 * count;
             kv_reused += s.kv_reused_tokens as u64 * count;
             kv_total += s.kv_total_tokens as u64 * count;
             seq += s.seq_len as u64 * count;
-            violated += s.slo_violated as u64 * count;
-            alpha += s.alpha_milli as u64 * count;
             truncated += s.truncated as u64 * count;
             latencies.push((s.latency_us, count));
         }
@@ -91,16 +127,18 @@ impl WindowStats {
         }
         latencies.sort_unstable();
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        let served = n - failed;
         Self {
             requests: n,
+            failed,
             hot_user_share: ratio(hot, n),
             emb_hit_rate: ratio(emb_hits, emb_lookups),
             kv_hit_rate: ratio(kv_reused, kv_total),
-            mean_seq_len: ratio(seq, n),
+            mean_seq_len: ratio(seq, served),
             slo_violation_share: ratio(violated, n),
             p99_ms: percentile_weighted(&latencies, 0.99) as f64 / 1000.0,
             alpha: ratio(alpha, n) / 1000.0,
-            truncated_share: ratio(truncated, n),
+            truncated_share: ratio(truncated, served),
             alpha_end: None,
             pinned_end: false,
         }
@@ -112,6 +150,7 @@ impl WindowStats {
 #[derive(Clone, Debug, Default)]
 pub struct WindowAccumulator {
     requests: u64,
+    failed: u64,
     hot: u64,
     emb_hits: u64,
     emb_lookups: u64,
@@ -135,13 +174,17 @@ impl WindowAccumulator {
             .max(Some((time_ms, s.alpha_milli, s.alpha_pinned)));
         self.requests += 1;
         self.hot += s.hot_user as u64;
+        self.violated += s.slo_violated as u64;
+        self.alpha_milli += s.alpha_milli as u64;
+        if s.failed {
+            self.failed += 1;
+            return;
+        }
         self.emb_hits += s.emb_hits as u64;
         self.emb_lookups += s.emb_lookups as u64;
         self.kv_reused += s.kv_reused_tokens as u64;
         self.kv_total += s.kv_total_tokens as u64;
         self.seq += s.seq_len as u64;
-        self.violated += s.slo_violated as u64;
-        self.alpha_milli += s.alpha_milli as u64;
         self.truncated += s.truncated as u64;
         self.latencies_us.push(s.latency_us);
     }
@@ -159,18 +202,24 @@ impl WindowAccumulator {
             return WindowStats::default();
         }
         self.latencies_us.sort_unstable();
-        let rank = ((0.99 * n as f64).ceil() as usize).clamp(1, self.latencies_us.len());
+        let served = self.latencies_us.len();
+        // No request served: no latency to take a percentile of.
+        let p99_us = match served {
+            0 => 0,
+            _ => self.latencies_us[((0.99 * served as f64).ceil() as usize).clamp(1, served) - 1],
+        };
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         WindowStats {
             requests: n,
+            failed: self.failed,
             hot_user_share: ratio(self.hot, n),
             emb_hit_rate: ratio(self.emb_hits, self.emb_lookups),
             kv_hit_rate: ratio(self.kv_reused, self.kv_total),
-            mean_seq_len: ratio(self.seq, n),
+            mean_seq_len: ratio(self.seq, served as u64),
             slo_violation_share: ratio(self.violated, n),
-            p99_ms: self.latencies_us[rank - 1] as f64 / 1000.0,
+            p99_ms: p99_us as f64 / 1000.0,
             alpha: ratio(self.alpha_milli, n) / 1000.0,
-            truncated_share: ratio(self.truncated, n),
+            truncated_share: ratio(self.truncated, served as u64),
             alpha_end: self.latest.map(|(_, a, _)| a as f64 / 1000.0),
             pinned_end: self.latest.is_some_and(|(_, _, pinned)| pinned),
         }
@@ -220,6 +269,7 @@ mod tests {
             alpha_milli: 500,
             truncated: false,
             alpha_pinned: false,
+            failed: false,
         }
     }
 
@@ -256,6 +306,9 @@ mod tests {
                 s.kv_reused_tokens = (i % 40) as u32;
                 s.seq_len = 100 + (i % 50) as u32;
                 s.alpha_milli = 400 + (i % 3) as u32 * 100;
+                if i % 11 == 0 {
+                    s = TelemetrySample::failed(i % 2 == 0, s.alpha_milli, false);
+                }
                 s
             })
             .collect();
@@ -275,10 +328,36 @@ mod tests {
                 ..batch
             }
         );
+        assert_eq!(acc.failed, 24);
         assert_eq!(
             WindowAccumulator::default().finish(),
             WindowStats::default()
         );
+    }
+
+    #[test]
+    fn failed_requests_count_as_requests_that_missed_the_slo() {
+        // A window where half the requests were shed: it read as 2 requests,
+        // none late, before failures reached the windows.
+        let mut acc = WindowAccumulator::default();
+        acc.add(1, &sample(1_000, true, false));
+        acc.add(2, &sample(3_000, false, false));
+        acc.add(3, &TelemetrySample::failed(true, 500, false));
+        acc.add(4, &TelemetrySample::failed(false, 500, false));
+        let w = acc.finish();
+        assert_eq!((w.requests, w.failed), (4, 2));
+        assert_eq!(w.slo_violation_share, 0.5);
+        assert_eq!(w.hot_user_share, 0.5);
+        // Latency, length and hit rates are the served requests'.
+        assert_eq!(w.p99_ms, 3.0);
+        assert_eq!(w.mean_seq_len, 140.0);
+        assert_eq!(w.emb_hit_rate, 0.75);
+        // Every request failed: violated, with no latency to report.
+        let mut all = WindowAccumulator::default();
+        all.add(1, &TelemetrySample::failed(false, 500, false));
+        let w = all.finish();
+        assert_eq!((w.requests, w.failed, w.p99_ms), (1, 1, 0.0));
+        assert_eq!(w.slo_violation_share, 1.0);
     }
 
     #[test]

@@ -100,6 +100,10 @@ impl ClosedWindow {
             slo_violation_share: s.slo_violation_share,
             p99_ms: s.p99_ms,
             alpha: s.alpha,
+            failed: s.failed,
+            truncated_share: s.truncated_share,
+            alpha_end: s.alpha_end,
+            pinned_end: s.pinned_end,
         }
     }
 }

@@ -43,12 +43,12 @@ fn at_s(w: &WindowRow) -> f64 {
 }
 
 /// EMB and KV hit rates of the whole job per window (nodes weighted by
-/// the requests they served in it).
+/// the requests they served in it; failed requests have no hit rates).
 fn hit_rates(windows: &[WindowRow]) -> LineChart {
     let mut per_window: BTreeMap<u64, (f64, f64, f64)> = BTreeMap::new();
     for w in windows {
         let e = per_window.entry(w.window_start_ms).or_default();
-        let n = w.requests as f64;
+        let n = w.requests.saturating_sub(w.failed) as f64;
         e.0 += w.emb_hit_rate * n;
         e.1 += w.kv_hit_rate * n;
         e.2 += n;
@@ -114,6 +114,10 @@ mod tests {
             slo_violation_share: 0.0,
             p99_ms: 0.0,
             alpha,
+            failed: 0,
+            truncated_share: 0.0,
+            alpha_end: Some(alpha),
+            pinned_end: false,
         }
     }
 

@@ -295,8 +295,12 @@ pub struct ModeSummary {
     #[serde(default)]
     pub failed: u64,
     pub slo_ms: f64,
-    pub latency_ms: LatencySummary,
-    pub slo_satisfaction: f64,
+    /// Null when no request of this kind was served: there is no latency,
+    /// and a 0 would read as one.
+    pub latency_ms: Option<LatencySummary>,
+    /// Null when no request of this kind was answered (0 would read as
+    /// "every one missed").
+    pub slo_satisfaction: Option<f64>,
 }
 
 impl ModeSummary {
@@ -305,8 +309,9 @@ impl ModeSummary {
             responses: tally.count(),
             failed: tally.failed(),
             slo_ms,
-            latency_ms: tally.summary(),
-            slo_satisfaction: tally.slo_satisfaction(),
+            latency_ms: (tally.count() > 0).then(|| tally.summary()),
+            slo_satisfaction: (tally.count() + tally.failed() > 0)
+                .then(|| tally.slo_satisfaction()),
         }
     }
 }
@@ -354,15 +359,17 @@ impl Summary {
             ("rank", &self.by_mode.rank),
             ("retrieve", &self.by_mode.retrieve),
         ] {
-            if m.responses + m.failed > 0 {
+            if let Some(satisfaction) = m.slo_satisfaction {
+                let latency = match &m.latency_ms {
+                    Some(l) => format!("p50 {:.2}  p99 {:.2} ms", l.p50, l.p99),
+                    None => "no latency (none served)".into(),
+                };
                 s += &format!(
-                    "  {kind:<8} {:>7} responses {:>5} failed  p50 {:.2}  p99 {:.2} ms   SLO {} ms met by {:.1}%\n",
+                    "  {kind:<8} {:>7} responses {:>5} failed  {latency}   SLO {} ms met by {:.1}%\n",
                     m.responses,
                     m.failed,
-                    m.latency_ms.p50,
-                    m.latency_ms.p99,
                     m.slo_ms,
-                    m.slo_satisfaction * 100.0
+                    satisfaction * 100.0
                 );
             }
         }
@@ -407,6 +414,26 @@ pub fn sort_windows(rows: &mut [WindowRow]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kind_with_no_request_reports_null_not_zero() {
+        // A rank-only trace printed retrieve's satisfaction as 0.0: "every
+        // retrieve request missed its SLO".
+        let none = ModeSummary::new(&LatencyTally::default(), 50.0);
+        assert_eq!((&none.latency_ms, none.slo_satisfaction), (&None, None));
+        let json = serde_json::to_value(&none).unwrap();
+        assert!(json["latency_ms"].is_null() && json["slo_satisfaction"].is_null());
+        // Only failures: every one missed, and there is no latency.
+        let mut failed = LatencyTally::default();
+        failed.record_failures(2);
+        let m = ModeSummary::new(&failed, 50.0);
+        assert_eq!((m.latency_ms, m.slo_satisfaction), (None, Some(0.0)));
+        let mut served = LatencyTally::default();
+        served.record(10.0, 50.0);
+        let m = ModeSummary::new(&served, 50.0);
+        assert_eq!(m.slo_satisfaction, Some(1.0));
+        assert!(m.latency_ms.is_some_and(|l| l.max == 10.0));
+    }
 
     #[test]
     fn latency_summary_uses_nearest_rank() {
@@ -465,7 +492,7 @@ mod tests {
         let s = modes.summaries(&SloMs::both(30.0));
         assert_eq!((s.rank.responses, s.rank.failed), (1, 0));
         assert_eq!((s.retrieve.responses, s.retrieve.failed), (0, 1));
-        assert_eq!(s.retrieve.slo_satisfaction, 0.0);
+        assert_eq!(s.retrieve.slo_satisfaction, Some(0.0));
         assert_eq!(modes.failed(), 1);
     }
 

@@ -178,12 +178,12 @@ fn an_unservable_request_is_an_slo_miss_of_its_kind() {
     let rank = &s.by_mode.rank;
     assert_eq!(
         rank.slo_satisfaction,
-        rank.responses as f64 / (rank.responses + 2) as f64
+        Some(rank.responses as f64 / (rank.responses + 2) as f64)
     );
     let retrieve = &s.by_mode.retrieve;
     assert_eq!(
         retrieve.slo_satisfaction,
-        retrieve.responses as f64 / (retrieve.responses + 1) as f64
+        Some(retrieve.responses as f64 / (retrieve.responses + 1) as f64)
     );
     // A node's figure covers its responses only: the record names no node.
     for n in &s.nodes {

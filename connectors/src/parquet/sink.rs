@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, Float32Builder, Float64Array, ListBuilder, RecordBatch, StringArray, UInt32Array,
-    UInt32Builder, UInt64Array,
+    ArrayRef, BooleanArray, Float32Builder, Float64Array, ListBuilder, RecordBatch, StringArray,
+    UInt32Array, UInt32Builder, UInt64Array,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
@@ -195,6 +195,10 @@ impl SinkRow for WindowRow {
             f64_col("slo_violation_share"),
             f64_col("p99_ms"),
             f64_col("alpha"),
+            Field::new("failed", DataType::UInt64, false),
+            f64_col("truncated_share"),
+            Field::new("alpha_end", DataType::Float64, true),
+            Field::new("pinned_end", DataType::Boolean, false),
         ]))
     }
 
@@ -217,6 +221,14 @@ impl SinkRow for WindowRow {
             f(|r| r.slo_violation_share),
             f(|r| r.p99_ms),
             f(|r| r.alpha),
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.failed))),
+            f(|r| r.truncated_share),
+            Arc::new(rows.iter().map(|r| r.alpha_end).collect::<Float64Array>()),
+            Arc::new(
+                rows.iter()
+                    .map(|r| Some(r.pinned_end))
+                    .collect::<BooleanArray>(),
+            ),
         ];
         RecordBatch::try_new(Self::schema(), columns).expect("columns match the schema")
     }

@@ -132,6 +132,7 @@ mod tests {
     fn window(p99_ms: f64) -> WindowStats {
         WindowStats {
             requests: 100,
+            failed: 0,
             hot_user_share: 0.5,
             emb_hit_rate: 0.8,
             kv_hit_rate: 0.5,

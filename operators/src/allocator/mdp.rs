@@ -86,6 +86,7 @@ mod tests {
     fn window() -> WindowStats {
         WindowStats {
             requests: 100,
+            failed: 0,
             hot_user_share: 0.32,
             emb_hit_rate: 0.8,
             kv_hit_rate: 0.5,

@@ -127,6 +127,7 @@ mod tests {
                 alpha_milli: 500,
                 truncated: false,
                 alpha_pinned: false,
+                failed: false,
             },
         }
     }

@@ -219,7 +219,7 @@ mod tests {
         let s = modes.summaries(&SloMs::both(30.0));
         assert_eq!((s.rank.responses, s.rank.failed), (1, 0));
         assert_eq!((s.retrieve.responses, s.retrieve.failed), (0, 1));
-        assert_eq!(s.retrieve.slo_satisfaction, 0.0);
+        assert_eq!(s.retrieve.slo_satisfaction, Some(0.0));
     }
 
     #[test]

@@ -84,6 +84,7 @@ impl StepCtx {
                 reason,
                 ErrorKind::Shed,
             ));
+            out[s.slot].push(self.failed_telemetry(&s));
         }
         split
             .serve
@@ -106,7 +107,7 @@ impl StepCtx {
         let batch = self.shed_expired(batch, out);
         let retrieve = self.shed_expired(retrieve, out);
         let side = &*self.side;
-        let (members, histories) = with_histories(&batch, side, out);
+        let (members, histories) = self.with_histories(&batch, side, out);
         let work: Vec<RankWork<'_>> = members
             .iter()
             .zip(histories)
@@ -122,7 +123,7 @@ impl StepCtx {
                 }
             })
             .collect();
-        let (retrieving, histories) = with_histories(&retrieve, side, out);
+        let (retrieving, histories) = self.with_histories(&retrieve, side, out);
         let retrieve_work: Vec<RetrieveWork<'_>> = retrieving
             .iter()
             .zip(histories)
@@ -227,6 +228,7 @@ impl StepCtx {
                     reason,
                     ErrorKind::Unservable,
                 ));
+                out.push(self.failed_telemetry(s));
                 return;
             }
         };
@@ -249,6 +251,7 @@ impl StepCtx {
             alpha_milli: (node.alpha() * 1000.0).round() as u32,
             truncated: served.truncated,
             alpha_pinned: node.alpha_pinned(),
+            failed: false,
         };
         let labels = [
             ("node", node.id().to_string()),
@@ -290,25 +293,47 @@ fn origin(routed: &Routed, recovered_late: bool) -> Origin {
 /// histories, in the same order.
 type WithHistories<'a> = (Vec<(&'a Slotted, bool)>, Vec<&'a [u32]>);
 
-/// The requests whose history can be read, with it; the others are
-/// answered `unservable` here.
-fn with_histories<'a>(
-    requests: &'a [(Slotted, bool)],
-    side: &'a SideTables,
-    out: &mut [Vec<NodeEvent>],
-) -> WithHistories<'a> {
-    let mut kept = Vec::with_capacity(requests.len());
-    let mut histories = Vec::with_capacity(requests.len());
-    for (s, recovered_late) in requests {
-        match s.routed.admitted.history(side) {
-            Ok(history) => {
-                kept.push((s, *recovered_late));
-                histories.push(history);
+impl StepCtx {
+    /// The requests whose history can be read, with it; the others are
+    /// answered `unservable` here.
+    fn with_histories<'a>(
+        &self,
+        requests: &'a [(Slotted, bool)],
+        side: &'a SideTables,
+        out: &mut [Vec<NodeEvent>],
+    ) -> WithHistories<'a> {
+        let mut kept = Vec::with_capacity(requests.len());
+        let mut histories = Vec::with_capacity(requests.len());
+        for (s, recovered_late) in requests {
+            match s.routed.admitted.history(side) {
+                Ok(history) => {
+                    kept.push((s, *recovered_late));
+                    histories.push(history);
+                }
+                Err(e) => {
+                    out[s.slot].push(unservable(s, *recovered_late, e.to_string()));
+                    out[s.slot].push(self.failed_telemetry(s));
+                }
             }
-            Err(e) => out[s.slot].push(unservable(s, *recovered_late, e.to_string())),
         }
+        (kept, histories)
     }
-    (kept, histories)
+
+    /// The window sample of a request answered with an error: the windows
+    /// (and the allocator reading them) see a shed or unservable request as
+    /// one that missed its SLO, not as no request at all.
+    fn failed_telemetry(&self, s: &Slotted) -> NodeEvent {
+        let node = lock(&self.node);
+        NodeEvent::Telemetry(Telemetry {
+            node: node.id(),
+            ts_ms: s.time,
+            sample: TelemetrySample::failed(
+                s.routed.decision.hot_user,
+                (node.alpha() * 1000.0).round() as u32,
+                node.alpha_pinned(),
+            ),
+        })
+    }
 }
 
 /// A request that cannot be served (e.g. its history is missing).
