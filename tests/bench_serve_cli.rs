@@ -238,3 +238,19 @@ fn bench_serve_rejects_an_slo_that_is_not_a_positive_number() {
         assert!(err.contains("--slo-ms"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn bench_serve_rejects_a_pool_it_cannot_allocate_before_measuring() {
+    // 1e12 MiB aborted the process on its first allocation.
+    for bad in ["0", "-5", "nan", "1e12"] {
+        let out = grflow()
+            .args(["bench", "serve", "--json"])
+            .args(TINY)
+            .arg(format!("--pool-mib={bad}"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--pool-mib"), "{bad}: {err}");
+    }
+}

@@ -376,11 +376,13 @@ impl GrModel {
                     view.shape()
                 )));
             }
-            Ok(view
+            let values: Vec<f32> = view
                 .data()
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect())
+                .collect();
+            finite(name, &values)?;
+            Ok(values)
         };
         let layers = (0..cfg.n_layers)
             .map(|i| {
@@ -453,6 +455,17 @@ impl Fnv {
     }
 }
 
+/// A NaN or infinite weight scores every item NaN: refused on load, named.
+pub(crate) fn finite(name: &str, values: &[f32]) -> Result<(), KernelError> {
+    match values.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(KernelError::Weights(format!(
+            "{name}: element {i} is {}, not a finite number",
+            values[i]
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,5 +484,15 @@ mod tests {
         assert_eq!(back.layers, a.layers);
         assert_eq!(back.sid_head, a.sid_head);
         assert!(GrModel::from_safetensors(&bytes[..bytes.len() / 2]).is_err());
+    }
+
+    #[test]
+    fn a_non_finite_weight_is_refused_naming_its_tensor() {
+        let cfg = ModelConfig::preset("small").unwrap();
+        let mut m = GrModel::new(cfg, 7);
+        m.w_rank[3] = f32::NAN;
+        let err = GrModel::from_safetensors(&m.to_safetensors()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("w_rank: element 3 is NaN"), "{msg}");
     }
 }

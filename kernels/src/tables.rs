@@ -31,11 +31,15 @@ impl EmbeddingTables {
                     .tensor(&name)
                     .map_err(|e| KernelError::Weights(format!("{name}: {e}")))?;
                 match (v.dtype(), v.shape()) {
-                    (Dtype::F32, [_, w]) if *w == d => Ok(v
-                        .data()
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .collect()),
+                    (Dtype::F32, [_, w]) if *w == d => {
+                        let values: Vec<f32> = v
+                            .data()
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                            .collect();
+                        crate::model::finite(&name, &values)?;
+                        Ok(values)
+                    }
                     (dt, s) => Err(KernelError::Weights(format!(
                         "{name}: {dt:?} {s:?}, expected F32 [rows, {d}]"
                     ))),
@@ -118,5 +122,22 @@ mod tests {
         cfg.n_tables = 3;
         let err = EmbeddingTables::from_safetensors(&cfg, &bytes).unwrap_err();
         assert!(err.to_string().contains("emb.2"), "{err}");
+        // An infinite entry would make every score built on its row inf.
+        cfg.n_tables = 2;
+        let mut bad = t1.clone();
+        bad[4..8].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        let views = vec![
+            (
+                "emb.0",
+                TensorView::new(Dtype::F32, vec![3, 4], &t0).unwrap(),
+            ),
+            (
+                "emb.1",
+                TensorView::new(Dtype::F32, vec![2, 4], &bad).unwrap(),
+            ),
+        ];
+        let bytes = safetensors::serialize(views, None).unwrap();
+        let err = EmbeddingTables::from_safetensors(&cfg, &bytes).unwrap_err();
+        assert!(err.to_string().contains("emb.1: element 1 is inf"), "{err}");
     }
 }

@@ -86,9 +86,10 @@ struct LoadPoint {
     served_rps: f64,
     p50_ms: f64,
     p99_ms: f64,
-    /// The p99 of each request kind: which one makes the tail.
-    rank_p99_ms: f64,
-    retrieve_p99_ms: f64,
+    /// The p99 of each request kind: which one makes the tail (null for a
+    /// kind with no response, e.g. `--retrieve-share 0`).
+    rank_p99_ms: Option<f64>,
+    retrieve_p99_ms: Option<f64>,
     errors: u64,
     meets_slo: bool,
     /// Requests per model call (buckets as `batch_size_hist` below).
@@ -201,10 +202,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--slo-ms must be a finite number > 0 (got {slo})"
         )));
     }
-    if !(args.max_wait_ms.is_finite() && args.max_wait_ms >= 0.0) {
+    if !(0.0..=3_600_000.0).contains(&args.max_wait_ms) {
         return Err(InputError::from_display(
-            "--max-wait-ms must be a finite number >= 0",
+            "--max-wait-ms must be in 0..=3600000 (one hour)",
         ));
+    }
+    // Each node's pool is allocated up front: 1e12 aborted the process.
+    if !(args.pool_mib > 0.0 && args.pool_mib <= grflow_pipeline::config::MAX_POOL_MIB) {
+        return Err(InputError::from_display(format!(
+            "--pool-mib must be > 0 and at most {} (1 TiB) (got {})",
+            grflow_pipeline::config::MAX_POOL_MIB,
+            args.pool_mib
+        )));
     }
     if let Some(bad) = args.at.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
         return Err(InputError::from_display(format!(
@@ -322,19 +331,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             served_rps: s.throughput_rps,
             p50_ms: s.latency_ms.p50,
             p99_ms: s.latency_ms.p99,
-            rank_p99_ms: s.by_mode.rank.latency_ms.p99,
-            retrieve_p99_ms: s.by_mode.retrieve.latency_ms.p99,
+            rank_p99_ms: s.by_mode.rank.latency_ms.as_ref().map(|l| l.p99),
+            retrieve_p99_ms: s.by_mode.retrieve.latency_ms.as_ref().map(|l| l.p99),
             errors: s.errors,
             meets_slo: meets,
             batch_size_hist: sum_hists(s.nodes.iter().map(|n| &n.batch_size_hist)),
         };
+        let kind = |p99: Option<f64>| p99.map_or("-".into(), |v| format!("{v:.1}"));
         eprintln!(
-            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms (rank {:.1}, retrieve {:.1}){}",
+            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms (rank {}, retrieve {}){}",
             p.served_rps,
             p.p50_ms,
             p.p99_ms,
-            p.rank_p99_ms,
-            p.retrieve_p99_ms,
+            kind(p.rank_p99_ms),
+            kind(p.retrieve_p99_ms),
             if meets { "" } else { "  (misses)" }
         );
         points.push(p);

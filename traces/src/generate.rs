@@ -121,6 +121,9 @@ pub const MAX_USERS: u64 = 100_000_000;
 /// The longest span of event time a generated trace covers, in seconds.
 pub const MAX_SPAN_S: f64 = 1e8;
 pub const MAX_ITEMS: u32 = 100_000_000;
+/// The most feature ids the catalog holds (items × tables, 4 bytes each):
+/// 1.6 GB, the 100M-item catalog with the default 4 tables.
+pub const MAX_FEATURE_IDS: u64 = 400_000_000;
 
 /// Why a generator config is unusable.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -171,6 +174,13 @@ impl GenConfig {
         }
         if self.tables == 0 {
             return bad("tables", ">= 1", "0".into());
+        }
+        if self.items as u64 * self.tables as u64 > MAX_FEATURE_IDS {
+            return bad(
+                "tables",
+                "such that items × tables is at most 400000000",
+                self.tables.to_string(),
+            );
         }
         if (self.codebook_size as u64).pow(3) < self.items as u64 {
             return bad(
@@ -659,6 +669,14 @@ mod tests {
                     ..GenConfig::default()
                 },
                 "--items",
+            ),
+            (
+                GenConfig {
+                    tables: 65_535,
+                    items: 10_000_000,
+                    ..GenConfig::default()
+                },
+                "--tables",
             ),
         ] {
             let err = cfg.validate().unwrap_err();

@@ -26,6 +26,7 @@ pub use sections::{
     WindowsSection,
 };
 pub use trace::DefaultTraceConfig;
+pub use validate::MAX_POOL_MIB;
 
 /// The embedded default, identical to configs/default.toml.
 pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
@@ -122,7 +123,38 @@ impl Config {
             path: name.clone(),
             source,
         })?;
-        Self::parse(&text, &name)
+        let mut cfg = Self::parse(&text, &name)?;
+        if let Some(dir) = path.parent() {
+            cfg.resolve_inputs(dir);
+        }
+        Ok(cfg)
+    }
+
+    /// A relative input path names a file from the current directory, as the
+    /// shipped configs do (`configs/...` from the repository root). One that
+    /// is not there but is beside the config file is taken from there, so a
+    /// config and its files can move together.
+    fn resolve_inputs(&mut self, config_dir: &Path) {
+        let beside = |p: &Path| -> Option<std::path::PathBuf> {
+            if p.as_os_str().is_empty() || p.is_absolute() || p.exists() {
+                return None;
+            }
+            let there = config_dir.join(p);
+            there.exists().then_some(there)
+        };
+        for p in [&mut self.model.weights, &mut self.cost.calibration]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(there) = beside(p) {
+                *p = there;
+            }
+        }
+        for p in [&mut self.allocator.policy_file, &mut self.kafka.catalog] {
+            if let Some(there) = beside(Path::new(p.as_str())) {
+                *p = there.display().to_string();
+            }
+        }
     }
 
     /// Parses and validates; `name` is used in error messages.

@@ -94,6 +94,7 @@ fn unusable_numbers_are_refused_at_load_naming_the_key() {
         ("[trace]\nrequests = 0\n", "trace.requests"),
         ("[trace]\nretrieve_share = 1.5\n", "trace.retrieve_share"),
         ("[trace]\nitems = 20000000\n", "trace.items"),
+        ("[trace]\ntables = 60000\n", "trace.tables"),
         ("[trace]\nregime = \"calm\"\n", "trace.regime"),
         ("[memory]\npool_mib = inf\n", "memory.pool_mib"),
         ("[memory]\npool_mib = 1e9\n", "memory.pool_mib"),
@@ -109,14 +110,28 @@ fn unusable_numbers_are_refused_at_load_naming_the_key() {
         ("[hotness]\nwindows = 0\n", "hotness.windows"),
         // Allocated up front: these aborted on a failed allocation.
         ("[hotness]\nwindows = 1000000000\n", "hotness.windows"),
+        // Within the window bound, but 1.6 GB of counters per router.
+        ("[hotness]\nwindows = 1000\n", "hotness.windows"),
         ("[model]\nbeam_width = 100000000\n", "model.beam_width"),
         ("[model]\nbeam_top_k = 100000000\n", "model.beam_top_k"),
         ("[trace]\nregime = \"burst\"\nrps = 1e-300\n", "trace.rps"),
         ("[hotness]\nwindow_ms = 0\n", "hotness.window_ms"),
+        // Panicked converting to a Duration.
+        ("[batch]\nmax_wait_ms = 1e30\n", "batch.max_wait_ms"),
+        ("[batch]\nmax_wait_ms = nan\n", "batch.max_wait_ms"),
         ("[hotness]\nhot_share = -1.0\n", "hotness.hot_share"),
         (
             "[kafka]\nreplication_factor = 0\n",
             "kafka.replication_factor",
+        ),
+        // Its own answers would come back as requests.
+        (
+            "[kafka]\nresponse_topic = \"grflow.requests\"\n",
+            "kafka.response_topic",
+        ),
+        (
+            "[kafka]\nrequest_topic = \"t\"\ndead_letter_topic = \"t\"\n",
+            "kafka.dead_letter_topic",
         ),
     ] {
         let err = Config::parse(text, "x.toml").unwrap_err().to_string();
@@ -361,4 +376,32 @@ fn kafka_hardening_keys_default_and_validate() {
 fn empty_file_means_defaults() {
     let cfg = Config::parse("", "empty.toml").unwrap();
     assert_eq!(cfg.memory, MemorySection::default());
+}
+
+#[test]
+fn relative_inputs_are_found_from_the_current_directory_or_beside_the_config() {
+    let dir = std::env::temp_dir().join(format!("grflow-config-paths-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("models")).unwrap();
+    std::fs::write(dir.join("calib.json"), "{}").unwrap();
+    std::fs::write(dir.join("models/policy.safetensors"), "").unwrap();
+    // Tests run in the crate's directory, which holds Cargo.toml.
+    let text = "[cost]\ncalibration = \"calib.json\"\n\
+                [allocator]\npolicy_file = \"models/policy.safetensors\"\n\
+                [kafka]\ncatalog = \"Cargo.toml\"\n\
+                [model]\nweights = \"nowhere\"\n";
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    let cfg = Config::load(&path).unwrap();
+    // Only beside the config: taken from there.
+    assert_eq!(cfg.cost.calibration, Some(dir.join("calib.json")));
+    assert_eq!(
+        std::path::PathBuf::from(&cfg.allocator.policy_file),
+        dir.join("models/policy.safetensors")
+    );
+    // Found from the current directory: kept as written.
+    assert_eq!(cfg.kafka.catalog, "Cargo.toml");
+    // Found nowhere: kept, so the error names the path as written.
+    assert_eq!(cfg.model.weights, Some("nowhere".into()));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -4,7 +4,7 @@
 use super::{Config, ConfigError, Speed};
 
 /// The largest `memory.pool_mib` accepted: 1 TiB.
-const MAX_POOL_MIB: f64 = 1_048_576.0;
+pub const MAX_POOL_MIB: f64 = 1_048_576.0;
 
 impl Config {
     pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
@@ -132,6 +132,19 @@ impl Config {
                 format!("must be in 1..={MAX_HOTNESS_WINDOWS}"),
             ));
         }
+        // 16 bytes per (user, window) in every router replica: 1000 windows
+        // of the default 100,000 users would hold 1.6 GB each.
+        let counters = self.hotness.windows as u64 * self.hotness.max_users as u64;
+        if counters > MAX_HOTNESS_COUNTERS {
+            return Err(invalid(
+                "hotness.windows",
+                format!(
+                    "{} windows × hotness.max_users {} = {counters} counters per router, \
+                     more than {MAX_HOTNESS_COUNTERS} (160 MB); lower either",
+                    self.hotness.windows, self.hotness.max_users
+                ),
+            ));
+        }
         let hot = self.hotness.hot_share;
         if !(hot > 0.0 && hot <= 1.0) {
             return Err(invalid(
@@ -142,10 +155,15 @@ impl Config {
         if self.batch.max_tokens == 0 {
             return Err(invalid("batch.max_tokens", "must be >= 1".into()));
         }
-        if !(self.batch.max_wait_ms >= 0.0 && self.batch.max_wait_ms.is_finite()) {
+        // A wait past an hour is a typo; past ~1.8e22 ms it panicked when
+        // converted to a Duration.
+        if !(0.0..=MAX_WAIT_MS).contains(&self.batch.max_wait_ms) {
             return Err(invalid(
                 "batch.max_wait_ms",
-                "must be a finite number >= 0".into(),
+                format!(
+                    "must be in 0..={MAX_WAIT_MS} (one hour) (got {})",
+                    self.batch.max_wait_ms
+                ),
             ));
         }
         self.allocator
@@ -193,6 +211,19 @@ impl Config {
                 return Err(invalid(field, "must not be empty".into()));
             }
         }
+        // Serving its own responses or dead letters as requests would loop:
+        // each answer comes back as a malformed request, forever.
+        for (field, value) in [
+            ("kafka.response_topic", &k.response_topic),
+            ("kafka.dead_letter_topic", &k.dead_letter_topic),
+        ] {
+            if value.trim() == k.request_topic.trim() {
+                return Err(invalid(
+                    field,
+                    format!("must differ from kafka.request_topic ({value:?})"),
+                ));
+            }
+        }
         if !matches!(k.start.as_str(), "earliest" | "latest") {
             return Err(invalid(
                 "kafka.start",
@@ -234,8 +265,14 @@ impl Config {
     }
 }
 
+/// The longest a short batch may wait to fill (ms): one hour.
+const MAX_WAIT_MS: f64 = 3_600_000.0;
+
 /// The most hotness windows a user's counters keep.
 const MAX_HOTNESS_WINDOWS: usize = 1_000;
+
+/// The most (user, window) counters a router replica keeps.
+const MAX_HOTNESS_COUNTERS: u64 = 10_000_000;
 
 /// The widest beam, and the most candidates kept per beam and step.
 const MAX_BEAM: usize = 4_096;
