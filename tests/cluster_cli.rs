@@ -46,7 +46,9 @@ fn summary(dir: &Path) -> Value {
 
 /// `processes` × `threads` workers in cluster mode against one process of
 /// `processes · threads` workers, `complete` mode: same answers, same nodes.
-fn cluster_answers_like_one_process(tag: &str, processes: usize, threads: usize) {
+/// `shared_out`: every process is given process 0's `--out` (a loopback
+/// test, NFS), which the others must leave alone.
+fn cluster_answers_like_one_process(tag: &str, processes: usize, threads: usize, shared_out: bool) {
     let dir = tmp_dir(tag);
     let trace = dir.join("trace");
     ok(grflow()
@@ -78,7 +80,11 @@ fn cluster_answers_like_one_process(tag: &str, processes: usize, threads: usize)
     let cluster = dir.join("cluster");
     let mut followers = Vec::new();
     for p in 1..processes {
-        let out = dir.join(format!("follower-{p}"));
+        let out = if shared_out {
+            cluster.clone()
+        } else {
+            dir.join(format!("follower-{p}"))
+        };
         let process = p.to_string();
         let args = [
             "--workers",
@@ -105,10 +111,12 @@ fn cluster_answers_like_one_process(tag: &str, processes: usize, threads: usize)
         let follower = ok(child.wait_with_output().unwrap());
         let said: Value = serde_json::from_slice(&follower.stdout).expect("JSON on stdout");
         assert!(said["process"].as_u64().unwrap() >= 1);
-        assert!(
-            !out.join("responses.parquet").exists(),
-            "only process 0 writes the job's outputs"
-        );
+        if !shared_out {
+            assert!(
+                !out.join("responses.parquet").exists(),
+                "only process 0 writes the job's outputs"
+            );
+        }
     }
 
     // Process 0's stdout is the summary alone: timely's connection
@@ -148,12 +156,14 @@ fn cluster_answers_like_one_process(tag: &str, processes: usize, threads: usize)
 
 #[test]
 fn two_processes_of_one_worker_answer_like_one_process_of_two() {
-    cluster_answers_like_one_process("cluster-2x1", 2, 1);
+    // Before, the follower deleted and truncated process 0's responses,
+    // and the job ended well without responses.parquet.
+    cluster_answers_like_one_process("cluster-2x1", 2, 1, true);
 }
 
 #[test]
 fn two_processes_of_two_workers_answer_like_one_process_of_four() {
-    cluster_answers_like_one_process("cluster-2x2", 2, 2);
+    cluster_answers_like_one_process("cluster-2x2", 2, 2, false);
 }
 
 #[test]
@@ -219,17 +229,34 @@ fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
     let hosts = hostfile(&dir, 2);
     let config = dir.join("c.toml");
     std::fs::write(&config, "[cluster]\nconnect_timeout_s = 1\n").unwrap();
+    let metrics = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
     let started = std::time::Instant::now();
-    let out = grflow()
+    let mut child = grflow()
         .env("GRFLOW_LOG", "info")
         .env("GRFLOW_LOG_FORMAT", "json")
         .args(["replay", "--quiet", "--workers", "1", "--config"])
         .arg(&config)
         .arg("--hostfile")
         .arg(&hosts)
-        .args(["--process", "1"])
-        .output()
+        .args(["--process", "1", "--metrics-addr", &metrics])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    // Not ready while the peers are awaited (it said ready at once).
+    let mut answered = 0;
+    while child.try_wait().unwrap().is_none() {
+        if let Some(status) = http_status(&metrics, "/readyz") {
+            assert_ne!(status, 200, "ready before the other process connected");
+            answered += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(answered > 0, "/readyz never answered");
+    let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert!(started.elapsed().as_secs() < 30);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -243,4 +270,20 @@ fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
         .unwrap_or_else(|| panic!("a JSON log line: {err}"));
     assert_eq!(logged["level"], "INFO");
     assert_eq!(logged["fields"]["process"], 1);
+}
+
+/// The status code of GET `path` on `addr`, or None if nothing answers.
+fn http_status(addr: &str, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).ok()?;
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = String::new();
+    conn.read_to_string(&mut head).ok()?;
+    head.split_whitespace().nth(1)?.parse().ok()
 }

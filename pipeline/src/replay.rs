@@ -301,7 +301,6 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     };
     let writer = Arc::new(Mutex::new(ResponseWriter::open(&response_output)?));
     job.publish("replay", serde_json::json!({ "trace": trace_name }));
-    crate::ops::state().set_ready();
     let counters = opts.counters.clone().unwrap_or_default();
     // Pacing starts when the workers do: in cluster mode after every
     // process has connected, which may take a while.
@@ -334,6 +333,12 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 let index = worker.index();
                 let _watch = worker_failure.watch(index);
                 let peers = worker.peers();
+                // Ready once the workers run: in cluster mode every process
+                // has connected by now (before, /readyz said ready while
+                // the peers were still awaited).
+                if topo.local(index) == Some(0) {
+                    crate::ops::state().set_ready();
+                }
                 let pacing = Pacing {
                     speed,
                     origin_ts_ms: origin_ts,

@@ -154,6 +154,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // outputs go first: a run that fails or is interrupted leaves no mix
     // of its files and another run's.
     let responses = match &args.out {
+        // Process 0 writes the job's outputs; another process leaves --out
+        // alone, which may be the same directory (a loopback test, NFS):
+        // its cleanup and its own sink used to delete and truncate process
+        // 0's responses, and process 0 wrote none.
+        Some(_) if config.cluster.process != 0 => ResponseOutput::Drop,
         Some(dir) => {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("creating output directory {}", dir.display()))?;
@@ -185,10 +190,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         other => anyhow::Error::new(other),
     })?;
     if output.follower {
-        if let Some(dir) = &args.out {
-            // Responses went to process 0.
-            let _ = std::fs::remove_file(dir.join(PARTIAL_RESPONSES));
-        }
         // Process 0 writes the job's summary and files.
         eprintln!("process {process}: done; process 0 writes the job's outputs");
         if args.json {
@@ -262,10 +263,16 @@ const PARTIAL_RESPONSES: &str = "responses.parquet.partial";
 
 fn write_outputs(dir: &Path, output: &ReplayOutput) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
+    // Opened at the start of the run: gone means something else removed it.
     let partial = dir.join(PARTIAL_RESPONSES);
-    if partial.exists() {
-        std::fs::rename(&partial, dir.join("responses.parquet"))?;
-    }
+    std::fs::rename(&partial, dir.join("responses.parquet")).with_context(|| {
+        format!(
+            "{} is gone: the responses of this run are lost (did another job \
+             or process use --out {} meanwhile?)",
+            partial.display(),
+            dir.display()
+        )
+    })?;
     std::fs::write(
         dir.join("summary.json"),
         serde_json::to_string_pretty(&output.summary)?,

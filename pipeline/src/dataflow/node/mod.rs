@@ -156,6 +156,9 @@ impl EventOperator for NodeParts {
                 ),
             }
         }
+        // An idle node's gauges would show the α from before the command
+        // until it next served.
+        publish_node_metrics(&node);
     }
 
     /// `complete` mode: every request of one event time, in batches.
@@ -168,6 +171,8 @@ impl EventOperator for NodeParts {
 
     fn on_start(&mut self, waker: Waker) {
         self.offload.waker = Some(waker);
+        // A node that has not served yet exports its α too.
+        publish_node_metrics(&lock(&self.node));
     }
 
     fn in_flight(&self) -> &[u64] {
