@@ -456,6 +456,13 @@ fn side_table_rows_are_checked_against_the_metadata() {
         "{err}"
     );
     assert!(err.to_string().contains("items.parquet: row 7"), "{err}");
+    // A table larger than memory could hold is refused by name: u32::MAX
+    // rows panicked the nodes (a row index wrapped).
+    trace.items[7].feature_ids[1] = 0;
+    trace.meta.as_mut().unwrap().table_rows[1] = u32::MAX;
+    write_trace(&dir, &trace, &WriteOptions::default()).unwrap();
+    let err = load_side_tables(&dir).unwrap_err().to_string();
+    assert!(err.contains("table_rows[1] = 4294967295"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -520,5 +527,51 @@ fn a_file_without_statistics_reports_its_true_event_time_range() {
     let (records, errors) = drain(&mut source);
     assert!(errors.is_empty());
     assert_eq!(records.len(), trace.requests.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A row group whose ts_ms are all null holds no request (each row is a bad
+/// row): it must not pull the trace's event-time range down to 0, which
+/// made a paced replay of epoch timestamps wait decades for its first
+/// request.
+#[test]
+fn a_row_group_without_a_valid_ts_ms_does_not_start_the_trace_at_zero() {
+    let dir = tmp("null-group");
+    let rows: Vec<Request> = small_trace().requests[..6].to_vec();
+    let good = requests_to_batch(&rows);
+    let schema = Arc::new(Schema::new(
+        good.schema()
+            .fields()
+            .iter()
+            .map(|f| Field::new(f.name(), f.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let first = RecordBatch::try_new(schema.clone(), good.slice(0, 3).columns().to_vec()).unwrap();
+    let mut columns: Vec<ArrayRef> = good.slice(3, 3).columns().to_vec();
+    columns[0] = Arc::new(UInt64Array::from(vec![None::<u64>; 3]));
+    let second = RecordBatch::try_new(schema.clone(), columns).unwrap();
+    let mut w = ArrowWriter::try_new(
+        File::create(dir.join("requests.parquet")).unwrap(),
+        schema,
+        None,
+    )
+    .unwrap();
+    w.write(&first).unwrap();
+    w.flush().unwrap();
+    w.write(&second).unwrap();
+    w.close().unwrap();
+    let info = ParquetRequestSource::inspect(&dir).unwrap();
+    assert_eq!(info.row_groups, 2);
+    let lo = rows[..3].iter().map(|r| r.ts_ms).min().unwrap();
+    assert!(lo > 0);
+    assert_eq!(info.min_ts_ms, lo, "{info:?}");
+    let mut s = ParquetRequestSource::open(&dir, 0, 1).unwrap();
+    let (records, errors) = drain(&mut s);
+    assert!(errors.is_empty());
+    let bad = records
+        .iter()
+        .filter(|r| matches!(r, SourceRecord::Bad { .. }))
+        .count();
+    assert_eq!((records.len(), bad), (6, 3));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -91,7 +91,9 @@ impl CheckedFile {
     /// Least and greatest non-null value of the u64 column `column` in row
     /// group `g`, read from the data (for files written without
     /// statistics); None when the group has none or cannot be read.
-    pub fn u64_range(&self, g: usize, column: &str) -> Option<(u64, u64)> {
+    /// `None` when the group cannot be read; `Some(None)` when it holds no
+    /// valid value.
+    pub fn u64_range(&self, g: usize, column: &str) -> Option<Option<(u64, u64)>> {
         use arrow::array::{Array, AsArray};
         use arrow::datatypes::UInt64Type;
         let file = self.file.try_clone().ok()?;
@@ -115,7 +117,7 @@ impl CheckedFile {
                 }
             }
         }
-        range
+        Some(range)
     }
 
     /// Row counts of every row group.

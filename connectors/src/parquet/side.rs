@@ -114,8 +114,24 @@ fn read_meta(file: &CheckedFile) -> Result<TraceMeta, SourceError> {
             meta.table_rows.len()
         )));
     }
+    // Every row of every table is held in host memory: u32::MAX rows
+    // wrapped a row index and panicked the nodes.
+    if let Some((t, r)) = meta
+        .table_rows
+        .iter()
+        .enumerate()
+        .find(|&(_, &r)| !(1..=MAX_TABLE_ROWS).contains(&r))
+    {
+        return Err(err(format!(
+            "table_rows[{t}] = {r}: must be in 1..={MAX_TABLE_ROWS}"
+        )));
+    }
     Ok(meta)
 }
+
+/// The most rows a trace's embedding table may have (the generator's
+/// largest catalog).
+const MAX_TABLE_ROWS: u32 = 100_000_000;
 
 fn read_all<T>(
     file: &CheckedFile,

@@ -159,7 +159,13 @@ impl ParquetRequestSource {
         Ok(TraceInfo {
             rows: rows.iter().sum(),
             row_groups: rows.len(),
-            min_ts_ms: mins.iter().copied().min().unwrap_or(0),
+            // Groups without requests (u64::MAX) say nothing.
+            min_ts_ms: mins
+                .iter()
+                .copied()
+                .filter(|&m| m != u64::MAX)
+                .min()
+                .unwrap_or(0),
             max_ts_ms: maxes.iter().copied().max().unwrap_or(0),
         })
     }
@@ -269,15 +275,23 @@ impl RequestSource for ParquetRequestSource {
 /// column where a group has none (a trace written without statistics
 /// would otherwise start its paced replay at event time 0, decades before
 /// its first request). A group that cannot be read either gets (0,
-/// u64::MAX), which keeps watermarks correct.
+/// u64::MAX), which keeps watermarks correct. A group with no rows, or no
+/// valid ts_ms (each such row is a bad row, not a request), gets
+/// (u64::MAX, 0): it holds no event time back (its (0, u64::MAX) started
+/// an epoch-stamped trace's paced replay at 0, decades before its first
+/// request).
 fn ts_stats(file: &CheckedFile) -> Result<(Vec<u64>, Vec<u64>), SourceError> {
     let (mut mins, mut maxes) = ts_statistics(file)?;
+    let rows = file.row_group_rows();
     for g in 0..mins.len() {
-        if mins[g] == 0
-            && maxes[g] == u64::MAX
-            && let Some((lo, hi)) = file.u64_range(g, "ts_ms")
-        {
-            (mins[g], maxes[g]) = (lo, hi);
+        if rows[g] == 0 {
+            (mins[g], maxes[g]) = (u64::MAX, 0);
+        } else if mins[g] == 0 && maxes[g] == u64::MAX {
+            match file.u64_range(g, "ts_ms") {
+                Some(Some((lo, hi))) => (mins[g], maxes[g]) = (lo, hi),
+                Some(None) => (mins[g], maxes[g]) = (u64::MAX, 0),
+                None => {}
+            }
         }
     }
     Ok((mins, maxes))
