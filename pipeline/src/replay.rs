@@ -122,6 +122,11 @@ pub enum ReplayError {
     WorkerPanicked(usize),
     #[error("writing responses: {0}")]
     Sink(#[from] SinkError),
+    #[error(
+        "process 0 gathered the results of {got} of {want} workers (the others timed out \
+         or could not be read): the job's summary would be incomplete"
+    )]
+    Incomplete { got: usize, want: usize },
 }
 
 /// The job's response sink, shared by the workers (each hands it batches).
@@ -539,6 +544,12 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         });
     }
     responses.sort_by_key(|r| r.req_id);
+    if results.len() != workers {
+        return Err(ReplayError::Incomplete {
+            got: results.len(),
+            want: workers,
+        });
+    }
     let totals = if topo.is_cluster() {
         let mut sum = CounterSnapshot::default();
         for r in &results {
@@ -615,7 +626,7 @@ fn assemble(
     let mut out = ReplayOutput::default();
     let mut router = RouterStats::default();
     let mut nodes = Vec::new();
-    let mut model_version = String::new();
+    let mut versions = std::collections::BTreeMap::<u32, String>::new();
     let mut latency: std::collections::BTreeMap<u32, LatencyTally> = Default::default();
     let mut by_mode = ModeTallies::default();
     let mut allocator = AllocatorStats::default();
@@ -629,8 +640,21 @@ fn assemble(
         out.windows.extend(r.windows);
         out.oracle.extend(r.oracle);
         router.merge(&r.router);
+        versions.insert(r.node.node, r.model_version);
         nodes.push(r.node);
-        model_version = r.model_version;
+    }
+    // Node 0's, whatever order the workers' results came in. Nodes of one
+    // job serving different models is a cluster whose processes were
+    // started with different configs or --model (or a swap sent to some
+    // nodes only): said, not hidden.
+    let model_version = versions.values().next().cloned().unwrap_or_default();
+    let distinct: std::collections::BTreeSet<&String> = versions.values().collect();
+    if distinct.len() > 1 {
+        tracing::warn!(
+            ?versions,
+            "the nodes ended the run on different models: in cluster mode every \
+             process needs the same config, trace and --model"
+        );
     }
     out.errors
         .sort_by(|a, b| natural_cmp(&a.position, &b.position));
