@@ -4,7 +4,9 @@
 //! uncommitted), and a broker that refuses every output, dead letters
 //! included (the job stops with exit code 1 and says why), and requests
 //! stamped far in the future among normal ones (the broker version, with
-//! 2,000 requests, is tests/kafka_event_time.rs).
+//! 2,000 requests, is tests/kafka_event_time.rs); answers left on the
+//! response topic by an earlier incarnation of the request topic, and a
+//! missing dead-letter topic.
 
 mod common;
 
@@ -420,4 +422,155 @@ fn mock_refused_commits_are_counted_and_not_reported_as_committed() {
     assert!(summary.commit_failures > 0, "{summary:?}");
     assert!(summary.committed.is_empty(), "{summary:?}");
     assert_eq!(committed(&brokers, group), vec![-1; PARTITIONS as usize]);
+}
+
+/// The request topic was deleted and created again under the same name:
+/// the response topic still holds answers to its old records, at the
+/// positions of the new ones. Only an answer naming the same `req_id`
+/// counts as answered; every other request is served.
+#[test]
+fn mock_answers_to_an_earlier_request_topic_at_the_same_offsets_do_not_skip_requests() {
+    use grflow_connectors::kafka::{RecordId, WireResponse};
+    const TOTAL: u64 = 20;
+    let group = "recreated";
+    let mock = cluster(group);
+    let brokers = mock.bootstrap_servers();
+    // Old answers at every position the new requests take (request `i`
+    // lands on partition i % 2 at offset i / 2); the one at partition 0,
+    // offset 0 names request 0, which is the new record there too.
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    for i in 0..TOTAL {
+        let source = RecordId {
+            partition: (i % PARTITIONS as u64) as i32,
+            offset: (i / PARTITIONS as u64) as i64,
+        };
+        let req_id = if i == 0 { 0 } else { 1_000_000 + i };
+        let old = WireResponse::ranking(source, req_id, vec![1], &[0.5], "old".into())
+            .requested_on(REQUESTS);
+        let body = serde_json::to_vec(&old).unwrap();
+        producer
+            .send(
+                BaseRecord::<(), _>::to(RESPONSES)
+                    .partition(0)
+                    .payload(&body),
+            )
+            .expect("send");
+    }
+    producer.flush(WAIT).expect("flush");
+    produce_requests(&brokers, 0, TOTAL);
+    let config = Config::parse(&config_text(&brokers, group, ""), "recreated.toml").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let job_stop = stop.clone();
+    let job =
+        std::thread::spawn(move || grflow_pipeline::serve(ServeOptions::new(config), job_stop));
+    // The old answers, and one new one for each request but request 0.
+    let records = read_records(&brokers, RESPONSES, PARTITIONS, 2 * TOTAL as usize - 1);
+    stop.store(true, Ordering::Relaxed);
+    let summary = job.join().unwrap().expect("serve");
+    let answered: std::collections::BTreeSet<u64> = records
+        .iter()
+        .map(|r| serde_json::from_slice::<serde_json::Value>(r).unwrap())
+        .filter(|v| v["model_version"] != "old")
+        .map(|v| v["req_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(answered, (1..TOTAL).collect(), "{summary:?}");
+    assert_eq!(summary.already_answered, 1, "{summary:?}");
+    assert_eq!(summary.responses_out, TOTAL - 1, "{summary:?}");
+    // Every request, answered now or before, is committed.
+    let per_partition = (TOTAL / PARTITIONS as u64) as i64;
+    assert_eq!(
+        summary.committed.values().copied().collect::<Vec<_>>(),
+        vec![per_partition; PARTITIONS as usize],
+        "{summary:?}"
+    );
+}
+
+/// Without its dead-letter topic the job would stop at the first bad
+/// record, and again at every restart: it refuses to start, naming the key.
+#[test]
+fn mock_a_missing_dead_letter_topic_is_refused_at_start() {
+    let group = "no-letters";
+    let mock = MockCluster::new(1).expect("mock cluster");
+    for topic in [REQUESTS, RESPONSES] {
+        mock.create_topic(topic, PARTITIONS, 1).unwrap();
+    }
+    let brokers = mock.bootstrap_servers();
+    let config = Config::parse(&config_text(&brokers, group, ""), "no-letters.toml").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let job_stop = stop.clone();
+    let job =
+        std::thread::spawn(move || grflow_pipeline::serve(ServeOptions::new(config), job_stop));
+    let started = Instant::now();
+    while !job.is_finished() && started.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let error = job
+        .join()
+        .unwrap()
+        .expect_err("serve started without dead letters");
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!(
+            "kafka.dead_letter_topic `{LETTERS}` does not exist"
+        )),
+        "{message}"
+    );
+}
+
+/// A stop while the group coordinator is away: the final commit cannot be
+/// answered, and the job still stops within its drain deadline, reporting
+/// nothing committed; the broker keeps the last commit it took.
+#[test]
+fn mock_the_final_commit_is_bounded_by_the_drain_deadline() {
+    const TOTAL: u64 = 20;
+    const COORDINATOR: i32 = 3;
+    const DRAIN: Duration = Duration::from_millis(1_000);
+    let group = "final-commit";
+    let mock = cluster(group);
+    // Only commits go to broker 3: requests and answers flow on.
+    mock.coordinator(MockCoordinator::Group(group.into()), COORDINATOR)
+        .unwrap();
+    let brokers = mock.bootstrap_servers();
+    produce_requests(&brokers, 0, TOTAL);
+    let extra = format!("drain_timeout_ms = {}", DRAIN.as_millis());
+    let config = Config::parse(&config_text(&brokers, group, &extra), "final.toml").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let job_stop = stop.clone();
+    let job =
+        std::thread::spawn(move || grflow_pipeline::serve(ServeOptions::new(config), job_stop));
+    read_records(&brokers, RESPONSES, PARTITIONS, TOTAL as usize);
+    let per_partition = (TOTAL / PARTITIONS as u64) as i64;
+    let deadline = Instant::now() + WAIT;
+    while committed(&brokers, group) != vec![per_partition; PARTITIONS as usize] {
+        assert!(Instant::now() < deadline, "periodic commits never landed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    mock.broker_down(COORDINATOR).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let stopped = Instant::now();
+    while !job.is_finished() {
+        assert!(
+            stopped.elapsed() < WAIT,
+            "the job still runs {WAIT:?} after the stop: the final commit waits on the coordinator"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = stopped.elapsed();
+    let summary = job.join().unwrap().expect("serve");
+    assert!(
+        took < DRAIN + Duration::from_secs(3),
+        "stopped after {took:?}"
+    );
+    assert!(!summary.drain_timed_out, "{summary:?}");
+    assert!(summary.committed.is_empty(), "{summary:?}");
+    mock.broker_up(COORDINATOR).unwrap();
+    assert_eq!(
+        committed(&brokers, group),
+        vec![per_partition; PARTITIONS as usize]
+    );
 }

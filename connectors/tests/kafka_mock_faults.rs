@@ -15,18 +15,26 @@
 //! - `broker_round_trip_time` delays answers, not appends: a broker taken
 //!   down then leaves records written but never acknowledged.
 //!
+//! The [`KafkaSource`] tests drive one worker's source on the mock: the
+//! in-flight caps within one poll, and partitions counted before it opened.
+//!
 //! Kept out: `ensure_topics` (no CreateTopics in the mock), and retention or
 //! truncation (an out-of-range committed offset), which the mock cannot do.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use grflow_connectors::kafka::{
-    Admission, Delivery, DeliveryCallback, KafkaSettings, OffsetBook, OutputProducer, RawRecord,
-    RecordId, Refetch, RequestConsumer, Resumed, StartPosition, WireResponse, partition_count,
+    Admission, Delivery, DeliveryCallback, KafkaSettings, KafkaSink, KafkaSource, OffsetBook,
+    OutputProducer, RawRecord, RecordId, Refetch, RequestConsumer, Resumed, SharedState,
+    SinkSettings, SourceSettings, StartPosition, WireResponse, owned_partitions, partition_count,
     scan_answered,
 };
+use grflow_connectors::source::SourceRecord;
+use grflow_operators::history::HistoryLimits;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::{MockCluster, MockCoordinator};
@@ -731,7 +739,7 @@ fn mock_sync_commit_lands_after_a_coordinator_outage() {
     let commits = book.safe_commits();
     assert_eq!(commits, vec![(0, 10)]);
     // `commit(.., true)` has no deadline of its own: it waits as long as
-    // the coordinator is away (so does the final commit of `grflow serve`).
+    // the coordinator is away (hence `commit_and_wait` for shutdowns).
     let committing = std::thread::spawn(move || {
         let result = consumer.commit(&commits, true).map_err(|e| e.to_string());
         (result, Instant::now())
@@ -808,4 +816,276 @@ fn mock_records_in_the_log_at_start_are_recovered_and_later_ones_are_not() {
         (bounds.end(0), bounds.end(1)),
         (Some(AT_START), Some(AT_START))
     );
+}
+
+/// A request whose router weight is 7 tokens (3 history items, 3
+/// candidates, the instruction).
+fn request_payload(i: u64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "req_id": i,
+        "user_id": i % 50,
+        "ts_ms": 1_700_000_000_000u64 + i,
+        "candidates": [1, 2, 3],
+        "history": [4, 5, 6],
+    }))
+    .unwrap()
+}
+const REQUEST_TOKENS: u64 = 7;
+
+/// `n` requests on each of `partitions` of `topic`.
+fn produce_requests(brokers: &str, topic: &str, partitions: &[i32], n: u64) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "1")
+        .create()
+        .unwrap();
+    for &p in partitions {
+        for i in 0..n {
+            let payload = request_payload(p as u64 * 1_000 + i);
+            producer
+                .send(
+                    BaseRecord::<(), _>::to(topic)
+                        .partition(p)
+                        .payload(&payload),
+                )
+                .expect("send");
+        }
+    }
+    producer.flush(WAIT).expect("flush");
+}
+
+/// Worker 0 (of `shared`'s workers) reading `opened` of `topic` from the
+/// start, with the caps given; its outputs are never sent, so nothing it
+/// reads is ever answered.
+fn source_of(
+    settings: &KafkaSettings,
+    topic: &str,
+    opened: &[i32],
+    shared: &Arc<SharedState>,
+    max_in_flight: usize,
+    max_in_flight_tokens: u64,
+) -> KafkaSource {
+    let (consumer, resumed) = open_consumer(settings, topic, opened, Refetch::FromCommitted);
+    for r in &resumed {
+        shared.book(0).lock().unwrap().resume(r.partition, r.offset);
+    }
+    let producer = Arc::new(OutputProducer::new(settings, Arc::new(|_| {})).unwrap());
+    let sink = KafkaSink::new(
+        producer,
+        shared.clone(),
+        SinkSettings {
+            request_topic: topic.into(),
+            response_topic: "responses".into(),
+            dead_letter_topic: "dead-letters".into(),
+            max_retries: 1,
+            retry_backoff: Duration::from_millis(10),
+        },
+    );
+    KafkaSource::new(
+        0,
+        consumer,
+        SourceSettings {
+            request_topic: topic.into(),
+            dead_letter_topic: "dead-letters".into(),
+            max_in_flight,
+            max_in_flight_tokens,
+            max_message_bytes: 1 << 20,
+            max_candidates: 100,
+            history: HistoryLimits {
+                rank: 100,
+                retrieve: 100,
+                chunk: 1,
+            },
+            idle_timeout: Duration::from_millis(50),
+            max_skew_ms: 2_000,
+            max_future_ms: u64::MAX,
+            commit_interval: Duration::from_secs(3600),
+        },
+        shared.clone(),
+        Rc::new(RefCell::new(sink)),
+        HashSet::new(),
+    )
+}
+
+/// Polls `source` (512 records a poll, as the dataflow does) for
+/// `duration`; the partitions of the requests it handed out, in order.
+fn poll_partitions(source: &mut KafkaSource, duration: Duration) -> Vec<i32> {
+    let mut read = Vec::new();
+    let deadline = Instant::now() + duration;
+    while Instant::now() < deadline {
+        for r in source.poll_at(512, Instant::now(), 0).records {
+            match r {
+                SourceRecord::Request {
+                    position: grflow_connectors::SourcePosition::Kafka { partition, .. },
+                    ..
+                } => read.push(partition),
+                other => panic!("not a Kafka request: {other:?}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    read
+}
+
+#[test]
+fn mock_one_poll_never_admits_past_the_in_flight_cap() {
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1]);
+    let settings = settings(&mock, "in-flight-cap");
+    produce_requests(&settings.brokers, topic, &[0], 50);
+    let shared = Arc::new(SharedState::new(topic, 1));
+    shared.saw_partitions(1);
+    let mut source = source_of(&settings, topic, &[0], &shared, 4, 1_000_000);
+    let read = poll_partitions(&mut source, Duration::from_millis(1_500));
+    assert_eq!(read.len(), 4, "admitted with 4 allowed in flight");
+    assert_eq!(shared.book(0).lock().unwrap().in_flight(), 4);
+}
+
+#[test]
+fn mock_one_poll_stops_at_the_token_cap_after_one_request() {
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1]);
+    let settings = settings(&mock, "token-cap");
+    produce_requests(&settings.brokers, topic, &[0], 50);
+    let shared = Arc::new(SharedState::new(topic, 1));
+    shared.saw_partitions(1);
+    // Room for 2 requests of 7 tokens and a bit: the third is admitted
+    // (its weight is known only once read), the fourth is not.
+    let cap = 2 * REQUEST_TOKENS + 1;
+    let mut source = source_of(&settings, topic, &[0], &shared, 1_000, cap);
+    let read = poll_partitions(&mut source, Duration::from_millis(1_500));
+    assert_eq!(read.len(), 3, "admitted under a cap of {cap} tokens");
+    let tokens = shared.book(0).lock().unwrap().in_flight_tokens();
+    assert!(tokens < cap + REQUEST_TOKENS, "{tokens} tokens in flight");
+}
+
+/// The broker watcher may count partitions created after the consumers
+/// were opened but before the worker's source is built: those are read
+/// too.
+#[test]
+fn mock_partitions_counted_before_the_source_is_built_are_read() {
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1, 2, 3, 1]);
+    let settings = settings(&mock, "counted-early");
+    produce_requests(&settings.brokers, topic, &[0, 1, 2, 3], 5);
+    let workers = 2;
+    let shared = Arc::new(SharedState::new(topic, workers));
+    let opened = owned_partitions(topic, 1, 0, workers);
+    // The watcher saw 4 before the source was built.
+    shared.saw_partitions(4);
+    let mut source = source_of(&settings, topic, &opened, &shared, 1_000, 1_000_000);
+    let read = poll_partitions(&mut source, Duration::from_millis(2_000));
+    let expected: BTreeMap<i32, usize> = owned_partitions(topic, 4, 0, workers)
+        .into_iter()
+        .map(|p| (p, 5))
+        .collect();
+    let mut got = BTreeMap::new();
+    for p in read {
+        *got.entry(p).or_default() += 1;
+    }
+    assert_eq!(got, expected);
+    assert!(
+        expected.keys().any(|p| !opened.contains(p)),
+        "worker 0 owns a partition it did not open: {expected:?}, opened {opened:?}"
+    );
+}
+
+/// `start = "latest"` on partitions the group never committed: reading
+/// starts at the end listed at start, and that position is committed even
+/// when nothing arrives, so the next start resumes there (records produced
+/// while no job ran are read, not jumped over).
+#[test]
+fn mock_a_latest_start_is_committed_and_the_next_start_resumes_there() {
+    const OLD: i64 = 5;
+    const WHILE_DOWN: i64 = 3;
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1, 2]);
+    let settings = settings(&mock, "latest");
+    produce_fixed(&settings.brokers, topic, &[0, 1], 0, OLD);
+    let open_latest = || {
+        RequestConsumer::open(
+            &settings,
+            topic,
+            &[0, 1],
+            StartPosition::Latest,
+            Refetch::FromCommitted,
+            CALL_TIMEOUT,
+        )
+        .unwrap()
+    };
+    let (consumer, resumed) = open_latest();
+    let mut book = OffsetBook::new();
+    for r in &resumed {
+        assert!(!r.from_commit, "{r:?}");
+        assert_eq!(r.offset, OLD, "{r:?}");
+        book.start_uncommitted(r.partition, r.offset);
+    }
+    // Nothing is read on either partition; the start is committed anyway.
+    let commits = book.take_commits();
+    assert_eq!(commits, vec![(0, OLD), (1, OLD)]);
+    consumer.commit(&commits, true).unwrap();
+    drop(consumer);
+
+    produce_fixed(&settings.brokers, topic, &[0, 1], OLD, OLD + WHILE_DOWN);
+    let (consumer, resumed) = open_latest();
+    let mut book = OffsetBook::new();
+    for r in &resumed {
+        assert!(r.from_commit, "{r:?}");
+        assert_eq!(r.offset, OLD, "{r:?}");
+        book.resume(r.partition, r.offset);
+    }
+    let (records, _) = consume_until(
+        &consumer,
+        &mut book,
+        "the records produced meanwhile",
+        |b| next_offset(b, 0) >= OLD + WHILE_DOWN && next_offset(b, 1) >= OLD + WHILE_DOWN,
+    );
+    check_contiguous(&records, &BTreeMap::from([(0, OLD), (1, OLD)]));
+}
+
+/// A shutdown's last commit waits for the broker only as long as it is
+/// told: with the coordinator away it gives up in time and says so, and
+/// once the coordinator is back the same call lands.
+#[test]
+fn mock_commit_and_wait_gives_up_at_its_deadline_while_the_coordinator_is_away() {
+    const COORDINATOR: i32 = 3;
+    const WAIT_AT_MOST: Duration = Duration::from_millis(500);
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1]);
+    mock.coordinator(MockCoordinator::Group("bounded".into()), COORDINATOR)
+        .unwrap();
+    let settings = settings(&mock, "bounded");
+    produce_fixed(&settings.brokers, topic, &[0], 0, 10);
+    let (consumer, _) = open_consumer(&settings, topic, &[0], Refetch::FromCommitted);
+    let mut book = OffsetBook::new();
+    book.resume(0, 0);
+    let (records, _) = consume_until(&consumer, &mut book, "all", |b| next_offset(b, 0) >= 10);
+    for (r, _) in &records {
+        book.ack(r.partition, r.offset).unwrap();
+    }
+    let commits = book.safe_commits();
+
+    mock.broker_down(COORDINATOR).unwrap();
+    let started = Instant::now();
+    let answered = consumer.commit_and_wait(&commits, WAIT_AT_MOST).unwrap();
+    let waited = started.elapsed();
+    assert!(!answered, "answered by a coordinator that is down");
+    assert!(
+        waited >= WAIT_AT_MOST && waited < WAIT_AT_MOST + Duration::from_secs(1),
+        "waited {waited:?}"
+    );
+
+    mock.broker_up(COORDINATOR).unwrap();
+    assert!(
+        consumer.commit_and_wait(&commits, WAIT).unwrap(),
+        "answered"
+    );
+    assert!(consumer.take_refused_commits().is_empty());
+    let (_, resumed) = open_consumer(&settings, topic, &[0], Refetch::FromCommitted);
+    assert_eq!((resumed[0].offset, resumed[0].from_commit), (10, true));
 }

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -18,7 +18,7 @@ use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer}
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::offsets::RecoveryBounds;
-use super::wire::{RecordId, WireResponse};
+use super::wire::{AnsweredRequest, RecordId, WireResponse};
 
 /// How to reach the cluster, and extra librdkafka properties.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -150,7 +150,9 @@ pub struct RawRecord {
     pub payload: Option<Vec<u8>>,
 }
 
-/// Where a partition's reading starts.
+/// Where a partition's reading starts: records below `offset` count as
+/// consumed. Book it with `OffsetBook::resume` when `from_commit`, else with
+/// `OffsetBook::start_uncommitted` (a `latest` start is committed then).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Resumed {
     pub partition: i32,
@@ -352,10 +354,90 @@ impl ConsumerContext for CommitWatch {
     }
 }
 
+/// A queue of its own for one commit's answer: rdkafka 0.39 wraps only the
+/// synchronous commit (no deadline) and the asynchronous one, whose answer
+/// goes nowhere unless a commit callback is configured.
+struct CommitQueue(*mut rdkafka::bindings::rd_kafka_queue_t);
+
+impl CommitQueue {
+    /// How long one wait on the queue lasts.
+    const POLL: Duration = Duration::from_millis(100);
+
+    /// Sends the commit of `tpl` and waits at most `timeout` for the
+    /// broker's answer: whether it came, or the error it was.
+    fn commit<C: ConsumerContext>(
+        consumer: &BaseConsumer<C>,
+        tpl: &TopicPartitionList,
+        timeout: Duration,
+    ) -> Result<bool, RDKafkaErrorCode> {
+        use rdkafka::bindings as rd;
+        let rk = consumer.client().native_ptr();
+        // SAFETY: `rk` is valid for the life of `consumer`; the queue is
+        // destroyed by `Drop` (librdkafka keeps it alive while the commit
+        // still holds it).
+        let queue = Self(unsafe { rd::rd_kafka_queue_new(rk) });
+        // SAFETY: `tpl` outlives the call (librdkafka copies it); no
+        // callback, so the answer comes as an event on `queue`.
+        let sent = unsafe {
+            rd::rd_kafka_commit_queue(rk, tpl.ptr(), queue.0, None, std::ptr::null_mut())
+        };
+        if sent != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return Err(sent.into());
+        }
+        // None: a timeout too long to represent never ends.
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let left = deadline.map_or(Self::POLL, |d| d.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                return Ok(false);
+            }
+            if let Some(answer) = queue.answer(left.min(Self::POLL)) {
+                return answer.map(|()| true);
+            }
+        }
+    }
+
+    /// The commit's answer, if it came within `wait`.
+    fn answer(&self, wait: Duration) -> Option<Result<(), RDKafkaErrorCode>> {
+        use rdkafka::bindings as rd;
+        // SAFETY: the queue is live; an event returned is destroyed below
+        // and not used after.
+        unsafe {
+            let event = rd::rd_kafka_queue_poll(self.0, wait.as_millis().max(1) as i32);
+            if event.is_null() {
+                return None;
+            }
+            let kind = rd::rd_kafka_event_type(event);
+            let error = rd::rd_kafka_event_error(event);
+            rd::rd_kafka_event_destroy(event);
+            if kind != rd::RD_KAFKA_EVENT_OFFSET_COMMIT {
+                return None;
+            }
+            Some(
+                if error == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    Ok(())
+                } else {
+                    Err(error.into())
+                },
+            )
+        }
+    }
+}
+
+impl Drop for CommitQueue {
+    fn drop(&mut self) {
+        // SAFETY: created by `rd_kafka_queue_new`, destroyed once.
+        unsafe { rdkafka::bindings::rd_kafka_queue_destroy(self.0) }
+    }
+}
+
 /// Reads a fixed set of partitions of one topic and commits explicitly.
 #[allow(missing_debug_implementations)] // wraps an rdkafka client
 pub struct RequestConsumer {
-    consumer: BaseConsumer<CommitWatch>,
+    /// Dropped by hand: see [`RequestConsumer::close`].
+    consumer: std::mem::ManuallyDrop<BaseConsumer<CommitWatch>>,
+    /// `close` gave up: dropping the client would wait without a deadline.
+    abandoned: bool,
     topic: String,
     partitions: Vec<i32>,
     paused: bool,
@@ -409,7 +491,8 @@ impl RequestConsumer {
             .map_err(kafka(format!("assigning `{topic}` {partitions:?}")))?;
         Ok((
             Self {
-                consumer,
+                consumer: std::mem::ManuallyDrop::new(consumer),
+                abandoned: false,
                 topic: topic.to_string(),
                 partitions: partitions.to_vec(),
                 paused: false,
@@ -446,7 +529,7 @@ impl RequestConsumer {
             resumed,
             listed,
         } = resume_positions(
-            &self.consumer,
+            &*self.consumer,
             &self.topic,
             &added,
             StartPosition::Earliest,
@@ -487,7 +570,7 @@ impl RequestConsumer {
     fn settle(&self, partition: i32) {
         let mut recovery = self.recovery.borrow_mut();
         if !recovery.settled(partition) {
-            let high = cached_high_watermark(&self.consumer, &self.topic, partition);
+            let high = cached_high_watermark(&*self.consumer, &self.topic, partition);
             recovery.settle(partition, high);
         }
     }
@@ -538,6 +621,52 @@ impl RequestConsumer {
             .map_err(kafka(format!("committing {offsets:?}")))
     }
 
+    /// Commits `offsets` and waits at most `timeout` for the broker's
+    /// answer: `Ok(false)` when none came in time (a sync commit has no
+    /// deadline of its own, and a coordinator that is away would hold up a
+    /// shutdown), an error when the broker refused it.
+    pub fn commit_and_wait(
+        &self,
+        offsets: &[(i32, i64)],
+        timeout: Duration,
+    ) -> Result<bool, KafkaClientError> {
+        if offsets.is_empty() {
+            return Ok(true);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for &(p, o) in offsets {
+            tpl.add_partition_offset(&self.topic, p, Offset::Offset(o))
+                .map_err(kafka("building the commit"))?;
+        }
+        let what = || format!("committing {offsets:?}");
+        match CommitQueue::commit(&*self.consumer, &tpl, timeout) {
+            Ok(answered) => Ok(answered),
+            Err(code) => Err(kafka(what())(KafkaError::ConsumerCommit(code))),
+        }
+    }
+
+    /// Leaves the group's session (assign mode: no rebalance) within
+    /// `timeout`; `false` when it did not end in time. librdkafka's close
+    /// waits for outstanding commits without a deadline (a coordinator that
+    /// is away holds it forever), so a consumer that did not close in time
+    /// is leaked instead of dropped: a shutdown must end.
+    pub fn close(&mut self, timeout: Duration) -> bool {
+        if self.consumer.close_queue().is_err() {
+            // Closed already, or never in a group: nothing to wait for.
+            return true;
+        }
+        let deadline = Instant::now().checked_add(timeout);
+        while !self.consumer.closed() {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.abandoned = true;
+                return false;
+            }
+            // Serves the close (fetched records are dropped: past the last commit).
+            drop(self.consumer.poll(Duration::from_millis(10)));
+        }
+        true
+    }
+
     /// Why the broker refused the commits it answered since the last call
     /// (answers arrive while the consumer polls).
     pub fn take_refused_commits(&self) -> Vec<String> {
@@ -555,8 +684,17 @@ impl RequestConsumer {
     pub fn cached_high_watermarks(&self) -> Vec<(i32, Option<i64>)> {
         self.partitions
             .iter()
-            .map(|&p| (p, cached_high_watermark(&self.consumer, &self.topic, p)))
+            .map(|&p| (p, cached_high_watermark(&*self.consumer, &self.topic, p)))
             .collect()
+    }
+}
+
+impl Drop for RequestConsumer {
+    fn drop(&mut self) {
+        if !self.abandoned {
+            // SAFETY: dropped here only, and never used after.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.consumer) }
+        }
     }
 }
 
@@ -630,7 +768,13 @@ fn resume_positions<C: ConsumerContext>(
             (Some(o), Refetch::FromCommitted, _) => (o, Offset::Offset(o)),
             (Some(o), Refetch::FromStart, _) => (o, Offset::Beginning),
             (None, _, StartPosition::Earliest) => (0, Offset::Beginning),
-            (None, _, StartPosition::Latest) => (0, Offset::End),
+            // The end listed above, not `End` (resolved later, past records
+            // produced meanwhile); the caller commits it even if nothing is
+            // read, or the next start would jump to the end again. A broker
+            // that needs `FromStart` lists an end that may lie inside the
+            // last batch: fetch from its true end, skip below the listed one.
+            (None, Refetch::FromCommitted, StartPosition::Latest) => (high, Offset::Offset(high)),
+            (None, Refetch::FromStart, StartPosition::Latest) => (high, Offset::End),
         };
         assignment
             .add_partition_offset(topic, p, fetch_from)
@@ -806,10 +950,8 @@ impl OutputProducer {
 
 /// The records of `request_topic` that already have a response on
 /// `response_topic`, from the last `lookback` messages of each of its
-/// partitions. A restarted job skips these instead of answering them a
-/// second time (and perhaps differently, since cache state changed).
-/// Answers to another request topic sharing the response topic are not
-/// counted: their (partition, offset) would hide new requests.
+/// partitions (positions only; see [`scan_answers`] for what the restart
+/// decides with).
 pub fn scan_answered(
     settings: &KafkaSettings,
     response_topic: &str,
@@ -817,6 +959,25 @@ pub fn scan_answered(
     lookback: i64,
     timeout: Duration,
 ) -> Result<HashSet<RecordId>, KafkaClientError> {
+    let answers = scan_answers(settings, response_topic, request_topic, lookback, timeout)?;
+    Ok(answers.into_iter().map(|a| a.source).collect())
+}
+
+/// The answers to records of `request_topic` found in the last `lookback`
+/// messages of each partition of `response_topic`, each with the `req_id`
+/// it answered. A restarted job skips a request only where both its
+/// position and its `req_id` match: a position alone also matches answers
+/// to an earlier incarnation of the request topic (deleted and created
+/// again), whose records sat at the same offsets.
+/// Answers to another request topic sharing the response topic are not
+/// counted: their (partition, offset) would hide new requests.
+pub fn scan_answers(
+    settings: &KafkaSettings,
+    response_topic: &str,
+    request_topic: &str,
+    lookback: i64,
+    timeout: Duration,
+) -> Result<HashSet<AnsweredRequest>, KafkaClientError> {
     let partitions = partition_count(settings, response_topic, timeout)?;
     let group = format!("{}-restart-scan", settings.group_id);
     let consumer: BaseConsumer = settings
@@ -871,7 +1032,10 @@ pub fn scan_answered(
             && let Ok(response) = serde_json::from_slice::<WireResponse>(payload)
             && response.answers_topic(request_topic)
         {
-            answered.insert(response.source());
+            answered.insert(AnsweredRequest {
+                source: response.source(),
+                req_id: response.req_id,
+            });
         }
         remaining -= 1;
         // The log may end past what ListOffsets said (see

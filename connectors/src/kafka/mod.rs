@@ -30,7 +30,7 @@ pub use assign::{fnv1a64, owned_partitions, partition_owner};
 pub use client::{
     BrokerProbe, Compression, Delivery, DeliveryCallback, KafkaClientError, KafkaSettings,
     OutputProducer, RawRecord, Refetch, RequestConsumer, Resumed, SendError, StartPosition,
-    builtin_features, delete_topics, ensure_topics, partition_count, scan_answered,
+    builtin_features, delete_topics, ensure_topics, partition_count, scan_answered, scan_answers,
 };
 pub use events::KafkaEvent;
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};
@@ -38,7 +38,7 @@ pub use shared::{CountsSnapshot, FailedOutput, KafkaCounters, SharedState};
 pub use sink::{KafkaSink, Produce, Refused, SinkSettings};
 pub use source::{KafkaSource, SourceSettings};
 pub use wire::{
-    AnswerError, DeadLetter, DecodeLimits, History, MAX_CANDIDATES, MAX_MESSAGE_BYTES, RecordId,
-    SCORE_TOLERANCE, WIRE_SCORE_TOLERANCE, WireError, WireRequest, WireResponse, decode_request,
-    decode_request_within, round_score,
+    AnswerError, AnsweredRequest, DeadLetter, DecodeLimits, History, MAX_CANDIDATES,
+    MAX_MESSAGE_BYTES, RecordId, SCORE_TOLERANCE, WIRE_SCORE_TOLERANCE, WireError, WireRequest,
+    WireResponse, decode_request, decode_request_within, round_score,
 };

@@ -103,6 +103,16 @@ impl OffsetBook {
             .insert(partition, PartitionOffsets::resuming_at(committed));
     }
 
+    /// Registers a partition read from `offset` that its group never
+    /// committed (`start = "latest"`: the end of its log at start). The
+    /// first commit records that position even if nothing is read, so the
+    /// next start resumes there instead of jumping to the end again.
+    pub fn start_uncommitted(&mut self, partition: i32, offset: i64) {
+        let mut p = PartitionOffsets::resuming_at(offset);
+        p.last_commit = None;
+        self.partitions.insert(partition, p);
+    }
+
     /// A record at `offset` of `partition` arrived.
     pub fn consume(&mut self, partition: i32, offset: i64) -> Result<Admission, OffsetError> {
         if offset < 0 {
@@ -273,6 +283,16 @@ impl RecoveryBounds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_uncommitted_start_position_is_committed_though_nothing_was_read() {
+        let mut book = OffsetBook::new();
+        book.start_uncommitted(0, 7);
+        book.resume(1, 9);
+        assert_eq!(book.take_commits(), vec![(0, 7)]);
+        assert_eq!(book.take_commits(), vec![], "once");
+        assert_eq!(book.consume(0, 6), Ok(Admission::Duplicate));
+    }
 
     #[test]
     fn tokens_in_flight_are_counted_until_acked() {

@@ -5,7 +5,7 @@
 //! and commits offsets whose answers are durable.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,8 +20,8 @@ use super::ratelimit::LogLimiter;
 use super::shared::SharedState;
 use super::sink::KafkaSink;
 use super::{
-    Admission, DeadLetter, DecodeLimits, History, RawRecord, RecordId, RequestConsumer,
-    decode_request_within, owned_partitions,
+    Admission, AnsweredRequest, DeadLetter, DecodeLimits, History, RawRecord, RecordId,
+    RequestConsumer, decode_request_within, owned_partitions,
 };
 use crate::error::SourceError;
 use crate::records::SourcePosition;
@@ -65,7 +65,7 @@ pub struct KafkaSource {
     dead_letters: Rc<RefCell<KafkaSink>>,
     clock: PartitionClock,
     /// Request records the response topic already answers (restart scan).
-    answered: HashSet<RecordId>,
+    answered: RestartAnswers,
     last_commit: Instant,
     clamp_log: LogLimiter,
     /// The request topic's partition count this source has taken its
@@ -75,6 +75,15 @@ pub struct KafkaSource {
     adopt_retry_at: Option<Instant>,
 }
 
+/// The smallest partition count under which `opened` are all partitions.
+/// Not the shared count: the broker watcher may have raised it between the
+/// consumer's opening and now, and partitions counted there but not opened
+/// would never be read. Under-counting is harmless: adopting skips the
+/// partitions the consumer reads already.
+fn opened_count(opened: &[i32]) -> i32 {
+    opened.iter().max().map_or(0, |&p| p + 1)
+}
+
 /// How long adding a partition created while the job runs may wait on the
 /// broker (committed offset, log end); on failure it is tried again.
 const ADD_PARTITION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -82,21 +91,21 @@ const ADD_PARTITION_RETRY: Duration = Duration::from_secs(5);
 
 impl KafkaSource {
     /// Worker `worker`'s source over `consumer`'s partitions; `answered`
-    /// are the request records the response topic already answers.
+    /// are the requests the response topic already answers (restart scan).
     pub fn new(
         worker: usize,
         consumer: RequestConsumer,
         settings: SourceSettings,
         shared: Arc<SharedState>,
         dead_letters: Rc<RefCell<KafkaSink>>,
-        answered: HashSet<RecordId>,
+        answered: HashSet<AnsweredRequest>,
     ) -> Self {
         let clock = PartitionClock::new(
             consumer.partitions(),
             settings.idle_timeout,
             settings.max_skew_ms,
         );
-        let known_partitions = shared.partitions.load(Ordering::Relaxed);
+        let known_partitions = opened_count(consumer.partitions());
         Self {
             worker,
             consumer,
@@ -104,7 +113,7 @@ impl KafkaSource {
             shared,
             dead_letters,
             clock,
-            answered,
+            answered: RestartAnswers::new(answered),
             last_commit: Instant::now(),
             clamp_log: LogLimiter::default(),
             known_partitions,
@@ -189,6 +198,12 @@ impl KafkaSource {
                         if let Some(r) = self.admit(record, now, emit_floor, wall) {
                             records.push(r);
                         }
+                        // Checked per record: one poll may bring hundreds.
+                        self.apply_backpressure();
+                        if self.consumer.is_paused() {
+                            state = SourceState::Idle;
+                            break;
+                        }
                     }
                 }
             }
@@ -236,13 +251,6 @@ impl KafkaSource {
                 return None;
             }
         }
-        if self.answered.remove(&source) {
-            // Answered before a restart: the answer is durable, so the
-            // offset may be committed without answering again.
-            KafkaEvent::AlreadyAnswered { partition, offset }.emit(counters);
-            self.shared.ack(source);
-            return None;
-        }
         let payload = record.payload.unwrap_or_default();
         let limits = DecodeLimits {
             max_message_bytes: self.settings.max_message_bytes,
@@ -251,6 +259,10 @@ impl KafkaSource {
         };
         match decode_request_within(&payload, &limits) {
             Ok(wire) => {
+                if self.skip_answered(source, wire.req_id) {
+                    return None;
+                }
+                let counters = &self.shared.counters;
                 if wire.history_dropped > 0 {
                     KafkaEvent::HistoryTruncated { partition, offset }.emit(counters);
                 }
@@ -361,8 +373,44 @@ impl KafkaSource {
         }
     }
 
+    /// Whether the request at `source` was answered before a restart (same
+    /// position and `req_id`): then its answer is durable, so the offset is
+    /// acked for commit without answering again.
+    fn skip_answered(&mut self, source: RecordId, req_id: u64) -> bool {
+        match self.answered.take(source, req_id) {
+            Restarted::Answered => {
+                KafkaEvent::AlreadyAnswered {
+                    partition: source.partition,
+                    offset: source.offset,
+                }
+                .emit(&self.shared.counters);
+                self.shared.ack(source);
+                true
+            }
+            Restarted::Unanswered => false,
+            Restarted::OtherRequest { answered_req_id } => {
+                if !std::mem::replace(&mut self.answered.warned, true) {
+                    tracing::warn!(
+                        worker = self.worker,
+                        topic = self.settings.request_topic,
+                        partition = source.partition,
+                        offset = source.offset,
+                        req_id,
+                        answered_req_id,
+                        "the response topic answers another request at this position \
+                         (the request topic was created again?): serving it; logged once"
+                    );
+                }
+                false
+            }
+        }
+    }
+
     /// Pauses reads at either in-flight cap (requests or their tokens);
-    /// resumes once both drained to half.
+    /// resumes once both drained to half. Called before each poll and after
+    /// each record, so the request cap is never passed and the token cap by
+    /// at most the last request's tokens (its weight is known only once it
+    /// is decoded; a request heavier than the cap is admitted alone).
     fn apply_backpressure(&mut self) {
         let (in_flight, tokens) = {
             let book = self
@@ -397,23 +445,13 @@ impl KafkaSource {
     /// and waits for the broker (`final_commit`, at shutdown).
     pub fn commit(&mut self, final_commit: bool) -> Vec<(i32, i64)> {
         // Answers to earlier (asynchronous) commits, read while polling.
-        let refused = self.consumer.take_refused_commits();
-        for error in &refused {
-            KafkaEvent::CommitFailed {
-                worker: self.worker,
-                error,
-            }
-            .emit(&self.shared.counters);
-        }
+        self.note_refused_commits();
         let commits = {
             let mut book = self
                 .shared
                 .book(self.worker)
                 .lock()
                 .expect("offset book lock");
-            if !refused.is_empty() {
-                book.forget_commits();
-            }
             if final_commit {
                 book.safe_commits()
             } else {
@@ -435,6 +473,77 @@ impl KafkaSource {
             return Vec::new();
         }
         commits
+    }
+
+    /// Commits every partition's safe offset (at shutdown) and waits at most
+    /// `wait` for the broker: a coordinator that does not answer must not
+    /// hold the shutdown past its drain deadline. Unanswered, the offsets
+    /// stay at the last commit the broker took, which is safe (answers may
+    /// be repeated at restart, none lost), and nothing is reported
+    /// committed.
+    pub fn commit_within(&mut self, wait: Duration) -> Vec<(i32, i64)> {
+        self.note_refused_commits();
+        let commits = self
+            .shared
+            .book(self.worker)
+            .lock()
+            .expect("offset book lock")
+            .safe_commits();
+        let failed = match self.consumer.commit_and_wait(&commits, wait) {
+            Ok(true) => false,
+            Ok(false) => {
+                tracing::warn!(
+                    worker = self.worker,
+                    wait_ms = wait.as_millis() as u64,
+                    offsets = ?commits,
+                    "the final offset commit was not answered before the drain deadline: \
+                     offsets stay at the last commit the broker took (answers may be \
+                     repeated at restart, none are lost)"
+                );
+                true
+            }
+            Err(e) => {
+                KafkaEvent::CommitFailed {
+                    worker: self.worker,
+                    error: &e.to_string(),
+                }
+                .emit(&self.shared.counters);
+                true
+            }
+        };
+        if failed { Vec::new() } else { commits }
+    }
+
+    /// Closes the consumer within `wait` (see [`RequestConsumer::close`]).
+    pub fn close(&mut self, wait: Duration) {
+        if !self.consumer.close(wait) {
+            tracing::warn!(
+                worker = self.worker,
+                wait_ms = wait.as_millis() as u64,
+                "the request consumer did not close in time (a commit is still \
+                 waiting for the broker): left open"
+            );
+        }
+    }
+
+    /// Counts the commits the broker refused since the last look; the next
+    /// commit then sends every partition's offset again.
+    fn note_refused_commits(&mut self) {
+        let refused = self.consumer.take_refused_commits();
+        for error in &refused {
+            KafkaEvent::CommitFailed {
+                worker: self.worker,
+                error,
+            }
+            .emit(&self.shared.counters);
+        }
+        if !refused.is_empty() {
+            self.shared
+                .book(self.worker)
+                .lock()
+                .expect("offset book lock")
+                .forget_commits();
+        }
     }
 
     /// Commits every partition's safe offset without waiting for the broker:
@@ -474,9 +583,95 @@ impl KafkaSource {
     }
 }
 
+/// What the restart scan says about one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Restarted {
+    /// Answered at this position with this `req_id`: skip it.
+    Answered,
+    /// No answer at this position.
+    Unanswered,
+    /// An answer at this position names another `req_id`: it belongs to an
+    /// earlier incarnation of the request topic, so this request is new.
+    OtherRequest { answered_req_id: u64 },
+}
+
+/// The restart scan's answers by request position, taken as records come.
+#[derive(Debug, Default)]
+struct RestartAnswers {
+    by_position: HashMap<RecordId, Vec<u64>>,
+    /// Whether an answer to another request was already logged.
+    warned: bool,
+}
+
+impl RestartAnswers {
+    fn new(answered: HashSet<AnsweredRequest>) -> Self {
+        let mut by_position: HashMap<RecordId, Vec<u64>> = HashMap::new();
+        for a in answered {
+            by_position.entry(a.source).or_default().push(a.req_id);
+        }
+        Self {
+            by_position,
+            warned: false,
+        }
+    }
+
+    /// Looks up (and forgets) the answers at `source`.
+    fn take(&mut self, source: RecordId, req_id: u64) -> Restarted {
+        match self.by_position.remove(&source) {
+            None => Restarted::Unanswered,
+            Some(ids) if ids.contains(&req_id) => Restarted::Answered,
+            Some(ids) => Restarted::OtherRequest {
+                answered_req_id: ids[0],
+            },
+        }
+    }
+}
+
 impl RequestSource for KafkaSource {
     /// Never fails: client errors are logged and retried by librdkafka.
     fn poll(&mut self, max: usize, floor_ms: u64) -> Result<Polled, SourceError> {
         Ok(self.poll_at(max, Instant::now(), floor_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(partition: i32, offset: i64, req_id: u64) -> AnsweredRequest {
+        AnsweredRequest {
+            source: RecordId { partition, offset },
+            req_id,
+        }
+    }
+
+    #[test]
+    fn a_request_is_skipped_only_when_position_and_req_id_match() {
+        let mut answers = RestartAnswers::new([at(0, 5, 42), at(1, 5, 7)].into());
+        let p0 = RecordId {
+            partition: 0,
+            offset: 5,
+        };
+        let p1 = RecordId {
+            partition: 1,
+            offset: 5,
+        };
+        assert_eq!(answers.take(p0, 42), Restarted::Answered);
+        // A request topic created again: new requests at old positions.
+        assert_eq!(
+            answers.take(p1, 99),
+            Restarted::OtherRequest { answered_req_id: 7 }
+        );
+        assert_eq!(answers.take(p0, 42), Restarted::Unanswered, "taken once");
+    }
+
+    #[test]
+    fn answers_from_two_incarnations_at_one_position_both_count() {
+        let mut answers = RestartAnswers::new([at(0, 3, 1), at(0, 3, 2)].into());
+        let p = RecordId {
+            partition: 0,
+            offset: 3,
+        };
+        assert_eq!(answers.take(p, 2), Restarted::Answered);
     }
 }

@@ -350,6 +350,13 @@ pub struct RecordId {
     pub offset: i64,
 }
 
+/// A request the response topic answers: where it was read and its id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AnsweredRequest {
+    pub source: RecordId,
+    pub req_id: u64,
+}
+
 impl WireResponse {
     /// A ranking: scores are rounded here, once.
     pub fn ranking(

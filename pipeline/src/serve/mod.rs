@@ -27,9 +27,9 @@ use timely::dataflow::operators::generic::Operator;
 
 use grflow_connectors::Sink;
 use grflow_connectors::kafka::{
-    BrokerProbe, KafkaSettings, KafkaSink, KafkaSource, OutputProducer, RecordId, Refetch,
-    RequestConsumer, SharedState, SinkSettings, SourceSettings, StartPosition, ensure_topics,
-    owned_partitions, partition_count, scan_answered,
+    AnsweredRequest, BrokerProbe, KafkaClientError, KafkaSettings, KafkaSink, KafkaSource,
+    OutputProducer, Refetch, RequestConsumer, SharedState, SinkSettings, SourceSettings,
+    StartPosition, ensure_topics, owned_partitions, partition_count, scan_answers,
 };
 use grflow_connectors::parquet::load_side_tables;
 use grflow_operators::node::ServingNode;
@@ -49,6 +49,8 @@ use summary::{AnswerLatency, ProcessPart, RefillSummary};
 
 /// Timeout of blocking metadata, commit and watermark calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// What a consumer's close may take past the drain deadline.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -167,6 +169,20 @@ fn check_servable(cfg: &Config) -> Result<(), String> {
     Ok(())
 }
 
+/// Fails unless the dead-letter topic exists: found missing only when the
+/// first bad record cannot be written, it would stop the job (the record's
+/// offset uncommitted) at every start, a crash loop.
+fn check_dead_letter_topic(settings: &KafkaSettings, topic: &str) -> Result<(), ServeError> {
+    match partition_count(settings, topic, CALL_TIMEOUT) {
+        Ok(_) => Ok(()),
+        Err(KafkaClientError::NoSuchTopic { topic, brokers }) => Err(ServeError::Config(format!(
+            "kafka.dead_letter_topic `{topic}` does not exist on {brokers}: create it, \
+             or set kafka.create_partitions to create missing topics at start"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Runs until `stop` is set, then drains, commits and returns the summary.
 pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, ServeError> {
     let cfg = opts.config.clone();
@@ -200,7 +216,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         )?;
     }
     let partitions = partition_count(&settings, &k.request_topic, CALL_TIMEOUT)?;
-    let answered = scan_answered(
+    check_dead_letter_topic(&settings, &k.dead_letter_topic)?;
+    let answered = scan_answers(
         &settings,
         &k.response_topic,
         &k.request_topic,
@@ -300,7 +317,12 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         {
             let mut book = shared.book(w).lock().expect("offset book lock");
             for r in &resumed {
-                book.resume(r.partition, r.offset);
+                if r.from_commit {
+                    book.resume(r.partition, r.offset);
+                } else {
+                    // A `latest` start: committed at once (see `Resumed`).
+                    book.start_uncommitted(r.partition, r.offset);
+                }
                 tracing::info!(
                     worker = w,
                     partition = r.partition,
@@ -319,9 +341,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             .filter(|r| r.past_end.is_some())
             .map(|r| r.partition)
             .collect();
-        let mine: HashSet<RecordId> = answered
+        let mine: HashSet<AnsweredRequest> = answered
             .iter()
-            .filter(|id| owned.contains(&id.partition) && !renewed.contains(&id.partition))
+            .filter(|a| {
+                owned.contains(&a.source.partition) && !renewed.contains(&a.source.partition)
+            })
             .copied()
             .collect();
         let source_settings = SourceSettings {
@@ -550,9 +574,14 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             if worker_shared.drain_timed_out.load(Ordering::Relaxed) || worker_shared.is_fatal() {
                 source.borrow_mut().commit_without_waiting()
             } else {
-                source.borrow_mut().commit(true)
+                source.borrow_mut().commit_within(drain.time_left())
             };
         source.borrow().measure_lag();
+        // Closing may wait on the broker too (an unanswered commit): bounded
+        // the same way, with a moment's grace for a healthy close.
+        source
+            .borrow_mut()
+            .close(drain.time_left().max(CLOSE_GRACE));
         if !probe.done() {
             // Left early (drain timeout, fatal error): timely would keep
             // stepping an unfinished dataflow after this closure returns.
@@ -857,6 +886,13 @@ impl DrainClock {
             );
         }
         expired
+    }
+
+    /// Time to the deadline (the whole timeout before it started).
+    fn time_left(&self) -> Duration {
+        self.deadline.map_or(self.timeout, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
     }
 
     /// How long one flush may wait without overshooting the deadline.
