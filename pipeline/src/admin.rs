@@ -146,6 +146,41 @@ impl AdminServer {
 /// Bodies larger than this are refused (a path is short).
 const MAX_BODY: usize = 64 * 1024;
 
+/// Why a request that changes the job is refused as possibly from a web
+/// page: a loopback peer is not enough, since a browser on this host (a
+/// page's form or fetch, or a DNS-rebound name) connects from loopback too.
+/// Browsers send `Origin` on such requests and the page's name as `Host`;
+/// curl and scripts send neither or a loopback `Host`.
+fn cross_site(head: &crate::http::Head) -> Option<&'static str> {
+    if matches!(head.method.as_str(), "GET" | "HEAD") {
+        return None;
+    }
+    if head.origin.is_some() {
+        return Some(
+            "refused: a request with an Origin header (a web page) may not change the job",
+        );
+    }
+    match &head.host {
+        Some(host) if !is_loopback_host(host) => Some(
+            "refused: the Host header must be a loopback name or address \
+             (127.0.0.1, localhost, [::1])",
+        ),
+        _ => None,
+    }
+}
+
+/// `host` (with or without a port) names this machine's loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or("", |(ip, _)| ip),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn answer(
     stream: TcpStream,
     peer: SocketAddr,
@@ -169,6 +204,10 @@ fn answer(
             Ok((head, _)) if head.content_length.unwrap_or(0) > MAX_BODY => AdminReply {
                 status: 413,
                 body: serde_json::json!({"error": "body too large"}),
+            },
+            Ok((head, _)) if cross_site(&head).is_some() => AdminReply {
+                status: 403,
+                body: serde_json::json!({"error": cross_site(&head)}),
             },
             Ok((head, mut body_reader)) => {
                 let mut body = vec![0u8; head.content_length.unwrap_or(0)];
@@ -291,5 +330,47 @@ mod tests {
         assert!(matches!(err, AdminError::NotLoopback(_)), "{err}");
         let server = AdminServer::start("127.0.0.1:0", models, Arc::new(|_| {})).unwrap();
         assert!(server.local_addr().ip().is_loopback());
+    }
+
+    /// POST /alpha with `headers`: (status, commands submitted).
+    fn post_alpha(headers: &str) -> (u16, usize) {
+        use std::io::{Read, Write};
+        let submitted = Arc::new(Mutex::new(0usize));
+        let count = submitted.clone();
+        let submit: Submit = Arc::new(move |_| *count.lock().unwrap() += 1);
+        let server = AdminServer::start("127.0.0.1:0", Arc::new(registry(true)), submit).unwrap();
+        let mut conn = TcpStream::connect(server.local_addr()).unwrap();
+        let body = "0.5";
+        write!(
+            conn,
+            "POST /alpha HTTP/1.1\r\n{headers}Content-Type: text/plain\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        conn.read_to_string(&mut out).unwrap();
+        let status = out[9..12].parse().unwrap();
+        let n = *submitted.lock().unwrap();
+        (status, n)
+    }
+
+    #[test]
+    fn a_web_page_cannot_change_the_job_through_a_loopback_browser() {
+        // A page's no-cors POST carries its Origin; a DNS-rebound name its
+        // own Host. Both were accepted (202) and α was pinned.
+        let page = post_alpha("Host: 127.0.0.1:1\r\nOrigin: http://evil.example\r\n");
+        assert_eq!(page, (403, 0));
+        let rebound = post_alpha("Host: evil.example:19465\r\n");
+        assert_eq!(rebound, (403, 0));
+        // curl and scripts: a loopback Host, or none.
+        for host in [
+            "Host: 127.0.0.1:9\r\n",
+            "Host: localhost:9\r\n",
+            "Host: [::1]:9\r\n",
+            "",
+        ] {
+            assert_eq!(post_alpha(host), (202, 1), "{host:?}");
+        }
     }
 }

@@ -23,6 +23,10 @@ pub struct Head {
     pub path: String,
     /// `Content-Length`, None when absent.
     pub content_length: Option<usize>,
+    /// `Host`, None when absent.
+    pub host: Option<String>,
+    /// `Origin` (sent by browsers), None when absent.
+    pub origin: Option<String>,
 }
 
 /// Why a request's head could not be read.
@@ -84,14 +88,20 @@ pub fn read_head(
         method: parts.next().unwrap_or("").to_string(),
         path: parts.next().unwrap_or("").to_string(),
         content_length: None,
+        host: None,
+        origin: None,
     };
     let mut header = String::new();
     while read_line(&mut header)? > 2 {
-        if let Some((k, v)) = header.split_once(':')
-            && k.trim().eq_ignore_ascii_case("content-length")
-        {
-            let v = v.trim();
-            head.content_length = Some(v.parse().map_err(|_| HeadError::BadLength(v.into()))?);
+        if let Some((k, v)) = header.split_once(':') {
+            let (k, v) = (k.trim(), v.trim());
+            if k.eq_ignore_ascii_case("content-length") {
+                head.content_length = Some(v.parse().map_err(|_| HeadError::BadLength(v.into()))?);
+            } else if k.eq_ignore_ascii_case("host") {
+                head.host = Some(v.to_string());
+            } else if k.eq_ignore_ascii_case("origin") {
+                head.origin = Some(v.to_string());
+            }
         }
         header.clear();
     }

@@ -27,7 +27,7 @@ pub fn request(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16,
     let mut s = TcpStream::connect(addr).ok()?;
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: grflow\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .ok()?;
