@@ -241,25 +241,38 @@ fn copies_on_topic(settings: &KafkaSettings, topic: &str) -> BTreeMap<RecordId, 
 /// to offsets `from..to` of each partition `p` of `partitions`, whose
 /// partitions must hold exactly `from` records.
 fn produce_fixed(brokers: &str, topic: &str, partitions: &[i32], from: i64, to: i64) {
+    let records =
+        (from..to).flat_map(|o| partitions.iter().map(move |&p| (p, fixed_payload(p, o))));
+    send_all(brokers, true, topic, records);
+}
+
+/// Sends `(partition, payload)` records to `topic` in order and waits for
+/// every one (`idempotent`: ordered, no duplicates).
+fn send_all(
+    brokers: &str,
+    idempotent: bool,
+    topic: &str,
+    records: impl IntoIterator<Item = (i32, impl AsRef<[u8]>)>,
+) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
+        .set(
+            "enable.idempotence",
+            if idempotent { "true" } else { "false" },
+        )
         .set("linger.ms", "1")
         .create()
         .unwrap();
-    for o in from..to {
-        for &p in partitions {
-            let payload = fixed_payload(p, o);
-            producer
-                .send(
-                    BaseRecord::<(), _>::to(topic)
-                        .partition(p)
-                        .payload(&payload),
-                )
-                .expect("send");
-        }
+    for (p, payload) in records {
+        producer
+            .send(
+                BaseRecord::<(), [u8]>::to(topic)
+                    .partition(p)
+                    .payload(payload.as_ref()),
+            )
+            .expect("send");
     }
-    producer.flush(WAIT).expect("flush of the fixed records");
+    producer.flush(WAIT).expect("flush");
 }
 
 fn fixed_payload(partition: i32, offset: i64) -> String {
@@ -834,24 +847,10 @@ const REQUEST_TOKENS: u64 = 7;
 
 /// `n` requests on each of `partitions` of `topic`.
 fn produce_requests(brokers: &str, topic: &str, partitions: &[i32], n: u64) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("linger.ms", "1")
-        .create()
-        .unwrap();
-    for &p in partitions {
-        for i in 0..n {
-            let payload = request_payload(p as u64 * 1_000 + i);
-            producer
-                .send(
-                    BaseRecord::<(), _>::to(topic)
-                        .partition(p)
-                        .payload(&payload),
-                )
-                .expect("send");
-        }
-    }
-    producer.flush(WAIT).expect("flush");
+    let records = partitions
+        .iter()
+        .flat_map(|&p| (0..n).map(move |i| (p, request_payload(p as u64 * 1_000 + i))));
+    send_all(brokers, false, topic, records);
 }
 
 /// Worker 0 (of `shared`'s workers) reading `opened` of `topic` from the

@@ -483,12 +483,7 @@ impl KafkaSource {
     /// committed.
     pub fn commit_within(&mut self, wait: Duration) -> Vec<(i32, i64)> {
         self.note_refused_commits();
-        let commits = self
-            .shared
-            .book(self.worker)
-            .lock()
-            .expect("offset book lock")
-            .safe_commits();
+        let commits = self.safe_commits();
         let failed = match self.consumer.commit_and_wait(&commits, wait) {
             Ok(true) => false,
             Ok(false) => {
@@ -526,6 +521,15 @@ impl KafkaSource {
         }
     }
 
+    /// Every partition's offset below which every record is answered.
+    fn safe_commits(&self) -> Vec<(i32, i64)> {
+        self.shared
+            .book(self.worker)
+            .lock()
+            .expect("offset book lock")
+            .safe_commits()
+    }
+
     /// Counts the commits the broker refused since the last look; the next
     /// commit then sends every partition's offset again.
     fn note_refused_commits(&mut self) {
@@ -551,12 +555,7 @@ impl KafkaSource {
     /// commit has no deadline of its own. What is unanswered stays
     /// uncommitted either way.
     pub fn commit_without_waiting(&mut self) -> Vec<(i32, i64)> {
-        let commits = self
-            .shared
-            .book(self.worker)
-            .lock()
-            .expect("offset book lock")
-            .safe_commits();
+        let commits = self.safe_commits();
         if let Err(e) = self.consumer.commit(&commits, false) {
             tracing::warn!(worker = self.worker, error = %e, "offset commit");
         }
