@@ -312,6 +312,9 @@ pub fn requests_to_batch(rows: &[Request]) -> RecordBatch {
     RecordBatch::try_new(requests_schema(), columns).expect("columns match the schema")
 }
 
+/// The latest event time a request may carry: 9999-12-31T23:59:59.999Z.
+pub const MAX_TS_MS: u64 = 253_402_300_799_999;
+
 /// Decodes every row of a requests batch; a bad row becomes an `Err` in
 /// its slot so the caller can keep its position.
 pub fn decode_requests(batch: &RecordBatch) -> Result<Vec<Result<Request, RowError>>, ColumnError> {
@@ -341,8 +344,18 @@ pub fn decode_requests(batch: &RecordBatch) -> Result<Vec<Result<Request, RowErr
                 req_id: None,
             });
         }
+        let ts_ms = req(ts, i, "ts_ms")?;
+        // Pacing and windows add to event times: a stamp near u64::MAX held
+        // a paced replay forever and moved every later request to its time.
+        if ts_ms > MAX_TS_MS {
+            return Err(RowError {
+                column: "ts_ms",
+                reason: format!("{ts_ms} is after the year 9999 ({MAX_TS_MS} ms since 1970)"),
+                req_id: None,
+            });
+        }
         Ok(Request {
-            ts_ms: req(ts, i, "ts_ms")?,
+            ts_ms,
             req_id: req(req_id, i, "req_id")?,
             user_id: req(user, i, "user_id")?,
             hist_len: req(hist, i, "hist_len")?,
@@ -539,6 +552,14 @@ mod tests {
         assert!(rows[0].is_ok());
         assert_eq!(rows[1].as_ref().unwrap_err().column, "ts_ms");
         assert_eq!(rows[2].as_ref().unwrap_err().column, "mode");
+        // A stamp past any calendar date is a bad row, not a request.
+        let mut columns = good.columns().to_vec();
+        columns[0] = Arc::new(UInt64Array::from(vec![1, u64::MAX, MAX_TS_MS]));
+        let rows = decode_requests(&RecordBatch::try_new(good.schema(), columns).unwrap()).unwrap();
+        let err = rows[1].as_ref().unwrap_err();
+        assert_eq!(err.column, "ts_ms");
+        assert!(err.reason.contains("year 9999"), "{}", err.reason);
+        assert!(rows[0].is_ok() && rows[2].is_ok());
     }
 
     #[test]

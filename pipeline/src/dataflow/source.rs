@@ -219,12 +219,20 @@ pub fn request_source<'s>(
                 }
                 emitted += 1;
             }
-            // Nothing earlier than the next pending record (or, with none
-            // pending, the watermark) can still come from this worker.
+            // Nothing earlier than the pending requests and the watermark
+            // (which covers what the source has not handed over yet, e.g.
+            // later row groups) can still come from this worker. The front
+            // alone made earlier requests behind it or in later row groups
+            // late, and how many depended on the pace.
             let next = match pending.front() {
-                Some(SourceRecord::Request { request, .. }) => request.ts_ms,
                 Some(SourceRecord::Bad { .. }) => *c.time(),
-                None => watermark,
+                _ => pending
+                    .iter()
+                    .filter_map(|r| match r {
+                        SourceRecord::Request { request, .. } => Some(request.ts_ms),
+                        SourceRecord::Bad { .. } => None,
+                    })
+                    .fold(watermark, u64::min),
             };
             if next > *c.time() {
                 c.downgrade(&next);
