@@ -456,6 +456,16 @@ fn side_table_rows_are_checked_against_the_metadata() {
         "{err}"
     );
     assert!(err.to_string().contains("items.parquet: row 7"), "{err}");
+    // Two items with one semantic ID: the second could never be retrieved.
+    let (dir2, mut dup) = written("side-dup-sid");
+    dup.items[9].sid = dup.items[3].sid;
+    write_trace(&dir2, &dup, &WriteOptions::default()).unwrap();
+    let err = load_side_tables(&dir2).unwrap_err().to_string();
+    assert!(
+        err.contains("row 9") && err.contains("semantic IDs must be unique"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir2).unwrap();
     // A table larger than memory could hold is refused by name: u32::MAX
     // rows panicked the nodes (a row index wrapped).
     trace.items[7].feature_ids[1] = 0;

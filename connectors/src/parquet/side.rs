@@ -45,7 +45,17 @@ pub fn load_side_tables(dir: &Path) -> Result<SideTables, SourceError> {
         }
     }
     let mut seen = BTreeSet::new();
+    // Retrieval decodes a semantic ID to one item: a second item with the
+    // same ID could never be retrieved.
+    let mut sids = std::collections::HashMap::new();
     for (row, it) in items.iter().enumerate() {
+        if let Some(other) = sids.insert(it.sid, it.item_id) {
+            let reason = format!(
+                "sid {:?} is item {other}'s too: semantic IDs must be unique",
+                it.sid
+            );
+            return Err(bad_row(&items_file, row, "sid", reason));
+        }
         if !seen.insert(it.item_id) {
             return Err(bad_row(
                 &items_file,
