@@ -574,7 +574,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             if worker_shared.drain_timed_out.load(Ordering::Relaxed) || worker_shared.is_fatal() {
                 source.borrow_mut().commit_without_waiting()
             } else {
-                source.borrow_mut().commit_within(drain.time_left())
+                // A drain that ended just before its deadline still gives a
+                // healthy broker a moment to answer the commit.
+                source
+                    .borrow_mut()
+                    .commit_within(drain.time_left().max(CLOSE_GRACE))
             };
         source.borrow().measure_lag();
         // Closing may wait on the broker too (an unanswered commit): bounded
