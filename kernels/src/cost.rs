@@ -107,7 +107,21 @@ impl CostModel {
                 self.overhead_ms, self.occupancy_ms
             ));
         }
+        let named = [
+            ("prefill_ms", &self.prefill_ms[..]),
+            ("rank_ms", &self.rank_ms[..]),
+            ("beam_ms", &self.beam_ms[..]),
+        ];
+        for (name, coefficients) in named {
+            if let Some(v) = coefficients.iter().find(|&&v| v < 0.0) {
+                return Err(format!(
+                    "{name}: coefficient {v} is negative (each term is a cost); calibrate again"
+                ));
+            }
+        }
         let probes = [
+            ("prefill_ms", self.prefill(1, 0), "1 new token"),
+            ("rank_ms", self.rank(1, 0), "1 candidate"),
             ("prefill_ms", self.prefill(64, 0), "64 new tokens"),
             ("prefill_ms", self.prefill(64, 256), "64 tokens after 256"),
             ("rank_ms", self.rank(100, 64), "100 candidates on 64 tokens"),
@@ -232,7 +246,7 @@ pub fn calibrate(
 
     let prefill_ms = fit3(&prefill);
     let rank_ms = fit3(&rank);
-    let b = least_squares(&beam);
+    let b = non_negative_least_squares(&beam);
     let beam_ms = [b[0], b[1]];
     let mut cost = CostModel {
         preset: preset.to_string(),
@@ -269,8 +283,39 @@ pub fn calibrate(
 }
 
 fn fit3(samples: &[(Vec<f64>, f64)]) -> [f64; 3] {
-    let c = least_squares(samples);
+    let c = non_negative_least_squares(samples);
     [c[0], c[1], c[2]]
+}
+
+/// [`least_squares`] with no coefficient below zero: the most negative one
+/// is dropped (held at 0) and the rest refitted, until none is. Each term
+/// is a cost, so a negative one only fits noise, and it drove the model's
+/// small requests (a 1-token prefill after a prefix hit) to 0 ms or below.
+fn non_negative_least_squares(samples: &[(Vec<f64>, f64)]) -> Vec<f64> {
+    let k = samples.first().map_or(0, |s| s.0.len());
+    let mut kept: Vec<usize> = (0..k).collect();
+    loop {
+        let reduced: Vec<(Vec<f64>, f64)> = samples
+            .iter()
+            .map(|(x, y)| (kept.iter().map(|&i| x[i]).collect(), *y))
+            .collect();
+        let fit = least_squares(&reduced);
+        let worst = (0..kept.len())
+            .filter(|&j| fit[j] < 0.0)
+            .min_by(|&a, &b| fit[a].total_cmp(&fit[b]));
+        match worst {
+            Some(j) => {
+                kept.remove(j);
+            }
+            None => {
+                let mut c = vec![0.0; k];
+                for (j, &i) in kept.iter().enumerate() {
+                    c[i] = fit[j];
+                }
+                return c;
+            }
+        }
+    }
 }
 
 /// Least squares on relative error (each row weighted by 1/y, so that a
@@ -381,6 +426,50 @@ mod tests {
         let c = least_squares(&samples);
         for (got, want) in c.iter().zip([0.5, 0.2, 0.01]) {
             assert!((got - want).abs() < 1e-9, "{c:?}");
+        }
+        // Exact data: the constrained fit is the same.
+        assert_eq!(non_negative_least_squares(&samples), c);
+    }
+
+    #[test]
+    fn a_noisy_fit_keeps_every_cost_term_non_negative() {
+        // Linear times whose largest sample read low (noise): unconstrained,
+        // the quadratic term comes out negative, and with it long requests
+        // cost less than short ones would suggest.
+        let samples: Vec<(Vec<f64>, f64)> = [(16.0, 1.6), (32.0, 3.2), (64.0, 6.4), (128.0, 11.0)]
+            .iter()
+            .map(|&(n, y)| (vec![1.0, n, n * n], y))
+            .collect();
+        let free = least_squares(&samples);
+        assert!(free.iter().any(|&c| c < 0.0), "{free:?}");
+        let c = non_negative_least_squares(&samples);
+        assert!(c.iter().all(|&v| v >= 0.0), "{c:?}");
+        let one = c[0] + c[1] + c[2];
+        assert!(one > 0.0, "{c:?}");
+        // And a file with a negative term is refused by name.
+        let mut cost = calibrate_free_model();
+        cost.prefill_ms[0] = -0.2;
+        let err = cost.check().unwrap_err();
+        assert!(
+            err.contains("prefill_ms") && err.contains("negative"),
+            "{err}"
+        );
+    }
+
+    fn calibrate_free_model() -> CostModel {
+        CostModel {
+            preset: "small".into(),
+            machine: "m".into(),
+            gemm_gflops: 100.0,
+            beam_width: 8,
+            beam_top_k: 8,
+            prefill_ms: [0.1, 0.01, 0.0001],
+            rank_ms: [0.2, 0.02, 0.0002],
+            beam_ms: [0.5, 0.05],
+            fit_max_rel_err: 0.0,
+            overhead_ms: 0.3,
+            occupancy_ms: 0.1,
+            calibration_s: 1.0,
         }
     }
 

@@ -32,7 +32,9 @@ fn head_flops(cfg: &ModelConfig, n: usize) -> f64 {
 /// [`crate::GrModel::rank_user_prefix`] with `n_cands` candidates.
 pub fn rank_user_prefix_flops(cfg: &ModelConfig, prefix_len: usize, n_cands: usize) -> f64 {
     let (p, n) = (prefix_len as f64, n_cands as f64);
-    let keys = n * (p + 1.0) + (p + n + 1.0);
+    // Each candidate sees the prefix and itself; the instruction token the
+    // prefix and itself (never the candidates).
+    let keys = n * (p + 1.0) + (p + 1.0);
     (n + 1.0) * dense_flops_per_token(cfg) + attention_flops(cfg, keys) + head_flops(cfg, n_cands)
 }
 

@@ -284,8 +284,10 @@ impl GrModel {
         let mut kept = Vec::with_capacity(jobs.len());
         for job in jobs {
             let n = self.check_tokens("new_tokens", job.new_tokens)?;
-            self.check_table(job.block_table, job.cached_len + n)?;
-            self.check_pos(job.cached_len + n)?;
+            // Saturating: a wrapped sum passed both checks and panicked later.
+            let end = job.cached_len.saturating_add(n);
+            self.check_table(job.block_table, end)?;
+            self.check_pos(end)?;
             if n == 0 {
                 continue;
             }

@@ -194,6 +194,12 @@ fn bad_inputs_are_errors_not_panics() {
             .rank_user_prefix(&wrong, &table, 1, &[0.0; 64])
             .is_err()
     );
+    // A cached length near usize::MAX wrapped past both checks and panicked.
+    assert!(
+        model
+            .prefill(&mut pool.store, &table, usize::MAX, &[0.0; 64])
+            .is_err()
+    );
 }
 
 proptest! {
