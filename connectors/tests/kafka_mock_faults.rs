@@ -926,35 +926,45 @@ fn poll_partitions(source: &mut KafkaSource, duration: Duration) -> Vec<i32> {
     read
 }
 
-#[test]
-fn mock_one_poll_never_admits_past_the_in_flight_cap() {
+/// Worker 0 reading 50 requests of one partition for 1.5 s under the
+/// given caps: the partitions of what it admitted, and its shared state.
+fn admitted_under_caps(
+    group: &str,
+    max_in_flight: usize,
+    max_in_flight_tokens: u64,
+) -> (Vec<i32>, Arc<SharedState>) {
     let mock = mock_cluster();
     let topic = "requests";
     create_topic(&mock, topic, &[1]);
-    let settings = settings(&mock, "in-flight-cap");
+    let settings = settings(&mock, group);
     produce_requests(&settings.brokers, topic, &[0], 50);
     let shared = Arc::new(SharedState::new(topic, 1));
     shared.saw_partitions(1);
-    let mut source = source_of(&settings, topic, &[0], &shared, 4, 1_000_000);
+    let mut source = source_of(
+        &settings,
+        topic,
+        &[0],
+        &shared,
+        max_in_flight,
+        max_in_flight_tokens,
+    );
     let read = poll_partitions(&mut source, Duration::from_millis(1_500));
+    (read, shared)
+}
+
+#[test]
+fn mock_one_poll_never_admits_past_the_in_flight_cap() {
+    let (read, shared) = admitted_under_caps("in-flight-cap", 4, 1_000_000);
     assert_eq!(read.len(), 4, "admitted with 4 allowed in flight");
     assert_eq!(shared.book(0).lock().unwrap().in_flight(), 4);
 }
 
 #[test]
 fn mock_one_poll_stops_at_the_token_cap_after_one_request() {
-    let mock = mock_cluster();
-    let topic = "requests";
-    create_topic(&mock, topic, &[1]);
-    let settings = settings(&mock, "token-cap");
-    produce_requests(&settings.brokers, topic, &[0], 50);
-    let shared = Arc::new(SharedState::new(topic, 1));
-    shared.saw_partitions(1);
     // Room for 2 requests of 7 tokens and a bit: the third is admitted
     // (its weight is known only once read), the fourth is not.
     let cap = 2 * REQUEST_TOKENS + 1;
-    let mut source = source_of(&settings, topic, &[0], &shared, 1_000, cap);
-    let read = poll_partitions(&mut source, Duration::from_millis(1_500));
+    let (read, shared) = admitted_under_caps("token-cap", 1_000, cap);
     assert_eq!(read.len(), 3, "admitted under a cap of {cap} tokens");
     let tokens = shared.book(0).lock().unwrap().in_flight_tokens();
     assert!(tokens < cap + REQUEST_TOKENS, "{tokens} tokens in flight");

@@ -377,20 +377,7 @@ mod tests {
 
     #[test]
     fn scaling_scales_compute_and_leaves_the_host_overhead() {
-        let c = CostModel {
-            preset: "small".into(),
-            machine: "m".into(),
-            gemm_gflops: 100.0,
-            beam_width: 8,
-            beam_top_k: 8,
-            prefill_ms: [0.1, 0.01, 0.0001],
-            rank_ms: [0.2, 0.02, 0.0002],
-            beam_ms: [0.5, 0.05],
-            fit_max_rel_err: 0.0,
-            overhead_ms: 0.3,
-            occupancy_ms: 0.1,
-            calibration_s: 1.0,
-        };
+        let c = hand_made();
         let s = c.scaled(0.01);
         assert!((s.prefill(100, 50) - c.prefill(100, 50) * 0.01).abs() < 1e-12);
         assert!((s.rank(10, 100) - c.rank(10, 100) * 0.01).abs() < 1e-12);
@@ -447,7 +434,7 @@ mod tests {
         let one = c[0] + c[1] + c[2];
         assert!(one > 0.0, "{c:?}");
         // And a file with a negative term is refused by name.
-        let mut cost = calibrate_free_model();
+        let mut cost = hand_made();
         cost.prefill_ms[0] = -0.2;
         let err = cost.check().unwrap_err();
         assert!(
@@ -456,7 +443,8 @@ mod tests {
         );
     }
 
-    fn calibrate_free_model() -> CostModel {
+    /// A cost model written by hand, not measured.
+    fn hand_made() -> CostModel {
         CostModel {
             preset: "small".into(),
             machine: "m".into(),
