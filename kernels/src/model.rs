@@ -376,13 +376,7 @@ impl GrModel {
                     view.shape()
                 )));
             }
-            let values: Vec<f32> = view
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            finite(name, &values)?;
-            Ok(values)
+            finite_f32s(name, view.data())
         };
         let layers = (0..cfg.n_layers)
             .map(|i| {
@@ -455,10 +449,15 @@ impl Fnv {
     }
 }
 
-/// A NaN or infinite weight scores every item NaN: refused on load, named.
-pub(crate) fn finite(name: &str, values: &[f32]) -> Result<(), KernelError> {
+/// The little-endian f32s of tensor `name`'s bytes. A NaN or infinite
+/// weight scores every item NaN: refused on load, named.
+pub(crate) fn finite_f32s(name: &str, data: &[u8]) -> Result<Vec<f32>, KernelError> {
+    let values: Vec<f32> = data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     match values.iter().position(|x| !x.is_finite()) {
-        None => Ok(()),
+        None => Ok(values),
         Some(i) => Err(KernelError::Weights(format!(
             "{name}: element {i} is {}, not a finite number",
             values[i]

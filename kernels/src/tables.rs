@@ -31,15 +31,7 @@ impl EmbeddingTables {
                     .tensor(&name)
                     .map_err(|e| KernelError::Weights(format!("{name}: {e}")))?;
                 match (v.dtype(), v.shape()) {
-                    (Dtype::F32, [_, w]) if *w == d => {
-                        let values: Vec<f32> = v
-                            .data()
-                            .chunks_exact(4)
-                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                            .collect();
-                        crate::model::finite(&name, &values)?;
-                        Ok(values)
-                    }
+                    (Dtype::F32, [_, w]) if *w == d => crate::model::finite_f32s(&name, v.data()),
                     (dt, s) => Err(KernelError::Weights(format!(
                         "{name}: {dt:?} {s:?}, expected F32 [rows, {d}]"
                     ))),

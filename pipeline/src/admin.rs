@@ -205,21 +205,23 @@ fn answer(
                 status: 413,
                 body: serde_json::json!({"error": "body too large"}),
             },
-            Ok((head, _)) if cross_site(&head).is_some() => AdminReply {
-                status: 403,
-                body: serde_json::json!({"error": cross_site(&head)}),
+            Ok((head, mut body_reader)) => match cross_site(&head) {
+                Some(why) => AdminReply {
+                    status: 403,
+                    body: serde_json::json!({ "error": why }),
+                },
+                None => {
+                    let mut body = vec![0u8; head.content_length.unwrap_or(0)];
+                    body_reader.read_exact(&mut body)?;
+                    route(
+                        &head.method,
+                        &head.path,
+                        &String::from_utf8_lossy(&body),
+                        models,
+                        &**submit,
+                    )
+                }
             },
-            Ok((head, mut body_reader)) => {
-                let mut body = vec![0u8; head.content_length.unwrap_or(0)];
-                body_reader.read_exact(&mut body)?;
-                route(
-                    &head.method,
-                    &head.path,
-                    &String::from_utf8_lossy(&body),
-                    models,
-                    &**submit,
-                )
-            }
         }
     };
     let text = serde_json::to_string(&reply.body).unwrap_or_default() + "\n";

@@ -202,10 +202,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--slo-ms must be a finite number > 0 (got {slo})"
         )));
     }
-    if !(0.0..=3_600_000.0).contains(&args.max_wait_ms) {
-        return Err(InputError::from_display(
-            "--max-wait-ms must be in 0..=3600000 (one hour)",
-        ));
+    if !(0.0..=grflow_pipeline::config::MAX_WAIT_MS).contains(&args.max_wait_ms) {
+        return Err(InputError::from_display(format!(
+            "--max-wait-ms must be in 0..={} (one hour)",
+            grflow_pipeline::config::MAX_WAIT_MS
+        )));
     }
     // Each node's pool is allocated up front: 1e12 aborted the process.
     if !(args.pool_mib > 0.0 && args.pool_mib <= grflow_pipeline::config::MAX_POOL_MIB) {

@@ -139,9 +139,9 @@ fn read_meta(file: &CheckedFile) -> Result<TraceMeta, SourceError> {
     Ok(meta)
 }
 
-/// The most rows a trace's embedding table may have (the generator's
-/// largest catalog).
-const MAX_TABLE_ROWS: u32 = 100_000_000;
+/// The most rows a trace's embedding table may have: the generator's
+/// largest catalog.
+const MAX_TABLE_ROWS: u32 = grflow_traces::generate::MAX_ITEMS;
 
 fn read_all<T>(
     file: &CheckedFile,

@@ -266,7 +266,7 @@ impl Config {
 }
 
 /// The longest a short batch may wait to fill (ms): one hour.
-const MAX_WAIT_MS: f64 = 3_600_000.0;
+pub const MAX_WAIT_MS: f64 = 3_600_000.0;
 
 /// The most hotness windows a user's counters keep.
 const MAX_HOTNESS_WINDOWS: usize = 1_000;

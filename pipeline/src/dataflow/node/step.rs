@@ -77,14 +77,7 @@ impl StepCtx {
             };
             let reason =
                 format!("shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms");
-            let req_id = s.routed.admitted.request.req_id;
-            out[s.slot].push(error_event(
-                origin(&s.routed, false),
-                req_id,
-                reason,
-                ErrorKind::Shed,
-            ));
-            out[s.slot].push(self.failed_telemetry(&s));
+            self.fail(&s, false, reason, ErrorKind::Shed, &mut out[s.slot]);
         }
         split
             .serve
@@ -216,22 +209,16 @@ impl StepCtx {
         served: Result<Served, String>,
         out: &mut Vec<NodeEvent>,
     ) {
-        let routed = &s.routed;
-        let req = &routed.admitted.request;
-        let origin = origin(routed, recovered_late);
         let served = match served {
             Ok(served) => served,
             Err(reason) => {
-                out.push(error_event(
-                    origin,
-                    req.req_id,
-                    reason,
-                    ErrorKind::Unservable,
-                ));
-                out.push(self.failed_telemetry(s));
+                self.fail(s, recovered_late, reason, ErrorKind::Unservable, out);
                 return;
             }
         };
+        let routed = &s.routed;
+        let req = &routed.admitted.request;
+        let origin = origin(routed, recovered_late);
         let node = lock(&self.node);
         let latency_ms = match self.clock {
             Clock::Wall => {
@@ -310,21 +297,38 @@ impl StepCtx {
                     kept.push((s, *recovered_late));
                     histories.push(history);
                 }
-                Err(e) => {
-                    out[s.slot].push(unservable(s, *recovered_late, e.to_string()));
-                    out[s.slot].push(self.failed_telemetry(s));
-                }
+                Err(e) => self.fail(
+                    s,
+                    *recovered_late,
+                    e.to_string(),
+                    ErrorKind::Unservable,
+                    &mut out[s.slot],
+                ),
             }
         }
         (kept, histories)
     }
 
-    /// The window sample of a request answered with an error: the windows
-    /// (and the allocator reading them) see a shed or unservable request as
-    /// one that missed its SLO, not as no request at all.
-    fn failed_telemetry(&self, s: &Slotted) -> NodeEvent {
+    /// Answers `s` with an error record, and gives its window a failed
+    /// sample: the windows (and the allocator reading them) see a shed or
+    /// unservable request as one that missed its SLO, not as no request.
+    fn fail(
+        &self,
+        s: &Slotted,
+        recovered_late: bool,
+        reason: String,
+        kind: ErrorKind,
+        out: &mut Vec<NodeEvent>,
+    ) {
+        let req_id = s.routed.admitted.request.req_id;
+        out.push(error_event(
+            origin(&s.routed, recovered_late),
+            req_id,
+            reason,
+            kind,
+        ));
         let node = lock(&self.node);
-        NodeEvent::Telemetry(Telemetry {
+        out.push(NodeEvent::Telemetry(Telemetry {
             node: node.id(),
             ts_ms: s.time,
             sample: TelemetrySample::failed(
@@ -332,18 +336,8 @@ impl StepCtx {
                 (node.alpha() * 1000.0).round() as u32,
                 node.alpha_pinned(),
             ),
-        })
+        }));
     }
-}
-
-/// A request that cannot be served (e.g. its history is missing).
-fn unservable(s: &Slotted, recovered_late: bool, reason: String) -> NodeEvent {
-    error_event(
-        origin(&s.routed, recovered_late),
-        s.routed.admitted.request.req_id,
-        reason,
-        ErrorKind::Unservable,
-    )
 }
 
 /// An error record in place of a response.
