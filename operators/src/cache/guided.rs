@@ -58,6 +58,15 @@ impl GuidedPolicy {
         self.policy.access(key, self.tick)
     }
 
+    /// A request missed `key` and will insert it after evictions that the
+    /// policy must see as caused by this miss (LARU Alg. 1 line 10). No
+    /// tick: the request is counted by the `access` before its `insert`,
+    /// which repeats the miss without counting the key twice.
+    pub fn missed(&mut self, key: Key) {
+        let hit = self.policy.access(key, self.tick);
+        debug_assert!(!hit, "a missed key is not resident");
+    }
+
     /// `key` (requested last) becomes resident.
     pub fn insert(&mut self, key: Key) {
         self.policy.insert(key, self.tick);
@@ -115,5 +124,21 @@ impl GuidedPolicy {
             predictor: None,
             tick: self.tick,
         })
+    }
+}
+
+#[cfg(test)]
+impl GuidedPolicy {
+    /// `policy` without a predictor: the test sets predictions itself.
+    pub(crate) fn without_predictor(policy: Box<dyn EvictionPolicy>) -> Self {
+        Self {
+            policy,
+            predictor: None,
+            tick: 0,
+        }
+    }
+
+    pub(crate) fn set_prediction(&mut self, key: Key, next_access: f64) {
+        self.policy.set_prediction(key, next_access);
     }
 }

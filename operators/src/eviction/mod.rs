@@ -59,7 +59,9 @@ impl EvictCtx<'_> {
 /// The resident set and eviction order of one cache.
 ///
 /// Protocol per request of `key` at time `now`: `access` (hit or miss); on a
-/// miss the cache calls `evict` until it has room, then `insert`.
+/// miss the cache calls `evict` until it has room, then `insert`. A miss
+/// may be accessed again before its `insert` (the prefix cache reports it
+/// before its evictions and again when it commits); it is one request.
 pub trait EvictionPolicy: Send + std::fmt::Debug {
     /// The policy's name as accepted by [`PolicyName::parse`].
     fn name(&self) -> &'static str;

@@ -114,14 +114,17 @@ impl OnlinePredictor {
     pub fn observe(&mut self, key: Key, now: u64, ctx: AccessContext) -> FeatureRow {
         self.promote(now);
         let row = self.tracker.observe(key, now, ctx);
-        if let Some(prev) = self.last_sample.insert(key, now)
-            && let Some(front) = self.samples.front()
-            && prev >= front.t
-        {
-            let i = (prev - front.t) as usize;
-            self.samples[i].label = Some(now - prev);
+        if let Some(prev) = self.last_sample.insert(key, now) {
+            // Found by time, not by offset: a cache ticks on every lookup but
+            // observes only hits and inserts, so times have gaps.
+            let first = self.samples.partition_point(|s| s.t < prev);
+            if let Some(s) = (self.samples.range_mut(first..))
+                .take_while(|s| s.t == prev)
+                .find(|s| s.key == key)
+            {
+                s.label = Some(now - prev);
+            }
         }
-        // One sample per request, so `t - front.t` indexes the window.
         self.samples.push_back(Sample {
             t: now,
             key,
@@ -273,5 +276,48 @@ impl OnlinePredictor {
                 self.background = Some(rx);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(p: &OnlinePredictor) -> Vec<(u64, Key, Option<u64>)> {
+        p.samples.iter().map(|s| (s.t, s.key, s.label)).collect()
+    }
+
+    #[test]
+    fn requests_counted_but_not_observed_leave_labels_on_their_own_samples() {
+        // A cache ticks on every lookup but observes only hits and inserts
+        // (an EMB share of 0 rows observes nothing): ticks 2..5 are a gap.
+        let mut p = OnlinePredictor::new(PredictorConfig {
+            training: Training::Inline { lag: 0 },
+            ..PredictorConfig::default()
+        });
+        let ctx = AccessContext::default();
+        for (key, t) in [(100, 0), (101, 1), (102, 5), (103, 6), (104, 7), (105, 8)] {
+            p.observe(key, t, ctx);
+        }
+        // Offset 5 from the front is 105's sample: mislabelled before.
+        p.observe(102, 9, ctx);
+        // Two samples of one tick (an insert observed at its lookup's tick).
+        p.observe(9, 9, ctx);
+        // Offset 9 is past the queue's end: "Out of bounds access" before.
+        p.observe(9, 20, ctx);
+        assert_eq!(
+            labels(&p),
+            [
+                (0, 100, None),
+                (1, 101, None),
+                (5, 102, Some(4)),
+                (6, 103, None),
+                (7, 104, None),
+                (8, 105, None),
+                (9, 102, None),
+                (9, 9, Some(11)),
+                (20, 9, None),
+            ]
+        );
     }
 }
