@@ -9,11 +9,15 @@
 //!   violation share moves with p99).
 //! - **Output**: 0.02·tanh(y), so the correction stays within ±0.02.
 //! - **Objective**: a one-step policy gradient on Eq. 5's reward. The
-//!   applied correction is the output plus Gaussian exploration (σ =
-//!   [`EXPLORE`]); each epoch's (inputs, applied correction, reward of the
-//!   window after it) enters a 1K FIFO buffer, and an update ascends
+//!   proposed correction is the output plus Gaussian exploration (σ =
+//!   [`EXPLORE`]); the applied one is what of it the allocator sent (after
+//!   its mask, clamp and page grid: [`Adapter::realised`]). Each epoch's
+//!   (inputs, applied correction, reward of the window after it) enters a
+//!   1K FIFO buffer, and an update ascends
 //!   E[(r − r̄)·∇ log π(applied | inputs)] over the buffer, with the
-//!   learning rate of Eq. 7: η₀·|ℓ_t − ℓ_EMA| / τ_SLO, η₀ = 1e-3.
+//!   learning rate of Eq. 7: η₀·|ℓ_t − ℓ_EMA| / τ_SLO, η₀ = 1e-3. A
+//!   window that gets no decision (too few requests, α pinned) drops the
+//!   correction waiting for it ([`Adapter::forget`]).
 //! - With exploration off and no update, a zero-initialised adapter adds
 //!   exactly 0: `ppo-only` and `smart` decide alike until it has learned.
 
@@ -121,6 +125,34 @@ impl Adapter {
         let applied = applied.clamp(-BOUND, BOUND);
         self.pending = Some((x, applied));
         applied
+    }
+
+    /// The allocator sent `applied` of the last correction (0 when the
+    /// move was masked, clamped away or below the page grid): the reward
+    /// that follows is for that, not for the correction proposed.
+    pub fn realised(&mut self, applied: f64) {
+        if let Some((_, a)) = &mut self.pending {
+            *a = applied.clamp(-BOUND, BOUND);
+        }
+    }
+
+    /// The window after the last correction gets no decision (too few
+    /// requests, or α pinned): nothing is learned from the correction.
+    pub fn forget(&mut self) {
+        self.pending = None;
+    }
+
+    /// Turns exploration off: corrections are the network's output alone
+    /// (a noise drawn ahead is dropped).
+    pub fn stop_exploring(&mut self) {
+        self.explore = false;
+        self.noise = None;
+    }
+
+    /// The buffer's (applied correction, reward) pairs, oldest first.
+    #[cfg(test)]
+    pub(crate) fn samples(&self) -> Vec<(f64, f64)> {
+        self.buffer.iter().map(|s| (s.applied, s.reward)).collect()
     }
 
     /// The window after the last correction closed with reward `r` and

@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::adapter::Adapter;
-use super::mdp::{ACTIONS, State, reward};
+use super::mdp::{ACTIONS, State, controller_p99_ms, reward};
 use super::ppo::{ActorCritic, Decider, Step};
 use super::recovery::{Recovery, Verdict};
 use crate::windows::WindowStats;
@@ -33,6 +33,9 @@ pub struct Learned {
     pending: Option<Step>,
     /// Decisions whose reward is known, oldest first.
     finished: Vec<Step>,
+    /// The last decision's move without the adapter's correction, and the
+    /// correction, while the allocator has not said what it sent.
+    corrected: Option<(f64, f64)>,
     /// Epochs the recovery controller overrode.
     pub overrides: u64,
 }
@@ -68,23 +71,37 @@ impl Learned {
             sampler: sample.then(|| ChaCha8Rng::seed_from_u64(seed)),
             pending: None,
             finished: Vec::new(),
+            corrected: None,
             overrides: 0,
         }
     }
 
+    /// The same, with the adapter's exploration off: a zero-initialised
+    /// `smart` then decides as `ppo-only` (a test's comparison; serving
+    /// explores, or the adapter could not learn).
+    pub fn without_exploration(mut self) -> Self {
+        if let Some(a) = &mut self.adapter {
+            a.stop_exploring();
+        }
+        self
+    }
+
     /// The move of α after closed window `w`, for a node at `alpha` now.
     pub fn decide(&mut self, w: &WindowStats, alpha: f64) -> f64 {
+        self.corrected = None;
         let r = reward(w, self.slo_ms);
         if let Some(mut step) = self.pending.take() {
             step.reward = r;
             self.finished.push(step);
         }
+        // Failures count against the p99 (a window of them has none).
+        let p99_ms = controller_p99_ms(w, self.slo_ms);
         if let Some(a) = &mut self.adapter {
-            a.reward(r, w.p99_ms, self.slo_ms);
+            a.reward(r, p99_ms, self.slo_ms);
         }
         let state = State::of(w, alpha, self.max_positions, self.slo_ms);
         if let Some(rc) = &mut self.recovery
-            && let Verdict::Override(step) = rc.observe(w.p99_ms, w.hot_user_share)
+            && let Verdict::Override(step) = rc.observe(p99_ms, w.hot_user_share)
         {
             self.overrides += 1;
             return step;
@@ -107,9 +124,39 @@ impl Learned {
             }
             None => ACTIONS[self.decider.greedy(&state.0, allow_up)],
         };
-        let correction = self.adapter.as_mut().map_or(0.0, |a| a.correct(&state));
-        let step = base + correction;
-        if allow_up { step } else { step.min(0.0) }
+        let mask = |step: f64| if allow_up { step } else { step.min(0.0) };
+        let Some(a) = &mut self.adapter else {
+            return mask(base);
+        };
+        let correction = a.correct(&state);
+        self.corrected = Some((mask(base), correction));
+        mask(base + correction)
+    }
+
+    /// The last decision's move without the adapter's correction (None:
+    /// no correction was made).
+    pub fn uncorrected(&self) -> Option<f64> {
+        self.corrected.map(|(base, _)| base)
+    }
+
+    /// What the last decision's correction changed in the α sent: `share`
+    /// is the α sent minus the α the uncorrected move would have sent
+    /// (each the node's α when nothing is sent). The adapter learns from
+    /// that, kept within its correction's range.
+    pub fn realised(&mut self, share: f64) {
+        if let (Some((_, c)), Some(a)) = (self.corrected.take(), &mut self.adapter) {
+            a.realised(share.clamp(c.min(0.0), c.max(0.0)));
+        }
+    }
+
+    /// The window gets no decision (too few requests, α pinned): the
+    /// adapter's correction waiting for its reward is dropped, so a later
+    /// window's reward is not credited to it.
+    pub fn skip(&mut self) {
+        self.corrected = None;
+        if let Some(a) = &mut self.adapter {
+            a.forget();
+        }
     }
 
     /// Learning that waits until the decision is out (the adapter's update).
@@ -117,6 +164,11 @@ impl Learned {
         if let Some(a) = &mut self.adapter {
             a.train();
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn adapter(&self) -> Option<&Adapter> {
+        self.adapter.as_ref()
     }
 
     /// Recorded decisions with their rewards (taken: the caller owns them).
@@ -128,6 +180,7 @@ impl Learned {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocator::adapter::BOUND;
 
     fn window(p99_ms: f64) -> WindowStats {
         WindowStats {
@@ -147,21 +200,93 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_policy_holds_alpha_and_smart_matches_ppo_only_until_it_learns() {
+    fn a_fresh_policy_holds_alpha_and_records_nothing_unless_training() {
         let policy = Arc::new(ActorCritic::new(1));
-        let mut ppo = Learned::new(policy.clone(), 1024, 30.0, false, false, 7);
+        let mut ppo = Learned::new(policy, 1024, 30.0, false, false, 7);
         for _ in 0..5 {
             assert_eq!(ppo.decide(&window(20.0), 0.4), 0.0);
-        }
-        // Smart's adapter explores (±σ), bounded by ±0.02 around PPO's move.
-        let mut smart = Learned::new(policy, 1024, 30.0, true, false, 7);
-        for _ in 0..5 {
-            assert!(smart.decide(&window(20.0), 0.4).abs() <= 0.02);
         }
         assert!(
             ppo.take_steps().is_empty(),
             "nothing recorded unless training"
         );
+    }
+
+    /// The shipped policy (it moves α) and the SLO it was trained for.
+    fn shipped() -> (Arc<ActorCritic>, f64) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../configs/allocator-ppo.safetensors");
+        let p = ActorCritic::from_safetensors(&std::fs::read(path).unwrap()).unwrap();
+        let slo_ms = p.provenance.slo_ms.unwrap_or(30.0);
+        (Arc::new(p), slo_ms)
+    }
+
+    /// Windows that move the policy both ways: p99 from a third of the
+    /// SLO to twice it, varied hit rates; the hot-user share stays at the
+    /// burst threshold, so the recovery controller never overrides.
+    fn varied(slo_ms: f64) -> Vec<WindowStats> {
+        (0..80)
+            .map(|i| WindowStats {
+                hot_user_share: 0.2,
+                kv_hit_rate: 0.2 + 0.1 * (i % 6) as f64,
+                emb_hit_rate: 0.9 - 0.1 * (i % 5) as f64,
+                p99_ms: slo_ms * (0.3 + 0.15 * ((i * 7) % 12) as f64),
+                ..window(0.0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn smart_without_exploration_sends_the_alphas_ppo_only_sends_until_it_learns() {
+        use crate::allocator::{Allocator, AllocatorConfig, AllocatorPolicy};
+        let (policy, slo_ms) = shipped();
+        let allocator = |policy_kind, learned| {
+            let cfg = AllocatorConfig {
+                policy: policy_kind,
+                min_requests: 1,
+                ..Default::default()
+            };
+            Allocator::with_learned(cfg, slo_ms, 0.5, learned).with_pool_pages(1024)
+        };
+        let mut ppo = allocator(
+            AllocatorPolicy::PpoOnly,
+            Learned::new(policy.clone(), 1024, slo_ms, false, false, 7),
+        );
+        let learned = Learned::new(policy, 1024, slo_ms, true, false, 7);
+        let mut smart = allocator(AllocatorPolicy::Smart, learned.without_exploration());
+        let mut moves = 0;
+        for (i, w) in varied(slo_ms).iter().enumerate() {
+            // Bit for bit, the same α sent (or none) from the same windows.
+            let (a, b) = (ppo.decide(w), smart.decide(w));
+            assert_eq!(a.map(f64::to_bits), b.map(f64::to_bits), "window {i}");
+            moves += usize::from(a.is_some());
+            ppo.learn();
+            smart.learn();
+        }
+        assert!(moves >= 10, "the policy moved α only {moves} times");
+        let l = smart.learned.as_ref().unwrap();
+        assert_eq!(l.overrides, 0, "the recovery controller stayed out");
+        // Its updates ran (a full buffer, p99 varying) but changed nothing:
+        // without exploration every applied correction is its mean.
+        assert_eq!(l.adapter().unwrap().buffered(), 79);
+    }
+
+    #[test]
+    fn smart_exploring_stays_within_the_adapters_bound_of_ppo_only() {
+        let (policy, slo_ms) = shipped();
+        let mut ppo = Learned::new(policy.clone(), 1024, slo_ms, false, false, 7);
+        let mut smart = Learned::new(policy, 1024, slo_ms, true, false, 7);
+        let mut differ = 0;
+        for (i, w) in varied(slo_ms).iter().enumerate() {
+            let alpha = 0.2 + 0.05 * (i % 12) as f64;
+            let (a, b) = (ppo.decide(w, alpha), smart.decide(w, alpha));
+            assert!((a - b).abs() <= BOUND + 1e-12, "window {i}: {a} vs {b}");
+            differ += usize::from(a != b);
+            smart.learn();
+        }
+        assert_eq!(smart.overrides, 0);
+        // Exploration moves nearly every decision off the policy's.
+        assert!(differ >= 60, "only {differ} decisions differ");
     }
 
     #[test]
@@ -189,6 +314,23 @@ mod tests {
             smart.decide(&window(20.0 + (i % 2) as f64), 0.5);
         }
         assert_eq!(smart.decide(&window(80.0), 0.5), -0.06);
+        assert_eq!(smart.overrides, 1);
+    }
+
+    #[test]
+    fn a_window_of_failed_requests_is_a_burst_not_a_fast_epoch() {
+        let policy = Arc::new(ActorCritic::new(1));
+        let mut smart = Learned::new(policy, 1024, 30.0, true, false, 7);
+        for i in 0..10 {
+            smart.decide(&window(20.0 + (i % 2) as f64), 0.5);
+        }
+        // Every request shed: no served p99 (0), which read as the best.
+        let shed = WindowStats {
+            failed: 100,
+            slo_violation_share: 1.0,
+            ..window(0.0)
+        };
+        assert_eq!(smart.decide(&shed, 0.5), -0.06);
         assert_eq!(smart.overrides, 1);
     }
 

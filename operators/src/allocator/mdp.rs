@@ -47,12 +47,31 @@ impl State {
         s[Self::VIOLATIONS] = unit(w.slo_violation_share);
         s[Self::ALPHA] = unit(alpha);
         // An empty or broken p99 reads as the worst: never as "all is well".
-        s[Self::P99] = if w.p99_ms.is_nan() {
+        let p99 = controller_p99_ms(w, slo_ms);
+        s[Self::P99] = if p99.is_nan() {
             1.0
         } else {
-            unit(w.p99_ms / (2.0 * slo_ms.max(1e-9)))
+            unit(p99 / (2.0 * slo_ms.max(1e-9)))
         };
         Self(s)
+    }
+}
+
+/// Failed requests beyond this share of a window's requests make its p99
+/// read as saturated ([`controller_p99_ms`]).
+pub const FAILED_SHARE: f64 = 0.01;
+
+/// The p99 the controllers see for window `w`: the served requests' p99,
+/// or at least 2·τ_SLO (where the P99 feature saturates) when more than
+/// [`FAILED_SHARE`] of the window's requests failed. A failed request has
+/// no latency but missed its SLO: a window of failures (p99 0 over no
+/// served request) must not read as the fastest.
+pub fn controller_p99_ms(w: &WindowStats, slo_ms: f64) -> f64 {
+    // `requests` counts the failed ones too.
+    if w.failed as f64 > FAILED_SHARE * w.requests as f64 {
+        w.p99_ms.max(2.0 * slo_ms.max(1e-9))
+    } else {
+        w.p99_ms
     }
 }
 
@@ -71,11 +90,8 @@ pub const BEST_REWARD: f64 = 1.0;
 pub fn reward(w: &WindowStats, slo_ms: f64) -> f64 {
     let slo = slo_ms.max(1e-9);
     let satisfied = (1.0 - w.slo_violation_share).clamp(0.0, 1.0);
-    let p99 = if w.p99_ms.is_finite() {
-        w.p99_ms
-    } else {
-        f64::MAX / 4.0
-    };
+    let p99 = controller_p99_ms(w, slo);
+    let p99 = if p99.is_finite() { p99 } else { f64::MAX / 4.0 };
     satisfied - (p99 - slo).max(0.0) / slo - w.truncated_share.clamp(0.0, 1.0)
 }
 
@@ -118,6 +134,47 @@ mod tests {
             ..window()
         };
         assert_eq!(State::of(&nan, 0.4, 1024, 30.0).0[State::P99], 1.0);
+    }
+
+    #[test]
+    fn failed_requests_read_as_a_saturated_p99_in_the_state_and_the_reward() {
+        // 50 requests, all failed: no served latency (p99 0), all late.
+        let shed = WindowStats {
+            requests: 50,
+            failed: 50,
+            slo_violation_share: 1.0,
+            p99_ms: 0.0,
+            ..window()
+        };
+        assert_eq!(controller_p99_ms(&shed, 30.0), 60.0);
+        assert_eq!(State::of(&shed, 0.4, 1024, 30.0).0[State::P99], 1.0);
+        // Eq. 5 at p99 = 2·τ: no satisfaction, one SLO of overshoot.
+        assert!((reward(&shed, 30.0) - -1.0).abs() < 1e-12);
+        // Half failed, the served ones fast: as bad as all failed.
+        let half = WindowStats {
+            failed: 50,
+            p99_ms: 10.0,
+            ..window()
+        };
+        assert_eq!(State::of(&half, 0.4, 1024, 30.0).0[State::P99], 1.0);
+        // A served p99 beyond 2·τ stands.
+        let slow = WindowStats {
+            p99_ms: 90.0,
+            ..half
+        };
+        assert_eq!(controller_p99_ms(&slow, 30.0), 90.0);
+        // 1% failed (1 of 100) is within the share: the served p99 stands.
+        let one = WindowStats {
+            failed: 1,
+            ..window()
+        };
+        assert_eq!(controller_p99_ms(&one, 30.0), 45.0);
+        assert_eq!(State::of(&one, 0.46, 1024, 30.0).0[State::P99], 0.75);
+        let two = WindowStats {
+            failed: 2,
+            ..window()
+        };
+        assert_eq!(controller_p99_ms(&two, 30.0), 60.0);
     }
 
     #[test]

@@ -242,6 +242,7 @@ impl Allocator {
     /// Whether a window with statistics `w` gets a decision (else it has
     /// too few requests, or an operator pinned α, and α stays). A pinned
     /// window is not learned from either: the node would refuse its move.
+    /// Failed requests count: a window of them is decided on, as the worst.
     pub fn decides(&self, w: &WindowStats) -> bool {
         w.requests >= self.cfg.min_requests && !w.pinned_end
     }
@@ -250,6 +251,9 @@ impl Allocator {
     /// leave it.
     pub fn decide(&mut self, w: &WindowStats) -> Option<f64> {
         if !self.decides(w) {
+            if let Some(l) = &mut self.learned {
+                l.skip();
+            }
             return None;
         }
         // Decide from the node's α, not the last one set: a pin, a KV
@@ -267,6 +271,25 @@ impl Allocator {
             }
             _ => return None,
         };
+        let next = self.target(step, bound);
+        // The adapter learns from what its correction changed in the α
+        // sent, not from the correction it proposed.
+        if let Some(base) = self.learned.as_ref().and_then(Learned::uncorrected) {
+            let moved = |target: Option<f64>| target.map_or(0.0, |a| a - self.alpha);
+            let share = moved(next) - moved(self.target(base, bound));
+            if let Some(l) = &mut self.learned {
+                l.realised(share);
+            }
+        }
+        if let Some(next) = next {
+            self.alpha = next;
+        }
+        next
+    }
+
+    /// The α that a move of `step` (at most ±`bound`) sends, or None when
+    /// it is no move on the node.
+    fn target(&self, step: f64, bound: f64) -> Option<f64> {
         // A start outside [min_alpha, max_alpha] (memory.alpha is any α in
         // [0, 1]) is not pulled in by a jump: α only moves by the step,
         // and never further out.
@@ -284,15 +307,16 @@ impl Allocator {
                 return None;
             }
         }
-        self.alpha = next;
         Some(next)
     }
 
     /// The PID baseline's move.
     fn pid_step(&mut self, w: &WindowStats) -> f64 {
         // Relative error, clipped: one pathological window must not
-        // dominate the integral.
-        let error = ((w.p99_ms - self.slo_ms) / self.slo_ms).clamp(-1.0, 1.0);
+        // dominate the integral. Failed requests count (a window of them
+        // has no served p99).
+        let p99_ms = mdp::controller_p99_ms(w, self.slo_ms);
+        let error = ((p99_ms - self.slo_ms) / self.slo_ms).clamp(-1.0, 1.0);
         let derivative = self.previous_error.map_or(0.0, |p| error - p);
         self.previous_error = Some(error);
         // A bounded integral (anti-windup): after a long overload α turns
@@ -383,6 +407,22 @@ mod tests {
     }
 
     #[test]
+    fn a_window_of_failed_requests_is_decided_on_as_the_worst_p99() {
+        // 50 requests, all shed: no served latency (p99 0), all late.
+        let shed = WindowStats {
+            failed: 50,
+            slo_violation_share: 1.0,
+            ..window(0.0, 50)
+        };
+        let mut a = Allocator::new(pid(), 30.0, 0.5);
+        // `requests` counts the failed ones: the window is decided on.
+        assert!(a.decides(&shed));
+        // Read as p99 ≥ 2·SLO (error 1): down by 0.06, not up.
+        let down = a.decide(&shed).unwrap();
+        assert!((down - 0.44).abs() < 1e-9, "{down}");
+    }
+
+    #[test]
     fn decisions_start_from_the_nodes_alpha_at_the_windows_end() {
         let mut a = Allocator::new(pid(), 30.0, 0.5);
         let low = |alpha_end| WindowStats {
@@ -442,6 +482,90 @@ mod tests {
         let mut a = Allocator::new(pid(), 30.0, 0.0);
         assert_eq!(a.decide(&window(300.0, 100)), None);
         assert_eq!(a.alpha(), 0.0);
+    }
+
+    /// `smart` on a fresh policy (it holds α: every move is the adapter's
+    /// exploring correction), at `alpha`.
+    fn smart(alpha: f64) -> Allocator {
+        let cfg = AllocatorConfig {
+            policy: AllocatorPolicy::Smart,
+            ..Default::default()
+        };
+        let policy = std::sync::Arc::new(ppo::ActorCritic::new(1));
+        let learned = Learned::new(policy, 1024, 30.0, true, false, 7);
+        Allocator::with_learned(cfg, 30.0, alpha, learned)
+    }
+
+    /// A window within the SLO and too few hot users for a burst.
+    fn calm(i: usize, alpha_end: f64) -> WindowStats {
+        WindowStats {
+            hot_user_share: 0.1,
+            alpha_end: Some(alpha_end),
+            ..window(20.0 + (i % 3) as f64, 100)
+        }
+    }
+
+    #[test]
+    fn the_adapter_learns_from_the_correction_sent_not_the_one_proposed() {
+        // Three ways a correction is not sent: α at max_alpha (up is
+        // clamped away), histories truncated (up is masked), and a page
+        // grid coarser than any correction (no move on the node).
+        let at_max = (smart(0.9), 0.9, 0.0);
+        let truncated = (smart(0.5), 0.5, 0.2);
+        let coarse = (smart(0.5).with_pool_pages(8), 0.5, 0.0);
+        for (case, (mut a, alpha, truncated_share)) in
+            [at_max, truncated, coarse].into_iter().enumerate()
+        {
+            let mut sent = Vec::new();
+            for i in 0..40 {
+                let w = WindowStats {
+                    truncated_share,
+                    ..calm(i, alpha)
+                };
+                sent.push(a.decide(&w).map_or(0.0, |next| next - alpha));
+                a.learn();
+            }
+            let l = a.learned.as_ref().unwrap();
+            let recorded = l.adapter().unwrap().samples();
+            // Each decision's sample arrives with the next window.
+            assert_eq!(recorded.len(), 39, "case {case}");
+            for (i, ((applied, _), moved)) in recorded.iter().zip(&sent).enumerate() {
+                assert!(
+                    (applied - moved).abs() < 1e-12,
+                    "case {case}, decision {i}: recorded {applied}, sent {moved}"
+                );
+            }
+            match case {
+                0 | 1 => assert!(sent.iter().all(|m| *m <= 0.0), "case {case}: {sent:?}"),
+                _ => assert!(sent.iter().all(|m| *m == 0.0), "{sent:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_without_a_decision_drops_the_correction_waiting_for_its_reward() {
+        let few = WindowStats {
+            requests: 5,
+            ..calm(1, 0.5)
+        };
+        let pinned = WindowStats {
+            pinned_end: true,
+            ..calm(1, 0.5)
+        };
+        for skipped in [few, pinned] {
+            let mut a = smart(0.5);
+            let buffered =
+                |a: &Allocator| a.learned.as_ref().unwrap().adapter().unwrap().buffered();
+            a.decide(&calm(0, 0.5));
+            a.learn();
+            assert_eq!(a.decide(&skipped), None);
+            // The first correction is not credited with this reward.
+            a.decide(&calm(2, 0.5));
+            assert_eq!(buffered(&a), 0);
+            a.learn();
+            a.decide(&calm(3, 0.5));
+            assert_eq!(buffered(&a), 1);
+        }
     }
 
     #[test]

@@ -171,7 +171,11 @@ pub struct Replayed {
 }
 
 /// α* among `(α, P99)` points (`None`: not eligible): the lowest P99, ties
-/// within 1% broken by the median α among them.
+/// within 1% broken by the median α among them. With an even number of
+/// ties the median is the mean of the two middle αs (the lower one would
+/// lean toward KV by half a step), which may fall between grid points: α*
+/// is a reported target (gap, regret), not a replayed α. Its P99 is then
+/// the mean of theirs (both within 1% of the lowest).
 pub fn alpha_star(points: &[(f64, Option<f64>)]) -> Option<(f64, f64)> {
     let min = points
         .iter()
@@ -182,7 +186,8 @@ pub fn alpha_star(points: &[(f64, Option<f64>)]) -> Option<(f64, f64)> {
         .filter_map(|&(a, p)| p.filter(|&p| p <= min * (1.0 + TIE_SHARE)).map(|p| (a, p)))
         .collect();
     near.sort_by(|x, y| x.0.total_cmp(&y.0));
-    Some(near[(near.len() - 1) / 2])
+    let (lower, upper) = (near[(near.len() - 1) / 2], near[near.len() / 2]);
+    Some(((lower.0 + upper.0) / 2.0, (lower.1 + upper.1) / 2.0))
 }
 
 /// What the oracle says about a run, over its node-epochs.
@@ -436,6 +441,7 @@ mod tests {
             rank_ms: [0.3, 0.0, 0.0],
             beam_ms: [1.0, 0.0],
             fit_max_rel_err: 0.0,
+            fitted_tokens: 0,
             overhead_ms: 0.0,
             occupancy_ms: 0.0,
             calibration_s: 0.0,
@@ -491,6 +497,22 @@ mod tests {
         assert_eq!(alpha_star(&points), Some((0.3, 2.0)));
         let points = [(0.2, Some(2.01)), (0.3, Some(2.0)), (0.6, Some(2.0))];
         assert_eq!(alpha_star(&points), Some((0.3, 2.0)));
+        // An even number of ties: the mean of the two middle αs, not the
+        // lower one (which leans toward KV by half a step).
+        let points = [
+            (0.1, Some(3.0)),
+            (0.2, Some(2.01)),
+            (0.3, Some(2.0)),
+            (0.4, Some(2.0)),
+            (0.5, Some(2.015)),
+            (0.6, Some(3.0)),
+        ];
+        let (star, p99) = alpha_star(&points).unwrap();
+        assert!((star - 0.35).abs() < 1e-12, "{star}");
+        assert!((p99 - 2.0).abs() < 1e-12, "{p99}");
+        let (star, p99) = alpha_star(&[(0.2, Some(2.0)), (0.3, Some(2.01))]).unwrap();
+        assert!((star - 0.25).abs() < 1e-12, "{star}");
+        assert!((p99 - 2.005).abs() < 1e-12, "{p99}");
         assert_eq!(alpha_star(&[(0.5, None)]), None);
         assert_eq!(alpha_grid(0.01).len(), 101);
         assert_eq!(alpha_grid(0.1)[3], 0.3);

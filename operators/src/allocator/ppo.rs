@@ -177,6 +177,24 @@ fn best_action<T: PartialOrd + Copy>(logits: &[T], allow_up: bool) -> usize {
     best
 }
 
+/// GAE(λ) (advantage, return) of each step of one trajectory. An episode
+/// ends at a time limit, not in a terminal state, and time is not in the
+/// state: the step after the last is bootstrapped with the last step's own
+/// value (V(s_T) ≈ V(s_{T-1}); a Step records no value of the state after
+/// it). A value of 0 there would bias the last ~1/(1−γ) steps' targets
+/// down by up to V, which the critic cannot explain.
+fn gae(t: &[Step], gamma: f64, lambda: f64) -> Vec<(f64, f64)> {
+    let mut acc = 0.0;
+    let mut out = vec![(0.0, 0.0); t.len()];
+    for i in (0..t.len()).rev() {
+        let next_value = t.get(i + 1).map_or(t[i].value, |s| s.value);
+        let delta = t[i].reward + gamma * next_value - t[i].value;
+        acc = delta + gamma * lambda * acc;
+        out[i] = (acc, acc + t[i].value);
+    }
+    out
+}
+
 /// A trained actor in f32 for serving-time decisions ([`ActorCritic::decider`]).
 #[derive(Clone, Debug)]
 pub struct Decider(Frozen);
@@ -278,24 +296,16 @@ impl ActorCritic {
     }
 
     /// One PPO update on whole trajectories (each in time order; its end
-    /// is the episode's end).
+    /// is the episode's time limit, not a terminal state).
     pub fn update(
         &mut self,
         trajectories: &[Vec<Step>],
         cfg: &PpoConfig,
         seed: u64,
     ) -> UpdateStats {
-        // GAE(λ) advantages and returns per trajectory.
         let mut batch: Vec<(&Step, f64, f64)> = Vec::new();
         for t in trajectories {
-            let mut gae = 0.0;
-            let mut out = vec![(0.0, 0.0); t.len()];
-            for i in (0..t.len()).rev() {
-                let next_value = t.get(i + 1).map_or(0.0, |s| s.value);
-                let delta = t[i].reward + cfg.gamma * next_value - t[i].value;
-                gae = delta + cfg.gamma * cfg.lambda * gae;
-                out[i] = (gae, gae + t[i].value);
-            }
+            let out = gae(t, cfg.gamma, cfg.lambda);
             batch.extend(t.iter().zip(out).map(|(s, (a, r))| (s, a, r)));
         }
         let n = batch.len();
@@ -451,6 +461,16 @@ impl ActorCritic {
                 ACTIONS.len()
             )));
         }
+        // A layer 0 wide (or no layer at all: actor sizes [7] map 7 to 7)
+        // would panic at the first forward, inside the dataflow: refuse it
+        // here.
+        for (name, sizes) in [("actor", &meta.actor), ("critic", &meta.critic)] {
+            if sizes.len() < 2 || sizes.contains(&0) {
+                return Err(PolicyError::Meta(format!(
+                    "{name} sizes {sizes:?}: need at least one layer and no size 0"
+                )));
+            }
+        }
         // The decider keeps its activations on the stack: refuse at load
         // what it could not run, not at the first decision.
         if let Some(w) = meta.actor.iter().find(|&&w| w > MAX_WIDTH) {
@@ -530,6 +550,18 @@ mod tests {
         assert_eq!(p.value(&s), 0.0);
     }
 
+    /// `bytes` with the metadata's sizes replaced (the tensors as they are).
+    fn with_sizes(bytes: &[u8], actor: Vec<usize>, critic: Vec<usize>) -> Vec<u8> {
+        let st = SafeTensors::deserialize(bytes).unwrap();
+        let meta = Meta {
+            actor,
+            critic,
+            provenance: Provenance::default(),
+        };
+        let meta = HashMap::from([(META_KEY.to_string(), serde_json::to_string(&meta).unwrap())]);
+        safetensors::serialize(st.tensors(), Some(meta)).unwrap()
+    }
+
     #[test]
     fn safetensors_round_trip_keeps_every_weight_and_the_provenance() {
         let mut p = ActorCritic::new(2);
@@ -563,6 +595,32 @@ mod tests {
         wide.actor = Mlp::zero_output(&[STATE, MAX_WIDTH, ACTIONS.len()], 3);
         let ok = ActorCritic::from_safetensors(&wide.to_safetensors()).unwrap();
         assert_eq!(ok.decider().greedy(&s, true), ok.greedy(&s, true));
+    }
+
+    #[test]
+    fn a_policy_with_a_layer_zero_wide_or_no_layer_is_refused_at_load() {
+        // Consistent bytes (tensors of the sizes in the metadata): the
+        // mlp would panic at the first decision, inside the dataflow.
+        let mut zero = ActorCritic::new(4);
+        zero.actor = Mlp::zero_output(&[STATE, 0, ACTIONS.len()], 4);
+        let err = ActorCritic::from_safetensors(&zero.to_safetensors())
+            .map(|_| "accepted")
+            .unwrap_err();
+        assert!(err.to_string().contains("no size 0"), "{err}");
+        // The same checked on the sizes alone (before any tensor is read).
+        let fresh = ActorCritic::new(4).to_safetensors();
+        for (actor, critic) in [
+            (vec![STATE, 64, ACTIONS.len()], vec![STATE, 0, 1]),
+            (vec![STATE, 0, 128, ACTIONS.len()], vec![STATE, 64, 128, 1]),
+            // Seven features to seven actions with no layer between.
+            (vec![STATE], vec![STATE, 64, 128, 1]),
+        ] {
+            let bytes = with_sizes(&fresh, actor, critic);
+            let err = ActorCritic::from_safetensors(&bytes)
+                .map(|_| "accepted")
+                .unwrap_err();
+            assert!(err.to_string().contains("no size 0"), "{err}");
+        }
     }
 
     #[test]
@@ -649,6 +707,28 @@ mod tests {
         assert!(ACTIONS[p.greedy(&state(0.8), true)] < 0.0);
         assert!(ACTIONS[p.greedy(&state(0.1), true)] > 0.0);
         assert!(ACTIONS[p.greedy(&state(0.1), false)] <= 0.0);
+    }
+
+    #[test]
+    fn the_time_limited_end_of_an_episode_is_bootstrapped_not_terminal() {
+        // A steady reward of 0.8 at γ 0.9 is worth 8 from any state; a
+        // critic that knows it leaves nothing to learn at any step, the
+        // last ones included (the episode stops at 120 epochs, the
+        // process does not).
+        let cfg = PpoConfig::default();
+        let step = Step {
+            state: [0.5; 7],
+            action: 3,
+            logp: (1.0f64 / ACTIONS.len() as f64).ln(),
+            value: 0.8 / (1.0 - cfg.gamma),
+            reward: 0.8,
+            allow_up: true,
+        };
+        let out = gae(&vec![step; 120], cfg.gamma, cfg.lambda);
+        for (i, (advantage, ret)) in out.iter().enumerate() {
+            assert!(advantage.abs() < 1e-9, "step {i}: advantage {advantage}");
+            assert!((ret - 8.0).abs() < 1e-9, "step {i}: return {ret}");
+        }
     }
 
     /// The share of decisions at Eq. 5's best reward is what tells a

@@ -66,9 +66,11 @@ impl Recovery {
         Some((ema, var.sqrt().max(self.min_sigma_ms)))
     }
 
-    /// One closed epoch: its p99 and hot-user share. A detection compares
-    /// against the baseline of the epochs before this one; a burst epoch
-    /// joins the baseline too, so a lasting shift becomes the new normal.
+    /// One closed epoch: its p99 (as the controllers see it, failures
+    /// counted: [`super::mdp::controller_p99_ms`]) and hot-user share. A
+    /// detection compares against the baseline of the epochs before this
+    /// one; a burst epoch joins the baseline too, so a lasting shift
+    /// becomes the new normal.
     pub fn observe(&mut self, p99_ms: f64, hot_share: f64) -> Verdict {
         if !p99_ms.is_finite() {
             return self.verdict(false);
