@@ -178,6 +178,16 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     let pid = &rows[4];
     assert!(pid["alpha_moves"].as_u64().unwrap() > 0, "{pid}");
     assert!(pid["decision_us_p99"].as_f64().unwrap() > 0.0);
+    // pid's gains were searched on the training seeds like kv-emb-opt's α.
+    let gains = &pid["pid_gains"];
+    assert_eq!(gains["searched"].as_bool(), Some(true), "{pid}");
+    assert!(gains["train_p99_ms"].as_f64().unwrap() > 0.0, "{pid}");
+    assert!(gains["kp"].as_f64().unwrap() > 0.0, "{pid}");
+    // Policies that hold α time no decision: null, not 0 µs.
+    for held in &rows[..4] {
+        assert!(held["decision_us_mean"].is_null(), "{held}");
+        assert!(held.get("pid_gains").is_none(), "{held}");
+    }
     assert!(report["sweep_alpha_star_std"]["burst"].as_f64().is_some());
     for learned in &rows[5..] {
         assert!(learned["p99_ms"].as_f64().unwrap() > 0.0, "{learned}");
@@ -543,6 +553,20 @@ fn bench_allocator_runs_several_seeds_and_gives_their_means() {
         .output()
         .unwrap();
     refused_naming(out, "--jobs");
+    // Flags that would be ignored are refused, as is a regime twice.
+    for (args, what) in [
+        (&["--jobs", "2"][..], "--seeds"),
+        (&["--train-seeds", "2"][..], "--sweep"),
+        (&["--oracle-step", "0.1", "--no-oracle"][..], "--no-oracle"),
+        (&["--regime", "burst,burst"][..], "burst is given twice"),
+    ] {
+        let out = grflow()
+            .args(["bench", "allocator"])
+            .args(args)
+            .output()
+            .unwrap();
+        refused_naming(out, what);
+    }
 }
 
 /// Output places that cannot be written are refused before any run (the

@@ -38,6 +38,10 @@ pub struct CostModel {
     pub beam_ms: [f64; 2],
     /// The fit's largest relative error on the timings it was fitted to.
     pub fit_max_rel_err: f64,
+    /// The longest prompt (cached plus new tokens) it was timed at: longer
+    /// ones are charged by extrapolation. 0 in older files (512 then).
+    #[serde(default)]
+    pub fitted_tokens: usize,
     /// What a request costs besides the model (source, router, exchanges,
     /// embedding lookups, cache work, response), in ms: measured against a
     /// real replay by `grflow calibrate`, 0 from [`calibrate`] alone.
@@ -158,21 +162,44 @@ impl CostModel {
     }
 }
 
+/// The longest prompt [`calibrate`] times by default.
+pub const DEFAULT_FITTED_TOKENS: usize = 512;
+
 /// Times prefill, ranking and beam search of `preset` on this machine (one
-/// thread, best of `reps`) and fits the cost model. Takes seconds for
-/// `small`, tens of seconds for `hstu-3l`.
+/// thread, best of `reps`) on prompts of up to 512 tokens and fits the
+/// cost model. Takes seconds for `small`, tens of seconds for `hstu-3l`.
 pub fn calibrate(
     preset: &str,
     beam_width: usize,
     beam_top_k: usize,
     reps: usize,
 ) -> Result<CostModel, KernelError> {
+    calibrate_up_to(preset, beam_width, beam_top_k, reps, DEFAULT_FITTED_TOKENS)
+}
+
+/// [`calibrate`] on prompts of up to `max_tokens` (within the model's
+/// positions): the timings sit at 0, ¼ and ½ of it, so a model used on
+/// long histories is fitted on them, not extrapolated to them.
+pub fn calibrate_up_to(
+    preset: &str,
+    beam_width: usize,
+    beam_top_k: usize,
+    reps: usize,
+    max_tokens: usize,
+) -> Result<CostModel, KernelError> {
     let started = Instant::now();
     let cfg = ModelConfig::preset(preset)
         .ok_or_else(|| KernelError::InvalidConfig(format!("unknown preset {preset:?}")))?;
     let model = GrModel::try_new(cfg.clone(), 3)?;
     let d = cfg.d_model;
-    let max_tokens = 512.min(cfg.max_positions.saturating_sub(200));
+    let max_tokens = max_tokens.min(cfg.max_positions.saturating_sub(200));
+    if max_tokens < 64 {
+        return Err(KernelError::InvalidConfig(format!(
+            "prompts of up to {max_tokens} tokens are too short to fit the cost model (64 at least)"
+        )));
+    }
+    // At the default 512: cached 0, 128, 256; new 16, 64, 128, 256.
+    let q = max_tokens / 4;
     let blocks = cfg.blocks_for(max_tokens + 200);
     let mut store = VecKvStore::new(blocks, cfg.kv_block_floats());
     let table = shuffled(blocks, 5);
@@ -180,8 +207,11 @@ pub fn calibrate(
 
     // Prefill: new tokens after cached ones.
     let mut prefill = Vec::new();
-    for &cached in &[0usize, 128, 256] {
-        for &new in &[16usize, 64, 128, 256] {
+    let mut news = vec![16, 64, q, 2 * q];
+    news.sort_unstable();
+    news.dedup();
+    for cached in [0, q, 2 * q] {
+        for &new in &news {
             if cached + new > max_tokens {
                 continue;
             }
@@ -204,7 +234,7 @@ pub fn calibrate(
     }
     // Ranking on a prefilled prefix.
     let mut rank = Vec::new();
-    for &prefix in &[32usize, 128, 256] {
+    for prefix in [32, q, 2 * q] {
         model.prefill(&mut store, &table, 0, &tokens[..prefix * d])?;
         for &cands in &[16usize, 64, 128] {
             let cand_tokens = rows(cands, d, 7);
@@ -232,7 +262,7 @@ pub fn calibrate(
     let trie = SidTrie::new(&catalog, c)?;
     let mut search = BeamSearch::new(&cfg, beam_width, beam_top_k, max_tokens)?;
     let mut beam = Vec::new();
-    for &prompt in &[32usize, 128, 256] {
+    for prompt in [32, q, 2 * q] {
         model.prefill(&mut store, &table, 0, &tokens[..prompt * d])?;
         let mut result = Ok(());
         let secs = best_secs(reps, || {
@@ -258,6 +288,7 @@ pub fn calibrate(
         rank_ms,
         beam_ms,
         fit_max_rel_err: 0.0,
+        fitted_tokens: max_tokens,
         overhead_ms: 0.0,
         occupancy_ms: 0.0,
         calibration_s: 0.0,
@@ -455,6 +486,7 @@ mod tests {
             rank_ms: [0.2, 0.02, 0.0002],
             beam_ms: [0.5, 0.05],
             fit_max_rel_err: 0.0,
+            fitted_tokens: 512,
             overhead_ms: 0.3,
             occupancy_ms: 0.1,
             calibration_s: 1.0,
@@ -472,5 +504,20 @@ mod tests {
         // Timings of a shared VM are noisy; the fit must still be in range.
         assert!(cost.fit_max_rel_err < 2.0, "{cost:?}");
         assert!(calibrate("nope", 8, 8, 1).is_err());
+        assert_eq!(cost.fitted_tokens, DEFAULT_FITTED_TOKENS);
+    }
+
+    #[test]
+    fn calibration_is_timed_up_to_the_tokens_asked_within_the_positions() {
+        let short = calibrate_up_to("small", 8, 8, 1, 128).unwrap();
+        assert_eq!(short.fitted_tokens, 128);
+        assert!(short.prefill(64, 64) > short.prefill(16, 0));
+        let max = ModelConfig::preset("small").unwrap().max_positions;
+        let capped = calibrate_up_to("small", 8, 8, 1, 1 << 20).unwrap();
+        assert_eq!(capped.fitted_tokens, max - 200);
+        let err = calibrate_up_to("small", 8, 8, 1, 32)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("too short"), "{err}");
     }
 }

@@ -606,6 +606,7 @@ fn virtual_cost(overhead_ms: f64, occupancy_ms: f64) -> grflow_kernels::cost::Co
         rank_ms: [2.0, 0.0, 0.0],
         beam_ms: [5.0, 0.0],
         fit_max_rel_err: 0.0,
+        fitted_tokens: 0,
         overhead_ms,
         occupancy_ms,
         calibration_s: 0.0,

@@ -37,9 +37,29 @@ pub enum ParamsError {
 /// The virtual clock's cost model, scaled by `cost.compute_scale` and
 /// `cost.overhead_scale`.
 pub fn cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
-    Ok(fitted_cost_model(cfg)?
+    let cost = fitted_cost_model(cfg)?;
+    if let Some(fitted) = extrapolated(&cost, cfg) {
+        tracing::warn!(
+            "the cost model was timed on prompts of up to {fitted} tokens, but trace.max_history \
+             is {}: longer prefills are charged by extrapolation (fit the range with `grflow \
+             calibrate --max-tokens {}`)",
+            cfg.trace.max_history,
+            cfg.trace.max_history
+        );
+    }
+    Ok(cost
         .scaled(cfg.cost.compute_scale)
         .overhead_scaled(cfg.cost.overhead_scale))
+}
+
+/// The longest prompt `cost` was timed at, when the config's histories
+/// are longer (files from before `fitted_tokens` were timed up to 512).
+pub fn extrapolated(cost: &CostModel, cfg: &Config) -> Option<usize> {
+    let fitted = match cost.fitted_tokens {
+        0 => grflow_kernels::cost::DEFAULT_FITTED_TOKENS,
+        n => n,
+    };
+    (cfg.trace.max_history as usize > fitted).then_some(fitted)
 }
 
 /// The fitted model, before `cost.compute_scale`: the one in hand
@@ -91,12 +111,19 @@ pub fn fitted_cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
         "calibrating the virtual clock's cost model (set cost.calibration to a \
          `grflow calibrate` file to reuse one)"
     );
-    grflow_kernels::cost::calibrate(preset, cfg.model.beam_width, cfg.model.beam_top_k, 2).map_err(
-        |e| ParamsError::Calibrate {
-            preset: preset.clone(),
-            reason: e.to_string(),
-        },
+    // Timed up to the config's histories, so that they are not extrapolated.
+    let tokens = (cfg.trace.max_history as usize).max(grflow_kernels::cost::DEFAULT_FITTED_TOKENS);
+    grflow_kernels::cost::calibrate_up_to(
+        preset,
+        cfg.model.beam_width,
+        cfg.model.beam_top_k,
+        2,
+        tokens,
     )
+    .map_err(|e| ParamsError::Calibrate {
+        preset: preset.clone(),
+        reason: e.to_string(),
+    })
 }
 
 /// `items` is the trace's catalog, which trained weights must match.

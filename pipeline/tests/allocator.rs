@@ -350,6 +350,7 @@ fn cost() -> grflow_kernels::cost::CostModel {
         rank_ms: [0.5, 0.0, 0.0],
         beam_ms: [2.0, 0.0],
         fit_max_rel_err: 0.0,
+        fitted_tokens: 0,
         overhead_ms: 0.0,
         occupancy_ms: 0.0,
         calibration_s: 0.0,

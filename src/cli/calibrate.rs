@@ -22,6 +22,10 @@ pub struct Args {
     pub beam_width: usize,
     #[arg(long, default_value_t = 32)]
     pub beam_top_k: usize,
+    /// The longest prompt timed (cached plus new tokens, within the model's
+    /// positions): set it to the longest history the cost model will charge.
+    #[arg(long, default_value_t = grflow_kernels::cost::DEFAULT_FITTED_TOKENS)]
+    pub max_tokens: usize,
     /// Repetitions per timing (the fastest is kept).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -51,9 +55,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     eprintln!("calibrating {} on this machine...", args.preset);
-    let cost =
-        grflow_kernels::cost::calibrate(&args.preset, args.beam_width, args.beam_top_k, args.reps)
-            .map_err(InputError::from_display)?;
+    let cost = grflow_kernels::cost::calibrate_up_to(
+        &args.preset,
+        args.beam_width,
+        args.beam_top_k,
+        args.reps,
+        args.max_tokens,
+    )
+    .map_err(InputError::from_display)?;
     let mut cost = cost;
     if !args.no_overhead {
         fit_overhead(&mut cost)?;
@@ -65,11 +74,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("{json}");
     eprintln!(
-        "{} on {} (GEMM {:.1} GFLOP/s), fit within {:.0}% of its timings, overhead {:.3} ms per \
-         request ({:.3} ms busy), {:.1} s; wrote {}",
+        "{} on {} (GEMM {:.1} GFLOP/s), prompts of up to {} tokens, fit within {:.0}% of its \
+         timings, overhead {:.3} ms per request ({:.3} ms busy), {:.1} s; wrote {}",
         cost.preset,
         cost.machine,
         cost.gemm_gflops,
+        cost.fitted_tokens,
         cost.fit_max_rel_err * 100.0,
         cost.overhead_ms,
         cost.occupancy_ms,
@@ -117,7 +127,7 @@ fn validate(args: &Args) -> anyhow::Result<()> {
 /// P99 of a Burst replay (where queues build) match the real one; the
 /// virtual P99 grows with it, so bisection finds it. Traces with their own
 /// seed (not the default's, so that the default replay validates the fit).
-fn fit_overhead(cost: &mut CostModel) -> anyhow::Result<()> {
+pub(crate) fn fit_overhead(cost: &mut CostModel) -> anyhow::Result<()> {
     let mut cfg = Config::embedded();
     cfg.model.preset = cost.preset.clone();
     // The replays search with the beam the model was timed at.

@@ -234,6 +234,51 @@ fn start_alpha(k: usize, episodes: usize) -> f64 {
     ((0.1 + 0.8 * f) * 100.0).round() / 100.0
 }
 
+/// What the episodes replayed besides the trace seeds: the config, the
+/// memory and trace settings that shape the trade-off, and the cost model
+/// charged (two configs may differ in nothing else).
+fn workload(
+    args: &Args,
+    base: &grflow_pipeline::Config,
+    cost: &grflow_kernels::cost::CostModel,
+) -> String {
+    format!(
+        "config {}, {} workers, memory.pool_mib {}, trace: {} users, {} items, {} tables, histories {}-{}, \
+         cost model {} (overhead {:.4} ms, busy {:.4} ms, overhead_scale {}), starts rotated per regime",
+        args.config
+            .as_ref()
+            .map_or("embedded".to_string(), |p| p.display().to_string()),
+        base.run.workers,
+        base.memory.pool_mib,
+        base.trace.users,
+        base.trace.items,
+        base.trace.tables,
+        base.trace.min_history,
+        base.trace.max_history,
+        base.cost
+            .calibration
+            .as_ref()
+            .map_or("calibrated in this run".to_string(), |p| p
+                .display()
+                .to_string()),
+        cost.overhead_ms,
+        cost.occupancy_ms,
+        base.cost.overhead_scale,
+    )
+}
+
+/// Where episode `k` (traces in order regime by regime, `per_regime`
+/// seeds each) of `iteration` sits in [`start_alpha`]'s spread: each
+/// regime's episodes take every `regimes`-th place, so that every regime
+/// starts from low and high α alike (in trace order, Steady would always
+/// start low and Burst high, and α in the state would stand for the
+/// regime), and the places rotate with the iteration.
+fn start_slot(k: usize, regimes: usize, per_regime: usize, iteration: usize) -> usize {
+    let (regimes, per_regime) = (regimes.max(1), per_regime.max(1));
+    let (regime, seed) = (k / per_regime, k % per_regime);
+    (seed * regimes + regime + iteration) % (regimes * per_regime)
+}
+
 /// `--split-starts`: the starting α of each of `nodes` nodes in episode
 /// `k` of `iteration`. Node 0 starts where [`start_alpha`] says; node j
 /// takes the α of the episode j·s further on (mod `episodes`), where the
@@ -334,10 +379,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut p99s = Vec::new();
         for (k, (_, _, trace)) in traces.iter().enumerate() {
             let mut cfg = base.clone();
-            cfg.memory.alpha = start_alpha(k, traces.len());
+            let slot = start_slot(k, regimes.len(), args.seeds as usize, iteration);
+            cfg.memory.alpha = start_alpha(slot, traces.len());
             if args.split_starts {
                 cfg.memory.node_alpha =
-                    Some(split_start(k, traces.len(), base.run.workers, iteration));
+                    Some(split_start(slot, traces.len(), base.run.workers, iteration));
             }
             cfg.allocator.policy_file = policy_path.display().to_string();
             cfg.allocator.seed = args.seed ^ ((iteration as u64) << 20) ^ ((k as u64) << 8);
@@ -408,7 +454,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     policy.provenance.trained_with = format!(
         "grflow train-allocator: {} iterations, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
          SLO {slo_ms} ms, preset {}, virtual clock calibrated on {} (GEMM {:.1} GFLOP/s), compute_scale {}, \
-         policy seed {}, PPO learning rate {}, {} epochs, entropy coefficient {}{}; {}",
+         policy seed {}, PPO learning rate {}, {} epochs, entropy coefficient {}{}; {}; workload: {}",
         args.iterations,
         regime_list.join(","),
         args.seed_base,
@@ -445,7 +491,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.select_every
             ),
             _ => "the last checkpoint".to_string(),
-        }
+        },
+        workload(&args, &base, &cost)
     );
     policy.provenance.slo_ms = Some(slo_ms);
     std::fs::write(&args.out, policy.to_safetensors())
@@ -657,6 +704,32 @@ mod tests {
         assert!(!first_nan.offer(0, f64::NAN, || "c0"));
         assert!(first_nan.offer(5, 0.1, || "c5"));
         assert_eq!(first_nan.best, Some((5, 0.1, "c5")));
+    }
+
+    #[test]
+    fn every_regime_starts_low_and_high_and_the_starts_rotate() {
+        // 3 regimes x 3 seeds, in trace order: Steady's episodes are 0..3.
+        let starts = |regime: usize, it: usize| -> Vec<f64> {
+            (0..3)
+                .map(|seed| start_alpha(start_slot(regime * 3 + seed, 3, 3, it), 9))
+                .collect()
+        };
+        for regime in 0..3 {
+            let a = starts(regime, 0);
+            let (lo, hi) = (
+                a.iter().copied().fold(1.0, f64::min),
+                a.iter().copied().fold(0.0, f64::max),
+            );
+            assert!(lo < 0.35 && hi > 0.65, "regime {regime}: {a:?}");
+        }
+        // Each iteration's slots are a permutation, and they move.
+        for it in 0..4 {
+            let mut slots: Vec<usize> = (0..9).map(|k| start_slot(k, 3, 3, it)).collect();
+            slots.sort_unstable();
+            assert_eq!(slots, (0..9).collect::<Vec<_>>());
+        }
+        assert_ne!(starts(0, 0), starts(0, 1));
+        assert_eq!(start_slot(0, 1, 1, 7), 0, "one episode");
     }
 
     #[test]

@@ -31,8 +31,8 @@ use grflow_traces::{Regime, Trace};
 use crate::cli::InputError;
 use plots::Plots;
 use report::{
-    Header, NodeSweep, Report, Row, SeedReport, SeedsReport, SweepPoint, kv_reclaims, mean_rows,
-    print_means, print_table,
+    Header, NodeSweep, PidGains, Report, Row, SeedReport, SeedsReport, SweepPoint, kv_reclaims,
+    mean_rows, print_means, print_table,
 };
 
 #[derive(clap::Args, Debug)]
@@ -46,7 +46,9 @@ pub struct Args {
     /// A `grflow calibrate` file for the config's preset (else calibrated now).
     #[arg(long)]
     pub calibration: Option<PathBuf>,
-    /// Also sweep static α (needed for kv-emb-opt).
+    /// Also pick the tuned baselines on the training seeds (kv-emb-opt's
+    /// static α over {0.0, 0.1, …, 1.0}, pid's gains over a grid) and
+    /// replay the bench seed at every static α (the sweep plot).
     #[arg(long)]
     pub sweep: bool,
     /// With --sweep: also search one static α per node (`memory.node_alpha`)
@@ -70,13 +72,13 @@ pub struct Args {
     /// Seeds benched at once with `--seeds` (each replay also runs the
     /// config's workers; decision times, being wall time, suffer when the
     /// jobs outnumber the cores).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, requires = "seeds")]
     pub jobs: usize,
     /// Training traces of the sweeps (seeds seed + 1 … seed + N): kv-emb-opt
     /// and kv-emb-opt-node minimise their mean P99. One run's P99 moves by
     /// several percent between neighbouring splits, so a search on one
     /// trace partly fits its noise.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16), requires = "sweep")]
     pub train_seeds: u64,
     /// The PPO policy of the `ppo-only` and `smart` rows (a `grflow
     /// train-allocator` file); default the config's
@@ -89,7 +91,7 @@ pub struct Args {
     pub slo_ms: Option<f64>,
     /// Grid step of the oracle α* (HLEM §V: 0.01, 101 replays of every
     /// epoch; 0.05 costs a fifth of that).
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, conflicts_with = "no_oracle")]
     pub oracle_step: f64,
     /// Runs the policies without the oracle (paper-shaped presets: their
     /// 8 nodes and long histories make 101 replays per epoch too slow).
@@ -108,6 +110,14 @@ const MAX_GRID: usize = 128;
 
 const SWEEP: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 
+/// pid's gains searched on the training seeds (kp × ki × kd): the
+/// proportional step spans a tenth of the largest move to saturating it at
+/// a 100% overshoot, the integral none to a third of that, the derivative
+/// none or some.
+const PID_KP: [f64; 3] = [0.02, 0.05, 0.15];
+const PID_KI: [f64; 3] = [0.0, 0.01, 0.03];
+const PID_KD: [f64; 2] = [0.0, 0.05];
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let regimes = regimes(&args.regime)?;
@@ -118,6 +128,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(list) => seed_list(list)?,
         None => vec![args.seed],
     };
+    if let Some(s) = seeds
+        .iter()
+        .find(|s| s.checked_add(args.train_seeds).is_none())
+    {
+        return Err(InputError::from_display(format!(
+            "seed {s}: its training seeds (seed + 1 … seed + {}) pass the largest seed",
+            args.train_seeds
+        )));
+    }
     let (mut base, cost) = virtual_base(
         args.config.as_deref(),
         args.calibration.as_deref(),
@@ -151,6 +170,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         preset: cost.preset.clone(),
         machine: cost.machine.clone(),
         gemm_gflops: cost.gemm_gflops,
+        overhead_ms: cost.overhead_ms * bench.base.cost.overhead_scale,
+        occupancy_ms: cost.occupancy_ms * bench.base.cost.overhead_scale,
+        compute_scale: bench.base.cost.compute_scale,
+        extrapolated_past_tokens: grflow_pipeline::params::extrapolated(&cost, &bench.base),
         host_machine: machine_name(),
         host_gemm_gflops: gemm_peak_gflops(),
         slo_ms: bench.base.run.slo_ms.rank,
@@ -313,18 +336,14 @@ impl Bench {
 
     /// One replay of `trace` under `policy` from `alpha` (or the per-node
     /// split), followed by the oracle when `oracle` and the bench runs it.
-    fn replay(
-        &self,
-        trace: &Arc<Trace>,
-        policy: AllocatorPolicy,
-        alpha: f64,
-        node_alpha: Option<&[f64]>,
-        oracle: bool,
-    ) -> anyhow::Result<ReplayOutput> {
+    fn replay(&self, trace: &Arc<Trace>, run: &Run, oracle: bool) -> anyhow::Result<ReplayOutput> {
         let mut cfg = self.base.clone();
-        cfg.memory.alpha = alpha;
-        cfg.memory.node_alpha = node_alpha.map(<[f64]>::to_vec);
-        cfg.allocator.policy = policy;
+        cfg.memory.alpha = run.alpha;
+        cfg.memory.node_alpha = run.node_alpha.clone();
+        cfg.allocator.policy = run.policy;
+        if let Some(g) = run.gains {
+            (cfg.allocator.kp, cfg.allocator.ki, cfg.allocator.kd) = (g.kp, g.ki, g.kd);
+        }
         let mut opts = ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg);
         opts.oracle_step = self.oracle_step.filter(|_| oracle);
         grflow_pipeline::replay(opts).map_err(|e| match e {
@@ -361,15 +380,17 @@ impl Bench {
             let name = regime.as_str().to_string();
             // Generated once each, replayed by every run of the regime.
             let bench_trace = self.trace(*regime, seed)?;
+            // Only the searches (--sweep) replay them.
             let train_traces = (1..=self.train_seeds)
+                .filter(|_| self.sweep)
                 .map(|k| self.trace(*regime, seed + k))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             // Mean P99 over the training traces, and what they served
             // with a history cut short or not at all.
-            let train_score = |policy: AllocatorPolicy, alpha: f64, node_alpha: Option<&[f64]>| {
+            let train_score = |run: &Run| {
                 let mut score = TrainScore::default();
                 for t in &train_traces {
-                    let out = self.replay(t, policy, alpha, node_alpha, false)?;
+                    let out = self.replay(t, run, false)?;
                     score.p99_ms += out.summary.latency_ms.p99 / train_traces.len() as f64;
                     score.truncated += out.summary.truncated_histories;
                     score.failed += out.summary.errors;
@@ -382,9 +403,9 @@ impl Bench {
                 let mut outs = Vec::new();
                 let mut unusable = Vec::new();
                 for &alpha in &SWEEP {
-                    let bench =
-                        self.replay(&bench_trace, AllocatorPolicy::Static, alpha, None, false)?;
-                    let train = train_score(AllocatorPolicy::Static, alpha, None)?;
+                    let run = Run::new("sweep", AllocatorPolicy::Static, alpha);
+                    let bench = self.replay(&bench_trace, &run, false)?;
+                    let train = train_score(&run)?;
                     let train_p99 = train.p99_ms;
                     let p99 = bench.summary.latency_ms.p99;
                     let truncated = bench.summary.truncated_histories;
@@ -439,28 +460,75 @@ impl Bench {
             }
             // Rows in report order: the baselines picked on training seeds
             // first (kv-emb-opt is every row's reference).
-            let mut policies: Vec<(&str, AllocatorPolicy, f64, Option<Vec<f64>>)> = Vec::new();
+            let mut policies: Vec<Run> = Vec::new();
             if let Some((alpha, single_p99)) = best_train {
-                policies.push(("kv-emb-opt", AllocatorPolicy::Static, alpha, None));
+                policies.push(Run::new("kv-emb-opt", AllocatorPolicy::Static, alpha));
                 if self.node_sweep {
                     let nodes = self.base.run.workers;
                     let split = node_sweep(&tag, &name, nodes, alpha, single_p99, |a| {
-                        let score = train_score(AllocatorPolicy::Static, alpha, Some(a))?;
+                        let score = train_score(&Run {
+                            node_alpha: Some(a.to_vec()),
+                            ..Run::new("split", AllocatorPolicy::Static, alpha)
+                        })?;
                         Ok((score.p99_ms, score.whole()))
                     })?;
-                    let node_alpha = Some(split.node_alpha.clone());
-                    let mean = split.mean_alpha();
-                    policies.push(("kv-emb-opt-node", AllocatorPolicy::Static, mean, node_alpha));
+                    policies.push(Run {
+                        node_alpha: Some(split.node_alpha.clone()),
+                        ..Run::new(
+                            "kv-emb-opt-node",
+                            AllocatorPolicy::Static,
+                            split.mean_alpha(),
+                        )
+                    });
                     node_sweeps.insert(name.clone(), split);
                 }
+            } else if !self.sweep {
+                kv_emb_opt_missing.insert(
+                    name.clone(),
+                    "kv-emb-opt is picked on the training seeds by --sweep, which this run \
+                     did not have; the reductions against it are left out"
+                        .into(),
+                );
             }
             let configured = self.base.memory.alpha;
-            policies.push(("static", AllocatorPolicy::Static, configured, None));
-            policies.push(("kv-opt", AllocatorPolicy::KvOpt, configured, None));
-            policies.push(("pid", AllocatorPolicy::Pid, configured, None));
+            policies.push(Run::new("static", AllocatorPolicy::Static, configured));
+            policies.push(Run::new("kv-opt", AllocatorPolicy::KvOpt, configured));
+            let searched = if self.sweep {
+                eprintln!("{tag}{name}: pid gains on the training seeds...");
+                let found = pid_search(&tag, configured, |g| {
+                    let score = train_score(&Run {
+                        gains: Some(g),
+                        ..Run::new("pid", AllocatorPolicy::Pid, configured)
+                    })?;
+                    Ok((score.p99_ms, score.whole()))
+                })?;
+                if found.is_none() {
+                    eprintln!(
+                        "{tag}{name}: no pid gains of the grid served the training traces whole; \
+                         pid runs with the config's"
+                    );
+                }
+                found
+            } else {
+                None
+            };
+            let gains = searched.unwrap_or_else(|| {
+                let a = &self.base.allocator;
+                PidGains {
+                    kp: a.kp,
+                    ki: a.ki,
+                    kd: a.kd,
+                    searched: false,
+                    train_p99_ms: None,
+                }
+            });
+            policies.push(Run {
+                gains: Some(gains),
+                ..Run::new("pid", AllocatorPolicy::Pid, configured)
+            });
             if self.learned {
-                policies.push(("ppo-only", AllocatorPolicy::PpoOnly, configured, None));
-                policies.push(("smart", AllocatorPolicy::Smart, configured, None));
+                policies.push(Run::new("ppo-only", AllocatorPolicy::PpoOnly, configured));
+                policies.push(Run::new("smart", AllocatorPolicy::Smart, configured));
                 // The learned controllers started from the split instead of the
                 // config's α: tune offline, then let the controller adapt.
                 if let Some(split) = node_sweeps.get(&name) {
@@ -468,20 +536,22 @@ impl Bench {
                         ("ppo-only-node", AllocatorPolicy::PpoOnly),
                         ("smart-node", AllocatorPolicy::Smart),
                     ] {
-                        let node_alpha = Some(split.node_alpha.clone());
-                        policies.push((label, policy, split.mean_alpha(), node_alpha));
+                        policies.push(Run {
+                            node_alpha: Some(split.node_alpha.clone()),
+                            ..Run::new(label, policy, split.mean_alpha())
+                        });
                     }
                 }
             }
             let mut reference = None;
-            for (label, policy, alpha, node_alpha) in policies {
+            for run in policies {
                 let run_started = std::time::Instant::now();
-                let out = self.replay(&bench_trace, policy, alpha, node_alpha.as_deref(), true)?;
-                plots.policy_run(&name, label, &out);
-                if label == "kv-emb-opt" {
+                let out = self.replay(&bench_trace, &run, true)?;
+                plots.policy_run(&name, run.label, &out);
+                if run.label == "kv-emb-opt" {
                     reference = Some(out.summary.latency_ms.p99);
                 }
-                let row = Row::of(&name, label, policy, alpha, node_alpha, &out, reference);
+                let row = Row::of(&name, run, &out, reference);
                 eprintln!("{tag}{}", row.line(run_started.elapsed().as_secs_f64()));
                 rows.push(row);
             }
@@ -543,6 +613,68 @@ fn policy_file(
     Ok(file)
 }
 
+/// One replay's policy and where it starts.
+#[derive(Clone, Debug)]
+struct Run {
+    label: &'static str,
+    policy: AllocatorPolicy,
+    alpha: f64,
+    /// One α per node instead of `alpha` (`memory.node_alpha`).
+    node_alpha: Option<Vec<f64>>,
+    /// pid's gains instead of the config's.
+    gains: Option<PidGains>,
+}
+
+impl Run {
+    fn new(label: &'static str, policy: AllocatorPolicy, alpha: f64) -> Self {
+        Self {
+            label,
+            policy,
+            alpha,
+            node_alpha: None,
+            gains: None,
+        }
+    }
+}
+
+/// The pid gains of the grid with the lowest mean P99 on the training
+/// traces (`replay` scores one set there: mean P99, and whether every
+/// request was served whole); sets that cut histories short or fail
+/// requests are never picked (`None`: no set was usable).
+fn pid_search(
+    tag: &str,
+    alpha: f64,
+    mut replay: impl FnMut(PidGains) -> anyhow::Result<(f64, bool)>,
+) -> anyhow::Result<Option<PidGains>> {
+    let mut best: Option<PidGains> = None;
+    for kp in PID_KP {
+        for ki in PID_KI {
+            for kd in PID_KD {
+                let gains = PidGains {
+                    kp,
+                    ki,
+                    kd,
+                    searched: true,
+                    train_p99_ms: None,
+                };
+                let (p99, usable) = replay(gains)?;
+                eprintln!(
+                    "{tag}  pid kp {kp} ki {ki} kd {kd} from alpha {alpha:.2}: p99 {p99:.4} ms \
+                     (training){}",
+                    if usable { "" } else { ", not comparable" }
+                );
+                if usable && best.is_none_or(|b| b.train_p99_ms.is_none_or(|bp| p99 < bp)) {
+                    best = Some(PidGains {
+                        train_p99_ms: Some(p99),
+                        ..gains
+                    });
+                }
+            }
+        }
+    }
+    Ok(best)
+}
+
 /// The per-node static split with the lowest mean P99 on the training
 /// traces (`replay` scores one split there): the whole grid when it has
 /// at most `MAX_GRID` splits, else coordinate descent from the sweep's best
@@ -587,10 +719,22 @@ fn node_sweep(
 
 /// `steady,trend,burst` → regimes.
 pub(crate) fn regimes(list: &str) -> anyhow::Result<Vec<Regime>> {
-    list.split(',')
-        .map(|r| r.trim().parse::<Regime>())
-        .collect::<Result<_, _>>()
-        .map_err(InputError::from_display)
+    let mut out: Vec<Regime> = Vec::new();
+    for r in list.split(',') {
+        let regime = r
+            .trim()
+            .parse::<Regime>()
+            .map_err(InputError::from_display)?;
+        // Twice would run it twice and overwrite its plots and oracle files.
+        if out.contains(&regime) {
+            return Err(InputError::from_display(format!(
+                "--regime: {} is given twice",
+                regime.as_str()
+            )));
+        }
+        out.push(regime);
+    }
+    Ok(out)
 }
 
 /// The config every allocator run starts from: `config` (or the embedded
@@ -635,7 +779,12 @@ pub(crate) fn virtual_base(
             "calibrating {} (pass --calibration to reuse a file)...",
             base.model.preset
         );
-        grflow_pipeline::params::fitted_cost_model(&base).map_err(|e| anyhow::anyhow!("{e}"))?
+        let mut cost = grflow_pipeline::params::fitted_cost_model(&base)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // As `grflow calibrate` does: without it a request would cost its
+        // model time only, far less than a file fitted here charges.
+        super::calibrate::fit_overhead(&mut cost)?;
+        cost
     };
     // Every run charges this one model.
     base.cost.model = Some(cost.clone());
@@ -669,7 +818,35 @@ fn per_epoch_best_std(runs: &[(f64, ReplayOutput)]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::seed_list;
+    use super::{PID_KD, PID_KI, PID_KP, pid_search, regimes, seed_list};
+
+    #[test]
+    fn regime_lists_refuse_a_regime_twice() {
+        assert_eq!(regimes("burst, steady").unwrap().len(), 2);
+        let twice = regimes("burst,steady,burst").unwrap_err().to_string();
+        assert!(twice.contains("burst is given twice"), "{twice}");
+    }
+
+    #[test]
+    fn pid_search_scores_the_whole_grid_and_keeps_the_lowest_usable_p99() {
+        let mut scored = 0;
+        // Lowest at kp 0.15, ki 0.03, kd 0.05, which cuts histories short;
+        // the best usable set is kp 0.05, ki 0.01, kd 0.
+        let best = pid_search("", 0.25, |g| {
+            scored += 1;
+            let p99 = 1.0 + (g.kp - 0.05).abs() + (g.ki - 0.01).abs() + g.kd;
+            let unusable = (g.kp, g.ki, g.kd) == (0.15, 0.03, 0.05);
+            Ok((if unusable { 0.0 } else { p99 }, !unusable))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(scored, PID_KP.len() * PID_KI.len() * PID_KD.len());
+        assert_eq!((best.kp, best.ki, best.kd), (0.05, 0.01, 0.0));
+        assert_eq!(best.train_p99_ms, Some(1.0));
+        assert!(best.searched);
+        let none = pid_search("", 0.25, |_| Ok((1.0, false))).unwrap();
+        assert!(none.is_none(), "no usable set: the config's gains");
+    }
 
     #[test]
     fn seed_lists_parse_in_order_and_name_the_bad_item() {

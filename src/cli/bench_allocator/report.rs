@@ -8,6 +8,8 @@ use grflow_operators::allocator::oracle::OracleSummary;
 use grflow_pipeline::replay::ReplayOutput;
 use serde::Serialize;
 
+use super::Run;
+
 #[derive(Debug, Serialize)]
 pub(super) struct Row {
     pub(super) regime: String,
@@ -23,8 +25,12 @@ pub(super) struct Row {
     pub(super) p50_ms: f64,
     pub(super) slo_satisfaction: f64,
     pub(super) alpha_moves: u64,
-    pub(super) decision_us_mean: f64,
-    pub(super) decision_us_p99: f64,
+    /// Wall time of a decision (`None`: the policy makes none).
+    pub(super) decision_us_mean: Option<f64>,
+    pub(super) decision_us_p99: Option<f64>,
+    /// The `pid` row's gains (its other rows: `None`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pid_gains: Option<PidGains>,
     /// 1 − p99 / p99 of kv-emb-opt (positive: lower p99).
     pub(super) p99_reduction_vs_kv_emb_opt: Option<f64>,
     /// Mean |α − α*| over node-epochs (the oracle's; `None` without it).
@@ -57,18 +63,24 @@ pub(super) struct Row {
 impl Row {
     /// The row of one policy's run on the bench trace; `reference` is
     /// `kv-emb-opt`'s P99 when it ran first.
-    pub(super) fn of(
-        regime: &str,
-        label: &str,
-        policy: AllocatorPolicy,
-        alpha: f64,
-        node_alpha: Option<Vec<f64>>,
-        out: &ReplayOutput,
-        reference: Option<f64>,
-    ) -> Self {
+    pub(super) fn of(regime: &str, run: Run, out: &ReplayOutput, reference: Option<f64>) -> Self {
+        let Run {
+            label,
+            policy,
+            alpha,
+            node_alpha,
+            gains,
+        } = run;
+        let pid_gains = gains.filter(|_| policy == AllocatorPolicy::Pid);
         let oracle = OracleSummary::of(&out.oracle);
         let s = &out.summary;
+        // static and kv-opt hold α: they time no decision.
+        let decides = matches!(
+            policy,
+            AllocatorPolicy::Pid | AllocatorPolicy::PpoOnly | AllocatorPolicy::Smart
+        );
         let alloc = s.allocator.as_ref();
+        let timed = alloc.filter(|_| decides);
         Row {
             regime: regime.into(),
             policy: label.into(),
@@ -82,8 +94,9 @@ impl Row {
             p50_ms: s.latency_ms.p50,
             slo_satisfaction: s.slo_satisfaction,
             alpha_moves: alloc.map_or(0, |a| a.alpha_moves),
-            decision_us_mean: alloc.map_or(0.0, |a| a.decision_us_mean),
-            decision_us_p99: alloc.map_or(0.0, |a| a.decision_us_p99),
+            decision_us_mean: timed.map(|a| a.decision_us_mean),
+            decision_us_p99: timed.map(|a| a.decision_us_p99),
+            pid_gains,
             p99_reduction_vs_kv_emb_opt: reference.map(|r| 1.0 - s.latency_ms.p99 / r.max(1e-9)),
             oracle_gap: oracle.as_ref().map(|o| o.gap),
             p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
@@ -165,6 +178,16 @@ pub(super) struct Header {
     /// figure of the virtual clock (P99, SLO, α) depends on these only.
     pub(super) machine: String,
     pub(super) gemm_gflops: f64,
+    /// What the runs charge a request besides the model (`overhead_ms`)
+    /// and of that the node's busy time, after `cost.overhead_scale`; and
+    /// `cost.compute_scale` on the model's time.
+    pub(super) overhead_ms: f64,
+    pub(super) occupancy_ms: f64,
+    pub(super) compute_scale: f64,
+    /// The longest prompt the cost model was timed at, when the config's
+    /// histories are longer (they are charged by extrapolation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) extrapolated_past_tokens: Option<usize>,
     /// The machine this bench ran on and its GEMM rate, measured after the
     /// runs: the wall-clock figures (`decision_us_*`, `wall_s`) are its.
     pub(super) host_machine: String,
@@ -233,8 +256,23 @@ pub(super) struct MeanRow {
     /// Seeds on which its P99 was below `static`'s (not for `static`).
     pub(super) seeds_below_static: Option<usize>,
     pub(super) slo_satisfaction_min: f64,
-    pub(super) decision_us_p99_max: f64,
+    /// Over the seeds (`None`: the policy makes no decisions).
+    pub(super) decision_us_p99_max: Option<f64>,
     pub(super) oracle_gap_mean: Option<f64>,
+}
+
+/// The `pid` row's gains on the error (p99 − τ_SLO) / τ_SLO.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(super) struct PidGains {
+    pub(super) kp: f64,
+    pub(super) ki: f64,
+    pub(super) kd: f64,
+    /// Picked by grid search on the training seeds (`--sweep`), else the
+    /// config's `allocator.kp`/`ki`/`kd`.
+    pub(super) searched: bool,
+    /// The mean P99 they gave on the training seeds (when searched).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) train_p99_ms: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -274,7 +312,7 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
             let mut reductions = Vec::new();
             let mut gaps = Vec::new();
             let mut slo_min = f64::INFINITY;
-            let mut decision_max: f64 = 0.0;
+            let mut decision_max: Option<f64> = None;
             let mut below_static = 0;
             let mut with_static = 0;
             for s in per_seed {
@@ -284,7 +322,9 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
                 reductions.extend(r.p99_reduction_vs_kv_emb_opt);
                 gaps.extend(r.oracle_gap);
                 slo_min = slo_min.min(r.slo_satisfaction);
-                decision_max = decision_max.max(r.decision_us_p99);
+                if let Some(d) = r.decision_us_p99 {
+                    decision_max = Some(decision_max.map_or(d, |m| m.max(d)));
+                }
                 if let Some(st) = find("static") {
                     with_static += 1;
                     below_static += usize::from(r.p99_ms < st.p99_ms);
@@ -424,8 +464,9 @@ mod tests {
             p50_ms: p99_ms / 2.0,
             slo_satisfaction: 1.0 - p99_ms / 1e3,
             alpha_moves: 0,
-            decision_us_mean: 1.0,
-            decision_us_p99: p99_ms / 10.0,
+            decision_us_mean: Some(1.0),
+            decision_us_p99: Some(p99_ms / 10.0),
+            pid_gains: None,
             p99_reduction_vs_kv_emb_opt: reduction,
             oracle_gap: None,
             p99_regret_ms: None,
@@ -490,7 +531,7 @@ mod tests {
         assert!(close(smart.p99_reduction_vs_kv_emb_opt_min, -0.2));
         assert!(close(smart.p99_reduction_vs_kv_emb_opt_max, 0.2));
         assert!((smart.slo_satisfaction_min - 0.934).abs() < 1e-12);
-        assert!((smart.decision_us_p99_max - 6.6).abs() < 1e-12);
+        assert!((smart.decision_us_p99_max.unwrap() - 6.6).abs() < 1e-12);
         assert_eq!(smart.oracle_gap_mean, None);
         // static is never counted against itself.
         assert_eq!(mean[0].seeds_below_static, None);
