@@ -398,6 +398,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                             command_pacing: pacing,
                             controller: allocator_controller(
                                 &worker_cfg,
+                                release,
                                 worker_policy.clone(),
                                 pool_pages,
                                 allocator_stats.clone(),
@@ -725,6 +726,7 @@ pub const CDF_POINTS: usize = 200;
 /// `policy` is the job's PPO policy (`ppo-only`, `smart`).
 pub(crate) fn allocator_controller(
     cfg: &Config,
+    release: Release,
     policy: Option<Arc<ActorCritic>>,
     pool_pages: usize,
     stats: Rc<RefCell<AllocatorStats>>,
@@ -741,19 +743,24 @@ pub(crate) fn allocator_controller(
         grflow_kernels::ModelConfig::preset(&cfg.model.preset).map_or(1024, |m| m.max_positions);
     let make = move |node: u32| {
         let made = match &policy {
-            Some(p) if allocator.learned() => Allocator::with_learned(
-                allocator.clone(),
-                slo_ms,
-                alpha(node),
-                Learned::new(
-                    p.clone(),
-                    max_positions,
-                    slo_ms,
-                    allocator.policy == AllocatorPolicy::Smart,
-                    allocator.sample,
-                    allocator.seed.wrapping_add(u64::from(node)),
-                ),
-            ),
+            Some(p) if allocator.learned() => {
+                Allocator::with_learned(allocator.clone(), slo_ms, alpha(node), {
+                    let learned = Learned::new(
+                        p.clone(),
+                        max_positions,
+                        slo_ms,
+                        allocator.policy == AllocatorPolicy::Smart,
+                        allocator.sample,
+                        allocator.seed.wrapping_add(u64::from(node)),
+                    );
+                    // `complete` runs stay reproducible: updates at the
+                    // epoch boundary, on the worker.
+                    match release {
+                        Release::Arrival => learned.train_off_path(),
+                        Release::Complete => learned,
+                    }
+                })
+            }
             _ => Allocator::new(allocator.clone(), slo_ms, alpha(node)),
         };
         made.with_pool_pages(pool_pages)

@@ -20,8 +20,14 @@
 //!   correction waiting for it ([`Adapter::forget`]).
 //! - With exploration off and no update, a zero-initialised adapter adds
 //!   exactly 0: `ppo-only` and `smart` decide alike until it has learned.
+//! - Where the update runs: inline after the decision is out (`complete`
+//!   release: at the epoch boundary, so runs stay reproducible), or on a
+//!   thread of its own whose result the next decision takes up
+//!   ([`Adapter::train_off_path`], `arrival` release: the serving worker
+//!   never waits for a pass over the buffer).
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -75,6 +81,10 @@ pub struct Adapter {
     /// and the cosine were most of a cold decision's correction). The
     /// draws come in the same order as when drawn at the decision.
     noise: Option<f64>,
+    /// Updates run on a thread of their own ([`Adapter::train_off_path`]).
+    off_path: bool,
+    /// The update running there: its network once done.
+    training: Option<Arc<Mutex<Option<Mlp>>>>,
 }
 
 impl Adapter {
@@ -90,9 +100,42 @@ impl Adapter {
             explore,
             due: None,
             noise: None,
+            off_path: false,
+            training: None,
         };
         a.draw_noise();
         a
+    }
+
+    /// Runs each update on a thread of its own; the decision after it is
+    /// done takes up the new network. Not reproducible (when it is done
+    /// depends on the machine): for `arrival` release.
+    pub fn train_off_path(mut self) -> Self {
+        self.off_path = true;
+        self
+    }
+
+    /// Takes up the network of a finished update, if any.
+    fn adopt(&mut self) {
+        let Some(slot) = &self.training else { return };
+        // Never waits: a slot the thread holds is not done yet.
+        let done = match slot.try_lock() {
+            Ok(mut net) => net.take(),
+            Err(_) => None,
+        };
+        if let Some(net) = done {
+            self.net = net;
+            self.training = None;
+        }
+    }
+
+    /// Waits for the update running off the path and takes it up (tests).
+    #[cfg(test)]
+    pub(crate) fn finish_training(&mut self) {
+        while self.training.is_some() {
+            self.adopt();
+            std::thread::yield_now();
+        }
     }
 
     fn draw_noise(&mut self) {
@@ -113,6 +156,7 @@ impl Adapter {
 
     /// The correction for state `s`, remembered until [`Adapter::reward`].
     pub fn correct(&mut self, s: &State) -> f64 {
+        self.adopt();
         let x = inputs(s);
         let mut applied = self.mean(&x);
         if self.explore {
@@ -197,33 +241,60 @@ impl Adapter {
     /// never waits for a pass over the buffer or for the RNG.
     pub fn train(&mut self) {
         if let Some(rate) = self.due.take() {
-            self.update(rate);
+            if self.off_path {
+                self.train_on_thread(rate);
+            } else {
+                update(&mut self.net, self.buffer.iter(), rate);
+            }
         }
         self.draw_noise();
     }
 
-    /// One ascent step on the buffer's mean advantage-weighted log
-    /// likelihood of the applied corrections (a Gaussian policy).
-    fn update(&mut self, rate: f64) {
-        let n = self.buffer.len() as f64;
-        let baseline = self.buffer.iter().map(|s| s.reward).sum::<f64>() / n;
-        let mut total = Grads::zeros(&self.net);
-        for s in &self.buffer {
-            let dout = |y: &[f64]| {
-                let t = tanh(y[0]);
-                let mean = BOUND * t;
-                // ∂ log N(applied; mean, σ²) / ∂y = (applied − mean)/σ² · ∂mean/∂y
-                let dlog = (s.applied - mean) / (EXPLORE * EXPLORE) * BOUND * (1.0 - t * t);
-                vec![(s.reward - baseline) * dlog / n]
-            };
-            self.net.backward_add(&s.x, dout, &mut total);
+    /// The update on a thread of its own, over a copy of the buffer. While
+    /// one runs, a newer one is not started (an epoch is seconds, an
+    /// update under a millisecond); if no thread can be made, inline.
+    fn train_on_thread(&mut self, rate: f64) {
+        self.adopt();
+        if self.training.is_some() {
+            return;
         }
-        self.net.step(&total, rate);
+        let slot = Arc::new(Mutex::new(None));
+        let (out, mut net) = (slot.clone(), self.net.clone());
+        let buffer: Vec<Sample> = self.buffer.iter().cloned().collect();
+        let spawned = std::thread::Builder::new()
+            .name("grflow-adapter".into())
+            .spawn(move || {
+                update(&mut net, buffer.iter(), rate);
+                *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(net);
+            });
+        match spawned {
+            Ok(_) => self.training = Some(slot),
+            Err(_) => update(&mut self.net, self.buffer.iter(), rate),
+        }
     }
 
     pub fn buffered(&self) -> usize {
         self.buffer.len()
     }
+}
+
+/// One ascent step of `net` on the buffer's mean advantage-weighted log
+/// likelihood of the applied corrections (a Gaussian policy).
+fn update<'a>(net: &mut Mlp, buffer: impl Iterator<Item = &'a Sample> + Clone, rate: f64) {
+    let n = buffer.clone().count() as f64;
+    let baseline = buffer.clone().map(|s| s.reward).sum::<f64>() / n;
+    let mut total = Grads::zeros(net);
+    for s in buffer {
+        let dout = |y: &[f64]| {
+            let t = tanh(y[0]);
+            let mean = BOUND * t;
+            // ∂ log N(applied; mean, σ²) / ∂y = (applied − mean)/σ² · ∂mean/∂y
+            let dlog = (s.applied - mean) / (EXPLORE * EXPLORE) * BOUND * (1.0 - t * t);
+            vec![(s.reward - baseline) * dlog / n]
+        };
+        net.backward_add(&s.x, dout, &mut total);
+    }
+    net.step(&total, rate);
 }
 
 /// A standard normal sample (Box–Muller).
@@ -286,6 +357,34 @@ mod tests {
         a.correct(&state(0.5, 0.5));
         // |60 − 30| / 30 · 1e-3.
         assert!((a.reward(0.9, 60.0, 30.0) - 1e-3).abs() < 1e-15);
+    }
+
+    #[test]
+    fn off_path_updates_equal_inline_ones_and_wait_for_the_next_decision() {
+        let mut inline = Adapter::new(5, true);
+        let mut off = Adapter::new(5, true).train_off_path();
+        let x = inputs(&state(0.5, 0.5));
+        let mut on_thread = 0;
+        for i in 0..40 {
+            let s = state(0.5, 0.5);
+            let c = inline.correct(&s);
+            assert_eq!(off.correct(&s), c, "decision {i}");
+            let p99 = if i % 2 == 0 { 20.0 } else { 40.0 };
+            inline.reward(0.5 + 10.0 * c, p99, 30.0);
+            off.reward(0.5 + 10.0 * c, p99, 30.0);
+            let before = off.mean(&x);
+            inline.train();
+            off.train();
+            if off.training.is_some() {
+                // Started, not taken up: the network is the one before.
+                assert_eq!(off.mean(&x), before, "decision {i}");
+                on_thread += 1;
+            }
+            off.finish_training();
+            assert_eq!(off.mean(&x), inline.mean(&x), "decision {i}");
+        }
+        assert_ne!(inline.mean(&x), 0.0, "it learned");
+        assert!(on_thread > 20, "updates ran off the path: {on_thread}");
     }
 
     #[test]

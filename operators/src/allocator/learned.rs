@@ -86,6 +86,13 @@ impl Learned {
         self
     }
 
+    /// The adapter's updates on a thread of their own (`arrival` release:
+    /// off the serving worker; not reproducible).
+    pub fn train_off_path(mut self) -> Self {
+        self.adapter = self.adapter.map(Adapter::train_off_path);
+        self
+    }
+
     /// The move of α after closed window `w`, for a node at `alpha` now.
     pub fn decide(&mut self, w: &WindowStats, alpha: f64) -> f64 {
         self.corrected = None;

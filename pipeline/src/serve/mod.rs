@@ -483,6 +483,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     },
                     controller: crate::replay::allocator_controller(
                         &worker_cfg,
+                        worker_cfg.run.serve_release(),
                         worker_policy.clone(),
                         pool_pages,
                         allocator_stats.clone(),
