@@ -45,6 +45,7 @@ fn main() {
                     truncated_share: 0.0,
                     alpha_end: None,
                     pinned_end: false,
+                    p99_scaled_ms: None,
                 };
                 if cold {
                     other.iter_mut().for_each(|v| *v = v.wrapping_add(i as u64));

@@ -33,6 +33,11 @@ pub struct TelemetrySample {
     /// `alpha_milli` and `alpha_pinned` are meaningful.
     #[serde(default)]
     pub failed: bool,
+    /// The latency scaled to the rank SLO (× `slo_ms.rank` / the request
+    /// kind's SLO), which the allocator holds to the rank SLO: a retrieve
+    /// request within its own SLO is within it too. None: the latency.
+    #[serde(default)]
+    pub scaled_latency_us: Option<u64>,
 }
 
 impl TelemetrySample {
@@ -51,6 +56,7 @@ impl TelemetrySample {
             truncated: false,
             alpha_pinned,
             failed: true,
+            scaled_latency_us: None,
         }
     }
 }
@@ -85,6 +91,12 @@ pub struct WindowStats {
     /// request): the node refuses the allocator's moves until released.
     #[serde(default)]
     pub pinned_end: bool,
+    /// p99 of the served latencies scaled to the rank SLO (see
+    /// [`TelemetrySample::scaled_latency_us`]): what the allocator compares
+    /// with `slo_ms.rank` when rank and retrieve SLOs differ. Equal to
+    /// `p99_ms` when they do not; None when nothing was served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99_scaled_ms: Option<f64>,
 }
 
 /// Start of the window that holds `ts_ms`.
@@ -102,6 +114,7 @@ impl WindowStats {
             (0u64, 0u64, 0u64, 0u64, 0u64);
         let (mut seq, mut violated, mut alpha, mut truncated) = (0u64, 0u64, 0u64, 0u64);
         let mut latencies: Vec<(u64, u64)> = Vec::new();
+        let mut scaled: Vec<(u64, u64)> = Vec::new();
         for (s, count) in samples {
             if count == 0 {
                 continue;
@@ -121,11 +134,13 @@ impl WindowStats {
             seq += s.seq_len as u64 * count;
             truncated += s.truncated as u64 * count;
             latencies.push((s.latency_us, count));
+            scaled.push((s.scaled_latency_us.unwrap_or(s.latency_us), count));
         }
         if n == 0 {
             return Self::default();
         }
         latencies.sort_unstable();
+        scaled.sort_unstable();
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         let served = n - failed;
         Self {
@@ -141,6 +156,7 @@ impl WindowStats {
             truncated_share: ratio(truncated, served),
             alpha_end: None,
             pinned_end: false,
+            p99_scaled_ms: (served > 0).then(|| percentile_weighted(&scaled, 0.99) as f64 / 1000.0),
         }
     }
 }
@@ -161,6 +177,8 @@ pub struct WindowAccumulator {
     alpha_milli: u64,
     truncated: u64,
     latencies_us: Vec<u64>,
+    /// The same, scaled to the rank SLO.
+    scaled_us: Vec<u64>,
     /// (event time, α in thousandths, pinned) of the latest sample; the
     /// larger on a tie, so that the order samples arrive in does not matter.
     latest: Option<(u64, u32, bool)>,
@@ -187,6 +205,8 @@ impl WindowAccumulator {
         self.seq += s.seq_len as u64;
         self.truncated += s.truncated as u64;
         self.latencies_us.push(s.latency_us);
+        self.scaled_us
+            .push(s.scaled_latency_us.unwrap_or(s.latency_us));
     }
 
     /// Samples added so far.
@@ -202,12 +222,14 @@ impl WindowAccumulator {
             return WindowStats::default();
         }
         self.latencies_us.sort_unstable();
+        self.scaled_us.sort_unstable();
         let served = self.latencies_us.len();
         // No request served: no latency to take a percentile of.
-        let p99_us = match served {
+        let p99 = |sorted: &[u64]| match served {
             0 => 0,
-            _ => self.latencies_us[((0.99 * served as f64).ceil() as usize).clamp(1, served) - 1],
+            _ => sorted[((0.99 * served as f64).ceil() as usize).clamp(1, served) - 1],
         };
+        let p99_us = p99(&self.latencies_us);
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         WindowStats {
             requests: n,
@@ -222,6 +244,7 @@ impl WindowAccumulator {
             truncated_share: ratio(self.truncated, served as u64),
             alpha_end: self.latest.map(|(_, a, _)| a as f64 / 1000.0),
             pinned_end: self.latest.is_some_and(|(_, _, pinned)| pinned),
+            p99_scaled_ms: (served > 0).then(|| p99(&self.scaled_us) as f64 / 1000.0),
         }
     }
 }
@@ -270,7 +293,39 @@ mod tests {
             truncated: false,
             alpha_pinned: false,
             failed: false,
+            scaled_latency_us: None,
         }
+    }
+
+    #[test]
+    fn the_scaled_p99_takes_each_latency_at_its_scale_in_both_aggregations() {
+        // 100 requests: 98 at 10 ms, two slow retrieve ones at 90 ms whose
+        // SLO is three times the rank one (30 ms scaled).
+        let mut samples: Vec<TelemetrySample> =
+            (0..98).map(|_| sample(10_000, false, false)).collect();
+        for _ in 0..2 {
+            samples.push(TelemetrySample {
+                scaled_latency_us: Some(30_000),
+                ..sample(90_000, false, false)
+            });
+        }
+        samples.push(TelemetrySample::failed(false, 500, false));
+        let whole = WindowStats::from_samples(samples.iter().map(|s| (s, 1)));
+        let mut acc = WindowAccumulator::default();
+        for (t, s) in samples.iter().enumerate() {
+            acc.add(t as u64, s);
+        }
+        let running = acc.finish();
+        for w in [&whole, &running] {
+            assert_eq!(w.p99_ms, 90.0);
+            assert_eq!(w.p99_scaled_ms, Some(30.0));
+        }
+        // Unscaled samples (equal SLOs) give the p99 itself; no served
+        // request, none.
+        let plain = WindowStats::from_samples([(&sample(7_000, false, false), 3)]);
+        assert_eq!(plain.p99_scaled_ms, Some(plain.p99_ms));
+        let none = WindowStats::from_samples([(&TelemetrySample::failed(false, 0, false), 2)]);
+        assert_eq!(none.p99_scaled_ms, None);
     }
 
     #[test]

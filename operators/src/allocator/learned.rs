@@ -203,6 +203,7 @@ mod tests {
             truncated_share: 0.0,
             alpha_end: None,
             pinned_end: false,
+            p99_scaled_ms: None,
         }
     }
 

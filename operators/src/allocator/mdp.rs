@@ -61,17 +61,20 @@ impl State {
 /// read as saturated ([`controller_p99_ms`]).
 pub const FAILED_SHARE: f64 = 0.01;
 
-/// The p99 the controllers see for window `w`: the served requests' p99,
-/// or at least 2·τ_SLO (where the P99 feature saturates) when more than
-/// [`FAILED_SHARE`] of the window's requests failed. A failed request has
-/// no latency but missed its SLO: a window of failures (p99 0 over no
-/// served request) must not read as the fastest.
+/// The p99 the controllers see for window `w`: the served requests' p99
+/// with each latency scaled to the rank SLO (`slo_ms`; a retrieve request
+/// is held to its own SLO, not the rank one), or at least 2·τ_SLO (where
+/// the P99 feature saturates) when more than [`FAILED_SHARE`] of the
+/// window's requests failed. A failed request has no latency but missed
+/// its SLO: a window of failures (p99 0 over no served request) must not
+/// read as the fastest.
 pub fn controller_p99_ms(w: &WindowStats, slo_ms: f64) -> f64 {
+    let p99 = w.p99_scaled_ms.unwrap_or(w.p99_ms);
     // `requests` counts the failed ones too.
     if w.failed as f64 > FAILED_SHARE * w.requests as f64 {
-        w.p99_ms.max(2.0 * slo_ms.max(1e-9))
+        p99.max(2.0 * slo_ms.max(1e-9))
     } else {
-        w.p99_ms
+        p99
     }
 }
 
@@ -113,6 +116,7 @@ mod tests {
             truncated_share: 0.0,
             alpha_end: None,
             pinned_end: false,
+            p99_scaled_ms: None,
         }
     }
 
@@ -134,6 +138,25 @@ mod tests {
             ..window()
         };
         assert_eq!(State::of(&nan, 0.4, 1024, 30.0).0[State::P99], 1.0);
+    }
+
+    #[test]
+    fn the_controllers_hold_each_kind_to_its_own_slo() {
+        // p99 80 ms over rank (30 ms) and retrieve (100 ms) requests; scaled
+        // to the rank SLO, the slow retrieve ones read 0.3 of theirs.
+        let w = WindowStats {
+            requests: 100,
+            p99_ms: 80.0,
+            p99_scaled_ms: Some(24.0),
+            ..Default::default()
+        };
+        assert_eq!(controller_p99_ms(&w, 30.0), 24.0);
+        assert_eq!(reward(&w, 30.0), BEST_REWARD);
+        let unscaled = WindowStats {
+            p99_scaled_ms: None,
+            ..w
+        };
+        assert_eq!(controller_p99_ms(&unscaled, 30.0), 80.0);
     }
 
     #[test]

@@ -128,6 +128,7 @@ mod tests {
                 truncated: false,
                 alpha_pinned: false,
                 failed: false,
+                scaled_latency_us: None,
             },
         }
     }
