@@ -142,6 +142,24 @@ fn a_model_that_does_not_fit_the_trace_is_refused_naming_the_file_and_the_differ
     let err = refused(Some(&config), &other, None);
     assert!(err.contains("items.parquet"), "{err}");
     assert!(err.contains("40 items") && err.contains("has 41"), "{err}");
+    // A catalog of the same size whose items differ (the same interactions
+    // imported with another seed draw other semantic IDs): refused too.
+    let reseeded = dir.join("reseeded");
+    ok(grflow()
+        .args([
+            "import", "--format", "seq", "--quiet", "--tables", "1", "--seed", "9",
+        ])
+        .arg("--input")
+        .arg(dir.join("walks.txt"))
+        .arg("--out")
+        .arg(&reseeded)
+        .output()
+        .unwrap());
+    let err = refused(None, &reseeded, Some(&model));
+    assert!(
+        err.contains("items.parquet") && err.contains("another catalog"),
+        "{err}"
+    );
 
     // A tensor of the wrong shape is named.
     let bad = dir.join("bad-shape");

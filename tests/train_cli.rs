@@ -169,6 +169,19 @@ fn train_and_eval_refuse_what_would_lose_or_mislabel_work() {
         .collect();
     assert_eq!(names.len(), 4, "{names:?}");
     assert!(names.iter().all(|n| n.contains("-e0002")), "{names:?}");
+    // Resuming another directory's checkpoint into a run: refused, the run
+    // held there untouched.
+    let second = dir.join("second");
+    ok(train(&second, &["--max-epochs", "1"]));
+    let held = std::fs::read(second.join("model.json")).unwrap();
+    fails_with(
+        train(
+            &second,
+            &["--max-epochs", "3", "--resume", ckpt.to_str().unwrap()],
+        ),
+        "another run's",
+    );
+    assert_eq!(std::fs::read(second.join("model.json")).unwrap(), held);
 
     // eval: another trace of the same catalog is refused unless asked for.
     let other = import_walks(&dir, "fewer", 100, 60, 1);

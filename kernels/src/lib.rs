@@ -17,6 +17,7 @@ pub mod cost;
 pub mod error;
 pub mod flops;
 mod forward;
+pub mod history;
 pub mod kv_store;
 mod model;
 mod ops;

@@ -15,6 +15,8 @@
 //! truncated again (the result is a fixed point).
 
 use grflow_kernels::{ModelConfig, SID_STEPS};
+// In the kernels crate so that evaluation drops what serving drops.
+pub use grflow_kernels::history::{chunk_for, oldest_dropped};
 
 /// Share of the node's pool pages one request may pin for its history: a
 /// long history cannot evict every other user's prefix. Past the KV share
@@ -98,28 +100,6 @@ impl HistoryLimits {
 /// Pages one request may pin on a pool of `pages` pages.
 pub fn pinnable_pages(pages: usize) -> usize {
     (pages as f64 * MAX_PIN_SHARE) as usize
-}
-
-/// The drop step for `limit`: a quarter of it rounded down to whole blocks
-/// of `block` tokens, at least one block, never more than the limit.
-pub fn chunk_for(limit: usize, block: usize) -> usize {
-    let block = block.max(1);
-    let quarter = limit / 4 / block * block;
-    quarter.max(block).min(limit).max(1)
-}
-
-/// Oldest items to drop from a history of `len` items so that at most
-/// `limit` remain: 0 when it fits, otherwise the least multiple of `chunk`
-/// that is enough (so at least `limit - chunk + 1` items remain).
-pub fn oldest_dropped(len: usize, limit: usize, chunk: usize) -> usize {
-    if len <= limit {
-        return 0;
-    }
-    if limit == 0 {
-        return len;
-    }
-    let chunk = chunk.clamp(1, limit);
-    (len - limit).div_ceil(chunk) * chunk
 }
 
 #[cfg(test)]

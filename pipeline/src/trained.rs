@@ -98,6 +98,26 @@ pub fn load(dir: &Path, meta: &TraceMeta, items: &[Item]) -> Result<Trained, Wei
             ),
         ));
     }
+    // Equal ids say only that the catalogs have one size (ids are 0..n):
+    // another dataset of the same size would pass, and every item would
+    // take another's embedding. Its features, length and semantic ID too.
+    if let Some((row, (a, b))) = m
+        .items
+        .iter()
+        .zip(items)
+        .enumerate()
+        .find(|(_, (a, b))| a != b)
+    {
+        return Err(bad(
+            ITEMS_FILE,
+            format!(
+                "row {row}: the model's item {} (feature ids {:?}, {} tokens, semantic ID {:?}) differs \
+                 from the trace's (feature ids {:?}, {} tokens, semantic ID {:?}): the model was \
+                 trained on another catalog",
+                a.item_id, a.feature_ids, a.token_len, a.sid, b.feature_ids, b.token_len, b.sid
+            ),
+        ));
+    }
     // The trainer's row i is item i; serving reads table 0 at an item's
     // first feature id, so the two must agree.
     if let Some((row, it)) = items

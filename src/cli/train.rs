@@ -101,15 +101,28 @@ fn check_out(args: &Args) -> anyhow::Result<()> {
     let existing = [MODEL_JSON, "checkpoint/state.json"]
         .into_iter()
         .find(|f| out.join(f).exists());
+    // Resuming continues this directory's own run only: a checkpoint from
+    // elsewhere would replace the run held here (its checkpoint files are
+    // pruned on the first save).
+    let resumes_here = args.resume.as_ref().is_some_and(|r| {
+        match (r.canonicalize(), out.join("checkpoint").canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        }
+    });
     if let Some(f) = existing
-        && args.resume.is_none()
+        && !resumes_here
         && !args.force
     {
         return Err(InputError::from_display(format!(
             "--out {}: already holds {f} from an earlier run; continue it with --resume {}, \
-             or pass --force to replace it",
+             or pass --force to replace it{}",
             out.display(),
-            out.join("checkpoint").display()
+            out.join("checkpoint").display(),
+            match &args.resume {
+                Some(r) => format!(" (--resume {} is another run's)", r.display()),
+                None => String::new(),
+            }
         )));
     }
     Ok(())

@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data = Dataset::from_trace(Path::new(trace))?;
     let ck = Checkpoint::load(Path::new(checkpoint))?;
     let max_history = ck.state.config.max_history;
+    let block_size = ck.best.cfg.block_size;
     let opts = EvalOptions::default();
     let mut served = Served::new(&ck.best, max_history)?;
     let question = |history: &[u32], target, user, seed| {
@@ -30,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             history,
             target,
             data.n_items,
-            max_history,
+            grflow_kernels::history::HistoryCut::new(max_history, block_size),
             opts.negatives,
             seed,
         )
@@ -43,7 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ahead.push((u, question(h, test, user, opts.seed)));
         }
     }
-    let test = test_questions(&data, max_history, &opts);
+    let test = test_questions(&data, max_history, block_size, &opts);
     for (name, qs) in [
         ("valid", &valid),
         ("test", &test),

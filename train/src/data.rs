@@ -1,6 +1,7 @@
 //! The interaction sequences of a trace, SASRec's leave-one-out split and
 //! the negative samplers of training and evaluation.
 
+use grflow_kernels::history::HistoryCut;
 use std::path::Path;
 
 use rand::{Rng, RngExt, SeedableRng};
@@ -227,11 +228,14 @@ pub fn eval_question(
     history: &[u32],
     target: u32,
     n_items: usize,
-    max_history: usize,
+    cut: HistoryCut,
     negatives: usize,
     seed: u64,
 ) -> Sequence {
-    let history = &history[history.len().saturating_sub(max_history)..];
+    // Cut as the serving node cuts it: the oldest items go in whole chunks
+    // (so that served prefixes stay reusable), leaving 35–50 of 51–66 items
+    // at a limit of 50, not the last 50.
+    let history = cut.keep(history);
     let mut rng =
         ChaCha8Rng::seed_from_u64(seed ^ user.user_id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut cands = Vec::with_capacity(negatives + 1);
@@ -265,5 +269,18 @@ mod tests {
         );
         let eval: Vec<u32> = (0..100).map(|_| user.negative(5, &mut rng)).collect();
         assert!(eval.iter().all(|&i| i == 4), "{eval:?}");
+    }
+
+    #[test]
+    fn evaluation_histories_are_cut_as_serving_cuts_them() {
+        let items: Vec<u32> = (0..70).collect();
+        let user = User::new(1, items.clone());
+        // At a limit of 50 in 16-token blocks serving drops 16 items at a
+        // time: 51 → 35 kept, 66 → 50, 67 → 35 (not always the last 50).
+        for (len, kept) in [(40, 40), (50, 50), (51, 35), (66, 50), (67, 35)] {
+            let q = eval_question(&user, &items[..len], 99, 100, HistoryCut::new(50, 16), 5, 1);
+            assert_eq!(q.history, items[len - kept..len], "{len} items");
+            assert_eq!(q.targets[0].prefix, kept);
+        }
     }
 }

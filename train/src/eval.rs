@@ -2,6 +2,7 @@
 //! test question is a served User-as-prefix request (history prefilled
 //! into paged KV blocks, candidates ranked by `rank_user_prefix`).
 
+use grflow_kernels::history::HistoryCut;
 use std::time::Instant;
 
 use grflow_kernels::{GrModel, KvBlockStore, VecKvStore};
@@ -54,8 +55,9 @@ impl Served {
             .collect()
     }
 
-    /// Softmax scores of `cands` for a user with `history` (cut to the
-    /// model's `max_history`), as a served request computes them.
+    /// Softmax scores of `cands` for a user with `history` (at most the
+    /// model's `max_history` items, cut as serving cuts it: see
+    /// [`crate::data::eval_question`]), as a served request computes them.
     pub fn rank(&mut self, history: &[u32], cands: &[u32]) -> Result<Vec<f32>, TrainError> {
         let h = &history[history.len().saturating_sub(self.max_history)..];
         let toks = self.tokens(h);
@@ -155,6 +157,7 @@ pub struct EvalReport {
 pub fn test_questions(
     data: &Dataset,
     max_history: usize,
+    block_size: usize,
     opts: &EvalOptions,
 ) -> Vec<(usize, Sequence)> {
     data.users
@@ -167,7 +170,7 @@ pub fn test_questions(
                 h,
                 t,
                 data.n_items,
-                max_history,
+                HistoryCut::new(max_history, block_size),
                 opts.negatives,
                 opts.seed,
             );
@@ -249,7 +252,7 @@ pub fn evaluate(
             data.n_items
         )));
     }
-    let qs = test_questions(data, max_history, opts);
+    let qs = test_questions(data, max_history, p.cfg.block_size, opts);
     if qs.is_empty() {
         return Err(TrainError::Invalid(
             "no test users: a test question needs a user with 3 or more items".to_string(),

@@ -3,6 +3,7 @@
 //! machine), AdamW, validation NDCG@10 after every epoch, early stopping,
 //! and a checkpoint after every epoch that `resume` continues.
 
+use grflow_kernels::history::HistoryCut;
 use std::path::Path;
 use std::time::Instant;
 
@@ -172,7 +173,7 @@ pub fn validate(p: &Params, data: &Dataset, cfg: &TrainConfig) -> Result<RankMet
                 h,
                 t,
                 data.n_items,
-                cfg.max_history,
+                HistoryCut::new(cfg.max_history, p.cfg.block_size),
                 cfg.val_negatives,
                 cfg.seed ^ 0x5a1d,
             )

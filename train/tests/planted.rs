@@ -71,7 +71,12 @@ fn a_planted_order_is_learned_and_a_shuffled_one_is_not() {
 fn shuffled_test_labels_score_near_chance() {
     let (data, p) = ordered();
     let cfg = tiny_config(7);
-    let mut qs = test_questions(data, cfg.max_history, &EvalOptions::default());
+    let mut qs = test_questions(
+        data,
+        cfg.max_history,
+        p.cfg.block_size,
+        &EvalOptions::default(),
+    );
     // Give each question another user's test item as its positive.
     let mut labels: Vec<u32> = qs.iter().map(|(_, q)| q.targets[0].cands[0]).collect();
     labels.shuffle(&mut ChaCha8Rng::seed_from_u64(3));
