@@ -38,18 +38,28 @@ pub enum ParamsError {
 /// `cost.overhead_scale`.
 pub fn cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
     let cost = fitted_cost_model(cfg)?;
-    if let Some(fitted) = extrapolated(&cost, cfg) {
-        tracing::warn!(
-            "the cost model was timed on prompts of up to {fitted} tokens, but trace.max_history \
-             is {}: longer prefills are charged by extrapolation (fit the range with `grflow \
-             calibrate --max-tokens {}`)",
-            cfg.trace.max_history,
-            cfg.trace.max_history
-        );
+    // Said where the model is read or fitted; one handed in (`cost.model`:
+    // the allocator bench and trainer, hundreds of replays of one model)
+    // was reported once by whoever made it.
+    if cfg.cost.model.is_none()
+        && let Some(warning) = extrapolation_warning(&cost, cfg)
+    {
+        tracing::warn!("{warning}");
     }
     Ok(cost
         .scaled(cfg.cost.compute_scale)
         .overhead_scaled(cfg.cost.overhead_scale))
+}
+
+/// What to tell a user whose histories `cost` charges by extrapolation.
+pub fn extrapolation_warning(cost: &CostModel, cfg: &Config) -> Option<String> {
+    let fitted = extrapolated(cost, cfg)?;
+    let max = cfg.trace.max_history;
+    Some(format!(
+        "the cost model was timed on prompts of up to {fitted} tokens, but trace.max_history \
+         is {max}: longer prefills are charged by extrapolation (fit the range with `grflow \
+         calibrate --max-tokens {max}`)"
+    ))
 }
 
 /// The longest prompt `cost` was timed at, when the config's histories

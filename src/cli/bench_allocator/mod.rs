@@ -646,7 +646,7 @@ fn pid_search(
     alpha: f64,
     mut replay: impl FnMut(PidGains) -> anyhow::Result<(f64, bool)>,
 ) -> anyhow::Result<Option<PidGains>> {
-    let mut best: Option<PidGains> = None;
+    let mut best: Option<(PidGains, f64)> = None;
     for kp in PID_KP {
         for ki in PID_KI {
             for kd in PID_KD {
@@ -663,16 +663,16 @@ fn pid_search(
                      (training){}",
                     if usable { "" } else { ", not comparable" }
                 );
-                if usable && best.is_none_or(|b| b.train_p99_ms.is_none_or(|bp| p99 < bp)) {
-                    best = Some(PidGains {
-                        train_p99_ms: Some(p99),
-                        ..gains
-                    });
+                if usable && best.is_none_or(|(_, b)| p99 < b) {
+                    best = Some((gains, p99));
                 }
             }
         }
     }
-    Ok(best)
+    Ok(best.map(|(gains, p99)| PidGains {
+        train_p99_ms: Some(p99),
+        ..gains
+    }))
 }
 
 /// The per-node static split with the lowest mean P99 on the training
@@ -786,7 +786,10 @@ pub(crate) fn virtual_base(
         super::calibrate::fit_overhead(&mut cost)?;
         cost
     };
-    // Every run charges this one model.
+    if let Some(warning) = grflow_pipeline::params::extrapolation_warning(&cost, &base) {
+        eprintln!("note: {warning}");
+    }
+    // Every run charges this one model (and says nothing more about it).
     base.cost.model = Some(cost.clone());
     Ok((base, cost))
 }
