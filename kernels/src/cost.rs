@@ -60,6 +60,26 @@ pub struct CostModel {
 }
 
 impl CostModel {
+    /// A model of `preset` that costs nothing, written by hand rather than
+    /// measured (tests, what-if runs): set the coefficients wanted on it.
+    pub fn given(preset: &str, beam_width: usize, beam_top_k: usize) -> CostModel {
+        CostModel {
+            preset: preset.into(),
+            machine: "given, not measured".into(),
+            gemm_gflops: 100.0,
+            beam_width,
+            beam_top_k,
+            prefill_ms: [0.0; 3],
+            rank_ms: [0.0; 3],
+            beam_ms: [0.0; 2],
+            fit_max_rel_err: 0.0,
+            fitted_tokens: 0,
+            overhead_ms: 0.0,
+            occupancy_ms: 0.0,
+            calibration_s: 0.0,
+        }
+    }
+
     /// The same model on a device `scale` times as slow (0.001: a thousand
     /// times as fast): model compute (prefill, ranking, beam search) is
     /// scaled, the serving path's overhead on the host is not.
@@ -477,19 +497,14 @@ mod tests {
     /// A cost model written by hand, not measured.
     fn hand_made() -> CostModel {
         CostModel {
-            preset: "small".into(),
-            machine: "m".into(),
-            gemm_gflops: 100.0,
-            beam_width: 8,
-            beam_top_k: 8,
             prefill_ms: [0.1, 0.01, 0.0001],
             rank_ms: [0.2, 0.02, 0.0002],
             beam_ms: [0.5, 0.05],
-            fit_max_rel_err: 0.0,
             fitted_tokens: 512,
             overhead_ms: 0.3,
             occupancy_ms: 0.1,
             calibration_s: 1.0,
+            ..CostModel::given("small", 8, 8)
         }
     }
 

@@ -597,19 +597,12 @@ fn a_full_prefix_hit_makes_no_emb_lookups_for_the_covered_history() {
 /// 5 ms, whatever the lengths, and the given host overhead.
 fn virtual_cost(overhead_ms: f64, occupancy_ms: f64) -> grflow_kernels::cost::CostModel {
     grflow_kernels::cost::CostModel {
-        preset: "small".into(),
-        machine: "test".into(),
-        gemm_gflops: 100.0,
-        beam_width: 8,
-        beam_top_k: 8,
         prefill_ms: [1.0, 0.0, 0.0],
         rank_ms: [2.0, 0.0, 0.0],
         beam_ms: [5.0, 0.0],
-        fit_max_rel_err: 0.0,
-        fitted_tokens: 0,
         overhead_ms,
         occupancy_ms,
-        calibration_s: 0.0,
+        ..grflow_kernels::cost::CostModel::given("small", 8, 8)
     }
 }
 

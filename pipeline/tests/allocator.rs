@@ -341,19 +341,10 @@ fn the_shipped_policy_loads_with_its_provenance() {
 /// of prefill and 0.01 per cached one, 0.5 ms to rank, 2 ms of beam search.
 fn cost() -> grflow_kernels::cost::CostModel {
     grflow_kernels::cost::CostModel {
-        preset: "small".into(),
-        machine: "test".into(),
-        gemm_gflops: 100.0,
-        beam_width: 32,
-        beam_top_k: 32,
         prefill_ms: [0.1, 0.05, 0.01],
         rank_ms: [0.5, 0.0, 0.0],
         beam_ms: [2.0, 0.0],
-        fit_max_rel_err: 0.0,
-        fitted_tokens: 0,
-        overhead_ms: 0.0,
-        occupancy_ms: 0.0,
-        calibration_s: 0.0,
+        ..grflow_kernels::cost::CostModel::given("small", 32, 32)
     }
 }
 

@@ -280,8 +280,8 @@ impl Adapter {
 
 /// One ascent step of `net` on the buffer's mean advantage-weighted log
 /// likelihood of the applied corrections (a Gaussian policy).
-fn update<'a>(net: &mut Mlp, buffer: impl Iterator<Item = &'a Sample> + Clone, rate: f64) {
-    let n = buffer.clone().count() as f64;
+fn update<'a>(net: &mut Mlp, buffer: impl ExactSizeIterator<Item = &'a Sample> + Clone, rate: f64) {
+    let n = buffer.len() as f64;
     let baseline = buffer.clone().map(|s| s.reward).sum::<f64>() / n;
     let mut total = Grads::zeros(net);
     for s in buffer {

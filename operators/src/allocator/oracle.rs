@@ -432,19 +432,10 @@ mod tests {
 
     fn cost() -> grflow_kernels::cost::CostModel {
         grflow_kernels::cost::CostModel {
-            preset: "small".into(),
-            machine: "test".into(),
-            gemm_gflops: 100.0,
-            beam_width: 8,
-            beam_top_k: 8,
             prefill_ms: [0.2, 0.01, 0.0],
             rank_ms: [0.3, 0.0, 0.0],
             beam_ms: [1.0, 0.0],
-            fit_max_rel_err: 0.0,
-            fitted_tokens: 0,
-            overhead_ms: 0.0,
-            occupancy_ms: 0.0,
-            calibration_s: 0.0,
+            ..grflow_kernels::cost::CostModel::given("small", 8, 8)
         }
     }
 

@@ -69,9 +69,8 @@ impl Row {
             policy,
             alpha,
             node_alpha,
-            gains,
+            gains: pid_gains,
         } = run;
-        let pid_gains = gains.filter(|_| policy == AllocatorPolicy::Pid);
         let oracle = OracleSummary::of(&out.oracle);
         let s = &out.summary;
         // static and kv-opt hold α: they time no decision.
