@@ -112,6 +112,26 @@ pub fn read_head(
     Ok((head, reader))
 }
 
+/// How long, and for how many bytes, a connection is drained after its
+/// answer ([`linger`]).
+const LINGER: Duration = Duration::from_millis(500);
+const LINGER_BYTES: u64 = 1024 * 1024;
+
+/// Closes a connection whose answer has been written without losing that
+/// answer: closing a socket with unread input makes the kernel reset the
+/// connection, which drops whatever of the answer the client has not read
+/// yet (a refused head or an unread body leaves such input). So the write
+/// side is shut first (the client sees the answer end) and the input is
+/// read away, for a bounded time and size, before the socket is dropped.
+fn linger(stream: TcpStream) {
+    if stream.shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    let deadline = Instant::now() + LINGER;
+    let mut rest = DeadlineStream { stream, deadline }.take(LINGER_BYTES);
+    let _ = std::io::copy(&mut rest, &mut std::io::sink());
+}
+
 /// A running listener; stops (and joins its thread) when dropped.
 #[derive(Debug)]
 pub struct Listener {
@@ -154,11 +174,15 @@ impl Listener {
                             let spawned = std::thread::Builder::new()
                                 .name(format!("{label}-conn"))
                                 .spawn(move || {
+                                    let kept = stream.try_clone();
                                     let answered = stream
                                         .set_nonblocking(false)
                                         .and_then(|()| handle(stream, peer));
                                     if let Err(e) = answered {
                                         tracing::debug!(listener = %label, error = %e, "request");
+                                    }
+                                    if let Ok(kept) = kept {
+                                        linger(kept);
                                     }
                                     slot.fetch_sub(1, Ordering::AcqRel);
                                 });
@@ -262,6 +286,30 @@ mod tests {
             b"POST /model HTTP/1.1\r\ncontent-length: 12\r\n\r\n/models/next",
         );
         assert_eq!(answer, "POST /model Some(12)");
+    }
+
+    #[test]
+    fn an_answer_reaches_a_client_that_sent_more_than_was_read() {
+        // The handler answers after the request line alone; the rest of the
+        // request stays unread. Closing then would reset the connection and
+        // drop the answer's tail still in flight (larger than the buffers).
+        const ANSWER: usize = 8 << 20;
+        let l = Listener::spawn("test-linger", "127.0.0.1:0".parse().unwrap(), |s, _| {
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line)?;
+            (&s).write_all(&vec![b'a'; ANSWER])
+        })
+        .unwrap();
+        let mut s = TcpStream::connect(l.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+        s.write_all(&[b'h'; 64 << 10]).unwrap();
+        // Let the handler finish writing what the buffers hold first.
+        std::thread::sleep(Duration::from_millis(200));
+        let mut out = Vec::new();
+        let read = s.read_to_end(&mut out);
+        assert!(read.is_ok(), "{read:?} after {} bytes", out.len());
+        assert_eq!(out.len(), ANSWER);
     }
 
     #[test]
