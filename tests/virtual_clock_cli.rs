@@ -26,31 +26,47 @@ fn replay(config: &std::path::Path, extra: &[&str]) -> Value {
 fn calibrate_then_replay_on_the_virtual_clock() {
     let dir = tmp_dir("virtual-clock");
     let calibration = dir.join("small.json");
-    let out = ok(grflow()
-        .args(["calibrate", "--preset", "small", "--reps", "2", "--out"])
-        .arg(&calibration)
-        .output()
-        .unwrap());
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let saved: Value = serde_json::from_slice(&std::fs::read(&calibration).unwrap()).unwrap();
-    assert_eq!(printed, saved);
-    assert_eq!(saved["preset"], "small");
-    assert!(saved["gemm_gflops"].as_f64().unwrap() > 0.0);
-    let overhead = saved["overhead_ms"].as_f64().unwrap();
-    let busy = saved["occupancy_ms"].as_f64().unwrap();
-    assert!(overhead >= 0.0 && busy >= 0.0, "{saved}");
-    assert!(saved["prefill_ms"].as_array().unwrap().len() == 3);
-
     let config = dir.join("trace.toml");
     std::fs::write(
         &config,
         "[run]\nworkers = 2\n[trace]\nregime = \"steady\"\nrequests = 400\nrps = 100.0\nseed = 5\n",
     )
     .unwrap();
-    let wall = replay(&config, &["--clock", "wall", "--speed", "1x"]);
     let cal = calibration.to_str().unwrap();
     let args = ["--clock", "virtual", "--speed", "max", "--calibration", cal];
-    let a = replay(&config, &args);
+    // The calibration and the wall replay are timed seconds apart: a
+    // neighbour's load on one and not the other moves their ratio, so a
+    // ratio outside the bound is measured once more before it fails.
+    let mut measured = Vec::new();
+    let a = loop {
+        let out = ok(grflow()
+            .args(["calibrate", "--preset", "small", "--reps", "2", "--out"])
+            .arg(&calibration)
+            .output()
+            .unwrap());
+        let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let saved: Value = serde_json::from_slice(&std::fs::read(&calibration).unwrap()).unwrap();
+        assert_eq!(printed, saved);
+        assert_eq!(saved["preset"], "small");
+        assert!(saved["gemm_gflops"].as_f64().unwrap() > 0.0);
+        let overhead = saved["overhead_ms"].as_f64().unwrap();
+        let busy = saved["occupancy_ms"].as_f64().unwrap();
+        assert!(overhead >= 0.0 && busy >= 0.0, "{saved}");
+        assert!(saved["prefill_ms"].as_array().unwrap().len() == 3);
+
+        let wall = replay(&config, &["--clock", "wall", "--speed", "1x"]);
+        let a = replay(&config, &args);
+        let (w, v) = (
+            wall["latency_ms"]["p50"].as_f64().unwrap(),
+            a["latency_ms"]["p50"].as_f64().unwrap(),
+        );
+        assert!(v > 0.0);
+        measured.push(format!("virtual p50 {v} ms vs wall {w} ms"));
+        if v / w > 0.5 && v / w < 2.0 {
+            break a;
+        }
+        assert!(measured.len() < 2, "{measured:?}");
+    };
     let b = replay(&config, &args);
     assert_eq!(a["clock"], "virtual");
     assert_eq!(a["release"], "complete");
@@ -68,15 +84,6 @@ fn calibrate_then_replay_on_the_virtual_clock() {
     assert!(note.contains("--speed max"), "{note}");
     let paced: Value = serde_json::from_slice(&paced.stdout).unwrap();
     assert_eq!(paced["latency_ms"], a["latency_ms"]);
-    let (w, v) = (
-        wall["latency_ms"]["p50"].as_f64().unwrap(),
-        a["latency_ms"]["p50"].as_f64().unwrap(),
-    );
-    assert!(v > 0.0);
-    assert!(
-        v / w > 0.5 && v / w < 2.0,
-        "virtual p50 {v} ms vs wall {w} ms"
-    );
 
     // The oracle α* follows the nodes: every epoch of every node, and the
     // replay at the run's own α is the run.
@@ -178,7 +185,8 @@ fn calibrate_then_replay_on_the_virtual_clock() {
     let beam8 = dir.join("beam8.toml");
     std::fs::write(&beam8, "[model]\nbeam_width = 8\nbeam_top_k = 8\n").unwrap();
     refusal(&args, &beam8, "model.beam_width is 8");
-    let mut negative = saved.clone();
+    let saved: Value = serde_json::from_slice(&std::fs::read(&calibration).unwrap()).unwrap();
+    let mut negative = saved;
     negative["prefill_ms"] = serde_json::json!([-5.0, -5.0, -5.0]);
     let negative_file = dir.join("negative.json");
     std::fs::write(&negative_file, negative.to_string()).unwrap();
