@@ -258,6 +258,9 @@ pub(super) struct MeanRow {
     /// Over the seeds (`None`: the policy makes no decisions).
     pub(super) decision_us_p99_max: Option<f64>,
     pub(super) oracle_gap_mean: Option<f64>,
+    /// Over the seeds whose run had the oracle, like `oracle_gap_mean`.
+    pub(super) p99_regret_ms_mean: Option<f64>,
+    pub(super) alpha_star_std_mean: Option<f64>,
 }
 
 /// The `pid` row's gains on the error (p99 − τ_SLO) / τ_SLO.
@@ -310,6 +313,8 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
             let mut p99 = Vec::new();
             let mut reductions = Vec::new();
             let mut gaps = Vec::new();
+            let mut regrets = Vec::new();
+            let mut star_stds = Vec::new();
             let mut slo_min = f64::INFINITY;
             let mut decision_max: Option<f64> = None;
             let mut below_static = 0;
@@ -320,6 +325,8 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
                 p99.push(r.p99_ms);
                 reductions.extend(r.p99_reduction_vs_kv_emb_opt);
                 gaps.extend(r.oracle_gap);
+                regrets.extend(r.p99_regret_ms);
+                star_stds.extend(r.alpha_star_std);
                 slo_min = slo_min.min(r.slo_satisfaction);
                 if let Some(d) = r.decision_us_p99 {
                     decision_max = Some(decision_max.map_or(d, |m| m.max(d)));
@@ -342,6 +349,8 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
                 slo_satisfaction_min: slo_min,
                 decision_us_p99_max: decision_max,
                 oracle_gap_mean: mean(&gaps),
+                p99_regret_ms_mean: mean(&regrets),
+                alpha_star_std_mean: mean(&star_stds),
             }
         })
         .collect()
@@ -405,8 +414,15 @@ pub(super) fn print_means(report: &SeedsReport) {
     let seeds: Vec<String> = report.seeds.iter().map(u64::to_string).collect();
     println!("mean over seeds {}:", seeds.join(", "));
     println!(
-        "{:<8} {:<15} {:>10} {:>22} {:>13} {:>9} {:>8}",
-        "regime", "policy", "p99 ms", "under kv-emb-opt", "below static", "SLO min", "gap"
+        "{:<8} {:<15} {:>10} {:>22} {:>13} {:>9} {:>8} {:>10}",
+        "regime",
+        "policy",
+        "p99 ms",
+        "under kv-emb-opt",
+        "below static",
+        "SLO min",
+        "gap",
+        "regret ms"
     );
     let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0));
     for m in &report.mean {
@@ -423,7 +439,7 @@ pub(super) fn print_means(report: &SeedsReport) {
             .seeds_below_static
             .map_or("-".to_string(), |n| format!("{n} of {}", m.seeds));
         println!(
-            "{:<8} {:<15} {:>10.4} {:>22} {:>13} {:>8.1}% {:>8}",
+            "{:<8} {:<15} {:>10.4} {:>22} {:>13} {:>8.1}% {:>8} {:>10}",
             m.regime,
             m.policy,
             m.p99_ms_mean,
@@ -431,7 +447,9 @@ pub(super) fn print_means(report: &SeedsReport) {
             below,
             m.slo_satisfaction_min * 100.0,
             m.oracle_gap_mean
-                .map_or("-".to_string(), |g| format!("{g:.3}"))
+                .map_or("-".to_string(), |g| format!("{g:.3}")),
+            m.p99_regret_ms_mean
+                .map_or("-".to_string(), |r| format!("{r:.4}"))
         );
     }
     println!(
@@ -537,5 +555,33 @@ mod tests {
         let pid = &mean[2];
         assert_eq!((pid.seeds, pid.seeds_below_static), (1, Some(1)));
         assert_eq!(pid.p99_reduction_vs_kv_emb_opt_mean, None);
+    }
+
+    #[test]
+    fn means_over_seeds_carry_the_oracle_figures_of_the_seeds_that_had_it() {
+        let oracle = |r: Row, gap: f64, regret: f64, std: f64| Row {
+            oracle_gap: Some(gap),
+            p99_regret_ms: Some(regret),
+            alpha_star_std: Some(std),
+            ..r
+        };
+        let per_seed = [
+            seed(
+                42,
+                vec![oracle(row("trend", "smart", 40.0, None), 0.1, 2.0, 0.2)],
+            ),
+            seed(
+                44,
+                vec![oracle(row("trend", "smart", 50.0, None), 0.3, 4.0, 0.1)],
+            ),
+            // A seed benched without the oracle counts for none of them.
+            seed(46, vec![row("trend", "smart", 60.0, None)]),
+        ];
+        let m = &mean_rows(&per_seed)[0];
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-12;
+        assert_eq!(m.seeds, 3);
+        assert!(close(m.oracle_gap_mean, 0.2));
+        assert!(close(m.p99_regret_ms_mean, 3.0));
+        assert!(close(m.alpha_star_std_mean, 0.15));
     }
 }
