@@ -298,9 +298,18 @@ impl BeamSearch {
                     }
                 }
             }
-            if self.row.len() > self.k {
-                self.row.select_nth_unstable_by(self.k - 1, rank_order);
-                self.row.truncate(self.k);
+            // A lone beam (the first step) keeps at least BW: a per-beam
+            // top-K below BW would otherwise start the search with K beams.
+            // Its list may run past its stride, into the slots of beams
+            // that do not exist yet.
+            let keep = if self.live == 1 {
+                self.k.max(self.bw)
+            } else {
+                self.k
+            };
+            if self.row.len() > keep {
+                self.row.select_nth_unstable_by(keep - 1, rank_order);
+                self.row.truncate(keep);
             }
             // Unordered: the selection visits beams best first and orders
             // only the candidates it takes.

@@ -417,6 +417,30 @@ fn beam_kv_layout_is_near_ideal_and_beats_block_copying() {
 }
 
 #[test]
+fn a_per_beam_top_k_below_the_width_still_starts_with_a_full_beam() {
+    // BW 8, K 2: the first step expands one beam, whose top-2 alone would
+    // start the search with 2 beams (4 after the second step).
+    let cfg = gr_config(16);
+    let model = GrModel::new(cfg.clone(), 3);
+    let mut r = rng(5);
+    let cat = catalog(&mut r, 200, 16);
+    let trie = SidTrie::new(&cat, 16).unwrap();
+    let p = 9;
+    let prompt = tokens(&mut r, p, cfg.d_model);
+    let mut pool = Pool::new(&cfg, 8, &mut r);
+    let table = pool.alloc(cfg.blocks_for(p));
+    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let mut narrow = BeamSearch::new(&cfg, 8, 2, 64).unwrap();
+    let hits = narrow
+        .generate(&model, &pool.store, &table, p, &trie)
+        .unwrap()
+        .to_vec();
+    let beams: Vec<usize> = narrow.parents_per_step().iter().map(Vec::len).collect();
+    assert_eq!(beams, [8, 8, 8]);
+    assert_eq!(hits.len(), 8);
+}
+
+#[test]
 fn searches_decoded_together_equal_each_alone() {
     // Prompts of different lengths (inside one block, across blocks) and
     // different beam widths: the batched GEMMs must not mix the searches.
