@@ -20,7 +20,8 @@ use crate::params::Params;
 pub struct Served {
     model: GrModel,
     emb: Vec<f32>,
-    max_history: usize,
+    /// What a history keeps: serving's cut, not the last `max_history`.
+    cut: HistoryCut,
     store: VecKvStore,
     table: Vec<u32>,
 }
@@ -34,7 +35,7 @@ impl Served {
             store: VecKvStore::new(blocks, cfg.kv_block_floats()),
             table: (0..blocks as u32).collect(),
             emb: p.emb.clone(),
-            max_history,
+            cut: HistoryCut::new(max_history, cfg.block_size),
             model,
         })
     }
@@ -55,11 +56,11 @@ impl Served {
             .collect()
     }
 
-    /// Softmax scores of `cands` for a user with `history` (at most the
-    /// model's `max_history` items, cut as serving cuts it: see
+    /// Softmax scores of `cands` for a user with `history` (cut to the
+    /// model's `max_history` as serving cuts it, like
     /// [`crate::data::eval_question`]), as a served request computes them.
     pub fn rank(&mut self, history: &[u32], cands: &[u32]) -> Result<Vec<f32>, TrainError> {
-        let h = &history[history.len().saturating_sub(self.max_history)..];
+        let h = self.cut.keep(history);
         let toks = self.tokens(h);
         self.model.prefill(&mut self.store, &self.table, 0, &toks)?;
         debug_assert!(self.store.block_floats() > 0);

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use grflow_kernels::history::HistoryCut;
 use grflow_kernels::{CpuBackend, GrModel, ModelConfig};
 use grflow_train::eval::Served;
 use grflow_train::net::logits;
@@ -59,6 +60,25 @@ fn trainer_forward_equals_kernels_forward() {
         }
     }
     assert!(worst < 1e-4, "trainer and kernels differ by {worst}");
+}
+
+#[test]
+fn a_long_history_is_ranked_as_serving_cuts_it() {
+    // 51 items at a limit of 50: serving drops a whole chunk of the oldest,
+    // not the one item that a last-50 cut drops.
+    let n_items = 300;
+    let mut p = Params::init(small(), n_items, 5).unwrap();
+    jitter(&mut p, 5);
+    let mut served = Served::new(&p, 50).unwrap();
+    let mut r = ChaCha8Rng::seed_from_u64(6);
+    let history: Vec<u32> = (0..51).map(|_| r.random_range(0..n_items as u32)).collect();
+    let cands: Vec<u32> = (0..20).map(|_| r.random_range(0..n_items as u32)).collect();
+    let cut = HistoryCut::new(50, p.cfg.block_size);
+    let kept = cut.keep(&history);
+    assert!(kept.len() < 50, "{} kept", kept.len());
+    let whole = served.rank(&history, &cands).unwrap();
+    assert_eq!(whole, served.rank(kept, &cands).unwrap());
+    assert_ne!(whole, served.rank(&history[1..], &cands).unwrap());
 }
 
 #[test]
