@@ -78,11 +78,11 @@ if $all; then
     # model only; decision times are this machine's).
     for cfg in small emb; do
         run "allocator_$cfg" "$bin" bench allocator --config "configs/allocator-$cfg.toml" \
-            --sweep --no-oracle --json --out "$OUT/allocator-$cfg"
+            --sweep --no-oracle --json-report --out "$OUT/allocator-$cfg"
     done
     # Four bench seeds, two at a time, and their means (~35 min).
     run allocator_tight "$bin" bench allocator --config configs/allocator-tight.toml \
-        --sweep --no-oracle --json --train-seeds 3 --seeds 42,44,46,48 --jobs 2 \
+        --sweep --no-oracle --json-report --train-seeds 3 --seeds 42,44,46,48 --jobs 2 \
         --out "$OUT/allocator-tight"
 fi
 

@@ -106,7 +106,34 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
         .unwrap());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("calibrating"), "{stderr}");
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // `--json` prints the issue's array, one row per (regime, policy),
+    // each naming its seed and carrying the figures the issue lists; the
+    // whole report is DIR/report.json.
+    let array: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("plots/report.json")).unwrap()).unwrap();
+    let array = array.as_array().expect("--json prints an array");
+    assert_eq!(array.len(), report["rows"].as_array().unwrap().len());
+    for (a, r) in array.iter().zip(report["rows"].as_array().unwrap()) {
+        let mut a = a.as_object().unwrap().clone();
+        assert_eq!(a.remove("seed"), Some(report["seed"].clone()), "{r}");
+        assert_eq!(&Value::Object(a), r);
+        for key in [
+            "regime",
+            "policy",
+            "oracle_gap",
+            "p99_regret_ms",
+            "alpha_star_std",
+            "decision_us_mean",
+            "decision_us_p99",
+            "p99_ms",
+            "slo_satisfaction",
+            "p99_reduction_vs_kv_emb_opt",
+        ] {
+            assert!(r.get(key).is_some(), "{key} in {r}");
+        }
+    }
+    assert!(stderr.contains("cost model from"), "{stderr}");
     assert_eq!(report["clock"], "virtual");
     assert_eq!(report["train_seeds"].as_u64(), Some(2));
     // Wall-clock figures come with the machine they were measured on.
@@ -284,7 +311,7 @@ fn bench_allocator_says_why_kv_emb_opt_is_missing_when_every_alpha_truncates() {
     .unwrap();
     let out = ok(grflow()
         .args(["bench", "allocator", "--regime", "burst", "--sweep"])
-        .args(["--no-oracle", "--slo-ms", "2", "--json"])
+        .args(["--no-oracle", "--slo-ms", "2", "--json-report"])
         .args([OsStr::new("--config"), config.as_os_str()])
         .args([OsStr::new("--calibration"), calibration.as_os_str()])
         .output()
@@ -469,7 +496,7 @@ fn bench_allocator_runs_several_seeds_and_gives_their_means() {
     let bench = |extra: &[&str]| {
         let out = ok(grflow()
             .args(["bench", "allocator", "--regime", "burst", "--sweep"])
-            .args(["--no-oracle", "--slo-ms", "2", "--json"])
+            .args(["--no-oracle", "--slo-ms", "2"])
             .args(extra)
             .args([OsStr::new("--config"), config.as_os_str()])
             .args([OsStr::new("--calibration"), calibration.as_os_str()])
@@ -479,8 +506,22 @@ fn bench_allocator_runs_several_seeds_and_gives_their_means() {
     };
     let plots = dir.join("plots");
     let plots_arg = plots.display().to_string();
-    let both = bench(&["--seeds", "5,6", "--jobs", "2", "--out", &plots_arg]);
-    let single = bench(&["--seed", "6"]);
+    // `--json`'s array holds both seeds' rows, each naming its seed; the
+    // whole report is in DIR/report.json.
+    let array = bench(&[
+        "--seeds", "5,6", "--jobs", "2", "--json", "--out", &plots_arg,
+    ]);
+    let both: Value =
+        serde_json::from_slice(&std::fs::read(plots.join("report.json")).unwrap()).unwrap();
+    let single = bench(&["--seed", "6", "--json-report"]);
+    let seeds_of_rows: Vec<u64> = array
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["seed"].as_u64().unwrap())
+        .collect();
+    let n = single["rows"].as_array().unwrap().len();
+    assert_eq!(seeds_of_rows, [vec![5; n], vec![6; n]].concat());
     assert_eq!(both["seeds"], serde_json::json!([5, 6]));
     let per_seed = both["per_seed"].as_array().unwrap();
     assert_eq!(per_seed.len(), 2);
@@ -559,6 +600,7 @@ fn bench_allocator_runs_several_seeds_and_gives_their_means() {
         (&["--train-seeds", "2"][..], "--sweep"),
         (&["--oracle-step", "0.1", "--no-oracle"][..], "--no-oracle"),
         (&["--regime", "burst,burst"][..], "burst is given twice"),
+        (&["--json", "--json-report"][..], "--json-report"),
     ] {
         let out = grflow()
             .args(["bench", "allocator"])

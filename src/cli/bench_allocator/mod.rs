@@ -32,7 +32,7 @@ use crate::cli::InputError;
 use plots::Plots;
 use report::{
     Header, NodeSweep, PidGains, Report, Row, SeedReport, SeedsReport, SweepPoint, kv_reclaims,
-    mean_rows, print_means, print_table,
+    mean_rows, print_means, print_table, rows_array,
 };
 
 #[derive(clap::Args, Debug)]
@@ -101,8 +101,16 @@ pub struct Args {
     /// oracle's, per node), P99 per policy, and the sweep's P99 against α.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    #[arg(long)]
+    /// Prints an array with one row per (regime, policy) (and seed, each
+    /// row naming its seed); the machines and cost model go to stderr.
+    #[arg(long, conflicts_with = "json_report")]
     pub json: bool,
+    /// Prints the whole report as one object instead: the machines and
+    /// cost model, the rows, the sweep's points and, with `--seeds`, the
+    /// means over the seeds. `--out DIR` always writes it as
+    /// DIR/report.json.
+    #[arg(long)]
+    pub json_report: bool,
 }
 
 /// The most splits `--node-sweep` scores one by one (two nodes: 121).
@@ -214,7 +222,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // this report has always given it.
         seed.wall_s = wall_s;
         let report = Report { header, seed };
+        write_report(&args, &report)?;
         if args.json {
+            eprintln!("{}", report.header.machines_line());
+            println!("{}", serde_json::to_string(&rows_array([&report.seed]))?);
+        } else if args.json_report {
             println!("{}", serde_json::to_string(&report)?);
         } else {
             print_table(&report.header, &report.seed);
@@ -228,7 +240,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         per_seed,
         wall_s,
     };
+    write_report(&args, &report)?;
     if args.json {
+        eprintln!("{}", report.header.machines_line());
+        println!("{}", serde_json::to_string(&rows_array(&report.per_seed))?);
+    } else if args.json_report {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         for s in &report.per_seed {
@@ -238,6 +254,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         print_means(&report);
     }
     write_plots()
+}
+
+/// `--out DIR`: the whole report as DIR/report.json, beside the plots
+/// (written first: the figures outlive a failed plot).
+fn write_report(args: &Args, report: &impl serde::Serialize) -> anyhow::Result<()> {
+    let Some(dir) = &args.out else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("report.json");
+    std::fs::write(&path, serde_json::to_vec(report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }
 
 /// `42,44,46` → the seeds, each once, in order.

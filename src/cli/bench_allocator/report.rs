@@ -298,6 +298,22 @@ impl NodeSweep {
     }
 }
 
+/// A row of `--json`'s array: the seed it ran on beside its figures.
+#[derive(Debug, Serialize)]
+pub(super) struct SeedRow<'a> {
+    pub(super) seed: u64,
+    #[serde(flatten)]
+    pub(super) row: &'a Row,
+}
+
+/// `--json`: one row per (regime, policy) of every seed, seed by seed.
+pub(super) fn rows_array<'a>(seeds: impl IntoIterator<Item = &'a SeedReport>) -> Vec<SeedRow<'a>> {
+    seeds
+        .into_iter()
+        .flat_map(|s| s.rows.iter().map(|row| SeedRow { seed: s.seed, row }))
+        .collect()
+}
+
 /// Per (regime, policy), in the order the rows came, the figures over
 /// every seed that ran it.
 pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
@@ -356,6 +372,18 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
         .collect()
 }
 
+impl Header {
+    /// Where the figures come from: the cost model's machine (every
+    /// virtual-clock figure) and this one (decision times).
+    pub(super) fn machines_line(&self) -> String {
+        format!(
+            "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM \
+             {:.1} GFLOP/s)",
+            self.machine, self.gemm_gflops, self.host_machine, self.host_gemm_gflops
+        )
+    }
+}
+
 /// One seed's runs as a table on stdout (without `--json`).
 pub(super) fn print_table(header: &Header, report: &SeedReport) {
     println!(
@@ -399,14 +427,7 @@ pub(super) fn print_table(header: &Header, report: &SeedReport) {
             s.node_alpha
         );
     }
-    println!(
-        "cost model from {} (GEMM {:.1} GFLOP/s); decision times measured here, on {} (GEMM {:.1} GFLOP/s), {:.0} s",
-        header.machine,
-        header.gemm_gflops,
-        header.host_machine,
-        header.host_gemm_gflops,
-        report.wall_s
-    );
+    println!("{}, {:.0} s", header.machines_line(), report.wall_s);
 }
 
 /// The means over the seeds as a table on stdout (without `--json`).
