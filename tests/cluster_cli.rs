@@ -272,6 +272,52 @@ fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
     assert_eq!(logged["fields"]["process"], 1);
 }
 
+/// Processes that are not one job stop before timely connects them, each
+/// saying what differs (exit 2), instead of panicking in timely's network
+/// threads (unequal worker counts) or serving a job nobody asked for.
+#[test]
+fn processes_with_unequal_workers_or_configs_refuse_to_start_and_say_why() {
+    let dir = tmp_dir("cluster-mismatch");
+    let hosts = hostfile(&dir, 2);
+    let config = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("[trace]\nrequests = 100\n{text}")).unwrap();
+        path
+    };
+    let plain = config("plain.toml", "");
+    let other_alpha = config("alpha.toml", "[memory]\nalpha = 0.3\n");
+    for ((config_1, workers_1), want) in [
+        ((&plain, "2"), "process 1 runs 2 workers, process 0 runs 1"),
+        (
+            (&other_alpha, "1"),
+            "process 1's settings in [memory] differ from process 0's",
+        ),
+    ] {
+        let start = |process: &str, config: &Path, workers: &str| {
+            grflow()
+                .args(["replay", "--quiet", "--json", "--workers", workers])
+                .arg("--config")
+                .arg(config)
+                .arg("--hostfile")
+                .arg(&hosts)
+                .args(["--process", process])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let follower = start("1", config_1, workers_1);
+        let leader = start("0", &plain, "1");
+        for child in [leader, follower] {
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{want}: {err}");
+            assert!(err.contains(want), "{want}: {err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+}
+
 /// The status code of GET `path` on `addr`, or None if nothing answers.
 fn http_status(addr: &str, path: &str) -> Option<u16> {
     use std::io::{Read, Write};

@@ -8,6 +8,7 @@
 //! and a connection lost later panics every process. Recovery is a restart
 //! of the whole job (see README, "Cluster mode").
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::handshake::{self, Fingerprint, HandshakeError};
 use timely::communication::WorkerGuards;
 use timely::worker::Worker;
 
@@ -112,6 +115,20 @@ pub struct Cluster {
     pub topology: Topology,
     pub addresses: Vec<String>,
     pub connect_timeout: Option<Duration>,
+    /// What every process must agree on besides the topology (config
+    /// sections, the trace), by digest: checked before timely connects.
+    pub parts: BTreeMap<String, u64>,
+}
+
+/// Why [`Cluster::execute`] did not start the workers.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError {
+    /// The processes are not one job (worker counts, hosts, config): the
+    /// user's to fix.
+    #[error("{0}")]
+    Mismatch(String),
+    #[error("{0}")]
+    Timely(String),
 }
 
 impl ClusterSection {
@@ -158,6 +175,7 @@ impl ClusterSection {
             addresses: hosts,
             connect_timeout: (self.connect_timeout_s > 0)
                 .then(|| Duration::from_secs(self.connect_timeout_s)),
+            parts: BTreeMap::new(),
         })
     }
 }
@@ -204,6 +222,24 @@ impl Cluster {
         }
     }
 
+    /// Checks with process 0 that every process runs the same job
+    /// ([`crate::handshake`]).
+    fn handshake(&self) -> Result<(), HandshakeError> {
+        let t = self.topology;
+        let own = Fingerprint {
+            process: t.process,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            threads: t.threads,
+            hosts: self.addresses.clone(),
+            parts: self.parts.clone(),
+        };
+        if t.is_leader() {
+            handshake::lead(&self.addresses[0], &own, t.processes)
+        } else {
+            handshake::follow(&self.addresses[0], &own)
+        }
+    }
+
     /// `timely::execute` on this topology. In cluster mode it first
     /// connects to every other process: timely prints its connection
     /// messages on stdout, which would corrupt a JSON summary there, so
@@ -215,14 +251,14 @@ impl Cluster {
         &self,
         func: F,
         stop: Option<Arc<AtomicBool>>,
-    ) -> Result<WorkerGuards<T>, String>
+    ) -> Result<WorkerGuards<T>, ExecuteError>
     where
         T: Send + 'static,
         F: Fn(&mut Worker) -> T + Send + Sync + 'static,
     {
         let config = self.timely_config();
         if !self.topology.is_cluster() {
-            return timely::execute(config, func);
+            return timely::execute(config, func).map_err(ExecuteError::Timely);
         }
         tracing::info!(
             process = self.topology.process,
@@ -260,8 +296,14 @@ impl Cluster {
                 }
             });
         }
+        // One job or none: timely panics in its network threads when the
+        // worker counts differ (the watchdog above bounds the wait).
+        self.handshake().map_err(|e| match e {
+            HandshakeError::Mismatch(_) => ExecuteError::Mismatch(e.to_string()),
+            HandshakeError::Io { .. } => ExecuteError::Timely(e.to_string()),
+        })?;
         let redirect = StdoutToStderr::begin();
-        let guards = timely::execute(config, func);
+        let guards = timely::execute(config, func).map_err(ExecuteError::Timely);
         drop(redirect);
         connected.store(true, Ordering::SeqCst);
         if guards.is_ok() {

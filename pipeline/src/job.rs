@@ -45,10 +45,11 @@ impl Job {
     /// section, the model and memory config (by building this process's
     /// nodes), the router config. Errors are for the user to fix.
     pub fn prepare(cfg: Config, side: SideTables) -> Result<Self, String> {
-        let cluster = cfg
+        let mut cluster = cfg
             .cluster
             .resolve(cfg.run.workers)
             .map_err(|e| e.to_string())?;
+        cluster.parts = config_parts(&cfg);
         let topo = cluster.topology;
         let side = Arc::new(side);
         // One host tier for this process's nodes (read-only).
@@ -213,4 +214,46 @@ pub fn allocator_policy(cfg: &Config) -> Result<Option<Arc<ActorCritic>>, String
         );
     }
     Ok(Some(Arc::new(policy)))
+}
+
+/// Per config section (`[run]`, `[memory]`, …), a digest every process of
+/// a cluster must share. Left out: `[cluster]` (`process` differs by
+/// design) and `kafka.brokers` (each machine may list its nearest broker
+/// first; the topics and group are compared).
+fn config_parts(cfg: &Config) -> std::collections::BTreeMap<String, u64> {
+    let Ok(serde_json::Value::Object(mut sections)) = serde_json::to_value(cfg) else {
+        return Default::default();
+    };
+    if let Some(serde_json::Value::Object(kafka)) = sections.get_mut("kafka") {
+        kafka.remove("brokers");
+    }
+    sections
+        .iter()
+        .filter(|(name, _)| name.as_str() != "cluster")
+        .map(|(name, value)| (format!("[{name}]"), crate::handshake::digest(value)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_parts_tell_sections_apart_but_not_the_process_or_brokers() {
+        let base = Config::default();
+        let parts = config_parts(&base);
+        assert!(parts.contains_key("[memory]") && parts.contains_key("[run]"));
+        assert!(!parts.contains_key("[cluster]"));
+        let mut other = base.clone();
+        other.cluster.process = 1;
+        other.kafka.brokers = "elsewhere:9092".into();
+        assert_eq!(config_parts(&other), parts);
+        other.memory.alpha += 0.1;
+        let changed: Vec<_> = config_parts(&other)
+            .into_iter()
+            .filter(|(k, v)| parts[k] != *v)
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(changed, ["[memory]"]);
+    }
 }

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod config;
 pub mod dataflow;
 pub mod events;
+pub mod handshake;
 pub mod http;
 pub mod job;
 pub mod models;

@@ -513,7 +513,10 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             },
             None,
         )
-        .map_err(ReplayError::Timely)?;
+        .map_err(|e| match e {
+            crate::cluster::ExecuteError::Mismatch(m) => ReplayError::Setup(m),
+            crate::cluster::ExecuteError::Timely(m) => ReplayError::Timely(m),
+        })?;
 
     let mut results = Vec::with_capacity(workers);
     let joined = guards.join();

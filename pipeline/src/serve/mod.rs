@@ -636,7 +636,10 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             vec![result]
         }
     }, Some(stop_while_connecting))
-    .map_err(ServeError::Timely)?;
+    .map_err(|e| match e {
+        crate::cluster::ExecuteError::Mismatch(m) => ServeError::Config(m),
+        crate::cluster::ExecuteError::Timely(m) => ServeError::Timely(m),
+    })?;
 
     let joined = guards.join();
     watch_done.store(true, Ordering::Relaxed);
