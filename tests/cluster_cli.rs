@@ -290,7 +290,7 @@ fn processes_with_unequal_workers_or_configs_refuse_to_start_and_say_why() {
         ((&plain, "2"), "process 1 runs 2 workers, process 0 runs 1"),
         (
             (&other_alpha, "1"),
-            "process 1's settings in [memory] differ from process 0's",
+            "process 1 differs from process 0 in [memory]",
         ),
     ] {
         let start = |process: &str, config: &Path, workers: &str| {

@@ -64,8 +64,8 @@ impl Fingerprint {
             .collect();
         (!differ.is_empty()).then(|| {
             format!(
-                "process {p}'s settings in {} differ from process 0's (every process needs the \
-                 same config)",
+                "process {p} differs from process 0 in {} (every process of a job needs the \
+                 same config and trace)",
                 differ.join(", ")
             )
         })
@@ -247,7 +247,7 @@ mod tests {
         other.parts.insert("trace".into(), 3);
         let parts = zero.mismatch(&other).unwrap();
         assert!(
-            parts.contains("settings in [memory], trace differ"),
+            parts.contains("process 1 differs from process 0 in [memory], trace ("),
             "{parts}"
         );
         assert!(!parts.contains("[run]"), "{parts}");

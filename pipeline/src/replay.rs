@@ -274,7 +274,15 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
             )
         }
     };
-    let job = Job::prepare(cfg.clone(), side).map_err(ReplayError::Setup)?;
+    let meta = side.meta.clone();
+    let mut job = Job::prepare(cfg.clone(), side).map_err(ReplayError::Setup)?;
+    // In cluster mode every process must read one trace (each reads its
+    // shard of it): its catalog, length and time span, not its path, which
+    // may differ from machine to machine.
+    job.cluster.parts.insert(
+        "the trace".into(),
+        crate::handshake::digest(&(&meta, total, origin_ts, span_ms)),
+    );
     let topo = job.topology();
     // Nodes of the whole job; this process runs `topo.local_workers()`.
     let workers = topo.total();
