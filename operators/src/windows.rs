@@ -177,7 +177,8 @@ pub struct WindowAccumulator {
     alpha_milli: u64,
     truncated: u64,
     latencies_us: Vec<u64>,
-    /// The same, scaled to the rank SLO.
+    /// The same, scaled to the rank SLO; empty until a sample is scaled
+    /// (equal SLOs: the scaled latency is the latency, not kept twice).
     scaled_us: Vec<u64>,
     /// (event time, α in thousandths, pinned) of the latest sample; the
     /// larger on a tie, so that the order samples arrive in does not matter.
@@ -204,9 +205,17 @@ impl WindowAccumulator {
         self.kv_total += s.kv_total_tokens as u64;
         self.seq += s.seq_len as u64;
         self.truncated += s.truncated as u64;
+        if let Some(scaled) = s.scaled_latency_us {
+            if self.scaled_us.is_empty() {
+                // The first scaled sample: the unscaled ones before it
+                // count at their own latency.
+                self.scaled_us.extend_from_slice(&self.latencies_us);
+            }
+            self.scaled_us.push(scaled);
+        } else if !self.scaled_us.is_empty() {
+            self.scaled_us.push(s.latency_us);
+        }
         self.latencies_us.push(s.latency_us);
-        self.scaled_us
-            .push(s.scaled_latency_us.unwrap_or(s.latency_us));
     }
 
     /// Samples added so far.
@@ -223,6 +232,11 @@ impl WindowAccumulator {
         }
         self.latencies_us.sort_unstable();
         self.scaled_us.sort_unstable();
+        let scaled = if self.scaled_us.is_empty() {
+            &self.latencies_us
+        } else {
+            &self.scaled_us
+        };
         let served = self.latencies_us.len();
         // No request served: no latency to take a percentile of.
         let p99 = |sorted: &[u64]| match served {
@@ -244,7 +258,7 @@ impl WindowAccumulator {
             truncated_share: ratio(self.truncated, served as u64),
             alpha_end: self.latest.map(|(_, a, _)| a as f64 / 1000.0),
             pinned_end: self.latest.is_some_and(|(_, _, pinned)| pinned),
-            p99_scaled_ms: (served > 0).then(|| p99(&self.scaled_us) as f64 / 1000.0),
+            p99_scaled_ms: (served > 0).then(|| p99(scaled) as f64 / 1000.0),
         }
     }
 }
@@ -324,6 +338,12 @@ mod tests {
         // request, none.
         let plain = WindowStats::from_samples([(&sample(7_000, false, false), 3)]);
         assert_eq!(plain.p99_scaled_ms, Some(plain.p99_ms));
+        let mut acc = WindowAccumulator::default();
+        for (t, ms) in [7, 3, 9].into_iter().enumerate() {
+            acc.add(t as u64, &sample(ms * 1000, false, false));
+        }
+        let plain = acc.finish();
+        assert_eq!((plain.p99_ms, plain.p99_scaled_ms), (9.0, Some(9.0)));
         let none = WindowStats::from_samples([(&TelemetrySample::failed(false, 0, false), 2)]);
         assert_eq!(none.p99_scaled_ms, None);
     }
