@@ -229,6 +229,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     // Side tables are loaded once and shared by every worker thread.
     // `span_ms`: the event time the trace covers, first request to last
     // (None where a row group's range is unknown).
+    let mut duplicate_req_ids = None;
     let (side, requests, total, origin_ts, span_ms, trace_name) = match &opts.trace {
         TraceInput::Parquet(dir) => {
             let tables = load_side_tables(dir)?;
@@ -236,6 +237,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 SideTables::new(tables.meta, tables.users, tables.items, cfg.node.shard_rows)
                     .map_err(|e| ReplayError::Setup(e.to_string()))?;
             let info = ParquetRequestSource::inspect(dir)?;
+            duplicate_req_ids = check_req_ids(dir)?;
             (
                 side,
                 None,
@@ -577,8 +579,38 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     if let Some(span) = span_ms {
         out.summary.event_time_s = span as f64 / 1000.0;
     }
+    out.summary.duplicate_req_ids = duplicate_req_ids;
     out.responses = responses;
     Ok(out)
+}
+
+/// The most rows whose req_ids replay checks for repeats (16 bytes a row).
+const MAX_ID_CHECK_ROWS: u64 = 10_000_000;
+
+/// Counts the trace's rows whose req_id an earlier row carries, and warns
+/// with the first: each is served, so nothing is lost, but their answers
+/// cannot be told apart by id.
+fn check_req_ids(dir: &std::path::Path) -> Result<Option<u64>, ReplayError> {
+    let found = ParquetRequestSource::duplicate_req_ids(dir, MAX_ID_CHECK_ROWS)?;
+    match &found {
+        None => tracing::info!(
+            max_rows = MAX_ID_CHECK_ROWS,
+            "req_ids not checked for repeats (more rows than the check holds, or an unreadable \
+             req_id column)"
+        ),
+        Some(d) => {
+            if let Some((id, first, row)) = d.example {
+                tracing::warn!(
+                    rows = d.rows,
+                    "{}: req_id {id} appears at rows {first} and {row}; {} rows repeat an earlier \
+                     row's req_id (each is served, and their answers share the id)",
+                    dir.join(grflow_traces::columnar::REQUESTS_FILE).display(),
+                    d.rows
+                );
+            }
+        }
+    }
+    Ok(found.map(|d| d.rows))
 }
 
 /// Whether `cfg` can run with the oracle at `step` (`ReplayOptions::
@@ -703,6 +735,7 @@ fn assemble(
         responses_out,
         errors: out.errors.len() as u64,
         late_records: counters.late,
+        duplicate_req_ids: None,
         wall_s,
         event_time_s,
         throughput_rps: responses_out as f64 / wall_s.max(1e-9),

@@ -202,6 +202,11 @@ pub struct Summary {
     pub errors: u64,
     /// Records behind their worker's watermark (processed, never dropped).
     pub late_records: u64,
+    /// Parquet traces: rows whose req_id an earlier row already carries
+    /// (each is served; their answers share the id). Absent when not
+    /// checked (in-memory traces, or more rows than the check holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate_req_ids: Option<u64>,
     pub wall_s: f64,
     pub event_time_s: f64,
     pub throughput_rps: f64,
@@ -332,6 +337,9 @@ impl Summary {
             "requests_in {}  responses_out {}  errors {}  ({} late)\n",
             self.requests_in, self.responses_out, self.errors, self.late_records
         );
+        if let Some(n) = self.duplicate_req_ids.filter(|&n| n > 0) {
+            s += &format!("{n} rows repeat an earlier row's req_id (all served)\n");
+        }
         s += &format!(
             "wall {:.1} s for {:.1} s of event time  throughput {:.0} req/s\n",
             self.wall_s, self.event_time_s, self.throughput_rps

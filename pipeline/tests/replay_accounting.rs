@@ -191,3 +191,38 @@ fn an_unservable_request_is_an_slo_miss_of_its_kind() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A trace whose rows repeat req_ids: every row is served (nothing is
+/// dropped), and the summary counts the rows whose id an earlier row
+/// already carries; a trace without repeats says 0.
+#[test]
+fn repeated_req_ids_are_served_and_counted() {
+    let mut trace = small_trace(11, 0.0);
+    let ids: Vec<u64> = trace.requests.iter().map(|r| r.req_id).collect();
+    // Rows 5 and 9 reuse row 2's id, row 40 reuses row 7's.
+    for (row, from) in [(5, 2), (9, 2), (40, 7)] {
+        trace.requests[row].req_id = ids[from];
+    }
+    let dir = tmp("repeated-ids");
+    write_trace(&dir, &trace, &WriteOptions::default()).unwrap();
+    let mut config = Config::embedded();
+    config.run.speed = "max".into();
+    let out = replay_parquet(&dir, config.clone());
+    assert_eq!(out.summary.requests_in, REQUESTS as u64);
+    assert_eq!(
+        out.summary.responses_out + out.summary.errors,
+        REQUESTS as u64
+    );
+    assert_eq!(out.summary.duplicate_req_ids, Some(3));
+    let twice = out.responses.iter().filter(|r| r.req_id == ids[2]).count();
+    assert_eq!(twice, 3, "the three rows of one id are all answered");
+
+    let clean = tmp("unique-ids");
+    write_trace(&clean, &small_trace(11, 0.0), &WriteOptions::default()).unwrap();
+    assert_eq!(
+        replay_parquet(&clean, config).summary.duplicate_req_ids,
+        Some(0)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&clean).unwrap();
+}

@@ -120,6 +120,35 @@ impl CheckedFile {
         Some(range)
     }
 
+    /// Every valid value of a u64 `column`, in row order with the row
+    /// each came from (None: the column cannot be read as u64).
+    pub fn u64_values(&self, column: &str) -> Option<Vec<(u64, u64)>> {
+        use arrow::array::{Array, AsArray};
+        use arrow::datatypes::UInt64Type;
+        let file = self.file.try_clone().ok()?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
+        let mask = parquet::arrow::ProjectionMask::columns(builder.parquet_schema(), [column]);
+        let reader = builder
+            .with_projection(mask)
+            .with_batch_size(65_536)
+            .build()
+            .ok()?;
+        let mut out = Vec::new();
+        let mut row = 0u64;
+        for batch in reader {
+            let batch = batch.ok()?;
+            let values = batch.column(0).as_primitive_opt::<UInt64Type>()?;
+            for i in 0..values.len() {
+                if values.is_valid(i) {
+                    out.push((values.value(i), row));
+                }
+                row += 1;
+            }
+        }
+        Some(out)
+    }
+
     /// Row counts of every row group.
     pub fn row_group_rows(&self) -> Vec<u64> {
         self.metadata

@@ -28,6 +28,15 @@ pub struct TraceInfo {
     pub max_ts_ms: u64,
 }
 
+/// What [`ParquetRequestSource::duplicate_req_ids`] found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DuplicateIds {
+    /// Rows whose req_id an earlier row already carries.
+    pub rows: u64,
+    /// The smallest such id and the first two rows that carry it.
+    pub example: Option<(u64, u64, u64)>,
+}
+
 /// Records of one row group being handed out in batches, with the suffix
 /// minimum of event time for exact watermarks.
 #[derive(Debug, Default)]
@@ -168,6 +177,36 @@ impl ParquetRequestSource {
                 .unwrap_or(0),
             max_ts_ms: maxes.iter().copied().max().unwrap_or(0),
         })
+    }
+
+    /// `req_id`s that more than one row of the trace in `dir` carries:
+    /// each such row is served, and its answer shares the id with
+    /// another's. None when the trace has more than `max_rows` rows (the
+    /// check holds 16 bytes per row) or its req_id column cannot be read
+    /// (the source reports those rows one by one).
+    pub fn duplicate_req_ids(
+        dir: &Path,
+        max_rows: u64,
+    ) -> Result<Option<DuplicateIds>, SourceError> {
+        let file = open_checked(dir, REQUESTS_FILE, &REQUEST_COLUMNS)?;
+        if file.row_group_rows().iter().sum::<u64>() > max_rows {
+            return Ok(None);
+        }
+        let Some(mut ids) = file.u64_values("req_id") else {
+            return Ok(None);
+        };
+        ids.sort_unstable();
+        let mut found = DuplicateIds::default();
+        for pair in ids.windows(2) {
+            let ((a, first), (b, row)) = (pair[0], pair[1]);
+            if a == b {
+                found.rows += 1;
+                if found.example.is_none() {
+                    found.example = Some((a, first, row));
+                }
+            }
+        }
+        Ok(Some(found))
     }
 
     /// The row groups this worker reads.
