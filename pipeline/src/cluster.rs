@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-
-use crate::handshake::{self, Fingerprint, HandshakeError};
 use timely::communication::WorkerGuards;
 use timely::worker::Worker;
+
+use crate::handshake::{self, Fingerprint, HandshakeError};
 
 /// `[cluster]`: which processes make up the job and which one this is.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -298,10 +298,14 @@ impl Cluster {
         }
         // One job or none: timely panics in its network threads when the
         // worker counts differ (the watchdog above bounds the wait).
-        self.handshake().map_err(|e| match e {
-            HandshakeError::Mismatch(_) => ExecuteError::Mismatch(e.to_string()),
-            HandshakeError::Io { .. } => ExecuteError::Timely(e.to_string()),
-        })?;
+        if let Err(e) = self.handshake() {
+            // Done waiting: the watchdog must not end the caller later.
+            connected.store(true, Ordering::SeqCst);
+            return Err(match e {
+                HandshakeError::Mismatch(_) => ExecuteError::Mismatch(e.to_string()),
+                HandshakeError::Io { .. } => ExecuteError::Timely(e.to_string()),
+            });
+        }
         let redirect = StdoutToStderr::begin();
         let guards = timely::execute(config, func).map_err(ExecuteError::Timely);
         drop(redirect);
