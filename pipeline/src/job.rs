@@ -218,14 +218,16 @@ pub fn allocator_policy(cfg: &Config) -> Result<Option<Arc<ActorCritic>>, String
 
 /// Per config section (`[run]`, `[memory]`, …), a digest every process of
 /// a cluster must share. Left out: `[cluster]` (`process` differs by
-/// design) and `kafka.brokers` (each machine may list its nearest broker
-/// first; the topics and group are compared).
+/// design), `kafka.brokers` (each machine may list its nearest broker
+/// first) and `kafka.librdkafka` (client settings such as a machine's TLS
+/// files); the topics, group and serving settings are compared.
 fn config_parts(cfg: &Config) -> std::collections::BTreeMap<String, u64> {
     let Ok(serde_json::Value::Object(mut sections)) = serde_json::to_value(cfg) else {
         return Default::default();
     };
     if let Some(serde_json::Value::Object(kafka)) = sections.get_mut("kafka") {
         kafka.remove("brokers");
+        kafka.remove("librdkafka");
     }
     sections
         .iter()
@@ -247,6 +249,10 @@ mod tests {
         let mut other = base.clone();
         other.cluster.process = 1;
         other.kafka.brokers = "elsewhere:9092".into();
+        other
+            .kafka
+            .librdkafka
+            .insert("ssl.ca.location".into(), "/etc/here.pem".into());
         assert_eq!(config_parts(&other), parts);
         other.memory.alpha += 0.1;
         let changed: Vec<_> = config_parts(&other)
