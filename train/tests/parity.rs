@@ -35,17 +35,31 @@ fn jitter(p: &mut Params, seed: u64) {
     }
 }
 
+/// Items of the catalog the served-model tests draw from.
+const N_ITEMS: usize = 300;
+
+/// A jittered model over `N_ITEMS` items, served with histories of at
+/// most 50.
+fn served_model(init_seed: u64, jitter_seed: u64) -> (Params, Served) {
+    let mut p = Params::init(small(), N_ITEMS, init_seed).unwrap();
+    jitter(&mut p, jitter_seed);
+    let served = Served::new(&p, 50).unwrap();
+    (p, served)
+}
+
+/// `n` random item ids of the catalog.
+fn item_ids(r: &mut ChaCha8Rng, n: usize) -> Vec<u32> {
+    (0..n).map(|_| r.random_range(0..N_ITEMS as u32)).collect()
+}
+
 #[test]
 fn trainer_forward_equals_kernels_forward() {
-    let n_items = 300;
-    let mut p = Params::init(small(), n_items, 9).unwrap();
-    jitter(&mut p, 1);
-    let mut served = Served::new(&p, 50).unwrap();
+    let (p, mut served) = served_model(9, 1);
     let mut r = ChaCha8Rng::seed_from_u64(4);
     let mut worst = 0f32;
     for (h, n) in [(1usize, 5usize), (7, 101), (50, 30), (23, 2)] {
-        let history: Vec<u32> = (0..h).map(|_| r.random_range(0..n_items as u32)).collect();
-        let cands: Vec<u32> = (0..n).map(|_| r.random_range(0..n_items as u32)).collect();
+        let history = item_ids(&mut r, h);
+        let cands = item_ids(&mut r, n);
         let seq = Sequence {
             history: history.clone(),
             targets: vec![Target {
@@ -66,13 +80,10 @@ fn trainer_forward_equals_kernels_forward() {
 fn a_long_history_is_ranked_as_serving_cuts_it() {
     // 51 items at a limit of 50: serving drops a whole chunk of the oldest,
     // not the one item that a last-50 cut drops.
-    let n_items = 300;
-    let mut p = Params::init(small(), n_items, 5).unwrap();
-    jitter(&mut p, 5);
-    let mut served = Served::new(&p, 50).unwrap();
+    let (p, mut served) = served_model(5, 5);
     let mut r = ChaCha8Rng::seed_from_u64(6);
-    let history: Vec<u32> = (0..51).map(|_| r.random_range(0..n_items as u32)).collect();
-    let cands: Vec<u32> = (0..20).map(|_| r.random_range(0..n_items as u32)).collect();
+    let history = item_ids(&mut r, 51);
+    let cands = item_ids(&mut r, 20);
     let cut = HistoryCut::new(50, p.cfg.block_size);
     let kept = cut.keep(&history);
     assert!(kept.len() < 50, "{} kept", kept.len());
