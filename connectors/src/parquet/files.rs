@@ -94,59 +94,56 @@ impl CheckedFile {
     /// `None` when the group cannot be read; `Some(None)` when it holds no
     /// valid value.
     pub fn u64_range(&self, g: usize, column: &str) -> Option<Option<(u64, u64)>> {
-        use arrow::array::{Array, AsArray};
-        use arrow::datatypes::UInt64Type;
-        let file = self.file.try_clone().ok()?;
-        let builder =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
-        let mask = parquet::arrow::ProjectionMask::columns(builder.parquet_schema(), [column]);
-        let reader = builder
-            .with_row_groups(vec![g])
-            .with_projection(mask)
-            .with_batch_size(65_536)
-            .build()
-            .ok()?;
         let mut range: Option<(u64, u64)> = None;
-        for batch in reader {
-            let batch = batch.ok()?;
-            let values = batch.column(0).as_primitive_opt::<UInt64Type>()?;
-            for i in 0..values.len() {
-                if values.is_valid(i) {
-                    let v = values.value(i);
-                    range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
-                }
-            }
-        }
+        self.each_u64(Some(vec![g]), column, |v, _| {
+            range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+        })?;
         Some(range)
     }
 
     /// Every valid value of a u64 `column`, in row order with the row
     /// each came from (None: the column cannot be read as u64).
     pub fn u64_values(&self, column: &str) -> Option<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        self.each_u64(None, column, |v, row| out.push((v, row)))?;
+        Some(out)
+    }
+
+    /// Calls `visit(value, row)` for every valid value of the u64 `column`
+    /// in `row_groups` (all when `None`), the row counted from the first
+    /// group read; None when the column cannot be read as u64.
+    fn each_u64(
+        &self,
+        row_groups: Option<Vec<usize>>,
+        column: &str,
+        mut visit: impl FnMut(u64, u64),
+    ) -> Option<()> {
         use arrow::array::{Array, AsArray};
         use arrow::datatypes::UInt64Type;
         let file = self.file.try_clone().ok()?;
-        let builder =
+        let mut builder =
             ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
         let mask = parquet::arrow::ProjectionMask::columns(builder.parquet_schema(), [column]);
+        if let Some(groups) = row_groups {
+            builder = builder.with_row_groups(groups);
+        }
         let reader = builder
             .with_projection(mask)
             .with_batch_size(65_536)
             .build()
             .ok()?;
-        let mut out = Vec::new();
         let mut row = 0u64;
         for batch in reader {
             let batch = batch.ok()?;
             let values = batch.column(0).as_primitive_opt::<UInt64Type>()?;
             for i in 0..values.len() {
                 if values.is_valid(i) {
-                    out.push((values.value(i), row));
+                    visit(values.value(i), row);
                 }
                 row += 1;
             }
         }
-        Some(out)
+        Some(())
     }
 
     /// Row counts of every row group.
