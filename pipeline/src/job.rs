@@ -49,7 +49,9 @@ impl Job {
             .cluster
             .resolve(cfg.run.workers)
             .map_err(|e| e.to_string())?;
-        cluster.parts = config_parts(&cfg);
+        if cluster.topology.is_cluster() {
+            cluster.parts = config_parts(&cfg);
+        }
         let topo = cluster.topology;
         let side = Arc::new(side);
         // One host tier for this process's nodes (read-only).

@@ -229,7 +229,6 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     // Side tables are loaded once and shared by every worker thread.
     // `span_ms`: the event time the trace covers, first request to last
     // (None where a row group's range is unknown).
-    let mut duplicate_req_ids = None;
     let (side, requests, total, origin_ts, span_ms, trace_name) = match &opts.trace {
         TraceInput::Parquet(dir) => {
             let tables = load_side_tables(dir)?;
@@ -237,7 +236,6 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 SideTables::new(tables.meta, tables.users, tables.items, cfg.node.shard_rows)
                     .map_err(|e| ReplayError::Setup(e.to_string()))?;
             let info = ParquetRequestSource::inspect(dir)?;
-            duplicate_req_ids = check_req_ids(dir)?;
             (
                 side,
                 None,
@@ -278,14 +276,21 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     };
     let meta = side.meta.clone();
     let mut job = Job::prepare(cfg.clone(), side).map_err(ReplayError::Setup)?;
-    // In cluster mode every process must read one trace (each reads its
-    // shard of it): its catalog, length and time span, not its path, which
-    // may differ from machine to machine.
-    job.cluster.parts.insert(
-        "the trace".into(),
-        crate::handshake::digest(&(&meta, total, origin_ts, span_ms)),
-    );
     let topo = job.topology();
+    if topo.is_cluster() {
+        // Every process must read one trace (each reads its shard of it):
+        // its catalog, length and time span, not its path, which may
+        // differ from machine to machine.
+        job.cluster.parts.insert(
+            "the trace".into(),
+            crate::handshake::digest(&(&meta, total, origin_ts, span_ms)),
+        );
+    }
+    // Process 0 writes the summary, so it alone checks (and warns).
+    let duplicate_req_ids = match &opts.trace {
+        TraceInput::Parquet(dir) if topo.is_leader() => check_req_ids(dir)?,
+        _ => None,
+    };
     // Nodes of the whole job; this process runs `topo.local_workers()`.
     let workers = topo.total();
     let side = job.side.clone();
