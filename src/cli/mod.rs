@@ -115,15 +115,18 @@ pub fn start_ops(
 
 /// Logs to stderr at `GRFLOW_LOG`, or at `default_level` when it is unset;
 /// one JSON object per line with `GRFLOW_LOG_FORMAT=json` (for a log
-/// shipper), else text.
+/// shipper), else text, coloured only on a terminal (not in a log file or
+/// a journal, and never with `NO_COLOR` set).
 pub fn init_tracing(default_level: &str) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_env("GRFLOW_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
     let json = std::env::var("GRFLOW_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none());
     let _ = if json {
         builder.json().with_current_span(false).try_init()
     } else {
