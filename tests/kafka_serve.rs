@@ -245,6 +245,9 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
             ),
             None,
         ),
+        // A producer's retry: request 1 again, at another offset of its
+        // partition. Served a second time, counted, logged by id.
+        (0, good(1, json!({"history": [5, 6, 7]})), None),
     ];
     let records: Vec<_> = messages.iter().map(|(p, m, _)| (*p, m.clone())).collect();
     produce(&brokers, &topics.requests, &records);
@@ -275,11 +278,12 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         serve.stderr_text()
     );
     assert!(
-        responses.read_until(Duration::from_secs(120), |t| t.req_ids.len() >= 4),
-        "{} of 4 responses; stderr:\n{}",
+        responses.read_until(Duration::from_secs(120), |t| t.records.len() >= 5),
+        "{} of 5 responses; stderr:\n{}",
         responses.records.len(),
         serve.stderr_text()
     );
+    let stderr = serve.stderr_text();
     let summary = serve.stop();
 
     let mut got = BTreeMap::new();
@@ -315,6 +319,7 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         by_req.keys().copied().collect::<Vec<_>>(),
         vec![1, 10, 11, 12]
     );
+    assert_eq!(by_req[&1].len(), 2, "{by_req:?}");
     for (req, answers) in &by_req {
         assert!(answers[0].2.is_null(), "req {req}: {answers:?}");
         assert!(
@@ -323,7 +328,12 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         );
     }
     assert_eq!(summary["dead_lettered"], n_letters as u64, "{summary}");
-    assert_eq!(summary["responses_out"], 4, "{summary}");
+    assert_eq!(summary["responses_out"], 5, "{summary}");
+    assert_eq!(summary["repeated_req_ids"], 1, "{summary}");
+    assert!(
+        stderr.contains("repeats a request read before") && stderr.contains("req_id=1"),
+        "{stderr}"
+    );
     assert!(summary["oov_items"].as_u64().unwrap() >= 2, "{summary}");
     // Dead-lettered records count as answered: every offset is committed.
     assert_eq!(

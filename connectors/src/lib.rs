@@ -4,6 +4,7 @@
 pub mod error;
 pub mod kafka;
 pub mod parquet;
+pub mod recent_ids;
 pub mod records;
 pub mod sink;
 pub mod source;

@@ -898,6 +898,7 @@ fn source_of(
             idle_timeout: Duration::from_millis(50),
             max_skew_ms: 2_000,
             max_future_ms: u64::MAX,
+            repeat_window: 1_000,
             commit_interval: Duration::from_secs(3600),
         },
         shared.clone(),

@@ -143,6 +143,7 @@ fn mock_a_worker_reads_partitions_created_while_it_runs() {
             idle_timeout: Duration::from_millis(50),
             max_skew_ms: 2_000,
             max_future_ms: u64::MAX,
+            repeat_window: 1_000,
             commit_interval: Duration::from_secs(3600),
         },
         shared.clone(),

@@ -16,6 +16,9 @@ pub enum KafkaEvent<'a> {
     Duplicate { partition: i32, offset: i64 },
     /// The response topic already answers it (found by the restart scan).
     AlreadyAnswered { partition: i32, offset: i64 },
+    /// Its `req_id` was read shortly before at another position: served
+    /// anyway, and both answers carry the id.
+    RepeatedReqId { partition: i32, offset: i64 },
     /// Its inline history was cut to the model's limit.
     HistoryTruncated { partition: i32, offset: i64 },
     /// Behind the event-time frontier: served anyway.
@@ -67,6 +70,11 @@ impl KafkaEvent<'_> {
             Self::AlreadyAnswered { partition, offset } => {
                 count(&counters.already_answered, "grflow_already_answered_total");
                 tracing::debug!(partition, offset, "skipped: answered before the restart");
+            }
+            Self::RepeatedReqId { partition, offset } => {
+                count(&counters.repeated_req_ids, "grflow_repeated_req_ids_total");
+                // The source logs the first repeats, rate-limited, by id.
+                tracing::debug!(partition, offset, "req_id read before");
             }
             Self::HistoryTruncated { .. } => count(
                 &counters.truncated_histories,
@@ -148,6 +156,7 @@ mod tests {
             KafkaEvent::Read { partition, offset },
             KafkaEvent::Read { partition, offset },
             KafkaEvent::Duplicate { partition, offset },
+            KafkaEvent::RepeatedReqId { partition, offset },
             KafkaEvent::DeadLettered {
                 partition,
                 offset,
@@ -169,6 +178,7 @@ mod tests {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         assert_eq!(n(&c.consumed), 2);
         assert_eq!(n(&c.duplicates), 1);
+        assert_eq!(n(&c.repeated_req_ids), 1);
         assert_eq!(n(&c.dead_lettered), 1);
         assert_eq!((n(&c.responses), n(&c.recovered_unshed)), (1, 1));
         assert_eq!((n(&c.shed), n(&c.unservable)), (1, 1));

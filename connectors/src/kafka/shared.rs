@@ -24,6 +24,9 @@ pub struct KafkaCounters {
     pub duplicates: AtomicU64,
     /// Requests skipped because the response topic already answers them.
     pub already_answered: AtomicU64,
+    /// Requests whose `req_id` a request read shortly before (by the same
+    /// worker, within `kafka.repeat_window`) also carried: served anyway.
+    pub repeated_req_ids: AtomicU64,
     pub dead_lettered: AtomicU64,
     /// Inline histories truncated to the model's limit at decode time.
     pub truncated_histories: AtomicU64,
@@ -228,6 +231,8 @@ pub struct CountsSnapshot {
     pub consumed: u64,
     pub duplicates: u64,
     pub already_answered: u64,
+    #[serde(default)]
+    pub repeated_req_ids: u64,
     pub dead_lettered: u64,
     pub truncated_histories: u64,
     pub late: u64,
@@ -251,6 +256,7 @@ impl CountsSnapshot {
             consumed: c.consumed.load(Ordering::Relaxed),
             duplicates: c.duplicates.load(Ordering::Relaxed),
             already_answered: c.already_answered.load(Ordering::Relaxed),
+            repeated_req_ids: c.repeated_req_ids.load(Ordering::Relaxed),
             dead_lettered: c.dead_lettered.load(Ordering::Relaxed),
             truncated_histories: c.truncated_histories.load(Ordering::Relaxed),
             late: c.late.load(Ordering::Relaxed),
@@ -272,6 +278,7 @@ impl CountsSnapshot {
         self.consumed += o.consumed;
         self.duplicates += o.duplicates;
         self.already_answered += o.already_answered;
+        self.repeated_req_ids += o.repeated_req_ids;
         self.dead_lettered += o.dead_lettered;
         self.truncated_histories += o.truncated_histories;
         self.late += o.late;

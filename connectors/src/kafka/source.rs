@@ -24,6 +24,7 @@ use super::{
     RequestConsumer, decode_request_within, owned_partitions,
 };
 use crate::error::SourceError;
+use crate::recent_ids::RecentIds;
 use crate::records::SourcePosition;
 use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
 
@@ -45,6 +46,9 @@ pub struct SourceSettings {
     /// A request stamped further than this ahead of both the wall clock
     /// and the job's event time is served at the current event time.
     pub max_future_ms: u64,
+    /// How many recent `req_id`s the worker remembers to count a request
+    /// that repeats one (`repeated_req_ids`); 0 = none.
+    pub repeat_window: usize,
     pub commit_interval: Duration,
 }
 
@@ -68,6 +72,9 @@ pub struct KafkaSource {
     answered: RestartAnswers,
     last_commit: Instant,
     clamp_log: LogLimiter,
+    /// Recent `req_id`s and where they were read.
+    recent_ids: RecentIds<RecordId>,
+    repeat_log: LogLimiter,
     /// The request topic's partition count this source has taken its
     /// partitions from (see [`SharedState::saw_partitions`]).
     known_partitions: i32,
@@ -106,6 +113,7 @@ impl KafkaSource {
             settings.max_skew_ms,
         );
         let known_partitions = opened_count(consumer.partitions());
+        let recent_ids = RecentIds::new(settings.repeat_window);
         Self {
             worker,
             consumer,
@@ -116,6 +124,8 @@ impl KafkaSource {
             answered: RestartAnswers::new(answered),
             last_commit: Instant::now(),
             clamp_log: LogLimiter::default(),
+            recent_ids,
+            repeat_log: LogLimiter::default(),
             known_partitions,
             adopt_retry_at: None,
         }
@@ -262,6 +272,7 @@ impl KafkaSource {
                 if self.skip_answered(source, wire.req_id) {
                     return None;
                 }
+                self.note_repeat(source, wire.req_id, now);
                 let counters = &self.shared.counters;
                 if wire.history_dropped > 0 {
                     KafkaEvent::HistoryTruncated { partition, offset }.emit(counters);
@@ -403,6 +414,37 @@ impl KafkaSource {
                 }
                 false
             }
+        }
+    }
+
+    /// Counts (and logs, rate-limited) a request whose `req_id` a recent
+    /// request at another position carried. It is served all the same:
+    /// the two may be different requests under one id, and dropping one
+    /// would lose it.
+    fn note_repeat(&mut self, source: RecordId, req_id: u64, now: Instant) {
+        let first = match self.recent_ids.observe(req_id, source) {
+            // The offset book admits a position once, so the same record is
+            // never seen here twice; were it, it would not be a repeat.
+            Some(first) if first != source => first,
+            _ => return,
+        };
+        KafkaEvent::RepeatedReqId {
+            partition: source.partition,
+            offset: source.offset,
+        }
+        .emit(&self.shared.counters);
+        if let Some(suppressed) = self.repeat_log.admit(now) {
+            tracing::warn!(
+                topic = self.settings.request_topic,
+                req_id,
+                first_partition = first.partition,
+                first_offset = first.offset,
+                partition = source.partition,
+                offset = source.offset,
+                suppressed,
+                "field `req_id` repeats a request read before (a producer retry?): \
+                 served again, both answers carry the id (repeated_req_ids)"
+            );
         }
     }
 

@@ -44,6 +44,11 @@ pub struct KafkaSection {
     /// clock and the job's event time is served at the current event time
     /// (counted in `clamped_ts`) and moves no watermark.
     pub max_future_ms: u64,
+    /// Per worker: how many recent `req_id`s are remembered (at least; up
+    /// to twice as many, ~30 bytes each) so that a request repeating one,
+    /// such as a producer's retry, is counted in `repeated_req_ids` and
+    /// logged. It is served all the same. 0 = not checked.
+    pub repeat_window: usize,
     /// Retries of an output the client or broker refused for good, before
     /// it goes to the dead-letter topic as `undeliverable`.
     pub produce_retries: u32,
@@ -94,6 +99,7 @@ impl Default for KafkaSection {
             idle_timeout_ms: 50,
             max_skew_ms: 2_000,
             max_future_ms: 60_000,
+            repeat_window: 100_000,
             produce_retries: 5,
             produce_retry_backoff_ms: 100,
             drain_timeout_ms: 30_000,

@@ -362,10 +362,15 @@ fn kafka_hardening_keys_default_and_validate() {
             k.max_future_ms,
             k.produce_retries,
             k.produce_retry_backoff_ms,
-            k.drain_timeout_ms
+            k.drain_timeout_ms,
+            k.repeat_window
         ),
-        (60_000, 5, 100, 30_000)
+        (60_000, 5, 100, 30_000, 100_000)
     );
+    let err = Config::parse("[kafka]\nrepeat_window = 200000000\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("kafka.repeat_window"), "{err}");
     let err = Config::parse("[kafka]\ndrain_timeout_ms = 0\n", "x.toml")
         .unwrap_err()
         .to_string();

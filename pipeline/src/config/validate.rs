@@ -252,6 +252,16 @@ impl Config {
                 return Err(invalid(field, format!("must be >= 0 (got {value})")));
             }
         }
+        if k.repeat_window > MAX_REPEAT_WINDOW {
+            return Err(invalid(
+                "kafka.repeat_window",
+                format!(
+                    "must be at most {MAX_REPEAT_WINDOW} (got {}; each worker holds up to \
+                     twice this many ids, ~30 bytes each)",
+                    k.repeat_window
+                ),
+            ));
+        }
         if !(k.replication_factor == -1 || k.replication_factor >= 1) {
             return Err(invalid(
                 "kafka.replication_factor",
@@ -264,6 +274,10 @@ impl Config {
         Ok(())
     }
 }
+
+/// The most recent `req_id`s a Kafka worker may remember (up to ~6 GB
+/// at twice this many ids).
+const MAX_REPEAT_WINDOW: usize = 100_000_000;
 
 /// The longest a short batch may wait to fill (ms): one hour.
 pub const MAX_WAIT_MS: f64 = 3_600_000.0;

@@ -359,6 +359,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             idle_timeout: Duration::from_millis(k.idle_timeout_ms),
             max_skew_ms: k.max_skew_ms,
             max_future_ms: k.max_future_ms,
+            repeat_window: k.repeat_window,
             commit_interval: Duration::from_millis(k.commit_interval_ms),
         };
         ingests.push(Some((consumer, source_settings, mine)));
@@ -784,6 +785,7 @@ fn log_metrics(shared: &SharedState, latency: &AnswerLatency) {
         delivered = c.delivered.load(Ordering::Relaxed),
         late = c.late.load(Ordering::Relaxed),
         clamped_ts = c.clamped_ts.load(Ordering::Relaxed),
+        repeated_req_ids = c.repeated_req_ids.load(Ordering::Relaxed),
         undeliverable = c.undeliverable.load(Ordering::Relaxed),
         in_flight = shared.in_flight(),
         p99_ms,
@@ -821,6 +823,7 @@ fn summarise(
         unservable: c.unservable,
         dead_lettered: c.dead_lettered,
         duplicates_skipped: c.duplicates,
+        repeated_req_ids: c.repeated_req_ids,
         already_answered: c.already_answered,
         late: c.late,
         clamped_ts: c.clamped_ts,

@@ -134,6 +134,9 @@ pub struct ServeSummary {
     pub unservable: u64,
     pub dead_lettered: u64,
     pub duplicates_skipped: u64,
+    /// Requests whose `req_id` a request read shortly before also carried
+    /// (`kafka.repeat_window`): served, so two answers carry the id.
+    pub repeated_req_ids: u64,
     pub already_answered: u64,
     pub late: u64,
     /// Requests whose `ts_ms` was too far in the future: served at the
