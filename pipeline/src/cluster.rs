@@ -306,6 +306,7 @@ impl Cluster {
                 HandshakeError::Io { .. } => ExecuteError::Timely(e.to_string()),
             });
         }
+        install_lost_peer_hook();
         let redirect = StdoutToStderr::begin();
         let guards = timely::execute(config, func).map_err(ExecuteError::Timely);
         drop(redirect);
@@ -315,6 +316,63 @@ impl Cluster {
         }
         guards
     }
+}
+
+/// Exit code of a process that lost its connection to another process.
+pub const LOST_PEER_EXIT: i32 = 4;
+
+/// The process whose connection failed, when a panic is timely's network
+/// thread reporting it: the thread is named `timely:send-P` or
+/// `timely:recv-P` and its message starts with "timely communication
+/// error:" (which timely keeps stable for callers that look for it).
+fn lost_peer(thread: Option<&str>, message: &str) -> Option<usize> {
+    let peer = thread?
+        .strip_prefix("timely:send-")
+        .or_else(|| thread?.strip_prefix("timely:recv-"))?;
+    if !message.starts_with("timely communication error:") {
+        return None;
+    }
+    peer.parse().ok()
+}
+
+/// What the process says when it stops for a lost peer.
+fn lost_peer_message(peer: usize, cause: &str) -> String {
+    format!(
+        "error: cluster: lost the connection to process {peer} ({cause}). A job's processes \
+         are fixed when they connect, so this process stops too. Restart every process of the \
+         job with the same hostfile (`serve` resumes at its committed offsets, behind which \
+         every answer is durable)"
+    )
+}
+
+/// Once a process is connected, a lost peer panics timely's network threads
+/// and then, in cascade, the workers ("MergeQueue poisoned") and main: four
+/// backtraces that do not say what happened. This hook turns the first such
+/// panic into one line naming the peer and exits with [`LOST_PEER_EXIT`],
+/// as a crash would (offsets are committed only behind durable answers, so
+/// nothing is lost); any other panic goes to the hook that was there.
+fn install_lost_peer_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            let thread = std::thread::current();
+            match lost_peer(thread.name(), message) {
+                Some(peer) => {
+                    let cause = message.trim_start_matches("timely communication error: ");
+                    eprintln!("{}", lost_peer_message(peer, cause));
+                    std::process::exit(LOST_PEER_EXIT);
+                }
+                None => previous(info),
+            }
+        }));
+    });
 }
 
 /// Cluster mode: every worker's `item` travels to worker 0 (as JSON: bincode
@@ -404,6 +462,22 @@ impl Drop for StdoutToStderr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_timely_network_errors_name_a_lost_peer() {
+        let err = "timely communication error: reading data: Connection reset by peer";
+        assert_eq!(lost_peer(Some("timely:recv-1"), err), Some(1));
+        assert_eq!(lost_peer(Some("timely:send-12"), err), Some(12));
+        // A worker's own panic, or another message on a network thread.
+        assert_eq!(lost_peer(Some("timely:work-0"), err), None);
+        assert_eq!(
+            lost_peer(Some("timely:recv-1"), "MergeQueue poisoned."),
+            None
+        );
+        assert_eq!(lost_peer(None, err), None);
+        let said = lost_peer_message(1, "reading data: Connection reset by peer");
+        assert!(said.contains("process 1 (reading data"), "{said}");
+    }
 
     #[test]
     fn a_hostfile_skips_blank_lines_and_comments() {
