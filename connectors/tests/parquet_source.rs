@@ -585,3 +585,37 @@ fn a_row_group_without_a_valid_ts_ms_does_not_start_the_trace_at_zero() {
     assert_eq!((records.len(), bad), (6, 3));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn repeated_req_ids_are_counted_exactly_in_one_pass_or_many() {
+    let mut trace = small_trace();
+    let ids: Vec<u64> = trace.requests.iter().map(|r| r.req_id).collect();
+    // Rows 900 and 2,500 repeat row 300's id (in two other row groups);
+    // row 1,000 repeats row 10's, whose id is smaller.
+    for (row, from) in [(900, 300), (2_500, 300), (1_000, 10)] {
+        trace.requests[row].req_id = ids[from];
+    }
+    let (dir, _) = written_with("repeated-ids", trace);
+    let expected = grflow_connectors::parquet::DuplicateIds {
+        rows: 3,
+        example: Some((ids[10].min(ids[300]), 10, 1_000)),
+    };
+    assert!(
+        ids[10] < ids[300],
+        "the example is the smallest repeated id"
+    );
+    // One pass holds every id; 7 per pass takes ~430 passes.
+    for per_pass in [1_000_000, 1_000, 7] {
+        let found = ParquetRequestSource::duplicate_req_ids(&dir, per_pass)
+            .unwrap()
+            .expect("a readable req_id column");
+        assert_eq!(found, expected, "{per_pass} ids per pass");
+    }
+    let (clean, _) = written("unique-ids");
+    let found = ParquetRequestSource::duplicate_req_ids(&clean, 7)
+        .unwrap()
+        .unwrap();
+    assert_eq!((found.rows, found.example), (0, None));
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&clean).unwrap();
+}

@@ -101,18 +101,10 @@ impl CheckedFile {
         Some(range)
     }
 
-    /// Every valid value of a u64 `column`, in row order with the row
-    /// each came from (None: the column cannot be read as u64).
-    pub fn u64_values(&self, column: &str) -> Option<Vec<(u64, u64)>> {
-        let mut out = Vec::new();
-        self.each_u64(None, column, |v, row| out.push((v, row)))?;
-        Some(out)
-    }
-
     /// Calls `visit(value, row)` for every valid value of the u64 `column`
     /// in `row_groups` (all when `None`), the row counted from the first
     /// group read; None when the column cannot be read as u64.
-    fn each_u64(
+    pub fn each_u64(
         &self,
         row_groups: Option<Vec<usize>>,
         column: &str,

@@ -15,4 +15,4 @@ pub use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
 pub use memory::{MEMORY_FILE, MemoryRequestSource};
 pub use side::{SideTables, load_side_tables};
 pub use sink::{ErrorSink, ParquetSink, ResponseSink, SinkRow, WindowSink};
-pub use source::{DEFAULT_BATCH_ROWS, ParquetRequestSource, TraceInfo};
+pub use source::{DEFAULT_BATCH_ROWS, DuplicateIds, ParquetRequestSource, TraceInfo};

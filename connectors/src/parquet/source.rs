@@ -2,6 +2,8 @@
 //! workers (row group g goes to worker g mod workers), in batches with a
 //! watermark. No pacing and no timely types here: the pipeline does both.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, AsArray};
@@ -26,6 +28,13 @@ pub struct TraceInfo {
     /// `u64::MAX` where statistics are missing).
     pub min_ts_ms: u64,
     pub max_ts_ms: u64,
+}
+
+/// Which of `passes` passes of [`ParquetRequestSource::duplicate_req_ids`]
+/// checks `id`: a multiplicative hash, so that consecutive ids spread over
+/// the passes.
+fn id_pass(id: u64, passes: u64) -> u64 {
+    (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % passes
 }
 
 /// What [`ParquetRequestSource::duplicate_req_ids`] found.
@@ -181,29 +190,44 @@ impl ParquetRequestSource {
 
     /// `req_id`s that more than one row of the trace in `dir` carries:
     /// each such row is served, and its answer shares the id with
-    /// another's. None when the trace has more than `max_rows` rows (the
-    /// check holds 16 bytes per row) or its req_id column cannot be read
-    /// (the source reports those rows one by one).
+    /// another's. Exact for any length: the ids are split by hash into
+    /// passes of about `ids_per_pass` distinct ids each (one read of the
+    /// req_id column per pass, ~20 bytes per id held), so memory stays
+    /// bounded however long the trace is. None when the req_id column
+    /// cannot be read (the source reports those rows one by one).
     pub fn duplicate_req_ids(
         dir: &Path,
-        max_rows: u64,
+        ids_per_pass: u64,
     ) -> Result<Option<DuplicateIds>, SourceError> {
         let file = open_checked(dir, REQUESTS_FILE, &REQUEST_COLUMNS)?;
-        if file.row_group_rows().iter().sum::<u64>() > max_rows {
-            return Ok(None);
-        }
-        let Some(mut ids) = file.u64_values("req_id") else {
-            return Ok(None);
-        };
-        ids.sort_unstable();
+        let rows = file.row_group_rows().iter().sum::<u64>();
+        let passes = rows.div_ceil(ids_per_pass.max(1)).max(1);
         let mut found = DuplicateIds::default();
-        for pair in ids.windows(2) {
-            let ((a, first), (b, row)) = (pair[0], pair[1]);
-            if a == b {
-                found.rows += 1;
-                if found.example.is_none() {
-                    found.example = Some((a, first, row));
+        for pass in 0..passes {
+            // id -> first row; repeats are counted, never stored.
+            let mut first_rows: HashMap<u64, u64> =
+                HashMap::with_capacity(rows.div_ceil(passes).min(ids_per_pass) as usize);
+            let read = file.each_u64(None, "req_id", |id, row| {
+                if id_pass(id, passes) != pass {
+                    return;
                 }
+                match first_rows.entry(id) {
+                    Entry::Vacant(v) => {
+                        v.insert(row);
+                    }
+                    Entry::Occupied(o) => {
+                        found.rows += 1;
+                        let first = *o.get();
+                        // Rows come in order, so this is the id's second
+                        // row; keep the smallest id's.
+                        if found.example.is_none_or(|(e, _, _)| id < e) {
+                            found.example = Some((id, first, row));
+                        }
+                    }
+                }
+            });
+            if read.is_none() {
+                return Ok(None);
             }
         }
         Ok(Some(found))
