@@ -457,6 +457,53 @@ fn train_allocator_refuses_unusable_ppo_settings_by_flag() {
     }
 }
 
+/// `--validation-seeds`: checkpoints are scored on held-out traces, which
+/// the provenance names; seeds that overlap the training ones are refused.
+#[test]
+fn train_allocator_selects_on_held_out_traces() {
+    let dir = tmp_dir("train-allocator-validation");
+    let out = grflow()
+        .args(["train-allocator", "--iterations", "1", "--seed-base", "10"])
+        .args(["--seeds", "3", "--validation-seed-base", "12"])
+        .args(["--validation-seeds", "2", "--out"])
+        .arg(dir.join("p.safetensors"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--validation-seed-base 12") && stderr.contains("10..12"),
+        "{stderr}"
+    );
+
+    let calibration = small_calibration(&dir);
+    let config = short_trace(&dir, "tiny.toml", 300);
+    let policy = dir.join("policy.safetensors");
+    let trained = ok(grflow()
+        .args(["train-allocator", "--regime", "burst", "--seeds", "1"])
+        .args(["--iterations", "1", "--slo-ms", "2", "--select-every", "1"])
+        .args(["--validation-seeds", "1", "--validation-seed-base", "77"])
+        .arg("--out")
+        .arg(&policy)
+        .arg("--config")
+        .arg(&config)
+        .arg("--calibration")
+        .arg(&calibration)
+        .output()
+        .unwrap());
+    let stderr = String::from_utf8_lossy(&trained.stderr);
+    assert!(
+        stderr.contains("on the held-out validation traces"),
+        "{stderr}"
+    );
+    let bytes = std::fs::read(&policy).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(
+        text.contains("held-out validation traces (seeds 77..77)"),
+        "the provenance names the validation seeds"
+    );
+}
+
 /// The bench and the trainer set one α for every node, so a config with
 /// per-node α is refused by name (exit 2) instead of being overridden.
 #[test]

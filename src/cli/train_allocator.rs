@@ -71,6 +71,14 @@ pub struct Args {
     /// (and at the end) and write the best; 0 writes the last policy.
     #[arg(long, default_value_t = 5)]
     pub select_every: usize,
+    /// Selection on held-out traces: N seeds per regime from
+    /// --validation-seed-base, never trained on, instead of the training
+    /// traces (a checkpoint picked on the traces it learned from partly
+    /// fits them). 0 selects on the training traces.
+    #[arg(long, default_value_t = 0)]
+    pub validation_seeds: u64,
+    #[arg(long, default_value_t = 2000)]
+    pub validation_seed_base: u64,
     /// What selection minimises: `mean` (the greedy policy's mean p99 over
     /// the training traces) or `worst-regime` (the largest, over regimes,
     /// of its mean p99 over the untrained policy's, which holds α at the
@@ -149,7 +157,9 @@ struct CurvePoint {
     entropy: f64,
     approx_kl: f64,
     /// Mean p99 (ms) of the greedy policy before this iteration's update,
-    /// on the training traces from the config's α (selection points only).
+    /// from the config's α, on the traces selection scores (the training
+    /// traces, or the held-out ones of `--validation-seeds`; selection
+    /// points only).
     #[serde(skip_serializing_if = "Option::is_none")]
     greedy_p99_ms: Option<f64>,
     /// The same per regime, and the score selection compared.
@@ -301,6 +311,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     let ppo = ppo_config(&args)?;
+    check_validation_seeds(&args)?;
     let regimes = regimes(&args.regime)?;
     let (mut base, cost) = virtual_base(
         args.config.as_deref(),
@@ -317,20 +328,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     base.allocator.sample = true;
     let slo_ms = base.run.slo_ms.rank;
 
-    let mut traces: Vec<(String, u64, Arc<Trace>)> = Vec::new();
-    for regime in &regimes {
-        for i in 0..args.seeds {
-            let mut t = base.trace.clone();
-            t.regime = regime.as_str().into();
-            t.seed = args.seed_base + i;
-            let g = t.gen_config().map_err(InputError::from_display)?;
-            traces.push((
-                regime.as_str().to_string(),
-                t.seed,
-                Arc::new(grflow_traces::generate(&g)),
-            ));
-        }
-    }
+    let traces = episode_traces(&base, &regimes, args.seed_base, args.seeds)?;
+    let validation = if args.validation_seeds > 0 {
+        Some(episode_traces(
+            &base,
+            &regimes,
+            args.validation_seed_base,
+            args.validation_seeds,
+        )?)
+    } else {
+        None
+    };
+    let (select_traces, select_on) = match &validation {
+        Some(v) => (v, "held-out validation traces"),
+        None => (&traces, "training traces"),
+    };
     let scratch = Scratch::beside(&args.out)?;
     let work = scratch.0.clone();
     let policy_path = work.join("current.safetensors");
@@ -347,11 +359,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // The untrained policy's greedy p99s (iteration 0's): static α.
     let mut untrained: Option<Greedy> = None;
     let mut greedy = |updates: usize, policy: &ActorCritic| -> anyhow::Result<(Greedy, f64)> {
-        let g = greedy_p99(&base, &traces, policy, &work)?;
+        let g = greedy_p99(&base, select_traces, policy, &work)?;
         let reference = untrained.get_or_insert_with(|| g.clone());
         let score = g.score(args.select_by, reference);
         eprintln!(
-            "greedy policy after {updates} updates: mean p99 {:.4} ms on the training traces \
+            "greedy policy after {updates} updates: mean p99 {:.4} ms on the {select_on} \
              ({}), selection score {score:.4}",
             g.mean,
             g.by_regime
@@ -480,15 +492,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.select_by
         ) {
             (Some(p), Some(u), SelectBy::Mean) => format!(
-                "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the training \
-                 traces every {} iterations ({p:.4} ms; untrained {u:.4} ms)",
+                "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the {} \
+                 every {} iterations ({p:.4} ms; untrained {u:.4} ms)",
+                selection_traces(&args),
                 args.select_every
             ),
             (Some(p), Some(u), SelectBy::WorstRegime) => format!(
                 "checkpoint after {selected_updates} updates, chosen every {} iterations by the worst \
-                 regime's greedy mean p99 on the training traces over the untrained policy's (static α) \
+                 regime's greedy mean p99 on the {} over the untrained policy's (static α) \
                  ({p:.4}; untrained {u:.4})",
-                args.select_every
+                args.select_every,
+                selection_traces(&args)
             ),
             _ => "the last checkpoint".to_string(),
         },
@@ -535,6 +549,64 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// One trace per (regime, seed) for `seeds` seeds from `seed_base`, sized
+/// by `base`'s trace section.
+fn episode_traces(
+    base: &grflow_pipeline::Config,
+    regimes: &[grflow_traces::Regime],
+    seed_base: u64,
+    seeds: u64,
+) -> anyhow::Result<Vec<(String, u64, Arc<Trace>)>> {
+    let mut traces = Vec::new();
+    for regime in regimes {
+        for i in 0..seeds {
+            let mut t = base.trace.clone();
+            t.regime = regime.as_str().into();
+            t.seed = seed_base + i;
+            let g = t.gen_config().map_err(InputError::from_display)?;
+            traces.push((
+                regime.as_str().to_string(),
+                t.seed,
+                Arc::new(grflow_traces::generate(&g)),
+            ));
+        }
+    }
+    Ok(traces)
+}
+
+/// Held-out seeds must be held out: refused by flag when they overlap the
+/// training seeds.
+fn check_validation_seeds(args: &Args) -> anyhow::Result<()> {
+    let train = args.seed_base..args.seed_base.saturating_add(args.seeds);
+    let held = args.validation_seed_base
+        ..args
+            .validation_seed_base
+            .saturating_add(args.validation_seeds);
+    if !held.is_empty() && train.start < held.end && held.start < train.end {
+        return Err(InputError::from_display(format!(
+            "--validation-seed-base {} with --validation-seeds {} overlaps the training seeds \
+             {}..{} (--seed-base, --seeds): validation traces must be held out",
+            held.start,
+            args.validation_seeds,
+            train.start,
+            train.end - 1
+        )));
+    }
+    Ok(())
+}
+
+/// The traces checkpoints are selected on, for the provenance.
+fn selection_traces(args: &Args) -> String {
+    if args.validation_seeds == 0 {
+        return "training traces".to_string();
+    }
+    format!(
+        "held-out validation traces (seeds {}..{})",
+        args.validation_seed_base,
+        args.validation_seed_base + args.validation_seeds - 1
+    )
 }
 
 /// PPO's settings from the flags, checked.
