@@ -171,7 +171,7 @@ fn run_both(
         k.replication_factor,
         timeout,
     )
-    .with_context(|| format!("creating topics on {brokers} (is a broker running?)"))?;
+    .with_context(|| format!("bench kafka: creating its topics on {brokers}"))?;
     // The bench's topics hold its records: deleted however the run ends.
     let _cleanup = BenchTopics {
         settings: settings.clone(),

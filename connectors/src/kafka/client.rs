@@ -93,11 +93,21 @@ impl KafkaSettings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaClientError {
-    #[error("kafka: {what}: {source}")]
-    Kafka {
+    // The cause is in the message and not a `#[source]`: `error: {:#}`
+    // would print it twice.
+    #[error("kafka: {what}: {cause}")]
+    Kafka { what: String, cause: KafkaError },
+    /// No broker answered in time: the usual first-run mistake (a wrong
+    /// address, a broker not started), said as such.
+    #[error(
+        "no Kafka broker answered at {brokers} within {timeout_s} s ({what}: {cause}); is the \
+         broker up, and are kafka.brokers (or GRFLOW_KAFKA_BROKERS) and kafka.librdkafka right?"
+    )]
+    Unreachable {
+        brokers: String,
         what: String,
-        #[source]
-        source: KafkaError,
+        timeout_s: u64,
+        cause: KafkaError,
     },
     #[error("topic `{topic}` does not exist on {brokers}")]
     NoSuchTopic { topic: String, brokers: String },
@@ -116,7 +126,45 @@ pub enum KafkaClientError {
 
 fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> KafkaClientError {
     let what = what.into();
-    move |source| KafkaClientError::Kafka { what, source }
+    move |cause| KafkaClientError::Kafka { what, cause }
+}
+
+/// Whether `e` is a call that timed out waiting for any broker.
+fn timed_out(e: &KafkaError) -> bool {
+    let code = match e {
+        KafkaError::AdminOp(code) | KafkaError::MetadataFetch(code) => code,
+        _ => return false,
+    };
+    matches!(
+        code,
+        RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::Resolve
+    )
+}
+
+/// Like [`kafka`], but a timeout waiting for the brokers becomes
+/// [`KafkaClientError::Unreachable`] naming them.
+fn kafka_call(
+    settings: &KafkaSettings,
+    what: impl Into<String>,
+    timeout: Duration,
+) -> impl FnOnce(KafkaError) -> KafkaClientError {
+    let (what, brokers) = (what.into(), settings.brokers.clone());
+    move |cause| {
+        if timed_out(&cause) {
+            KafkaClientError::Unreachable {
+                brokers,
+                what,
+                timeout_s: timeout.as_secs().max(1),
+                cause,
+            }
+        } else {
+            KafkaClientError::Kafka { what, cause }
+        }
+    }
 }
 
 /// Where a partition starts when its group never committed an offset.
@@ -226,7 +274,11 @@ pub fn partition_count(
         .map_err(kafka("creating a metadata client"))?;
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
-        .map_err(kafka(format!("metadata of `{topic}`")))?;
+        .map_err(kafka_call(
+            settings,
+            format!("metadata of `{topic}`"),
+            timeout,
+        ))?;
     let partitions = partitions_listed(&metadata, topic);
     if partitions == 0 {
         return Err(KafkaClientError::NoSuchTopic {
@@ -284,7 +336,7 @@ pub fn ensure_topics(
         .collect();
     let results = runtime
         .block_on(admin.create_topics(&new, &opts))
-        .map_err(kafka("create_topics"))?;
+        .map_err(kafka_call(settings, "creating topics", timeout))?;
     for result in results {
         if let Err((topic, code)) = result
             && code != RDKafkaErrorCode::TopicAlreadyExists
@@ -314,7 +366,7 @@ pub fn delete_topics(
     let (admin, opts, runtime) = admin_session(settings, timeout)?;
     let results = runtime
         .block_on(admin.delete_topics(topics, &opts))
-        .map_err(kafka("delete_topics"))?;
+        .map_err(kafka_call(settings, "deleting topics", timeout))?;
     let failed: Vec<String> = results
         .into_iter()
         .filter_map(|r| r.err().map(|(topic, code)| format!("{topic} ({code})")))
@@ -1019,7 +1071,7 @@ pub fn scan_answers(
                 what: format!(
                     "restart scan of `{response_topic}` stalled with {remaining} records left"
                 ),
-                source: KafkaError::MessageConsumption(RDKafkaErrorCode::RequestTimedOut),
+                cause: KafkaError::MessageConsumption(RDKafkaErrorCode::RequestTimedOut),
             });
         }
         let Some(message) = consumer.poll(Duration::from_millis(200)) else {
@@ -1055,6 +1107,35 @@ pub fn scan_answers(
 mod tests {
     use super::*;
     use rdkafka::producer::{BaseProducer, Producer};
+
+    /// A broker that never answers is named as such; a broker's refusal
+    /// keeps its own message; the cause is printed once either way.
+    #[test]
+    fn timeouts_waiting_for_brokers_say_which_brokers() {
+        let settings = KafkaSettings {
+            brokers: "10.0.0.9:9092".into(),
+            group_id: "g".into(),
+            client_id: "c".into(),
+            extra: BTreeMap::new(),
+            compression: Compression::default(),
+        };
+        let timeout = Duration::from_secs(10);
+        let e = kafka_call(&settings, "creating topics", timeout)(KafkaError::AdminOp(
+            RDKafkaErrorCode::OperationTimedOut,
+        ));
+        // `error: {:#}` prints the chain: this error ends it.
+        assert!(std::error::Error::source(&e).is_none());
+        let said = e.to_string();
+        assert!(
+            said.starts_with("no Kafka broker answered at 10.0.0.9:9092 within 10 s"),
+            "{said}"
+        );
+        assert_eq!(said.matches("OperationTimedOut").count(), 1, "{said}");
+        let e = kafka_call(&settings, "creating topics", timeout)(KafkaError::AdminOp(
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ));
+        assert!(matches!(e, KafkaClientError::Kafka { .. }), "{e}");
+    }
 
     /// The build speaks TLS, SASL PLAIN/SCRAM and every codec (rdkafka's
     /// `ssl` and `zstd` features; lz4, snappy and gzip are built in).
