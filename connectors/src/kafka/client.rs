@@ -107,7 +107,8 @@ pub enum KafkaClientError {
         brokers: String,
         what: String,
         timeout_s: u64,
-        cause: KafkaError,
+        /// librdkafka's words for it.
+        cause: String,
     },
     #[error("topic `{topic}` does not exist on {brokers}")]
     NoSuchTopic { topic: String, brokers: String },
@@ -159,7 +160,7 @@ fn kafka_call(
                 brokers,
                 what,
                 timeout_s: timeout.as_secs().max(1),
-                cause,
+                cause: cause.to_string(),
             }
         } else {
             KafkaClientError::Kafka { what, cause }
