@@ -161,8 +161,7 @@ impl Config {
     pub fn parse(text: &str, name: &str) -> Result<Self, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: name.to_string(),
-            // toml's message already names the key, line and column.
-            message: e.to_string().trim_end().replace('\n', " | "),
+            message: parse_message(&e, text),
         })?;
         cfg.validate(name)?;
         Ok(cfg)
@@ -180,6 +179,33 @@ impl Config {
         self.run.clock != Clock::Wall
             && self.run.replay_release() == Release::Complete
             && self.speed() != Speed::Max
+    }
+}
+
+/// toml's error on one line, with the line and column and the line's
+/// text: its own Display draws the line with a caret over several lines,
+/// which a log line cannot hold.
+fn parse_message(e: &toml::de::Error, text: &str) -> String {
+    let message = e.message().trim_end().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let start = before.rfind('\n').map_or(0, |n| n + 1);
+            let column = before.len() - start + 1;
+            // The line itself names the key, which toml's message may not
+            // ("invalid type: string \"two\", expected usize").
+            let source: String = text[start..]
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .chars()
+                .take(80)
+                .collect();
+            format!("line {line}, column {column} (`{source}`): {message}")
+        }
+        None => message,
     }
 }
 

@@ -410,3 +410,21 @@ fn relative_inputs_are_found_from_the_current_directory_or_beside_the_config() {
     assert_eq!(cfg.model.weights, Some("nowhere".into()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_toml_error_is_one_line_with_its_position_and_the_line() {
+    let text = "[run]\nspeed = \"max\"\nworkers = \"two\"\n";
+    let err = Config::parse(text, "x.toml").unwrap_err().to_string();
+    assert!(
+        err.starts_with("config x.toml: line 3, column 11 (`workers = \"two\"`): invalid type"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
+    let err = Config::parse("[run]\nworkerz = 2\n", "x.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 2, column 1 (`workerz = 2`): unknown field `workerz`"),
+        "{err}"
+    );
+}
