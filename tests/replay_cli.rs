@@ -475,3 +475,23 @@ fn row_groups_out_of_time_order_are_not_late_at_any_pace() {
         );
     }
 }
+
+/// `--out` that is a file is refused by name before any work: replay,
+/// gen-trace and import used to find out after running or generating.
+#[test]
+fn an_out_path_that_is_a_file_is_refused_before_the_work() {
+    let dir = tmp_dir("out-is-a-file");
+    let file = dir.join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let ratings = dir.join("ratings.csv");
+    std::fs::write(&ratings, "userId,movieId,rating,timestamp\n1,2,5,100\n").unwrap();
+    let ratings = ratings.to_string_lossy().to_string();
+    for args in [
+        &["replay", "--quiet"][..],
+        &["gen-trace", "--requests", "100000"][..],
+        &["import", "--format", "movielens", "--input", &ratings][..],
+    ] {
+        let err = cli::refused_out(args, &file);
+        assert!(err.contains("not a directory"), "{args:?}: {err}");
+    }
+}

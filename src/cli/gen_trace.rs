@@ -79,6 +79,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--row-group-rows must be >= 1 (got 0)",
         ));
     }
+    // Before generating: a bad --out would otherwise fail after it.
+    super::check_out_dir(&args.out)?;
     let start = Instant::now();
     let progress = Progress::new(args.quiet);
     progress.stage(format!(

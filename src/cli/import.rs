@@ -57,6 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         candidates: args.candidates,
         ..ImportConfig::default()
     };
+    super::check_out_dir(&args.out)?;
     let start = Instant::now();
     let progress = Progress::new(args.quiet);
     progress.stage(format!(

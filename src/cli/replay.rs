@@ -160,8 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // 0's responses, and process 0 wrote none.
         Some(_) if config.cluster.process != 0 => ResponseOutput::Drop,
         Some(dir) => {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("creating output directory {}", dir.display()))?;
+            super::check_out_dir(dir)?;
             for name in OUTPUT_FILES {
                 let path = dir.join(name);
                 if path.exists() {
