@@ -502,6 +502,34 @@ fn train_allocator_selects_on_held_out_traces() {
         text.contains("held-out validation traces (seeds 77..77)"),
         "the provenance names the validation seeds"
     );
+
+    // --average-last: the mean of the last scored checkpoints is scored
+    // too, and when it wins the report and the provenance say so.
+    let trained = ok(grflow()
+        .args(["train-allocator", "--regime", "burst", "--seeds", "1"])
+        .args(["--iterations", "2", "--slo-ms", "2", "--select-every", "1"])
+        .args(["--average-last", "3", "--json", "--out"])
+        .arg(&policy)
+        .arg("--config")
+        .arg(&config)
+        .arg("--calibration")
+        .arg(&calibration)
+        .output()
+        .unwrap());
+    let stderr = String::from_utf8_lossy(&trained.stderr);
+    assert!(
+        stderr.contains("mean of the checkpoints after [0, 1, 2] updates"),
+        "{stderr}"
+    );
+    let report: Value = serde_json::from_slice(&trained.stdout).unwrap();
+    let text = String::from_utf8_lossy(&std::fs::read(&policy).unwrap()).to_string();
+    match report.get("averaged_checkpoints") {
+        Some(members) => {
+            assert_eq!(members, &serde_json::json!([0, 1, 2]));
+            assert!(text.contains("the parameter mean of the checkpoints"));
+        }
+        None => assert!(!text.contains("the parameter mean of the checkpoints")),
+    }
 }
 
 /// The bench and the trainer set one α for every node, so a config with

@@ -79,6 +79,11 @@ pub struct Args {
     pub validation_seeds: u64,
     #[arg(long, default_value_t = 2000)]
     pub validation_seed_base: u64,
+    /// Also score the parameter mean of the last N scored checkpoints (a
+    /// late-training average, steadier than any one of them) and write it
+    /// if it scores best. 0 or 1: off.
+    #[arg(long, default_value_t = 0)]
+    pub average_last: usize,
     /// What selection minimises: `mean` (the greedy policy's mean p99 over
     /// the training traces) or `worst-regime` (the largest, over regimes,
     /// of its mean p99 over the untrained policy's, which holds α at the
@@ -215,6 +220,10 @@ struct Report {
     selected_greedy_p99_ms: Option<f64>,
     /// The untrained policy's (α held at the config's value).
     untrained_greedy_p99_ms: Option<f64>,
+    /// With --average-last: the checkpoints (PPO updates behind each)
+    /// whose parameter mean was written, when it scored best.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    averaged_checkpoints: Option<Vec<usize>>,
     wall_s: f64,
 }
 
@@ -375,11 +384,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Ok((g, score))
     };
     let mut warned_flat = false;
+    // Scored checkpoints, for --average-last.
+    let mut scored: Vec<(usize, ActorCritic)> = Vec::new();
     for iteration in 0..args.iterations {
         let it_started = std::time::Instant::now();
         let evaluated = if args.select_every > 0 && iteration % args.select_every == 0 {
             let (g, score) = greedy(iteration, &policy)?;
             selection.offer(iteration, score, || (policy.clone(), g.mean));
+            scored.push((iteration, policy.clone()));
             Some((g, score))
         } else {
             None
@@ -453,6 +465,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.select_every > 0 {
         let (g, last) = greedy(args.iterations, &policy)?;
         selection.offer(args.iterations, last, || (policy.clone(), g.mean));
+        scored.push((args.iterations, policy.clone()));
+    }
+    // The average of the last checkpoints, a candidate like the others.
+    let mut averaged: Option<Vec<usize>> = None;
+    if args.average_last >= 2 && scored.len() >= 2 {
+        let last = &scored[scored.len().saturating_sub(args.average_last)..];
+        let members: Vec<usize> = last.iter().map(|(u, _)| *u).collect();
+        let nets: Vec<&ActorCritic> = last.iter().map(|(_, p)| p).collect();
+        let avg = ActorCritic::average(&nets).context("averaging checkpoints of one shape")?;
+        let g = greedy_p99(&base, select_traces, &avg, &work)?;
+        let score = match &untrained {
+            Some(reference) => g.score(args.select_by, reference),
+            None => g.mean,
+        };
+        eprintln!(
+            "mean of the checkpoints after {members:?} updates: mean p99 {:.4} ms on the \
+             {select_on}, selection score {score:.4}",
+            g.mean
+        );
+        if selection.offer(args.iterations, score, || (avg, g.mean)) {
+            averaged = Some(members);
+        }
     }
     // No selection, or no checkpoint scored (every p99 NaN): the last.
     let (selected_updates, selected, mut policy) = match selection.best {
@@ -491,6 +525,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             untrained_score,
             args.select_by
         ) {
+            (Some(p), Some(u), _) if averaged.is_some() => format!(
+                "the parameter mean of the checkpoints after {:?} updates, chosen over each of them \
+                 on the {} ({p:.4}; untrained {u:.4})",
+                averaged.as_deref().unwrap_or_default(),
+                selection_traces(&args)
+            ),
             (Some(p), Some(u), SelectBy::Mean) => format!(
                 "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the {} \
                  every {} iterations ({p:.4} ms; untrained {u:.4} ms)",
@@ -532,6 +572,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         selected_updates,
         selected_greedy_p99_ms: selected_p99,
         untrained_greedy_p99_ms: untrained_p99,
+        averaged_checkpoints: averaged.clone(),
         wall_s: started.elapsed().as_secs_f64(),
     };
     if args.json {

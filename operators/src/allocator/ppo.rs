@@ -244,6 +244,40 @@ impl ActorCritic {
         self.actor.parameters() + self.critic.parameters()
     }
 
+    /// The parameter-wise mean of `policies` (checkpoints of one training,
+    /// so of one shape): a late-training average is steadier than any one
+    /// checkpoint. The optimiser state and provenance are the first's.
+    /// None when `policies` is empty or their shapes differ.
+    pub fn average(policies: &[&ActorCritic]) -> Option<ActorCritic> {
+        let first = *policies.first()?;
+        let mean = |nets: Vec<&Mlp>| -> Option<Mlp> {
+            let mut out = nets[0].clone();
+            for (l, layer) in out.layers.iter_mut().enumerate() {
+                for net in &nets[1..] {
+                    let other = net.layers.get(l)?;
+                    if (other.inputs, other.outputs) != (layer.inputs, layer.outputs) {
+                        return None;
+                    }
+                    layer.w.iter_mut().zip(&other.w).for_each(|(a, b)| *a += b);
+                    layer.b.iter_mut().zip(&other.b).for_each(|(a, b)| *a += b);
+                }
+                let n = nets.len() as f64;
+                layer
+                    .w
+                    .iter_mut()
+                    .chain(layer.b.iter_mut())
+                    .for_each(|v| *v /= n);
+            }
+            nets.iter()
+                .all(|net| net.layers.len() == out.layers.len())
+                .then_some(out)
+        };
+        let mut avg = first.clone();
+        avg.actor = mean(policies.iter().map(|p| &p.actor).collect())?;
+        avg.critic = mean(policies.iter().map(|p| &p.critic).collect())?;
+        Some(avg)
+    }
+
     /// The action distribution. `allow_up = false` masks the moves toward
     /// EMB: the node truncated histories in the last window, so its KV
     /// share is already too small for them.
@@ -536,6 +570,32 @@ impl ActorCritic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_average_of_checkpoints_is_their_parameter_mean() {
+        let (a, b) = (ActorCritic::new(1), ActorCritic::new(2));
+        let avg = ActorCritic::average(&[&a, &b]).unwrap();
+        for (net, (x, y)) in [
+            (&avg.actor, (&a.actor, &b.actor)),
+            (&avg.critic, (&a.critic, &b.critic)),
+        ] {
+            for (l, layer) in net.layers.iter().enumerate() {
+                let (xl, yl) = (&x.layers[l], &y.layers[l]);
+                for i in 0..layer.w.len() {
+                    assert!((layer.w[i] - (xl.w[i] + yl.w[i]) / 2.0).abs() < 1e-12);
+                }
+                for i in 0..layer.b.len() {
+                    assert!((layer.b[i] - (xl.b[i] + yl.b[i]) / 2.0).abs() < 1e-12);
+                }
+            }
+        }
+        assert_ne!(avg.actor, a.actor);
+        assert_eq!(ActorCritic::average(&[&a]).unwrap(), a);
+        assert!(ActorCritic::average(&[]).is_none());
+        let mut shallower = b.clone();
+        shallower.actor.layers.pop();
+        assert!(ActorCritic::average(&[&a, &shallower]).is_none());
+    }
 
     #[test]
     fn the_networks_are_the_papers_size_and_start_uniform() {
