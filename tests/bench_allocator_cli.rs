@@ -16,15 +16,38 @@ mod temp;
 use cli::{grflow, ok};
 use temp::tmp_dir;
 
+/// `grflow train-allocator ARGS --out policy --config config
+/// --calibration calibration`, which must succeed.
+fn train_on(
+    policy: &std::path::Path,
+    config: &std::path::Path,
+    calibration: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
+    ok(grflow()
+        .arg("train-allocator")
+        .args(args)
+        .arg("--out")
+        .arg(policy)
+        .arg("--config")
+        .arg(config)
+        .arg("--calibration")
+        .arg(calibration)
+        .output()
+        .unwrap())
+}
+
 #[test]
 fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     let dir = tmp_dir("bench-allocator");
     let calibration = small_calibration(&dir);
     let config = short_trace(&dir, "small-trace.toml", 600);
     let policy = dir.join("policy.safetensors");
-    let trained = ok(grflow()
-        .args([
-            "train-allocator",
+    let trained = train_on(
+        &policy,
+        &config,
+        &calibration,
+        &[
             "--regime",
             "burst",
             "--seeds",
@@ -36,15 +59,8 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
             "--select-every",
             "1",
             "--json",
-            "--out",
-        ])
-        .arg(&policy)
-        .arg("--config")
-        .arg(&config)
-        .arg("--calibration")
-        .arg(&calibration)
-        .output()
-        .unwrap());
+        ],
+    );
     let trained: Value = serde_json::from_slice(&trained.stdout).unwrap();
     assert_eq!(trained["iterations"], 2);
     assert!(trained["parameters"].as_u64().unwrap() < 25_000);
@@ -479,18 +495,17 @@ fn train_allocator_selects_on_held_out_traces() {
     let calibration = small_calibration(&dir);
     let config = short_trace(&dir, "tiny.toml", 300);
     let policy = dir.join("policy.safetensors");
-    let trained = ok(grflow()
-        .args(["train-allocator", "--regime", "burst", "--seeds", "1"])
-        .args(["--iterations", "1", "--slo-ms", "2", "--select-every", "1"])
-        .args(["--validation-seeds", "1", "--validation-seed-base", "77"])
-        .arg("--out")
-        .arg(&policy)
-        .arg("--config")
-        .arg(&config)
-        .arg("--calibration")
-        .arg(&calibration)
-        .output()
-        .unwrap());
+    // A Burst-only training on the tiny trace, scored every iteration.
+    let train = |iterations: &str, extra: &[&str]| {
+        let mut args = vec!["--regime", "burst", "--seeds", "1", "--slo-ms", "2"];
+        args.extend(["--iterations", iterations, "--select-every", "1"]);
+        args.extend(extra);
+        train_on(&policy, &config, &calibration, &args)
+    };
+    let trained = train(
+        "1",
+        &["--validation-seeds", "1", "--validation-seed-base", "77"],
+    );
     let stderr = String::from_utf8_lossy(&trained.stderr);
     assert!(
         stderr.contains("on the held-out validation traces"),
@@ -505,17 +520,7 @@ fn train_allocator_selects_on_held_out_traces() {
 
     // --average-last: the mean of the last scored checkpoints is scored
     // too, and when it wins the report and the provenance say so.
-    let trained = ok(grflow()
-        .args(["train-allocator", "--regime", "burst", "--seeds", "1"])
-        .args(["--iterations", "2", "--slo-ms", "2", "--select-every", "1"])
-        .args(["--average-last", "3", "--json", "--out"])
-        .arg(&policy)
-        .arg("--config")
-        .arg(&config)
-        .arg("--calibration")
-        .arg(&calibration)
-        .output()
-        .unwrap());
+    let trained = train("2", &["--average-last", "3", "--json"]);
     let stderr = String::from_utf8_lossy(&trained.stderr);
     assert!(
         stderr.contains("mean of the checkpoints after [0, 1, 2] updates"),
