@@ -384,14 +384,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Ok((g, score))
     };
     let mut warned_flat = false;
-    // Scored checkpoints, for --average-last.
+    // The last --average-last scored checkpoints.
     let mut scored: Vec<(usize, ActorCritic)> = Vec::new();
     for iteration in 0..args.iterations {
         let it_started = std::time::Instant::now();
         let evaluated = if args.select_every > 0 && iteration % args.select_every == 0 {
             let (g, score) = greedy(iteration, &policy)?;
             selection.offer(iteration, score, || (policy.clone(), g.mean));
-            scored.push((iteration, policy.clone()));
+            keep_recent(&mut scored, args.average_last, iteration, &policy);
             Some((g, score))
         } else {
             None
@@ -465,14 +465,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.select_every > 0 {
         let (g, last) = greedy(args.iterations, &policy)?;
         selection.offer(args.iterations, last, || (policy.clone(), g.mean));
-        scored.push((args.iterations, policy.clone()));
+        keep_recent(&mut scored, args.average_last, args.iterations, &policy);
     }
     // The average of the last checkpoints, a candidate like the others.
     let mut averaged: Option<Vec<usize>> = None;
     if args.average_last >= 2 && scored.len() >= 2 {
-        let last = &scored[scored.len().saturating_sub(args.average_last)..];
-        let members: Vec<usize> = last.iter().map(|(u, _)| *u).collect();
-        let nets: Vec<&ActorCritic> = last.iter().map(|(_, p)| p).collect();
+        let members: Vec<usize> = scored.iter().map(|(u, _)| *u).collect();
+        let nets: Vec<&ActorCritic> = scored.iter().map(|(_, p)| p).collect();
         let avg = ActorCritic::average(&nets).context("averaging checkpoints of one shape")?;
         let g = greedy_p99(&base, select_traces, &avg, &work)?;
         let score = match &untrained {
@@ -590,6 +589,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Keeps the last `n` scored checkpoints (none when `n` < 2: nothing is
+/// averaged), `policy` after `updates` updates being the newest.
+fn keep_recent(
+    scored: &mut Vec<(usize, ActorCritic)>,
+    n: usize,
+    updates: usize,
+    policy: &ActorCritic,
+) {
+    if n < 2 {
+        return;
+    }
+    scored.push((updates, policy.clone()));
+    if scored.len() > n {
+        scored.remove(0);
+    }
 }
 
 /// One trace per (regime, seed) for `seeds` seeds from `seed_base`, sized
