@@ -348,10 +348,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    let (select_traces, select_on) = match &validation {
-        Some(v) => (v, "held-out validation traces"),
-        None => (&traces, "training traces"),
-    };
+    let select_traces = validation.as_ref().unwrap_or(&traces);
+    let select_on = selection_traces(&args);
     let scratch = Scratch::beside(&args.out)?;
     let work = scratch.0.clone();
     let policy_path = work.join("current.safetensors");
@@ -367,13 +365,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut selection = Selection::new();
     // The untrained policy's greedy p99s (iteration 0's): static α.
     let mut untrained: Option<Greedy> = None;
-    let mut greedy = |updates: usize, policy: &ActorCritic| -> anyhow::Result<(Greedy, f64)> {
+    // Scores `policy` (named `what` in the log) on the selection traces.
+    let mut greedy = |what: &str, policy: &ActorCritic| -> anyhow::Result<(Greedy, f64)> {
         let g = greedy_p99(&base, select_traces, policy, &work)?;
         let reference = untrained.get_or_insert_with(|| g.clone());
         let score = g.score(args.select_by, reference);
         eprintln!(
-            "greedy policy after {updates} updates: mean p99 {:.4} ms on the {select_on} \
-             ({}), selection score {score:.4}",
+            "{what}: mean p99 {:.4} ms on the {select_on} ({}), selection score {score:.4}",
             g.mean,
             g.by_regime
                 .iter()
@@ -389,7 +387,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for iteration in 0..args.iterations {
         let it_started = std::time::Instant::now();
         let evaluated = if args.select_every > 0 && iteration % args.select_every == 0 {
-            let (g, score) = greedy(iteration, &policy)?;
+            let (g, score) = greedy(&format!("greedy policy after {iteration} updates"), &policy)?;
             selection.offer(iteration, score, || (policy.clone(), g.mean));
             keep_recent(&mut scored, args.average_last, iteration, &policy);
             Some((g, score))
@@ -463,7 +461,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         curve.push(point);
     }
     if args.select_every > 0 {
-        let (g, last) = greedy(args.iterations, &policy)?;
+        let what = format!("greedy policy after {} updates", args.iterations);
+        let (g, last) = greedy(&what, &policy)?;
         selection.offer(args.iterations, last, || (policy.clone(), g.mean));
         keep_recent(&mut scored, args.average_last, args.iterations, &policy);
     }
@@ -473,16 +472,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let members: Vec<usize> = scored.iter().map(|(u, _)| *u).collect();
         let nets: Vec<&ActorCritic> = scored.iter().map(|(_, p)| p).collect();
         let avg = ActorCritic::average(&nets).context("averaging checkpoints of one shape")?;
-        let g = greedy_p99(&base, select_traces, &avg, &work)?;
-        let score = match &untrained {
-            Some(reference) => g.score(args.select_by, reference),
-            None => g.mean,
-        };
-        eprintln!(
-            "mean of the checkpoints after {members:?} updates: mean p99 {:.4} ms on the \
-             {select_on}, selection score {score:.4}",
-            g.mean
-        );
+        let (g, score) = greedy(
+            &format!("mean of the checkpoints after {members:?} updates"),
+            &avg,
+        )?;
         if selection.offer(args.iterations, score, || (avg, g.mean)) {
             averaged = Some(members);
         }
@@ -526,22 +519,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ) {
             (Some(p), Some(u), _) if averaged.is_some() => format!(
                 "the parameter mean of the checkpoints after {:?} updates, chosen over each of them \
-                 on the {} ({p:.4}; untrained {u:.4})",
-                averaged.as_deref().unwrap_or_default(),
-                selection_traces(&args)
+                 on the {select_on} ({p:.4}; untrained {u:.4})",
+                averaged.as_deref().unwrap_or_default()
             ),
             (Some(p), Some(u), SelectBy::Mean) => format!(
-                "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the {} \
-                 every {} iterations ({p:.4} ms; untrained {u:.4} ms)",
-                selection_traces(&args),
+                "checkpoint after {selected_updates} updates, chosen by greedy mean p99 on the \
+                 {select_on} every {} iterations ({p:.4} ms; untrained {u:.4} ms)",
                 args.select_every
             ),
             (Some(p), Some(u), SelectBy::WorstRegime) => format!(
                 "checkpoint after {selected_updates} updates, chosen every {} iterations by the worst \
-                 regime's greedy mean p99 on the {} over the untrained policy's (static α) \
+                 regime's greedy mean p99 on the {select_on} over the untrained policy's (static α) \
                  ({p:.4}; untrained {u:.4})",
-                args.select_every,
-                selection_traces(&args)
+                args.select_every
             ),
             _ => "the last checkpoint".to_string(),
         },
