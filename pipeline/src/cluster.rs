@@ -356,12 +356,7 @@ fn install_lost_peer_hook() {
     INSTALLED.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let message = info
-                .payload()
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| info.payload().downcast_ref::<&str>().copied())
-                .unwrap_or("");
+            let message = info.payload_as_str().unwrap_or("");
             let thread = std::thread::current();
             match lost_peer(thread.name(), message) {
                 Some(peer) => {

@@ -204,7 +204,7 @@ pub struct Summary {
     pub late_records: u64,
     /// Parquet traces: rows whose req_id an earlier row already carries
     /// (each is served; their answers share the id). Absent when not
-    /// checked (in-memory traces, or more rows than the check holds).
+    /// checked (in-memory traces, or a req_id column not readable as u64).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicate_req_ids: Option<u64>,
     pub wall_s: f64,

@@ -205,8 +205,9 @@ impl ParquetRequestSource {
         let mut found = DuplicateIds::default();
         for pass in 0..passes {
             // id -> first row; repeats are counted, never stored.
+            // rows / passes <= ids_per_pass, by the choice of `passes`.
             let mut first_rows: HashMap<u64, u64> =
-                HashMap::with_capacity(rows.div_ceil(passes).min(ids_per_pass) as usize);
+                HashMap::with_capacity(rows.div_ceil(passes) as usize);
             let read = file.each_u64(None, "req_id", |id, row| {
                 if id_pass(id, passes) != pass {
                     return;
