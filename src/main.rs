@@ -85,6 +85,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
+            if let Some(stopped) = err.downcast_ref::<cli::StoppedBySignal>() {
+                // The command said what it did before it stopped.
+                return ExitCode::from(stopped.exit_code());
+            }
             eprintln!("error: {err:#}");
             if err.downcast_ref::<cli::InputError>().is_some() {
                 ExitCode::from(2)

@@ -333,3 +333,74 @@ fn http_status(addr: &str, path: &str) -> Option<u16> {
     conn.read_to_string(&mut head).ok()?;
     head.split_whitespace().nth(1)?.parse().ok()
 }
+
+#[test]
+fn a_signal_to_one_process_stops_the_whole_job_and_process_0_writes_what_was_read() {
+    let dir = tmp_dir("cluster-stop");
+    let trace = dir.join("trace");
+    // 3,000 requests at 100 req/s: 30 s at the default pace.
+    ok(grflow()
+        .args(["gen-trace", "--users", "150", "--items", "2000"])
+        .args(["--requests", "3000", "--rps", "100", "--out"])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    let hosts = hostfile(&dir, 2);
+    let out = dir.join("out");
+    let spawn = |process: &str, out: Option<&Path>| {
+        let mut cmd = grflow();
+        cmd.args(["replay", "--quiet", "--json", "--workers", "1"])
+            .args(["--process", process, "--hostfile"])
+            .arg(&hosts)
+            .arg("--trace")
+            .arg(&trace);
+        if let Some(o) = out {
+            cmd.arg("--out").arg(o);
+        }
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let leader = spawn("0", Some(&out));
+    let follower = spawn("1", None);
+    let started = std::time::Instant::now();
+    while !out.join("responses.parquet.partial").exists() {
+        assert!(started.elapsed().as_secs() < 60, "the job never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(2_000));
+    // SIGTERM to the follower alone.
+    let signalled = std::time::Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &follower.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let follower = follower.wait_with_output().unwrap();
+    let leader = leader.wait_with_output().unwrap();
+    let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        signalled.elapsed().as_secs() < 15,
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(follower.status.code(), Some(143), "{}", stderr(&follower));
+    assert!(stderr(&follower).contains("interrupted by SIGTERM"));
+    // Process 0 heard it through the job and stopped too.
+    assert_eq!(leader.status.code(), Some(143), "{}", stderr(&leader));
+    let s = summary(&out);
+    assert_eq!(s["interrupted"]["signal"], "SIGTERM", "{s}");
+    let read = s["requests_in"].as_u64().unwrap();
+    assert!(read > 0 && read < 3_000, "{s}");
+    assert_eq!(
+        read,
+        s["responses_out"].as_u64().unwrap() + s["errors"].as_u64().unwrap()
+    );
+    assert_eq!(
+        answers(&out.join("responses.parquet")).len() as u64,
+        s["responses_out"].as_u64().unwrap()
+    );
+}

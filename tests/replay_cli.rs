@@ -495,3 +495,61 @@ fn an_out_path_that_is_a_file_is_refused_before_the_work() {
         assert!(err.contains("not a directory"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn sigint_stops_reading_answers_what_was_read_and_writes_the_outputs() {
+    let dir = tmp_dir("sigint");
+    // 2,000 requests at 100 req/s: 20 s at the default pace.
+    let trace = gen_trace(&dir, "steady", 2_000);
+    let out = dir.join("out");
+    let child = grflow()
+        .args(["replay", "--json", "--workers", "2", "--trace"])
+        .arg(&trace)
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Serving has begun once responses stream to the partial file.
+    let started = std::time::Instant::now();
+    while !out.join("responses.parquet.partial").exists() {
+        assert!(started.elapsed().as_secs() < 30, "replay never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let signalled = std::time::Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        signalled.elapsed().as_secs() < 10,
+        "took {:?} to stop",
+        signalled.elapsed()
+    );
+    assert_eq!(
+        run.status.code(),
+        Some(130),
+        "128 + SIGINT; stderr: {stderr}"
+    );
+    let summary: Value = serde_json::from_slice(&run.stdout).expect("summary JSON on stdout");
+    conserved(&summary);
+    assert_eq!(summary["interrupted"]["signal"], "SIGINT", "{summary}");
+    assert_eq!(summary["interrupted"]["trace_rows"], 2_000, "{summary}");
+    let read = summary["requests_in"].as_u64().unwrap();
+    assert!(read < 2_000, "stopped before the trace's end: {summary}");
+    // The event time read, not the trace's 20 s.
+    let event_s = summary["event_time_s"].as_f64().unwrap();
+    assert!(event_s > 0.5 && event_s < 15.0, "{summary}");
+    // Every response read is in the outputs, and no partial file is left.
+    assert!(!out.join("responses.parquet.partial").exists());
+    let rows = string_column(&out.join("responses.parquet"), "req_id").len() as u64;
+    assert_eq!(rows, summary["responses_out"].as_u64().unwrap());
+    let on_disk: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["interrupted"], summary["interrupted"]);
+}

@@ -49,11 +49,14 @@ impl Deadlined for Routed {
     }
 }
 
-/// What a source emits: a request, or a record it could not read.
+/// What a source emits: a request, a record it could not read, or the
+/// news that it stopped early (with the signal number that asked, 0 if
+/// none), which every worker of the job then hears.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Ingest {
     Request(Box<Admitted>),
     Bad(ErrorRow),
+    Stopped(usize),
 }
 
 /// A request with the router's decision.

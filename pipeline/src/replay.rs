@@ -29,7 +29,8 @@ use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
 use crate::events::{ScheduledCommand, Target};
 use crate::job::Job;
 use crate::side::SideTables;
-use crate::summary::{LatencyTally, ModeTallies, NodeSummary, Summary, sort_windows};
+use crate::stop::StopRequest;
+use crate::summary::{Interrupted, LatencyTally, ModeTallies, NodeSummary, Summary, sort_windows};
 use grflow_operators::allocator::ppo::ActorCritic;
 use grflow_operators::allocator::{Allocator, AllocatorPolicy, Learned};
 
@@ -72,6 +73,10 @@ pub struct ReplayOptions {
     /// of this step (HLEM §V uses 0.01): the virtual clock, `complete`
     /// release and `lru` caches only. Each epoch is replayed once per α.
     pub oracle_step: Option<f64>,
+    /// Once requested (by a signal handler), the workers read no more of
+    /// the trace, answer what they read and end; the summary then says
+    /// `interrupted`.
+    pub stop: Option<StopRequest>,
 }
 
 impl ReplayOptions {
@@ -86,6 +91,7 @@ impl ReplayOptions {
             counters: None,
             commands: Vec::new(),
             oracle_step: None,
+            stop: None,
         }
     }
 }
@@ -205,6 +211,8 @@ struct CounterSnapshot {
     requests_in: u64,
     late: u64,
     responses_out: u64,
+    #[serde(default)]
+    newest_ts_ms: u64,
 }
 
 impl CounterSnapshot {
@@ -213,6 +221,7 @@ impl CounterSnapshot {
             requests_in: c.source.requests_in.load(Ordering::Relaxed),
             late: c.source.late.load(Ordering::Relaxed),
             responses_out: c.responses_out.load(Ordering::Relaxed),
+            newest_ts_ms: c.source.newest_ts_ms.load(Ordering::Relaxed),
         }
     }
 
@@ -220,6 +229,7 @@ impl CounterSnapshot {
         self.requests_in += o.requests_in;
         self.late += o.late;
         self.responses_out += o.responses_out;
+        self.newest_ts_ms = self.newest_ts_ms.max(o.newest_ts_ms);
     }
 }
 
@@ -343,6 +353,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_writer = writer.clone();
     let worker_commands = opts.commands.clone();
     let worker_started = started.clone();
+    let worker_stop = opts.stop.clone();
     let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
     let failure = crate::worker_failure::WorkerFailure::default();
     let worker_failure = failure.clone();
@@ -425,6 +436,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                         counters: worker_counters.clone(),
                         responses,
                         gather_responses: topo.is_cluster(),
+                        stop: worker_stop.clone(),
                     },
                 );
                 while !df.probe.done() {
@@ -581,8 +593,21 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         CounterSnapshot::of(&counters)
     };
     let mut out = assemble(results, &cfg, totals, workers, wall_s, trace_name);
-    if let Some(span) = span_ms {
-        out.summary.event_time_s = span as f64 / 1000.0;
+    match opts.stop.as_ref().filter(|s| s.requested()) {
+        // The event time read, not the whole trace's.
+        Some(stop) => {
+            out.summary.event_time_s =
+                totals.newest_ts_ms.saturating_sub(origin_ts) as f64 / 1000.0;
+            out.summary.interrupted = Some(Interrupted {
+                signal: stop.cause(),
+                trace_rows: total,
+            })
+        }
+        None => {
+            if let Some(span) = span_ms {
+                out.summary.event_time_s = span as f64 / 1000.0;
+            }
+        }
     }
     out.summary.duplicate_req_ids = duplicate_req_ids;
     out.responses = responses;
@@ -741,6 +766,7 @@ fn assemble(
         errors: out.errors.len() as u64,
         late_records: counters.late,
         duplicate_req_ids: None,
+        interrupted: None,
         wall_s,
         event_time_s,
         throughput_rps: responses_out as f64 / wall_s.max(1e-9),

@@ -207,6 +207,11 @@ pub struct Summary {
     /// checked (in-memory traces, or a req_id column not readable as u64).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicate_req_ids: Option<u64>,
+    /// The replay was stopped (SIGINT/SIGTERM) before the trace's end:
+    /// every request read was answered, the rest of the trace was not read.
+    /// Absent when the whole trace was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<Interrupted>,
     pub wall_s: f64,
     pub event_time_s: f64,
     pub throughput_rps: f64,
@@ -329,10 +334,26 @@ pub fn slo_satisfaction(latencies: &[f64], slo_ms: f64) -> f64 {
     latencies.iter().filter(|&&l| l <= slo_ms).count() as f64 / latencies.len() as f64
 }
 
+/// Where an interrupted replay stopped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Interrupted {
+    /// What stopped it ("SIGINT", "SIGTERM").
+    pub signal: String,
+    /// Rows (requests) in the whole trace.
+    pub trace_rows: u64,
+}
+
 impl Summary {
     /// A few lines for people.
     pub fn human(&self) -> String {
         let mut s = String::new();
+        if let Some(i) = &self.interrupted {
+            s += &format!(
+                "interrupted by {}: read {} of the trace's {} requests and answered every one \
+                 read; the rest were not read\n",
+                i.signal, self.requests_in, i.trace_rows
+            );
+        }
         s += &format!(
             "requests_in {}  responses_out {}  errors {}  ({} late)\n",
             self.requests_in, self.responses_out, self.errors, self.late_records

@@ -66,6 +66,7 @@ fn check_bounds(requests: u64, users: u64, [router_max, hot_max, node_max]: [usi
         counters: None,
         commands: Vec::new(),
         oracle_step: None,
+        stop: None,
     })
     .unwrap();
     let s = &out.summary;
@@ -179,6 +180,7 @@ fn speed_max_keeps_the_source_within_max_ahead_of_the_answered_frontier() {
             counters: Some(counters.clone()),
             commands: Vec::new(),
             oracle_step: None,
+            stop: None,
         };
         let job = std::thread::spawn(move || replay(opts));
         let mut peak = 0;

@@ -92,10 +92,17 @@ fn run(trace: &Arc<Trace>, commands: &[ScheduledCommand], fed_back: Option<(u64,
         let probe = ProbeHandle::new();
         let log = log.clone();
         worker.dataflow::<u64, _, _>(|scope| {
-            let ingest = request_source(scope, Box::new(source), pacing, None, Default::default());
+            let ingest = request_source(
+                scope,
+                Box::new(source),
+                pacing,
+                None,
+                Default::default(),
+                None,
+            );
             let requests = ingest.flat_map(|i| match i {
                 Ingest::Request(a) => Some(*a),
-                Ingest::Bad(_) => None,
+                _ => None,
             });
             let parts = ServingParts {
                 oracle: None,

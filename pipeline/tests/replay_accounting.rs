@@ -48,6 +48,7 @@ fn replay_parquet(dir: &Path, config: Config) -> ReplayOutput {
         counters: None,
         commands: Vec::new(),
         oracle_step: None,
+        stop: None,
     })
     .unwrap()
 }

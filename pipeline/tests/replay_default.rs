@@ -26,6 +26,7 @@ fn run(cfg: &Config, trace: &Arc<Trace>) -> ReplayOutput {
         counters: None,
         commands: Vec::new(),
         oracle_step: None,
+        stop: None,
     })
     .unwrap()
 }

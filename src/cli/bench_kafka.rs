@@ -197,6 +197,7 @@ fn run_both(
         counters: None,
         commands: Vec::new(),
         oracle_step: None,
+        stop: None,
     })
     .context("Parquet replay")?;
     let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;

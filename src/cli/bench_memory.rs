@@ -203,6 +203,7 @@ fn measure(
             counters: Some(job_counters),
             commands: Vec::new(),
             oracle_step: None,
+            stop: None,
         })
     });
     let interval = Duration::from_secs_f64(args.interval_s);

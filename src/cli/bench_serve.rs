@@ -585,6 +585,7 @@ fn replay(trace: &Arc<Trace>, config: Config) -> anyhow::Result<Summary> {
         counters: None,
         commands: Vec::new(),
         oracle_step: None,
+        stop: None,
     })
     .context("replay")?;
     Ok(out.summary)

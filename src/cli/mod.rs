@@ -28,6 +28,32 @@ impl InputError {
     }
 }
 
+/// A signal stopped the command after it wrote what it had: exit code
+/// 128 + the signal, as a shell reports a command a signal ended, so that a
+/// script can tell a partial run from a whole one. Nothing more is printed.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped by signal {0}")]
+pub struct StoppedBySignal(pub i32);
+
+impl StoppedBySignal {
+    pub fn exit_code(&self) -> u8 {
+        u8::try_from(128 + self.0).unwrap_or(1)
+    }
+}
+
+/// Asks `stop` to end the job on the first SIGINT or SIGTERM; the second
+/// exits at once with 128 + the signal (what `replay` wrote so far is in
+/// OUT/responses.parquet.partial).
+pub(crate) fn stop_on_signals(stop: &grflow_pipeline::StopRequest) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    for signal in [SIGINT, SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, stop.flag.clone())?;
+        signal_hook::flag::register_usize(signal, stop.signal.clone(), signal as usize)?;
+        signal_hook::flag::register(signal, stop.flag.clone())?;
+    }
+    Ok(())
+}
+
 /// Checks `--out DIR` before a bench measures anything: creates it and
 /// writes a probe file there, so that a regular file or an unwritable path
 /// is an input error (exit 2) naming `--out` instead of a failure after

@@ -9,7 +9,8 @@ use grflow_connectors::parquet::{ErrorSink, WindowSink};
 use grflow_operators::allocator::oracle::OracleSummary;
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{
-    Clock, Config, ReleaseSetting, ReplayError, ReplayOptions, ReplayOutput, Speed, TraceInput,
+    Clock, Config, ReleaseSetting, ReplayError, ReplayOptions, ReplayOutput, Speed, StopRequest,
+    TraceInput,
 };
 
 use super::InputError;
@@ -175,6 +176,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let process = config.cluster.process;
     let (config_min_requests, config_epoch_ms) =
         (config.allocator.min_requests, config.windows.epoch_ms);
+    // Ctrl-C (or SIGTERM) stops reading the trace; what was read is
+    // answered and the outputs are written as for a whole run.
+    let stop = StopRequest::default();
+    super::stop_on_signals(&stop)?;
     let output = grflow_pipeline::replay(ReplayOptions {
         trace,
         config,
@@ -183,6 +188,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         counters: None,
         commands: Vec::new(),
         oracle_step: args.oracle_step,
+        stop: Some(stop.clone()),
     })
     .map_err(|e| match e {
         ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),
@@ -190,14 +196,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     if output.follower {
         // Process 0 writes the job's summary and files.
-        eprintln!("process {process}: done; process 0 writes the job's outputs");
+        if stop.requested() {
+            eprintln!(
+                "process {process}: interrupted by {}: stopped reading its share of the trace \
+                 and answered what it read; process 0 writes the job's outputs",
+                stop.cause()
+            );
+        } else {
+            eprintln!("process {process}: done; process 0 writes the job's outputs");
+        }
         if args.json {
             println!(
                 "{}",
                 serde_json::json!({ "process": process, "outputs": "process 0" })
             );
         }
-        return Ok(());
+        return stopped(&stop);
     }
     if let Some(dir) = &args.out {
         write_outputs(dir, &output)
@@ -241,7 +255,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("outputs in {}", dir.display());
         }
     }
-    Ok(())
+    stopped(&stop)
+}
+
+/// `Ok` for a whole run; a run a signal cut short ends with 128 + that
+/// signal once its outputs are written.
+fn stopped(stop: &StopRequest) -> anyhow::Result<()> {
+    let signal = stop.signal.load(std::sync::atomic::Ordering::Relaxed);
+    match stop.requested() {
+        true => Err(super::StoppedBySignal(i32::try_from(signal).unwrap_or(0)).into()),
+        false => Ok(()),
+    }
 }
 
 /// Every file `replay --out` writes (the charts included).

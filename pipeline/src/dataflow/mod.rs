@@ -26,7 +26,7 @@ use timely::dataflow::ProbeHandle;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::vec::{Broadcast, Map};
-use timely::dataflow::operators::{Concat, ConnectLoop, Exchange, Feedback, Probe};
+use timely::dataflow::operators::{Concat, ConnectLoop, Exchange, Feedback, Inspect, Probe};
 use timely::dataflow::{Scope, StreamVec};
 use timely::worker::Worker;
 
@@ -41,6 +41,7 @@ use grflow_operators::router::{LoadSignal, NodeReport, Router};
 use crate::config::{Clock, Release, SloMs};
 use crate::events::{Admitted, ClosedWindow, Ingest, NodeControl, NodeEvent, ScheduledCommand};
 use crate::side::SideTables;
+use crate::stop::StopRequest;
 use crate::summary::{LatencyTally, ModeTallies};
 pub use source::Pacing;
 use source::SourceCounters;
@@ -104,6 +105,10 @@ pub struct DataflowParts {
     /// Cluster mode: responses travel to worker 0 and only its sink writes
     /// them (one responses.parquet for the job, on process 0).
     pub gather_responses: bool,
+    /// Once requested, the source reads nothing more and the job drains
+    /// what it admitted (`replay` on SIGINT/SIGTERM); a stop requested in
+    /// one process of a cluster reaches every other.
+    pub stop: Option<StopRequest>,
 }
 
 /// The serving part every job shares: router, node, report feedback and
@@ -277,15 +282,27 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
             parts.pacing,
             ahead,
             counters.source.clone(),
+            parts.stop.clone(),
         );
         let requests = ingest.clone().flat_map(|i| match i {
             Ingest::Request(a) => Some(*a),
-            Ingest::Bad(_) => None,
+            _ => None,
         });
-        let bad = ingest.flat_map(|i| match i {
+        let bad = ingest.clone().flat_map(|i| match i {
             Ingest::Bad(e) => Some(e),
-            Ingest::Request(_) => None,
+            _ => None,
         });
+        if let Some(stop) = parts.stop {
+            // One worker's stop is every worker's: in cluster mode a signal
+            // reaches one process only.
+            ingest
+                .flat_map(|i| match i {
+                    Ingest::Stopped(signal) => Some(signal),
+                    _ => None,
+                })
+                .broadcast()
+                .inspect(move |&signal| stop.request_from_peer(signal));
+        }
 
         let (streams, handles) = serving(scope, requests, parts.serving);
         let events = streams.events;

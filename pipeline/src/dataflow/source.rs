@@ -13,6 +13,7 @@ use grflow_connectors::{ErrorRow, RequestSource, SourceRecord, SourceState};
 
 use crate::config::Speed;
 use crate::events::{Admitted, Ingest, now_ns};
+use crate::stop::StopRequest;
 
 /// Records emitted per activation before yielding to other operators.
 const MAX_PER_ACTIVATION: usize = 512;
@@ -22,6 +23,10 @@ const IDLE_POLL: Duration = Duration::from_millis(1);
 
 /// How soon a source held back by [`Ahead`] looks at the frontier again.
 const AHEAD_RECHECK: Duration = Duration::from_micros(200);
+
+/// The longest a source with a stop flag sleeps (waiting for a paced
+/// request's due time) before it looks at the flag again.
+const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// Maps event time to the wall time at which it may enter.
 #[derive(Clone, Copy, Debug)]
@@ -106,6 +111,9 @@ pub struct SourceCounters {
     pub bad_records: AtomicU64,
     /// Records whose event time was behind this worker's watermark.
     pub late: AtomicU64,
+    /// The newest event time (ms) of a request admitted: how far a replay
+    /// stopped early got into its trace.
+    pub newest_ts_ms: AtomicU64,
 }
 
 pub fn request_source<'s>(
@@ -114,6 +122,7 @@ pub fn request_source<'s>(
     pacing: Pacing,
     ahead: Option<Ahead>,
     counters: Arc<SourceCounters>,
+    stop: Option<StopRequest>,
 ) -> StreamVec<'s, u64, Ingest> {
     source(scope, "RequestSource", move |capability, info| {
         let activator = scope.activator_for(info.address);
@@ -126,6 +135,17 @@ pub fn request_source<'s>(
 
         move |output| {
             let Some(c) = cap.as_mut() else { return };
+            if let Some(stop) = stop.as_ref().filter(|s| s.requested()) {
+                // Stopped (`replay` on SIGINT/SIGTERM): read nothing more,
+                // tell the other workers, and let what was admitted drain.
+                // Records polled but not yet due never entered the job
+                // (`requests_in` counts at admission), so dropping them
+                // loses nothing that entered.
+                output.session(&*c).give(Ingest::Stopped(stop.signal()));
+                pending.clear();
+                cap = None;
+                return;
+            }
             let paced = pacing.allowed();
             let allowed = ahead.as_ref().map_or(paced, |a| paced.min(a.allowed()));
             let mut emitted = 0;
@@ -204,6 +224,7 @@ pub fn request_source<'s>(
                             counters.late.fetch_add(1, Ordering::Relaxed);
                         }
                         counters.requests_in.fetch_add(1, Ordering::Relaxed);
+                        counters.newest_ts_ms.fetch_max(ts, Ordering::Relaxed);
                         metrics::counter!("grflow_requests_in_total").increment(1);
                         let at = c.delayed(&ts);
                         let late_ns = pacing.lateness(request.ts_ms).as_nanos() as u64;
@@ -239,7 +260,11 @@ pub fn request_source<'s>(
             }
             match pending.front() {
                 Some(SourceRecord::Request { request, .. }) if request.ts_ms > paced => {
-                    activator.activate_after(pacing.wait_for(request.ts_ms));
+                    let wait = pacing.wait_for(request.ts_ms);
+                    activator.activate_after(match stop {
+                        Some(_) => wait.min(STOP_POLL),
+                        None => wait,
+                    });
                 }
                 // Held back by `ahead`: look again shortly, after the nodes
                 // have made progress (parking, not spinning, meanwhile).
