@@ -23,6 +23,8 @@ enum Command {
     Replay(cli::replay::Args),
     /// Serve requests from a Kafka topic until SIGINT/SIGTERM (configs/kafka.toml).
     Serve(cli::serve::Args),
+    /// Send a trace's requests to a `serve` job's request topic, paced; with --answers, read the answers back.
+    Send(cli::send::Args),
     /// Generate a synthetic trace (Steady / Trend / Burst regimes of HLEM §V).
     GenTrace(cli::gen_trace::Args),
     /// Convert a public dataset into a grflow trace.
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Command::Replay(a) => cli::replay::run(a),
         Command::Calibrate(a) => cli::calibrate::run(a),
         Command::Serve(a) => cli::serve::run(a),
+        Command::Send(a) => cli::send::run(a),
         Command::GenTrace(a) => cli::gen_trace::run(a),
         Command::Import(a) => cli::import::run(a),
         Command::Train(a) => cli::train::run(a),

@@ -841,3 +841,77 @@ fn serve_moves_alpha_window_by_window_and_reports_it() {
         "no window was served at a moved alpha: {rows:?}\n{summary}"
     );
 }
+
+/// `grflow send` with the job's config: its requests are the config's
+/// generated trace (the job's catalog), every one is answered, and the
+/// answers are read back and matched.
+#[test]
+fn grflow_send_feeds_a_serve_job_and_reads_every_answer_back() {
+    let Some(brokers) = broker("grflow_send") else {
+        return;
+    };
+    let dir = tmp_dir("grflow-send");
+    let topics = Topics::fresh("send");
+    let config = write_config(&dir, &topics, "");
+    let send = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
+            .args(["send", "--config"])
+            .arg(&config)
+            .args(args)
+            .env("GRFLOW_KAFKA_BROKERS", &brokers)
+            .output()
+            .unwrap()
+    };
+    // No topics yet: refused before anything is sent, naming the key.
+    let refused = send(&["--speed", "max"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("kafka.request_topic") && err.contains(&topics.requests),
+        "{err}"
+    );
+
+    topics.create(&brokers, PARTITIONS);
+    let job = Serve::start(&brokers, &config, "send");
+    let run = send(&["--speed", "max", "--answers", "--json", "--wait-s", "120"]);
+    let report: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        )
+    });
+    assert!(run.status.success(), "{report}");
+    // The config's [trace] has 100 requests.
+    assert_eq!(report["sent"], 100, "{report}");
+    let answers = &report["answers"];
+    assert_eq!(answers["answered"], 100, "{report}");
+    assert_eq!(answers["unanswered"], 0, "{report}");
+    assert_eq!(
+        answers["served"], 100,
+        "no request refused or shed: {report}"
+    );
+    assert!(answers["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
+    // Again, paced, with the ids moved past the first run's.
+    let again = send(&[
+        "--speed",
+        "50x",
+        "--requests",
+        "30",
+        "--req-id-offset",
+        "1000",
+        "--answers",
+        "--json",
+    ]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["answers"]["answered"], 30, "{again}");
+    let summary = job.stop();
+    assert_eq!(summary["requests_in"], 130, "{summary}");
+    assert_eq!(summary["dead_lettered"], 0, "{summary}");
+    assert_eq!(summary["repeated_req_ids"], 0, "{summary}");
+}

@@ -12,6 +12,7 @@ pub mod eval;
 pub mod gen_trace;
 pub mod import;
 pub mod replay;
+pub mod send;
 pub mod serve;
 pub mod train;
 pub mod train_allocator;

@@ -40,5 +40,5 @@ pub use source::{KafkaSource, SourceSettings};
 pub use wire::{
     AnswerError, AnsweredRequest, DeadLetter, DecodeLimits, History, MAX_CANDIDATES,
     MAX_MESSAGE_BYTES, RecordId, SCORE_TOLERANCE, WIRE_SCORE_TOLERANCE, WireError, WireRequest,
-    WireResponse, decode_request, decode_request_within, round_score,
+    WireResponse, decode_request, decode_request_within, encode_request, round_score,
 };

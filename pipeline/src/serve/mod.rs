@@ -91,21 +91,28 @@ impl ServeOptions {
     }
 
     fn settings(&self) -> KafkaSettings {
-        let k = &self.config.kafka;
-        let mut extra = k.librdkafka.clone();
-        // A password kept out of the config file.
-        if let Ok(p) = std::env::var("GRFLOW_KAFKA_SASL_PASSWORD")
-            && !p.is_empty()
-        {
-            extra.insert("sasl.password".into(), p);
-        }
-        KafkaSettings {
-            brokers: k.brokers.clone(),
-            group_id: k.group_id.clone(),
-            client_id: format!("grflow-{}", std::process::id()),
-            extra,
-            compression: k.compression,
-        }
+        kafka_settings(&self.config, format!("grflow-{}", std::process::id()))
+    }
+}
+
+/// How a client of this config's `[kafka]` section reaches the cluster:
+/// brokers, group, compression and the librdkafka properties (security
+/// included, with `GRFLOW_KAFKA_SASL_PASSWORD` as `sasl.password`).
+pub fn kafka_settings(config: &Config, client_id: String) -> KafkaSettings {
+    let k = &config.kafka;
+    let mut extra = k.librdkafka.clone();
+    // A password kept out of the config file.
+    if let Ok(p) = std::env::var("GRFLOW_KAFKA_SASL_PASSWORD")
+        && !p.is_empty()
+    {
+        extra.insert("sasl.password".into(), p);
+    }
+    KafkaSettings {
+        brokers: k.brokers.clone(),
+        group_id: k.group_id.clone(),
+        client_id,
+        extra,
+        compression: k.compression,
     }
 }
 
