@@ -751,3 +751,76 @@ fn bench_and_train_allocator_refuse_outputs_and_empty_training_up_front() {
         .collect();
     assert!(scratch.is_empty(), "{scratch:?}");
 }
+
+/// Ctrl-C during `train-allocator`: the iterations done are kept, the best
+/// checkpoint so far is written with a provenance that says so, and the
+/// exit code is 130.
+#[test]
+fn train_allocator_stopped_by_sigint_writes_the_best_policy_so_far() {
+    use std::io::{BufRead, BufReader};
+    let dir = tmp_dir("train-allocator-sigint");
+    let calibration = small_calibration(&dir);
+    let config = short_trace(&dir, "sigint-trace.toml", 600);
+    let policy = dir.join("policy.safetensors");
+    let mut child = grflow()
+        .args(["train-allocator", "--regime", "burst", "--seeds", "1"])
+        .args([
+            "--iterations",
+            "500",
+            "--slo-ms",
+            "2",
+            "--select-every",
+            "1",
+            "--json",
+        ])
+        .arg("--out")
+        .arg(&policy)
+        .arg("--config")
+        .arg(&config)
+        .arg("--calibration")
+        .arg(&calibration)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Two iterations done, then the signal.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let mut line = String::new();
+    let mut iterations = 0;
+    while iterations < 2 {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "ended early:\n{seen}"
+        );
+        iterations += usize::from(line.starts_with("iteration "));
+        seen += &line;
+    }
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{seen}{rest}");
+    assert!(rest.contains("interrupted by SIGINT after"), "{rest}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["interrupted"], "SIGINT", "{report}");
+    let done = report["iterations"].as_u64().unwrap();
+    assert!((2..500).contains(&done), "{report}");
+    assert!(report["selected_updates"].as_u64().unwrap() <= done);
+    // The policy is there and says how it was trained.
+    let bytes = std::fs::read(&policy).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(
+        text.contains(&format!(
+            "{done} iterations (of 500 asked; stopped by SIGINT)"
+        )),
+        "provenance"
+    );
+}

@@ -40,6 +40,11 @@ impl StoppedBySignal {
     pub fn exit_code(&self) -> u8 {
         u8::try_from(128 + self.0).unwrap_or(1)
     }
+
+    /// The error a command returns once it has written what `stop` cut short.
+    pub fn of(stop: &grflow_pipeline::StopRequest) -> anyhow::Error {
+        StoppedBySignal(i32::try_from(stop.signal()).unwrap_or(0)).into()
+    }
 }
 
 /// Asks `stop` to end the job on the first SIGINT or SIGTERM; the second

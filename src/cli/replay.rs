@@ -261,9 +261,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// `Ok` for a whole run; a run a signal cut short ends with 128 + that
 /// signal once its outputs are written.
 fn stopped(stop: &StopRequest) -> anyhow::Result<()> {
-    let signal = stop.signal.load(std::sync::atomic::Ordering::Relaxed);
     match stop.requested() {
-        true => Err(super::StoppedBySignal(i32::try_from(signal).unwrap_or(0)).into()),
+        true => Err(super::StoppedBySignal::of(stop)),
         false => Ok(()),
     }
 }

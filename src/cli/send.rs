@@ -512,8 +512,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("warning: the broker refused {refused_n} requests; the first: {e}");
     }
     if stop.requested() {
-        let signal = i32::try_from(stop.signal()).unwrap_or(0);
-        return Err(super::StoppedBySignal(signal).into());
+        return Err(super::StoppedBySignal::of(&stop));
     }
     if let Some(a) = &report.answers
         && a.unanswered > 0

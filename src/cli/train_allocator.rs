@@ -22,7 +22,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use grflow_operators::allocator::AllocatorPolicy;
 use grflow_operators::allocator::ppo::{ActorCritic, PpoConfig, Step};
-use grflow_pipeline::{ReplayOptions, TraceInput};
+use grflow_pipeline::{ReplayOptions, StopRequest, TraceInput};
 use grflow_traces::Trace;
 use serde::Serialize;
 
@@ -209,7 +209,11 @@ struct Report {
     slo_ms: f64,
     requests_per_episode: u64,
     episodes_per_iteration: usize,
+    /// PPO iterations run (fewer than asked when a signal stopped it).
     iterations: usize,
+    /// The signal that stopped the training early, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interrupted: Option<String>,
     first_mean_reward: f64,
     last_mean_reward: f64,
     /// The first iteration's share of decisions at the best reward (a
@@ -384,7 +388,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut warned_flat = false;
     // The last --average-last scored checkpoints.
     let mut scored: Vec<(usize, ActorCritic)> = Vec::new();
-    for iteration in 0..args.iterations {
+    // Ctrl-C (or SIGTERM) ends the training after the current episode:
+    // the checkpoints so far are scored and the best is written, as at the
+    // end of a whole run.
+    let stop = StopRequest::default();
+    super::stop_on_signals(&stop)?;
+    let mut iterations = 0;
+    'training: for iteration in 0..args.iterations {
+        if stop.requested() {
+            break;
+        }
         let it_started = std::time::Instant::now();
         let evaluated = if args.select_every > 0 && iteration % args.select_every == 0 {
             let (g, score) = greedy(&format!("greedy policy after {iteration} updates"), &policy)?;
@@ -418,6 +431,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 by_node.entry(node).or_default().push(step);
             }
             trajectories.extend(by_node.into_values());
+            if stop.requested() {
+                // The iteration is not finished: its episodes teach nothing.
+                break 'training;
+            }
         }
         if trajectories.iter().all(|t| t.is_empty()) {
             // Nothing to learn from: the policy would be written untrained.
@@ -459,12 +476,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             eprintln!("warning: {}", flat_reward_warning(&point, slo_ms));
         }
         curve.push(point);
+        iterations = iteration + 1;
+    }
+    if stop.requested() {
+        if iterations == 0 {
+            eprintln!(
+                "interrupted by {} before the first update: nothing written",
+                stop.cause()
+            );
+            return Err(super::StoppedBySignal::of(&stop));
+        }
+        eprintln!(
+            "interrupted by {} after {iterations} of {} iterations: scoring the last checkpoint \
+             and writing the best so far (again to quit at once)",
+            stop.cause(),
+            args.iterations
+        );
     }
     if args.select_every > 0 {
-        let what = format!("greedy policy after {} updates", args.iterations);
+        let what = format!("greedy policy after {iterations} updates");
         let (g, last) = greedy(&what, &policy)?;
-        selection.offer(args.iterations, last, || (policy.clone(), g.mean));
-        keep_recent(&mut scored, args.average_last, args.iterations, &policy);
+        selection.offer(iterations, last, || (policy.clone(), g.mean));
+        keep_recent(&mut scored, args.average_last, iterations, &policy);
     }
     // The average of the last checkpoints, a candidate like the others.
     let mut averaged: Option<Vec<usize>> = None;
@@ -476,24 +509,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &format!("mean of the checkpoints after {members:?} updates"),
             &avg,
         )?;
-        if selection.offer(args.iterations, score, || (avg, g.mean)) {
+        if selection.offer(iterations, score, || (avg, g.mean)) {
             averaged = Some(members);
         }
     }
     // No selection, or no checkpoint scored (every p99 NaN): the last.
     let (selected_updates, selected, mut policy) = match selection.best {
         Some((updates, score, (chosen, p99))) => (updates, Some((score, p99)), chosen),
-        None => (args.iterations, None, policy),
+        None => (iterations, None, policy),
     };
     let selected_p99 = selected.map(|(_, p99)| p99);
     let untrained_p99 = curve.first().and_then(|c| c.greedy_p99_ms);
     let untrained_score = curve.first().and_then(|c| c.selection_score);
     let regime_list: Vec<&str> = regimes.iter().map(|r| r.as_str()).collect();
     policy.provenance.trained_with = format!(
-        "grflow train-allocator: {} iterations, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
+        "grflow train-allocator: {} iterations{}, regimes {}, trace seeds {}..{}, {} requests at {} rps per episode, \
          SLO {slo_ms} ms, preset {}, virtual clock calibrated on {} (GEMM {:.1} GFLOP/s), compute_scale {}, \
          policy seed {}, PPO learning rate {}, {} epochs, entropy coefficient {}{}; {}; workload: {}",
-        args.iterations,
+        iterations,
+        match stop.requested() {
+            true => format!(
+                " (of {} asked; stopped by {})",
+                args.iterations,
+                stop.cause()
+            ),
+            false => String::new(),
+        },
         regime_list.join(","),
         args.seed_base,
         args.seed_base + args.seeds - 1,
@@ -554,7 +595,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         slo_ms,
         requests_per_episode: base.trace.requests,
         episodes_per_iteration: traces.len(),
-        iterations: args.iterations,
+        iterations,
+        interrupted: stop.requested().then(|| stop.cause()),
         first_mean_reward: curve.first().map_or(0.0, |c| c.mean_reward),
         last_mean_reward: curve.last().map_or(0.0, |c| c.mean_reward),
         first_best_reward_share: curve.first().map_or(0.0, |c| c.best_reward_share),
@@ -577,6 +619,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             report.last_mean_reward,
             report.wall_s
         );
+    }
+    if stop.requested() {
+        return Err(super::StoppedBySignal::of(&stop));
     }
     Ok(())
 }
