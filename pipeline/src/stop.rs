@@ -1,5 +1,6 @@
-//! A request to stop a replay early, set from a signal handler: the
-//! sources stop reading and the job answers what it read, then ends.
+//! A request to stop a long command early, set from a signal handler: a
+//! replay's sources stop reading and the job answers what it read, then
+//! ends; `train-allocator` and `send` stop at their next step and report.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
