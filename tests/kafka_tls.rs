@@ -1,0 +1,263 @@
+//! Kafka over TLS against a real broker. tansu 0.6 speaks plaintext only,
+//! so the test puts a TLS-terminating proxy of its own (OpenSSL, a
+//! self-signed certificate for 127.0.0.1) in front of a tansu of its own
+//! that advertises the proxy's port: every client connection is TLS.
+//! `grflow serve` and `grflow send` with `security.protocol = "ssl"` and
+//! that certificate as their CA serve and answer every request through it;
+//! the same config without TLS reaches no broker. Skipped with a reason
+//! without tansu on PATH (scripts/test.sh installs it).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::http::{free_port, wait_listening};
+use common::temp::tmp_dir;
+use openssl::asn1::Asn1Time;
+use openssl::bn::BigNum;
+use openssl::hash::MessageDigest;
+use openssl::pkey::{PKey, Private};
+use openssl::rsa::Rsa;
+use openssl::ssl::{SslAcceptor, SslMethod};
+use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
+use openssl::x509::{X509, X509NameBuilder};
+
+/// A self-signed certificate for 127.0.0.1 (its own CA) and its key.
+fn self_signed() -> (X509, PKey<Private>) {
+    let key = PKey::from_rsa(Rsa::generate(2048).unwrap()).unwrap();
+    let mut name = X509NameBuilder::new().unwrap();
+    name.append_entry_by_text("CN", "127.0.0.1").unwrap();
+    let name = name.build();
+    let mut b = X509::builder().unwrap();
+    b.set_version(2).unwrap();
+    let serial = BigNum::from_u32(1).unwrap().to_asn1_integer().unwrap();
+    b.set_serial_number(&serial).unwrap();
+    b.set_subject_name(&name).unwrap();
+    b.set_issuer_name(&name).unwrap();
+    b.set_pubkey(&key).unwrap();
+    b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+        .unwrap();
+    b.set_not_after(&Asn1Time::days_from_now(1).unwrap())
+        .unwrap();
+    let san = SubjectAlternativeName::new()
+        .ip("127.0.0.1")
+        .build(&b.x509v3_context(None, None))
+        .unwrap();
+    b.append_extension(san).unwrap();
+    b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+        .unwrap();
+    b.sign(&key, MessageDigest::sha256()).unwrap();
+    (b.build(), key)
+}
+
+/// Accepts TLS on `listener` and relays each connection's plaintext to
+/// 127.0.0.1:`backend`, on a thread per connection.
+fn tls_proxy(listener: TcpListener, backend: u16, acceptor: Arc<SslAcceptor>) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let acceptor = acceptor.clone();
+            std::thread::spawn(move || {
+                let _ = relay(conn, backend, &acceptor);
+            });
+        }
+    });
+}
+
+fn relay(client: TcpStream, backend: u16, acceptor: &SslAcceptor) -> std::io::Result<()> {
+    let mut tls = acceptor.accept(client).map_err(std::io::Error::other)?;
+    let mut plain = TcpStream::connect(("127.0.0.1", backend))?;
+    // Short read timeouts let one thread serve both directions.
+    let tick = Some(Duration::from_millis(1));
+    tls.get_ref().set_read_timeout(tick)?;
+    plain.set_read_timeout(tick)?;
+    tls.get_ref().set_nodelay(true)?;
+    plain.set_nodelay(true)?;
+    let idle = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )
+    };
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match tls.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => plain.write_all(&buf[..n])?,
+            Err(e) if idle(&e) => {}
+            Err(e) => return Err(e),
+        }
+        match plain.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => tls.write_all(&buf[..n])?,
+            Err(e) if idle(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The test's tansu, killed on drop.
+struct Broker(Child);
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn config(dir: &Path, name: &str, tag: &str, librdkafka: &str) -> PathBuf {
+    let text = format!(
+        r#"
+[run]
+workers = 2
+
+[trace]
+users = 500
+items = 5000
+requests = 100
+
+[kafka]
+request_topic = "{tag}.requests"
+response_topic = "{tag}.responses"
+dead_letter_topic = "{tag}.dead-letters"
+group_id = "{tag}.group"
+create_partitions = 2
+refetch_from_start = true
+commit_interval_ms = 200
+{librdkafka}
+"#
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn serve_and_send_over_tls_answer_every_request_and_plaintext_is_refused() {
+    if Command::new("tansu").arg("--version").output().is_err() {
+        eprintln!("skipping kafka_tls: no tansu on PATH (scripts/test.sh installs it)");
+        return;
+    }
+    let dir = tmp_dir("kafka-tls");
+    let (cert, key) = self_signed();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, cert.to_pem().unwrap()).unwrap();
+    let mut acceptor = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).unwrap();
+    acceptor.set_certificate(&cert).unwrap();
+    acceptor.set_private_key(&key).unwrap();
+    let acceptor = Arc::new(acceptor.build());
+
+    let plain_port = free_port();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let tls_port = listener.local_addr().unwrap().port();
+    tls_proxy(listener, plain_port, acceptor);
+    let _broker = Broker(
+        Command::new("tansu")
+            .args(["broker", "--listener-url"])
+            .arg(format!("tcp://127.0.0.1:{plain_port}"))
+            // Clients learn the proxy's address from the metadata.
+            .arg("--advertised-listener-url")
+            .arg(format!("tcp://127.0.0.1:{tls_port}"))
+            .args(["--storage-engine", "memory://tansu/"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tansu"),
+    );
+    assert!(
+        wait_listening(&format!("127.0.0.1:{plain_port}"), Duration::from_secs(20)),
+        "tansu did not listen"
+    );
+    let brokers = format!("127.0.0.1:{tls_port}");
+    let tag = format!("tls-{}", std::process::id());
+    let tls = config(
+        &dir,
+        "tls.toml",
+        &tag,
+        &format!(
+            "librdkafka = {{ \"security.protocol\" = \"ssl\", \"ssl.ca.location\" = {:?} }}",
+            ca.display().to_string()
+        ),
+    );
+    let grflow = |args: &[&str], config: &Path| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_grflow"));
+        cmd.args(args)
+            .arg("--config")
+            .arg(config)
+            .args(["--brokers", &brokers]);
+        cmd
+    };
+    let serve = grflow(&["serve", "--metrics-addr", "none"], &tls)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("serve.stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    // serve creates the topics; send waits for them to exist.
+    let mut sent = None;
+    for _ in 0..60 {
+        let out = grflow(
+            &[
+                "send",
+                "--speed",
+                "max",
+                "--answers",
+                "--json",
+                "--wait-s",
+                "60",
+            ],
+            &tls,
+        )
+        .output()
+        .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        if out.status.code() == Some(2) && err.contains("does not exist") {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        }
+        sent = Some(out);
+        break;
+    }
+    let out = sent.expect("serve created its topics within 30 s");
+    let serve_err = || std::fs::read_to_string(dir.join("serve.stderr")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserve:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        serve_err()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["sent"], 100, "{report}");
+    assert_eq!(report["answers"]["answered"], 100, "{report}");
+    assert_eq!(report["answers"]["served"], 100, "{report}");
+
+    // The same topics without TLS: no broker answers through the proxy.
+    let plain = config(&dir, "plain.toml", &tag, "");
+    let refused = grflow(&["send", "--speed", "max"], &plain)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "plaintext went through: {err}");
+    assert!(err.contains("no Kafka broker answered"), "{err}");
+
+    let pid = serve.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let done = serve.wait_with_output().unwrap();
+    assert!(done.status.success(), "serve:\n{}", serve_err());
+    let summary: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(summary["requests_in"], 100, "{summary}");
+}
