@@ -1,6 +1,7 @@
-//! Bench commands that fail fail fast and say why: no broker for `bench
-//! kafka`, a bad `--out` for `bench cluster`. Neither needs a broker or a
-//! long run (a few seconds each).
+//! Commands that fail fail fast and say why: no broker for `bench kafka`,
+//! a bad `--out` for `bench cluster`; and `serve` and `send` find a config
+//! away from the repository. None needs a broker or a long run (a few
+//! seconds each).
 
 use std::time::{Duration, Instant};
 
@@ -55,4 +56,46 @@ fn bench_cluster_rejects_an_out_path_that_is_a_file_before_measuring() {
         ],
         &file,
     );
+}
+
+/// `serve` and `send` away from the repository, without --config: the
+/// copy of configs/kafka.toml built into the binary, said on stderr (the
+/// run then stops at a bad flag, before any broker is needed).
+#[test]
+fn serve_and_send_without_a_config_file_here_use_the_built_in_one() {
+    let dir = temp::tmp_dir("built-in-kafka-config");
+    for command in ["send", "serve"] {
+        let out = grflow()
+            .arg(command)
+            .args(match command {
+                "send" => ["--speed", "0x"],
+                _ => ["--workers", "0"],
+            })
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {err}");
+        assert!(
+            err.contains("using the copy built into grflow"),
+            "{command}: {err}"
+        );
+        assert!(!err.contains("cannot read config"), "{command}: {err}");
+        assert!(
+            err.contains(match command {
+                "send" => "--speed",
+                _ => "--workers",
+            }),
+            "{command}: {err}"
+        );
+    }
+    // A --config that is not there is still an error naming it.
+    let out = grflow()
+        .args(["send", "--config", "nope.toml"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("nope.toml"), "{err}");
 }

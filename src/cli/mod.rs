@@ -60,6 +60,29 @@ pub(crate) fn stop_on_signals(stop: &grflow_pipeline::StopRequest) -> anyhow::Re
     Ok(())
 }
 
+/// Where `serve` and `send` look for their config without `--config`.
+pub(crate) const KAFKA_CONFIG: &str = "configs/kafka.toml";
+
+/// `serve` and `send`'s config: `--config`, else configs/kafka.toml from
+/// the current directory, else the copy built into the binary (said on
+/// stderr), so that an installed binary runs anywhere.
+pub(crate) fn kafka_config(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<grflow_pipeline::Config> {
+    let path = match path {
+        Some(p) => p,
+        None if std::path::Path::new(KAFKA_CONFIG).exists() => std::path::Path::new(KAFKA_CONFIG),
+        None => {
+            eprintln!(
+                "note: no {KAFKA_CONFIG} in this directory: using the copy built into grflow \
+                 (--config FILE for another)"
+            );
+            return Ok(grflow_pipeline::Config::embedded_kafka());
+        }
+    };
+    grflow_pipeline::Config::load(path).map_err(InputError::from_display)
+}
+
 /// Checks `--out DIR` before a bench measures anything: creates it and
 /// writes a probe file there, so that a regular file or an unwritable path
 /// is an input error (exit 2) naming `--out` instead of a failure after

@@ -18,7 +18,7 @@ use grflow_connectors::kafka::{
 };
 use grflow_connectors::parquet::ParquetRequestSource;
 use grflow_connectors::{RequestSource, SourceRecord, SourceState};
-use grflow_pipeline::{Config, Speed, StopRequest, kafka_settings};
+use grflow_pipeline::{Speed, StopRequest, kafka_settings};
 use grflow_traces::Request;
 use serde::Serialize;
 
@@ -28,8 +28,10 @@ use super::InputError;
 pub struct Args {
     /// The serve job's config: brokers, topics and catalog come from its
     /// [kafka] section (and the generated trace from its [trace] section).
-    #[arg(long, default_value = "configs/kafka.toml")]
-    pub config: PathBuf,
+    /// Default: configs/kafka.toml from this directory, else the copy built
+    /// into grflow.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// bootstrap.servers; overrides kafka.brokers and GRFLOW_KAFKA_BROKERS.
     #[arg(long)]
     pub brokers: Option<String>,
@@ -262,7 +264,7 @@ fn now_unix_ms() -> u64 {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = Config::load(&args.config).map_err(InputError::from_display)?;
+    let mut config = super::kafka_config(args.config.as_deref())?;
     if let Ok(brokers) = std::env::var("GRFLOW_KAFKA_BROKERS")
         && !brokers.trim().is_empty()
     {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use grflow_pipeline::{Config, ServeError, ServeOptions};
+use grflow_pipeline::{ServeError, ServeOptions};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use super::InputError;
@@ -18,9 +18,10 @@ const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// TOML config with a [kafka] section (see configs/kafka.toml).
-    #[arg(long, default_value = "configs/kafka.toml")]
-    pub config: PathBuf,
+    /// TOML config with a [kafka] section. Default: configs/kafka.toml from
+    /// this directory, else the copy built into grflow.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// bootstrap.servers; overrides kafka.brokers and GRFLOW_KAFKA_BROKERS.
     #[arg(long)]
     pub brokers: Option<String>,
@@ -56,7 +57,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = Config::load(&args.config).map_err(InputError::from_display)?;
+    let mut config = super::kafka_config(args.config.as_deref())?;
     if let Ok(brokers) = std::env::var("GRFLOW_KAFKA_BROKERS")
         && !brokers.trim().is_empty()
     {

@@ -31,6 +31,10 @@ pub use validate::{MAX_POOL_MIB, MAX_WAIT_MS};
 /// The embedded default, identical to configs/default.toml.
 pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
 
+/// configs/kafka.toml, built in for `serve` and `send` run without
+/// `--config` away from the repository (it names no other file).
+pub const KAFKA_TOML: &str = include_str!("../../../configs/kafka.toml");
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -115,6 +119,12 @@ impl Config {
     /// The embedded default.
     pub fn embedded() -> Self {
         Self::parse(DEFAULT_TOML, "<embedded default>").expect("embedded default config is valid")
+    }
+
+    /// The built-in copy of configs/kafka.toml.
+    pub fn embedded_kafka() -> Self {
+        Self::parse(KAFKA_TOML, "<built-in configs/kafka.toml>")
+            .expect("built-in configs/kafka.toml is valid")
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {

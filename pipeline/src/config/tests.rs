@@ -207,6 +207,8 @@ fn shipped_kafka_config_resumes_at_the_committed_offset() {
     )
     .unwrap();
     assert!(!kafka.kafka.refetch_from_start);
+    // The built-in copy is that file.
+    assert_eq!(Config::embedded_kafka().kafka, kafka.kafka);
     assert_eq!(kafka.kafka.deadline_ms, 2_000);
     assert_eq!(kafka.kafka.max_future_ms, 60_000);
     let mut tansu = Config::parse(
