@@ -461,7 +461,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .context("waiting for the broker to acknowledge the first request")?;
             clock.set(Instant::now());
         }
-        ledger.sent(wire.req_id, ts, ns());
+        if tail.is_some() {
+            // Only awaited answers are remembered: a long send without
+            // --answers holds nothing per request.
+            ledger.sent(wire.req_id, ts, ns());
+        }
         sent += 1;
         if last_progress.elapsed() >= Duration::from_secs(5) {
             last_progress = Instant::now();
