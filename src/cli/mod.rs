@@ -65,22 +65,35 @@ pub(crate) const KAFKA_CONFIG: &str = "configs/kafka.toml";
 
 /// `serve` and `send`'s config: `--config`, else configs/kafka.toml from
 /// the current directory, else the copy built into the binary (said on
-/// stderr), so that an installed binary runs anywhere.
+/// stderr), so that an installed binary runs anywhere. The brokers come
+/// from `--brokers`, else GRFLOW_KAFKA_BROKERS, else `kafka.brokers`.
 pub(crate) fn kafka_config(
     path: Option<&std::path::Path>,
+    brokers: Option<&str>,
 ) -> anyhow::Result<grflow_pipeline::Config> {
-    let path = match path {
-        Some(p) => p,
-        None if std::path::Path::new(KAFKA_CONFIG).exists() => std::path::Path::new(KAFKA_CONFIG),
+    let mut config = match path {
+        Some(p) => grflow_pipeline::Config::load(p).map_err(InputError::from_display)?,
+        None if std::path::Path::new(KAFKA_CONFIG).exists() => {
+            grflow_pipeline::Config::load(std::path::Path::new(KAFKA_CONFIG))
+                .map_err(InputError::from_display)?
+        }
         None => {
             eprintln!(
                 "note: no {KAFKA_CONFIG} in this directory: using the copy built into grflow \
                  (--config FILE for another)"
             );
-            return Ok(grflow_pipeline::Config::embedded_kafka());
+            grflow_pipeline::Config::embedded_kafka()
         }
     };
-    grflow_pipeline::Config::load(path).map_err(InputError::from_display)
+    if let Ok(b) = std::env::var("GRFLOW_KAFKA_BROKERS")
+        && !b.trim().is_empty()
+    {
+        config.kafka.brokers = b;
+    }
+    if let Some(b) = brokers {
+        config.kafka.brokers = b.to_string();
+    }
+    Ok(config)
 }
 
 /// Checks `--out DIR` before a bench measures anything: creates it and

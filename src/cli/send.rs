@@ -264,15 +264,7 @@ fn now_unix_ms() -> u64 {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = super::kafka_config(args.config.as_deref())?;
-    if let Ok(brokers) = std::env::var("GRFLOW_KAFKA_BROKERS")
-        && !brokers.trim().is_empty()
-    {
-        config.kafka.brokers = brokers;
-    }
-    if let Some(b) = &args.brokers {
-        config.kafka.brokers = b.clone();
-    }
+    let config = super::kafka_config(args.config.as_deref(), args.brokers.as_deref())?;
     let speed: Speed = args
         .speed
         .parse()

@@ -57,15 +57,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = super::kafka_config(args.config.as_deref())?;
-    if let Ok(brokers) = std::env::var("GRFLOW_KAFKA_BROKERS")
-        && !brokers.trim().is_empty()
-    {
-        config.kafka.brokers = brokers;
-    }
-    if let Some(b) = args.brokers {
-        config.kafka.brokers = b;
-    }
+    let mut config = super::kafka_config(args.config.as_deref(), args.brokers.as_deref())?;
     if let Some(m) = args.model {
         config.model.weights = Some(m);
     }
