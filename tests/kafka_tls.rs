@@ -11,12 +11,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::http::{free_port, wait_listening};
+use common::http::free_port;
+use common::own_broker::{Broker, config_creating_topics, tansu_available};
 use common::temp::tmp_dir;
 use openssl::asn1::Asn1Time;
 use openssl::bn::BigNum;
@@ -101,47 +102,9 @@ fn relay(client: TcpStream, backend: u16, acceptor: &SslAcceptor) -> std::io::Re
     }
 }
 
-/// The test's tansu, killed on drop.
-struct Broker(Child);
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn config(dir: &Path, name: &str, tag: &str, librdkafka: &str) -> PathBuf {
-    let text = format!(
-        r#"
-[run]
-workers = 2
-
-[trace]
-users = 500
-items = 5000
-requests = 100
-
-[kafka]
-request_topic = "{tag}.requests"
-response_topic = "{tag}.responses"
-dead_letter_topic = "{tag}.dead-letters"
-group_id = "{tag}.group"
-create_partitions = 2
-refetch_from_start = true
-commit_interval_ms = 200
-{librdkafka}
-"#
-    );
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 #[test]
 fn serve_and_send_over_tls_answer_every_request_and_plaintext_is_refused() {
-    if Command::new("tansu").arg("--version").output().is_err() {
-        eprintln!("skipping kafka_tls: no tansu on PATH (scripts/test.sh installs it)");
+    if !tansu_available("kafka_tls") {
         return;
     }
     let dir = tmp_dir("kafka-tls");
@@ -157,27 +120,11 @@ fn serve_and_send_over_tls_answer_every_request_and_plaintext_is_refused() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let tls_port = listener.local_addr().unwrap().port();
     tls_proxy(listener, plain_port, acceptor);
-    let _broker = Broker(
-        Command::new("tansu")
-            .args(["broker", "--listener-url"])
-            .arg(format!("tcp://127.0.0.1:{plain_port}"))
-            // Clients learn the proxy's address from the metadata.
-            .arg("--advertised-listener-url")
-            .arg(format!("tcp://127.0.0.1:{tls_port}"))
-            .args(["--storage-engine", "memory://tansu/"])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tansu"),
-    );
-    assert!(
-        wait_listening(&format!("127.0.0.1:{plain_port}"), Duration::from_secs(20)),
-        "tansu did not listen"
-    );
+    // Clients learn the proxy's address from the metadata.
+    let _broker = Broker::start(plain_port, tls_port, &dir);
     let brokers = format!("127.0.0.1:{tls_port}");
     let tag = format!("tls-{}", std::process::id());
-    let tls = config(
+    let tls = config_creating_topics(
         &dir,
         "tls.toml",
         &tag,
@@ -240,7 +187,7 @@ fn serve_and_send_over_tls_answer_every_request_and_plaintext_is_refused() {
     assert_eq!(report["answers"]["served"], 100, "{report}");
 
     // The same topics without TLS: no broker answers through the proxy.
-    let plain = config(&dir, "plain.toml", &tag, "");
+    let plain = config_creating_topics(&dir, "plain.toml", &tag, "");
     let refused = grflow(&["send", "--speed", "max"], &plain)
         .output()
         .unwrap();

@@ -9,37 +9,13 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::http::{free_port, get, metric_total, wait_listening};
+use common::http::{free_port, get, metric_total};
 use common::kafka::{Serve, Topics, write_config};
+use common::own_broker::{Broker, tansu_available};
 use common::temp::tmp_dir;
-
-fn tansu(port: u16, dir: &std::path::Path) -> Child {
-    let url = format!("tcp://127.0.0.1:{port}");
-    Command::new("tansu")
-        .args([
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &url,
-        ])
-        .args(["--storage-engine", "memory://tansu/"])
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn tansu")
-}
-
-fn wait_port(port: u16) {
-    assert!(
-        wait_listening(&format!("127.0.0.1:{port}"), Duration::from_secs(20)),
-        "tansu did not listen on {port}"
-    );
-}
 
 /// Polls `/readyz` until it answers `want`. On a timeout the message says
 /// what it answered last and whether the job is still running, so that a
@@ -70,20 +46,13 @@ fn wait_ready(addr: &str, want: u16, serve: &mut Serve, within: Duration) -> Str
 
 #[test]
 fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
-    if Command::new("tansu").arg("--version").output().is_err() {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping kafka_readiness_follows_the_broker: no tansu on PATH \
-             (scripts/test.sh installs it)"
-        );
+    if !tansu_available("kafka_readiness_follows_the_broker") {
         return;
     }
     let dir = tmp_dir("readiness");
     let port = free_port();
     // Killed on drop, so a failing assertion leaves no (frozen) broker behind.
-    let broker = Broker(tansu(port, &dir));
-    wait_port(port);
+    let broker = Broker::start(port, port, &dir);
     let brokers = format!("127.0.0.1:{port}");
     let topics = Topics::fresh("readiness");
     topics.create(&brokers, 1);
@@ -117,16 +86,6 @@ fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
     produce_requests(&brokers, &topics.requests, 50..70);
     wait_answered(&addr, 70.0, &mut serve);
     serve.kill_hard();
-}
-
-/// The test's tansu; SIGKILL (which a stopped process obeys too) on drop.
-struct Broker(Child);
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Rank requests `ids` (one per id) on partition 0 of `topic`.

@@ -1,3 +1,4 @@
 pub mod http;
 pub mod kafka;
+pub mod own_broker;
 pub mod temp;
