@@ -4,7 +4,7 @@
 //! that advertises the proxy's port: every client connection is TLS.
 //! `grflow serve` and `grflow send` with `security.protocol = "ssl"` and
 //! that certificate as their CA serve and answer every request through it;
-//! the same config without TLS reaches no broker. Skipped with a reason
+//! with another CA, or without TLS, the same config reaches no broker. Skipped with a reason
 //! without tansu on PATH (scripts/test.sh installs it).
 
 mod common;
@@ -186,6 +186,32 @@ fn serve_and_send_over_tls_answer_every_request_and_plaintext_is_refused() {
     assert_eq!(report["answers"]["answered"], 100, "{report}");
     assert_eq!(report["answers"]["served"], 100, "{report}");
 
+    // TLS with another CA: the broker's certificate is not trusted.
+    let (other_ca, _) = self_signed();
+    let other = dir.join("other-ca.pem");
+    std::fs::write(&other, other_ca.to_pem().unwrap()).unwrap();
+    let untrusted = config_creating_topics(
+        &dir,
+        "untrusted.toml",
+        &tag,
+        &format!(
+            "librdkafka = {{ \"security.protocol\" = \"ssl\", \"ssl.ca.location\" = {:?} }}",
+            other.display().to_string()
+        ),
+    );
+    let refused = grflow(&["send", "--speed", "max"], &untrusted)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "an untrusted broker was used: {err}"
+    );
+    assert!(
+        err.contains("a failed TLS handshake ends this way too"),
+        "{err}"
+    );
+
     // The same topics without TLS: no broker answers through the proxy.
     let plain = config_creating_topics(&dir, "plain.toml", &tag, "");
     let refused = grflow(&["send", "--speed", "max"], &plain)
@@ -194,6 +220,8 @@ fn serve_and_send_over_tls_answer_every_request_and_plaintext_is_refused() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "plaintext went through: {err}");
     assert!(err.contains("no Kafka broker answered"), "{err}");
+    // Without TLS settings, no hint about them.
+    assert!(!err.contains("security.protocol"), "{err}");
 
     let pid = serve.id().to_string();
     assert!(

@@ -101,7 +101,7 @@ pub enum KafkaClientError {
     /// address, a broker not started), said as such.
     #[error(
         "no Kafka broker answered at {brokers} within {timeout_s} s ({what}: {cause}); is the \
-         broker up, and are kafka.brokers (or GRFLOW_KAFKA_BROKERS) and kafka.librdkafka right?"
+         broker up, and are kafka.brokers (or GRFLOW_KAFKA_BROKERS) and kafka.librdkafka right?{security}"
     )]
     Unreachable {
         brokers: String,
@@ -109,6 +109,8 @@ pub enum KafkaClientError {
         timeout_s: u64,
         /// librdkafka's words for it.
         cause: String,
+        /// With TLS or SASL configured, what else ends this way.
+        security: String,
     },
     #[error("topic `{topic}` does not exist on {brokers}")]
     NoSuchTopic { topic: String, brokers: String },
@@ -154,6 +156,7 @@ fn kafka_call(
     timeout: Duration,
 ) -> impl FnOnce(KafkaError) -> KafkaClientError {
     let (what, brokers) = (what.into(), settings.brokers.clone());
+    let security = security_hint(settings);
     move |cause| {
         if timed_out(&cause) {
             KafkaClientError::Unreachable {
@@ -161,10 +164,41 @@ fn kafka_call(
                 what,
                 timeout_s: timeout.as_secs().max(1),
                 cause: cause.to_string(),
+                security,
             }
         } else {
             KafkaClientError::Kafka { what, cause }
         }
+    }
+}
+
+/// What else a call that reached no broker may mean under the configured
+/// `security.protocol`: librdkafka reports a refused SASL login or a failed
+/// TLS handshake only as a broker that does not answer.
+fn security_hint(settings: &KafkaSettings) -> String {
+    let protocol = settings
+        .extra
+        .get("security.protocol")
+        .map(|p| p.to_ascii_lowercase())
+        .unwrap_or_default();
+    let sasl = protocol.contains("sasl");
+    let tls = protocol.contains("ssl");
+    match (sasl, tls) {
+        (false, false) => String::new(),
+        (true, _) => format!(
+            " With security.protocol = {protocol:?}, a refused login ends this way too: check \
+             sasl.mechanism, sasl.username and GRFLOW_KAFKA_SASL_PASSWORD{}",
+            if tls {
+                ", and that ssl.ca.location holds the brokers' CA"
+            } else {
+                ""
+            }
+        ),
+        (false, true) => format!(
+            " With security.protocol = {protocol:?}, a failed TLS handshake ends this way too: \
+             check that ssl.ca.location holds the brokers' CA and that their certificates name \
+             the addresses in kafka.brokers"
+        ),
     }
 }
 
@@ -1136,6 +1170,36 @@ mod tests {
             RDKafkaErrorCode::TopicAuthorizationFailed,
         ));
         assert!(matches!(e, KafkaClientError::Kafka { .. }), "{e}");
+    }
+
+    /// With SASL or TLS configured, "no broker answered" also names what
+    /// librdkafka reports the same way: a refused login, a failed handshake.
+    #[test]
+    fn an_unreachable_broker_under_sasl_or_tls_names_the_security_settings() {
+        let timeout = Duration::from_secs(10);
+        let said = |protocol: Option<&str>| {
+            let mut settings = KafkaSettings {
+                brokers: "b:9093".into(),
+                ..KafkaSettings::default()
+            };
+            if let Some(p) = protocol {
+                settings.extra.insert("security.protocol".into(), p.into());
+            }
+            kafka_call(&settings, "metadata", timeout)(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::BrokerTransportFailure,
+            ))
+            .to_string()
+        };
+        assert!(!said(None).contains("security.protocol"));
+        let sasl = said(Some("SASL_PLAINTEXT"));
+        assert!(sasl.contains("refused login") && sasl.contains("GRFLOW_KAFKA_SASL_PASSWORD"));
+        assert!(!sasl.contains("ssl.ca.location"), "{sasl}");
+        assert!(said(Some("sasl_ssl")).contains("ssl.ca.location"));
+        let tls = said(Some("ssl"));
+        assert!(
+            tls.contains("TLS handshake") && !tls.contains("sasl"),
+            "{tls}"
+        );
     }
 
     /// The build speaks TLS, SASL PLAIN/SCRAM and every codec (rdkafka's
