@@ -43,6 +43,10 @@ pub struct Args {
     /// Pacing by the requests' event times: 1x, Nx (N times faster) or max.
     #[arg(long, default_value = "1x")]
     pub speed: String,
+    /// Send at this fixed rate (requests per second) instead of the trace's
+    /// pace: an offered load for a load test.
+    #[arg(long, conflicts_with = "speed")]
+    pub rps: Option<f64>,
     /// Send at most this many requests (the trace's first N).
     #[arg(long)]
     pub requests: Option<u64>,
@@ -199,6 +203,33 @@ impl LatencyMs {
     }
 }
 
+/// The highest `--rps`.
+const MAX_RPS: f64 = 1e6;
+
+/// When a request is due, from the start of sending.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pace {
+    /// By the trace's event times, at this speed.
+    Trace(Speed),
+    /// At a fixed rate, requests per second.
+    Rate(f64),
+}
+
+impl Pace {
+    /// When the `index`-th request (0-based) with event time `ts_ms` is
+    /// due, the trace starting at `origin_ms`; `None`: at once.
+    pub fn due(&self, index: u64, ts_ms: u64, origin_ms: u64) -> Option<Duration> {
+        let secs = match *self {
+            Pace::Trace(Speed::Max) => return None,
+            Pace::Trace(Speed::Factor(f)) => ts_ms.saturating_sub(origin_ms) as f64 / 1e3 / f,
+            Pace::Rate(rps) => index as f64 / rps,
+        };
+        // A stamp absurdly far ahead waits "forever" (Ctrl-C stops it)
+        // rather than overflowing.
+        Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+    }
+}
+
 /// The message for one trace request: its history as a prefix of the
 /// catalog's users table, stamped `ts_ms`, its id moved by `offset`.
 pub fn wire_request(r: &Request, ts_ms: u64, offset: u64) -> Option<WireRequest> {
@@ -265,10 +296,19 @@ fn now_unix_ms() -> u64 {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let config = super::kafka_config(args.config.as_deref(), args.brokers.as_deref())?;
-    let speed: Speed = args
-        .speed
-        .parse()
-        .map_err(|e| InputError::from_display(format!("--speed: {e}")))?;
+    let pace = match args.rps {
+        Some(r) if !(r > 0.0 && r <= MAX_RPS) => {
+            return Err(InputError::from_display(format!(
+                "--rps must be above 0 and at most {MAX_RPS} (got {r})"
+            )));
+        }
+        Some(r) => Pace::Rate(r),
+        None => Pace::Trace(
+            args.speed
+                .parse()
+                .map_err(|e| InputError::from_display(format!("--speed: {e}")))?,
+        ),
+    };
     if args.answers && args.wait_s == 0 {
         return Err(InputError::from_display(
             "--wait-s must be at least 1 with --answers",
@@ -409,8 +449,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         };
         let origin = *origin.get_or_insert(r.ts_ms);
-        if let Speed::Factor(f) = speed {
-            let due = Duration::from_secs_f64(r.ts_ms.saturating_sub(origin) as f64 / 1e3 / f);
+        if let Some(due) = pace.due(sent, r.ts_ms, origin) {
             while clock.get().elapsed() < due && !stop.requested() {
                 let left = due.saturating_sub(clock.get().elapsed());
                 read_answers(&mut ledger, left.min(Duration::from_millis(5)))?;
@@ -647,6 +686,27 @@ mod tests {
         // Latencies 3, 4 and 10 ms.
         assert_eq!(r.latency_ms.p50, 4.0);
         assert_eq!(r.latency_ms.max, 10.0);
+    }
+
+    #[test]
+    fn requests_are_due_by_their_event_time_or_at_a_fixed_rate() {
+        let ms = Duration::from_millis;
+        assert_eq!(Pace::Trace(Speed::Max).due(5, 9_000, 1_000), None);
+        assert_eq!(
+            Pace::Trace(Speed::Factor(2.0)).due(5, 3_000, 1_000),
+            Some(ms(1_000))
+        );
+        // A stamp before the first is due at once.
+        assert_eq!(
+            Pace::Trace(Speed::Factor(1.0)).due(1, 500, 1_000),
+            Some(ms(0))
+        );
+        assert_eq!(Pace::Rate(200.0).due(10, 0, 0), Some(ms(50)));
+        assert_eq!(
+            Pace::Trace(Speed::Factor(1e-6)).due(0, u64::MAX, 0),
+            Some(Duration::MAX),
+            "no overflow"
+        );
     }
 
     #[test]
