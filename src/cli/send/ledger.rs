@@ -1,0 +1,169 @@
+//! The requests `send` sent and the answers read back: matched, counted
+//! by kind, and timed from the send. No I/O.
+
+use std::collections::{BTreeMap, HashMap};
+
+use grflow_connectors::kafka::WireResponse;
+use serde::Serialize;
+
+/// The answers read back for the requests sent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AnswerReport {
+    pub response_topic: String,
+    pub answered: u64,
+    /// Answers with items: a ranking, or generated items (retrieve).
+    pub served: u64,
+    /// Error records by kind (`shed`, `unservable`).
+    pub errors: BTreeMap<String, u64>,
+    pub unanswered: u64,
+    /// A few of the unanswered req_ids, smallest first.
+    pub unanswered_examples: Vec<u64>,
+    /// Answers to a request already answered (a restart of the job).
+    pub repeated_answers: u64,
+    /// Sent to answer read back, milliseconds.
+    pub latency_ms: LatencyMs,
+    /// Inside the job (consumed to answered: the answers' own
+    /// `latency_ms`); the rest of `latency_ms` is the brokers' and the
+    /// clients' share.
+    pub job_latency_ms: LatencyMs,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LatencyMs {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// The requests sent and the answers read back, matched by `req_id` and
+/// the `ts_ms` sent (an older answer to the same id on a long-lived
+/// response topic does not count). Times are nanoseconds from the start.
+#[derive(Debug, Default)]
+pub struct AnswerLedger {
+    /// req_id → (sent at, ts_ms sent).
+    waiting: HashMap<u64, (u64, u64)>,
+    /// req_id → ts_ms of the answered ones, to tell a repeat from a stranger.
+    answered: HashMap<u64, u64>,
+    latencies_ms: Vec<f64>,
+    job_latencies_ms: Vec<f64>,
+    served: u64,
+    errors: BTreeMap<String, u64>,
+    repeated: u64,
+}
+
+impl AnswerLedger {
+    pub fn sent(&mut self, req_id: u64, ts_ms: u64, at_ns: u64) {
+        self.waiting.insert(req_id, (at_ns, ts_ms));
+    }
+
+    /// Records an answer read at `at_ns`; answers to requests this run did
+    /// not send are ignored.
+    pub fn answer(&mut self, r: &WireResponse, at_ns: u64) {
+        match self.waiting.get(&r.req_id) {
+            Some(&(sent_ns, ts)) if ts == r.ts_ms => {
+                self.waiting.remove(&r.req_id);
+                self.answered.insert(r.req_id, ts);
+                self.latencies_ms
+                    .push(at_ns.saturating_sub(sent_ns) as f64 / 1e6);
+                self.job_latencies_ms.push(r.latency_ms);
+                match &r.error {
+                    Some(e) => *self.errors.entry(e.kind.clone()).or_default() += 1,
+                    None => self.served += 1,
+                }
+            }
+            _ if self.answered.get(&r.req_id) == Some(&r.ts_ms) => self.repeated += 1,
+            _ => {}
+        }
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn report(&self, response_topic: &str) -> AnswerReport {
+        let mut unanswered: Vec<u64> = self.waiting.keys().copied().collect();
+        unanswered.sort_unstable();
+        unanswered.truncate(5);
+        AnswerReport {
+            response_topic: response_topic.to_string(),
+            answered: self.latencies_ms.len() as u64,
+            served: self.served,
+            errors: self.errors.clone(),
+            unanswered: self.waiting.len() as u64,
+            unanswered_examples: unanswered,
+            repeated_answers: self.repeated,
+            latency_ms: LatencyMs::of(&self.latencies_ms),
+            job_latency_ms: LatencyMs::of(&self.job_latencies_ms),
+        }
+    }
+}
+
+impl LatencyMs {
+    fn of(latencies: &[f64]) -> Self {
+        let mut l = latencies.to_vec();
+        l.sort_by(f64::total_cmp);
+        let q = |p: f64| match l.len() {
+            0 => 0.0,
+            n => l[((n as f64 * p).ceil() as usize).clamp(1, n) - 1],
+        };
+        LatencyMs {
+            p50: q(0.5),
+            p95: q(0.95),
+            p99: q(0.99),
+            max: l.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grflow_connectors::kafka::AnswerError;
+
+    fn response(req_id: u64, ts_ms: u64, error: Option<&str>) -> WireResponse {
+        WireResponse {
+            req_id,
+            items: vec![1],
+            scores: vec![0.5],
+            model_version: "m".into(),
+            error: error.map(|kind| AnswerError {
+                kind: kind.into(),
+                reason: "r".into(),
+            }),
+            node: 0,
+            ts_ms,
+            latency_ms: 1.0,
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+        }
+    }
+
+    #[test]
+    fn answers_match_by_id_and_time_and_latency_runs_from_the_send() {
+        let mut l = AnswerLedger::default();
+        for id in 0..4 {
+            l.sent(id, 100 + id, id * 1_000_000);
+        }
+        // An old answer to req 0 (another ts) and one to a request never sent.
+        l.answer(&response(0, 5, None), 9_000_000);
+        l.answer(&response(77, 100, None), 9_000_000);
+        assert_eq!(l.waiting(), 4);
+        l.answer(&response(0, 100, None), 3_000_000);
+        l.answer(&response(1, 101, Some("shed")), 5_000_000);
+        l.answer(&response(2, 102, None), 12_000_000);
+        // The same answer again (a job restarted around it).
+        l.answer(&response(2, 102, None), 13_000_000);
+        let r = l.report("out");
+        assert_eq!(r.answered, 3);
+        assert_eq!(r.served, 2);
+        assert_eq!(r.errors, BTreeMap::from([("shed".to_string(), 1)]));
+        assert_eq!(r.unanswered, 1);
+        assert_eq!(r.unanswered_examples, vec![3]);
+        assert_eq!(r.repeated_answers, 1);
+        // Latencies 3, 4 and 10 ms.
+        assert_eq!(r.latency_ms.p50, 4.0);
+        assert_eq!(r.latency_ms.max, 10.0);
+    }
+}

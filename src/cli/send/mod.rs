@@ -1,0 +1,422 @@
+//! `grflow send`: writes a trace's requests to the request topic of a
+//! `grflow serve` job, paced by their event times like `replay`, and with
+//! `--answers` reads the response topic back and reports what was answered
+//! and the end-to-end latency (sent to answer read back). It is the
+//! producer for trying the Kafka path and for load tests; a service has its
+//! own producers.
+
+mod ledger;
+mod pace;
+mod trace;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use grflow_connectors::kafka::{
+    Delivery, KafkaClientError, OutputProducer, RecordId, Refetch, RequestConsumer, SendError,
+    StartPosition, WireResponse, encode_request, partition_count,
+};
+use grflow_pipeline::{StopRequest, kafka_settings};
+use serde::Serialize;
+
+use super::InputError;
+use ledger::{AnswerLedger, AnswerReport};
+use pace::{MAX_RPS, Pace, wire_request};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The serve job's config: brokers, topics and catalog come from its
+    /// [kafka] section (and the generated trace from its [trace] section).
+    /// Default: configs/kafka.toml from this directory, else the copy built
+    /// into grflow.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// bootstrap.servers; overrides kafka.brokers and GRFLOW_KAFKA_BROKERS.
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Trace directory whose requests to send. Default: kafka.catalog when
+    /// set, else the config's [trace] section, generated (the catalog
+    /// `serve` then uses), so that users and items match the job's.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Pacing by the requests' event times: 1x, Nx (N times faster) or max.
+    #[arg(long, default_value = "1x")]
+    pub speed: String,
+    /// Send at this fixed rate (requests per second) instead of the trace's
+    /// pace: an offered load for a load test.
+    #[arg(long, conflicts_with = "speed")]
+    pub rps: Option<f64>,
+    /// Send at most this many requests (the trace's first N).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Stamp each request's ts_ms with the trace's event time; by default
+    /// with the wall clock when it is sent, as a live producer would, so
+    /// that a job that runs on sees time move forward however often a
+    /// trace is sent.
+    #[arg(long)]
+    pub trace_ts: bool,
+    /// Added to every req_id, so that sending a trace again does not repeat
+    /// ids (which `serve` counts in `repeated_req_ids`).
+    #[arg(long, default_value_t = 0)]
+    pub req_id_offset: u64,
+    /// Read the response topic and report the answers and the end-to-end
+    /// latency; wait up to --wait-s after the last send for every answer.
+    #[arg(long)]
+    pub answers: bool,
+    /// With --answers: how long to wait for the last answers.
+    #[arg(long, default_value_t = 60)]
+    pub wait_s: u64,
+    /// Print one JSON object instead of lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `send` did, as `--json` prints it.
+#[derive(Debug, Default, Serialize)]
+pub struct SendReport {
+    pub brokers: String,
+    pub request_topic: String,
+    pub trace: String,
+    /// Requests handed to the producer and acknowledged by the broker.
+    pub sent: u64,
+    /// Requests the broker refused for good (not retried).
+    pub refused: u64,
+    /// Trace rows that could not be read (skipped, each named on stderr).
+    pub unreadable: u64,
+    pub wall_s: f64,
+    pub send_rps: f64,
+    /// Stopped by SIGINT/SIGTERM before the trace's end.
+    pub interrupted: bool,
+    /// With --answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answers: Option<AnswerReport>,
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let config = super::kafka_config(args.config.as_deref(), args.brokers.as_deref())?;
+    let pace = match args.rps {
+        Some(r) if !(r > 0.0 && r <= MAX_RPS) => {
+            return Err(InputError::from_display(format!(
+                "--rps must be above 0 and at most {MAX_RPS} (got {r})"
+            )));
+        }
+        Some(r) => Pace::Rate(r),
+        None => Pace::Trace(
+            args.speed
+                .parse()
+                .map_err(|e| InputError::from_display(format!("--speed: {e}")))?,
+        ),
+    };
+    if args.answers && args.wait_s == 0 {
+        return Err(InputError::from_display(
+            "--wait-s must be at least 1 with --answers",
+        ));
+    }
+    let (mut requests, trace_name) = trace::requests_for(args.trace.as_deref(), &config)?;
+
+    let k = &config.kafka;
+    let settings = kafka_settings(&config, format!("grflow-send-{}", std::process::id()));
+    let timeout = Duration::from_secs(10);
+    // The job creates its topics at start; a missing one is a job not
+    // started (or another config), said before anything is sent.
+    let need = |topic: &str, key: &str| -> anyhow::Result<i32> {
+        partition_count(&settings, topic, timeout).map_err(|e| match e {
+            KafkaClientError::NoSuchTopic { .. } => InputError::from_display(format!(
+                "{key} {topic:?} does not exist at {}: start `grflow serve` with this config \
+                 first (it creates its topics), or create it",
+                settings.brokers
+            )),
+            other => anyhow::Error::new(other),
+        })
+    };
+    need(&k.request_topic, "kafka.request_topic")?;
+    let tail = match args.answers {
+        true => {
+            let partitions = need(&k.response_topic, "kafka.response_topic")?;
+            Some(answers_from_now(
+                &settings,
+                &k.response_topic,
+                partitions,
+                timeout,
+            )?)
+        }
+        false => None,
+    };
+
+    let deliveries = Deliveries::default();
+    let producer = deliveries.producer(&settings)?;
+
+    let stop = StopRequest::default();
+    super::stop_on_signals(&stop)?;
+    let clock = std::cell::Cell::new(Instant::now());
+    let ns = || clock.get().elapsed().as_nanos() as u64;
+    let mut ledger = AnswerLedger::default();
+    let read_answers = |ledger: &mut AnswerLedger, wait: Duration| -> anyhow::Result<()> {
+        let Some(tail) = &tail else {
+            std::thread::sleep(wait);
+            return Ok(());
+        };
+        let mut wait = wait;
+        while let Some(record) = tail.poll(wait) {
+            wait = Duration::ZERO;
+            let record = record?;
+            // Not an answer of ours (or not JSON): another producer's.
+            if let Ok(r) =
+                serde_json::from_slice::<WireResponse>(&record.payload.unwrap_or_default())
+            {
+                ledger.answer(&r, ns());
+            }
+        }
+        Ok(())
+    };
+    let limit = args.requests.unwrap_or(u64::MAX);
+    let mut sent = 0u64;
+    let mut unreadable = 0u64;
+    let mut origin: Option<u64> = None;
+    let mut last_progress = Instant::now();
+    while sent < limit && !stop.requested() {
+        let Some(next) = requests.next() else { break };
+        let r = match next {
+            Ok(r) => r,
+            Err(e) => {
+                unreadable += 1;
+                eprintln!("skipped an unreadable trace row: {e}");
+                continue;
+            }
+        };
+        let origin = *origin.get_or_insert(r.ts_ms);
+        if let Some(due) = pace.due(sent, r.ts_ms, origin) {
+            while clock.get().elapsed() < due && !stop.requested() {
+                let left = due.saturating_sub(clock.get().elapsed());
+                read_answers(&mut ledger, left.min(Duration::from_millis(5)))?;
+            }
+        }
+        let ts = if args.trace_ts {
+            r.ts_ms
+        } else {
+            now_unix_ms()
+        };
+        let wire = wire_request(&r, ts, args.req_id_offset).ok_or_else(|| {
+            InputError::from_display(format!(
+                "--req-id-offset {}: req_id {} + offset overflows u64",
+                args.req_id_offset, r.req_id
+            ))
+        })?;
+        let payload = encode_request(&wire);
+        // A user's requests share a key, so they keep their order on one
+        // partition.
+        let key = r.user_id.to_string();
+        let id = RecordId {
+            partition: -1,
+            offset: wire.req_id as i64,
+        };
+        loop {
+            match producer.send(&k.request_topic, Some(key.as_bytes()), &payload, id) {
+                Ok(()) => break,
+                Err(SendError::QueueFull) => read_answers(&mut ledger, Duration::from_millis(1))?,
+                Err(SendError::Client(e)) => return Err(e.into()),
+            }
+        }
+        if sent == 0 {
+            // The producer connects (and, being idempotent, gets its
+            // producer id) with its first record, which took up to half a
+            // second on tansu and queued the requests behind it: that wait
+            // was the run's tail latency. The first request goes alone and
+            // the clock starts at its acknowledgement.
+            producer
+                .flush(timeout)
+                .context("waiting for the broker to acknowledge the first request")?;
+            clock.set(Instant::now());
+        }
+        if tail.is_some() {
+            // Only awaited answers are remembered: a long send without
+            // --answers holds nothing per request.
+            ledger.sent(wire.req_id, ts, ns());
+        }
+        sent += 1;
+        if last_progress.elapsed() >= Duration::from_secs(5) {
+            last_progress = Instant::now();
+            eprintln!(
+                "sent {sent} ({:.0} req/s){}",
+                sent as f64 / clock.get().elapsed().as_secs_f64(),
+                match &tail {
+                    Some(_) => format!(", {} awaiting an answer", ledger.waiting()),
+                    None => String::new(),
+                }
+            );
+        }
+        if tail.is_some() {
+            read_answers(&mut ledger, Duration::ZERO)?;
+        }
+    }
+    let sending_s = clock.get().elapsed().as_secs_f64();
+    // Every request acknowledged (or refused) before the answers are
+    // awaited; a broker that takes none of them is an error here.
+    producer
+        .flush(Duration::from_secs(30))
+        .context("waiting for the broker to acknowledge the requests")?;
+    if tail.is_some() {
+        let until = Instant::now() + Duration::from_secs(args.wait_s);
+        while ledger.waiting() > 0 && Instant::now() < until && !stop.requested() {
+            read_answers(&mut ledger, Duration::from_millis(50))?;
+        }
+        // One more look: answers read while the stop arrived.
+        read_answers(&mut ledger, Duration::ZERO)?;
+    }
+    let refused_n = deliveries.refused.load(Ordering::Relaxed);
+    let report = SendReport {
+        brokers: settings.brokers.clone(),
+        request_topic: k.request_topic.clone(),
+        trace: trace_name,
+        sent: deliveries.delivered.load(Ordering::Relaxed),
+        refused: refused_n,
+        unreadable,
+        wall_s: sending_s,
+        send_rps: sent as f64 / sending_s.max(1e-9),
+        interrupted: stop.requested(),
+        answers: tail.as_ref().map(|_| ledger.report(&k.response_topic)),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", human(&report));
+    }
+    if let Some(e) = deliveries.first_refusal.lock().expect("lock").take() {
+        eprintln!("warning: the broker refused {refused_n} requests; the first: {e}");
+    }
+    if stop.requested() {
+        return Err(super::StoppedBySignal::of(&stop));
+    }
+    if let Some(a) = &report.answers
+        && a.unanswered > 0
+    {
+        anyhow::bail!(
+            "{} requests unanswered {} s after the last was sent (e.g. req_id {:?}): is `grflow \
+             serve` running with this config?",
+            a.unanswered,
+            args.wait_s,
+            a.unanswered_examples
+        );
+    }
+    if refused_n > 0 {
+        anyhow::bail!("the broker refused {refused_n} requests");
+    }
+    Ok(())
+}
+
+/// A consumer of `topic`'s answers from its end on, in a group of its own:
+/// earlier answers are not read, and the job's offsets are not touched.
+fn answers_from_now(
+    settings: &grflow_connectors::kafka::KafkaSettings,
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+) -> anyhow::Result<RequestConsumer> {
+    let mut s = settings.clone();
+    s.group_id = format!("grflow-send-{}-{}", std::process::id(), now_unix_ms());
+    let all: Vec<i32> = (0..partitions).collect();
+    let (consumer, _) = RequestConsumer::open(
+        &s,
+        topic,
+        &all,
+        StartPosition::Latest,
+        Refetch::FromCommitted,
+        timeout,
+    )?;
+    Ok(consumer)
+}
+
+/// What the broker said about the requests: acknowledged, refused for
+/// good, and the first refusal's reason.
+#[derive(Clone, Default)]
+struct Deliveries {
+    delivered: Arc<AtomicU64>,
+    refused: Arc<AtomicU64>,
+    first_refusal: Arc<Mutex<Option<String>>>,
+}
+
+impl Deliveries {
+    /// A producer whose delivery reports are counted here.
+    fn producer(
+        &self,
+        settings: &grflow_connectors::kafka::KafkaSettings,
+    ) -> anyhow::Result<OutputProducer> {
+        let d = self.clone();
+        Ok(OutputProducer::new(
+            settings,
+            Arc::new(move |report| match report {
+                Delivery::Delivered { .. } => {
+                    d.delivered.fetch_add(1, Ordering::Relaxed);
+                }
+                Delivery::Failed { source, error, .. } => {
+                    d.refused.fetch_add(1, Ordering::Relaxed);
+                    d.first_refusal
+                        .lock()
+                        .expect("lock")
+                        .get_or_insert(format!("request {}: {error}", source.offset));
+                }
+            }),
+        )?)
+    }
+}
+
+fn human(r: &SendReport) -> String {
+    let mut s = format!(
+        "sent {} requests from {} to {} at {} in {:.1} s ({:.1} req/s){}{}\n",
+        r.sent,
+        r.trace,
+        r.request_topic,
+        r.brokers,
+        r.wall_s,
+        r.send_rps,
+        match r.refused {
+            0 => String::new(),
+            n => format!("; {n} refused by the broker"),
+        },
+        if r.interrupted {
+            "; interrupted before the trace's end"
+        } else {
+            ""
+        }
+    );
+    if r.unreadable > 0 {
+        s += &format!("{} unreadable trace rows skipped\n", r.unreadable);
+    }
+    if let Some(a) = &r.answers {
+        let errors: Vec<String> = a.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        s += &format!(
+            "answered {} on {}: {} served, {} errors{}{}\n",
+            a.answered,
+            a.response_topic,
+            a.served,
+            a.errors.values().sum::<u64>(),
+            match errors.is_empty() {
+                true => String::new(),
+                false => format!(" ({})", errors.join(", ")),
+            },
+            match a.unanswered {
+                0 => String::new(),
+                n => format!("; {n} unanswered, e.g. req_id {:?}", a.unanswered_examples),
+            }
+        );
+        for (what, l) in [
+            ("end-to-end (sent to answer read back)", &a.latency_ms),
+            ("in the job (consumed to answered)", &a.job_latency_ms),
+        ] {
+            s += &format!(
+                "latency ms {what}  p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}\n",
+                l.p50, l.p95, l.p99, l.max
+            );
+        }
+    }
+    s
+}

@@ -1,0 +1,116 @@
+//! The requests `send` reads: a Parquet trace a batch at a time, or a
+//! generated one.
+
+use std::path::Path;
+
+use grflow_connectors::parquet::ParquetRequestSource;
+use grflow_connectors::{RequestSource, SourceRecord, SourceState};
+use grflow_traces::Request;
+
+use crate::cli::InputError;
+
+/// A trace's requests in order: generated in memory, or read from Parquet
+/// a batch at a time.
+pub enum TraceRequests {
+    Memory(std::vec::IntoIter<Request>),
+    Parquet {
+        source: Box<ParquetRequestSource>,
+        pending: std::collections::VecDeque<SourceRecord>,
+        done: bool,
+    },
+}
+
+impl TraceRequests {
+    /// The next request, or the position and reason of an unreadable row.
+    pub fn next(&mut self) -> Option<Result<Request, String>> {
+        match self {
+            TraceRequests::Memory(it) => it.next().map(Ok),
+            TraceRequests::Parquet {
+                source,
+                pending,
+                done,
+            } => loop {
+                if let Some(rec) = pending.pop_front() {
+                    return Some(match rec {
+                        SourceRecord::Request { request, .. } => Ok(request),
+                        SourceRecord::Bad {
+                            position, reason, ..
+                        } => Err(format!("{position}: {reason}")),
+                    });
+                }
+                if *done {
+                    return None;
+                }
+                match source.poll(1024, 0) {
+                    Ok(p) => {
+                        pending.extend(p.records);
+                        *done = p.state == SourceState::Exhausted;
+                    }
+                    Err(e) => return Some(Err(e.to_string())),
+                }
+            },
+        }
+    }
+}
+
+/// The requests to send and a name for them: `trace`, else the job's
+/// catalog (`kafka.catalog`), else the config's generated `[trace]` (which
+/// the job then serves), warning when `trace` is not the job's catalog.
+pub fn requests_for(
+    trace: Option<&Path>,
+    config: &grflow_pipeline::Config,
+) -> anyhow::Result<(TraceRequests, String)> {
+    let catalog = config.kafka.catalog.clone();
+    Ok(match (trace, catalog.is_empty()) {
+        (Some(dir), _) => {
+            if !catalog.is_empty() && !same_dir(dir, Path::new(&catalog)) {
+                eprintln!(
+                    "warning: the job's catalog is kafka.catalog = {catalog:?}; the requests of {} \
+                     name that trace's users and items",
+                    dir.display()
+                );
+            } else if catalog.is_empty() {
+                eprintln!(
+                    "warning: kafka.catalog is empty, so the job serves the [trace] section's \
+                     generated users and items; the requests of {} name its own (set \
+                     kafka.catalog = {:?} in the job's config)",
+                    dir.display(),
+                    dir.display().to_string()
+                );
+            }
+            (open_parquet(dir)?, dir.display().to_string())
+        }
+        (None, false) => (
+            open_parquet(Path::new(&catalog))?,
+            format!("{catalog} (kafka.catalog)"),
+        ),
+        (None, true) => {
+            let gen_cfg = config
+                .trace
+                .gen_config()
+                .map_err(InputError::from_display)?;
+            let trace = grflow_traces::generate(&gen_cfg);
+            (
+                TraceRequests::Memory(trace.requests.into_iter()),
+                "the config's [trace] section (generated)".to_string(),
+            )
+        }
+    })
+}
+
+fn open_parquet(dir: &Path) -> anyhow::Result<TraceRequests> {
+    let source = ParquetRequestSource::open(dir, 0, 1)
+        .map_err(|e| InputError::from_display(format!("--trace {}: {e}", dir.display())))?;
+    Ok(TraceRequests::Parquet {
+        source: Box::new(source),
+        pending: Default::default(),
+        done: false,
+    })
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
