@@ -248,6 +248,13 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         // A producer's retry: request 1 again, at another offset of its
         // partition. Served a second time, counted, logged by id.
         (0, good(1, json!({"history": [5, 6, 7]})), None),
+        // A retry partitioned anew: request 11 again on the other
+        // partition, which the other worker reads. Counted all the same.
+        (
+            1,
+            good(11, json!({"user_id": 987_654_321u64, "hist_len": 5})),
+            None,
+        ),
     ];
     let records: Vec<_> = messages.iter().map(|(p, m, _)| (*p, m.clone())).collect();
     produce(&brokers, &topics.requests, &records);
@@ -278,8 +285,8 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         serve.stderr_text()
     );
     assert!(
-        responses.read_until(Duration::from_secs(120), |t| t.records.len() >= 5),
-        "{} of 5 responses; stderr:\n{}",
+        responses.read_until(Duration::from_secs(120), |t| t.records.len() >= 6),
+        "{} of 6 responses; stderr:\n{}",
         responses.records.len(),
         serve.stderr_text()
     );
@@ -320,6 +327,7 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         vec![1, 10, 11, 12]
     );
     assert_eq!(by_req[&1].len(), 2, "{by_req:?}");
+    assert_eq!(by_req[&11].len(), 2, "{by_req:?}");
     for (req, answers) in &by_req {
         assert!(answers[0].2.is_null(), "req {req}: {answers:?}");
         assert!(
@@ -328,10 +336,12 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         );
     }
     assert_eq!(summary["dead_lettered"], n_letters as u64, "{summary}");
-    assert_eq!(summary["responses_out"], 5, "{summary}");
-    assert_eq!(summary["repeated_req_ids"], 1, "{summary}");
+    assert_eq!(summary["responses_out"], 6, "{summary}");
+    assert_eq!(summary["repeated_req_ids"], 2, "{summary}");
     assert!(
-        stderr.contains("repeats a request read before") && stderr.contains("req_id=1"),
+        stderr.contains("repeats a request read before")
+            && stderr.contains("req_id=1 ")
+            && stderr.contains("req_id=11 "),
         "{stderr}"
     );
     assert!(summary["oov_items"].as_u64().unwrap() >= 2, "{summary}");

@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::{Delivery, OffsetBook, RecordId, partition_owner};
 
 use super::events::KafkaEvent;
+use crate::recent_ids::RecentIds;
 
 /// Counters of the Kafka source and sink of a job; logged periodically
 /// and summarised at exit.
@@ -24,8 +25,9 @@ pub struct KafkaCounters {
     pub duplicates: AtomicU64,
     /// Requests skipped because the response topic already answers them.
     pub already_answered: AtomicU64,
-    /// Requests whose `req_id` a request read shortly before (by the same
-    /// worker, within `kafka.repeat_window`) also carried: served anyway.
+    /// Requests whose `req_id` a request read shortly before (by any
+    /// worker of the process, within `kafka.repeat_window`) also carried:
+    /// served anyway.
     pub repeated_req_ids: AtomicU64,
     pub dead_lettered: AtomicU64,
     /// Inline histories truncated to the model's limit at decode time.
@@ -91,6 +93,11 @@ pub struct SharedState {
     /// The request topic's partition count as last seen (it only grows);
     /// a worker that owns a partition beyond those it reads adds it.
     pub partitions: std::sync::atomic::AtomicI32,
+    /// The last `kafka.repeat_window` req_ids read by any worker of this
+    /// process, with where: a producer's retry is seen whichever worker
+    /// reads it (the retry may land on another partition). Made by the
+    /// first worker that reads a request.
+    recent_ids: Mutex<Option<RecentIds<RecordId>>>,
 }
 
 impl SharedState {
@@ -108,7 +115,19 @@ impl SharedState {
             counters: KafkaCounters::default(),
             lag: Mutex::default(),
             partitions: std::sync::atomic::AtomicI32::new(0),
+            recent_ids: Mutex::default(),
         }
+    }
+
+    /// Remembers that `req_id` was read at `at` and returns where it was
+    /// read first, if a recent request (of any worker of this process, the
+    /// last `window` ids at least) carried it. `window` 0: nothing is kept.
+    pub fn observe_req_id(&self, window: usize, req_id: u64, at: RecordId) -> Option<RecordId> {
+        self.recent_ids
+            .lock()
+            .expect("lock")
+            .get_or_insert_with(|| RecentIds::new(window))
+            .observe(req_id, at)
     }
 
     /// Records that the request topic has `partitions` partitions now.

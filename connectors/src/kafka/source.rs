@@ -24,7 +24,6 @@ use super::{
     RequestConsumer, decode_request_within, owned_partitions,
 };
 use crate::error::SourceError;
-use crate::recent_ids::RecentIds;
 use crate::records::SourcePosition;
 use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
 
@@ -46,8 +45,8 @@ pub struct SourceSettings {
     /// A request stamped further than this ahead of both the wall clock
     /// and the job's event time is served at the current event time.
     pub max_future_ms: u64,
-    /// How many recent `req_id`s the worker remembers to count a request
-    /// that repeats one (`repeated_req_ids`); 0 = none.
+    /// How many recent `req_id`s the process's workers remember together
+    /// to count a request that repeats one (`repeated_req_ids`); 0 = none.
     pub repeat_window: usize,
     pub commit_interval: Duration,
 }
@@ -73,7 +72,6 @@ pub struct KafkaSource {
     last_commit: Instant,
     clamp_log: LogLimiter,
     /// Recent `req_id`s and where they were read.
-    recent_ids: RecentIds<RecordId>,
     repeat_log: LogLimiter,
     /// The request topic's partition count this source has taken its
     /// partitions from (see [`SharedState::saw_partitions`]).
@@ -113,7 +111,6 @@ impl KafkaSource {
             settings.max_skew_ms,
         );
         let known_partitions = opened_count(consumer.partitions());
-        let recent_ids = RecentIds::new(settings.repeat_window);
         Self {
             worker,
             consumer,
@@ -124,7 +121,6 @@ impl KafkaSource {
             answered: RestartAnswers::new(answered),
             last_commit: Instant::now(),
             clamp_log: LogLimiter::default(),
-            recent_ids,
             repeat_log: LogLimiter::default(),
             known_partitions,
             adopt_retry_at: None,
@@ -422,7 +418,8 @@ impl KafkaSource {
     /// the two may be different requests under one id, and dropping one
     /// would lose it.
     fn note_repeat(&mut self, source: RecordId, req_id: u64, now: Instant) {
-        let first = match self.recent_ids.observe(req_id, source) {
+        let window = self.settings.repeat_window;
+        let first = match self.shared.observe_req_id(window, req_id, source) {
             // The offset book admits a position once, so the same record is
             // never seen here twice; were it, it would not be a repeat.
             Some(first) if first != source => first,
