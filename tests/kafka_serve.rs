@@ -338,10 +338,12 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
     assert_eq!(summary["dead_lettered"], n_letters as u64, "{summary}");
     assert_eq!(summary["responses_out"], 6, "{summary}");
     assert_eq!(summary["repeated_req_ids"], 2, "{summary}");
+    // Logged by id; a worker's later repeats within its log interval are
+    // counted, not logged, and which repeat a worker meets first depends
+    // on the order the workers read their partitions.
     assert!(
         stderr.contains("repeats a request read before")
-            && stderr.contains("req_id=1 ")
-            && stderr.contains("req_id=11 "),
+            && (stderr.contains("req_id=1 ") || stderr.contains("req_id=11 ")),
         "{stderr}"
     );
     assert!(summary["oov_items"].as_u64().unwrap() >= 2, "{summary}");
