@@ -12,12 +12,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use common::http::free_port;
-use common::own_broker::{Broker, config_creating_topics, tansu_available};
+use common::own_broker::{
+    Broker, config_creating_topics, refused_send, serve_and_send_all, tansu_available,
+};
 use common::temp::tmp_dir;
 
 const USER: &str = "grflow";
@@ -229,77 +228,11 @@ fn serve_and_send_over_sasl_plain_answer_every_request_and_a_wrong_password_is_r
              \"sasl.mechanism\" = \"PLAIN\", \"sasl.username\" = \"{USER}\" }}"
         ),
     );
-    let grflow = |args: &[&str], config: &Path, password: &str| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_grflow"));
-        cmd.args(args)
-            .arg("--config")
-            .arg(config)
-            .args(["--brokers", &brokers])
-            .env("GRFLOW_KAFKA_SASL_PASSWORD", password);
-        cmd
-    };
-    let serve = grflow(&["serve", "--metrics-addr", "none"], &config, PASSWORD)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("serve.stderr")).unwrap())
-        .spawn()
-        .unwrap();
-    let serve_err = || std::fs::read_to_string(dir.join("serve.stderr")).unwrap_or_default();
-    let send = [
-        "send",
-        "--speed",
-        "max",
-        "--answers",
-        "--json",
-        "--wait-s",
-        "60",
-    ];
-    // serve creates the topics; send is refused until they exist.
-    let mut sent = None;
-    for _ in 0..60 {
-        let out = grflow(&send, &config, PASSWORD).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        if out.status.code() == Some(2) && err.contains("does not exist") {
-            std::thread::sleep(Duration::from_millis(500));
-            continue;
-        }
-        sent = Some(out);
-        break;
-    }
-    let out = sent.expect("serve created its topics within 30 s");
-    assert!(
-        out.status.success(),
-        "{}\n{}\nserve:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        serve_err()
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["sent"], 100, "{report}");
-    assert_eq!(report["answers"]["answered"], 100, "{report}");
-    assert_eq!(report["answers"]["served"], 100, "{report}");
-
-    // The wrong password: refused, nothing sent.
-    let refused = grflow(&["send", "--speed", "max"], &config, "wrong")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        !refused.status.success(),
-        "a wrong password went through: {err}"
-    );
-    assert!(err.contains("a refused login ends this way too"), "{err}");
-
-    let pid = serve.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let done = serve.wait_with_output().unwrap();
-    assert!(done.status.success(), "serve:\n{}", serve_err());
-    let summary: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
-    assert_eq!(summary["requests_in"], 100, "{summary}");
+    let password = [("GRFLOW_KAFKA_SASL_PASSWORD", PASSWORD)];
+    serve_and_send_all(&dir, &config, &brokers, &password, || {
+        // The wrong password: refused, nothing sent.
+        let wrong = [("GRFLOW_KAFKA_SASL_PASSWORD", "wrong")];
+        let err = refused_send(&config, &brokers, &wrong);
+        assert!(err.contains("a refused login ends this way too"), "{err}");
+    });
 }

@@ -11,13 +11,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::http::free_port;
-use common::own_broker::{Broker, config_creating_topics, tansu_available};
+use common::own_broker::{
+    Broker, config_creating_topics, refused_send, serve_and_send_all, tansu_available,
+};
 use common::temp::tmp_dir;
 use openssl::asn1::Asn1Time;
 use openssl::bn::BigNum;
@@ -133,106 +133,30 @@ fn serve_and_send_over_tls_answer_every_request_and_plaintext_is_refused() {
             ca.display().to_string()
         ),
     );
-    let grflow = |args: &[&str], config: &Path| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_grflow"));
-        cmd.args(args)
-            .arg("--config")
-            .arg(config)
-            .args(["--brokers", &brokers]);
-        cmd
-    };
-    let serve = grflow(&["serve", "--metrics-addr", "none"], &tls)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("serve.stderr")).unwrap())
-        .spawn()
-        .unwrap();
-    // serve creates the topics; send waits for them to exist.
-    let mut sent = None;
-    for _ in 0..60 {
-        let out = grflow(
-            &[
-                "send",
-                "--speed",
-                "max",
-                "--answers",
-                "--json",
-                "--wait-s",
-                "60",
-            ],
-            &tls,
-        )
-        .output()
-        .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        if out.status.code() == Some(2) && err.contains("does not exist") {
-            std::thread::sleep(Duration::from_millis(500));
-            continue;
-        }
-        sent = Some(out);
-        break;
-    }
-    let out = sent.expect("serve created its topics within 30 s");
-    let serve_err = || std::fs::read_to_string(dir.join("serve.stderr")).unwrap_or_default();
-    assert!(
-        out.status.success(),
-        "{}\n{}\nserve:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        serve_err()
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["sent"], 100, "{report}");
-    assert_eq!(report["answers"]["answered"], 100, "{report}");
-    assert_eq!(report["answers"]["served"], 100, "{report}");
-
-    // TLS with another CA: the broker's certificate is not trusted.
-    let (other_ca, _) = self_signed();
-    let other = dir.join("other-ca.pem");
-    std::fs::write(&other, other_ca.to_pem().unwrap()).unwrap();
-    let untrusted = config_creating_topics(
-        &dir,
-        "untrusted.toml",
-        &tag,
-        &format!(
-            "librdkafka = {{ \"security.protocol\" = \"ssl\", \"ssl.ca.location\" = {:?} }}",
-            other.display().to_string()
-        ),
-    );
-    let refused = grflow(&["send", "--speed", "max"], &untrusted)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        !refused.status.success(),
-        "an untrusted broker was used: {err}"
-    );
-    assert!(
-        err.contains("a failed TLS handshake ends this way too"),
-        "{err}"
-    );
-
-    // The same topics without TLS: no broker answers through the proxy.
-    let plain = config_creating_topics(&dir, "plain.toml", &tag, "");
-    let refused = grflow(&["send", "--speed", "max"], &plain)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success(), "plaintext went through: {err}");
-    assert!(err.contains("no Kafka broker answered"), "{err}");
-    // Without TLS settings, no hint about them.
-    assert!(!err.contains("security.protocol"), "{err}");
-
-    let pid = serve.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let done = serve.wait_with_output().unwrap();
-    assert!(done.status.success(), "serve:\n{}", serve_err());
-    let summary: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
-    assert_eq!(summary["requests_in"], 100, "{summary}");
+    serve_and_send_all(&dir, &tls, &brokers, &[], || {
+        // TLS with another CA: the broker's certificate is not trusted.
+        let (other_ca, _) = self_signed();
+        let other = dir.join("other-ca.pem");
+        std::fs::write(&other, other_ca.to_pem().unwrap()).unwrap();
+        let untrusted = config_creating_topics(
+            &dir,
+            "untrusted.toml",
+            &tag,
+            &format!(
+                "librdkafka = {{ \"security.protocol\" = \"ssl\", \"ssl.ca.location\" = {:?} }}",
+                other.display().to_string()
+            ),
+        );
+        let err = refused_send(&untrusted, &brokers, &[]);
+        assert!(
+            err.contains("a failed TLS handshake ends this way too"),
+            "{err}"
+        );
+        // The same topics without TLS: no broker answers through the proxy.
+        let plain = config_creating_topics(&dir, "plain.toml", &tag, "");
+        let err = refused_send(&plain, &brokers, &[]);
+        assert!(err.contains("no Kafka broker answered"), "{err}");
+        // Without TLS settings, no hint about them.
+        assert!(!err.contains("security.protocol"), "{err}");
+    });
 }

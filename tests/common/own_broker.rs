@@ -80,3 +80,88 @@ commit_interval_ms = 200
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// `grflow ARGS --config CONFIG --brokers BROKERS` with `env` set.
+pub fn grflow(args: &[&str], config: &Path, brokers: &str, env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_grflow"));
+    cmd.args(args)
+        .arg("--config")
+        .arg(config)
+        .args(["--brokers", brokers])
+        .envs(env.iter().copied());
+    cmd
+}
+
+/// The stderr of `grflow send` with `config`, which must fail: what a
+/// client refused by the broker (or the proxy) says.
+pub fn refused_send(config: &Path, brokers: &str, env: &[(&str, &str)]) -> String {
+    let out = grflow(&["send", "--speed", "max"], config, brokers, env)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "went through: {err}");
+    err
+}
+
+/// Runs `grflow serve` with `config` (a job that creates its topics, see
+/// [`config_creating_topics`]), sends its 100-request trace with `grflow
+/// send --answers` once the topics exist, calls `between` while the job
+/// still runs, then stops the job (SIGTERM). Asserts every request was
+/// answered and counted by the job.
+pub fn serve_and_send_all(
+    dir: &Path,
+    config: &Path,
+    brokers: &str,
+    env: &[(&str, &str)],
+    between: impl FnOnce(),
+) {
+    let serve_log = dir.join("serve.stderr");
+    let serve = grflow(&["serve", "--metrics-addr", "none"], config, brokers, env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&serve_log).unwrap())
+        .spawn()
+        .unwrap();
+    let serve_err = || std::fs::read_to_string(&serve_log).unwrap_or_default();
+    let send = [
+        "send",
+        "--speed",
+        "max",
+        "--answers",
+        "--json",
+        "--wait-s",
+        "60",
+    ];
+    // serve creates the topics; send is refused until they exist.
+    let mut sent = None;
+    for _ in 0..60 {
+        let out = grflow(&send, config, brokers, env).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        if out.status.code() == Some(2) && err.contains("does not exist") {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        }
+        sent = Some(out);
+        break;
+    }
+    let out = sent.expect("serve created its topics within 30 s");
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserve:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        serve_err()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["sent"], 100, "{report}");
+    assert_eq!(report["answers"]["answered"], 100, "{report}");
+    assert_eq!(report["answers"]["served"], 100, "{report}");
+    between();
+    let pid = serve.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let done = serve.wait_with_output().unwrap();
+    assert!(done.status.success(), "serve:\n{}", serve_err());
+    let summary: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(summary["requests_in"], 100, "{summary}");
+}
