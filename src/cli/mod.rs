@@ -63,11 +63,29 @@ pub(crate) fn stop_on_signals(stop: &grflow_pipeline::StopRequest) -> anyhow::Re
 /// Where `serve` and `send` look for their config without `--config`.
 pub(crate) const KAFKA_CONFIG: &str = "configs/kafka.toml";
 
+/// The config and brokers of a Kafka job, as `serve` and `send` take them.
+#[derive(clap::Args, Debug)]
+pub struct KafkaArgs {
+    /// TOML config with a [kafka] section. Default: configs/kafka.toml from
+    /// this directory, else the copy built into grflow.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// bootstrap.servers; overrides kafka.brokers and GRFLOW_KAFKA_BROKERS.
+    #[arg(long)]
+    pub brokers: Option<String>,
+}
+
+impl KafkaArgs {
+    pub fn load(&self) -> anyhow::Result<grflow_pipeline::Config> {
+        kafka_config(self.config.as_deref(), self.brokers.as_deref())
+    }
+}
+
 /// `serve` and `send`'s config: `--config`, else configs/kafka.toml from
 /// the current directory, else the copy built into the binary (said on
 /// stderr), so that an installed binary runs anywhere. The brokers come
 /// from `--brokers`, else GRFLOW_KAFKA_BROKERS, else `kafka.brokers`.
-pub(crate) fn kafka_config(
+fn kafka_config(
     path: Option<&std::path::Path>,
     brokers: Option<&str>,
 ) -> anyhow::Result<grflow_pipeline::Config> {

@@ -18,13 +18,8 @@ const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// TOML config with a [kafka] section. Default: configs/kafka.toml from
-    /// this directory, else the copy built into grflow.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// bootstrap.servers; overrides kafka.brokers and GRFLOW_KAFKA_BROKERS.
-    #[arg(long)]
-    pub brokers: Option<String>,
+    #[command(flatten)]
+    pub kafka: super::KafkaArgs,
     /// Timely workers (= serving nodes); overrides run.workers.
     #[arg(long)]
     pub workers: Option<usize>,
@@ -57,7 +52,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = super::kafka_config(args.config.as_deref(), args.brokers.as_deref())?;
+    let mut config = args.kafka.load()?;
     if let Some(m) = args.model {
         config.model.weights = Some(m);
     }

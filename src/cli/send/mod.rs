@@ -28,15 +28,10 @@ use pace::{MAX_RPS, Pace, wire_request};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The serve job's config: brokers, topics and catalog come from its
-    /// [kafka] section (and the generated trace from its [trace] section).
-    /// Default: configs/kafka.toml from this directory, else the copy built
-    /// into grflow.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// bootstrap.servers; overrides kafka.brokers and GRFLOW_KAFKA_BROKERS.
-    #[arg(long)]
-    pub brokers: Option<String>,
+    // The serve job's config and brokers: its topics and catalog come from
+    // its [kafka] section (the generated trace from its [trace]).
+    #[command(flatten)]
+    pub kafka: super::KafkaArgs,
     /// Trace directory whose requests to send. Default: kafka.catalog when
     /// set, else the config's [trace] section, generated (the catalog
     /// `serve` then uses), so that users and items match the job's.
@@ -102,7 +97,7 @@ fn now_unix_ms() -> u64 {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let config = super::kafka_config(args.config.as_deref(), args.brokers.as_deref())?;
+    let config = args.kafka.load()?;
     let pace = match args.rps {
         Some(r) if !(r > 0.0 && r <= MAX_RPS) => {
             return Err(InputError::from_display(format!(
