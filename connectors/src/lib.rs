@@ -11,7 +11,7 @@ pub mod source;
 
 pub use error::SourceError;
 pub use records::{
-    Answer, ErrorKind, ErrorRow, Origin, ResponseRow, SourcePosition, WindowRow, now_ns,
+    Answer, ErrorKind, ErrorRow, Origin, ResponseRow, SourcePosition, WindowRow, now_ns, wall_ms,
 };
 pub use sink::{Sink, SinkError};
 pub use source::{Polled, RequestSource, SourceRecord, SourceState};

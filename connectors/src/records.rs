@@ -163,6 +163,14 @@ pub fn now_ns() -> u64 {
         .at(std::time::Instant::now())
 }
 
+/// Milliseconds since the Unix epoch by the system clock (what a producer
+/// stamps a request with).
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A wall-clock reading and the monotonic instant it was taken at.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicEpoch {

@@ -41,9 +41,13 @@ impl StoppedBySignal {
         u8::try_from(128 + self.0).unwrap_or(1)
     }
 
-    /// The error a command returns once it has written what `stop` cut short.
-    pub fn of(stop: &grflow_pipeline::StopRequest) -> anyhow::Error {
-        StoppedBySignal(i32::try_from(stop.signal()).unwrap_or(0)).into()
+    /// What a command returns once it has written its results: `Ok` for a
+    /// whole run, this error (exit 128 + the signal) for one `stop` cut short.
+    pub fn check(stop: &grflow_pipeline::StopRequest) -> anyhow::Result<()> {
+        match stop.requested() {
+            true => Err(StoppedBySignal(i32::try_from(stop.signal()).unwrap_or(0)).into()),
+            false => Ok(()),
+        }
     }
 }
 

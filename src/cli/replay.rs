@@ -211,7 +211,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 serde_json::json!({ "process": process, "outputs": "process 0" })
             );
         }
-        return stopped(&stop);
+        return super::StoppedBySignal::check(&stop);
     }
     if let Some(dir) = &args.out {
         write_outputs(dir, &output)
@@ -255,16 +255,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("outputs in {}", dir.display());
         }
     }
-    stopped(&stop)
-}
-
-/// `Ok` for a whole run; a run a signal cut short ends with 128 + that
-/// signal once its outputs are written.
-fn stopped(stop: &StopRequest) -> anyhow::Result<()> {
-    match stop.requested() {
-        true => Err(super::StoppedBySignal::of(stop)),
-        false => Ok(()),
-    }
+    super::StoppedBySignal::check(&stop)
 }
 
 /// Every file `replay --out` writes (the charts included).

@@ -484,7 +484,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "interrupted by {} before the first update: nothing written",
                 stop.cause()
             );
-            return Err(super::StoppedBySignal::of(&stop));
+            return super::StoppedBySignal::check(&stop);
         }
         eprintln!(
             "interrupted by {} after {iterations} of {} iterations: scoring the last checkpoint \
@@ -620,10 +620,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             report.wall_s
         );
     }
-    if stop.requested() {
-        return Err(super::StoppedBySignal::of(&stop));
-    }
-    Ok(())
+    super::StoppedBySignal::check(&stop)
 }
 
 /// Keeps the last `n` scored checkpoints (none when `n` < 2: nothing is

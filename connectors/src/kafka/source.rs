@@ -24,7 +24,7 @@ use super::{
     RequestConsumer, decode_request_within, owned_partitions,
 };
 use crate::error::SourceError;
-use crate::records::SourcePosition;
+use crate::records::{SourcePosition, wall_ms};
 use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
 
 /// Settings of a [`KafkaSource`].
@@ -51,13 +51,6 @@ pub struct SourceSettings {
     pub commit_interval: Duration,
 }
 
-/// Milliseconds since the Unix epoch by the system clock.
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[allow(missing_debug_implementations)] // holds the consumer
 pub struct KafkaSource {
     worker: usize,
@@ -71,7 +64,8 @@ pub struct KafkaSource {
     answered: RestartAnswers,
     last_commit: Instant,
     clamp_log: LogLimiter,
-    /// Recent `req_id`s and where they were read.
+    /// Rate-limits the warnings about repeated `req_id`s (the ids
+    /// themselves are remembered in [`SharedState`]).
     repeat_log: LogLimiter,
     /// The request topic's partition count this source has taken its
     /// partitions from (see [`SharedState::saw_partitions`]).

@@ -508,6 +508,7 @@ impl DeadLetter {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn an_encoded_request_decodes_to_itself() {
@@ -531,8 +532,6 @@ mod tests {
             assert_eq!(decode_request(&bytes, MAX_MESSAGE_BYTES).unwrap(), r);
         }
     }
-
-    use super::*;
 
     fn decode(s: &str) -> Result<WireRequest, WireError> {
         decode_request(s.as_bytes(), MAX_MESSAGE_BYTES)

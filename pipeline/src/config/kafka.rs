@@ -44,10 +44,11 @@ pub struct KafkaSection {
     /// clock and the job's event time is served at the current event time
     /// (counted in `clamped_ts`) and moves no watermark.
     pub max_future_ms: u64,
-    /// Per process (its workers together): how many recent `req_id`s are remembered (at least; up
-    /// to twice as many, ~30 bytes each) so that a request repeating one,
-    /// such as a producer's retry, is counted in `repeated_req_ids` and
-    /// logged. It is served all the same. 0 = not checked.
+    /// Per process (its workers together): how many recent `req_id`s are
+    /// remembered (at least; up to twice as many, ~30 bytes each) so that
+    /// a request repeating one, such as a producer's retry, is counted in
+    /// `repeated_req_ids` and logged. It is served all the same. 0 = not
+    /// checked.
     pub repeat_window: usize,
     /// Retries of an output the client or broker refused for good, before
     /// it goes to the dead-letter topic as `undeliverable`.

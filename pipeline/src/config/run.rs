@@ -1,6 +1,8 @@
 //! `[run]`: workers, pacing, latency objectives, the clock and the release
 //! policy.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 /// Latency objectives (ms), one per request kind: beam search does more
@@ -212,6 +214,19 @@ pub enum Speed {
     Max,
     /// `factor` ms of event time per ms of wall time.
     Factor(f64),
+}
+
+impl Speed {
+    /// Wall time after which `event_ms` of event time is due: `None`
+    /// unpaced. A due time past what a Duration holds saturates (never).
+    pub fn wall_time(self, event_ms: u64) -> Option<Duration> {
+        match self {
+            Speed::Max => None,
+            Speed::Factor(f) => Some(
+                Duration::try_from_secs_f64(event_ms as f64 / f / 1000.0).unwrap_or(Duration::MAX),
+            ),
+        }
+    }
 }
 
 /// The slowest and fastest pacing factors.

@@ -56,25 +56,22 @@ impl Pacing {
     /// then would see it; counting from entry would hide that wait and
     /// flatter exactly the runs with the longest steps.
     pub(crate) fn lateness(&self, ts_ms: u64) -> Duration {
-        match self.speed {
-            Speed::Max => Duration::ZERO,
-            Speed::Factor(f) => self.start.elapsed().saturating_sub(self.due(ts_ms, f)),
-        }
+        self.due(ts_ms).map_or(Duration::ZERO, |due| {
+            self.start.elapsed().saturating_sub(due)
+        })
     }
 
     /// Wall time to wait until `ts_ms` is allowed in.
     pub(crate) fn wait_for(&self, ts_ms: u64) -> Duration {
-        match self.speed {
-            Speed::Max => Duration::ZERO,
-            Speed::Factor(f) => self.due(ts_ms, f).saturating_sub(self.start.elapsed()),
-        }
+        self.due(ts_ms).map_or(Duration::ZERO, |due| {
+            due.saturating_sub(self.start.elapsed())
+        })
     }
 
-    /// Wall time from the start at which `ts_ms` is due at `factor`
-    /// (saturating: a due time past what a Duration holds is never).
-    fn due(&self, ts_ms: u64, factor: f64) -> Duration {
-        let secs = ts_ms.saturating_sub(self.origin_ts_ms) as f64 / factor / 1000.0;
-        Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+    /// Wall time from the start at which `ts_ms` is due; `None` unpaced.
+    fn due(&self, ts_ms: u64) -> Option<Duration> {
+        self.speed
+            .wall_time(ts_ms.saturating_sub(self.origin_ts_ms))
     }
 }
 

@@ -19,6 +19,7 @@ use grflow_connectors::kafka::{
     Delivery, KafkaClientError, OutputProducer, RecordId, Refetch, RequestConsumer, SendError,
     StartPosition, WireResponse, encode_request, partition_count,
 };
+use grflow_connectors::wall_ms;
 use grflow_pipeline::{StopRequest, kafka_settings};
 use serde::Serialize;
 
@@ -88,12 +89,6 @@ pub struct SendReport {
     /// With --answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answers: Option<AnswerReport>,
-}
-
-fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -195,11 +190,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 read_answers(&mut ledger, left.min(Duration::from_millis(5)))?;
             }
         }
-        let ts = if args.trace_ts {
-            r.ts_ms
-        } else {
-            now_unix_ms()
-        };
+        let ts = if args.trace_ts { r.ts_ms } else { wall_ms() };
         let wire = wire_request(&r, ts, args.req_id_offset).ok_or_else(|| {
             InputError::from_display(format!(
                 "--req-id-offset {}: req_id {} + offset overflows u64",
@@ -288,9 +279,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(e) = deliveries.first_refusal.lock().expect("lock").take() {
         eprintln!("warning: the broker refused {refused_n} requests; the first: {e}");
     }
-    if stop.requested() {
-        return Err(super::StoppedBySignal::of(&stop));
-    }
+    super::StoppedBySignal::check(&stop)?;
     if let Some(a) = &report.answers
         && a.unanswered > 0
     {
@@ -317,7 +306,7 @@ fn answers_from_now(
     timeout: Duration,
 ) -> anyhow::Result<RequestConsumer> {
     let mut s = settings.clone();
-    s.group_id = format!("grflow-send-{}-{}", std::process::id(), now_unix_ms());
+    s.group_id = format!("grflow-send-{}-{}", std::process::id(), wall_ms());
     let all: Vec<i32> = (0..partitions).collect();
     let (consumer, _) = RequestConsumer::open(
         &s,

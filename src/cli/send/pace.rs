@@ -22,14 +22,14 @@ impl Pace {
     /// When the `index`-th request (0-based) with event time `ts_ms` is
     /// due, the trace starting at `origin_ms`; `None`: at once.
     pub fn due(&self, index: u64, ts_ms: u64, origin_ms: u64) -> Option<Duration> {
-        let secs = match *self {
-            Pace::Trace(Speed::Max) => return None,
-            Pace::Trace(Speed::Factor(f)) => ts_ms.saturating_sub(origin_ms) as f64 / 1e3 / f,
-            Pace::Rate(rps) => index as f64 / rps,
-        };
-        // A stamp absurdly far ahead waits "forever" (Ctrl-C stops it)
-        // rather than overflowing.
-        Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+        match *self {
+            // Paced as `replay` paces (a stamp absurdly far ahead waits
+            // "forever", Ctrl-C stops it, rather than overflowing).
+            Pace::Trace(speed) => speed.wall_time(ts_ms.saturating_sub(origin_ms)),
+            Pace::Rate(rps) => {
+                Some(Duration::try_from_secs_f64(index as f64 / rps).unwrap_or(Duration::MAX))
+            }
+        }
     }
 }
 
