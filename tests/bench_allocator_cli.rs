@@ -11,28 +11,41 @@ use serde_json::Value;
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/process.rs"]
+mod process;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
 use temp::tmp_dir;
 
 /// `grflow train-allocator ARGS --out policy --config config
-/// --calibration calibration`, which must succeed.
-fn train_on(
+/// --calibration calibration`.
+fn train_command(
     policy: &std::path::Path,
     config: &std::path::Path,
     calibration: &std::path::Path,
     args: &[&str],
-) -> std::process::Output {
-    ok(grflow()
-        .arg("train-allocator")
+) -> std::process::Command {
+    let mut cmd = grflow();
+    cmd.arg("train-allocator")
         .args(args)
         .arg("--out")
         .arg(policy)
         .arg("--config")
         .arg(config)
         .arg("--calibration")
-        .arg(calibration)
+        .arg(calibration);
+    cmd
+}
+
+/// [`train_command`], which must succeed.
+fn train_on(
+    policy: &std::path::Path,
+    config: &std::path::Path,
+    calibration: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
+    ok(train_command(policy, config, calibration, args)
         .output()
         .unwrap())
 }
@@ -762,23 +775,9 @@ fn train_allocator_stopped_by_sigint_writes_the_best_policy_so_far() {
     let calibration = small_calibration(&dir);
     let config = short_trace(&dir, "sigint-trace.toml", 600);
     let policy = dir.join("policy.safetensors");
-    let mut child = grflow()
-        .args(["train-allocator", "--regime", "burst", "--seeds", "1"])
-        .args([
-            "--iterations",
-            "500",
-            "--slo-ms",
-            "2",
-            "--select-every",
-            "1",
-            "--json",
-        ])
-        .arg("--out")
-        .arg(&policy)
-        .arg("--config")
-        .arg(&config)
-        .arg("--calibration")
-        .arg(&calibration)
+    let args = "--regime burst --seeds 1 --iterations 500 --slo-ms 2 --select-every 1 --json";
+    let args: Vec<&str> = args.split(' ').collect();
+    let mut child = train_command(&policy, &config, &calibration, &args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -797,13 +796,7 @@ fn train_allocator_stopped_by_sigint_writes_the_best_policy_so_far() {
         iterations += usize::from(line.starts_with("iteration "));
         seen += &line;
     }
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    process::signal(child.id(), "-INT");
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
     let out = child.wait_with_output().unwrap();

@@ -8,6 +8,8 @@ use serde_json::Value;
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/process.rs"]
+mod process;
 #[path = "common/seq_trace.rs"]
 mod seq_trace;
 #[path = "common/temp.rs"]
@@ -372,13 +374,7 @@ fn a_signal_to_one_process_stops_the_whole_job_and_process_0_writes_what_was_rea
     std::thread::sleep(std::time::Duration::from_millis(2_000));
     // SIGTERM to the follower alone.
     let signalled = std::time::Instant::now();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &follower.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    process::signal(follower.id(), "-TERM");
     let follower = follower.wait_with_output().unwrap();
     let leader = leader.wait_with_output().unwrap();
     let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).to_string();

@@ -218,15 +218,8 @@ fn a_process_waiting_for_its_peers_is_not_ready_and_stops_on_sigterm() {
     std::thread::sleep(Duration::from_secs(2));
     let (status, body) = common::http::get(&metrics, "/readyz").expect("readyz answers");
     assert_eq!(status, 503, "{body}");
-    let pid = alone.child.id().to_string();
     let signalled = std::time::Instant::now();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    common::process::signal(alone.child.id(), "-TERM");
     let exited = alone.exited_within(Duration::from_secs(10));
     assert!(
         exited.is_some_and(|s| s.success()),

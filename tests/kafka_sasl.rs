@@ -74,16 +74,23 @@ fn with_sasl_apis(resp: &[u8], version: i16) -> Vec<u8> {
     if i16_at(resp, 4) != 0 {
         return resp.to_vec();
     }
-    let ours: [(i16, i16, i16); 2] = [(SASL_HANDSHAKE, 1, 1), (SASL_AUTHENTICATE, 0, 1)];
-    let mut out = resp[..6].to_vec();
-    if version >= 3 {
-        // Flexible: a compact array (count + 1), each entry with tags.
+    // From v3 the array is compact (a varint count + 1) and each entry
+    // (api key, min, max) ends in tagged fields.
+    let flexible = version >= 3;
+    let (n, mut at) = if flexible {
         let (n, len) = uvarint(resp, 6);
-        let mut at = 6 + len;
-        let mut entries = Vec::new();
-        for _ in 0..n.saturating_sub(1) {
-            let start = at;
-            at += 6;
+        (n.saturating_sub(1) as usize, 6 + len)
+    } else {
+        (
+            i32::from_be_bytes(resp[6..10].try_into().unwrap()) as usize,
+            10,
+        )
+    };
+    let mut kept = Vec::new();
+    for _ in 0..n {
+        let start = at;
+        at += 6;
+        if flexible {
             let (tags, l) = uvarint(resp, at);
             at += l;
             for _ in 0..tags {
@@ -91,38 +98,31 @@ fn with_sasl_apis(resp: &[u8], version: i16) -> Vec<u8> {
                 let (size, l2) = uvarint(resp, at + l1);
                 at += l1 + l2 + size as usize;
             }
-            if ![SASL_HANDSHAKE, SASL_AUTHENTICATE].contains(&i16_at(resp, start)) {
-                entries.push(&resp[start..at]);
-            }
         }
-        put_uvarint(&mut out, (entries.len() + ours.len() + 1) as u64);
-        for e in entries {
-            out.extend_from_slice(e);
+        if ![SASL_HANDSHAKE, SASL_AUTHENTICATE].contains(&i16_at(resp, start)) {
+            kept.push(&resp[start..at]);
         }
-        for (key, min, max) in ours {
-            out.extend(key.to_be_bytes());
-            out.extend(min.to_be_bytes());
-            out.extend(max.to_be_bytes());
+    }
+    let ours: [(i16, i16, i16); 2] = [(SASL_HANDSHAKE, 1, 1), (SASL_AUTHENTICATE, 0, 1)];
+    let count = kept.len() + ours.len();
+    let mut out = resp[..6].to_vec();
+    if flexible {
+        put_uvarint(&mut out, count as u64 + 1);
+    } else {
+        out.extend((count as i32).to_be_bytes());
+    }
+    for e in kept {
+        out.extend_from_slice(e);
+    }
+    for (key, min, max) in ours {
+        out.extend(key.to_be_bytes());
+        out.extend(min.to_be_bytes());
+        out.extend(max.to_be_bytes());
+        if flexible {
             out.push(0); // no tagged fields
         }
-        out.extend_from_slice(&resp[at..]);
-    } else {
-        let n = i32::from_be_bytes(resp[6..10].try_into().unwrap()) as usize;
-        let entries: Vec<&[u8]> = (0..n)
-            .map(|i| &resp[10 + 6 * i..16 + 6 * i])
-            .filter(|e| ![SASL_HANDSHAKE, SASL_AUTHENTICATE].contains(&i16_at(e, 0)))
-            .collect();
-        out.extend(((entries.len() + ours.len()) as i32).to_be_bytes());
-        for e in entries {
-            out.extend_from_slice(e);
-        }
-        for (key, min, max) in ours {
-            out.extend(key.to_be_bytes());
-            out.extend(min.to_be_bytes());
-            out.extend(max.to_be_bytes());
-        }
-        out.extend_from_slice(&resp[10 + 6 * n..]);
     }
+    out.extend_from_slice(&resp[at..]);
     out
 }
 
@@ -229,7 +229,7 @@ fn serve_and_send_over_sasl_plain_answer_every_request_and_a_wrong_password_is_r
         ),
     );
     let password = [("GRFLOW_KAFKA_SASL_PASSWORD", PASSWORD)];
-    serve_and_send_all(&dir, &config, &brokers, &password, || {
+    serve_and_send_all(&config, &brokers, &password, || {
         // The wrong password: refused, nothing sent.
         let wrong = [("GRFLOW_KAFKA_SASL_PASSWORD", "wrong")];
         let err = refused_send(&config, &brokers, &wrong);

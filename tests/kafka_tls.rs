@@ -133,7 +133,7 @@ fn serve_and_send_over_tls_answer_every_request_and_plaintext_is_refused() {
             ca.display().to_string()
         ),
     );
-    serve_and_send_all(&dir, &tls, &brokers, &[], || {
+    serve_and_send_all(&tls, &brokers, &[], || {
         // TLS with another CA: the broker's certificate is not trusted.
         let (other_ca, _) = self_signed();
         let other = dir.join("other-ca.pem");

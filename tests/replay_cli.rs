@@ -7,6 +7,8 @@ use serde_json::Value;
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/process.rs"]
+mod process;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
@@ -519,11 +521,7 @@ fn sigint_stops_reading_answers_what_was_read_and_writes_the_outputs() {
     }
     std::thread::sleep(std::time::Duration::from_millis(1_500));
     let signalled = std::time::Instant::now();
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    process::signal(child.id(), "-INT");
     let run = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(

@@ -9,12 +9,12 @@
 
 mod common;
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::http::{free_port, get, metric_total};
 use common::kafka::{Serve, Topics, write_config};
 use common::own_broker::{Broker, tansu_available};
+use common::process::signal;
 use common::temp::tmp_dir;
 
 /// Polls `/readyz` until it answers `want`. On a timeout the message says
@@ -65,7 +65,7 @@ fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
     produce_requests(&brokers, &topics.requests, 0..50);
     wait_answered(&addr, 50.0, &mut serve);
 
-    signal(&broker.0, "-STOP");
+    signal(broker.0.id(), "-STOP");
     let lost = Instant::now();
     let body = wait_ready(&addr, 503, &mut serve, Duration::from_secs(30));
     assert!(body.contains("broker unreachable"), "{body}");
@@ -79,7 +79,7 @@ fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
         "still alive"
     );
 
-    signal(&broker.0, "-CONT");
+    signal(broker.0.id(), "-CONT");
     wait_ready(&addr, 200, &mut serve, Duration::from_secs(30));
     // Ready again means serving again: records sent after the outage are
     // answered by the same process.
@@ -125,11 +125,4 @@ fn wait_answered(addr: &str, n: f64, serve: &mut Serve) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// Sends `sig` (`-STOP`, `-CONT`) to the broker process.
-fn signal(broker: &Child, sig: &str) {
-    let pid = broker.id().to_string();
-    let status = Command::new("kill").args([sig, &pid]).status().unwrap();
-    assert!(status.success(), "kill {sig} {pid}");
 }

@@ -51,7 +51,11 @@ impl Topics {
             .unwrap()
             .as_nanos()
             % 1_000_000_000_000;
-        let base = format!("{tag}-{}-{nonce}", std::process::id());
+        Self::named(&format!("{tag}-{}-{nonce}", std::process::id()))
+    }
+
+    /// `{base}.requests`, `{base}.responses`, ...
+    pub fn named(base: &str) -> Self {
         Self {
             requests: format!("{base}.requests"),
             responses: format!("{base}.responses"),
@@ -110,8 +114,21 @@ pub fn grow_partitions(brokers: &str, topic: &str, total: usize) -> bool {
     true
 }
 
-/// A serve config for `topics`; `kafka_extra` lines go into [kafka].
+/// A serve config for `topics` (serve.toml, topics made by the test);
+/// `kafka_extra` lines go into [kafka].
 pub fn write_config(dir: &Path, topics: &Topics, kafka_extra: &str) -> PathBuf {
+    write_config_as(dir, "serve.toml", topics, 0, kafka_extra)
+}
+
+/// A serve config `name` for `topics`, whose job creates missing topics
+/// with `create_partitions` partitions (0: never).
+pub fn write_config_as(
+    dir: &Path,
+    name: &str,
+    topics: &Topics,
+    create_partitions: i32,
+    kafka_extra: &str,
+) -> PathBuf {
     let text = format!(
         r#"
 [run]
@@ -127,7 +144,7 @@ request_topic = "{}"
 response_topic = "{}"
 dead_letter_topic = "{}"
 group_id = "{}"
-create_partitions = 0
+create_partitions = {create_partitions}
 refetch_from_start = true
 commit_interval_ms = 200
 metrics_interval_ms = 1000
@@ -135,7 +152,7 @@ metrics_interval_ms = 1000
 "#,
         topics.requests, topics.responses, topics.dead_letters, topics.group
     );
-    let path = dir.join("serve.toml");
+    let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -270,6 +287,17 @@ impl Serve {
 
     /// `start` with more command-line arguments (e.g. `--hostfile`).
     pub fn start_with(brokers: &str, config: &Path, tag: &str, extra: &[&str]) -> Self {
+        Self::start_env(brokers, config, tag, extra, &[])
+    }
+
+    /// `start_with` with more environment variables (e.g. a password).
+    pub fn start_env(
+        brokers: &str,
+        config: &Path,
+        tag: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = config.parent().unwrap();
         let stdout = dir.join(format!("{tag}.stdout"));
         let stderr = dir.join(format!("{tag}.stderr"));
@@ -278,6 +306,7 @@ impl Serve {
             .arg(config)
             .args(extra)
             .env("GRFLOW_KAFKA_BROKERS", brokers)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())
             .stderr(std::fs::File::create(&stderr).unwrap())
@@ -302,9 +331,7 @@ impl Serve {
 
     /// SIGTERM, then the summary it printed; panics unless it exits 0 in time.
     pub fn stop(self) -> serde_json::Value {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(status.success(), "kill -TERM {pid}");
+        super::process::signal(self.child.id(), "-TERM");
         self.summary()
     }
 

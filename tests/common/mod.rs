@@ -1,4 +1,5 @@
 pub mod http;
 pub mod kafka;
 pub mod own_broker;
+pub mod process;
 pub mod temp;

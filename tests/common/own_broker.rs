@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use super::kafka::{Serve, Topics};
 use std::time::Duration;
 
 /// Whether tansu can be started; says why not on stderr (the test then
@@ -52,33 +54,11 @@ impl Drop for Broker {
     }
 }
 
-/// A serve config whose job creates its topics (`{tag}.requests`, ...),
-/// with a 100-request generated trace and `kafka_extra` lines in [kafka].
+/// A serve config whose job creates its topics (`{tag}.requests`, ...,
+/// two partitions each), with a 100-request generated trace and
+/// `kafka_extra` lines in [kafka].
 pub fn config_creating_topics(dir: &Path, name: &str, tag: &str, kafka_extra: &str) -> PathBuf {
-    let text = format!(
-        r#"
-[run]
-workers = 2
-
-[trace]
-users = 500
-items = 5000
-requests = 100
-
-[kafka]
-request_topic = "{tag}.requests"
-response_topic = "{tag}.responses"
-dead_letter_topic = "{tag}.dead-letters"
-group_id = "{tag}.group"
-create_partitions = 2
-refetch_from_start = true
-commit_interval_ms = 200
-{kafka_extra}
-"#
-    );
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
+    super::kafka::write_config_as(dir, name, &Topics::named(tag), 2, kafka_extra)
 }
 
 /// `grflow ARGS --config CONFIG --brokers BROKERS` with `env` set.
@@ -104,25 +84,17 @@ pub fn refused_send(config: &Path, brokers: &str, env: &[(&str, &str)]) -> Strin
 }
 
 /// Runs `grflow serve` with `config` (a job that creates its topics, see
-/// [`config_creating_topics`]), sends its 100-request trace with `grflow
+/// [`config_creating_topics`]; its output beside `config`), sends its 100-request trace with `grflow
 /// send --answers` once the topics exist, calls `between` while the job
 /// still runs, then stops the job (SIGTERM). Asserts every request was
 /// answered and counted by the job.
 pub fn serve_and_send_all(
-    dir: &Path,
     config: &Path,
     brokers: &str,
     env: &[(&str, &str)],
     between: impl FnOnce(),
 ) {
-    let serve_log = dir.join("serve.stderr");
-    let serve = grflow(&["serve", "--metrics-addr", "none"], config, brokers, env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&serve_log).unwrap())
-        .spawn()
-        .unwrap();
-    let serve_err = || std::fs::read_to_string(&serve_log).unwrap_or_default();
+    let serve = Serve::start_env(brokers, config, "serve", &["--metrics-addr", "none"], env);
     let send = [
         "send",
         "--speed",
@@ -150,18 +122,13 @@ pub fn serve_and_send_all(
         "{}\n{}\nserve:\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
-        serve_err()
+        serve.stderr_text()
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["sent"], 100, "{report}");
     assert_eq!(report["answers"]["answered"], 100, "{report}");
     assert_eq!(report["answers"]["served"], 100, "{report}");
     between();
-    let pid = serve.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(killed.success());
-    let done = serve.wait_with_output().unwrap();
-    assert!(done.status.success(), "serve:\n{}", serve_err());
-    let summary: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    let summary = serve.stop();
     assert_eq!(summary["requests_in"], 100, "{summary}");
 }
