@@ -366,11 +366,12 @@ fn a_signal_to_one_process_stops_the_whole_job_and_process_0_writes_what_was_rea
     };
     let leader = spawn("0", Some(&out));
     let follower = spawn("1", None);
-    let started = std::time::Instant::now();
-    while !out.join("responses.parquet.partial").exists() {
-        assert!(started.elapsed().as_secs() < 60, "the job never started");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let partial = out.join("responses.parquet.partial");
+    process::wait_for_file(
+        &partial,
+        std::time::Duration::from_secs(60),
+        "the job never started",
+    );
     std::thread::sleep(std::time::Duration::from_millis(2_000));
     // SIGTERM to the follower alone.
     let signalled = std::time::Instant::now();

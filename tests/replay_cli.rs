@@ -514,11 +514,12 @@ fn sigint_stops_reading_answers_what_was_read_and_writes_the_outputs() {
         .spawn()
         .unwrap();
     // Serving has begun once responses stream to the partial file.
-    let started = std::time::Instant::now();
-    while !out.join("responses.parquet.partial").exists() {
-        assert!(started.elapsed().as_secs() < 30, "replay never started");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let partial = out.join("responses.parquet.partial");
+    process::wait_for_file(
+        &partial,
+        std::time::Duration::from_secs(30),
+        "replay never started",
+    );
     std::thread::sleep(std::time::Duration::from_millis(1_500));
     let signalled = std::time::Instant::now();
     process::signal(child.id(), "-INT");
