@@ -80,42 +80,35 @@ pub struct KafkaArgs {
 }
 
 impl KafkaArgs {
+    /// `--config`, else configs/kafka.toml from the current directory, else
+    /// the copy built into the binary (said on stderr), so that an
+    /// installed binary runs anywhere. The brokers come from `--brokers`,
+    /// else GRFLOW_KAFKA_BROKERS, else `kafka.brokers`.
     pub fn load(&self) -> anyhow::Result<grflow_pipeline::Config> {
-        kafka_config(self.config.as_deref(), self.brokers.as_deref())
-    }
-}
-
-/// `serve` and `send`'s config: `--config`, else configs/kafka.toml from
-/// the current directory, else the copy built into the binary (said on
-/// stderr), so that an installed binary runs anywhere. The brokers come
-/// from `--brokers`, else GRFLOW_KAFKA_BROKERS, else `kafka.brokers`.
-fn kafka_config(
-    path: Option<&std::path::Path>,
-    brokers: Option<&str>,
-) -> anyhow::Result<grflow_pipeline::Config> {
-    let mut config = match path {
-        Some(p) => grflow_pipeline::Config::load(p).map_err(InputError::from_display)?,
-        None if std::path::Path::new(KAFKA_CONFIG).exists() => {
-            grflow_pipeline::Config::load(std::path::Path::new(KAFKA_CONFIG))
-                .map_err(InputError::from_display)?
+        let mut config = match self.config.as_deref() {
+            Some(p) => grflow_pipeline::Config::load(p).map_err(InputError::from_display)?,
+            None if std::path::Path::new(KAFKA_CONFIG).exists() => {
+                grflow_pipeline::Config::load(std::path::Path::new(KAFKA_CONFIG))
+                    .map_err(InputError::from_display)?
+            }
+            None => {
+                eprintln!(
+                    "note: no {KAFKA_CONFIG} in this directory: using the copy built into \
+                     grflow (--config FILE for another)"
+                );
+                grflow_pipeline::Config::embedded_kafka()
+            }
+        };
+        if let Ok(b) = std::env::var("GRFLOW_KAFKA_BROKERS")
+            && !b.trim().is_empty()
+        {
+            config.kafka.brokers = b;
         }
-        None => {
-            eprintln!(
-                "note: no {KAFKA_CONFIG} in this directory: using the copy built into grflow \
-                 (--config FILE for another)"
-            );
-            grflow_pipeline::Config::embedded_kafka()
+        if let Some(b) = &self.brokers {
+            config.kafka.brokers = b.clone();
         }
-    };
-    if let Ok(b) = std::env::var("GRFLOW_KAFKA_BROKERS")
-        && !b.trim().is_empty()
-    {
-        config.kafka.brokers = b;
+        Ok(config)
     }
-    if let Some(b) = brokers {
-        config.kafka.brokers = b.to_string();
-    }
-    Ok(config)
 }
 
 /// Checks `--out DIR` before a bench measures anything: creates it and

@@ -156,7 +156,7 @@ fn kafka_call(
     timeout: Duration,
 ) -> impl FnOnce(KafkaError) -> KafkaClientError {
     let (what, brokers) = (what.into(), settings.brokers.clone());
-    let security = security_hint(settings);
+    let protocol = settings.extra.get("security.protocol").cloned();
     move |cause| {
         if timed_out(&cause) {
             KafkaClientError::Unreachable {
@@ -164,7 +164,7 @@ fn kafka_call(
                 what,
                 timeout_s: timeout.as_secs().max(1),
                 cause: cause.to_string(),
-                security,
+                security: security_hint(protocol.as_deref()),
             }
         } else {
             KafkaClientError::Kafka { what, cause }
@@ -175,12 +175,8 @@ fn kafka_call(
 /// What else a call that reached no broker may mean under the configured
 /// `security.protocol`: librdkafka reports a refused SASL login or a failed
 /// TLS handshake only as a broker that does not answer.
-fn security_hint(settings: &KafkaSettings) -> String {
-    let protocol = settings
-        .extra
-        .get("security.protocol")
-        .map(|p| p.to_ascii_lowercase())
-        .unwrap_or_default();
+fn security_hint(protocol: Option<&str>) -> String {
+    let protocol = protocol.unwrap_or_default().to_ascii_lowercase();
     let sasl = protocol.contains("sasl");
     let tls = protocol.contains("ssl");
     match (sasl, tls) {
