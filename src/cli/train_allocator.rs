@@ -394,6 +394,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let stop = StopRequest::default();
     super::stop_on_signals(&stop)?;
     let mut iterations = 0;
+    let mut last_scored = None;
     'training: for iteration in 0..args.iterations {
         if stop.requested() {
             break;
@@ -403,6 +404,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let (g, score) = greedy(&format!("greedy policy after {iteration} updates"), &policy)?;
             selection.offer(iteration, score, || (policy.clone(), g.mean));
             keep_recent(&mut scored, args.average_last, iteration, &policy);
+            last_scored = Some(iteration);
             Some((g, score))
         } else {
             None
@@ -493,7 +495,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.iterations
         );
     }
-    if args.select_every > 0 {
+    // The last checkpoint, unless a stop inside an iteration left it
+    // scored already (at that iteration's start).
+    if args.select_every > 0 && last_scored != Some(iterations) {
         let what = format!("greedy policy after {iterations} updates");
         let (g, last) = greedy(&what, &policy)?;
         selection.offer(iterations, last, || (policy.clone(), g.mean));
