@@ -1,8 +1,10 @@
-//! Kafka with SASL/PLAIN against a real broker. tansu 0.6 has no SASL, so
+//! Kafka with SASL (PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512) against a real
+//! broker. tansu 0.6 has no SASL, so
 //! the test puts a proxy of its own in front of a tansu of its own that
 //! advertises the proxy's port. The proxy does the broker's part of the
 //! SASL exchange (Kafka's SaslHandshake and SaslAuthenticate requests,
-//! added to tansu's ApiVersions answer) and checks the user and password,
+//! added to tansu's ApiVersions answer) and checks the user and password
+//! (SCRAM: the client's proof, and the client checks the proxy's signature),
 //! then relays the connection. `grflow serve` and `grflow send` with
 //! `security.protocol = "sasl_plaintext"` and the password from
 //! GRFLOW_KAFKA_SASL_PASSWORD (not the config file) answer every request;
@@ -18,6 +20,11 @@ use common::own_broker::{
     Broker, config_creating_topics, refused_send, serve_and_send_all, tansu_available,
 };
 use common::temp::tmp_dir;
+use openssl::base64;
+use openssl::hash::{MessageDigest, hash};
+use openssl::pkcs5;
+use openssl::pkey::PKey;
+use openssl::sign::Signer;
 
 const USER: &str = "grflow";
 const PASSWORD: &str = "s3cret";
@@ -133,14 +140,143 @@ fn body(req: &[u8]) -> &[u8] {
     &req[10 + client_id..]
 }
 
-/// Does the broker's part of SASL/PLAIN on `client`, forwarding the
+/// The SASL mechanism the proxy offers (the only one it accepts).
+#[derive(Clone, Copy)]
+enum Mechanism {
+    Plain,
+    /// SCRAM-SHA-256 or -512 (RFC 5802 / 7677): two rounds, the password
+    /// never on the wire, and the client checks the server's signature.
+    Scram(fn() -> MessageDigest, &'static str),
+}
+
+impl Mechanism {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Plain => "PLAIN",
+            Self::Scram(_, name) => name,
+        }
+    }
+}
+
+const SCRAM_ITERATIONS: usize = 4096;
+
+fn hmac(md: MessageDigest, key: &[u8], data: &[u8]) -> Vec<u8> {
+    let key = PKey::hmac(key).unwrap();
+    let mut signer = Signer::new(md, &key).unwrap();
+    signer.update(data).unwrap();
+    signer.sign_to_vec().unwrap()
+}
+
+/// The server's side of one SCRAM exchange, as RFC 5802 §3 defines it.
+struct Scram {
+    md: MessageDigest,
+    salt: Vec<u8>,
+    /// client-first-message-bare and server-first-message, once sent.
+    first: Option<(String, String)>,
+}
+
+impl Scram {
+    fn new(md: MessageDigest) -> Self {
+        let mut salt = vec![0u8; 16];
+        openssl::rand::rand_bytes(&mut salt).unwrap();
+        Self {
+            md,
+            salt,
+            first: None,
+        }
+    }
+
+    fn attr<'a>(msg: &'a str, key: &str) -> Option<&'a str> {
+        msg.split(',')
+            .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+    }
+
+    /// client-first "n,,n=USER,r=NONCE" → server-first "r=NONCE+OURS,s=SALT,i=N";
+    /// `None` for another user or a malformed message.
+    fn server_first(&mut self, client_first: &str) -> Option<String> {
+        let bare = client_first.strip_prefix("n,,")?;
+        if Self::attr(bare, "n")? != USER {
+            return None;
+        }
+        let mut ours = [0u8; 18];
+        openssl::rand::rand_bytes(&mut ours).unwrap();
+        let reply = format!(
+            "r={}{},s={},i={SCRAM_ITERATIONS}",
+            Self::attr(bare, "r")?,
+            base64::encode_block(&ours),
+            base64::encode_block(&self.salt)
+        );
+        self.first = Some((bare.to_string(), reply.clone()));
+        Some(reply)
+    }
+
+    /// client-final "c=biws,r=NONCE,p=PROOF": the proof checked against
+    /// the password → server-final "v=SIGNATURE"; `None` if it is wrong.
+    fn server_final(&self, client_final: &str) -> Option<String> {
+        let (bare, first) = self.first.as_ref()?;
+        let (without_proof, proof) = client_final.rsplit_once(",p=")?;
+        if Self::attr(without_proof, "r")? != Self::attr(first, "r")? {
+            return None;
+        }
+        let mut salted = vec![0u8; self.md.size()];
+        pkcs5::pbkdf2_hmac(
+            PASSWORD.as_bytes(),
+            &self.salt,
+            SCRAM_ITERATIONS,
+            self.md,
+            &mut salted,
+        )
+        .unwrap();
+        let client_key = hmac(self.md, &salted, b"Client Key");
+        let stored_key = hash(self.md, &client_key).unwrap();
+        let auth_message = format!("{bare},{first},{without_proof}");
+        let signature = hmac(self.md, &stored_key, auth_message.as_bytes());
+        let proof = base64::decode_block(proof).ok()?;
+        let claimed: Vec<u8> = proof.iter().zip(&signature).map(|(p, s)| p ^ s).collect();
+        if proof.len() != signature.len() || *hash(self.md, &claimed).unwrap() != *stored_key {
+            return None;
+        }
+        let server_key = hmac(self.md, &salted, b"Server Key");
+        let server_signature = hmac(self.md, &server_key, auth_message.as_bytes());
+        Some(format!("v={}", base64::encode_block(&server_signature)))
+    }
+}
+
+/// A SaslAuthenticate v0–1 answer: `error` (with its message) or `bytes`.
+fn authenticate_answer(correlation: &[u8], version: i16, outcome: Result<&[u8], &str>) -> Vec<u8> {
+    let mut resp = correlation.to_vec();
+    match outcome {
+        Ok(_) => {
+            resp.extend(0i16.to_be_bytes());
+            resp.extend((-1i16).to_be_bytes()); // no error message
+        }
+        Err(why) => {
+            resp.extend(AUTHENTICATION_FAILED.to_be_bytes());
+            resp.extend((why.len() as i16).to_be_bytes());
+            resp.extend(why.as_bytes());
+        }
+    }
+    let bytes = outcome.unwrap_or_default();
+    resp.extend((bytes.len() as i32).to_be_bytes());
+    resp.extend(bytes);
+    if version >= 1 {
+        resp.extend(0i64.to_be_bytes()); // session lifetime
+    }
+    resp
+}
+
+/// Does the broker's part of SASL (`mechanism`) on `client`, forwarding the
 /// ApiVersions exchange to tansu; then relays the connection both ways.
-fn sasl_relay(mut client: TcpStream, backend: u16) -> std::io::Result<()> {
+fn sasl_relay(mut client: TcpStream, backend: u16, mechanism: Mechanism) -> std::io::Result<()> {
     let mut tansu = TcpStream::connect(("127.0.0.1", backend))?;
+    let mut scram = match mechanism {
+        Mechanism::Scram(md, _) => Some(Scram::new(md())),
+        Mechanism::Plain => None,
+    };
     loop {
         let req = read_frame(&mut client)?;
         let (key, version) = (i16_at(&req, 0), i16_at(&req, 2));
-        let mut resp = req[4..8].to_vec(); // correlation id
+        let correlation = &req[4..8];
         match key {
             API_VERSIONS => {
                 write_frame(&mut tansu, &req)?;
@@ -148,38 +284,57 @@ fn sasl_relay(mut client: TcpStream, backend: u16) -> std::io::Result<()> {
                 write_frame(&mut client, &with_sasl_apis(&answer, version))?;
             }
             SASL_HANDSHAKE => {
+                let name = mechanism.name();
+                let mut resp = correlation.to_vec();
                 resp.extend(0i16.to_be_bytes());
                 resp.extend(1i32.to_be_bytes());
-                resp.extend(5i16.to_be_bytes());
-                resp.extend(b"PLAIN");
+                resp.extend((name.len() as i16).to_be_bytes());
+                resp.extend(name.as_bytes());
                 write_frame(&mut client, &resp)?;
             }
             SASL_AUTHENTICATE => {
                 let b = body(&req);
                 let n = i32::from_be_bytes(b[..4].try_into().unwrap()) as usize;
-                // PLAIN: authzid \0 user \0 password.
-                let token: Vec<&[u8]> = b[4..4 + n].split(|&c| c == 0).collect();
-                let ok = token.len() == 3
-                    && token[1] == USER.as_bytes()
-                    && token[2] == PASSWORD.as_bytes();
-                if ok {
-                    resp.extend(0i16.to_be_bytes());
-                    resp.extend((-1i16).to_be_bytes()); // no error message
-                } else {
-                    let why = b"wrong user or password";
-                    resp.extend(AUTHENTICATION_FAILED.to_be_bytes());
-                    resp.extend((why.len() as i16).to_be_bytes());
-                    resp.extend(why);
+                let token = &b[4..4 + n];
+                // (answer bytes, whether authentication is complete)
+                let outcome: Result<(Vec<u8>, bool), &str> = match &mut scram {
+                    None => {
+                        // PLAIN: authzid \0 user \0 password.
+                        let parts: Vec<&[u8]> = token.split(|&c| c == 0).collect();
+                        let ok = parts.len() == 3
+                            && parts[1] == USER.as_bytes()
+                            && parts[2] == PASSWORD.as_bytes();
+                        ok.then(|| (Vec::new(), true))
+                            .ok_or("wrong user or password")
+                    }
+                    Some(scram) => {
+                        let text = String::from_utf8_lossy(token);
+                        if scram.first.is_none() {
+                            scram
+                                .server_first(&text)
+                                .map(|m| (m.into_bytes(), false))
+                                .ok_or("unknown user")
+                        } else {
+                            scram
+                                .server_final(&text)
+                                .map(|m| (m.into_bytes(), true))
+                                .ok_or("wrong user or password")
+                        }
+                    }
+                };
+                let answer = match &outcome {
+                    Ok((bytes, _)) => Ok(bytes.as_slice()),
+                    Err(why) => Err(*why),
+                };
+                write_frame(
+                    &mut client,
+                    &authenticate_answer(correlation, version, answer),
+                )?;
+                match outcome {
+                    Err(_) => return Ok(()),
+                    Ok((_, true)) => break,
+                    Ok((_, false)) => {}
                 }
-                resp.extend(0i32.to_be_bytes()); // no auth bytes
-                if version >= 1 {
-                    resp.extend(0i64.to_be_bytes()); // session lifetime
-                }
-                write_frame(&mut client, &resp)?;
-                if !ok {
-                    return Ok(());
-                }
-                break;
             }
             other => {
                 return Err(std::io::Error::other(format!(
@@ -194,30 +349,31 @@ fn sasl_relay(mut client: TcpStream, backend: u16) -> std::io::Result<()> {
     Ok(())
 }
 
-fn sasl_proxy(listener: TcpListener, backend: u16) {
+fn sasl_proxy(listener: TcpListener, backend: u16, mechanism: Mechanism) {
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
             let _ = conn.set_nodelay(true);
-            std::thread::spawn(move || sasl_relay(conn, backend));
+            std::thread::spawn(move || sasl_relay(conn, backend, mechanism));
         }
     });
 }
 
-#[test]
-fn serve_and_send_over_sasl_plain_answer_every_request_and_a_wrong_password_is_refused() {
-    if !tansu_available("kafka_sasl") {
+/// `grflow serve` and `grflow send` through a proxy offering `mechanism`
+/// answer every request; a wrong password is refused.
+fn serve_and_send_with(mechanism: Mechanism, test: &str) {
+    if !tansu_available(test) {
         return;
     }
-    let dir = tmp_dir("kafka-sasl");
+    let dir = tmp_dir(test);
     let plain_port = free_port();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let sasl_port = listener.local_addr().unwrap().port();
-    sasl_proxy(listener, plain_port);
+    sasl_proxy(listener, plain_port, mechanism);
     // Clients learn the proxy's address from the metadata.
     let _broker = Broker::start(plain_port, sasl_port, &dir);
     let brokers = format!("127.0.0.1:{sasl_port}");
-    let tag = format!("sasl-{}", std::process::id());
+    let tag = format!("{test}-{}", std::process::id());
     // No password in the file: it comes from the environment.
     let config = config_creating_topics(
         &dir,
@@ -225,7 +381,8 @@ fn serve_and_send_over_sasl_plain_answer_every_request_and_a_wrong_password_is_r
         &tag,
         &format!(
             "librdkafka = {{ \"security.protocol\" = \"sasl_plaintext\", \
-             \"sasl.mechanism\" = \"PLAIN\", \"sasl.username\" = \"{USER}\" }}"
+             \"sasl.mechanism\" = \"{}\", \"sasl.username\" = \"{USER}\" }}",
+            mechanism.name()
         ),
     );
     let password = [("GRFLOW_KAFKA_SASL_PASSWORD", PASSWORD)];
@@ -235,4 +392,26 @@ fn serve_and_send_over_sasl_plain_answer_every_request_and_a_wrong_password_is_r
         let err = refused_send(&config, &brokers, &wrong);
         assert!(err.contains("a refused login ends this way too"), "{err}");
     });
+}
+
+#[test]
+fn serve_and_send_over_sasl_plain_answer_every_request_and_a_wrong_password_is_refused() {
+    serve_and_send_with(Mechanism::Plain, "kafka-sasl-plain");
+}
+
+/// SCRAM-SHA-512, as Amazon MSK uses.
+#[test]
+fn serve_and_send_over_scram_sha_512_answer_every_request_and_a_wrong_password_is_refused() {
+    serve_and_send_with(
+        Mechanism::Scram(MessageDigest::sha512, "SCRAM-SHA-512"),
+        "kafka-sasl-scram-512",
+    );
+}
+
+#[test]
+fn serve_and_send_over_scram_sha_256_answer_every_request_and_a_wrong_password_is_refused() {
+    serve_and_send_with(
+        Mechanism::Scram(MessageDigest::sha256, "SCRAM-SHA-256"),
+        "kafka-sasl-scram-256",
+    );
 }
