@@ -98,4 +98,15 @@ fn serve_and_send_without_a_config_file_here_use_the_built_in_one() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("nope.toml"), "{err}");
+    // A duration that is no time: refused before any broker is needed.
+    for bad in ["0", "-1", "nan"] {
+        let out = grflow()
+            .args(["send", "--loop", &format!("--duration-s={bad}")])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--duration-s must be above 0"), "{bad}: {err}");
+    }
 }

@@ -922,8 +922,39 @@ fn grflow_send_feeds_a_serve_job_and_reads_every_answer_back() {
     );
     let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(again["answers"]["answered"], 30, "{again}");
+    // Looped: 250 requests are two and a half passes over the trace, each
+    // pass with its ids moved past the one before (no repeats below).
+    let looped = send(&[
+        "--loop",
+        "--speed",
+        "max",
+        "--requests",
+        "250",
+        "--req-id-offset",
+        "2000",
+        "--answers",
+        "--json",
+    ]);
+    let looped: serde_json::Value = serde_json::from_slice(&looped.stdout).unwrap();
+    assert_eq!(looped["sent"], 250, "{looped}");
+    assert_eq!(looped["passes"], 3, "{looped}");
+    assert_eq!(looped["answers"]["answered"], 250, "{looped}");
+    // For a second at 100 req/s: at most the 100 due within it.
+    let timed = send(&[
+        "--loop",
+        "--rps",
+        "100",
+        "--duration-s",
+        "1",
+        "--req-id-offset",
+        "10000",
+        "--json",
+    ]);
+    let timed: serde_json::Value = serde_json::from_slice(&timed.stdout).unwrap();
+    let timed_n = timed["sent"].as_u64().unwrap();
+    assert!((1..=100).contains(&timed_n), "{timed}");
     let summary = job.stop();
-    assert_eq!(summary["requests_in"], 130, "{summary}");
+    assert_eq!(summary["requests_in"], 130 + 250 + timed_n, "{summary}");
     assert_eq!(summary["dead_lettered"], 0, "{summary}");
     assert_eq!(summary["repeated_req_ids"], 0, "{summary}");
 }

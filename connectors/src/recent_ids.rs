@@ -49,6 +49,15 @@ impl<P: Copy> RecentIds<P> {
         None
     }
 
+    /// Where `id` was first read, if it is still remembered; unlike
+    /// [`Self::observe`] this records nothing.
+    pub fn get(&self, id: u64) -> Option<P> {
+        self.current
+            .get(&id)
+            .or_else(|| self.previous.get(&id))
+            .copied()
+    }
+
     fn insert(&mut self, id: u64, at: P) {
         if self.current.len() >= self.window {
             self.previous = std::mem::take(&mut self.current);
@@ -106,6 +115,20 @@ mod tests {
         }
         // Id 0 was read 10,000 ids ago: forgotten, so a new first read.
         assert_eq!(ids.observe(0, 10_000), None);
+    }
+
+    #[test]
+    fn get_looks_without_recording() {
+        let mut ids = RecentIds::new(2);
+        assert_eq!(ids.get(5), None);
+        assert!(ids.is_empty(), "a look records nothing");
+        ids.observe(5, 50);
+        ids.observe(6, 60);
+        ids.observe(7, 70); // 5 and 6 move to the previous generation
+        assert_eq!((ids.get(5), ids.get(7)), (Some(50), Some(70)));
+        ids.observe(8, 80);
+        ids.observe(9, 90); // the generation holding 5 is dropped
+        assert_eq!(ids.get(5), None);
     }
 
     #[test]

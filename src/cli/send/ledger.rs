@@ -1,10 +1,19 @@
 //! The requests `send` sent and the answers read back: matched, counted
-//! by kind, and timed from the send. No I/O.
+//! by kind, and timed from the send. No I/O. Memory is bounded however
+//! long a `--loop` runs: latencies go into histograms (quantiles within
+//! 1%) and answered ids into a bounded window.
 
 use std::collections::{BTreeMap, HashMap};
 
 use grflow_connectors::kafka::WireResponse;
+use grflow_connectors::recent_ids::RecentIds;
+use grflow_pipeline::serve::histogram::LatencyHistogram;
 use serde::Serialize;
+
+/// Answered ids remembered (at least this many, at most twice) to tell a
+/// repeated answer from another producer's: an answer repeated after more
+/// answers than this is ignored, not counted as a repeat.
+const ANSWERED_WINDOW: usize = 100_000;
 
 /// The answers read back for the requests sent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -39,17 +48,34 @@ pub struct LatencyMs {
 /// The requests sent and the answers read back, matched by `req_id` and
 /// the `ts_ms` sent (an older answer to the same id on a long-lived
 /// response topic does not count). Times are nanoseconds from the start.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AnswerLedger {
     /// req_id → (sent at, ts_ms sent).
     waiting: HashMap<u64, (u64, u64)>,
     /// req_id → ts_ms of the answered ones, to tell a repeat from a stranger.
-    answered: HashMap<u64, u64>,
-    latencies_ms: Vec<f64>,
-    job_latencies_ms: Vec<f64>,
+    answered: RecentIds<u64>,
+    latencies_ms: LatencyHistogram,
+    job_latencies_ms: LatencyHistogram,
+    /// End-to-end latencies since the last [`Self::take_recent`].
+    recent_ms: LatencyHistogram,
     served: u64,
     errors: BTreeMap<String, u64>,
     repeated: u64,
+}
+
+impl Default for AnswerLedger {
+    fn default() -> Self {
+        Self {
+            waiting: HashMap::new(),
+            answered: RecentIds::new(ANSWERED_WINDOW),
+            latencies_ms: LatencyHistogram::default(),
+            job_latencies_ms: LatencyHistogram::default(),
+            recent_ms: LatencyHistogram::default(),
+            served: 0,
+            errors: BTreeMap::new(),
+            repeated: 0,
+        }
+    }
 }
 
 impl AnswerLedger {
@@ -63,16 +89,17 @@ impl AnswerLedger {
         match self.waiting.get(&r.req_id) {
             Some(&(sent_ns, ts)) if ts == r.ts_ms => {
                 self.waiting.remove(&r.req_id);
-                self.answered.insert(r.req_id, ts);
-                self.latencies_ms
-                    .push(at_ns.saturating_sub(sent_ns) as f64 / 1e6);
-                self.job_latencies_ms.push(r.latency_ms);
+                self.answered.observe(r.req_id, ts);
+                let ms = at_ns.saturating_sub(sent_ns) as f64 / 1e6;
+                self.latencies_ms.record(ms);
+                self.recent_ms.record(ms);
+                self.job_latencies_ms.record(r.latency_ms);
                 match &r.error {
                     Some(e) => *self.errors.entry(e.kind.clone()).or_default() += 1,
                     None => self.served += 1,
                 }
             }
-            _ if self.answered.get(&r.req_id) == Some(&r.ts_ms) => self.repeated += 1,
+            _ if self.answered.get(r.req_id) == Some(r.ts_ms) => self.repeated += 1,
             _ => {}
         }
     }
@@ -81,13 +108,18 @@ impl AnswerLedger {
         self.waiting.len()
     }
 
+    /// The end-to-end latencies recorded since the last call.
+    pub fn take_recent(&mut self) -> LatencyHistogram {
+        std::mem::take(&mut self.recent_ms)
+    }
+
     pub fn report(&self, response_topic: &str) -> AnswerReport {
         let mut unanswered: Vec<u64> = self.waiting.keys().copied().collect();
         unanswered.sort_unstable();
         unanswered.truncate(5);
         AnswerReport {
             response_topic: response_topic.to_string(),
-            answered: self.latencies_ms.len() as u64,
+            answered: self.latencies_ms.count(),
             served: self.served,
             errors: self.errors.clone(),
             unanswered: self.waiting.len() as u64,
@@ -100,18 +132,12 @@ impl AnswerLedger {
 }
 
 impl LatencyMs {
-    fn of(latencies: &[f64]) -> Self {
-        let mut l = latencies.to_vec();
-        l.sort_by(f64::total_cmp);
-        let q = |p: f64| match l.len() {
-            0 => 0.0,
-            n => l[((n as f64 * p).ceil() as usize).clamp(1, n) - 1],
-        };
+    fn of(h: &LatencyHistogram) -> Self {
         LatencyMs {
-            p50: q(0.5),
-            p95: q(0.95),
-            p99: q(0.99),
-            max: l.last().copied().unwrap_or(0.0),
+            p50: h.quantile(0.5),
+            p95: h.quantile(0.95),
+            p99: h.quantile(0.99),
+            max: h.max_ms(),
         }
     }
 }
@@ -162,8 +188,14 @@ mod tests {
         assert_eq!(r.unanswered, 1);
         assert_eq!(r.unanswered_examples, vec![3]);
         assert_eq!(r.repeated_answers, 1);
-        // Latencies 3, 4 and 10 ms.
-        assert_eq!(r.latency_ms.p50, 4.0);
+        // Latencies 3, 4 and 10 ms (quantiles within the histogram's 1%).
+        assert!(
+            (4.0..4.04).contains(&r.latency_ms.p50),
+            "{:?}",
+            r.latency_ms
+        );
         assert_eq!(r.latency_ms.max, 10.0);
+        assert_eq!(l.take_recent().count(), 3);
+        assert_eq!(l.take_recent().count(), 0, "taken");
     }
 }

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use super::InputError;
 use ledger::{AnswerLedger, AnswerReport};
-use pace::{MAX_RPS, Pace, wire_request};
+use pace::{MAX_RPS, Pace, TraceSpan, wire_request};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -45,9 +45,20 @@ pub struct Args {
     /// pace: an offered load for a load test.
     #[arg(long, conflicts_with = "speed")]
     pub rps: Option<f64>,
-    /// Send at most this many requests (the trace's first N).
+    /// Send at most this many requests (the trace's first N; with --loop,
+    /// in all passes together).
     #[arg(long)]
     pub requests: Option<u64>,
+    /// Send the trace again and again until --requests, --duration-s or
+    /// Ctrl-C: each pass moves the req_ids past the pass before (no
+    /// repeats) and its event times past that pass's end, paced as one long
+    /// trace. For load tests that run for hours.
+    #[arg(long = "loop")]
+    pub loop_trace: bool,
+    /// Stop sending after this many seconds (the answers are then awaited
+    /// as usual).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
     /// Stamp each request's ts_ms with the trace's event time; by default
     /// with the wall clock when it is sent, as a live producer would, so
     /// that a job that runs on sees time move forward however often a
@@ -86,6 +97,9 @@ pub struct SendReport {
     pub send_rps: f64,
     /// Stopped by SIGINT/SIGTERM before the trace's end.
     pub interrupted: bool,
+    /// Passes over the trace from which requests were sent (more than 1
+    /// only with --loop).
+    pub passes: u64,
     /// With --answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answers: Option<AnswerReport>,
@@ -105,6 +119,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .parse()
                 .map_err(|e| InputError::from_display(format!("--speed: {e}")))?,
         ),
+    };
+    let duration = match args.duration_s {
+        Some(d) => Some(
+            Duration::try_from_secs_f64(d)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    InputError::from_display(format!("--duration-s must be above 0 (got {d})"))
+                })?,
+        ),
+        None => None,
     };
     if args.answers && args.wait_s == 0 {
         return Err(InputError::from_display(
@@ -169,29 +194,61 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Ok(())
     };
     let limit = args.requests.unwrap_or(u64::MAX);
+    let time_up = || duration.is_some_and(|d| clock.get().elapsed() >= d);
     let mut sent = 0u64;
     let mut unreadable = 0u64;
     let mut origin: Option<u64> = None;
     let mut last_progress = Instant::now();
-    while sent < limit && !stop.requested() {
-        let Some(next) = requests.next() else { break };
+    // The first pass's extent; later passes of --loop are moved past it.
+    let mut span = TraceSpan::default();
+    let mut pass = 0u64;
+    // Passes from which something was sent (a pass begun when time was up
+    // sent nothing).
+    let mut passes = 0u64;
+    while sent < limit && !stop.requested() && !time_up() {
+        let Some(next) = requests.next() else {
+            if !args.loop_trace || span.is_empty() {
+                break;
+            }
+            pass += 1;
+            requests.rewind()?;
+            continue;
+        };
         let r = match next {
             Ok(r) => r,
             Err(e) => {
-                unreadable += 1;
-                eprintln!("skipped an unreadable trace row: {e}");
+                // Counted and named once, not once per pass.
+                if pass == 0 {
+                    unreadable += 1;
+                    eprintln!("skipped an unreadable trace row: {e}");
+                }
                 continue;
             }
         };
-        let origin = *origin.get_or_insert(r.ts_ms);
-        if let Some(due) = pace.due(sent, r.ts_ms, origin) {
+        if pass == 0 {
+            span.observe(&r);
+        }
+        let (id_shift, ts_shift) = span
+            .shift(pass)
+            .filter(|(id, _)| id.checked_add(args.req_id_offset).is_some())
+            .ok_or_else(|| {
+                InputError::from_display(format!(
+                    "--loop: pass {pass}'s req_ids or event times overflow u64"
+                ))
+            })?;
+        let ts_ms = r.ts_ms.saturating_add(ts_shift);
+        let origin = *origin.get_or_insert(ts_ms);
+        if let Some(due) = pace.due(sent, ts_ms, origin) {
+            if duration.is_some_and(|d| due >= d) {
+                break;
+            }
             while clock.get().elapsed() < due && !stop.requested() {
                 let left = due.saturating_sub(clock.get().elapsed());
                 read_answers(&mut ledger, left.min(Duration::from_millis(5)))?;
             }
         }
-        let ts = if args.trace_ts { r.ts_ms } else { wall_ms() };
-        let wire = wire_request(&r, ts, args.req_id_offset).ok_or_else(|| {
+        let ts = if args.trace_ts { ts_ms } else { wall_ms() };
+        let wire = wire_request(&r, ts, args.req_id_offset + id_shift).ok_or_else(|| {
             InputError::from_display(format!(
                 "--req-id-offset {}: req_id {} + offset overflows u64",
                 args.req_id_offset, r.req_id
@@ -229,13 +286,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ledger.sent(wire.req_id, ts, ns());
         }
         sent += 1;
+        passes = pass + 1;
         if last_progress.elapsed() >= Duration::from_secs(5) {
             last_progress = Instant::now();
             eprintln!(
-                "sent {sent} ({:.0} req/s){}",
+                "sent {sent} ({:.0} req/s){}{}",
                 sent as f64 / clock.get().elapsed().as_secs_f64(),
+                match pass {
+                    0 => String::new(),
+                    p => format!(", pass {}", p + 1),
+                },
                 match &tail {
-                    Some(_) => format!(", {} awaiting an answer", ledger.waiting()),
+                    Some(_) => {
+                        let recent = ledger.take_recent();
+                        format!(
+                            ", {} awaiting an answer; last 5 s: {} answered, end-to-end p99 {:.1} ms",
+                            ledger.waiting(),
+                            recent.count(),
+                            recent.quantile(0.99)
+                        )
+                    }
                     None => String::new(),
                 }
             );
@@ -269,6 +339,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         wall_s: sending_s,
         send_rps: sent as f64 / sending_s.max(1e-9),
         interrupted: stop.requested(),
+        passes,
         answers: tail.as_ref().map(|_| ledger.report(&k.response_topic)),
     };
     if args.json {
@@ -355,9 +426,13 @@ impl Deliveries {
 
 fn human(r: &SendReport) -> String {
     let mut s = format!(
-        "sent {} requests from {} to {} at {} in {:.1} s ({:.1} req/s){}{}\n",
+        "sent {} requests from {}{} to {} at {} in {:.1} s ({:.1} req/s){}{}\n",
         r.sent,
         r.trace,
+        match r.passes {
+            0 | 1 => String::new(),
+            n => format!(" ({n} passes)"),
+        },
         r.request_topic,
         r.brokers,
         r.wall_s,

@@ -47,9 +47,87 @@ pub fn wire_request(r: &Request, ts_ms: u64, offset: u64) -> Option<WireRequest>
     })
 }
 
+/// What one pass over the trace spans, learnt during the first pass: a
+/// `--loop` moves every later pass past it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TraceSpan {
+    requests: u64,
+    max_req_id: u64,
+    first_ts_ms: u64,
+    last_ts_ms: u64,
+}
+
+impl TraceSpan {
+    pub fn observe(&mut self, r: &Request) {
+        if self.requests == 0 {
+            self.first_ts_ms = r.ts_ms;
+        }
+        self.requests += 1;
+        self.max_req_id = self.max_req_id.max(r.req_id);
+        self.last_ts_ms = self.last_ts_ms.max(r.ts_ms);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requests == 0
+    }
+
+    /// How pass `pass` (0 = the trace as it is) is moved: (added to each
+    /// req_id besides `--req-id-offset`, added to each event time). Ids
+    /// move by the trace's largest id + 1, so no pass repeats another's;
+    /// event times by the trace's span plus one mean gap between requests,
+    /// so paced passes follow each other at the trace's rate and the
+    /// stamps of `--trace-ts` keep moving forward. `None` on overflow.
+    pub fn shift(&self, pass: u64) -> Option<(u64, u64)> {
+        if pass == 0 {
+            return Some((0, 0));
+        }
+        let span = self.last_ts_ms.saturating_sub(self.first_ts_ms);
+        let gap = span / self.requests.saturating_sub(1).max(1);
+        let period = span.checked_add(gap.max(1))?;
+        Some((
+            self.max_req_id.checked_add(1)?.checked_mul(pass)?,
+            period.checked_mul(pass)?,
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(req_id: u64, ts_ms: u64) -> Request {
+        Request {
+            ts_ms,
+            req_id,
+            user_id: 3,
+            hist_len: 7,
+            candidates: vec![1, 2],
+            mode: grflow_traces::Mode::Rank,
+            label: None,
+        }
+    }
+
+    #[test]
+    fn later_passes_of_a_loop_move_ids_past_the_trace_and_times_past_its_end() {
+        let mut span = TraceSpan::default();
+        assert!(span.is_empty());
+        // Ids 0..=9 (not in order), event times 1,000..=1,900 every 100 ms.
+        for (i, id) in [3, 0, 9, 1, 2, 4, 5, 6, 7, 8].into_iter().enumerate() {
+            span.observe(&request(id, 1_000 + 100 * i as u64));
+        }
+        assert_eq!(span.shift(0), Some((0, 0)));
+        // The second pass starts one gap (100 ms) after the first's end.
+        assert_eq!(span.shift(1), Some((10, 1_000)));
+        assert_eq!(span.shift(3), Some((30, 3_000)));
+        // The first request of pass 1 comes after the last of pass 0.
+        let (_, dt) = span.shift(1).unwrap();
+        assert!(1_000 + dt > 1_900);
+        assert_eq!(span.shift(u64::MAX), None, "overflow refused");
+        // One request at one instant: passes 1 ms apart.
+        let mut one = TraceSpan::default();
+        one.observe(&request(5, 42));
+        assert_eq!(one.shift(2), Some((12, 2)));
+    }
 
     #[test]
     fn requests_are_due_by_their_event_time_or_at_a_fixed_rate() {

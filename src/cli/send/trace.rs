@@ -10,10 +10,14 @@ use grflow_traces::Request;
 use crate::cli::InputError;
 
 /// A trace's requests in order: generated in memory, or read from Parquet
-/// a batch at a time.
+/// a batch at a time; [`Self::rewind`] starts again (`--loop`).
 pub enum TraceRequests {
-    Memory(std::vec::IntoIter<Request>),
+    Memory {
+        requests: Vec<Request>,
+        next: usize,
+    },
     Parquet {
+        dir: std::path::PathBuf,
         source: Box<ParquetRequestSource>,
         pending: std::collections::VecDeque<SourceRecord>,
         done: bool,
@@ -24,11 +28,16 @@ impl TraceRequests {
     /// The next request, or the position and reason of an unreadable row.
     pub fn next(&mut self) -> Option<Result<Request, String>> {
         match self {
-            TraceRequests::Memory(it) => it.next().map(Ok),
+            TraceRequests::Memory { requests, next } => {
+                let r = requests.get(*next).cloned().map(Ok);
+                *next += 1;
+                r
+            }
             TraceRequests::Parquet {
                 source,
                 pending,
                 done,
+                ..
             } => loop {
                 if let Some(rec) = pending.pop_front() {
                     return Some(match rec {
@@ -50,6 +59,15 @@ impl TraceRequests {
                 }
             },
         }
+    }
+
+    /// Back to the first request.
+    pub fn rewind(&mut self) -> anyhow::Result<()> {
+        match self {
+            TraceRequests::Memory { next, .. } => *next = 0,
+            TraceRequests::Parquet { dir, .. } => *self = open_parquet(&dir.clone())?,
+        }
+        Ok(())
     }
 }
 
@@ -91,7 +109,10 @@ pub fn requests_for(
                 .map_err(InputError::from_display)?;
             let trace = grflow_traces::generate(&gen_cfg);
             (
-                TraceRequests::Memory(trace.requests.into_iter()),
+                TraceRequests::Memory {
+                    requests: trace.requests,
+                    next: 0,
+                },
                 "the config's [trace] section (generated)".to_string(),
             )
         }
@@ -102,6 +123,7 @@ fn open_parquet(dir: &Path) -> anyhow::Result<TraceRequests> {
     let source = ParquetRequestSource::open(dir, 0, 1)
         .map_err(|e| InputError::from_display(format!("--trace {}: {e}", dir.display())))?;
     Ok(TraceRequests::Parquet {
+        dir: dir.to_path_buf(),
         source: Box::new(source),
         pending: Default::default(),
         done: false,
