@@ -44,6 +44,9 @@ impl Deadlined for Routed {
     fn admitted_ns(&self) -> u64 {
         self.admitted.admitted_ns
     }
+    fn produced_ms(&self) -> u64 {
+        self.admitted.request.ts_ms
+    }
     fn recovered(&self) -> bool {
         self.admitted.recovered
     }

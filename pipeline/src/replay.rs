@@ -416,6 +416,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                             slo_ms: worker_cfg.run.slo_ms,
                             clock: worker_cfg.run.clock,
                             deadline: None,
+                            max_age: None,
                             window_ms: worker_cfg.windows.epoch_ms,
                             release,
                             batch: worker_cfg.batch_policy(),

@@ -1,6 +1,13 @@
 //! Deadline shedding: under overload a node answers requests that waited
 //! past their deadline with an error instead of spending compute on them.
 //! Expired requests are taken out of a batch before any of it is served.
+//!
+//! Two limits: the time since the job admitted a request (`kafka.deadline_ms`)
+//! and, optionally, its age since the producer stamped it
+//! (`kafka.max_age_ms`), which also counts the time it waited in the broker
+//! while the job was behind. Without the second, a job that fell behind
+//! serves its whole backlog at full cost, answers nobody waits for any
+//! more, and stays behind for as long again.
 
 use std::time::Duration;
 
@@ -8,6 +15,8 @@ use std::time::Duration;
 pub trait Deadlined {
     /// Wall time of admission, ns since the Unix epoch.
     fn admitted_ns(&self) -> u64;
+    /// The producer's stamp (`ts_ms`), ms since the Unix epoch.
+    fn produced_ms(&self) -> u64;
     /// A request recovered after a restart: a previous incarnation may have
     /// answered it already, so it is served late rather than shed (a shed
     /// error beside a ranking for one request would contradict it).
@@ -23,6 +32,9 @@ pub enum DeadlineCheck {
     ServeRecovered { waited_ms: f64 },
     /// Past the deadline: answered with a `shed` error record.
     Shed { waited_ms: f64, deadline_ms: u128 },
+    /// Older than the age limit since the producer stamped it: answered
+    /// with a `shed` error record.
+    Stale { age_ms: f64, max_age_ms: u128 },
 }
 
 /// A batch after shedding: what to serve (with its check, `Serve` or
@@ -34,35 +46,52 @@ pub struct Shedding<R> {
 }
 
 /// The shedding policy of a node: requests waiting longer than `limit`
-/// since admission are shed; `None` never sheds (replays).
+/// since admission, or older than `max_age` since they were produced, are
+/// shed; `None` never sheds by that limit (replays set neither).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DeadlineShedder {
     limit: Option<Duration>,
+    max_age: Option<Duration>,
 }
 
 impl DeadlineShedder {
     pub fn new(limit: Option<Duration>) -> Self {
-        Self { limit }
+        Self {
+            limit,
+            max_age: None,
+        }
+    }
+
+    /// Also sheds requests produced more than `max_age` ago.
+    pub fn with_max_age(self, max_age: Option<Duration>) -> Self {
+        Self { max_age, ..self }
     }
 
     /// The decision for one request at wall time `now_ns`.
     pub fn check(&self, request: &impl Deadlined, now_ns: u64) -> DeadlineCheck {
-        let Some(limit) = self.limit else {
-            return DeadlineCheck::Serve;
-        };
-        // A clock that stepped back never sheds.
+        // A clock that stepped back (or a stamp from the future) never
+        // sheds.
         let waited_ns = now_ns.saturating_sub(request.admitted_ns());
-        if waited_ns <= limit.as_nanos() as u64 {
-            return DeadlineCheck::Serve;
-        }
-        let waited_ms = waited_ns as f64 / 1e6;
-        if request.recovered() {
-            DeadlineCheck::ServeRecovered { waited_ms }
-        } else {
+        let age_ns = now_ns.saturating_sub(request.produced_ms().saturating_mul(1_000_000));
+        let past = |limit: Option<Duration>, ns: u64| limit.filter(|l| ns > l.as_nanos() as u64);
+        let verdict = if let Some(limit) = past(self.limit, waited_ns) {
             DeadlineCheck::Shed {
-                waited_ms,
+                waited_ms: waited_ns as f64 / 1e6,
                 deadline_ms: limit.as_millis(),
             }
+        } else if let Some(max_age) = past(self.max_age, age_ns) {
+            DeadlineCheck::Stale {
+                age_ms: age_ns as f64 / 1e6,
+                max_age_ms: max_age.as_millis(),
+            }
+        } else {
+            return DeadlineCheck::Serve;
+        };
+        match request.recovered() {
+            true => DeadlineCheck::ServeRecovered {
+                waited_ms: waited_ns as f64 / 1e6,
+            },
+            false => verdict,
         }
     }
 
@@ -75,7 +104,9 @@ impl DeadlineShedder {
         for request in batch {
             let check = self.check(&request, now_ns);
             match check {
-                DeadlineCheck::Shed { .. } => out.shed.push((request, check)),
+                DeadlineCheck::Shed { .. } | DeadlineCheck::Stale { .. } => {
+                    out.shed.push((request, check))
+                }
                 _ => out.serve.push((request, check)),
             }
         }
@@ -92,11 +123,15 @@ mod tests {
         id: u32,
         admitted_ns: u64,
         recovered: bool,
+        produced_ms: u64,
     }
 
     impl Deadlined for Req {
         fn admitted_ns(&self) -> u64 {
             self.admitted_ns
+        }
+        fn produced_ms(&self) -> u64 {
+            self.produced_ms
         }
         fn recovered(&self) -> bool {
             self.recovered
@@ -108,6 +143,8 @@ mod tests {
             id,
             admitted_ns,
             recovered,
+            // Produced as admitted (to the ms).
+            produced_ms: admitted_ns / 1_000_000,
         }
     }
 
@@ -170,5 +207,52 @@ mod tests {
         // Without a deadline nothing is shed.
         let all = DeadlineShedder::new(None).split(vec![req(6, 0, false)], u64::MAX);
         assert_eq!((all.serve.len(), all.shed.len()), (1, 0));
+    }
+
+    #[test]
+    fn a_request_produced_too_long_ago_is_shed_however_recently_admitted() {
+        let shedder = DeadlineShedder::new(Some(Duration::from_millis(2_000)))
+            .with_max_age(Some(Duration::from_millis(1_000)));
+        let now = 100_000_000_000; // 100 s
+        // Admitted just now, but produced 5 s ago (it waited in the broker).
+        let mut stale = req(1, now - 1_000_000, false);
+        stale.produced_ms = 95_000;
+        assert_eq!(
+            shedder.check(&stale, now),
+            DeadlineCheck::Stale {
+                age_ms: 5_000.0,
+                max_age_ms: 1_000
+            }
+        );
+        // Recovered after a restart: served however old (see `recovered`).
+        stale.recovered = true;
+        assert_eq!(
+            shedder.check(&stale, now),
+            DeadlineCheck::ServeRecovered { waited_ms: 1.0 }
+        );
+        // Within the age limit, or a stamp from the future: served.
+        let mut fresh = req(2, now - 1_000_000, false);
+        fresh.produced_ms = 99_500;
+        assert_eq!(shedder.check(&fresh, now), DeadlineCheck::Serve);
+        fresh.produced_ms = 200_000;
+        assert_eq!(shedder.check(&fresh, now), DeadlineCheck::Serve);
+        // Without an age limit the same stale request is served.
+        stale.recovered = false;
+        assert_eq!(
+            DeadlineShedder::new(Some(Duration::from_millis(2_000))).check(&stale, now),
+            DeadlineCheck::Serve
+        );
+        // Past both limits: the deadline is named.
+        let mut both = req(3, now - 3_000_000_000, false);
+        both.produced_ms = 90_000;
+        assert!(matches!(
+            shedder.check(&both, now),
+            DeadlineCheck::Shed { .. }
+        ));
+        let split = shedder.split(vec![stale, fresh, both], now);
+        assert_eq!(
+            split.shed.iter().map(|(r, _)| r.id).collect::<Vec<_>>(),
+            vec![1, 3]
+        );
     }
 }

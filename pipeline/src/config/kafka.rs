@@ -30,6 +30,12 @@ pub struct KafkaSection {
     pub replication_factor: i32,
     /// A request not answered this long after it was consumed gets a `shed` error record.
     pub deadline_ms: u64,
+    /// A request whose `ts_ms` (the producer's stamp) is more than this
+    /// behind the wall clock when a node would serve it gets a `shed`
+    /// error record too: it waited in the broker while the job was behind.
+    /// 0 = off (the default: `ts_ms` may be an event time, not a wall
+    /// clock). Set it above the clock skew between producers and the job.
+    pub max_age_ms: u64,
     /// Per worker: consumed requests without a durable answer before reads pause.
     pub max_in_flight: usize,
     /// Per worker: tokens (history + candidates + 1) of those requests
@@ -95,6 +101,7 @@ impl Default for KafkaSection {
             create_partitions: 4,
             replication_factor: -1,
             deadline_ms: 2_000,
+            max_age_ms: 0,
             max_in_flight: 2_048,
             max_in_flight_tokens: 262_144,
             idle_timeout_ms: 50,

@@ -122,6 +122,8 @@ pub struct ServingParts {
     pub clock: Clock,
     /// Requests waiting longer than this are answered with a `shed` error.
     pub deadline: Option<Duration>,
+    /// ... and so are requests produced (their `ts_ms`) longer ago than this.
+    pub max_age: Option<Duration>,
     /// Length of a statistics window (`windows.epoch_ms`) and of a busy-share interval.
     pub window_ms: u64,
     /// When router and node handle what arrives.
@@ -225,7 +227,7 @@ pub fn serving<'s>(
         side: parts.side,
         slo_ms: parts.slo_ms,
         clock: parts.clock,
-        shedder: DeadlineShedder::new(parts.deadline),
+        shedder: DeadlineShedder::new(parts.deadline).with_max_age(parts.max_age),
         batch: parts.batch,
         wall_ns: crate::events::now_ns,
         completed_tokens: vec![0.0; scope.peers()],

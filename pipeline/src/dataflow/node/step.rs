@@ -44,6 +44,9 @@ impl Deadlined for Slotted {
     fn admitted_ns(&self) -> u64 {
         self.routed.admitted_ns()
     }
+    fn produced_ms(&self) -> u64 {
+        self.routed.produced_ms()
+    }
     fn recovered(&self) -> bool {
         self.routed.recovered()
     }
@@ -68,15 +71,19 @@ impl StepCtx {
     ) -> Vec<(Slotted, bool)> {
         let split = self.shedder.split(batch, (self.wall_ns)());
         for (s, check) in split.shed {
-            let DeadlineCheck::Shed {
-                waited_ms,
-                deadline_ms,
-            } = check
-            else {
-                unreachable!("only shed requests are here")
+            let reason = match check {
+                DeadlineCheck::Shed {
+                    waited_ms,
+                    deadline_ms,
+                } => {
+                    format!("shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms")
+                }
+                DeadlineCheck::Stale { age_ms, max_age_ms } => format!(
+                    "shed: produced {age_ms:.0} ms ago (its ts_ms), past kafka.max_age_ms = \
+                     {max_age_ms}"
+                ),
+                _ => unreachable!("only shed requests are here"),
             };
-            let reason =
-                format!("shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms");
             self.fail(&s, false, reason, ErrorKind::Shed, &mut out[s.slot]);
         }
         split
