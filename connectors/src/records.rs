@@ -119,6 +119,9 @@ fn rank() -> Mode {
 pub enum ErrorKind {
     /// Its deadline passed before a node got to it (overload).
     Shed,
+    /// It was produced longer ago than `kafka.max_age_ms` when a node got
+    /// to it: it waited in the broker while the job was behind.
+    Stale,
     /// It cannot be served (e.g. a history longer than the users table has).
     Unservable,
 }
@@ -127,6 +130,7 @@ impl ErrorKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Shed => "shed",
+            ErrorKind::Stale => "stale",
             ErrorKind::Unservable => "unservable",
         }
     }

@@ -39,7 +39,7 @@ pub enum KafkaEvent<'a> {
     Paused { worker: usize },
     /// A ranking or retrieval was handed to the producer.
     Answered { recovered_late: bool },
-    /// An error record (`shed`, `unservable`) was handed to the producer.
+    /// An error record (`shed`, `stale`, `unservable`) was handed to the producer.
     ErrorAnswered { kind: &'a str },
     /// The broker acknowledged an output.
     Delivered,
@@ -105,6 +105,7 @@ impl KafkaEvent<'_> {
             Self::ErrorAnswered { kind } => {
                 let atomic = match kind {
                     "shed" => &counters.shed,
+                    "stale" => &counters.stale,
                     _ => &counters.unservable,
                 };
                 // /metrics has it from the node (`grflow_errors_total`).
@@ -166,6 +167,7 @@ mod tests {
                 recovered_late: true,
             },
             KafkaEvent::ErrorAnswered { kind: "shed" },
+            KafkaEvent::ErrorAnswered { kind: "stale" },
             KafkaEvent::ErrorAnswered { kind: "unservable" },
             KafkaEvent::Delivered,
             KafkaEvent::CommitFailed {
@@ -181,7 +183,7 @@ mod tests {
         assert_eq!(n(&c.repeated_req_ids), 1);
         assert_eq!(n(&c.dead_lettered), 1);
         assert_eq!((n(&c.responses), n(&c.recovered_unshed)), (1, 1));
-        assert_eq!((n(&c.shed), n(&c.unservable)), (1, 1));
+        assert_eq!((n(&c.shed), n(&c.stale), n(&c.unservable)), (1, 1, 1));
         assert_eq!(n(&c.delivered), 1);
         assert_eq!(n(&c.commit_failures), 1);
     }

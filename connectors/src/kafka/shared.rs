@@ -39,6 +39,9 @@ pub struct KafkaCounters {
     pub clamped_ts: AtomicU64,
     pub responses: AtomicU64,
     pub shed: AtomicU64,
+    /// Requests answered `stale`: produced longer ago than
+    /// `kafka.max_age_ms` when a node got to them.
+    pub stale: AtomicU64,
     /// Requests served past their deadline instead of shed because they
     /// were in the request log when the job started (a crashed incarnation
     /// may have answered them with a ranking the restart scan missed).
@@ -258,6 +261,8 @@ pub struct CountsSnapshot {
     pub clamped_ts: u64,
     pub responses: u64,
     pub shed: u64,
+    #[serde(default)]
+    pub stale: u64,
     pub recovered_unshed: u64,
     pub unservable: u64,
     pub delivered: u64,
@@ -282,6 +287,7 @@ impl CountsSnapshot {
             clamped_ts: c.clamped_ts.load(Ordering::Relaxed),
             responses: c.responses.load(Ordering::Relaxed),
             shed: c.shed.load(Ordering::Relaxed),
+            stale: c.stale.load(Ordering::Relaxed),
             recovered_unshed: c.recovered_unshed.load(Ordering::Relaxed),
             unservable: c.unservable.load(Ordering::Relaxed),
             delivered: c.delivered.load(Ordering::Relaxed),
@@ -304,6 +310,7 @@ impl CountsSnapshot {
         self.clamped_ts += o.clamped_ts;
         self.responses += o.responses;
         self.shed += o.shed;
+        self.stale += o.stale;
         self.recovered_unshed += o.recovered_unshed;
         self.unservable += o.unservable;
         self.delivered += o.delivered;

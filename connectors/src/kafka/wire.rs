@@ -359,8 +359,9 @@ pub struct WireResponse {
 /// Why a request got an error record instead of a ranking.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AnswerError {
-    /// `shed` (deadline passed before it was served) or `unservable`
-    /// (e.g. a history longer than the users table holds).
+    /// `shed` (deadline passed before it was served), `stale` (produced
+    /// longer ago than `kafka.max_age_ms`) or `unservable` (e.g. a history
+    /// longer than the users table holds).
     pub kind: String,
     pub reason: String,
 }

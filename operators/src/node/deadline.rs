@@ -33,7 +33,7 @@ pub enum DeadlineCheck {
     /// Past the deadline: answered with a `shed` error record.
     Shed { waited_ms: f64, deadline_ms: u128 },
     /// Older than the age limit since the producer stamped it: answered
-    /// with a `shed` error record.
+    /// with a `stale` error record.
     Stale { age_ms: f64, max_age_ms: u128 },
 }
 

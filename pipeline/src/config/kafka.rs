@@ -31,8 +31,8 @@ pub struct KafkaSection {
     /// A request not answered this long after it was consumed gets a `shed` error record.
     pub deadline_ms: u64,
     /// A request whose `ts_ms` (the producer's stamp) is more than this
-    /// behind the wall clock when a node would serve it gets a `shed`
-    /// error record too: it waited in the broker while the job was behind.
+    /// behind the wall clock when a node would serve it gets a `stale`
+    /// error record: it waited in the broker while the job was behind.
     /// 0 = off (the default: `ts_ms` may be an event time, not a wall
     /// clock). Set it above the clock skew between producers and the job.
     pub max_age_ms: u64,

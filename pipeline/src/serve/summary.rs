@@ -125,11 +125,13 @@ pub struct ServeSummary {
     pub requests_in: u64,
     /// Rankings and retrievals answered (was `responses`).
     pub responses_out: u64,
-    /// Error records written: shed, unservable and dead-lettered requests.
+    /// Error records written: shed, stale, unservable and dead-lettered requests.
     pub errors: u64,
     /// responses_out / wall_s.
     pub throughput_rps: f64,
     pub shed: u64,
+    /// Answered `stale` (`kafka.max_age_ms`).
+    pub stale: u64,
     pub recovered_unshed: u64,
     pub unservable: u64,
     pub dead_lettered: u64,

@@ -22,7 +22,7 @@ pub struct AnswerReport {
     pub answered: u64,
     /// Answers with items: a ranking, or generated items (retrieve).
     pub served: u64,
-    /// Error records by kind (`shed`, `unservable`).
+    /// Error records by kind (`shed`, `stale`, `unservable`).
     pub errors: BTreeMap<String, u64>,
     pub unanswered: u64,
     /// A few of the unanswered req_ids, smallest first.

@@ -71,20 +71,26 @@ impl StepCtx {
     ) -> Vec<(Slotted, bool)> {
         let split = self.shedder.split(batch, (self.wall_ns)());
         for (s, check) in split.shed {
-            let reason = match check {
+            let (kind, reason) = match check {
                 DeadlineCheck::Shed {
                     waited_ms,
                     deadline_ms,
-                } => {
-                    format!("shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms")
-                }
-                DeadlineCheck::Stale { age_ms, max_age_ms } => format!(
-                    "shed: produced {age_ms:.0} ms ago (its ts_ms), past kafka.max_age_ms = \
-                     {max_age_ms}"
+                } => (
+                    ErrorKind::Shed,
+                    format!(
+                        "shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms"
+                    ),
+                ),
+                DeadlineCheck::Stale { age_ms, max_age_ms } => (
+                    ErrorKind::Stale,
+                    format!(
+                        "stale: produced {age_ms:.0} ms ago (its ts_ms), past kafka.max_age_ms = \
+                         {max_age_ms}"
+                    ),
                 ),
                 _ => unreachable!("only shed requests are here"),
             };
-            self.fail(&s, false, reason, ErrorKind::Shed, &mut out[s.slot]);
+            self.fail(&s, false, reason, kind, &mut out[s.slot]);
         }
         split
             .serve
