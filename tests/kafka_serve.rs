@@ -854,6 +854,17 @@ fn serve_moves_alpha_window_by_window_and_reports_it() {
     );
 }
 
+/// `grflow send --config CONFIG ARGS` against `brokers`.
+fn grflow_send(config: &Path, brokers: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args(["send", "--config"])
+        .arg(config)
+        .args(args)
+        .env("GRFLOW_KAFKA_BROKERS", brokers)
+        .output()
+        .unwrap()
+}
+
 /// `kafka.max_age_ms`: requests stamped long ago (the generated trace's
 /// event times, from 1970, sent with `--trace-ts`) are answered `stale`
 /// without being served, naming their age; the same requests stamped now
@@ -869,14 +880,12 @@ fn requests_older_than_max_age_are_answered_stale_and_fresh_ones_served() {
     topics.create(&brokers, PARTITIONS);
     let job = Serve::start(&brokers, &config, "max-age");
     let send = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
-            .args(["send", "--config"])
-            .arg(&config)
-            .args(["--speed", "max", "--answers", "--json", "--wait-s", "120"])
-            .args(args)
-            .env("GRFLOW_KAFKA_BROKERS", &brokers)
-            .output()
-            .unwrap();
+        let all = [
+            &["--speed", "max", "--answers", "--json", "--wait-s", "120"],
+            args,
+        ]
+        .concat();
+        let out = grflow_send(&config, &brokers, &all);
         let report: serde_json::Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
         report["answers"].clone()
@@ -925,15 +934,7 @@ fn grflow_send_feeds_a_serve_job_and_reads_every_answer_back() {
     let dir = tmp_dir("grflow-send");
     let topics = Topics::fresh("send");
     let config = write_config(&dir, &topics, "");
-    let send = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
-            .args(["send", "--config"])
-            .arg(&config)
-            .args(args)
-            .env("GRFLOW_KAFKA_BROKERS", &brokers)
-            .output()
-            .unwrap()
-    };
+    let send = |args: &[&str]| grflow_send(&config, &brokers, args);
     // No topics yet: refused before anything is sent, naming the key.
     let refused = send(&["--speed", "max"]);
     let err = String::from_utf8_lossy(&refused.stderr);
