@@ -136,3 +136,47 @@ fn same_dir(a: &Path, b: &Path) -> bool {
         _ => a == b,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grflow_traces::{GenConfig, Regime, WriteOptions, generate, write_trace};
+
+    fn all(t: &mut TraceRequests) -> Vec<u64> {
+        std::iter::from_fn(|| t.next())
+            .map(|r| r.expect("readable").req_id)
+            .collect()
+    }
+
+    #[test]
+    fn a_rewound_trace_gives_its_requests_again_from_parquet_and_from_memory() {
+        let trace = generate(&GenConfig {
+            regime: Regime::Steady,
+            users: 20,
+            items: 300,
+            requests: 2_500,
+            candidates: 4,
+            ..GenConfig::default()
+        });
+        let ids: Vec<u64> = trace.requests.iter().map(|r| r.req_id).collect();
+        let dir = std::env::temp_dir().join(format!("grflow-send-rewind-{}", std::process::id()));
+        // Several row groups, so a rewind must start over across them.
+        let opts = WriteOptions {
+            row_group_rows: 1_000,
+            ..WriteOptions::default()
+        };
+        write_trace(&dir, &trace, &opts).unwrap();
+        let mut parquet = open_parquet(&dir).unwrap();
+        let mut memory = TraceRequests::Memory {
+            requests: trace.requests.clone(),
+            next: 0,
+        };
+        for t in [&mut parquet, &mut memory] {
+            assert_eq!(all(t), ids);
+            assert!(t.next().is_none(), "stays at its end");
+            t.rewind().unwrap();
+            assert_eq!(all(t), ids, "the same requests again");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
