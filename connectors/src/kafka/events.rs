@@ -14,6 +14,13 @@ pub enum KafkaEvent<'a> {
     Read { partition: i32, offset: i64 },
     /// Its offset was consumed or committed before (a refetch).
     Duplicate { partition: i32, offset: i64 },
+    /// Offsets `first..=last` of a partition were jumped over, never read
+    /// (see `OffsetBook::take_gap`).
+    OffsetGap {
+        partition: i32,
+        first: i64,
+        last: i64,
+    },
     /// The response topic already answers it (found by the restart scan).
     AlreadyAnswered { partition: i32, offset: i64 },
     /// Its `req_id` was read shortly before at another position: served
@@ -66,6 +73,30 @@ impl KafkaEvent<'_> {
             Self::Duplicate { partition, offset } => {
                 count(&counters.duplicates, "grflow_duplicates_total");
                 tracing::debug!(partition, offset, "skipped: consumed before");
+            }
+            Self::OffsetGap {
+                partition,
+                first,
+                last,
+            } => {
+                let n = (last - first + 1).max(0) as u64;
+                let gaps = counters.offset_gaps.fetch_add(1, Ordering::Relaxed) + 1;
+                counters.skipped_offsets.fetch_add(n, Ordering::Relaxed);
+                metrics::counter!("grflow_skipped_offsets_total").increment(n);
+                // Transaction markers leave one such gap per transaction:
+                // the 1st, 2nd, 4th, 8th, ... are logged.
+                if gaps.is_power_of_two() {
+                    tracing::warn!(
+                        partition,
+                        first,
+                        last,
+                        gaps,
+                        "offsets never read: the consumer jumped over them (transaction markers, \
+                         records deleted by retention before they were read, or a broker that \
+                         returned later records first, as tansu 0.6 does under a backlog); a \
+                         request there is not answered"
+                    );
+                }
             }
             Self::AlreadyAnswered { partition, offset } => {
                 count(&counters.already_answered, "grflow_already_answered_total");
@@ -166,6 +197,11 @@ mod tests {
             KafkaEvent::Answered {
                 recovered_late: true,
             },
+            KafkaEvent::OffsetGap {
+                partition: 0,
+                first: 5,
+                last: 7,
+            },
             KafkaEvent::ErrorAnswered { kind: "shed" },
             KafkaEvent::ErrorAnswered { kind: "stale" },
             KafkaEvent::ErrorAnswered { kind: "unservable" },
@@ -185,6 +221,7 @@ mod tests {
         assert_eq!((n(&c.responses), n(&c.recovered_unshed)), (1, 1));
         assert_eq!((n(&c.shed), n(&c.stale), n(&c.unservable)), (1, 1, 1));
         assert_eq!(n(&c.delivered), 1);
+        assert_eq!((n(&c.offset_gaps), n(&c.skipped_offsets)), (1, 3));
         assert_eq!(n(&c.commit_failures), 1);
     }
 }

@@ -50,13 +50,16 @@ impl PartitionOffsets {
         }
     }
 
-    fn consume(&mut self, offset: i64) -> Admission {
+    /// The admission, and the offsets skipped before this one (never
+    /// read: `(first, last)`), if any.
+    fn consume(&mut self, offset: i64) -> (Admission, Option<(i64, i64)>) {
         if offset < self.next_new {
-            return Admission::Duplicate;
+            return (Admission::Duplicate, None);
         }
+        let gap = (offset > self.next_new).then_some((self.next_new, offset - 1));
         self.next_new = offset + 1;
         self.in_flight.insert(offset, 0);
-        Admission::New
+        (Admission::New, gap)
     }
 
     /// The tokens of the acked record, or None if it was not in flight.
@@ -88,6 +91,8 @@ impl PartitionOffsets {
 pub struct OffsetBook {
     partitions: BTreeMap<i32, PartitionOffsets>,
     duplicates: u64,
+    /// Offsets the last `consume` jumped over: (partition, first, last).
+    gap: Option<(i32, i64, i64)>,
     /// Tokens of the requests in flight (see [`OffsetBook::weigh`]).
     tokens: u64,
 }
@@ -118,7 +123,7 @@ impl OffsetBook {
         if offset < 0 {
             return Err(OffsetError::Negative { partition, offset });
         }
-        let admission = self
+        let (admission, gap) = self
             .partitions
             .entry(partition)
             .or_default()
@@ -126,7 +131,18 @@ impl OffsetBook {
         if admission == Admission::Duplicate {
             self.duplicates += 1;
         }
+        self.gap = gap.map(|(first, last)| (partition, first, last));
         Ok(admission)
+    }
+
+    /// The offsets the last [`Self::consume`] jumped over, never read:
+    /// `(partition, first, last)`. Kafka leaves such gaps for transaction
+    /// markers and for records deleted by retention before they were read;
+    /// a broker that returns later records first (tansu 0.6 asked for an
+    /// offset inside a record batch) leaves them too, and requests there
+    /// are never answered.
+    pub fn take_gap(&mut self) -> Option<(i32, i64, i64)> {
+        self.gap.take()
     }
 
     /// The output of the record at `offset` is durable on the broker.
@@ -337,6 +353,23 @@ mod tests {
                 offset: 3
             })
         );
+    }
+
+    #[test]
+    fn offsets_jumped_over_are_reported_once() {
+        let mut book = OffsetBook::new();
+        book.resume(0, 10);
+        assert_eq!(book.consume(0, 10), Ok(Admission::New));
+        assert_eq!(book.take_gap(), None);
+        assert_eq!(book.consume(0, 14), Ok(Admission::New));
+        assert_eq!(book.take_gap(), Some((0, 11, 13)));
+        assert_eq!(book.take_gap(), None, "taken");
+        // The skipped ones arriving late are duplicates by the book (the
+        // gap was reported); no new gap.
+        assert_eq!(book.consume(0, 12), Ok(Admission::Duplicate));
+        assert_eq!(book.take_gap(), None);
+        assert_eq!(book.consume(0, 15), Ok(Admission::New));
+        assert_eq!(book.take_gap(), None);
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub struct KafkaCounters {
     pub clamped_ts: AtomicU64,
     pub responses: AtomicU64,
     pub shed: AtomicU64,
+    /// Jumps over offsets never read, and the offsets jumped over (see
+    /// `OffsetBook::take_gap`).
+    pub offset_gaps: AtomicU64,
+    pub skipped_offsets: AtomicU64,
     /// Requests answered `stale`: produced longer ago than
     /// `kafka.max_age_ms` when a node got to them.
     pub stale: AtomicU64,
@@ -263,6 +267,8 @@ pub struct CountsSnapshot {
     pub shed: u64,
     #[serde(default)]
     pub stale: u64,
+    #[serde(default)]
+    pub skipped_offsets: u64,
     pub recovered_unshed: u64,
     pub unservable: u64,
     pub delivered: u64,
@@ -288,6 +294,7 @@ impl CountsSnapshot {
             responses: c.responses.load(Ordering::Relaxed),
             shed: c.shed.load(Ordering::Relaxed),
             stale: c.stale.load(Ordering::Relaxed),
+            skipped_offsets: c.skipped_offsets.load(Ordering::Relaxed),
             recovered_unshed: c.recovered_unshed.load(Ordering::Relaxed),
             unservable: c.unservable.load(Ordering::Relaxed),
             delivered: c.delivered.load(Ordering::Relaxed),
@@ -311,6 +318,7 @@ impl CountsSnapshot {
         self.responses += o.responses;
         self.shed += o.shed;
         self.stale += o.stale;
+        self.skipped_offsets += o.skipped_offsets;
         self.recovered_unshed += o.recovered_unshed;
         self.unservable += o.unservable;
         self.delivered += o.delivered;

@@ -132,6 +132,11 @@ pub struct ServeSummary {
     pub shed: u64,
     /// Answered `stale` (`kafka.max_age_ms`).
     pub stale: u64,
+    /// Offsets of the request partitions the consumer jumped over, never
+    /// read (transaction markers, records deleted by retention before they
+    /// were read, or a broker that returned later records first: tansu 0.6
+    /// under a backlog); a request there was not answered.
+    pub skipped_offsets: u64,
     pub recovered_unshed: u64,
     pub unservable: u64,
     pub dead_lettered: u64,
