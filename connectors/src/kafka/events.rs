@@ -15,7 +15,7 @@ pub enum KafkaEvent<'a> {
     /// Its offset was consumed or committed before (a refetch).
     Duplicate { partition: i32, offset: i64 },
     /// Offsets `first..=last` of a partition were jumped over, never read
-    /// (see `OffsetBook::take_gap`).
+    /// (see `Admission::NewAfterGap`).
     OffsetGap {
         partition: i32,
         first: i64,

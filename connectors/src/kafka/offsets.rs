@@ -16,6 +16,13 @@ use std::collections::BTreeMap;
 pub enum Admission {
     /// First time seen: serve it, then `ack` its offset once its output is durable.
     New,
+    /// As `New`, but offsets `first..=last` of its partition, before it,
+    /// were never read. Kafka leaves such gaps for transaction markers and
+    /// for records deleted by retention before they were read; a broker
+    /// that returns later records first (tansu 0.6 asked for an offset
+    /// inside a record batch) leaves them too, and requests there are
+    /// never answered.
+    NewAfterGap { first: i64, last: i64 },
     /// At or below an offset already consumed or committed: skip it.
     Duplicate,
 }
@@ -50,16 +57,20 @@ impl PartitionOffsets {
         }
     }
 
-    /// The admission, and the offsets skipped before this one (never
-    /// read: `(first, last)`), if any.
-    fn consume(&mut self, offset: i64) -> (Admission, Option<(i64, i64)>) {
+    fn consume(&mut self, offset: i64) -> Admission {
         if offset < self.next_new {
-            return (Admission::Duplicate, None);
+            return Admission::Duplicate;
         }
-        let gap = (offset > self.next_new).then_some((self.next_new, offset - 1));
+        let admission = match offset > self.next_new {
+            true => Admission::NewAfterGap {
+                first: self.next_new,
+                last: offset - 1,
+            },
+            false => Admission::New,
+        };
         self.next_new = offset + 1;
         self.in_flight.insert(offset, 0);
-        (Admission::New, gap)
+        admission
     }
 
     /// The tokens of the acked record, or None if it was not in flight.
@@ -91,8 +102,6 @@ impl PartitionOffsets {
 pub struct OffsetBook {
     partitions: BTreeMap<i32, PartitionOffsets>,
     duplicates: u64,
-    /// Offsets the last `consume` jumped over: (partition, first, last).
-    gap: Option<(i32, i64, i64)>,
     /// Tokens of the requests in flight (see [`OffsetBook::weigh`]).
     tokens: u64,
 }
@@ -123,7 +132,7 @@ impl OffsetBook {
         if offset < 0 {
             return Err(OffsetError::Negative { partition, offset });
         }
-        let (admission, gap) = self
+        let admission = self
             .partitions
             .entry(partition)
             .or_default()
@@ -131,18 +140,7 @@ impl OffsetBook {
         if admission == Admission::Duplicate {
             self.duplicates += 1;
         }
-        self.gap = gap.map(|(first, last)| (partition, first, last));
         Ok(admission)
-    }
-
-    /// The offsets the last [`Self::consume`] jumped over, never read:
-    /// `(partition, first, last)`. Kafka leaves such gaps for transaction
-    /// markers and for records deleted by retention before they were read;
-    /// a broker that returns later records first (tansu 0.6 asked for an
-    /// offset inside a record batch) leaves them too, and requests there
-    /// are never answered.
-    pub fn take_gap(&mut self) -> Option<(i32, i64, i64)> {
-        self.gap.take()
     }
 
     /// The output of the record at `offset` is durable on the broker.
@@ -360,16 +358,17 @@ mod tests {
         let mut book = OffsetBook::new();
         book.resume(0, 10);
         assert_eq!(book.consume(0, 10), Ok(Admission::New));
-        assert_eq!(book.take_gap(), None);
-        assert_eq!(book.consume(0, 14), Ok(Admission::New));
-        assert_eq!(book.take_gap(), Some((0, 11, 13)));
-        assert_eq!(book.take_gap(), None, "taken");
+        assert_eq!(
+            book.consume(0, 14),
+            Ok(Admission::NewAfterGap {
+                first: 11,
+                last: 13
+            })
+        );
         // The skipped ones arriving late are duplicates by the book (the
         // gap was reported); no new gap.
         assert_eq!(book.consume(0, 12), Ok(Admission::Duplicate));
-        assert_eq!(book.take_gap(), None);
         assert_eq!(book.consume(0, 15), Ok(Admission::New));
-        assert_eq!(book.take_gap(), None);
     }
 
     #[test]
@@ -429,9 +428,18 @@ mod tests {
             let mut book = OffsetBook::new();
             let mut offsets = Vec::new();
             let mut o = 0;
+            // The first offset not read yet (a partition never resumed
+            // starts at 0).
+            let mut next = 0;
             for g in gaps {
                 o += g;
-                prop_assert_eq!(book.consume(1, o), Ok(Admission::New));
+                // Admitted, and any offsets jumped over named.
+                let expected = match o > next {
+                    true => Admission::NewAfterGap { first: next, last: o - 1 },
+                    false => Admission::New,
+                };
+                prop_assert_eq!(book.consume(1, o), Ok(expected));
+                next = o + 1;
                 offsets.push(o);
             }
             let last = o;

@@ -40,7 +40,7 @@ pub struct KafkaCounters {
     pub responses: AtomicU64,
     pub shed: AtomicU64,
     /// Jumps over offsets never read, and the offsets jumped over (see
-    /// `OffsetBook::take_gap`).
+    /// `Admission::NewAfterGap`).
     pub offset_gaps: AtomicU64,
     pub skipped_offsets: AtomicU64,
     /// Requests answered `stale`: produced longer ago than

@@ -234,25 +234,20 @@ impl KafkaSource {
         let counters = &self.shared.counters;
         KafkaEvent::Read { partition, offset }.emit(counters);
         let source = RecordId { partition, offset };
-        let (admission, gap) = {
-            let mut book = self
-                .shared
-                .book(self.worker)
-                .lock()
-                .expect("offset book lock");
-            let admission = book.consume(record.partition, record.offset);
-            (admission, book.take_gap())
-        };
-        if let Some((partition, first, last)) = gap {
-            KafkaEvent::OffsetGap {
+        let admission = self
+            .shared
+            .book(self.worker)
+            .lock()
+            .expect("offset book lock")
+            .consume(record.partition, record.offset);
+        match admission {
+            Ok(Admission::New) => {}
+            Ok(Admission::NewAfterGap { first, last }) => KafkaEvent::OffsetGap {
                 partition,
                 first,
                 last,
             }
-            .emit(counters);
-        }
-        match admission {
-            Ok(Admission::New) => {}
+            .emit(counters),
             Ok(Admission::Duplicate) => {
                 KafkaEvent::Duplicate { partition, offset }.emit(counters);
                 return None;
