@@ -228,9 +228,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if pass == 0 {
             span.observe(&r);
         }
-        let (id_shift, ts_shift) = span
+        // This pass's move of the ids, with --req-id-offset, and of the
+        // event times.
+        let (id_offset, ts_shift) = span
             .shift(pass)
-            .filter(|(id, _)| id.checked_add(args.req_id_offset).is_some())
+            .and_then(|(id, ts)| Some((id.checked_add(args.req_id_offset)?, ts)))
             .ok_or_else(|| {
                 InputError::from_display(format!(
                     "--loop: pass {pass}'s req_ids or event times overflow u64"
@@ -248,7 +250,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         let ts = if args.trace_ts { ts_ms } else { wall_ms() };
-        let wire = wire_request(&r, ts, args.req_id_offset + id_shift).ok_or_else(|| {
+        let wire = wire_request(&r, ts, id_offset).ok_or_else(|| {
             InputError::from_display(format!(
                 "--req-id-offset {}: req_id {} + offset overflows u64",
                 args.req_id_offset, r.req_id
