@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use super::client_logs::CLIENT_LOGS;
 use super::offsets::RecoveryBounds;
 use super::wire::{AnsweredRequest, RecordId, WireResponse};
 
@@ -420,7 +421,15 @@ struct CommitWatch {
     refused: std::sync::Mutex<Vec<String>>,
 }
 
-impl ClientContext for CommitWatch {}
+impl ClientContext for CommitWatch {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        CLIENT_LOGS.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        CLIENT_LOGS.error(&error, reason);
+    }
+}
 
 impl ConsumerContext for CommitWatch {
     fn commit_callback(
@@ -926,7 +935,15 @@ struct DeliveryContext {
     on_delivery: DeliveryCallback,
 }
 
-impl ClientContext for DeliveryContext {}
+impl ClientContext for DeliveryContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        CLIENT_LOGS.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        CLIENT_LOGS.error(&error, reason);
+    }
+}
 
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = Box<RecordId>;

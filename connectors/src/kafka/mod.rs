@@ -17,6 +17,7 @@
 
 pub mod assign;
 pub mod client;
+pub mod client_logs;
 pub mod clock;
 pub mod events;
 pub mod offsets;

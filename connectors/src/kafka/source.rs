@@ -67,6 +67,9 @@ pub struct KafkaSource {
     /// Rate-limits the warnings about repeated `req_id`s (the ids
     /// themselves are remembered in [`SharedState`]).
     repeat_log: LogLimiter,
+    /// Rate-limits client errors while polling (a broker away for hours
+    /// repeats the same error every second or two).
+    poll_error_log: LogLimiter,
     /// The request topic's partition count this source has taken its
     /// partitions from (see [`SharedState::saw_partitions`]).
     known_partitions: i32,
@@ -116,6 +119,7 @@ impl KafkaSource {
             last_commit: Instant::now(),
             clamp_log: LogLimiter::default(),
             repeat_log: LogLimiter::default(),
+            poll_error_log: LogLimiter::new(super::client_logs::EVERY),
             known_partitions,
             adopt_retry_at: None,
         }
@@ -190,7 +194,14 @@ impl KafkaSource {
                     Some(Err(e)) => {
                         // Transient client errors (broker down, ...): librdkafka
                         // reconnects by itself; say so and keep going.
-                        tracing::warn!(worker = self.worker, error = %e, "request consumer");
+                        if let Some(suppressed) = self.poll_error_log.admit(now) {
+                            tracing::warn!(
+                                worker = self.worker,
+                                error = %e,
+                                "request consumer{}",
+                                super::client_logs::more(suppressed)
+                            );
+                        }
                         state = SourceState::Idle;
                         break;
                     }
