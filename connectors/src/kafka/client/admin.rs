@@ -1,0 +1,176 @@
+//! Topic administration and broker probes: partition counts, topic
+//! creation and deletion, the readiness check's metadata request.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+
+use super::{KafkaClientError, KafkaSettings, kafka, kafka_call};
+
+/// Asks the cluster for a topic's metadata, to tell whether a broker
+/// answers (readiness): one client kept for every check.
+pub struct BrokerProbe {
+    consumer: BaseConsumer,
+    topic: String,
+}
+
+impl std::fmt::Debug for BrokerProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerProbe")
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BrokerProbe {
+    pub fn new(settings: &KafkaSettings, topic: &str) -> Result<Self, KafkaClientError> {
+        Ok(Self {
+            consumer: settings
+                .client_config()
+                .create()
+                .map_err(kafka("creating a metadata client"))?,
+            topic: topic.into(),
+        })
+    }
+
+    /// The topic's partition count when a broker answered within
+    /// `timeout` (0 where the answer does not list the topic).
+    pub fn check(&self, timeout: Duration) -> Result<i32, KafkaClientError> {
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(&self.topic), timeout)
+            .map_err(kafka(format!("metadata of `{}`", self.topic)))?;
+        Ok(partitions_listed(&metadata, &self.topic))
+    }
+}
+
+/// Partitions of `topic` in a metadata answer (0 where it is not listed,
+/// or listed with an error).
+fn partitions_listed(metadata: &rdkafka::metadata::Metadata, topic: &str) -> i32 {
+    metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len() as i32)
+}
+
+pub fn partition_count(
+    settings: &KafkaSettings,
+    topic: &str,
+    timeout: Duration,
+) -> Result<i32, KafkaClientError> {
+    let consumer: BaseConsumer = settings
+        .client_config()
+        .create()
+        .map_err(kafka("creating a metadata client"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(kafka_call(
+            settings,
+            format!("metadata of `{topic}`"),
+            timeout,
+        ))?;
+    let partitions = partitions_listed(&metadata, topic);
+    if partitions == 0 {
+        return Err(KafkaClientError::NoSuchTopic {
+            topic: topic.into(),
+            brokers: settings.brokers.clone(),
+        });
+    }
+    Ok(partitions)
+}
+
+/// An admin client, its options and a runtime to wait on it with. The
+/// operation timeout bounds the broker's side; the request timeout the
+/// client's wait for an answer (default socket.timeout.ms, 60 s), which is
+/// what a missing broker runs into.
+fn admin_session(
+    settings: &KafkaSettings,
+    timeout: Duration,
+) -> Result<
+    (
+        AdminClient<DefaultClientContext>,
+        AdminOptions,
+        tokio::runtime::Runtime,
+    ),
+    KafkaClientError,
+> {
+    let admin: AdminClient<DefaultClientContext> = settings
+        .client_config()
+        .create()
+        .map_err(kafka("creating an admin client"))?;
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(timeout))
+        .request_timeout(Some(timeout));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| KafkaClientError::Runtime(e.to_string()))?;
+    Ok((admin, opts, runtime))
+}
+
+/// Creates the topics that do not exist yet with `replication` copies of
+/// each partition (-1: the broker's `default.replication.factor`); existing
+/// ones are left alone.
+pub fn ensure_topics(
+    settings: &KafkaSettings,
+    topics: &[(&str, i32)],
+    replication: i32,
+    timeout: Duration,
+) -> Result<(), KafkaClientError> {
+    let (admin, opts, runtime) = admin_session(settings, timeout)?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|(name, partitions)| {
+            NewTopic::new(name, *partitions, TopicReplication::Fixed(replication))
+        })
+        .collect();
+    let results = runtime
+        .block_on(admin.create_topics(&new, &opts))
+        .map_err(kafka_call(settings, "creating topics", timeout))?;
+    for result in results {
+        if let Err((topic, code)) = result
+            && code != RDKafkaErrorCode::TopicAlreadyExists
+        {
+            let partitions = topics
+                .iter()
+                .find(|(name, _)| *name == topic)
+                .map_or(0, |(_, p)| *p);
+            return Err(KafkaClientError::CreateTopic {
+                partitions,
+                replication,
+                topic,
+                reason: code.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Deletes `topics` (a bench's own); the topics the broker did not delete,
+/// with why, are the error.
+pub fn delete_topics(
+    settings: &KafkaSettings,
+    topics: &[&str],
+    timeout: Duration,
+) -> Result<(), KafkaClientError> {
+    let (admin, opts, runtime) = admin_session(settings, timeout)?;
+    let results = runtime
+        .block_on(admin.delete_topics(topics, &opts))
+        .map_err(kafka_call(settings, "deleting topics", timeout))?;
+    let failed: Vec<String> = results
+        .into_iter()
+        .filter_map(|r| r.err().map(|(topic, code)| format!("{topic} ({code})")))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(KafkaClientError::Runtime(format!(
+            "topics not deleted: {}",
+            failed.join(", ")
+        )))
+    }
+}

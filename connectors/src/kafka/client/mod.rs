@@ -1,0 +1,378 @@
+//! The rdkafka client behind `grflow serve`: a consumer per worker that
+//! reads its own partitions in assign mode (no group rebalancing) and
+//! commits explicitly, one producer per job whose delivery reports say which
+//! request record an output belongs to, topic administration, and the
+//! restart scan of the response topic. Blocking calls only; no timely types.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+/// How to reach the cluster, and extra librdkafka properties.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KafkaSettings {
+    /// `bootstrap.servers`, e.g. "127.0.0.1:9092".
+    pub brokers: String,
+    /// Consumer group the offsets are committed under.
+    pub group_id: String,
+    pub client_id: String,
+    /// Passed to librdkafka as is (e.g. "socket.timeout.ms").
+    pub extra: BTreeMap<String, String>,
+    /// How the producer compresses what it writes (answers, dead letters).
+    /// Consumers read every codec librdkafka was built with.
+    pub compression: Compression,
+}
+
+/// A producer's `compression.type`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Gzip => "gzip",
+            Self::Snappy => "snappy",
+            Self::Lz4 => "lz4",
+            Self::Zstd => "zstd",
+        }
+    }
+}
+
+/// librdkafka's `builtin.features` (e.g. "gzip,snappy,ssl,sasl,...,
+/// zstd"): what this build can speak (TLS, SASL mechanisms, codecs).
+pub fn builtin_features() -> String {
+    ClientConfig::new()
+        .create_native_config()
+        .and_then(|c| c.get("builtin.features"))
+        .unwrap_or_default()
+}
+
+impl KafkaSettings {
+    fn client_config(&self) -> ClientConfig {
+        self.client_config_with(&[])
+    }
+
+    /// Our `defaults` for one kind of client, then the user's `extra`
+    /// properties, which win.
+    fn client_config_with(&self, defaults: &[(&str, &str)]) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        if !self.client_id.is_empty() {
+            c.set("client.id", &self.client_id);
+        }
+        for &(k, v) in defaults {
+            c.set(k, v);
+        }
+        for (k, v) in &self.extra {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaClientError {
+    // The cause is in the message and not a `#[source]`: `error: {:#}`
+    // would print it twice.
+    #[error("kafka: {what}: {cause}")]
+    Kafka { what: String, cause: KafkaError },
+    /// No broker answered in time: the usual first-run mistake (a wrong
+    /// address, a broker not started), said as such.
+    #[error(
+        "no Kafka broker answered at {brokers} within {timeout_s} s ({what}: {cause}); is the \
+         broker up, and are kafka.brokers (or GRFLOW_KAFKA_BROKERS) and kafka.librdkafka right?{security}"
+    )]
+    Unreachable {
+        brokers: String,
+        what: String,
+        timeout_s: u64,
+        /// librdkafka's words for it.
+        cause: String,
+        /// With TLS or SASL configured, what else ends this way.
+        security: String,
+    },
+    #[error("topic `{topic}` does not exist on {brokers}")]
+    NoSuchTopic { topic: String, brokers: String },
+    #[error(
+        "creating topic `{topic}` ({partitions} partitions, replication factor {replication}): {reason}"
+    )]
+    CreateTopic {
+        topic: String,
+        partitions: i32,
+        replication: i32,
+        reason: String,
+    },
+    #[error("kafka admin runtime: {0}")]
+    Runtime(String),
+}
+
+fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> KafkaClientError {
+    let what = what.into();
+    move |cause| KafkaClientError::Kafka { what, cause }
+}
+
+/// Whether `e` is a call that timed out waiting for any broker.
+fn timed_out(e: &KafkaError) -> bool {
+    let code = match e {
+        KafkaError::AdminOp(code) | KafkaError::MetadataFetch(code) => code,
+        _ => return false,
+    };
+    matches!(
+        code,
+        RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::Resolve
+    )
+}
+
+/// Like [`kafka`], but a timeout waiting for the brokers becomes
+/// [`KafkaClientError::Unreachable`] naming them.
+fn kafka_call(
+    settings: &KafkaSettings,
+    what: impl Into<String>,
+    timeout: Duration,
+) -> impl FnOnce(KafkaError) -> KafkaClientError {
+    let (what, brokers) = (what.into(), settings.brokers.clone());
+    let protocol = settings.extra.get("security.protocol").cloned();
+    move |cause| {
+        if timed_out(&cause) {
+            KafkaClientError::Unreachable {
+                brokers,
+                what,
+                timeout_s: timeout.as_secs().max(1),
+                cause: cause.to_string(),
+                security: security_hint(protocol.as_deref()),
+            }
+        } else {
+            KafkaClientError::Kafka { what, cause }
+        }
+    }
+}
+
+/// What else a call that reached no broker may mean under the configured
+/// `security.protocol`: librdkafka reports a refused SASL login or a failed
+/// TLS handshake only as a broker that does not answer.
+fn security_hint(protocol: Option<&str>) -> String {
+    let protocol = protocol.unwrap_or_default().to_ascii_lowercase();
+    let sasl = protocol.contains("sasl");
+    let tls = protocol.contains("ssl");
+    match (sasl, tls) {
+        (false, false) => String::new(),
+        (true, _) => format!(
+            " With security.protocol = {protocol:?}, a refused login ends this way too: check \
+             sasl.mechanism, sasl.username and GRFLOW_KAFKA_SASL_PASSWORD{}",
+            if tls {
+                ", and that ssl.ca.location holds the brokers' CA"
+            } else {
+                ""
+            }
+        ),
+        (false, true) => format!(
+            " With security.protocol = {protocol:?}, a failed TLS handshake ends this way too: \
+             check that ssl.ca.location holds the brokers' CA and that their certificates name \
+             the addresses in kafka.brokers"
+        ),
+    }
+}
+
+/// Where a partition starts when its group never committed an offset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartPosition {
+    #[default]
+    Earliest,
+    Latest,
+}
+
+/// Where a partition with a committed offset is fetched from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Refetch {
+    /// At the committed offset (any broker that implements Kafka's fetch).
+    #[default]
+    FromCommitted,
+    /// From the start of the partition, skipping records below the committed
+    /// offset as duplicates: for brokers that cannot fetch from an offset
+    /// inside a record batch (tansu 0.6 returns nothing there).
+    FromStart,
+}
+
+/// One consumed record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawRecord {
+    pub partition: i32,
+    pub offset: i64,
+    /// The record's broker/producer timestamp, ms since the Unix epoch.
+    pub timestamp_ms: Option<i64>,
+    /// `None` for a record without a value (a tombstone).
+    pub payload: Option<Vec<u8>>,
+}
+
+/// Where a partition's reading starts: records below `offset` count as
+/// consumed. Book it with `OffsetBook::resume` when `from_commit`, else with
+/// `OffsetBook::start_uncommitted` (a `latest` start is committed then).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resumed {
+    pub partition: i32,
+    pub offset: i64,
+    /// Whether `offset` came from a committed offset (a restart).
+    pub from_commit: bool,
+    /// The group's committed offset when it lay past the end of the log
+    /// (the topic was deleted and created again, the log was cut short, or
+    /// the group id was used on another topic): it was ignored and the
+    /// partition read from the start position, since every record below
+    /// it would otherwise be skipped as already consumed.
+    pub past_end: Option<i64>,
+}
+
+mod admin;
+mod consumer;
+mod producer;
+mod scan;
+
+pub use admin::{BrokerProbe, delete_topics, ensure_topics, partition_count};
+pub use consumer::RequestConsumer;
+pub use producer::{Delivery, DeliveryCallback, OutputProducer, SendError};
+pub use scan::{scan_answered, scan_answers};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::producer::{BaseProducer, Producer};
+
+    /// A broker that never answers is named as such; a broker's refusal
+    /// keeps its own message; the cause is printed once either way.
+    #[test]
+    fn timeouts_waiting_for_brokers_say_which_brokers() {
+        let settings = KafkaSettings {
+            brokers: "10.0.0.9:9092".into(),
+            group_id: "g".into(),
+            client_id: "c".into(),
+            extra: BTreeMap::new(),
+            compression: Compression::default(),
+        };
+        let timeout = Duration::from_secs(10);
+        let e = kafka_call(&settings, "creating topics", timeout)(KafkaError::AdminOp(
+            RDKafkaErrorCode::OperationTimedOut,
+        ));
+        // `error: {:#}` prints the chain: this error ends it.
+        assert!(std::error::Error::source(&e).is_none());
+        let said = e.to_string();
+        assert!(
+            said.starts_with("no Kafka broker answered at 10.0.0.9:9092 within 10 s"),
+            "{said}"
+        );
+        assert_eq!(said.matches("OperationTimedOut").count(), 1, "{said}");
+        let e = kafka_call(&settings, "creating topics", timeout)(KafkaError::AdminOp(
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+        ));
+        assert!(matches!(e, KafkaClientError::Kafka { .. }), "{e}");
+    }
+
+    /// With SASL or TLS configured, "no broker answered" also names what
+    /// librdkafka reports the same way: a refused login, a failed handshake.
+    #[test]
+    fn an_unreachable_broker_under_sasl_or_tls_names_the_security_settings() {
+        let timeout = Duration::from_secs(10);
+        let said = |protocol: Option<&str>| {
+            let mut settings = KafkaSettings {
+                brokers: "b:9093".into(),
+                ..KafkaSettings::default()
+            };
+            if let Some(p) = protocol {
+                settings.extra.insert("security.protocol".into(), p.into());
+            }
+            kafka_call(&settings, "metadata", timeout)(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::BrokerTransportFailure,
+            ))
+            .to_string()
+        };
+        assert!(!said(None).contains("security.protocol"));
+        let sasl = said(Some("SASL_PLAINTEXT"));
+        assert!(sasl.contains("refused login") && sasl.contains("GRFLOW_KAFKA_SASL_PASSWORD"));
+        assert!(!sasl.contains("ssl.ca.location"), "{sasl}");
+        assert!(said(Some("sasl_ssl")).contains("ssl.ca.location"));
+        let tls = said(Some("ssl"));
+        assert!(
+            tls.contains("TLS handshake") && !tls.contains("sasl"),
+            "{tls}"
+        );
+    }
+
+    /// The build speaks TLS, SASL PLAIN/SCRAM and every codec (rdkafka's
+    /// `ssl` and `zstd` features; lz4, snappy and gzip are built in).
+    #[test]
+    fn librdkafka_is_built_with_tls_sasl_and_every_codec() {
+        let features = builtin_features();
+        for f in [
+            "ssl",
+            "sasl_plain",
+            "sasl_scram",
+            "gzip",
+            "snappy",
+            "lz4",
+            "zstd",
+        ] {
+            assert!(
+                features.split(',').any(|x| x.trim() == f),
+                "{f} missing from {features:?}"
+            );
+        }
+    }
+
+    /// A client configured for SASL_SSL with SCRAM is accepted (a build
+    /// without OpenSSL refuses these properties at creation).
+    #[test]
+    fn a_sasl_ssl_scram_client_can_be_created() {
+        let settings = KafkaSettings {
+            brokers: "127.0.0.1:1".into(),
+            extra: [
+                ("security.protocol", "sasl_ssl"),
+                ("sasl.mechanism", "SCRAM-SHA-512"),
+                ("sasl.username", "grflow"),
+                ("sasl.password", "secret"),
+                ("ssl.endpoint.identification.algorithm", "https"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            compression: Compression::Zstd,
+            ..KafkaSettings::default()
+        };
+        let producer: BaseProducer = settings
+            .client_config_with(&[("compression.type", settings.compression.as_str())])
+            .create()
+            .expect("TLS + SCRAM + zstd settings accepted");
+        drop(
+            producer
+                .client()
+                .fetch_metadata(None, Duration::from_millis(1)),
+        );
+    }
+
+    #[test]
+    fn compression_names_parse_as_librdkafka_spells_them() {
+        for c in [
+            Compression::None,
+            Compression::Gzip,
+            Compression::Snappy,
+            Compression::Lz4,
+            Compression::Zstd,
+        ] {
+            let json = format!("\"{}\"", c.as_str());
+            assert_eq!(serde_json::from_str::<Compression>(&json).unwrap(), c);
+        }
+        assert!(serde_json::from_str::<Compression>("\"brotli\"").is_err());
+    }
+}
