@@ -41,10 +41,12 @@ impl ClientLogs {
             .admit(kind, Instant::now())
     }
 
-    /// librdkafka's log callback: a kind is the level and facility (`FAIL`,
-    /// `REQTMOUT`, ...), whatever broker the line names.
+    /// librdkafka's log callback: a kind is the level, facility (`FAIL`,
+    /// `CONFWARN`, ...) and the message without its numbers, so distinct
+    /// warnings (each config warning at start) all show while a reconnect
+    /// failure repeated with new timings and counts is one kind.
     pub fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        let Some(suppressed) = self.admit(&format!("{level:?} {fac}")) else {
+        let Some(suppressed) = self.admit(&kind(&format!("{level:?} {fac} {message}"))) else {
             return;
         };
         let more = more(suppressed);
@@ -67,16 +69,19 @@ impl ClientLogs {
         }
     }
 
-    /// librdkafka's global error callback: a kind is the error code.
+    /// librdkafka's global error callback: a kind is the error and its
+    /// reason without their numbers.
     pub fn error(&self, error: &KafkaError, reason: &str) {
-        let kind = match error.rdkafka_error_code() {
-            Some(code) => format!("{code:?}"),
-            None => error.to_string(),
-        };
-        if let Some(suppressed) = self.admit(&kind) {
+        if let Some(suppressed) = self.admit(&kind(&format!("{error}: {reason}"))) {
             tracing::error!(target: "librdkafka", "librdkafka: {error}: {reason}{}", more(suppressed));
         }
     }
+}
+
+/// A line's kind: the line without its digits ("2/2 brokers are down" and
+/// "0/2 brokers are down", "after 10932ms" and "after 11428ms" are alike).
+fn kind(line: &str) -> String {
+    line.chars().filter(|c| !c.is_ascii_digit()).collect()
 }
 
 /// The tail of a line that stands for others left out.
@@ -100,6 +105,14 @@ mod tests {
         assert_eq!(logs.admit("Error FAIL"), Some(0));
         assert_eq!(logs.admit("Error FAIL"), None);
         assert_eq!(logs.admit("Warning REQTMOUT"), Some(0));
+        assert_eq!(
+            kind("Error FAIL 127.0.0.1:19194/bootstrap: refused (after 0ms)"),
+            kind("Error FAIL 127.0.0.1:19194/bootstrap: refused (after 12ms)")
+        );
+        assert_ne!(
+            kind("Warning CONFWARN Configuration property a is ignored"),
+            kind("Warning CONFWARN Configuration property b is ignored")
+        );
         assert_eq!(more(0), "");
         assert_eq!(more(3), " (3 more like it in the last 30 s not logged)");
     }
