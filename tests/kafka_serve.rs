@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
-use common::kafka::{Serve, Tail, Topics, answers_by_req, broker, produce, write_config};
+use common::kafka::{
+    Serve, Tail, Topics, answers_by_req, broker, produce, write_config, write_config_as,
+};
 use common::temp::tmp_dir;
 use grflow_connectors::kafka::{KafkaSettings, RecordId, WireResponse, scan_answered};
 use grflow_pipeline::Config;
@@ -1024,4 +1026,95 @@ fn grflow_send_feeds_a_serve_job_and_reads_every_answer_back() {
     assert_eq!(summary["requests_in"], 130 + 250 + timed_n, "{summary}");
     assert_eq!(summary["dead_lettered"], 0, "{summary}");
     assert_eq!(summary["repeated_req_ids"], 0, "{summary}");
+}
+
+fn grflow_check(config: &Path, brokers: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args(["serve", "--check", "--config"])
+        .arg(config)
+        .env("GRFLOW_KAFKA_BROKERS", brokers)
+        .output()
+        .unwrap()
+}
+
+/// `serve --check` reports the topics and where each partition would
+/// resume, and takes nothing from the job: a job started after it reads
+/// every request from the start, and a check after that job sees its
+/// commits and answers. A missing dead-letter topic fails the check with
+/// the job's own message.
+#[test]
+fn serve_check_reports_where_a_start_would_resume_and_consumes_nothing() {
+    let Some(brokers) = broker("serve_check") else {
+        return;
+    };
+    const N: u64 = 40;
+    let dir = tmp_dir("serve-check");
+    let topics = Topics::fresh("check");
+    let config = write_config(&dir, &topics, "");
+    topics.create(&brokers, PARTITIONS);
+    let records: Vec<_> = (0..N)
+        .map(|i| ((i % PARTITIONS as u64) as i32, Some(request(i))))
+        .collect();
+    produce(&brokers, &topics.requests, &records);
+    let check = |config: &Path| {
+        let out = grflow_check(config, &brokers);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let report: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
+        (out.status.code(), report, stderr)
+    };
+    let resumed = |report: &serde_json::Value, from_commit: bool| {
+        let rows = report["resume"].as_array().expect("resume");
+        assert_eq!(rows.len(), PARTITIONS as usize, "{report}");
+        assert!(
+            rows.iter().all(|r| r["from_commit"] == from_commit),
+            "{report}"
+        );
+        rows.iter()
+            .map(|r| r["offset"].as_i64().unwrap())
+            .sum::<i64>()
+    };
+
+    let (code, report, stderr) = check(&config);
+    let report = report.unwrap_or_else(|| panic!("no report (exit {code:?}): {stderr}"));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(report["ok"], true);
+    assert_eq!(
+        report["request_topic"]["partitions"], PARTITIONS,
+        "{report}"
+    );
+    assert_eq!(report["dead_letter_topic"]["partitions"], 1, "{report}");
+    assert_eq!(resumed(&report, false), 0);
+    assert_eq!(report["already_answered"], 0, "{report}");
+
+    // Nothing was taken: the job reads and answers every request.
+    let serve = Serve::start(&brokers, &config, "serve-check");
+    let mut responses = Tail::new(&brokers, &topics.responses, PARTITIONS);
+    assert!(
+        responses.read_until(Duration::from_secs(120), |t| t.req_ids.len() as u64 >= N),
+        "{} of {N} answered; stderr:\n{}",
+        responses.req_ids.len(),
+        serve.stderr_text()
+    );
+    let summary = serve.stop();
+    assert_eq!(summary["requests_in"], N, "{summary}");
+    assert_eq!(committed_total(&summary), N as i64, "{summary}");
+
+    let (code, report, stderr) = check(&config);
+    let report = report.unwrap_or_else(|| panic!("no report (exit {code:?}): {stderr}"));
+    assert_eq!(resumed(&report, true), N as i64, "{report}");
+    assert_eq!(report["already_answered"], N, "{report}");
+
+    // A dead-letter topic that a start would not create.
+    let missing = Topics {
+        dead_letters: format!("{}.missing", topics.dead_letters),
+        ..Topics::named(&topics.requests.replace(".requests", ""))
+    };
+    let bad = write_config_as(&dir, "bad.toml", &missing, 0, "");
+    let (code, report, stderr) = check(&bad);
+    assert_ne!(code, Some(0), "{report:?}");
+    assert!(report.is_none(), "{report:?}");
+    assert!(
+        stderr.contains("kafka.dead_letter_topic") && stderr.contains(&missing.dead_letters),
+        "{stderr}"
+    );
 }

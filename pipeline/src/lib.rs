@@ -28,6 +28,7 @@ pub mod worker_failure;
 
 pub use config::{Clock, Config, ConfigError, Release, ReleaseSetting, SloMs, Speed};
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};
-pub use serve::{ServeError, ServeOptions, ServeSummary, kafka_settings, serve};
+pub use serve::check::check as check_serve;
+pub use serve::{CheckReport, ServeError, ServeOptions, ServeSummary, kafka_settings, serve};
 pub use stop::StopRequest;
 pub use summary::Summary;

@@ -47,6 +47,12 @@ pub struct Args {
     /// would).
     #[arg(long)]
     pub model_watch: Option<PathBuf>,
+    /// Check everything a start checks (config, side tables, model, every
+    /// topic, where each partition would resume, the restart scan,
+    /// windows.out), print the findings as JSON and exit: 0 when the job
+    /// could start. Consumes, commits, creates and produces nothing.
+    #[arg(long)]
+    pub check: bool,
     #[command(flatten)]
     pub cluster: super::ClusterArgs,
 }
@@ -84,6 +90,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.run.workers = w;
     }
     args.cluster.apply(&mut config)?;
+    let to_input = |e: ServeError| match e {
+        ServeError::Config(_) | ServeError::Catalog(_) => InputError::from_display(e),
+        other => anyhow::Error::new(other),
+    };
+    let opts = ServeOptions {
+        config,
+        admin_addr: args.admin_addr,
+        model_watch: args.model_watch,
+    };
+    if args.check {
+        let report = grflow_pipeline::check_serve(&opts).map_err(to_input)?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [SIGINT, SIGTERM] {
         // The second signal exits at once; the first asks for a drain.
@@ -91,20 +111,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         signal_hook::flag::register(signal, stop.clone())?;
     }
     let _ops = super::start_ops(args.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR))?;
-    tracing::info!(brokers = %config.kafka.brokers, topic = %config.kafka.request_topic,
-        workers = config.run.workers, "grflow serve starting");
-    let summary = grflow_pipeline::serve(
-        ServeOptions {
-            config,
-            admin_addr: args.admin_addr,
-            model_watch: args.model_watch,
-        },
-        stop,
-    )
-    .map_err(|e| match e {
-        ServeError::Config(_) | ServeError::Catalog(_) => InputError::from_display(e),
-        other => anyhow::Error::new(other),
-    })?;
+    tracing::info!(brokers = %opts.config.kafka.brokers, topic = %opts.config.kafka.request_topic,
+        workers = opts.config.run.workers, "grflow serve starting");
+    let summary = grflow_pipeline::serve(opts, stop).map_err(to_input)?;
     println!("{}", serde_json::to_string_pretty(&summary)?);
     Ok(())
 }

@@ -10,6 +10,7 @@
 //! ranking), so both answers are the same within the tolerance of
 //! `WireResponse::same_answer`.
 
+pub mod check;
 pub mod histogram;
 pub mod summary;
 
@@ -43,6 +44,7 @@ use crate::job::Job;
 use crate::models::ModelRegistry;
 use crate::params::node_params;
 use crate::side::SideTables;
+pub use check::CheckReport;
 use grflow_operators::node::NodeCommand;
 pub use summary::ServeSummary;
 use summary::{AnswerLatency, ProcessPart, RefillSummary};
