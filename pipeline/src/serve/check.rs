@@ -12,11 +12,13 @@ use std::time::Instant;
 use serde::Serialize;
 
 use grflow_connectors::kafka::{
-    KafkaClientError, KafkaSettings, Refetch, RequestConsumer, StartPosition, owned_partitions,
-    partition_count, scan_answers,
+    KafkaClientError, KafkaSettings, RequestConsumer, owned_partitions, partition_count,
+    scan_answers,
 };
 
-use super::{CALL_TIMEOUT, ServeError, ServeOptions, check_dead_letter_topic, check_servable};
+use super::{
+    CALL_TIMEOUT, ServeError, ServeOptions, check_dead_letter_topic, check_servable, read_positions,
+};
 use crate::job::Job;
 
 /// What `--check` found; printed as JSON.
@@ -96,15 +98,7 @@ pub fn check(opts: &ServeOptions) -> Result<CheckReport, ServeError> {
     };
     let mut resume = Vec::new();
     if let Some(partitions) = request_topic.partitions {
-        let start = match k.start.as_str() {
-            "latest" => StartPosition::Latest,
-            _ => StartPosition::Earliest,
-        };
-        let refetch = if k.refetch_from_start {
-            Refetch::FromStart
-        } else {
-            Refetch::FromCommitted
-        };
+        let (start, refetch) = read_positions(&k);
         for w in topo.local_workers() {
             let owned = owned_partitions(&k.request_topic, partitions, w, topo.total());
             // Opened as a start opens it (assign mode, committed offsets

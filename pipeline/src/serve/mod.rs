@@ -178,6 +178,21 @@ fn check_servable(cfg: &Config) -> Result<(), String> {
     Ok(())
 }
 
+/// Where partitions without a committed offset start, and where those with
+/// one are fetched from (`kafka.start`, `kafka.refetch_from_start`).
+fn read_positions(k: &crate::config::KafkaSection) -> (StartPosition, Refetch) {
+    let start = match k.start.as_str() {
+        "latest" => StartPosition::Latest,
+        _ => StartPosition::Earliest,
+    };
+    let refetch = if k.refetch_from_start {
+        Refetch::FromStart
+    } else {
+        Refetch::FromCommitted
+    };
+    (start, refetch)
+}
+
 /// Fails unless the dead-letter topic exists: found missing only when the
 /// first bad record cannot be written, it would stop the job (the record's
 /// offset uncommitted) at every start, a crash loop.
@@ -303,15 +318,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
 
     // Consumers are opened here so that a broker or topic problem fails
     // before any worker starts.
-    let start = match k.start.as_str() {
-        "latest" => StartPosition::Latest,
-        _ => StartPosition::Earliest,
-    };
-    let refetch = if k.refetch_from_start {
-        Refetch::FromStart
-    } else {
-        Refetch::FromCommitted
-    };
+    let (start, refetch) = read_positions(&k);
     let mut ingests = Vec::with_capacity(topo.threads);
     for w in topo.local_workers() {
         let owned = owned_partitions(&k.request_topic, partitions, w, workers);
