@@ -11,13 +11,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use grflow_connectors::kafka::{
-    KafkaClientError, KafkaSettings, RequestConsumer, owned_partitions, partition_count,
-    scan_answers,
-};
+use grflow_connectors::kafka::{KafkaClientError, KafkaSettings, partition_count, scan_answers};
 
 use super::{
-    CALL_TIMEOUT, ServeError, ServeOptions, check_dead_letter_topic, check_servable, read_positions,
+    CALL_TIMEOUT, ServeError, ServeOptions, check_dead_letter_topic, check_servable,
+    open_request_consumer,
 };
 use crate::job::Job;
 
@@ -93,24 +91,18 @@ pub fn check(opts: &ServeOptions) -> Result<CheckReport, ServeError> {
     let dead_letter_topic = if creates {
         topic(&settings, &k.dead_letter_topic, true)?
     } else {
-        check_dead_letter_topic(&settings, &k.dead_letter_topic)?;
-        topic(&settings, &k.dead_letter_topic, false)?
+        TopicCheck {
+            name: k.dead_letter_topic.clone(),
+            partitions: Some(check_dead_letter_topic(&settings, &k.dead_letter_topic)?),
+        }
     };
     let mut resume = Vec::new();
     if let Some(partitions) = request_topic.partitions {
-        let (start, refetch) = read_positions(&k);
         for w in topo.local_workers() {
-            let owned = owned_partitions(&k.request_topic, partitions, w, topo.total());
             // Opened as a start opens it (assign mode, committed offsets
             // read), then closed without a poll or a commit.
-            let (_consumer, resumed) = RequestConsumer::open(
-                &settings,
-                &k.request_topic,
-                &owned,
-                start,
-                refetch,
-                CALL_TIMEOUT,
-            )?;
+            let (_, _consumer, resumed) =
+                open_request_consumer(&settings, &k, partitions, w, topo.total())?;
             resume.extend(resumed.iter().map(|r| ResumeCheck {
                 partition: r.partition,
                 offset: r.offset,

@@ -29,7 +29,7 @@ use timely::dataflow::operators::generic::Operator;
 use grflow_connectors::Sink;
 use grflow_connectors::kafka::{
     AnsweredRequest, BrokerProbe, KafkaClientError, KafkaSettings, KafkaSink, KafkaSource,
-    OutputProducer, Refetch, RequestConsumer, SharedState, SinkSettings, SourceSettings,
+    OutputProducer, Refetch, RequestConsumer, Resumed, SharedState, SinkSettings, SourceSettings,
     StartPosition, ensure_topics, owned_partitions, partition_count, scan_answers,
 };
 use grflow_connectors::parquet::load_side_tables;
@@ -178,9 +178,16 @@ fn check_servable(cfg: &Config) -> Result<(), String> {
     Ok(())
 }
 
-/// Where partitions without a committed offset start, and where those with
-/// one are fetched from (`kafka.start`, `kafka.refetch_from_start`).
-fn read_positions(k: &crate::config::KafkaSection) -> (StartPosition, Refetch) {
+/// Opens worker `w`'s request consumer on its share of `partitions`, as
+/// `kafka.start` and `kafka.refetch_from_start` say: its partitions, the
+/// consumer, and where each partition resumes.
+fn open_request_consumer(
+    settings: &KafkaSettings,
+    k: &crate::config::KafkaSection,
+    partitions: i32,
+    w: usize,
+    workers: usize,
+) -> Result<(Vec<i32>, RequestConsumer, Vec<Resumed>), ServeError> {
     let start = match k.start.as_str() {
         "latest" => StartPosition::Latest,
         _ => StartPosition::Earliest,
@@ -190,15 +197,24 @@ fn read_positions(k: &crate::config::KafkaSection) -> (StartPosition, Refetch) {
     } else {
         Refetch::FromCommitted
     };
-    (start, refetch)
+    let owned = owned_partitions(&k.request_topic, partitions, w, workers);
+    let (consumer, resumed) = RequestConsumer::open(
+        settings,
+        &k.request_topic,
+        &owned,
+        start,
+        refetch,
+        CALL_TIMEOUT,
+    )?;
+    Ok((owned, consumer, resumed))
 }
 
 /// Fails unless the dead-letter topic exists: found missing only when the
 /// first bad record cannot be written, it would stop the job (the record's
-/// offset uncommitted) at every start, a crash loop.
-fn check_dead_letter_topic(settings: &KafkaSettings, topic: &str) -> Result<(), ServeError> {
+/// offset uncommitted) at every start, a crash loop. Its partition count.
+fn check_dead_letter_topic(settings: &KafkaSettings, topic: &str) -> Result<i32, ServeError> {
     match partition_count(settings, topic, CALL_TIMEOUT) {
-        Ok(_) => Ok(()),
+        Ok(n) => Ok(n),
         Err(KafkaClientError::NoSuchTopic { topic, brokers }) => Err(ServeError::Config(format!(
             "kafka.dead_letter_topic `{topic}` does not exist on {brokers}: create it, \
              or set kafka.create_partitions to create missing topics at start"
@@ -318,18 +334,10 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
 
     // Consumers are opened here so that a broker or topic problem fails
     // before any worker starts.
-    let (start, refetch) = read_positions(&k);
     let mut ingests = Vec::with_capacity(topo.threads);
     for w in topo.local_workers() {
-        let owned = owned_partitions(&k.request_topic, partitions, w, workers);
-        let (consumer, resumed) = RequestConsumer::open(
-            &settings,
-            &k.request_topic,
-            &owned,
-            start,
-            refetch,
-            CALL_TIMEOUT,
-        )?;
+        let (owned, consumer, resumed) =
+            open_request_consumer(&settings, &k, partitions, w, workers)?;
         {
             let mut book = shared.book(w).lock().expect("offset book lock");
             for r in &resumed {
