@@ -70,6 +70,7 @@ impl LogFile {
         let reopened = self.reopened + 1;
         *self = Self::open(&self.path)?;
         self.reopened = reopened;
+        tracing::info!(path = %self.path.display(), "windows.out was rotated or removed; reopened it");
         Ok(())
     }
 }
@@ -85,7 +86,8 @@ impl WindowLog {
     }
 
     /// Times the file was reopened after a rotation (0 for stderr).
-    pub fn reopened(&self) -> u64 {
+    #[cfg(test)]
+    fn reopened(&self) -> u64 {
         match self {
             Self::File(f) => f.reopened,
             _ => 0,

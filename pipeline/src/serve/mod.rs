@@ -536,19 +536,12 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 worker_latency.clone(),
             );
             let window_log = window_log.clone();
-            let windows_out = worker_cfg.windows.out.clone();
             let mut failed = false;
             streams
                 .windows
                 .sink(Pipeline, "WindowLog", move |(input, _)| {
                     input.for_each(|_, data| {
-                        let mut log = window_log.lock().expect("window log lock");
-                        let reopened = log.reopened();
-                        let written = log.write(data);
-                        if log.reopened() > reopened {
-                            tracing::info!(path = %windows_out, "windows.out was rotated or removed; reopened it");
-                        }
-                        drop(log);
+                        let written = window_log.lock().expect("window log lock").write(data);
                         if let Err(e) = written
                             && !std::mem::replace(&mut failed, true)
                         {
