@@ -862,15 +862,21 @@ fn serve_moves_alpha_window_by_window_and_reports_it() {
     );
 }
 
-/// `grflow send --config CONFIG ARGS` against `brokers`.
-fn grflow_send(config: &Path, brokers: &str, args: &[&str]) -> std::process::Output {
+/// `grflow COMMAND --config CONFIG ARGS` against `brokers`.
+fn grflow(command: &[&str], config: &Path, brokers: &str, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
-        .args(["send", "--config"])
+        .args(command)
+        .arg("--config")
         .arg(config)
         .args(args)
         .env("GRFLOW_KAFKA_BROKERS", brokers)
         .output()
         .unwrap()
+}
+
+/// `grflow send --config CONFIG ARGS` against `brokers`.
+fn grflow_send(config: &Path, brokers: &str, args: &[&str]) -> std::process::Output {
+    grflow(&["send"], config, brokers, args)
 }
 
 /// `kafka.max_age_ms`: requests stamped long ago (the generated trace's
@@ -1028,15 +1034,6 @@ fn grflow_send_feeds_a_serve_job_and_reads_every_answer_back() {
     assert_eq!(summary["repeated_req_ids"], 0, "{summary}");
 }
 
-fn grflow_check(config: &Path, brokers: &str) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
-        .args(["serve", "--check", "--config"])
-        .arg(config)
-        .env("GRFLOW_KAFKA_BROKERS", brokers)
-        .output()
-        .unwrap()
-}
-
 /// `serve --check` reports the topics and where each partition would
 /// resume, and takes nothing from the job: a job started after it reads
 /// every request from the start, and a check after that job sees its
@@ -1057,7 +1054,7 @@ fn serve_check_reports_where_a_start_would_resume_and_consumes_nothing() {
         .collect();
     produce(&brokers, &topics.requests, &records);
     let check = |config: &Path| {
-        let out = grflow_check(config, &brokers);
+        let out = grflow(&["serve", "--check"], config, &brokers, &[]);
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
         let report: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
         (out.status.code(), report, stderr)
