@@ -37,7 +37,7 @@ pub use events::KafkaEvent;
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};
 pub use shared::{CountsSnapshot, FailedOutput, KafkaCounters, SharedState};
 pub use sink::{KafkaSink, Produce, Refused, SinkSettings};
-pub use source::{KafkaSource, SourceSettings};
+pub use source::{IDLE_POLL, KafkaSource, QUIET_POLL, SourceSettings, idle_poll};
 pub use wire::{
     AnswerError, AnsweredRequest, DeadLetter, DecodeLimits, History, MAX_CANDIDATES,
     MAX_MESSAGE_BYTES, RecordId, SCORE_TOLERANCE, WIRE_SCORE_TOLERANCE, WireError, WireRequest,

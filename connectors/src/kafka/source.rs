@@ -75,7 +75,35 @@ pub struct KafkaSource {
     known_partitions: i32,
     /// After a failed attempt to add new partitions, when to try again.
     adopt_retry_at: Option<Instant>,
+    /// The consumer calls back when records arrive (see
+    /// [`KafkaSource::wake_on_arrival`]).
+    wakes: bool,
+    /// The last poll emptied the consumer's queue.
+    drained: bool,
 }
+
+/// How soon an idle source polls again when nothing would wake it.
+pub const IDLE_POLL: Duration = Duration::from_millis(1);
+/// How soon a quiet source polls again (see [`idle_poll`]): for event
+/// time, partitions created meanwhile and commits; records wake it at once.
+pub const QUIET_POLL: Duration = Duration::from_millis(100);
+
+/// How long a source that found nothing to read may wait before polling
+/// again. Quiet (the consumer wakes it when records arrive, its queue is
+/// empty and no request is unanswered): [`QUIET_POLL`]. Otherwise
+/// [`IDLE_POLL`]: paused reads wait for answers, and while requests are in
+/// flight, event time and the partitions' idle timeouts move with each poll.
+pub fn idle_poll(wakes: bool, drained: bool, in_flight: usize) -> Duration {
+    if wakes && drained && in_flight == 0 {
+        QUIET_POLL
+    } else {
+        IDLE_POLL
+    }
+}
+
+/// Polls that found the queue non-empty after a `None` (an event that is
+/// not a record, handled): looked at again at most this often per poll.
+const MAX_REQUEUED: usize = 64;
 
 /// The smallest partition count under which `opened` are all partitions.
 /// Not the shared count: the broker watcher may have raised it between the
@@ -122,7 +150,28 @@ impl KafkaSource {
             poll_error_log: LogLimiter::new(super::client_logs::EVERY),
             known_partitions,
             adopt_retry_at: None,
+            wakes: false,
+            drained: false,
         }
+    }
+
+    /// Calls `wake` from a client thread when records arrive while the
+    /// source is idle, so that its operator can sleep (see [`idle_poll`]).
+    /// `wake` must only schedule the poll, not poll.
+    pub fn wake_on_arrival(&mut self, wake: impl Fn() + Send + Sync + 'static) {
+        self.consumer.wake_on_arrival(wake);
+        self.wakes = true;
+    }
+
+    /// How long to wait before polling again after a poll that was not
+    /// `Ready` (see [`idle_poll`]).
+    pub fn idle_poll(&self) -> Duration {
+        // The in-flight count locks every worker's book: asked only when
+        // the rest would allow a quiet wait.
+        if !(self.wakes && self.drained) {
+            return IDLE_POLL;
+        }
+        idle_poll(self.wakes, self.drained, self.shared.in_flight())
     }
 
     /// Starts reading the partitions this worker owns among those created
@@ -183,11 +232,19 @@ impl KafkaSource {
         self.apply_backpressure();
         let mut records = Vec::new();
         let mut state = SourceState::Ready;
+        let mut drained = false;
+        let mut requeued = 0;
         let wall = wall_ms();
         if !self.consumer.is_paused() {
             while records.len() < max {
                 match self.consumer.poll(Duration::ZERO) {
+                    None if requeued < MAX_REQUEUED && self.consumer.has_queued() => {
+                        requeued += 1;
+                    }
                     None => {
+                        // Empty: the next record turns the queue non-empty
+                        // and wakes the source.
+                        drained = true;
                         state = SourceState::Idle;
                         break;
                     }
@@ -221,6 +278,7 @@ impl KafkaSource {
         } else {
             state = SourceState::Idle;
         }
+        self.drained = drained;
         let newest = self.shared.counters.newest_event_ms.load(Ordering::Relaxed);
         let watermark_ms = self.clock.frontier(now, self.consumer.is_paused(), newest);
         if now.duration_since(self.last_commit) >= self.settings.commit_interval {
@@ -686,6 +744,17 @@ impl RequestSource for KafkaSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_quiet_source_that_records_wake_sleeps_long() {
+        assert_eq!(idle_poll(true, true, 0), QUIET_POLL);
+        // Nothing would wake it when a record comes.
+        assert_eq!(idle_poll(false, true, 0), IDLE_POLL);
+        // Records may still be queued (paused, or the poll stopped early).
+        assert_eq!(idle_poll(true, false, 0), IDLE_POLL);
+        // Unanswered requests: event time must keep moving with each poll.
+        assert_eq!(idle_poll(true, true, 1), IDLE_POLL);
+    }
 
     fn at(partition: i32, offset: i64, req_id: u64) -> AnsweredRequest {
         AnsweredRequest {

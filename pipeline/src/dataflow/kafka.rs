@@ -7,7 +7,6 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Exchange;
@@ -16,7 +15,7 @@ use timely::dataflow::operators::generic::operator::source;
 use timely::dataflow::operators::vec::Map;
 use timely::dataflow::{Scope, StreamVec};
 
-use grflow_connectors::kafka::{KafkaSink, KafkaSource, partition_owner};
+use grflow_connectors::kafka::{IDLE_POLL, KafkaSink, KafkaSource, partition_owner};
 use grflow_connectors::{RequestSource, Sink, SourcePosition, SourceRecord, SourceState};
 
 use crate::dataflow::control::SourceClock;
@@ -25,19 +24,29 @@ use crate::serve::summary::AnswerLatency;
 
 /// Records read per activation before yielding to other operators.
 const MAX_PER_ACTIVATION: usize = 512;
-/// How soon an idle source looks again.
-const IDLE_POLL: Duration = Duration::from_millis(1);
 
 /// Reads until `stop` is set, then drops its capability so the dataflow
-/// drains what is in flight and completes.
+/// drains what is in flight and completes. With `sleep_when_quiet`, an
+/// idle source is woken by the consumer when records arrive and otherwise
+/// polls every [`grflow_connectors::kafka::QUIET_POLL`] while nothing is
+/// in flight, instead of every millisecond (`run.release = "arrival"`:
+/// no request waits for its frontier).
 pub fn kafka_source<'s>(
     scope: Scope<'s, u64>,
     records: Rc<RefCell<KafkaSource>>,
     stop: Arc<AtomicBool>,
     clock: Rc<SourceClock>,
+    sleep_when_quiet: bool,
 ) -> StreamVec<'s, u64, Admitted> {
     source(scope, "KafkaSource", move |capability, info| {
-        let activator = scope.activator_for(info.address);
+        let activator = scope.activator_for(info.address.clone());
+        if sleep_when_quiet {
+            let waker = scope.worker().sync_activator_for(info.address.to_vec());
+            // Fails only once the worker has shut down: nothing to wake.
+            records.borrow_mut().wake_on_arrival(move || {
+                let _ = waker.activate();
+            });
+        }
         let mut cap = Some(capability);
         move |output| {
             let Some(c) = cap.as_mut() else { return };
@@ -83,7 +92,7 @@ pub fn kafka_source<'s>(
             }
             clock.now.set(*c.time());
             if polled.state != SourceState::Ready {
-                activator.activate_after(IDLE_POLL);
+                activator.activate_after(records.borrow().idle_poll());
             } else {
                 activator.activate();
             }

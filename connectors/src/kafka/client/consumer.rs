@@ -258,6 +258,33 @@ impl RequestConsumer {
         })
     }
 
+    /// Calls `wake` from a librdkafka thread whenever the consumer's queue
+    /// turns from empty to non-empty (a record, an error, a commit's
+    /// answer), so that an idle reader can sleep instead of polling. It
+    /// must not call into this consumer: librdkafka holds the queue's lock.
+    pub fn wake_on_arrival(&mut self, wake: impl Fn() + Send + Sync + 'static) {
+        self.consumer.set_nonempty_callback(wake);
+    }
+
+    /// Whether anything waits in the consumer's queue. `poll` also answers
+    /// `None` after handling an event that is not a record (a commit's
+    /// answer), with records possibly behind it.
+    pub fn has_queued(&self) -> bool {
+        use rdkafka::bindings as rd;
+        let rk = self.consumer.client().native_ptr();
+        // SAFETY: `rk` is valid for the life of the consumer; the queue
+        // reference taken here is released before returning.
+        unsafe {
+            let queue = rd::rd_kafka_queue_get_consumer(rk);
+            if queue.is_null() {
+                return false;
+            }
+            let queued = rd::rd_kafka_queue_length(queue);
+            rd::rd_kafka_queue_destroy(queue);
+            queued > 0
+        }
+    }
+
     /// Fixes `partition`'s end of log at start with the high watermark of
     /// the fetch that brought its first record.
     fn settle(&self, partition: i32) {
