@@ -5,25 +5,106 @@
 //! A file is opened for appending, so `logrotate`'s `copytruncate` works, and
 //! is reopened when its path no longer names the open file (rotated by
 //! renaming, or deleted), so the default `create` rotation works as well.
+//!
+//! A write that fails (a full disk) loses its windows, not the job: they
+//! are counted (`windows_lost`), the failure is logged at once and then at
+//! most every 30 s, and the first write that succeeds again says how many
+//! were lost and starts on a fresh line, so a half-written line stays one
+//! bad line instead of merging with the next.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::events::ClosedWindow;
 
 #[derive(Debug)]
-pub enum WindowLog {
+pub struct WindowLog {
+    out: Out,
+    failures: Failures,
+}
+
+#[derive(Debug)]
+enum Out {
     None,
     Stderr,
     File(LogFile),
+}
+
+/// How often a failing window log says so again.
+const WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// Windows a failing log lost, and when to say so.
+#[derive(Debug, Default)]
+struct Failures {
+    /// Every window lost since the job started.
+    lost: u64,
+    /// Lost since the writes began failing (reported when they recover).
+    lost_in_outage: u64,
+    /// Lost since the last warning.
+    unreported: u64,
+    last_warned: Option<Instant>,
+}
+
+/// What a write's outcome asks to be logged.
+#[derive(Debug, PartialEq, Eq)]
+enum Say {
+    Nothing,
+    /// Failing: windows lost since the last warning (the first failure
+    /// warns at once).
+    Failing {
+        lost: u64,
+    },
+    /// Writing again after `lost` windows were lost.
+    Recovered {
+        lost: u64,
+    },
+}
+
+impl Failures {
+    fn failed(&mut self, windows: usize, now: Instant) -> Say {
+        let n = windows as u64;
+        self.lost += n;
+        self.lost_in_outage += n;
+        self.unreported += n;
+        let due = self
+            .last_warned
+            .is_none_or(|at| now.saturating_duration_since(at) >= WARN_EVERY);
+        if !due {
+            return Say::Nothing;
+        }
+        self.last_warned = Some(now);
+        Say::Failing {
+            lost: std::mem::take(&mut self.unreported),
+        }
+    }
+
+    fn succeeded(&mut self) -> Say {
+        if self.lost_in_outage == 0 {
+            return Say::Nothing;
+        }
+        self.unreported = 0;
+        self.last_warned = None;
+        Say::Recovered {
+            lost: std::mem::take(&mut self.lost_in_outage),
+        }
+    }
+
+    /// A write failed since the last one that succeeded: the file may end
+    /// in half a line.
+    fn in_outage(&self) -> bool {
+        self.lost_in_outage > 0
+    }
 }
 
 /// An appended file and what identifies it, to notice a rotation.
 #[derive(Debug)]
 pub struct LogFile {
     path: PathBuf,
-    writer: BufWriter<File>,
+    /// Unbuffered: each batch is one `write_all`, so a failed one is lost
+    /// whole instead of lingering in a buffer to be written later.
+    writer: File,
     id: Option<FileId>,
     reopened: u64,
 }
@@ -50,7 +131,7 @@ impl LogFile {
         let id = file_id(&file.metadata()?);
         Ok(Self {
             path: path.to_path_buf(),
-            writer: BufWriter::new(file),
+            writer: file,
             id,
             reopened: 0,
         })
@@ -78,47 +159,96 @@ impl LogFile {
 impl WindowLog {
     /// `out` is `windows.out`: "none", "stderr" or a file path (appended).
     pub fn open(out: &str) -> std::io::Result<Self> {
-        Ok(match out {
-            "none" => Self::None,
-            "stderr" => Self::Stderr,
-            path => Self::File(LogFile::open(Path::new(path))?),
+        let out = match out {
+            "none" => Out::None,
+            "stderr" => Out::Stderr,
+            path => Out::File(LogFile::open(Path::new(path))?),
+        };
+        Ok(Self {
+            out,
+            failures: Failures::default(),
         })
     }
 
     /// Times the file was reopened after a rotation (0 for stderr).
     #[cfg(test)]
     fn reopened(&self) -> u64 {
-        match self {
-            Self::File(f) => f.reopened,
+        match &self.out {
+            Out::File(f) => f.reopened,
             _ => 0,
         }
     }
 
-    /// Writes one line per window; a write error is returned for the caller
-    /// to report (the windows are statistics, not answers: serving goes on).
+    /// Windows that could not be written since the job started.
+    pub fn lost(&self) -> u64 {
+        self.failures.lost
+    }
+
+    /// Writes one line per window. A failure is counted and logged here
+    /// (rate-limited) and returned: the windows are statistics, not
+    /// answers, so serving goes on.
     pub fn write(&mut self, windows: &[ClosedWindow]) -> std::io::Result<()> {
-        let line = |w: &ClosedWindow| {
-            let mut row = serde_json::to_value(w.to_row()).expect("a window row serialises");
-            row["kind"] = "window".into();
-            row.to_string()
-        };
+        if windows.is_empty() {
+            // Not a write: neither a loss nor a recovery.
+            return Ok(());
+        }
+        let fresh_line = self.failures.in_outage();
+        let written = self.out.write(windows, fresh_line);
+        match &written {
+            Ok(()) => {
+                if let Say::Recovered { lost } = self.failures.succeeded() {
+                    tracing::info!(
+                        lost,
+                        "writing closed windows (windows.out) again; {lost} were lost while it failed"
+                    );
+                }
+            }
+            Err(e) => {
+                metrics::counter!("grflow_windows_lost_total").increment(windows.len() as u64);
+                if let Say::Failing { lost } = self.failures.failed(windows.len(), Instant::now()) {
+                    tracing::warn!(
+                        error = %e,
+                        lost,
+                        lost_since_start = self.failures.lost,
+                        "cannot write closed windows (windows.out): {lost} lost, serving goes on \
+                         (said again at most every 30 s while it lasts)"
+                    );
+                }
+            }
+        }
+        written
+    }
+}
+
+/// One JSON line per window; after a failed write the text starts on a
+/// new line, since the file may end in half a line.
+fn frame(windows: &[ClosedWindow], fresh_line: bool) -> String {
+    let mut text = String::new();
+    if fresh_line {
+        text.push('\n');
+    }
+    for w in windows {
+        let mut row = serde_json::to_value(w.to_row()).expect("a window row serialises");
+        row["kind"] = "window".into();
+        text.push_str(&row.to_string());
+        text.push('\n');
+    }
+    text
+}
+
+impl Out {
+    fn write(&mut self, windows: &[ClosedWindow], fresh_line: bool) -> std::io::Result<()> {
         match self {
             Self::None => Ok(()),
-            Self::Stderr => {
-                let mut err = std::io::stderr().lock();
-                for w in windows {
-                    writeln!(err, "{}", line(w))?;
-                }
-                Ok(())
-            }
+            Self::Stderr => std::io::stderr()
+                .lock()
+                .write_all(frame(windows, false).as_bytes()),
             Self::File(f) => {
                 if windows.is_empty() {
                     return Ok(());
                 }
                 f.follow_rotation()?;
-                for w in windows {
-                    writeln!(f.writer, "{}", line(w))?;
-                }
+                f.writer.write_all(frame(windows, fresh_line).as_bytes())?;
                 f.writer.flush()
             }
         }
@@ -188,6 +318,60 @@ mod tests {
                     .unwrap()
             })
             .collect()
+    }
+
+    #[test]
+    fn a_failing_log_warns_at_once_then_every_30_s_and_says_what_it_lost() {
+        let mut f = Failures::default();
+        let t0 = Instant::now();
+        assert_eq!(f.succeeded(), Say::Nothing, "nothing failed yet");
+        assert!(!f.in_outage());
+        assert_eq!(f.failed(2, t0), Say::Failing { lost: 2 });
+        assert!(f.in_outage());
+        assert_eq!(f.failed(3, t0 + Duration::from_secs(10)), Say::Nothing);
+        assert_eq!(f.failed(1, t0 + Duration::from_secs(29)), Say::Nothing);
+        assert_eq!(
+            f.failed(2, t0 + Duration::from_secs(30)),
+            Say::Failing { lost: 6 },
+            "the windows since the last warning"
+        );
+        assert_eq!(f.succeeded(), Say::Recovered { lost: 8 });
+        assert!(!f.in_outage());
+        assert_eq!(f.succeeded(), Say::Nothing);
+        // A new outage warns at once again.
+        assert_eq!(
+            f.failed(1, t0 + Duration::from_secs(31)),
+            Say::Failing { lost: 1 }
+        );
+        assert_eq!(f.lost, 9);
+    }
+
+    #[test]
+    fn after_a_failed_write_the_next_text_starts_on_a_fresh_line() {
+        let text = frame(&[window(0), window(5000)], false);
+        assert_eq!(text.lines().count(), 2);
+        assert!(text.ends_with('\n') && !text.starts_with('\n'));
+        let after = frame(&[window(10_000)], true);
+        // A half line left by the failure ends here; the window is whole.
+        let half = r#"{"kind":"window","no"#;
+        let file = format!("{text}{half}{after}");
+        let parsed: Vec<bool> = file
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+            .collect();
+        assert_eq!(parsed, [true, true, false, true]);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn windows_a_full_disk_refuses_are_counted_as_lost() {
+        // Every write to /dev/full fails with ENOSPC.
+        let mut log = WindowLog::open("/dev/full").unwrap();
+        assert!(log.write(&[window(0), window(0)]).is_err());
+        assert!(log.write(&[window(5000)]).is_err());
+        assert_eq!(log.lost(), 3);
+        assert!(log.write(&[]).is_ok(), "nothing to write, nothing lost");
+        assert_eq!(log.lost(), 3);
     }
 
     #[cfg(unix)]

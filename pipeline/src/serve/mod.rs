@@ -399,6 +399,10 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             ))
         })?,
     ));
+    let windows_lost = {
+        let log = window_log.clone();
+        move || log.lock().expect("window log lock").lost()
+    };
     let worker_cfg = cfg.clone();
     let worker_shared = shared.clone();
     let failure = crate::worker_failure::WorkerFailure::default();
@@ -434,257 +438,264 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let signalled = stop;
     let stop_while_connecting = signalled.clone();
     let local_done = Arc::new(std::sync::Barrier::new(topo.threads));
-    let guards = job.cluster.execute(move |worker| {
-        let index = worker.index();
-        // A panic here stops the others (through `fatal`) instead of
-        // leaving them serving without this worker's partitions.
-        let _watch = PanicToFatal {
-            shared: worker_shared.clone(),
-            failure: worker_failure.clone(),
-            index,
-        };
-        let local = topo.local(index).expect("a local worker");
-        // Model, catalog and consumers are set up and (in cluster mode) the
-        // other processes connected: the dataflow starts now.
-        if local == 0 {
-            crate::ops::state().set_ready();
-        }
-        let stop = job_stop.clone();
-        let clock = Rc::new(SourceClock::default());
-        let live = LiveControl {
-            inbox: inboxes[local].clone(),
-            clock: clock.clone(),
-        };
-        let mut stop_input = stop_broadcast(worker, stop.clone());
-        let mut stop_sent = false;
-        let (consumer, source_settings, answered) = ingests.lock().expect("lock")[local]
-            .take()
-            .expect("one consumer per worker");
-        let sink = Rc::new(RefCell::new(KafkaSink::new(
-            worker_producer.clone(),
-            worker_shared.clone(),
-            SinkSettings {
-                request_topic: worker_cfg.kafka.request_topic.clone(),
-                response_topic: worker_cfg.kafka.response_topic.clone(),
-                dead_letter_topic: worker_cfg.kafka.dead_letter_topic.clone(),
-                max_retries: worker_cfg.kafka.produce_retries,
-                retry_backoff: Duration::from_millis(worker_cfg.kafka.produce_retry_backoff_ms),
-            },
-        )));
-        let source = Rc::new(RefCell::new(KafkaSource::new(
-            index,
-            consumer,
-            source_settings,
-            worker_shared.clone(),
-            sink.clone(),
-            answered,
-        )));
-        let router = Job::router(&worker_cfg, worker.peers());
-        let node = nodes.take(index);
-        let allocator_stats: Rc<RefCell<AllocatorStats>> = Rc::default();
-        let probe = ProbeHandle::new();
-        let quiet_sleeps = worker_cfg.run.serve_release() == crate::config::Release::Arrival;
-        let handles = worker.dataflow::<u64, _, _>(|scope| {
-            let requests =
-            dataflow::kafka::kafka_source(
-                scope,
-                source.clone(),
-                stop.clone(),
-                clock.clone(),
-                quiet_sleeps,
-            );
-            let (streams, handles) = dataflow::serving(
-                scope,
-                requests,
-                ServingParts {
-                    router,
-                    node,
-                    side: worker_side.clone(),
-                    slo_ms: worker_cfg.run.slo_ms,
-                    clock: worker_cfg.run.clock,
-                    deadline: Some(Duration::from_millis(worker_cfg.kafka.deadline_ms)),
-                    max_age: match worker_cfg.kafka.max_age_ms {
-                        0 => None,
-                        ms => Some(Duration::from_millis(ms)),
-                    },
-                    window_ms: worker_cfg.windows.epoch_ms,
-                    release: worker_cfg.run.serve_release(),
-                    batch: worker_cfg.batch_policy(),
-                    token_capacity: worker_cfg.node.token_capacity,
-                    commands: Vec::new(),
-                    command_pacing: dataflow::Pacing {
-                        speed: crate::config::Speed::Max,
-                        origin_ts_ms: 0,
-                        start: Instant::now(),
-                    },
-                    controller: crate::replay::allocator_controller(
-                        &worker_cfg,
-                        worker_cfg.run.serve_release(),
-                        worker_policy.clone(),
-                        pool_pages,
-                        allocator_stats.clone(),
-                    ),
-                    live: Some(live.clone()),
-                    models: Some(worker_models.clone()),
-                    oracle: None,
-                },
-            );
-            // Answers go back to the worker that read the request (in
-            // cluster mode possibly another process): its offset book.
-            let answers = dataflow::kafka::answers_to_readers(
-                streams.events,
-                worker_cfg.kafka.request_topic.clone(),
-                // One process shares its offset books: no move needed.
-                if topo.is_cluster() { topo.total() } else { 1 },
-            );
-            dataflow::kafka::kafka_sink(
-                answers.probe_with(&probe),
-                sink.clone(),
-                worker_latency.clone(),
-            );
-            let window_log = window_log.clone();
-            let mut failed = false;
-            streams
-                .windows
-                .sink(Pipeline, "WindowLog", move |(input, _)| {
-                    input.for_each(|_, data| {
-                        let written = window_log.lock().expect("window log lock").write(data);
-                        if let Err(e) = written
-                            && !std::mem::replace(&mut failed, true)
-                        {
-                            tracing::warn!(error = %e, "cannot write closed windows (windows.out); serving goes on");
-                        }
-                        data.clear();
-                    });
-                });
-            handles
-        });
-
-        let mut last_metrics = Instant::now();
-        let mut said_stopping = false;
-        let mut park = BUSY_PARK;
-        let mut drain = DrainClock::new(Duration::from_millis(worker_cfg.kafka.drain_timeout_ms));
-        while !probe.done() {
-            if !stop_sent && signalled.load(Ordering::Relaxed) {
-                stop_sent = true;
-                stop_input.send(());
-                stop_input.flush();
-            }
-            if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
-                break;
-            }
-            worker.step_or_park(Some(park));
-            if local == 0 && !said_stopping && stop.load(Ordering::Relaxed) {
-                said_stopping = true;
-                crate::ops::state().set_draining();
-                tracing::info!(
-                    in_flight = worker_shared.in_flight(),
-                    "stopping: no more reads; draining what is in flight, then committing"
-                );
-            }
-            let retrying = flush(&sink);
-            // Nothing in flight and nothing to resend: sleep until
-            // something arrives (records wake the source; other workers'
-            // data, lanes and timers wake the worker) or a stop is asked.
-            park = if quiet_sleeps && retrying == 0 && worker_shared.in_flight() == 0 {
-                QUIET_PARK
-            } else {
-                BUSY_PARK
-            };
-            if last_metrics.elapsed() >= metrics_every {
-                last_metrics = Instant::now();
-                source.borrow().measure_lag();
+    let guards = job
+        .cluster
+        .execute(
+            move |worker| {
+                let index = worker.index();
+                // A panic here stops the others (through `fatal`) instead of
+                // leaving them serving without this worker's partitions.
+                let _watch = PanicToFatal {
+                    shared: worker_shared.clone(),
+                    failure: worker_failure.clone(),
+                    index,
+                };
+                let local = topo.local(index).expect("a local worker");
+                // Model, catalog and consumers are set up and (in cluster mode) the
+                // other processes connected: the dataflow starts now.
                 if local == 0 {
-                    log_metrics(&worker_shared, &worker_latency);
+                    crate::ops::state().set_ready();
                 }
-            }
-        }
-        // Drained: everything this worker will ever send is queued or sent.
-        // Wait for the broker to acknowledge it, then commit for good.
-        loop {
-            if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
-                break;
-            }
-            let waiting = flush(&sink);
-            if let Err(e) = worker_producer.flush(drain.flush_wait()) {
-                tracing::info!(worker = index, error = %e, "waiting for deliveries");
-            }
-            if waiting == 0 && worker_producer.in_flight() == 0 {
-                let failed_again = flush(&sink);
-                if failed_again == 0 {
-                    break;
+                let stop = job_stop.clone();
+                let clock = Rc::new(SourceClock::default());
+                let live = LiveControl {
+                    inbox: inboxes[local].clone(),
+                    clock: clock.clone(),
+                };
+                let mut stop_input = stop_broadcast(worker, stop.clone());
+                let mut stop_sent = false;
+                let (consumer, source_settings, answered) = ingests.lock().expect("lock")[local]
+                    .take()
+                    .expect("one consumer per worker");
+                let sink = Rc::new(RefCell::new(KafkaSink::new(
+                    worker_producer.clone(),
+                    worker_shared.clone(),
+                    SinkSettings {
+                        request_topic: worker_cfg.kafka.request_topic.clone(),
+                        response_topic: worker_cfg.kafka.response_topic.clone(),
+                        dead_letter_topic: worker_cfg.kafka.dead_letter_topic.clone(),
+                        max_retries: worker_cfg.kafka.produce_retries,
+                        retry_backoff: Duration::from_millis(
+                            worker_cfg.kafka.produce_retry_backoff_ms,
+                        ),
+                    },
+                )));
+                let source = Rc::new(RefCell::new(KafkaSource::new(
+                    index,
+                    consumer,
+                    source_settings,
+                    worker_shared.clone(),
+                    sink.clone(),
+                    answered,
+                )));
+                let router = Job::router(&worker_cfg, worker.peers());
+                let node = nodes.take(index);
+                let allocator_stats: Rc<RefCell<AllocatorStats>> = Rc::default();
+                let probe = ProbeHandle::new();
+                let quiet_sleeps =
+                    worker_cfg.run.serve_release() == crate::config::Release::Arrival;
+                let handles = worker.dataflow::<u64, _, _>(|scope| {
+                    let requests = dataflow::kafka::kafka_source(
+                        scope,
+                        source.clone(),
+                        stop.clone(),
+                        clock.clone(),
+                        quiet_sleeps,
+                    );
+                    let (streams, handles) = dataflow::serving(
+                        scope,
+                        requests,
+                        ServingParts {
+                            router,
+                            node,
+                            side: worker_side.clone(),
+                            slo_ms: worker_cfg.run.slo_ms,
+                            clock: worker_cfg.run.clock,
+                            deadline: Some(Duration::from_millis(worker_cfg.kafka.deadline_ms)),
+                            max_age: match worker_cfg.kafka.max_age_ms {
+                                0 => None,
+                                ms => Some(Duration::from_millis(ms)),
+                            },
+                            window_ms: worker_cfg.windows.epoch_ms,
+                            release: worker_cfg.run.serve_release(),
+                            batch: worker_cfg.batch_policy(),
+                            token_capacity: worker_cfg.node.token_capacity,
+                            commands: Vec::new(),
+                            command_pacing: dataflow::Pacing {
+                                speed: crate::config::Speed::Max,
+                                origin_ts_ms: 0,
+                                start: Instant::now(),
+                            },
+                            controller: crate::replay::allocator_controller(
+                                &worker_cfg,
+                                worker_cfg.run.serve_release(),
+                                worker_policy.clone(),
+                                pool_pages,
+                                allocator_stats.clone(),
+                            ),
+                            live: Some(live.clone()),
+                            models: Some(worker_models.clone()),
+                            oracle: None,
+                        },
+                    );
+                    // Answers go back to the worker that read the request (in
+                    // cluster mode possibly another process): its offset book.
+                    let answers = dataflow::kafka::answers_to_readers(
+                        streams.events,
+                        worker_cfg.kafka.request_topic.clone(),
+                        // One process shares its offset books: no move needed.
+                        if topo.is_cluster() { topo.total() } else { 1 },
+                    );
+                    dataflow::kafka::kafka_sink(
+                        answers.probe_with(&probe),
+                        sink.clone(),
+                        worker_latency.clone(),
+                    );
+                    let window_log = window_log.clone();
+                    streams
+                        .windows
+                        .sink(Pipeline, "WindowLog", move |(input, _)| {
+                            input.for_each(|_, data| {
+                                // A failure is counted and logged by the log itself:
+                                // windows are statistics, serving goes on.
+                                let _ = window_log.lock().expect("window log lock").write(data);
+                                data.clear();
+                            });
+                        });
+                    handles
+                });
+
+                let mut last_metrics = Instant::now();
+                let mut said_stopping = false;
+                let mut park = BUSY_PARK;
+                let mut drain =
+                    DrainClock::new(Duration::from_millis(worker_cfg.kafka.drain_timeout_ms));
+                while !probe.done() {
+                    if !stop_sent && signalled.load(Ordering::Relaxed) {
+                        stop_sent = true;
+                        stop_input.send(());
+                        stop_input.flush();
+                    }
+                    if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
+                        break;
+                    }
+                    worker.step_or_park(Some(park));
+                    if local == 0 && !said_stopping && stop.load(Ordering::Relaxed) {
+                        said_stopping = true;
+                        crate::ops::state().set_draining();
+                        tracing::info!(
+                            in_flight = worker_shared.in_flight(),
+                            "stopping: no more reads; draining what is in flight, then committing"
+                        );
+                    }
+                    let retrying = flush(&sink);
+                    // Nothing in flight and nothing to resend: sleep until
+                    // something arrives (records wake the source; other workers'
+                    // data, lanes and timers wake the worker) or a stop is asked.
+                    park = if quiet_sleeps && retrying == 0 && worker_shared.in_flight() == 0 {
+                        QUIET_PARK
+                    } else {
+                        BUSY_PARK
+                    };
+                    if last_metrics.elapsed() >= metrics_every {
+                        last_metrics = Instant::now();
+                        source.borrow().measure_lag();
+                        if local == 0 {
+                            log_metrics(&worker_shared, &worker_latency);
+                        }
+                    }
                 }
-            }
-        }
-        let committed =
-            if worker_shared.drain_timed_out.load(Ordering::Relaxed) || worker_shared.is_fatal() {
-                source.borrow_mut().commit_without_waiting()
-            } else {
-                // A drain that ended just before its deadline still gives a
-                // healthy broker a moment to answer the commit.
+                // Drained: everything this worker will ever send is queued or sent.
+                // Wait for the broker to acknowledge it, then commit for good.
+                loop {
+                    if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
+                        break;
+                    }
+                    let waiting = flush(&sink);
+                    if let Err(e) = worker_producer.flush(drain.flush_wait()) {
+                        tracing::info!(worker = index, error = %e, "waiting for deliveries");
+                    }
+                    if waiting == 0 && worker_producer.in_flight() == 0 {
+                        let failed_again = flush(&sink);
+                        if failed_again == 0 {
+                            break;
+                        }
+                    }
+                }
+                let committed = if worker_shared.drain_timed_out.load(Ordering::Relaxed)
+                    || worker_shared.is_fatal()
+                {
+                    source.borrow_mut().commit_without_waiting()
+                } else {
+                    // A drain that ended just before its deadline still gives a
+                    // healthy broker a moment to answer the commit.
+                    source
+                        .borrow_mut()
+                        .commit_within(drain.time_left().max(CLOSE_GRACE))
+                };
+                source.borrow().measure_lag();
+                // Closing may wait on the broker too (an unanswered commit): bounded
+                // the same way, with a moment's grace for a healthy close.
                 source
                     .borrow_mut()
-                    .commit_within(drain.time_left().max(CLOSE_GRACE))
-            };
-        source.borrow().measure_lag();
-        // Closing may wait on the broker too (an unanswered commit): bounded
-        // the same way, with a moment's grace for a healthy close.
-        source
-            .borrow_mut()
-            .close(drain.time_left().max(CLOSE_GRACE));
-        if !probe.done() {
-            // Left early (drain timeout, fatal error): timely would keep
-            // stepping an unfinished dataflow after this closure returns.
-            for id in worker.installed_dataflows() {
-                worker.drop_dataflow(id);
-            }
-        }
-        // The stop dataflow can complete now.
-        drop(stop_input);
-        let node = crate::dataflow::node::lock(&handles.node);
-        let mut allocator = allocator_stats.take();
-        // Serving never samples moves, so nothing is recorded; and the
-        // result crosses processes in cluster mode.
-        allocator.steps.clear();
-        let mut result = WorkerResult {
-            worker: index,
-            committed,
-            oov_items: node.counters().oov_items,
-            truncated_histories: node.counters().truncated_histories,
-            model_version: node.model_version().to_string(),
-            alpha: node.alpha(),
-            refill: RefillSummary::of(node.counters()),
-            allocator,
-            process_part: None,
-        };
-        drop(node);
-        if !topo.is_cluster() {
-            return vec![result];
-        }
-        if worker_failure.failed().is_some() {
-            // A worker that panicked never reaches the barrier.
-            return Vec::new();
-        }
-        // Every local worker has committed: the process's counters are final.
-        local_done.wait();
-        if local == 0 {
-            result.process_part = Some(ProcessPart::of(&worker_shared, &worker_latency));
-        }
-        let gathered = crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT);
-        if index == 0 {
-            gathered
-        } else if topo.is_leader() {
-            // Worker 0 of this process holds it already.
-            Vec::new()
-        } else {
-            // Another process prints its own part too.
-            vec![result]
-        }
-    }, Some(stop_while_connecting))
-    .map_err(|e| match e {
-        crate::cluster::ExecuteError::Mismatch(m) => ServeError::Config(m),
-        crate::cluster::ExecuteError::Timely(m) => ServeError::Timely(m),
-    })?;
+                    .close(drain.time_left().max(CLOSE_GRACE));
+                if !probe.done() {
+                    // Left early (drain timeout, fatal error): timely would keep
+                    // stepping an unfinished dataflow after this closure returns.
+                    for id in worker.installed_dataflows() {
+                        worker.drop_dataflow(id);
+                    }
+                }
+                // The stop dataflow can complete now.
+                drop(stop_input);
+                let node = crate::dataflow::node::lock(&handles.node);
+                let mut allocator = allocator_stats.take();
+                // Serving never samples moves, so nothing is recorded; and the
+                // result crosses processes in cluster mode.
+                allocator.steps.clear();
+                let mut result = WorkerResult {
+                    worker: index,
+                    committed,
+                    oov_items: node.counters().oov_items,
+                    truncated_histories: node.counters().truncated_histories,
+                    model_version: node.model_version().to_string(),
+                    alpha: node.alpha(),
+                    refill: RefillSummary::of(node.counters()),
+                    allocator,
+                    process_part: None,
+                };
+                drop(node);
+                if !topo.is_cluster() {
+                    return vec![result];
+                }
+                if worker_failure.failed().is_some() {
+                    // A worker that panicked never reaches the barrier.
+                    return Vec::new();
+                }
+                // Every local worker has committed: the process's counters are final.
+                local_done.wait();
+                if local == 0 {
+                    let lost = window_log.lock().expect("window log lock").lost();
+                    result.process_part =
+                        Some(ProcessPart::of(&worker_shared, &worker_latency, lost));
+                }
+                let gathered = crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT);
+                if index == 0 {
+                    gathered
+                } else if topo.is_leader() {
+                    // Worker 0 of this process holds it already.
+                    Vec::new()
+                } else {
+                    // Another process prints its own part too.
+                    vec![result]
+                }
+            },
+            Some(stop_while_connecting),
+        )
+        .map_err(|e| match e {
+            crate::cluster::ExecuteError::Mismatch(m) => ServeError::Config(m),
+            crate::cluster::ExecuteError::Timely(m) => ServeError::Timely(m),
+        })?;
 
     let joined = guards.join();
     watch_done.store(true, Ordering::Relaxed);
@@ -705,7 +716,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     }
     let wall_s = started.elapsed().as_secs_f64();
     if !topo.is_cluster() {
-        let part = ProcessPart::of(&shared, &latency);
+        let part = ProcessPart::of(&shared, &latency, windows_lost());
         return Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s));
     }
     // Cluster mode: process 0 received every worker's result and every
@@ -717,7 +728,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             part.merge(p);
         }
     } else {
-        part = ProcessPart::of(&shared, &latency);
+        part = ProcessPart::of(&shared, &latency, windows_lost());
         results.retain(|r| topo.local(r.worker).is_some());
     }
     Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s))
@@ -889,6 +900,7 @@ fn summarise(
         undeliverable: c.undeliverable,
         commit_failures: c.commit_failures,
         drain_timed_out: part.drain_timed_out,
+        windows_lost: part.windows_lost,
         pauses: c.pauses,
         oov_items: results.iter().map(|r| r.oov_items).sum(),
         truncated_histories: c.truncated_histories

@@ -80,10 +80,13 @@ pub struct ProcessPart {
     pub lag: BTreeMap<i32, i64>,
     pub in_flight: usize,
     pub drain_timed_out: bool,
+    /// Closed windows `windows.out` could not take.
+    #[serde(default)]
+    pub windows_lost: u64,
 }
 
 impl ProcessPart {
-    pub fn of(shared: &SharedState, latency: &AnswerLatency) -> Self {
+    pub fn of(shared: &SharedState, latency: &AnswerLatency, windows_lost: u64) -> Self {
         Self {
             counts: CountsSnapshot::of(&shared.counters),
             latency: latency.overall.lock().expect("latency lock").clone(),
@@ -91,6 +94,7 @@ impl ProcessPart {
             lag: shared.lag.lock().expect("lag lock").clone(),
             in_flight: shared.in_flight(),
             drain_timed_out: shared.drain_timed_out.load(Ordering::Relaxed),
+            windows_lost,
         }
     }
 
@@ -101,6 +105,7 @@ impl ProcessPart {
         self.lag.extend(o.lag.iter().map(|(p, l)| (*p, *l)));
         self.in_flight += o.in_flight;
         self.drain_timed_out |= o.drain_timed_out;
+        self.windows_lost += o.windows_lost;
     }
 }
 
@@ -161,6 +166,9 @@ pub struct ServeSummary {
     /// The shutdown drain stopped at `kafka.drain_timeout_ms`: what was not
     /// answered by then is not committed and is read again on restart.
     pub drain_timed_out: bool,
+    /// Closed windows that `windows.out` could not take (a full disk):
+    /// logged and lost, while serving went on.
+    pub windows_lost: u64,
     pub pauses: u64,
     pub oov_items: u64,
     /// Requests served with only the most recent part of their history
