@@ -21,20 +21,18 @@
 //! Kept out: `ensure_topics` (no CreateTopics in the mock), and retention or
 //! truncation (an out-of-range committed offset), which the mock cannot do.
 
-use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::rc::Rc;
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use grflow_connectors::kafka::{
-    Admission, Delivery, DeliveryCallback, KafkaSettings, KafkaSink, KafkaSource, OffsetBook,
-    OutputProducer, RawRecord, RecordId, Refetch, RequestConsumer, Resumed, SharedState,
-    SinkSettings, SourceSettings, StartPosition, WireResponse, owned_partitions, partition_count,
-    scan_answered,
+    Admission, Delivery, DeliveryCallback, KafkaSettings, KafkaSource, OffsetBook, OutputProducer,
+    RawRecord, RecordId, Refetch, RequestConsumer, Resumed, SharedState, StartPosition,
+    WireResponse, owned_partitions, partition_count, scan_answered,
 };
 use grflow_connectors::source::SourceRecord;
-use grflow_operators::history::HistoryLimits;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::{MockCluster, MockCoordinator};
@@ -831,25 +829,11 @@ fn mock_records_in_the_log_at_start_are_recovered_and_later_ones_are_not() {
     );
 }
 
-/// A request whose router weight is 7 tokens (3 history items, 3
-/// candidates, the instruction).
-fn request_payload(i: u64) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({
-        "req_id": i,
-        "user_id": i % 50,
-        "ts_ms": 1_700_000_000_000u64 + i,
-        "candidates": [1, 2, 3],
-        "history": [4, 5, 6],
-    }))
-    .unwrap()
-}
-const REQUEST_TOKENS: u64 = 7;
-
 /// `n` requests on each of `partitions` of `topic`.
 fn produce_requests(brokers: &str, topic: &str, partitions: &[i32], n: u64) {
     let records = partitions
         .iter()
-        .flat_map(|&p| (0..n).map(move |i| (p, request_payload(p as u64 * 1_000 + i))));
+        .flat_map(|&p| (0..n).map(move |i| (p, common::request_payload(p as u64 * 1_000 + i))));
     send_all(brokers, false, topic, records);
 }
 
@@ -864,46 +848,14 @@ fn source_of(
     max_in_flight: usize,
     max_in_flight_tokens: u64,
 ) -> KafkaSource {
-    let (consumer, resumed) = open_consumer(settings, topic, opened, Refetch::FromCommitted);
-    for r in &resumed {
-        shared.book(0).lock().unwrap().resume(r.partition, r.offset);
-    }
-    let producer = Arc::new(OutputProducer::new(settings, Arc::new(|_| {})).unwrap());
-    let sink = KafkaSink::new(
-        producer,
-        shared.clone(),
-        SinkSettings {
-            request_topic: topic.into(),
-            response_topic: "responses".into(),
-            dead_letter_topic: "dead-letters".into(),
-            max_retries: 1,
-            retry_backoff: Duration::from_millis(10),
-        },
-    );
-    KafkaSource::new(
-        0,
-        consumer,
-        SourceSettings {
-            request_topic: topic.into(),
-            dead_letter_topic: "dead-letters".into(),
-            max_in_flight,
-            max_in_flight_tokens,
-            max_message_bytes: 1 << 20,
-            max_candidates: 100,
-            history: HistoryLimits {
-                rank: 100,
-                retrieve: 100,
-                chunk: 1,
-            },
-            idle_timeout: Duration::from_millis(50),
-            max_skew_ms: 2_000,
-            max_future_ms: u64::MAX,
-            repeat_window: 1_000,
-            commit_interval: Duration::from_secs(3600),
-        },
-        shared.clone(),
-        Rc::new(RefCell::new(sink)),
-        HashSet::new(),
+    let opened = open_consumer(settings, topic, opened, Refetch::FromCommitted);
+    common::source_over(
+        settings,
+        topic,
+        opened,
+        shared,
+        max_in_flight,
+        max_in_flight_tokens,
     )
 }
 
@@ -964,11 +916,14 @@ fn mock_one_poll_never_admits_past_the_in_flight_cap() {
 fn mock_one_poll_stops_at_the_token_cap_after_one_request() {
     // Room for 2 requests of 7 tokens and a bit: the third is admitted
     // (its weight is known only once read), the fourth is not.
-    let cap = 2 * REQUEST_TOKENS + 1;
+    let cap = 2 * common::REQUEST_TOKENS + 1;
     let (read, shared) = admitted_under_caps("token-cap", 1_000, cap);
     assert_eq!(read.len(), 3, "admitted under a cap of {cap} tokens");
     let tokens = shared.book(0).lock().unwrap().in_flight_tokens();
-    assert!(tokens < cap + REQUEST_TOKENS, "{tokens} tokens in flight");
+    assert!(
+        tokens < cap + common::REQUEST_TOKENS,
+        "{tokens} tokens in flight"
+    );
 }
 
 /// The broker watcher may count partitions created after the consumers

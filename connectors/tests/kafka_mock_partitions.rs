@@ -7,19 +7,18 @@
 //! adds it to its consumer (an incremental assignment beside the running
 //! one), reads it from its beginning, and books its offsets.
 
-use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet};
-use std::rc::Rc;
+mod common;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use grflow_connectors::SourcePosition;
 use grflow_connectors::kafka::{
-    KafkaSettings, KafkaSink, KafkaSource, OutputProducer, Refetch, RequestConsumer, SharedState,
-    SinkSettings, SourceSettings, StartPosition, owned_partitions,
+    KafkaSettings, KafkaSource, Refetch, RequestConsumer, SharedState, StartPosition,
+    owned_partitions,
 };
 use grflow_connectors::source::SourceRecord;
-use grflow_operators::history::HistoryLimits;
 use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
@@ -27,17 +26,6 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Produc
 const WAIT: Duration = Duration::from_secs(20);
 const TOPIC: &str = "requests";
 const PER_PARTITION: u64 = 5;
-
-fn request(i: u64) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({
-        "req_id": i,
-        "user_id": i % 50,
-        "ts_ms": 1_700_000_000_000u64 + i,
-        "candidates": [1, 2, 3],
-        "history": [4, 5, 6],
-    }))
-    .unwrap()
-}
 
 fn produce(brokers: &str, partitions: std::ops::Range<i32>) {
     let producer: BaseProducer = ClientConfig::new()
@@ -47,7 +35,7 @@ fn produce(brokers: &str, partitions: std::ops::Range<i32>) {
         .unwrap();
     for p in partitions {
         for i in 0..PER_PARTITION {
-            let payload = request(p as u64 * 100 + i);
+            let payload = common::request_payload(p as u64 * 100 + i);
             producer
                 .send(
                     BaseRecord::<(), _>::to(TOPIC)
@@ -101,7 +89,7 @@ fn mock_a_worker_reads_partitions_created_while_it_runs() {
     let shared = Arc::new(SharedState::new(TOPIC, workers));
     shared.saw_partitions(at_start);
     let owned = owned_partitions(TOPIC, at_start, 0, workers);
-    let (consumer, resumed) = RequestConsumer::open(
+    let opened = RequestConsumer::open(
         &settings,
         TOPIC,
         &owned,
@@ -110,46 +98,7 @@ fn mock_a_worker_reads_partitions_created_while_it_runs() {
         Duration::from_secs(10),
     )
     .unwrap();
-    for r in &resumed {
-        shared.book(0).lock().unwrap().resume(r.partition, r.offset);
-    }
-    let producer = Arc::new(OutputProducer::new(&settings, Arc::new(|_| {})).unwrap());
-    let sink = KafkaSink::new(
-        producer,
-        shared.clone(),
-        SinkSettings {
-            request_topic: TOPIC.into(),
-            response_topic: "responses".into(),
-            dead_letter_topic: "dead-letters".into(),
-            max_retries: 1,
-            retry_backoff: Duration::from_millis(10),
-        },
-    );
-    let mut source = KafkaSource::new(
-        0,
-        consumer,
-        SourceSettings {
-            request_topic: TOPIC.into(),
-            dead_letter_topic: "dead-letters".into(),
-            max_in_flight: 1_000,
-            max_in_flight_tokens: 1_000_000,
-            max_message_bytes: 1 << 20,
-            max_candidates: 100,
-            history: HistoryLimits {
-                rank: 100,
-                retrieve: 100,
-                chunk: 1,
-            },
-            idle_timeout: Duration::from_millis(50),
-            max_skew_ms: 2_000,
-            max_future_ms: u64::MAX,
-            repeat_window: 1_000,
-            commit_interval: Duration::from_secs(3600),
-        },
-        shared.clone(),
-        Rc::new(RefCell::new(sink)),
-        HashSet::new(),
-    );
+    let mut source = common::source_over(&settings, TOPIC, opened, &shared, 1_000, 1_000_000);
     let mut read = BTreeMap::new();
     // Before the topic "grows": only what worker 0 owned at start (with
     // `start = latest`, nothing of what was there before it started).

@@ -6,19 +6,17 @@
 //! produced record calls the waker; once the record is read the source
 //! polls every `IDLE_POLL` again until it is answered.
 
-use std::cell::RefCell;
-use std::collections::HashSet;
-use std::rc::Rc;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use grflow_connectors::kafka::{
-    IDLE_POLL, KafkaSettings, KafkaSink, KafkaSource, OutputProducer, QUIET_POLL, Refetch,
-    RequestConsumer, SharedState, SinkSettings, SourceSettings, StartPosition,
+    IDLE_POLL, KafkaSettings, KafkaSource, QUIET_POLL, Refetch, RequestConsumer, SharedState,
+    StartPosition,
 };
 use grflow_connectors::source::SourceRecord;
-use grflow_operators::history::HistoryLimits;
 use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
@@ -32,14 +30,7 @@ fn produce_one(brokers: &str, req_id: u64) {
         .set("linger.ms", "1")
         .create()
         .unwrap();
-    let payload = serde_json::to_vec(&serde_json::json!({
-        "req_id": req_id,
-        "user_id": 7,
-        "ts_ms": 1_700_000_000_000u64 + req_id,
-        "candidates": [1, 2, 3],
-        "history": [4, 5, 6],
-    }))
-    .unwrap();
+    let payload = common::request_payload(req_id);
     producer
         .send(
             BaseRecord::<(), _>::to(TOPIC)
@@ -57,7 +48,7 @@ fn source(brokers: &str, shared: &Arc<SharedState>) -> KafkaSource {
         client_id: "kafka-mock-wake".into(),
         ..KafkaSettings::default()
     };
-    let (consumer, resumed) = RequestConsumer::open(
+    let opened = RequestConsumer::open(
         &settings,
         TOPIC,
         &[0],
@@ -66,46 +57,8 @@ fn source(brokers: &str, shared: &Arc<SharedState>) -> KafkaSource {
         Duration::from_secs(10),
     )
     .unwrap();
-    for r in &resumed {
-        shared.book(0).lock().unwrap().resume(r.partition, r.offset);
-    }
-    let producer = Arc::new(OutputProducer::new(&settings, Arc::new(|_| {})).unwrap());
-    let sink = KafkaSink::new(
-        producer,
-        shared.clone(),
-        SinkSettings {
-            request_topic: TOPIC.into(),
-            response_topic: "responses".into(),
-            dead_letter_topic: "dead-letters".into(),
-            max_retries: 1,
-            retry_backoff: Duration::from_millis(10),
-        },
-    );
-    KafkaSource::new(
-        0,
-        consumer,
-        SourceSettings {
-            request_topic: TOPIC.into(),
-            dead_letter_topic: "dead-letters".into(),
-            max_in_flight: 1_000,
-            max_in_flight_tokens: 1_000_000,
-            max_message_bytes: 1 << 20,
-            max_candidates: 100,
-            history: HistoryLimits {
-                rank: 100,
-                retrieve: 100,
-                chunk: 1,
-            },
-            idle_timeout: Duration::from_millis(50),
-            max_skew_ms: 2_000,
-            max_future_ms: u64::MAX,
-            repeat_window: 1_000,
-            commit_interval: Duration::from_secs(3600),
-        },
-        shared.clone(),
-        Rc::new(RefCell::new(sink)),
-        HashSet::new(),
-    )
+    // One unanswered request pauses reads.
+    common::source_over(&settings, TOPIC, opened, shared, 1, 1_000_000)
 }
 
 /// Polls until the source reads nothing and may sleep `want`.
