@@ -78,6 +78,33 @@ impl ClientLogs {
     }
 }
 
+/// Implements `ClientContext` for a client's context type so that its
+/// librdkafka log lines and global errors go through [`CLIENT_LOGS`]: every
+/// client of the job is rate-limited alike.
+macro_rules! logged_client_context {
+    ($context:ty) => {
+        impl rdkafka::ClientContext for $context {
+            fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+                $crate::kafka::client_logs::CLIENT_LOGS.log(level, fac, message);
+            }
+
+            fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+                $crate::kafka::client_logs::CLIENT_LOGS.error(&error, reason);
+            }
+        }
+    };
+}
+pub(crate) use logged_client_context;
+
+/// The context of a client with no callbacks of its own (metadata probes,
+/// admin calls, the restart scan): only its logs, through [`CLIENT_LOGS`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoggedContext;
+
+logged_client_context!(LoggedContext);
+
+impl rdkafka::consumer::ConsumerContext for LoggedContext {}
+
 /// A line's kind: the line without its digits ("2/2 brokers are down" and
 /// "0/2 brokers are down", "after 10932ms" and "after 11428ms" are alike).
 fn kind(line: &str) -> String {

@@ -4,16 +4,16 @@
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 
 use super::{KafkaClientError, KafkaSettings, kafka, kafka_call};
+use crate::kafka::client_logs::LoggedContext;
 
 /// Asks the cluster for a topic's metadata, to tell whether a broker
 /// answers (readiness): one client kept for every check.
 pub struct BrokerProbe {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<LoggedContext>,
     topic: String,
 }
 
@@ -30,7 +30,7 @@ impl BrokerProbe {
         Ok(Self {
             consumer: settings
                 .client_config()
-                .create()
+                .create_with_context(LoggedContext)
                 .map_err(kafka("creating a metadata client"))?,
             topic: topic.into(),
         })
@@ -62,9 +62,9 @@ pub fn partition_count(
     topic: &str,
     timeout: Duration,
 ) -> Result<i32, KafkaClientError> {
-    let consumer: BaseConsumer = settings
+    let consumer: BaseConsumer<LoggedContext> = settings
         .client_config()
-        .create()
+        .create_with_context(LoggedContext)
         .map_err(kafka("creating a metadata client"))?;
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
@@ -92,15 +92,15 @@ fn admin_session(
     timeout: Duration,
 ) -> Result<
     (
-        AdminClient<DefaultClientContext>,
+        AdminClient<LoggedContext>,
         AdminOptions,
         tokio::runtime::Runtime,
     ),
     KafkaClientError,
 > {
-    let admin: AdminClient<DefaultClientContext> = settings
+    let admin: AdminClient<LoggedContext> = settings
         .client_config()
-        .create()
+        .create_with_context(LoggedContext)
         .map_err(kafka("creating an admin client"))?;
     let opts = AdminOptions::new()
         .operation_timeout(Some(timeout))

@@ -4,14 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use super::{KafkaClientError, KafkaSettings, RawRecord, Refetch, Resumed, StartPosition, kafka};
-use crate::kafka::client_logs::CLIENT_LOGS;
+use crate::kafka::client_logs::logged_client_context;
 use crate::kafka::offsets::RecoveryBounds;
 
 /// The request consumer's context: keeps what the broker answered to
@@ -22,15 +21,7 @@ struct CommitWatch {
     refused: std::sync::Mutex<Vec<String>>,
 }
 
-impl ClientContext for CommitWatch {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        CLIENT_LOGS.log(level, fac, message);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        CLIENT_LOGS.error(&error, reason);
-    }
-}
+logged_client_context!(CommitWatch);
 
 impl ConsumerContext for CommitWatch {
     fn commit_callback(

@@ -4,14 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::ClientContext;
-use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 
 use super::{KafkaClientError, KafkaSettings, kafka};
-use crate::kafka::client_logs::CLIENT_LOGS;
+use crate::kafka::client_logs::logged_client_context;
 use crate::kafka::wire::RecordId;
 
 /// What the broker said about one output record.
@@ -37,15 +35,7 @@ struct DeliveryContext {
     on_delivery: DeliveryCallback,
 }
 
-impl ClientContext for DeliveryContext {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        CLIENT_LOGS.log(level, fac, message);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        CLIENT_LOGS.error(&error, reason);
-    }
-}
+logged_client_context!(DeliveryContext);
 
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = Box<RecordId>;

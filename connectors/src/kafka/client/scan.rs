@@ -11,6 +11,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::admin::partition_count;
 use super::consumer::cached_high_watermark;
 use super::{KafkaClientError, KafkaSettings, kafka};
+use crate::kafka::client_logs::LoggedContext;
 use crate::kafka::wire::{AnsweredRequest, RecordId, WireResponse};
 
 /// The records of `request_topic` that already have a response on
@@ -45,13 +46,13 @@ pub fn scan_answers(
 ) -> Result<HashSet<AnsweredRequest>, KafkaClientError> {
     let partitions = partition_count(settings, response_topic, timeout)?;
     let group = format!("{}-restart-scan", settings.group_id);
-    let consumer: BaseConsumer = settings
+    let consumer: BaseConsumer<LoggedContext> = settings
         .client_config_with(&[
             ("group.id", &group),
             ("enable.auto.commit", "false"),
             ("enable.partition.eof", "false"),
         ])
-        .create()
+        .create_with_context(LoggedContext)
         .map_err(kafka("creating the restart-scan consumer"))?;
     let mut assignment = TopicPartitionList::new();
     let mut remaining = 0i64;
