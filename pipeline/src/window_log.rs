@@ -17,6 +17,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use grflow_connectors::kafka::ratelimit::LogLimiter;
+
 use crate::events::ClosedWindow;
 
 #[derive(Debug)]
@@ -36,7 +38,7 @@ enum Out {
 const WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// Windows a failing log lost, and when to say so.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Failures {
     /// Every window lost since the job started.
     lost: u64,
@@ -44,7 +46,19 @@ struct Failures {
     lost_in_outage: u64,
     /// Lost since the last warning.
     unreported: u64,
-    last_warned: Option<Instant>,
+    /// When a failure may warn again (afresh with each outage).
+    warn: LogLimiter,
+}
+
+impl Default for Failures {
+    fn default() -> Self {
+        Self {
+            lost: 0,
+            lost_in_outage: 0,
+            unreported: 0,
+            warn: LogLimiter::new(WARN_EVERY),
+        }
+    }
 }
 
 /// What a write's outcome asks to be logged.
@@ -68,13 +82,9 @@ impl Failures {
         self.lost += n;
         self.lost_in_outage += n;
         self.unreported += n;
-        let due = self
-            .last_warned
-            .is_none_or(|at| now.saturating_duration_since(at) >= WARN_EVERY);
-        if !due {
+        if self.warn.admit(now).is_none() {
             return Say::Nothing;
         }
-        self.last_warned = Some(now);
         Say::Failing {
             lost: std::mem::take(&mut self.unreported),
         }
@@ -85,7 +95,7 @@ impl Failures {
             return Say::Nothing;
         }
         self.unreported = 0;
-        self.last_warned = None;
+        self.warn = LogLimiter::new(WARN_EVERY);
         Say::Recovered {
             lost: std::mem::take(&mut self.lost_in_outage),
         }
@@ -147,7 +157,6 @@ impl LogFile {
         if current == Some(id) {
             return Ok(());
         }
-        self.writer.flush()?;
         let reopened = self.reopened + 1;
         *self = Self::open(&self.path)?;
         self.reopened = reopened;
@@ -158,7 +167,12 @@ impl LogFile {
 
 impl WindowLog {
     /// `out` is `windows.out`: "none", "stderr" or a file path (appended).
-    pub fn open(out: &str) -> std::io::Result<Self> {
+    /// An error names the setting, for the job's start and `serve --check`.
+    pub fn open(out: &str) -> Result<Self, String> {
+        Self::open_io(out).map_err(|e| format!("windows.out {out:?}: cannot open: {e}"))
+    }
+
+    fn open_io(out: &str) -> std::io::Result<Self> {
         let out = match out {
             "none" => Out::None,
             "stderr" => Out::Stderr,
@@ -244,12 +258,8 @@ impl Out {
                 .lock()
                 .write_all(frame(windows, false).as_bytes()),
             Self::File(f) => {
-                if windows.is_empty() {
-                    return Ok(());
-                }
                 f.follow_rotation()?;
-                f.writer.write_all(frame(windows, fresh_line).as_bytes())?;
-                f.writer.flush()
+                f.writer.write_all(frame(windows, fresh_line).as_bytes())
             }
         }
     }

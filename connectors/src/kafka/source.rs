@@ -93,8 +93,9 @@ pub const QUIET_POLL: Duration = Duration::from_millis(100);
 /// empty and no request is unanswered): [`QUIET_POLL`]. Otherwise
 /// [`IDLE_POLL`]: paused reads wait for answers, and while requests are in
 /// flight, event time and the partitions' idle timeouts move with each poll.
-pub fn idle_poll(wakes: bool, drained: bool, in_flight: usize) -> Duration {
-    if wakes && drained && in_flight == 0 {
+/// `in_flight` is asked last: it locks every worker's offset book.
+pub fn idle_poll(wakes: bool, drained: bool, in_flight: impl FnOnce() -> usize) -> Duration {
+    if wakes && drained && in_flight() == 0 {
         QUIET_POLL
     } else {
         IDLE_POLL
@@ -166,12 +167,7 @@ impl KafkaSource {
     /// How long to wait before polling again after a poll that was not
     /// `Ready` (see [`idle_poll`]).
     pub fn idle_poll(&self) -> Duration {
-        // The in-flight count locks every worker's book: asked only when
-        // the rest would allow a quiet wait.
-        if !(self.wakes && self.drained) {
-            return IDLE_POLL;
-        }
-        idle_poll(self.wakes, self.drained, self.shared.in_flight())
+        idle_poll(self.wakes, self.drained, || self.shared.in_flight())
     }
 
     /// Starts reading the partitions this worker owns among those created
@@ -747,13 +743,13 @@ mod tests {
 
     #[test]
     fn only_a_quiet_source_that_records_wake_sleeps_long() {
-        assert_eq!(idle_poll(true, true, 0), QUIET_POLL);
+        assert_eq!(idle_poll(true, true, || 0), QUIET_POLL);
         // Nothing would wake it when a record comes.
-        assert_eq!(idle_poll(false, true, 0), IDLE_POLL);
+        assert_eq!(idle_poll(false, true, || 0), IDLE_POLL);
         // Records may still be queued (paused, or the poll stopped early).
-        assert_eq!(idle_poll(true, false, 0), IDLE_POLL);
+        assert_eq!(idle_poll(true, false, || 0), IDLE_POLL);
         // Unanswered requests: event time must keep moving with each poll.
-        assert_eq!(idle_poll(true, true, 1), IDLE_POLL);
+        assert_eq!(idle_poll(true, true, || 1), IDLE_POLL);
     }
 
     fn at(partition: i32, offset: i64, req_id: u64) -> AnsweredRequest {

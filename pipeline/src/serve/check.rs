@@ -152,8 +152,7 @@ fn check_windows_out(out: &str) -> Result<(), ServeError> {
     }
     let path = std::path::Path::new(out);
     let existed = path.exists();
-    crate::window_log::WindowLog::open(out)
-        .map_err(|e| ServeError::Config(format!("windows.out {out:?}: cannot open: {e}")))?;
+    crate::window_log::WindowLog::open(out).map_err(ServeError::Config)?;
     if !existed {
         let _ = std::fs::remove_file(path);
     }
