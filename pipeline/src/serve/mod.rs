@@ -809,7 +809,7 @@ fn stop_broadcast(
 const BUSY_PARK: Duration = Duration::from_millis(1);
 /// How long a quiet worker parks at most: whatever arrives wakes it sooner,
 /// so this bounds only how soon a stop (SIGTERM) is noticed. An idle
-/// 2-worker job then costs 0.023 cores instead of 0.073 (README, Idle cost).
+/// 2-worker job then costs ~0.025 cores instead of 0.065 (README, Idle cost).
 const QUIET_PARK: Duration = Duration::from_millis(100);
 
 /// Offers the sink's held outputs again; how many still wait.
