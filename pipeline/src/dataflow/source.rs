@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use timely::dataflow::operators::generic::operator::source;
 use timely::dataflow::{ProbeHandle, Scope, StreamVec};
 
-use grflow_connectors::{ErrorRow, RequestSource, SourceRecord, SourceState};
+use grflow_connectors::{ErrorRow, RequestSource, SourceError, SourceRecord, SourceState};
 
 use crate::config::Speed;
 use crate::events::{Admitted, Ingest, now_ns};
@@ -96,6 +96,13 @@ impl Ahead {
             None => u64::MAX,
         })
     }
+
+    /// Whether the job has answered everything before `time` (this
+    /// source's capability): then waiting cannot move the frontier past it.
+    fn caught_up(&self, time: u64) -> bool {
+        self.probe
+            .with_frontier(|f| f.iter().min().is_none_or(|&t| t >= time))
+    }
 }
 
 /// Counters the source shares with the progress display.
@@ -113,6 +120,81 @@ pub struct SourceCounters {
     pub newest_ts_ms: AtomicU64,
 }
 
+impl SourceCounters {
+    /// Counts an unreadable batch of the input and names it: it entered,
+    /// and its error row answers it.
+    fn unreadable(&self, e: SourceError) -> Ingest {
+        self.requests_in.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("grflow_requests_in_total").increment(1);
+        self.bad_records.fetch_add(1, Ordering::Relaxed);
+        Ingest::Bad(ErrorRow {
+            position: e.position(),
+            reason: e.to_string(),
+            req_id: None,
+        })
+    }
+}
+
+/// What the source wrapper knows of its [`RequestSource`] between polls.
+#[derive(Debug, Default)]
+struct Reader {
+    /// The least event time the source may still hand over (monotone).
+    watermark: u64,
+    exhausted: bool,
+    /// A live source had nothing ready at the last poll.
+    idle: bool,
+    /// This activation has read ahead once already.
+    ahead_done: bool,
+}
+
+impl Reader {
+    fn poll(
+        &mut self,
+        records: &mut dyn RequestSource,
+        pending: &mut VecDeque<SourceRecord>,
+        floor_ms: u64,
+    ) -> Result<(), SourceError> {
+        let polled = records.poll(MAX_PER_ACTIVATION, floor_ms)?;
+        pending.extend(polled.records);
+        self.watermark = self.watermark.max(polled.watermark_ms);
+        match polled.state {
+            SourceState::Ready => {}
+            SourceState::Idle => self.idle = true,
+            SourceState::Exhausted => self.exhausted = true,
+        }
+        Ok(())
+    }
+
+    /// Reads on until no record still unread can be older than the oldest
+    /// pending one (or the source ends), then puts `pending` in time order,
+    /// unreadable records first. For a trace whose row groups run backwards
+    /// this holds what lies between in memory: the price of serving it in
+    /// event time. Returns the unreadable batches met on the way.
+    fn ahead(
+        &mut self,
+        records: &mut dyn RequestSource,
+        pending: &mut VecDeque<SourceRecord>,
+        floor_ms: u64,
+    ) -> Vec<SourceError> {
+        self.ahead_done = true;
+        let ts = |r: &SourceRecord| match r {
+            SourceRecord::Request { request, .. } => request.ts_ms,
+            SourceRecord::Bad { .. } => 0,
+        };
+        let mut oldest = pending.iter().map(ts).min().unwrap_or(u64::MAX);
+        let mut unreadable = Vec::new();
+        while !self.exhausted && !self.idle && oldest > self.watermark {
+            let before = pending.len();
+            if let Err(e) = self.poll(records, pending, floor_ms) {
+                unreadable.push(e);
+            }
+            oldest = pending.range(before..).map(ts).fold(oldest, u64::min);
+        }
+        pending.make_contiguous().sort_by_key(ts);
+        unreadable
+    }
+}
+
 pub fn request_source<'s>(
     scope: Scope<'s, u64>,
     mut records: Box<dyn RequestSource>,
@@ -125,10 +207,7 @@ pub fn request_source<'s>(
         let activator = scope.activator_for(info.address);
         let mut cap = Some(capability);
         let mut pending: VecDeque<SourceRecord> = VecDeque::new();
-        let mut watermark = 0u64;
-        let mut exhausted = false;
-        // A live source had nothing ready at the last poll.
-        let mut idle = false;
+        let mut read = Reader::default();
 
         move |output| {
             let Some(c) = cap.as_mut() else { return };
@@ -145,37 +224,19 @@ pub fn request_source<'s>(
             }
             let paced = pacing.allowed();
             let allowed = ahead.as_ref().map_or(paced, |a| paced.min(a.allowed()));
+            read.ahead_done = false;
             let mut emitted = 0;
             loop {
                 if pending.is_empty() {
-                    if exhausted {
+                    if read.exhausted {
                         cap = None;
                         return;
                     }
-                    if idle {
+                    if read.idle {
                         break;
                     }
-                    match records.poll(MAX_PER_ACTIVATION, *c.time()) {
-                        Ok(polled) => {
-                            pending.extend(polled.records);
-                            watermark = watermark.max(polled.watermark_ms);
-                            match polled.state {
-                                SourceState::Ready => {}
-                                SourceState::Idle => idle = true,
-                                SourceState::Exhausted => exhausted = true,
-                            }
-                        }
-                        Err(e) => {
-                            // The batch is unreadable; say so and go on with the next one.
-                            counters.requests_in.fetch_add(1, Ordering::Relaxed);
-                            metrics::counter!("grflow_requests_in_total").increment(1);
-                            counters.bad_records.fetch_add(1, Ordering::Relaxed);
-                            output.session(&*c).give(Ingest::Bad(ErrorRow {
-                                position: e.position(),
-                                reason: e.to_string(),
-                                req_id: None,
-                            }));
-                        }
+                    if let Err(e) = read.poll(&mut *records, &mut pending, *c.time()) {
+                        output.session(&*c).give(counters.unreadable(e));
                     }
                     continue;
                 }
@@ -203,7 +264,23 @@ pub fn request_source<'s>(
                     }
                     SourceRecord::Request { request, .. } => {
                         if request.ts_ms > allowed {
-                            break;
+                            // Held back by `ahead` although the job has
+                            // answered everything before this source's
+                            // capability: what pins the capability below
+                            // the front is a record not read yet (a later
+                            // row group that starts earlier), so waiting
+                            // would never end. Read on until it is in hand
+                            // and go on in time order.
+                            let stuck = request.ts_ms <= paced
+                                && !read.ahead_done
+                                && ahead.as_ref().is_some_and(|a| a.caught_up(*c.time()));
+                            if !stuck {
+                                break;
+                            }
+                            for e in read.ahead(&mut *records, &mut pending, *c.time()) {
+                                output.session(&*c).give(counters.unreadable(e));
+                            }
+                            continue;
                         }
                         let Some(SourceRecord::Request {
                             request,
@@ -250,7 +327,7 @@ pub fn request_source<'s>(
                         SourceRecord::Request { request, .. } => Some(request.ts_ms),
                         SourceRecord::Bad { .. } => None,
                     })
-                    .fold(watermark, u64::min),
+                    .fold(read.watermark, u64::min),
             };
             if next > *c.time() {
                 c.downgrade(&next);
@@ -268,7 +345,7 @@ pub fn request_source<'s>(
                 Some(SourceRecord::Request { request, .. }) if request.ts_ms > allowed => {
                     activator.activate_after(AHEAD_RECHECK);
                 }
-                None if std::mem::take(&mut idle) => activator.activate_after(IDLE_POLL),
+                None if std::mem::take(&mut read.idle) => activator.activate_after(IDLE_POLL),
                 _ => activator.activate(),
             }
         }
@@ -278,6 +355,44 @@ pub fn request_source<'s>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use grflow_connectors::parquet::MemoryRequestSource;
+    use grflow_traces::{Mode, Request};
+
+    #[test]
+    fn reading_ahead_stops_once_nothing_unread_is_older_and_sorts_by_time() {
+        // Chunks of 2 running backwards: [50, 51], [30, 31], [10, 11], [0, 1].
+        let requests: Vec<Request> = [50, 51, 30, 31, 10, 11, 0, 1]
+            .into_iter()
+            .enumerate()
+            .map(|(i, ts_ms)| Request {
+                ts_ms,
+                req_id: i as u64,
+                user_id: 1,
+                hist_len: 1,
+                candidates: vec![1],
+                mode: Mode::Rank,
+                label: None,
+            })
+            .collect();
+        let mut source = MemoryRequestSource::with_chunk_rows(Arc::new(requests), 0, 1, 2);
+        let mut read = Reader::default();
+        let mut pending = VecDeque::new();
+        read.poll(&mut source, &mut pending, 0).unwrap();
+        // The first chunk's watermark is the last chunk's start.
+        assert_eq!(pending.len(), 2);
+        assert_eq!(read.watermark, 0);
+        assert!(read.ahead(&mut source, &mut pending, 0).is_empty());
+        assert!(read.ahead_done);
+        let times: Vec<u64> = pending
+            .iter()
+            .map(|r| match r {
+                SourceRecord::Request { request, .. } => request.ts_ms,
+                SourceRecord::Bad { .. } => unreachable!(),
+            })
+            .collect();
+        // Every chunk had to be read to reach ts 0; all of it in time order.
+        assert_eq!(times, vec![0, 1, 10, 11, 30, 31, 50, 51]);
+    }
 
     #[test]
     fn lateness_counts_from_the_due_time_of_a_paced_request() {
