@@ -513,6 +513,7 @@ fn mock_leader_change_consumer_resumes_and_commits() {
                 offset: 0,
                 from_commit: false,
                 past_end: None,
+                commit_start: false,
             })
             .collect::<Vec<_>>()
     );
@@ -566,6 +567,7 @@ fn mock_leader_change_consumer_resumes_and_commits() {
                 offset: ACKED,
                 from_commit: true,
                 past_end: None,
+                commit_start: false,
             })
             .collect::<Vec<_>>()
     );
@@ -673,6 +675,7 @@ fn mock_consumer_survives_broker_down() {
             offset: 2 * HALF,
             from_commit: true,
             past_end: None,
+            commit_start: false,
         }]
     );
     eprintln!(
@@ -770,6 +773,7 @@ fn mock_sync_commit_lands_after_a_coordinator_outage() {
             offset: 10,
             from_commit: true,
             past_end: None,
+            commit_start: false,
         }]
     );
     eprintln!(
@@ -964,13 +968,27 @@ fn mock_partitions_counted_before_the_source_is_built_are_read() {
 /// while no job ran are read, not jumped over).
 #[test]
 fn mock_a_latest_start_is_committed_and_the_next_start_resumes_there() {
-    const OLD: i64 = 5;
+    latest_start_round_trip(5);
+}
+
+/// The same on partitions that are empty at the first start: the start
+/// position 0 is committed too. Without that commit the group had none, the
+/// next `latest` start began at the end again, and the requests produced
+/// while the job was down were never read, with no gap or lag to show it.
+#[test]
+fn mock_a_latest_start_on_empty_partitions_is_committed_too() {
+    latest_start_round_trip(0);
+}
+
+/// Opens at `latest` after `OLD` records per partition, commits without
+/// reading, produces while "down", and checks the next start reads them.
+fn latest_start_round_trip(old: i64) {
     const WHILE_DOWN: i64 = 3;
     let mock = mock_cluster();
     let topic = "requests";
     create_topic(&mock, topic, &[1, 2]);
     let settings = settings(&mock, "latest");
-    produce_fixed(&settings.brokers, topic, &[0, 1], 0, OLD);
+    produce_fixed(&settings.brokers, topic, &[0, 1], 0, old);
     let open_latest = || {
         RequestConsumer::open(
             &settings,
@@ -985,31 +1003,31 @@ fn mock_a_latest_start_is_committed_and_the_next_start_resumes_there() {
     let (consumer, resumed) = open_latest();
     let mut book = OffsetBook::new();
     for r in &resumed {
-        assert!(!r.from_commit, "{r:?}");
-        assert_eq!(r.offset, OLD, "{r:?}");
+        assert!(!r.from_commit && r.commit_start, "{r:?}");
+        assert_eq!(r.offset, old, "{r:?}");
         book.start_uncommitted(r.partition, r.offset);
     }
     // Nothing is read on either partition; the start is committed anyway.
     let commits = book.take_commits();
-    assert_eq!(commits, vec![(0, OLD), (1, OLD)]);
+    assert_eq!(commits, vec![(0, old), (1, old)]);
     consumer.commit(&commits, true).unwrap();
     drop(consumer);
 
-    produce_fixed(&settings.brokers, topic, &[0, 1], OLD, OLD + WHILE_DOWN);
+    produce_fixed(&settings.brokers, topic, &[0, 1], old, old + WHILE_DOWN);
     let (consumer, resumed) = open_latest();
     let mut book = OffsetBook::new();
     for r in &resumed {
         assert!(r.from_commit, "{r:?}");
-        assert_eq!(r.offset, OLD, "{r:?}");
+        assert_eq!(r.offset, old, "{r:?}");
         book.resume(r.partition, r.offset);
     }
     let (records, _) = consume_until(
         &consumer,
         &mut book,
         "the records produced meanwhile",
-        |b| next_offset(b, 0) >= OLD + WHILE_DOWN && next_offset(b, 1) >= OLD + WHILE_DOWN,
+        |b| next_offset(b, 0) >= old + WHILE_DOWN && next_offset(b, 1) >= old + WHILE_DOWN,
     );
-    check_contiguous(&records, &BTreeMap::from([(0, OLD), (1, OLD)]));
+    check_contiguous(&records, &BTreeMap::from([(0, old), (1, old)]));
 }
 
 /// A shutdown's last commit waits for the broker only as long as it is

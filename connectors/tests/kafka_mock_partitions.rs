@@ -128,3 +128,43 @@ fn mock_a_worker_reads_partitions_created_while_it_runs() {
         assert_eq!(offsets.next_offset(), PER_PARTITION as i64, "partition {p}");
     }
 }
+
+/// A new partition that is still empty when the job stops: under `start =
+/// "latest"` its start (offset 0) must be committed, or the next start
+/// would find no commit, begin at the end of its log and skip every
+/// request produced there while the job was down.
+#[test]
+fn mock_an_empty_new_partition_under_latest_has_its_start_committed() {
+    let mock: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
+    mock.create_topic(TOPIC, 2, 1).unwrap();
+    mock.create_topic("dead-letters", 1, 1).unwrap();
+    let brokers = mock.bootstrap_servers();
+    let settings = KafkaSettings {
+        brokers: brokers.clone(),
+        group_id: "grow-empty".into(),
+        client_id: "kafka-mock-partitions".into(),
+        ..KafkaSettings::default()
+    };
+    let shared = Arc::new(SharedState::new(TOPIC, 1));
+    shared.saw_partitions(1);
+    let opened = RequestConsumer::open(
+        &settings,
+        TOPIC,
+        &[0],
+        StartPosition::Latest,
+        Refetch::FromCommitted,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let mut source = common::source_over(&settings, TOPIC, opened, &shared, 1_000, 1_000_000);
+    shared.saw_partitions(2);
+    let mut read = BTreeMap::new();
+    let deadline = Instant::now() + WAIT;
+    while shared.book(0).lock().unwrap().partition(1).is_none() {
+        assert!(Instant::now() < deadline, "partition 1 was never adopted");
+        poll_for(&mut source, &mut read, Duration::from_millis(50), |_| false);
+    }
+    assert!(read.is_empty(), "{read:?}");
+    let commits = shared.book(0).lock().unwrap().safe_commits();
+    assert!(commits.contains(&(1, 0)), "{commits:?}");
+}

@@ -44,6 +44,11 @@ pub struct PartitionOffsets {
     in_flight: BTreeMap<i64, u64>,
     /// The last offset handed out by `committable` (to report changes only).
     last_commit: Option<i64>,
+    /// The group has no commit to resume from here (see
+    /// [`OffsetBook::start_uncommitted`]): the start position is committed
+    /// even when it is 0, or a `latest` start would skip what is produced
+    /// while the job is down.
+    commit_start: bool,
 }
 
 impl PartitionOffsets {
@@ -54,6 +59,7 @@ impl PartitionOffsets {
             next_new: committed.max(0),
             in_flight: BTreeMap::new(),
             last_commit: (committed > 0).then_some(committed),
+            commit_start: false,
         }
     }
 
@@ -118,12 +124,14 @@ impl OffsetBook {
     }
 
     /// Registers a partition read from `offset` that its group never
-    /// committed (`start = "latest"`: the end of its log at start). The
-    /// first commit records that position even if nothing is read, so the
-    /// next start resumes there instead of jumping to the end again.
+    /// committed (`start = "latest"`: the end of its log at start; or a
+    /// partition created while serving, read from 0). The first commit
+    /// records that position even if nothing is read and even if it is 0,
+    /// so the next start resumes there instead of jumping to the end again.
     pub fn start_uncommitted(&mut self, partition: i32, offset: i64) {
         let mut p = PartitionOffsets::resuming_at(offset);
         p.last_commit = None;
+        p.commit_start = true;
         self.partitions.insert(partition, p);
     }
 
@@ -183,7 +191,7 @@ impl OffsetBook {
         let mut out = Vec::new();
         for (&partition, p) in &mut self.partitions {
             let safe = p.safe_commit();
-            if p.last_commit.is_none_or(|c| c < safe) && safe > 0 {
+            if p.last_commit.is_none_or(|c| c < safe) && (safe > 0 || p.commit_start) {
                 p.last_commit = Some(safe);
                 out.push((partition, safe));
             }
@@ -204,8 +212,8 @@ impl OffsetBook {
     pub fn safe_commits(&self) -> Vec<(i32, i64)> {
         self.partitions
             .iter()
+            .filter(|(_, p)| p.safe_commit() > 0 || p.commit_start)
             .map(|(&partition, p)| (partition, p.safe_commit()))
-            .filter(|&(_, offset)| offset > 0)
             .collect()
     }
 
@@ -306,6 +314,22 @@ mod tests {
         assert_eq!(book.take_commits(), vec![(0, 7)]);
         assert_eq!(book.take_commits(), vec![], "once");
         assert_eq!(book.consume(0, 6), Ok(Admission::Duplicate));
+    }
+
+    #[test]
+    fn an_uncommitted_start_at_offset_zero_is_committed_too() {
+        // An empty partition under `start = "latest"`: without a commit of
+        // 0, a restart would start at the end again and skip every request
+        // produced while the job was down.
+        let mut book = OffsetBook::new();
+        book.start_uncommitted(0, 0);
+        book.resume(1, 0);
+        assert_eq!(book.take_commits(), vec![(0, 0)]);
+        assert_eq!(book.take_commits(), vec![], "once");
+        assert_eq!(book.safe_commits(), vec![(0, 0)]);
+        // A refused commit is sent again.
+        book.forget_commits();
+        assert_eq!(book.take_commits(), vec![(0, 0)]);
     }
 
     #[test]

@@ -191,7 +191,11 @@ impl KafkaSource {
                     .lock()
                     .expect("offset book lock");
                 for r in &resumed {
-                    book.resume(r.partition, r.offset);
+                    if r.commit_start {
+                        book.start_uncommitted(r.partition, r.offset);
+                    } else {
+                        book.resume(r.partition, r.offset);
+                    }
                     tracing::info!(
                         worker = self.worker,
                         topic,

@@ -341,11 +341,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         {
             let mut book = shared.book(w).lock().expect("offset book lock");
             for r in &resumed {
-                if r.from_commit {
-                    book.resume(r.partition, r.offset);
-                } else {
-                    // A `latest` start: committed at once (see `Resumed`).
+                if r.commit_start {
+                    // Committed at once, even at 0 (see `Resumed`).
                     book.start_uncommitted(r.partition, r.offset);
+                } else {
+                    book.resume(r.partition, r.offset);
                 }
                 tracing::info!(
                     worker = w,

@@ -126,6 +126,8 @@ pub struct RequestConsumer {
     partitions: Vec<i32>,
     paused: bool,
     refetch: Refetch,
+    /// `kafka.start`: whether a partition added later must commit its start.
+    start: StartPosition,
     /// Which records were in the log at start (see [`RecoveryBounds`]);
     /// settled by `poll`, hence the cell.
     recovery: std::cell::RefCell<RecoveryBounds>,
@@ -181,6 +183,7 @@ impl RequestConsumer {
                 partitions: partitions.to_vec(),
                 paused: false,
                 refetch,
+                start,
                 recovery: std::cell::RefCell::new(RecoveryBounds::new(listed)),
             },
             resumed,
@@ -210,7 +213,7 @@ impl RequestConsumer {
         }
         let Positions {
             assignment,
-            resumed,
+            mut resumed,
             listed,
         } = resume_positions(
             &*self.consumer,
@@ -220,6 +223,11 @@ impl RequestConsumer {
             self.refetch,
             timeout,
         )?;
+        // Read from 0 now, but a restart under `start = "latest"` would
+        // jump to the end of a partition its group never committed.
+        for r in &mut resumed {
+            r.commit_start |= !r.from_commit && self.start == StartPosition::Latest;
+        }
         self.consumer
             .incremental_assign(&assignment)
             .map_err(kafka(format!("adding `{}` {added:?}", self.topic)))?;
@@ -495,6 +503,8 @@ fn resume_positions<C: ConsumerContext>(
             offset,
             from_commit: from_commit.is_some(),
             past_end,
+            commit_start: from_commit.is_none()
+                && (start == StartPosition::Latest || past_end.is_some()),
         });
     }
     Ok(Positions {

@@ -220,8 +220,8 @@ pub struct RawRecord {
 }
 
 /// Where a partition's reading starts: records below `offset` count as
-/// consumed. Book it with `OffsetBook::resume` when `from_commit`, else with
-/// `OffsetBook::start_uncommitted` (a `latest` start is committed then).
+/// consumed. Book it with `OffsetBook::start_uncommitted` when
+/// `commit_start`, else with `OffsetBook::resume`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Resumed {
     pub partition: i32,
@@ -234,6 +234,12 @@ pub struct Resumed {
     /// partition read from the start position, since every record below
     /// it would otherwise be skipped as already consumed.
     pub past_end: Option<i64>,
+    /// The group has no usable commit here and a restart would not come
+    /// back to `offset` by itself (`start = "latest"`, or a commit past the
+    /// log's end that would be trusted again once the log grows past it):
+    /// `offset` must be committed even if nothing is read and even if it
+    /// is 0, or what is produced while the job is down is skipped.
+    pub commit_start: bool,
 }
 
 mod admin;
