@@ -80,11 +80,16 @@ impl Lookup<'_> {
                 }
                 stats.miss_bytes += self.host.row_bytes();
                 let evicted = self.memory.emb_insert(table, row, values);
-                if self.memory.emb_contains(table, row) {
+                // The OOV row stands for no item: it lies past the table's
+                // shards (in the next table's first when the row count is a
+                // multiple of the shard size), so it is not counted.
+                if row != self.host.oov_row(table) && self.memory.emb_contains(table, row) {
                     self.residency.count_row(self.shards, table, row, 1);
                 }
                 for (table, row) in evicted {
-                    self.residency.count_row(self.shards, table, row, -1);
+                    if row != self.host.oov_row(table) {
+                        self.residency.count_row(self.shards, table, row, -1);
+                    }
                 }
             }
         }
@@ -254,6 +259,30 @@ mod tests {
         let tokens = lookup.item_tokens(&[99], &Catalog(HashMap::new()), &mut stats);
         assert_eq!(stats.oov_items, 1);
         assert_eq!(tokens, host.row(0, host.oov_row(0)));
+    }
+
+    #[test]
+    fn the_oov_rows_count_in_no_shard() {
+        // 8 rows in shards of 4: table 0's OOV row (8) would fall in table
+        // 1's first shard, table 1's in a shard past the last.
+        let host = HostTables::new(&[8, 8], D, 5);
+        let shards = ShardMap::new(&[8, 8], 4);
+        let mut memory = memory(0.5);
+        let mut residency = Residency::default();
+        let mut lookup = Lookup {
+            memory: &mut memory,
+            host: &host,
+            shards: &shards,
+            residency: &mut residency,
+            values: true,
+        };
+        let mut stats = EmbStats::default();
+        lookup.item_tokens(&[99], &Catalog(HashMap::new()), &mut stats);
+        assert_eq!((stats.oov_items, stats.lookups, stats.hits), (1, 2, 0));
+        assert!(memory.emb_contains(0, host.oov_row(0)));
+        let mut report = crate::router::NodeReport::default();
+        residency.report_shards(1.0, &mut report);
+        assert!(report.shards_added.is_empty(), "{report:?}");
     }
 
     #[test]

@@ -548,8 +548,10 @@ impl ServingNode {
     /// Recounts resident rows of every shard ever seen (after the EMB share
     /// changed under the counters: boundary moves and refill).
     fn recount_shards(&mut self) {
-        let memory = &self.memory;
-        self.residency
-            .recount(&self.params.shards, |t, r| memory.emb_contains(t, r));
+        let (memory, host) = (&self.memory, &self.host);
+        // A table's last shard may reach its OOV row, which is not counted.
+        self.residency.recount(&self.params.shards, |t, r| {
+            r != host.oov_row(t) && memory.emb_contains(t, r)
+        });
     }
 }
