@@ -169,6 +169,7 @@ fn kafka_two_processes_kill_one_restart_both_leaves_one_answer_per_request() {
     assert_eq!(s1["in_flight_at_exit"], 0);
     assert_eq!(s0["workers"], 2, "{s0}");
     assert_eq!(s0["processes"], 2, "{s0}");
+    assert_eq!(s0["processes_missing"], serde_json::json!([]), "{s0}");
     // Process 0 prints the job's summary (every process's counts); process
     // 1 its own. Each process committed the partitions its worker owns.
     assert_eq!(committed(&s0), N as i64, "{s0}");

@@ -101,7 +101,7 @@ pub fn check(opts: &ServeOptions) -> Result<CheckReport, ServeError> {
         for w in topo.local_workers() {
             // Opened as a start opens it (assign mode, committed offsets
             // read), then closed without a poll or a commit.
-            let (_, _consumer, resumed) =
+            let (_consumer, resumed) =
                 open_request_consumer(&settings, &k, partitions, w, topo.total())?;
             resume.extend(resumed.iter().map(|r| ResumeCheck {
                 partition: r.partition,

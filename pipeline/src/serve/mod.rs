@@ -15,7 +15,7 @@ pub mod histogram;
 pub mod summary;
 
 use std::cell::RefCell;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -137,7 +137,7 @@ fn side_tables(config: &Config) -> Result<SideTables, ServeError> {
 
 /// What one worker hands back (in cluster mode, to process 0 as JSON; the
 /// first worker of each process adds its process's part).
-#[derive(serde::Serialize, serde::Deserialize)]
+#[derive(Default, serde::Serialize, serde::Deserialize)]
 struct WorkerResult {
     committed: Vec<(i32, i64)>,
     oov_items: u64,
@@ -153,7 +153,9 @@ struct WorkerResult {
     worker: usize,
 }
 
-/// How long process 0 waits for the other processes' results at exit.
+/// How long process 0 waits for the other processes' results at exit,
+/// beyond the longest a process may spend draining and closing after the
+/// stop (its own drain may end long before another's).
 const GATHER_WAIT: Duration = Duration::from_secs(30);
 
 /// Settings that are for replay or training only: refused before the job
@@ -179,15 +181,15 @@ fn check_servable(cfg: &Config) -> Result<(), String> {
 }
 
 /// Opens worker `w`'s request consumer on its share of `partitions`, as
-/// `kafka.start` and `kafka.refetch_from_start` say: its partitions, the
-/// consumer, and where each partition resumes.
+/// `kafka.start` and `kafka.refetch_from_start` say: the consumer, and
+/// where each of its partitions resumes.
 fn open_request_consumer(
     settings: &KafkaSettings,
     k: &crate::config::KafkaSection,
     partitions: i32,
     w: usize,
     workers: usize,
-) -> Result<(Vec<i32>, RequestConsumer, Vec<Resumed>), ServeError> {
+) -> Result<(RequestConsumer, Vec<Resumed>), ServeError> {
     let start = match k.start.as_str() {
         "latest" => StartPosition::Latest,
         _ => StartPosition::Earliest,
@@ -198,15 +200,39 @@ fn open_request_consumer(
         Refetch::FromCommitted
     };
     let owned = owned_partitions(&k.request_topic, partitions, w, workers);
-    let (consumer, resumed) = RequestConsumer::open(
+    Ok(RequestConsumer::open(
         settings,
         &k.request_topic,
         &owned,
         start,
         refetch,
         CALL_TIMEOUT,
-    )?;
-    Ok((owned, consumer, resumed))
+    )?)
+}
+
+/// The answers of the restart scan a worker may meet: on its partitions
+/// (`resumed`), at or past where each resumes (records below are skipped
+/// as consumed before answers are looked at, so those would only hold
+/// memory for the whole run), and not where the log is gone (a committed
+/// offset past its end: they name records of the old log).
+fn answers_ahead(
+    answered: &HashSet<AnsweredRequest>,
+    resumed: &[Resumed],
+) -> HashSet<AnsweredRequest> {
+    let resumes_at: HashMap<i32, i64> = resumed
+        .iter()
+        .filter(|r| r.past_end.is_none())
+        .map(|r| (r.partition, r.offset))
+        .collect();
+    answered
+        .iter()
+        .filter(|a| {
+            resumes_at
+                .get(&a.source.partition)
+                .is_some_and(|&from| a.source.offset >= from)
+        })
+        .copied()
+        .collect()
 }
 
 /// Fails unless the dead-letter topic exists: found missing only when the
@@ -336,8 +362,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     // before any worker starts.
     let mut ingests = Vec::with_capacity(topo.threads);
     for w in topo.local_workers() {
-        let (owned, consumer, resumed) =
-            open_request_consumer(&settings, &k, partitions, w, workers)?;
+        let (consumer, resumed) = open_request_consumer(&settings, &k, partitions, w, workers)?;
         {
             let mut book = shared.book(w).lock().expect("offset book lock");
             for r in &resumed {
@@ -357,21 +382,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 );
             }
         }
-        // Answers on the response topic name (partition, offset) of the
-        // log they answered: where that log is gone (a committed offset
-        // past its end), they say nothing about the records there now.
-        let renewed: Vec<i32> = resumed
-            .iter()
-            .filter(|r| r.past_end.is_some())
-            .map(|r| r.partition)
-            .collect();
-        let mine: HashSet<AnsweredRequest> = answered
-            .iter()
-            .filter(|a| {
-                owned.contains(&a.source.partition) && !renewed.contains(&a.source.partition)
-            })
-            .copied()
-            .collect();
+        let mine = answers_ahead(&answered, &resumed);
         let source_settings = SourceSettings {
             request_topic: k.request_topic.clone(),
             dead_letter_topic: k.dead_letter_topic.clone(),
@@ -388,6 +399,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         };
         ingests.push(Some((consumer, source_settings, mine)));
     }
+    // Each worker holds its share; the whole scan is not needed any more.
+    drop(answered);
     let ingests = Arc::new(Mutex::new(ingests));
 
     // Opened before the job starts, so an unwritable path fails at once.
@@ -674,7 +687,10 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     result.process_part =
                         Some(ProcessPart::of(&worker_shared, &worker_latency, lost));
                 }
-                let gathered = crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT);
+                let wait = Duration::from_millis(worker_cfg.kafka.drain_timeout_ms)
+                    + 2 * CLOSE_GRACE
+                    + GATHER_WAIT;
+                let gathered = crate::cluster::gather_to_worker_0(worker, &result, wait);
                 if index == 0 {
                     gathered
                 } else if topo.is_leader() {
@@ -718,15 +734,38 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     // process's part; the others report their own process.
     let mut part = ProcessPart::default();
     let gathered = results.iter().any(|r| r.process_part.is_some());
+    let mut missing = Vec::new();
     if topo.is_leader() && gathered {
         for p in results.iter().filter_map(|r| r.process_part.as_ref()) {
             part.merge(p);
+        }
+        missing = missing_processes(topo, &results);
+        if !missing.is_empty() {
+            tracing::warn!(
+                ?missing,
+                "the results of some processes did not reach process 0 in time: this \
+                 summary leaves their counts out (each printed its own)"
+            );
         }
     } else {
         part = ProcessPart::of(&shared, &latency, windows_lost());
         results.retain(|r| topo.local(r.worker).is_some());
     }
-    Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s))
+    let mut summary = summarise(&cfg, topo, &settings, &part, &results, wall_s);
+    summary.processes_missing = missing;
+    Ok(summary)
+}
+
+/// The processes none of whose results arrived at process 0.
+fn missing_processes(topo: crate::cluster::Topology, results: &[WorkerResult]) -> Vec<usize> {
+    let reported: HashSet<usize> = results
+        .iter()
+        .filter(|r| r.process_part.is_some())
+        .map(|r| r.worker / topo.threads.max(1))
+        .collect();
+    (0..topo.processes)
+        .filter(|p| !reported.contains(p))
+        .collect()
 }
 
 /// Asks the broker for the request topic's metadata every second. The
@@ -872,6 +911,7 @@ fn summarise(
         workers: topo.total(),
         process: topo.process,
         processes: topo.processes,
+        processes_missing: Vec::new(),
         release: cfg.run.serve_release().as_str().to_string(),
         wall_s,
         requests_in: c.consumed,
@@ -1014,5 +1054,51 @@ mod tests {
         cfg.allocator.sample = true;
         let e = check_servable(&cfg).unwrap_err();
         assert!(e.contains("allocator.sample"), "{e}");
+    }
+
+    #[test]
+    fn processes_whose_parts_did_not_arrive_are_named() {
+        let topo = crate::cluster::Topology {
+            processes: 3,
+            process: 0,
+            threads: 2,
+        };
+        // Every worker's result from processes 0 and 2, process 1's one
+        // worker without its process's part: process 1 is missing.
+        let results: Vec<WorkerResult> = [(0, true), (1, false), (3, false), (4, true), (5, false)]
+            .into_iter()
+            .map(|(worker, part)| WorkerResult {
+                worker,
+                process_part: part.then(ProcessPart::default),
+                ..WorkerResult::default()
+            })
+            .collect();
+        assert_eq!(missing_processes(topo, &results), vec![1]);
+        assert!(missing_processes(topo, &[]).len() == 3);
+    }
+
+    #[test]
+    fn a_worker_keeps_only_the_answers_it_can_still_meet() {
+        let answer = |partition, offset| AnsweredRequest {
+            source: grflow_connectors::kafka::RecordId { partition, offset },
+            req_id: offset as u64,
+        };
+        let answered: HashSet<AnsweredRequest> = [
+            answer(0, 3),  // below where partition 0 resumes
+            answer(0, 10), // at it
+            answer(0, 12),
+            answer(1, 0),  // partition 1's log is gone
+            answer(2, 50), // not this worker's partition
+        ]
+        .into();
+        let resumed = |partition, offset, past_end| Resumed {
+            partition,
+            offset,
+            from_commit: true,
+            past_end,
+            commit_start: false,
+        };
+        let mine = answers_ahead(&answered, &[resumed(0, 10, None), resumed(1, 0, Some(900))]);
+        assert_eq!(mine, [answer(0, 10), answer(0, 12)].into());
     }
 }

@@ -119,9 +119,13 @@ pub struct ServeSummary {
     /// Workers (= serving nodes) of the whole job, over every process.
     pub workers: usize,
     /// Cluster mode: this process's index and the number of processes.
-    /// Counts below are this process's: its workers read and answered them.
+    /// Process 0's counts are the whole job's, every other process's its
+    /// own (its workers read and answered them).
     pub process: usize,
     pub processes: usize,
+    /// Process 0 in cluster mode: processes whose results did not arrive
+    /// in time (a slow drain, a lost process), left out of its counts.
+    pub processes_missing: Vec<usize>,
     /// When router and nodes handled requests: "arrival" unless
     /// `run.release = "complete"`.
     pub release: String,
