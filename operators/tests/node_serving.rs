@@ -924,6 +924,23 @@ fn a_rank_request_waits_for_the_retrieve_groups_pages_instead_of_moving_alpha() 
             ranked_two[0].as_ref().unwrap().items,
             ranked_one[0].as_ref().unwrap().items
         );
+        // The request that waited is not looked up a second time: the EMB
+        // tables saw exactly the lookups the node reports, and every miss
+        // they saw crossed the link once. (Two lanes look up more than one:
+        // the rank request is looked up before the group's prefix KV,
+        // which covers the same items, is committed.)
+        let row_bytes = (params().model.d_model * 4) as u64;
+        for node in [&one, &two] {
+            let tables = node.memory_stats().emb_tables;
+            let lookups: u64 = tables.iter().map(|t| t.hits + t.misses).sum();
+            let misses: u64 = tables.iter().map(|t| t.misses).sum();
+            assert_eq!(lookups, node.counters().emb_lookups, "alpha {alpha}");
+            assert_eq!(
+                misses * row_bytes,
+                node.counters().link_bytes,
+                "alpha {alpha}"
+            );
+        }
         // Between α 0.97 and 0.98 the group and the rank request fit one
         // after the other but not together (two lanes reclaimed before).
         tight_cases += (one.counters().kv_reclaims == 0) as u32;

@@ -395,15 +395,14 @@ impl ServingNode {
                     index,
                 })
                 .collect();
-            let (r, outs) = self.serve_rank_inner(now_ms, rank, catalog, sides);
+            let (r, outs, waiting) = self.serve_rank_inner(now_ms, rank, catalog, sides);
             for ((i, prep), out) in preps.iter().zip(outs) {
                 retrieved[*i] = Some(self.finish_retrieve(now_ms, prep, out));
             }
             // The group's pages are committed or freed now: the rank
-            // requests that waited for them are served.
-            let waited: Vec<usize> = (0..r.len()).filter(|&i| r[i].is_none()).collect();
-            let again: Vec<RankWork<'_>> = waited.iter().map(|&i| rank[i]).collect();
-            let mut again = self.serve_rank_batch(now_ms, &again, catalog).into_iter();
+            // requests that waited for them are served (their embeddings
+            // were looked up and paid for already).
+            let mut again = self.resume_rank(now_ms, rank, waiting, catalog).into_iter();
             ranked.extend(r.into_iter().map(|o| {
                 o.unwrap_or_else(|| again.next().expect("one result per waiting request"))
             }));

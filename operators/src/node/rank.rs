@@ -41,6 +41,11 @@ struct Ready<'h> {
     candidate_tokens: Vec<f32>,
 }
 
+/// Rank requests of a step that waited for its retrieve groups' pages,
+/// with the embeddings already looked up (and paid for) for them: served by
+/// [`ServingNode::resume_rank`] once the groups are committed.
+pub(super) struct Waiting<'h>(Vec<Ready<'h>>);
+
 /// A rank request's scores or why its model work failed.
 type Scored = Result<Vec<f32>, ServeError>;
 
@@ -96,22 +101,61 @@ impl ServingNode {
     /// buffers are `beams[i]`) are computed in lanes beside the first
     /// sub-batch (or by themselves, should no rank request get that far).
     /// A request that does not fit even alone while the groups of `sides`
-    /// hold their pages gets no result (`None`): the caller serves it again
-    /// once those groups are committed, instead of this call taking pages
-    /// back from EMB (moving α) or failing it for pages that are about to
-    /// be free.
-    pub(super) fn serve_rank_inner(
+    /// hold their pages gets no result (`None`) and is handed back in
+    /// [`Waiting`]: the caller serves it with [`Self::resume_rank`] once
+    /// those groups are committed, instead of this call taking pages back
+    /// from EMB (moving α) or failing it for pages that are about to be
+    /// free.
+    pub(super) fn serve_rank_inner<'h>(
+        &mut self,
+        now_ms: u64,
+        work: &[RankWork<'h>],
+        catalog: &dyn ItemCatalog,
+        sides: Vec<RetrieveGroup<'_, '_>>,
+    ) -> (
+        Vec<Option<Outcome>>,
+        Vec<Result<Retrieved, ServeError>>,
+        Waiting<'h>,
+    ) {
+        self.link_clock.observe(now_ms);
+        let mut results: Vec<Option<Outcome>> = work.iter().map(|_| None).collect();
+        let ready = self.look_up_rank(work, catalog, &mut results);
+        let (retrieved, waiting) =
+            self.serve_ready(now_ms, work, ready, catalog, sides, &mut results);
+        (results, retrieved, Waiting(waiting))
+    }
+
+    /// Serves the requests that waited for a step's retrieve groups, in
+    /// order, without looking up or paying for their embeddings again.
+    pub(super) fn resume_rank(
         &mut self,
         now_ms: u64,
         work: &[RankWork<'_>],
+        waiting: Waiting<'_>,
         catalog: &dyn ItemCatalog,
-        mut sides: Vec<RetrieveGroup<'_, '_>>,
-    ) -> (Vec<Option<Outcome>>, Vec<Result<Retrieved, ServeError>>) {
-        let sides_hold_pages = !sides.is_empty();
-        self.link_clock.observe(now_ms);
-        let mut retrieved = Vec::new();
-        let mut results: Vec<Option<Result<Served, ServeError>>> =
-            work.iter().map(|_| None).collect();
+    ) -> Vec<Outcome> {
+        let mut results: Vec<Option<Outcome>> = work.iter().map(|_| None).collect();
+        let indices: Vec<usize> = waiting.0.iter().map(|r| r.index).collect();
+        self.serve_ready(now_ms, work, waiting.0, catalog, Vec::new(), &mut results);
+        indices
+            .into_iter()
+            .map(|i| {
+                results[i]
+                    .take()
+                    .expect("without retrieve groups no request waits")
+            })
+            .collect()
+    }
+
+    /// Plans each request and looks up the embeddings it needs, then pays
+    /// the link for their misses at once. A request that cannot be planned
+    /// gets its error in `results`.
+    fn look_up_rank<'h>(
+        &mut self,
+        work: &[RankWork<'h>],
+        catalog: &dyn ItemCatalog,
+        results: &mut [Option<Outcome>],
+    ) -> Vec<Ready<'h>> {
         let mut ready = Vec::with_capacity(work.len());
         for (i, w) in work.iter().enumerate() {
             let plan = match Plan::rank(
@@ -149,7 +193,24 @@ impl ServingNode {
         }
         let miss_bytes = ready.iter().map(|r| r.emb.miss_bytes).sum();
         self.link_clock.pay(&mut self.memory, miss_bytes);
+        ready
+    }
 
+    /// Reserves, prefills and ranks `ready` in sub-batches that fit the
+    /// pool, with `sides` beside the first; the requests that must wait for
+    /// the sides' pages are returned.
+    fn serve_ready<'h>(
+        &mut self,
+        now_ms: u64,
+        work: &[RankWork<'h>],
+        mut ready: Vec<Ready<'h>>,
+        catalog: &dyn ItemCatalog,
+        mut sides: Vec<RetrieveGroup<'_, '_>>,
+        results: &mut [Option<Outcome>],
+    ) -> (Vec<Result<Retrieved, ServeError>>, Vec<Ready<'h>>) {
+        let sides_hold_pages = !sides.is_empty();
+        let mut retrieved = Vec::new();
+        let mut waiting = Vec::new();
         let mut next = 0;
         while next < ready.len() {
             let mut reserved = Vec::new();
@@ -167,7 +228,8 @@ impl ServingNode {
                     // it tries again; else its own error.
                     Err(e) if reserved.is_empty() => {
                         if sides_hold_pages {
-                            // No result: served again after the groups.
+                            // No result: served after the groups.
+                            waiting.push(next);
                         } else if self.reclaim_for(&e) {
                             continue;
                         } else {
@@ -231,7 +293,14 @@ impl ServingNode {
             let (_, out) = self.rank_reserved(&[], &[], sides);
             retrieved = out;
         }
-        (results, retrieved)
+        // Taken out of `ready` from the back, so the indices stay valid.
+        let mut waiting: Vec<Ready<'h>> = waiting
+            .into_iter()
+            .rev()
+            .map(|k| ready.swap_remove(k))
+            .collect();
+        waiting.reverse();
+        (retrieved, waiting)
     }
 
     /// Prefills and ranks the reserved requests of a batch in two batched
