@@ -348,6 +348,50 @@ fn rows_out_of_order_within_a_row_group_are_not_late() {
     assert!(span > 1.0, "{summary}");
 }
 
+/// A Parquet trace whose row groups run backwards in time (as two files
+/// concatenated in the wrong order would): `--speed max` hung on it,
+/// holding the first group back behind a later group's earlier start.
+#[test]
+fn speed_max_serves_a_trace_whose_row_groups_run_backwards() {
+    let dir = tmp_dir("backwards");
+    let mut trace = grflow_traces::generate(&grflow_traces::GenConfig {
+        users: 100,
+        items: 1000,
+        requests: 1_200,
+        rps: 100.0,
+        seed: 9,
+        ..grflow_traces::GenConfig::default()
+    });
+    trace.requests.reverse();
+    let path = dir.join("trace");
+    // Groups of 3 s each: every group starts 3 s after the next one.
+    let options = grflow_traces::WriteOptions {
+        row_group_rows: 300,
+        ..grflow_traces::WriteOptions::default()
+    };
+    grflow_traces::write_trace(&path, &trace, &options).unwrap();
+    let mut child = grflow()
+        .args(["replay", "--speed", "max", "--json", "--workers", "1"])
+        .arg("--trace")
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("replay --speed max of a backwards trace did not finish in 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = ok(child.wait_with_output().unwrap());
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    conserved(&summary);
+    assert_eq!(summary["requests_in"].as_u64(), Some(1_200), "{summary}");
+}
+
 #[test]
 fn retrieve_requests_are_served_by_beam_search_and_the_event_clock_is_deterministic() {
     let dir = tmp_dir("retrieve");
