@@ -13,7 +13,7 @@
 //! table.
 
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::hotness::HotUsers;
 use crate::lru::LruMap;
@@ -107,6 +107,13 @@ impl RouterConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeReport {
     pub node: u32,
+    /// The node's count of reports made, from 1. Reports are changes since
+    /// the node's previous one, so a replica applies them in this order:
+    /// under `arrival` release a node's steps can report at event times
+    /// that go backwards, and timely hands a replica its waiting control
+    /// messages sorted by time. 0 (a report built by hand) applies at once.
+    #[serde(default)]
+    pub seq: u64,
     /// Users whose history prefix KV became resident on the node.
     pub kv_users_added: Vec<u64>,
     /// Users whose prefix KV left the node.
@@ -177,7 +184,16 @@ struct NodeView {
     /// Tokens queued at the node from the other replicas, at its last
     /// report that said (`InFlight`).
     others_queued: Option<f64>,
+    /// The `seq` of the last report applied.
+    applied_seq: u64,
+    /// Reports that arrived before one the node made earlier, by `seq`.
+    early: BTreeMap<u64, NodeReport>,
 }
+
+/// Reports held for an earlier one at most: a channel delivers a node's
+/// reports in order, so a gap closes within one activation; a longer one is
+/// a report lost, and waiting for it would stop the view for good.
+const MAX_EARLY_REPORTS: usize = 1_024;
 
 impl NodeView {
     fn backlog(&self, now_ms: u64) -> f64 {
@@ -339,8 +355,33 @@ impl Router {
         self.nodes[node as usize].kv_users.contains(&user)
     }
 
-    /// Folds a node's report into the replicated view.
+    /// Folds a node's report into the replicated view, in the order the
+    /// node made its reports (see [`NodeReport::seq`]).
     pub fn apply_report(&mut self, report: &NodeReport) {
+        let Some(view) = self.nodes.get_mut(report.node as usize) else {
+            return;
+        };
+        if report.seq == 0 {
+            return self.apply_now(report);
+        }
+        if report.seq <= view.applied_seq {
+            return; // seen already
+        }
+        view.early.insert(report.seq, report.clone());
+        loop {
+            let view = &mut self.nodes[report.node as usize];
+            let next = match view.early.first_key_value() {
+                Some((&seq, _)) if seq == view.applied_seq + 1 => seq,
+                Some((&seq, _)) if view.early.len() > MAX_EARLY_REPORTS => seq,
+                _ => return,
+            };
+            let held = view.early.remove(&next).expect("first key");
+            view.applied_seq = next;
+            self.apply_now(&held);
+        }
+    }
+
+    fn apply_now(&mut self, report: &NodeReport) {
         let Some(view) = self.nodes.get_mut(report.node as usize) else {
             return;
         };
@@ -507,6 +548,55 @@ mod tests {
             HotUsers::new(HotnessConfig::default()),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_nodes_reports_apply_in_the_order_it_made_them() {
+        // Report 1 adds user 7 (stamped 101), report 2 removes it (stamped
+        // 91, a later step of older requests): timely hands over 2 first.
+        let added = NodeReport {
+            node: 1,
+            seq: 1,
+            at_ms: 101,
+            kv_users_added: vec![7],
+            ..Default::default()
+        };
+        let removed = NodeReport {
+            node: 1,
+            seq: 2,
+            at_ms: 91,
+            kv_users_removed: vec![7],
+            ..Default::default()
+        };
+        let mut r = router(2);
+        r.apply_report(&removed);
+        assert!(!r.has_kv(1, 7), "held until report 1 arrives");
+        r.apply_report(&added);
+        assert!(!r.has_kv(1, 7), "added, then removed: not resident");
+        // A report seen again changes nothing.
+        r.apply_report(&added);
+        assert!(!r.has_kv(1, 7));
+        // In order, as before.
+        let mut r = router(2);
+        r.apply_report(&added);
+        assert!(r.has_kv(1, 7));
+        r.apply_report(&removed);
+        assert!(!r.has_kv(1, 7));
+    }
+
+    #[test]
+    fn a_lost_report_does_not_stop_the_view_for_good() {
+        let mut r = router(1);
+        // Report 1 never arrives.
+        for seq in 2..=(MAX_EARLY_REPORTS as u64 + 2) {
+            r.apply_report(&NodeReport {
+                node: 0,
+                seq,
+                kv_users_added: vec![seq],
+                ..Default::default()
+            });
+        }
+        assert!(r.has_kv(0, 2) && r.has_kv(0, MAX_EARLY_REPORTS as u64 + 2));
     }
 
     /// A router on real time: replica `replica` of `replicas`, loads over

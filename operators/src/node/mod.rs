@@ -525,6 +525,7 @@ impl ServingNode {
         };
         let mut report = NodeReport {
             node: self.id,
+            seq: self.residency.next_seq(),
             at_ms: now_ms,
             inflight_tokens: load.inflight_tokens,
             token_capacity: load.token_capacity,

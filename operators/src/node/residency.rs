@@ -16,9 +16,17 @@ pub struct Residency {
     shards_touched: BTreeSet<ShardId>,
     /// Users whose prefix KV the router was last told is here.
     users_reported: HashSet<u64>,
+    /// Reports made so far (each report's `seq`).
+    reports: u64,
 }
 
 impl Residency {
+    /// The `seq` of the next report: routers apply reports in this order.
+    pub fn next_seq(&mut self) -> u64 {
+        self.reports += 1;
+        self.reports
+    }
+
     /// A row of (`table`, `row`) entered (`delta` 1) or left (-1) the EMB cache.
     pub fn count_row(&mut self, shards: &ShardMap, table: u16, row: u32, delta: i32) {
         let shard = shards.shard_of(table, row);

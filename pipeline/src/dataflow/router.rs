@@ -40,9 +40,9 @@ impl EventOperator for RouterOp {
     type Output = Routed;
 
     fn on_control(&mut self, _time: u64, mut reports: Vec<NodeReport>) {
-        // Reports of one time in a fixed order (stable: a node's reports
-        // keep the order it made them in).
-        reports.sort_by_key(|r| (r.at_ms, r.node));
+        // Reports of one time in a fixed order; each node's are applied in
+        // the order it made them (`seq`), which may not be time order.
+        reports.sort_by_key(|r| (r.at_ms, r.node, r.seq));
         let mut router = self.router.borrow_mut();
         for report in &reports {
             router.apply_report(report);
