@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::ImportError;
+use crate::columnar::MAX_TS_MS;
 
 /// Interactions as read: raw ids interned in order of first appearance.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -80,14 +81,25 @@ impl<'a> Collector<'a> {
         let s: f64 = v
             .parse()
             .map_err(|_| self.err(line, field, format!("not a number: {v:?}")))?;
-        if !(s.is_finite() && (0.0..1.8e16).contains(&s)) {
+        if !(s.is_finite() && s >= 0.0) {
             return Err(self.err(
                 line,
                 field,
                 format!("not a valid timestamp in seconds: {v:?}"),
             ));
         }
-        Ok((s * 1000.0).round() as u64)
+        let ms = (s * 1000.0).round();
+        // Readers drop rows after MAX_TS_MS, so a stamp past it would import
+        // fine and then turn every replayed row bad. Such values are almost
+        // always milliseconds (e.g. RetailRocket) under a seconds header.
+        if ms > MAX_TS_MS as f64 {
+            return Err(self.err(
+                line,
+                field,
+                format!("{v} seconds is after the year 9999; are the timestamps in milliseconds?"),
+            ));
+        }
+        Ok(ms as u64)
     }
 
     fn push(&mut self, ts_ms: u64, user: &str, item: &str) {
@@ -287,6 +299,25 @@ mod tests {
             err.contains("line 2: field `movieId`: missing value"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn millisecond_timestamps_are_rejected_with_a_hint() {
+        let text = "user_id:token\titem_id:token\ttimestamp:float\n1\t2\t1600000000000\n";
+        let err = parse_recbole(text, "x.inter", 10).unwrap_err().to_string();
+        assert!(err.contains("line 2: field `timestamp`"), "{err}");
+        assert!(err.contains("milliseconds"), "{err}");
+        let err = parse_movielens(
+            "userId,movieId,rating,timestamp\n1,2,4,1433221332117\n",
+            "r.csv",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("line 2: field `timestamp`"), "{err}");
+        // The last millisecond of 9999 still imports.
+        let text = "user_id:token\titem_id:token\ttimestamp:float\n1\t2\t253402300799.999\n";
+        let raw = parse_recbole(text, "x.inter", 10).unwrap();
+        assert_eq!(raw.events[0].0, MAX_TS_MS);
     }
 
     #[test]
