@@ -13,9 +13,11 @@ use grflow_connectors::parquet::{
     load_side_tables,
 };
 use grflow_connectors::{Polled, SourcePosition, SourceState};
-use grflow_traces::columnar::{REQUEST_COLUMNS, requests_to_batch};
+use grflow_traces::columnar::{MAX_TS_MS, REQUEST_COLUMNS, requests_to_batch};
 use grflow_traces::{GenConfig, Regime, Request, Trace, WriteOptions, generate, write_trace};
 use parquet::arrow::ArrowWriter;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader, ParquetMetaDataWriter};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 const ROW_GROUP: usize = 256;
 
@@ -618,4 +620,151 @@ fn repeated_req_ids_are_counted_exactly_in_one_pass_or_many() {
     assert_eq!((found.rows, found.example), (0, None));
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&clean).unwrap();
+}
+
+/// `batch` written to `path` in row groups of `ROW_GROUP`.
+fn write_groups(path: &Path, batch: &RecordBatch, statistics: EnabledStatistics) {
+    let props = WriterProperties::builder()
+        .set_statistics_enabled(statistics)
+        .set_max_row_group_row_count(Some(ROW_GROUP))
+        .build();
+    let mut w =
+        ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+/// Statistics count bad rows too: one row with ts_ms 0 (a bad row, its
+/// mode unknown) started a 1x replay of epoch-ms stamps ~50 years before
+/// its first request. The range is that of the valid requests.
+#[test]
+fn bad_rows_do_not_move_the_event_time_range() {
+    let dir = tmp("bad-row-range");
+    let path = dir.join("requests.parquet");
+    let mut rows = small_trace().requests;
+    for r in &mut rows {
+        r.ts_ms += 1_600_000_000_000;
+    }
+    let range = |rows: &[Request]| {
+        let ts = rows.iter().map(|r| r.ts_ms);
+        (ts.clone().min().unwrap(), ts.max().unwrap())
+    };
+    // Row 1,000 (row group 3): ts_ms 0 and mode "browse"; row 2,000:
+    // after the year 9999. Both are bad rows.
+    let valid = range(&[&rows[..1_000], &rows[1_001..2_000], &rows[2_001..]].concat());
+    rows[1_000].ts_ms = 0;
+    rows[2_000].ts_ms = MAX_TS_MS + 1;
+    let batch = requests_to_batch(&rows);
+    let mut columns = batch.columns().to_vec();
+    let modes: Vec<&str> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if i == 1_000 {
+                "browse"
+            } else {
+                r.mode.as_str()
+            }
+        })
+        .collect();
+    columns[5] = Arc::new(StringArray::from(modes));
+    let batch = RecordBatch::try_new(batch.schema(), columns).unwrap();
+    write_groups(&path, &batch, EnabledStatistics::Chunk);
+    let info = ParquetRequestSource::inspect(&dir).unwrap();
+    assert!(info.row_groups > 8, "{info:?}");
+    assert_eq!((info.min_ts_ms, info.max_ts_ms), valid, "{info:?}");
+
+    // Without statistics and with row group 0 unreadable, its range is
+    // unknown: it leaves the minimum to the others (it was 0) and makes
+    // the maximum unknown.
+    write_groups(&path, &batch, EnabledStatistics::None);
+    let mut bytes = std::fs::read(&path).unwrap();
+    for b in &mut bytes[4..600] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let info = ParquetRequestSource::inspect(&dir).unwrap();
+    let rest = range(&rows[ROW_GROUP..1_000]);
+    assert_eq!(
+        (info.min_ts_ms, info.max_ts_ms),
+        (rest.0, u64::MAX),
+        "{info:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Rewrites the footer of `path` with row group `g` claiming `rows` rows
+/// (the file's total follows); the data stays as it was.
+fn rewrite_row_count(path: &Path, g: usize, rows: i64) {
+    let bytes = std::fs::read(path).unwrap();
+    let meta = ParquetMetaDataReader::new()
+        .with_page_index_policy(PageIndexPolicy::Skip)
+        .parse_and_finish(&File::open(path).unwrap())
+        .unwrap();
+    // The file ends in the footer, its length (4 bytes) and "PAR1".
+    let footer = u32::from_le_bytes(bytes[bytes.len() - 8..bytes.len() - 4].try_into().unwrap());
+    let mut out = bytes[..bytes.len() - 8 - footer as usize].to_vec();
+    let mut builder = meta.into_builder();
+    let mut groups = builder.take_row_groups();
+    groups[g] = groups[g]
+        .clone()
+        .into_builder()
+        .set_num_rows(rows)
+        .build()
+        .unwrap();
+    let meta = builder.set_row_groups(groups).build();
+    ParquetMetaDataWriter::new(&mut out, &meta)
+        .finish()
+        .unwrap();
+    std::fs::write(path, out).unwrap();
+}
+
+/// A negative row count in the footer made the source allocate
+/// `usize::MAX` records (a panic); it is a corrupt file, named.
+#[test]
+fn a_negative_row_count_in_the_footer_is_a_corrupt_file() {
+    let (dir, _) = written("negative-rows");
+    rewrite_row_count(&dir.join("requests.parquet"), 1, -1);
+    let errors = [
+        ParquetRequestSource::open(&dir, 0, 1).unwrap_err(),
+        ParquetRequestSource::inspect(&dir).unwrap_err(),
+    ];
+    for err in errors {
+        assert!(matches!(err, SourceError::Corrupt { .. }), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains("requests.parquet") && message.contains("row group 1"),
+            "{message}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A row group whose data holds fewer rows than its footer says: the
+/// missing rows are bad rows, not silently gone.
+#[test]
+fn rows_missing_from_a_row_group_are_bad_rows() {
+    let (dir, trace) = written("short-group");
+    rewrite_row_count(&dir.join("requests.parquet"), 0, ROW_GROUP as i64 + 5);
+    let mut s = ParquetRequestSource::open(&dir, 0, 1).unwrap();
+    let (records, errors) = drain(&mut s);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(records.len(), trace.requests.len() + 5);
+    let bad: Vec<String> = records
+        .iter()
+        .filter_map(|r| match r {
+            SourceRecord::Bad {
+                position, reason, ..
+            } => Some(format!("{position}: {reason}")),
+            SourceRecord::Request { .. } => None,
+        })
+        .collect();
+    assert_eq!(bad.len(), 5, "{bad:?}");
+    assert!(
+        bad[0].contains("row group 0, row 256: row group 0 unreadable")
+            && bad[0].contains("261 rows"),
+        "{}",
+        bad[0]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

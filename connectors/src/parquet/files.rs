@@ -8,6 +8,7 @@ use grflow_traces::columnar::{ColumnSpec, check_columns};
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
+use parquet::file::metadata::ParquetMetaData;
 
 use super::SourceError;
 
@@ -44,6 +45,7 @@ pub(crate) fn open_checked(
             message: e.to_string(),
         }
     })?;
+    check_row_counts(&path, metadata.metadata())?;
     check_columns(metadata.schema(), columns).map_err(|e| SourceError::Schema {
         file: path.clone(),
         column: e.column(),
@@ -54,6 +56,30 @@ pub(crate) fn open_checked(
         file,
         metadata,
     })
+}
+
+/// Footer row counts size allocations and per-row records: a negative or
+/// inconsistent one is a corrupt file here, not a panic or abort later.
+fn check_row_counts(path: &Path, meta: &ParquetMetaData) -> Result<(), SourceError> {
+    let corrupt = |message: String| SourceError::Corrupt {
+        file: path.to_path_buf(),
+        message,
+    };
+    let mut sum: i64 = 0;
+    for (g, group) in meta.row_groups().iter().enumerate() {
+        let rows = group.num_rows();
+        sum = sum
+            .checked_add(rows)
+            .filter(|_| rows >= 0)
+            .ok_or_else(|| corrupt(format!("row group {g}: invalid row count {rows}")))?;
+    }
+    let total = meta.file_metadata().num_rows();
+    if sum != total {
+        return Err(corrupt(format!(
+            "the row groups hold {sum} rows, the footer says {total}"
+        )));
+    }
+    Ok(())
 }
 
 impl CheckedFile {
@@ -138,7 +164,7 @@ impl CheckedFile {
         Some(())
     }
 
-    /// Row counts of every row group.
+    /// Row counts of every row group (checked by `open_checked`).
     pub fn row_group_rows(&self) -> Vec<u64> {
         self.metadata
             .metadata()

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::UInt64Type;
-use grflow_traces::columnar::{REQUEST_COLUMNS, REQUESTS_FILE, decode_requests};
+use grflow_traces::columnar::{MAX_TS_MS, REQUEST_COLUMNS, REQUESTS_FILE, decode_requests};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 
 use super::files::{CheckedFile, open_checked};
@@ -24,8 +24,9 @@ pub const DEFAULT_BATCH_ROWS: usize = 1024;
 pub struct TraceInfo {
     pub rows: u64,
     pub row_groups: usize,
-    /// Smallest and largest `ts_ms` by the row-group statistics (0 and
-    /// `u64::MAX` where statistics are missing).
+    /// Smallest and largest `ts_ms` of a valid request (bad rows left
+    /// out); `max_ts_ms` is `u64::MAX` where a row group's range is
+    /// unknown, both are 0 when there is no request.
     pub min_ts_ms: u64,
     pub max_ts_ms: u64,
 }
@@ -174,17 +175,12 @@ impl ParquetRequestSource {
         let file = open_checked(dir, REQUESTS_FILE, &REQUEST_COLUMNS)?;
         let rows = file.row_group_rows();
         let (mins, maxes) = ts_stats(&file)?;
+        let (min_ts_ms, max_ts_ms) = request_ts_range(&file, &mins, &maxes);
         Ok(TraceInfo {
             rows: rows.iter().sum(),
             row_groups: rows.len(),
-            // Groups without requests (u64::MAX) say nothing.
-            min_ts_ms: mins
-                .iter()
-                .copied()
-                .filter(|&m| m != u64::MAX)
-                .min()
-                .unwrap_or(0),
-            max_ts_ms: maxes.iter().copied().max().unwrap_or(0),
+            min_ts_ms,
+            max_ts_ms,
         })
     }
 
@@ -250,7 +246,8 @@ impl ParquetRequestSource {
     fn stage(&mut self, g: usize) {
         let first = self.group_start[g];
         let rows = self.file.row_group_rows()[g];
-        let mut records = Vec::with_capacity(rows as usize);
+        // Capped: the count comes from the footer (a huge one aborted here).
+        let mut records = Vec::with_capacity(rows.min(8192) as usize);
         let position = |row| SourcePosition::Parquet {
             file: self.name.clone(),
             row_group: g as u32,
@@ -295,6 +292,13 @@ impl ParquetRequestSource {
                 }
             }
         }
+        // A group that ends early without an error would lose rows silently.
+        if unreadable.is_none() && (records.len() as u64) < rows {
+            unreadable = Some(format!(
+                "the footer says {rows} rows, the data holds {}",
+                records.len()
+            ));
+        }
         if let Some(message) = unreadable {
             let reason = format!("row group {g} unreadable: {message}");
             while (records.len() as u64) < rows {
@@ -333,6 +337,85 @@ impl RequestSource for ParquetRequestSource {
             state: SourceState::Ready,
         })
     }
+}
+
+/// Row groups decoded at most for each end of [`request_ts_range`]: enough
+/// for a few bad rows, bounded for a trace full of them.
+const RANGE_DECODES: usize = 4;
+
+/// Least and greatest ts_ms of a valid request. Statistics count bad rows
+/// too (one row with ts_ms 0 and an unknown mode started a paced replay of
+/// epoch stamps decades early), so the groups with the most extreme
+/// statistics are decoded, most extreme first, while the next one could
+/// still beat what was found; past `RANGE_DECODES` its statistics are used.
+/// A group of unknown range (0, u64::MAX) says nothing of the minimum and
+/// makes the maximum unknown (u64::MAX), as do stamps after `MAX_TS_MS`.
+fn request_ts_range(file: &CheckedFile, mins: &[u64], maxes: &[u64]) -> (u64, u64) {
+    let n = mins.len();
+    let unknown = |g: usize| (mins[g], maxes[g]) == (0, u64::MAX);
+    let mut decoded = HashMap::new();
+    let mut range = |g: usize| *decoded.entry(g).or_insert_with(|| valid_ts_range(file, g));
+    // Known groups with some ts_ms ((u64::MAX, 0): none).
+    let mut order: Vec<usize> = (0..n)
+        .filter(|&g| !unknown(g) && mins[g] <= maxes[g])
+        .collect();
+
+    order.sort_by_key(|&g| mins[g]);
+    let mut lo = u64::MAX;
+    for (k, &g) in order.iter().enumerate() {
+        if mins[g] >= lo {
+            break;
+        }
+        if k == RANGE_DECODES {
+            lo = mins[g];
+            break;
+        }
+        if let Some((a, _)) = range(g) {
+            lo = lo.min(a);
+        }
+    }
+
+    let hi = if (0..n).any(unknown) {
+        u64::MAX
+    } else {
+        order.sort_by_key(|&g| std::cmp::Reverse(maxes[g]));
+        let mut hi = None;
+        for (k, &g) in order.iter().enumerate() {
+            if hi.is_some_and(|h| maxes[g] <= h) {
+                break;
+            }
+            if k == RANGE_DECODES {
+                // Past the year 9999 only bad rows: the maximum is unknown.
+                hi = Some(if maxes[g] > MAX_TS_MS {
+                    u64::MAX
+                } else {
+                    maxes[g]
+                });
+                break;
+            }
+            if let Some((_, b)) = range(g) {
+                hi = Some(hi.map_or(b, |h: u64| h.max(b)));
+            }
+        }
+        hi.unwrap_or(0)
+    };
+    (if lo == u64::MAX { 0 } else { lo }, hi)
+}
+
+/// Least and greatest ts_ms of the valid requests of row group `g`, decoded
+/// as the source does; None when it holds none (or cannot be read).
+fn valid_ts_range(file: &CheckedFile, g: usize) -> Option<(u64, u64)> {
+    let mut range: Option<(u64, u64)> = None;
+    for batch in file.read_group(g).ok()? {
+        // Rows after a read error are bad rows: they add nothing.
+        let Some(rows) = batch.ok().and_then(|b| decode_requests(&b).ok()) else {
+            break;
+        };
+        for ts in rows.into_iter().filter_map(|r| r.ok().map(|r| r.ts_ms)) {
+            range = Some(range.map_or((ts, ts), |(a, b)| (a.min(ts), b.max(ts))));
+        }
+    }
+    range
 }
 
 /// Per-row-group (min, max) of ts_ms from the statistics, or read from the
