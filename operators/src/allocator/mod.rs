@@ -130,7 +130,21 @@ impl AllocatorConfig {
                 format!("must be a finite number > 0 (got {})", self.max_step),
             ));
         }
-        if !(0.0 <= self.min_alpha && self.min_alpha <= self.max_alpha && self.max_alpha <= 1.0) {
+        // Each bound out of [0, 1] (or NaN) is named by its own key; two
+        // usable bounds the wrong way round name min_alpha.
+        if !(0.0..=1.0).contains(&self.min_alpha) {
+            return Err((
+                "allocator.min_alpha",
+                format!("must be in [0, 1] (got {})", self.min_alpha),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.max_alpha) {
+            return Err((
+                "allocator.max_alpha",
+                format!("must be in [0, 1] (got {})", self.max_alpha),
+            ));
+        }
+        if self.min_alpha > self.max_alpha {
             return Err((
                 "allocator.min_alpha",
                 format!(
@@ -576,6 +590,19 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(cfg.validate().unwrap_err().0, "allocator.min_alpha");
+        // An out-of-range bound is named by its own key.
+        let named = |min_alpha: f64, max_alpha: f64| {
+            let cfg = AllocatorConfig {
+                min_alpha,
+                max_alpha,
+                ..Default::default()
+            };
+            cfg.validate().unwrap_err().0
+        };
+        assert_eq!(named(0.1, 1.5), "allocator.max_alpha");
+        assert_eq!(named(0.1, f64::NAN), "allocator.max_alpha");
+        assert_eq!(named(-0.1, 0.9), "allocator.min_alpha");
+        assert_eq!(named(f64::NAN, 0.9), "allocator.min_alpha");
         assert!(
             "ppo"
                 .parse::<AllocatorPolicy>()
