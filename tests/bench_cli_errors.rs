@@ -110,3 +110,28 @@ fn serve_and_send_without_a_config_file_here_use_the_built_in_one() {
         assert!(err.contains("--duration-s must be above 0"), "{bad}: {err}");
     }
 }
+
+/// `serve --model-watch` a path with no model.json (a typo, a volume not
+/// mounted): refused at once naming the flag and the file, before any
+/// broker is asked (it used to serve the seeded weights and watch in
+/// silence).
+#[test]
+fn serve_refuses_a_model_watch_path_without_a_model_json() {
+    let empty = temp::tmp_dir("model-watch-empty");
+    for path in [std::path::Path::new("/no/such"), empty.as_path()] {
+        let started = Instant::now();
+        let out = grflow()
+            .args(["serve", "--brokers", "127.0.0.1:1", "--model-watch"])
+            .arg(path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("--model-watch") && err.contains("model.json"),
+            "{err}"
+        );
+        assert!(err.contains(&*path.to_string_lossy()), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+    }
+}

@@ -146,17 +146,19 @@ const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// does not change what the nodes load). A refused model is tried again
 /// when its files change (a directory caught mid-copy loads once the copy
 /// is complete) and reported once per state of its files. Runs until
-/// `done`.
+/// `done`. `served`: the version the nodes were built with, the first
+/// one compared.
 pub fn watch(
     path: std::path::PathBuf,
+    served: String,
     models: std::sync::Arc<ModelRegistry>,
     submit: crate::admin::Submit,
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        // The served version starts as the one there now (serve loads the
-        // watched model at start).
-        let mut seen = watched_files(&path).map(|f| f.version);
+        // What the nodes serve, not what is on disk now: a link moved
+        // while the job started (after its model was loaded) is swapped to.
+        let mut seen = Some(served);
         let mut refused: Option<WatchedFiles> = None;
         while !done.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(WATCH_EVERY);
@@ -242,5 +244,38 @@ mod tests {
         std::fs::remove_file(dir.join("model.json")).unwrap();
         assert!(watched_files(&dir).is_none());
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_watcher_compares_with_the_served_version_not_the_one_on_disk_at_its_start() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        // The nodes were built with v1; the link moved to v2 meanwhile.
+        let dir = std::env::temp_dir().join(format!("grflow-watch-start-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("model.json"), r#"{"model_version": "v2"}"#).unwrap();
+        let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+        let models = {
+            let asked = asked.clone();
+            Arc::new(ModelRegistry::new(Box::new(move |path: &str| {
+                asked.lock().unwrap().push(path.into());
+                Err("not loaded in this test".into())
+            })))
+        };
+        models.note_serving(0, "v1");
+        let done = Arc::new(AtomicBool::new(false));
+        let submit: crate::admin::Submit = Arc::new(|_| {});
+        let watcher = watch(dir.clone(), "v1".into(), models, submit, done.clone());
+        let started = std::time::Instant::now();
+        while asked.lock().unwrap().is_empty() && started.elapsed().as_secs() < 10 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        done.store(true, Ordering::Relaxed);
+        watcher.join().unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(
+            !asked.lock().unwrap().is_empty(),
+            "the watcher never tried to load v2"
+        );
     }
 }

@@ -65,9 +65,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // A watched model is served from the start, not only once it changes:
     // otherwise a restarted job would go back to --model (or the seeded
     // weights) until the link next moved.
-    if let Some(watched) = &args.model_watch
-        && watched.join("model.json").exists()
-    {
+    if let Some(watched) = &args.model_watch {
+        // A typo or an unmounted volume would otherwise serve the seeded
+        // (or --model's) weights while the watcher waited in silence.
+        if !watched.join("model.json").is_file() {
+            return Err(InputError::from_display(format!(
+                "--model-watch {}: no model.json there (it must be a `grflow train` model \
+                 directory, or a link to one, when serve starts: the watched model is served \
+                 from the first request)",
+                watched.display()
+            )));
+        }
         let dir = std::fs::canonicalize(watched).unwrap_or_else(|_| watched.clone());
         if let Some(other) = &config.model.weights
             && std::fs::canonicalize(other).ok().as_ref() != Some(&dir)

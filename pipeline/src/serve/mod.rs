@@ -331,6 +331,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let model_watch = opts.model_watch.as_ref().map(|path| {
         crate::models::watch(
             path.clone(),
+            model_version.clone(),
             models.clone(),
             submit.clone(),
             watch_models_done.clone(),
