@@ -542,6 +542,74 @@ fn an_out_path_that_is_a_file_is_refused_before_the_work() {
     }
 }
 
+/// gen-trace and import into a `grflow train` model directory: refused,
+/// the model's items.parquet untouched (both formats use that name).
+#[test]
+fn gen_trace_and_import_refuse_an_out_holding_a_model() {
+    let dir = tmp_dir("out-is-a-model");
+    let ratings = dir.join("ratings.csv");
+    std::fs::write(&ratings, "userId,movieId,rating,timestamp\n1,2,5,100\n").unwrap();
+    let ratings = ratings.to_string_lossy().to_string();
+    for file in ["model.json", "model.safetensors"] {
+        let model = dir.join(format!("model-{file}"));
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join(file), "{}").unwrap();
+        std::fs::write(model.join("items.parquet"), "x").unwrap();
+        for args in [
+            &["gen-trace", "--requests", "100"][..],
+            &["import", "--format", "movielens", "--input", &ratings][..],
+        ] {
+            let err = cli::refused_out(args, &model);
+            assert!(err.contains("holds a model"), "{args:?}: {err}");
+            let items = std::fs::read_to_string(model.join("items.parquet")).unwrap();
+            assert_eq!(items, "x", "{args:?}");
+        }
+    }
+}
+
+/// A replay refused at setup (no such trace, a config the job cannot
+/// run) leaves the previous run's outputs in --out; one that runs
+/// replaces them.
+#[test]
+fn a_replay_refused_at_setup_keeps_the_previous_outputs() {
+    let dir = tmp_dir("refused-keeps-outputs");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("summary.json"), "old").unwrap();
+    std::fs::write(out.join("errors.parquet"), "old").unwrap();
+    let tiny = dir.join("tiny.toml");
+    std::fs::write(
+        &tiny,
+        "[memory]\npool_mib = 0.00001\n[trace]\nrequests = 20\n",
+    )
+    .unwrap();
+    let small = dir.join("small.toml");
+    std::fs::write(&small, "[trace]\nrequests = 20\n").unwrap();
+    let run = |extra: &[&std::ffi::OsStr]| {
+        grflow()
+            .args(["replay", "--quiet", "--speed", "max", "--out"])
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for extra in [
+        ["--trace".as_ref(), "/no/such".as_ref()],
+        ["--config".as_ref(), tiny.as_os_str()],
+    ] {
+        let r = run(&extra);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{extra:?}: {err}");
+        for f in ["summary.json", "errors.parquet"] {
+            let kept = std::fs::read_to_string(out.join(f)).unwrap();
+            assert_eq!(kept, "old", "{extra:?} removed {f}: {err}");
+        }
+    }
+    ok(run(&["--config".as_ref(), small.as_os_str()]));
+    let summary = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    assert_ne!(summary, "old");
+}
+
 #[test]
 fn sigint_stops_reading_answers_what_was_read_and_writes_the_outputs() {
     let dir = tmp_dir("sigint");

@@ -51,6 +51,10 @@ pub enum ResponseOutput {
     Drop,
     /// Appended to a Parquet file (responses.parquet) in the order produced.
     Parquet(PathBuf),
+    /// As `Parquet`, after removing `stale` (an earlier run's outputs)
+    /// where the file is opened, once the job's setup has passed: a run
+    /// refused at setup leaves them as they were.
+    ParquetReplacing { path: PathBuf, stale: Vec<PathBuf> },
     /// Kept in memory and returned in `ReplayOutput::responses`: for tests
     /// and small runs only, since it grows with the run.
     Collect,
@@ -155,6 +159,18 @@ impl ResponseWriter {
                 sink: Box::new(ResponseSink::create(path)?),
                 failed: None,
             },
+            ResponseOutput::ParquetReplacing { path, stale } => {
+                for file in stale.iter().filter(|f| f.exists()) {
+                    std::fs::remove_file(file).map_err(|source| SinkError::Io {
+                        file: file.clone(),
+                        source,
+                    })?;
+                }
+                Self::Parquet {
+                    sink: Box::new(ResponseSink::create(path)?),
+                    failed: None,
+                }
+            }
             ResponseOutput::Collect => Self::Collect(Vec::new()),
         })
     }

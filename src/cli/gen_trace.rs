@@ -80,6 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
     // Before generating: a bad --out would otherwise fail after it.
+    check_not_a_model(&args.out)?;
     super::check_out_dir(&args.out)?;
     let start = Instant::now();
     let progress = Progress::new(args.quiet);
@@ -92,7 +93,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     write_and_summarise(&args.out, &trace, args.row_group_rows, &progress, start)
 }
 
-/// A spinner with the current stage on a terminal; nothing otherwise.
+/// Refuses an `--out` holding a `grflow train` model: a trace's
+/// items.parquet would replace the model's (gen-trace and import; `train`
+/// refuses the other way round).
+pub(crate) fn check_not_a_model(out: &std::path::Path) -> anyhow::Result<()> {
+    use grflow_train::artifact::{MODEL_JSON, WEIGHTS_FILE};
+    if let Some(f) = [MODEL_JSON, WEIGHTS_FILE]
+        .into_iter()
+        .find(|f| out.join(f).exists())
+    {
+        return Err(InputError::from_display(format!(
+            "--out {}: holds a model ({f}; writing the trace there would replace its \
+             items.parquet); choose another directory",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Writes a trace directory and prints its short summary (gen-trace and
 /// import end the same way).
 pub(crate) fn write_and_summarise(
@@ -113,6 +131,7 @@ pub(crate) fn write_and_summarise(
     Ok(())
 }
 
+/// A spinner with the current stage on a terminal; nothing otherwise.
 pub(crate) struct Progress(Option<indicatif::ProgressBar>);
 
 impl Progress {

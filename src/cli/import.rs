@@ -57,6 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         candidates: args.candidates,
         ..ImportConfig::default()
     };
+    super::gen_trace::check_not_a_model(&args.out)?;
     super::check_out_dir(&args.out)?;
     let start = Instant::now();
     let progress = Progress::new(args.quiet);

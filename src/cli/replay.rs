@@ -152,8 +152,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let show_progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
     // Responses stream into responses.parquet.partial as they are
     // produced, renamed once the run has ended well. An earlier run's
-    // outputs go first: a run that fails or is interrupted leaves no mix
-    // of its files and another run's.
+    // outputs go when that file is opened (after the trace, config and
+    // model were checked): a run that fails or is interrupted leaves no
+    // mix of its files and another run's, and one refused at setup
+    // leaves the earlier run's alone.
     let responses = match &args.out {
         // Process 0 writes the job's outputs; another process leaves --out
         // alone, which may be the same directory (a loopback test, NFS):
@@ -162,14 +164,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(_) if config.cluster.process != 0 => ResponseOutput::Drop,
         Some(dir) => {
             super::check_out_dir(dir)?;
-            for name in OUTPUT_FILES {
-                let path = dir.join(name);
-                if path.exists() {
-                    std::fs::remove_file(&path)
-                        .with_context(|| format!("removing {}", path.display()))?;
-                }
+            ResponseOutput::ParquetReplacing {
+                path: dir.join(PARTIAL_RESPONSES),
+                stale: OUTPUT_FILES.iter().map(|name| dir.join(name)).collect(),
             }
-            ResponseOutput::Parquet(dir.join(PARTIAL_RESPONSES))
         }
         None => ResponseOutput::Drop,
     };
