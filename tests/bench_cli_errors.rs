@@ -135,3 +135,30 @@ fn serve_refuses_a_model_watch_path_without_a_model_json() {
         assert!(started.elapsed() < Duration::from_secs(5), "{err}");
     }
 }
+
+/// An --admin-addr a start would refuse (not a literal IP, not loopback, a
+/// port in use) is refused by `serve --check` too, and by `serve` before it
+/// talks to the broker (it used to create the topics and read the response
+/// topic first).
+#[test]
+fn serve_and_its_check_refuse_a_bad_admin_addr_before_the_broker() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let in_use = taken.local_addr().unwrap().to_string();
+    for addr in ["localhost:9465", "0.0.0.0:9465", in_use.as_str()] {
+        for check in [true, false] {
+            let started = Instant::now();
+            let mut cmd = grflow();
+            cmd.args(["serve", "--brokers", "127.0.0.1:1", "--admin-addr", addr])
+                .args(["--metrics-addr", "127.0.0.1:0"]);
+            if check {
+                cmd.arg("--check");
+            }
+            let out = cmd.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{addr} (check {check}): {err}");
+            assert!(err.contains("--admin-addr"), "{addr}: {err}");
+            assert!(started.elapsed() < Duration::from_secs(5), "{addr}: {err}");
+        }
+    }
+    drop(taken);
+}

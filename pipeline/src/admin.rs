@@ -123,10 +123,7 @@ impl AdminServer {
         models: Arc<ModelRegistry>,
         submit: Submit,
     ) -> Result<Self, AdminError> {
-        let parsed: SocketAddr = addr.parse().map_err(|_| AdminError::Addr(addr.into()))?;
-        if !parsed.ip().is_loopback() {
-            return Err(AdminError::NotLoopback(addr.into()));
-        }
+        let parsed = loopback_addr(addr)?;
         let listener = crate::http::Listener::spawn("grflow-admin", parsed, move |stream, peer| {
             answer(stream, peer, &models, &submit)
         })
@@ -141,6 +138,28 @@ impl AdminServer {
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr()
     }
+
+    /// What `start` checks, and that the address can be bound now: for
+    /// `serve --check`, and for `serve` before it creates topics or reads
+    /// the response topic (the endpoint itself starts later).
+    pub fn check_addr(addr: &str) -> Result<(), AdminError> {
+        let parsed = loopback_addr(addr)?;
+        std::net::TcpListener::bind(parsed)
+            .map(drop)
+            .map_err(|source| AdminError::Bind {
+                addr: addr.into(),
+                source,
+            })
+    }
+}
+
+/// A literal loopback `IP:PORT` (the admin endpoint is local only).
+fn loopback_addr(addr: &str) -> Result<SocketAddr, AdminError> {
+    let parsed: SocketAddr = addr.parse().map_err(|_| AdminError::Addr(addr.into()))?;
+    if !parsed.ip().is_loopback() {
+        return Err(AdminError::NotLoopback(addr.into()));
+    }
+    Ok(parsed)
 }
 
 /// Bodies larger than this are refused (a path is short).

@@ -108,6 +108,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         model_watch: args.model_watch,
     };
     if args.check {
+        // Bound as a start binds it (a given address that cannot be bound
+        // is an error, the default one a warning), and held during the
+        // check, so that an --admin-addr on the same port fails here too.
+        let _ops = super::start_ops(args.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR))?;
         let report = grflow_pipeline::check_serve(&opts).map_err(to_input)?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());

@@ -81,6 +81,10 @@ pub fn check(opts: &ServeOptions) -> Result<CheckReport, ServeError> {
     let started = Instant::now();
     let cfg = opts.config.clone();
     check_servable(&cfg).map_err(ServeError::Config)?;
+    if let Some(addr) = &opts.admin_addr {
+        crate::admin::AdminServer::check_addr(addr)
+            .map_err(|e| ServeError::Config(e.to_string()))?;
+    }
     let k = cfg.kafka.clone();
     let settings = opts.settings();
     let job = Job::prepare(cfg.clone(), super::side_tables(&cfg)?).map_err(ServeError::Config)?;

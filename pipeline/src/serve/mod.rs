@@ -253,6 +253,11 @@ fn check_dead_letter_topic(settings: &KafkaSettings, topic: &str) -> Result<i32,
 pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, ServeError> {
     let cfg = opts.config.clone();
     check_servable(&cfg).map_err(ServeError::Config)?;
+    // Before topics are created: the endpoint itself starts later.
+    if let Some(addr) = &opts.admin_addr {
+        crate::admin::AdminServer::check_addr(addr)
+            .map_err(|e| ServeError::Config(e.to_string()))?;
+    }
     let k = cfg.kafka.clone();
     let settings = opts.settings();
     let started = Instant::now();
