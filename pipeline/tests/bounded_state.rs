@@ -241,16 +241,7 @@ fn speed_max_finishes_a_trace_whose_row_groups_run_backwards() {
     cfg.run.clock = Clock::Event;
     cfg.run.max_ahead_ms = 500;
     cfg.windows.out = "none".into();
-    let opts = ReplayOptions {
-        trace: TraceInput::Memory(trace),
-        config: cfg,
-        show_progress: false,
-        responses: ResponseOutput::Drop,
-        counters: None,
-        commands: Vec::new(),
-        oracle_step: None,
-        stop: None,
-    };
+    let opts = ReplayOptions::new(TraceInput::Memory(trace), cfg);
     let job = std::thread::spawn(move || replay(opts));
     let started = std::time::Instant::now();
     while !job.is_finished() {

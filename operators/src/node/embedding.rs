@@ -243,26 +243,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_item_is_counted_and_uses_the_oov_rows() {
-        let host = HostTables::new(&[10], D, 5);
-        let shards = ShardMap::new(&[10], 4);
-        let mut memory = memory(0.5);
-        let mut residency = Residency::default();
-        let mut lookup = Lookup {
-            memory: &mut memory,
-            host: &host,
-            shards: &shards,
-            residency: &mut residency,
-            values: true,
-        };
-        let mut stats = EmbStats::default();
-        let tokens = lookup.item_tokens(&[99], &Catalog(HashMap::new()), &mut stats);
-        assert_eq!(stats.oov_items, 1);
-        assert_eq!(tokens, host.row(0, host.oov_row(0)));
-    }
-
-    #[test]
-    fn the_oov_rows_count_in_no_shard() {
+    fn an_unknown_item_is_counted_uses_the_oov_rows_and_counts_in_no_shard() {
         // 8 rows in shards of 4: table 0's OOV row (8) would fall in table
         // 1's first shard, table 1's in a shard past the last.
         let host = HostTables::new(&[8, 8], D, 5);
@@ -277,8 +258,12 @@ mod tests {
             values: true,
         };
         let mut stats = EmbStats::default();
-        lookup.item_tokens(&[99], &Catalog(HashMap::new()), &mut stats);
+        let tokens = lookup.item_tokens(&[99], &Catalog(HashMap::new()), &mut stats);
         assert_eq!((stats.oov_items, stats.lookups, stats.hits), (1, 2, 0));
+        let expected: Vec<f32> = (0..D)
+            .map(|i| host.row(0, host.oov_row(0))[i] + host.row(1, host.oov_row(1))[i])
+            .collect();
+        assert_eq!(tokens, expected);
         assert!(memory.emb_contains(0, host.oov_row(0)));
         let mut report = crate::router::NodeReport::default();
         residency.report_shards(1.0, &mut report);
