@@ -35,8 +35,12 @@ pub struct BeamSearch {
     /// Decode-step rows; when several searches decode together, the first
     /// one's hold every search's rows.
     rows: StepRows,
-    /// Per-beam top-K candidates of the current step (`bw × k`).
+    /// Per-beam top candidates of the current step, `stride` apart
+    /// (`bw × max(k, bw)`).
     cands: Vec<Candidate>,
+    /// Slots per beam in `cands` this step: K, or BW while K per beam
+    /// cannot fill the beam.
+    stride: usize,
     lens: Vec<usize>,
     /// One beam's valid expansions before its top-K cut.
     row: Vec<Candidate>,
@@ -85,7 +89,8 @@ impl BeamSearch {
             unshared: UnsharedKv::new(cfg, bw, SID_STEPS),
             scratch: StagedScratch::new(cfg, bw, max_prompt),
             rows: StepRows::new(cfg, bw),
-            cands: vec![cand0; bw * k],
+            cands: vec![cand0; bw * k.max(bw)],
+            stride: k,
             lens: vec![0; bw],
             row: Vec::with_capacity(c),
             top: TopBw::with_capacity(bw),
@@ -117,7 +122,7 @@ impl BeamSearch {
     /// each in no particular order (the selection leaves the lists it
     /// visited as heaps).
     pub fn last_candidates(&self) -> (&[Candidate], usize, &[usize]) {
-        (&self.cands, self.k, &self.lens[..self.live])
+        (&self.cands, self.stride, &self.lens[..self.live])
     }
 
     /// Parents chosen after each decode step of the last request.
@@ -252,6 +257,15 @@ impl BeamSearch {
     /// the additive -inf mask of xGR §6.1).
     fn expand(&mut self, logits: &mut [f32], trie: &SidTrie, step: usize) {
         let c = self.cfg.codebook_size;
+        // While K per beam cannot fill the beam (the first step's lone
+        // beam, or a step after a level with few valid codes), each beam
+        // keeps BW: the global top-BW is then exact, and the beam does not
+        // shrink to live·K for good. live·BW < BW·K fits `cands`.
+        self.stride = if self.live * self.k < self.bw {
+            self.k.max(self.bw)
+        } else {
+            self.k
+        };
         for b in 0..self.live {
             let logits = &mut logits[b * c..(b + 1) * c];
             self.row.clear();
@@ -298,22 +312,15 @@ impl BeamSearch {
                     }
                 }
             }
-            // A lone beam (the first step) keeps at least BW: a per-beam
-            // top-K below BW would otherwise start the search with K beams.
-            // Its list may run past its stride, into the slots of beams
-            // that do not exist yet.
-            let keep = if self.live == 1 {
-                self.k.max(self.bw)
-            } else {
-                self.k
-            };
+            let keep = self.stride;
             if self.row.len() > keep {
                 self.row.select_nth_unstable_by(keep - 1, rank_order);
                 self.row.truncate(keep);
             }
             // Unordered: the selection visits beams best first and orders
             // only the candidates it takes.
-            self.cands[b * self.k..b * self.k + self.row.len()].copy_from_slice(&self.row);
+            let at = b * self.stride;
+            self.cands[at..at + self.row.len()].copy_from_slice(&self.row);
             self.lens[b] = self.row.len();
         }
     }
@@ -321,9 +328,12 @@ impl BeamSearch {
     /// Global top-BW with early termination, then the in-place fork of
     /// codes, scores, trie nodes and unshared KV (or the final hits).
     fn select(&mut self, step: usize) {
-        let chosen =
-            self.top
-                .select_unordered(&mut self.cands, self.k, &self.lens[..self.live], self.bw);
+        let chosen = self.top.select_unordered(
+            &mut self.cands,
+            self.stride,
+            &self.lens[..self.live],
+            self.bw,
+        );
         self.selected.clear();
         self.selected.extend_from_slice(chosen);
         if step + 1 == SID_STEPS {

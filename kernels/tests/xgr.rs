@@ -438,6 +438,22 @@ fn a_per_beam_top_k_below_the_width_still_starts_with_a_full_beam() {
     let beams: Vec<usize> = narrow.parents_per_step().iter().map(Vec::len).collect();
     assert_eq!(beams, [8, 8, 8]);
     assert_eq!(hits.len(), 8);
+
+    // Two first codes with 8×8 items under each (a collapsed first level):
+    // the first step leaves 2 beams, and 2 per beam would make 4, then 8,
+    // never the full width of 16.
+    let narrow_first: Vec<[u16; 3]> = (0..2u16)
+        .flat_map(|a| (0..8u16).flat_map(move |b| (0..8u16).map(move |c| [a, b, c])))
+        .collect();
+    let trie = SidTrie::new(&narrow_first, 16).unwrap();
+    let mut wide = BeamSearch::new(&cfg, 16, 2, 64).unwrap();
+    let hits = wide
+        .generate(&model, &pool.store, &table, p, &trie)
+        .unwrap()
+        .len();
+    let beams: Vec<usize> = wide.parents_per_step().iter().map(Vec::len).collect();
+    assert_eq!(beams, [2, 16, 16]);
+    assert_eq!(hits, 16);
 }
 
 #[test]
