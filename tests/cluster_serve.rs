@@ -229,3 +229,63 @@ fn a_process_waiting_for_its_peers_is_not_ready_and_stops_on_sigterm() {
         alone.stderr_text()
     );
 }
+
+/// A one-partition topic leaves one of the two processes without a
+/// partition. Its worker's event time follows the newest in the job, which
+/// was its own process's only: it stayed at 1, so no window closed anywhere
+/// while the job ran (and under `arrival` every time in flight stayed held).
+/// The processes now share their newest event time.
+#[test]
+fn windows_close_while_one_process_reads_nothing() {
+    let Some(brokers) = broker("windows_close_while_one_process_reads_nothing") else {
+        return;
+    };
+    const N: u64 = 200;
+    let topics = Topics::fresh("cluster-idle-process");
+    topics.create(&brokers, 1);
+    // 20 ms apart: 4 s of event time, three 1 s windows to close.
+    let records: Vec<_> = (0..N)
+        .map(|i| {
+            let mut r: serde_json::Value = serde_json::from_slice(&request(i)).unwrap();
+            r["ts_ms"] = json!(1_700_000_000_000u64 + i * 20);
+            (0, Some(serde_json::to_vec(&r).unwrap()))
+        })
+        .collect();
+    produce(&brokers, &topics.requests, &records);
+    let dir = tmp_dir("cluster-idle-process");
+    let windows = dir.join("windows.jsonl");
+    let config = write_config(
+        &dir,
+        &topics,
+        &format!(
+            "idle_timeout_ms = 200\n\n[windows]\nepoch_ms = 1000\nout = \"{}\"",
+            windows.display()
+        ),
+    );
+    let hosts = hostfile(&dir);
+    let mut tail = Tail::new(&brokers, &topics.responses, 1);
+    let (p0, p1) = start_both(&brokers, &config, &hosts, "idle-process");
+    assert!(
+        tail.read_until(Duration::from_secs(120), |t| t.req_ids.len() as u64 >= N),
+        "{} of {N} answered; stderr:\n{}\n{}",
+        tail.req_ids.len(),
+        p0.stderr_text(),
+        p1.stderr_text()
+    );
+    // While both still run: closed windows are written.
+    let started = std::time::Instant::now();
+    let lines = || {
+        std::fs::read_to_string(&windows)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    while lines() == 0 && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let written = lines();
+    let (s0, s1) = (p0.stop(), p1.summary());
+    assert!(
+        written > 0,
+        "no window closed in 20 s with every request answered\n{s0}\n{s1}"
+    );
+}

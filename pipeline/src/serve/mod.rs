@@ -478,6 +478,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 };
                 let mut stop_input = stop_broadcast(worker, stop.clone());
                 let mut stop_sent = false;
+                // Cluster mode: every process's newest event time reaches
+                // the others (built on every worker, like the stop).
+                let mut newest = topo
+                    .is_cluster()
+                    .then(|| NewestBroadcast::new(worker, worker_shared.clone()));
                 let (consumer, source_settings, answered) = ingests.lock().expect("lock")[local]
                     .take()
                     .expect("one consumer per worker");
@@ -593,6 +598,11 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
                         break;
                     }
+                    if local == 0
+                        && let Some(newest) = newest.as_mut()
+                    {
+                        newest.share(&worker_shared);
+                    }
                     worker.step_or_park(Some(park));
                     if local == 0 && !said_stopping && stop.load(Ordering::Relaxed) {
                         said_stopping = true;
@@ -660,8 +670,9 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                         worker.drop_dataflow(id);
                     }
                 }
-                // The stop dataflow can complete now.
+                // The stop and newest dataflows can complete now.
                 drop(stop_input);
+                drop(newest);
                 let node = crate::dataflow::node::lock(&handles.node);
                 let mut allocator = allocator_stats.take();
                 // Serving never samples moves, so nothing is recorded; and the
@@ -847,6 +858,57 @@ fn stop_broadcast(
             .inspect(move |_| stop.store(true, Ordering::Relaxed));
     });
     input
+}
+
+/// Carries each process's newest request event time to every process in
+/// cluster mode. A worker's clock never trails the newest event time in
+/// the job by more than `kafka.max_skew_ms`, and a worker whose partitions
+/// are idle releases everything up to it; that newest time was each
+/// process's own, so a process that read nothing (it owns no busy
+/// partition) held its workers' event time at 1 for the whole job: no
+/// window ever closed, and under `arrival` every time in flight stayed
+/// held.
+struct NewestBroadcast {
+    input:
+        timely::dataflow::InputHandle<u64, timely::container::CapacityContainerBuilder<Vec<u64>>>,
+    sent: u64,
+    last: Instant,
+}
+
+/// How often a process sends its newest event time when it moved.
+const NEWEST_EVERY: Duration = Duration::from_millis(50);
+
+impl NewestBroadcast {
+    fn new(worker: &mut timely::worker::Worker, shared: Arc<SharedState>) -> Self {
+        use timely::dataflow::operators::Inspect;
+        use timely::dataflow::operators::vec::Broadcast;
+        let mut input = timely::dataflow::InputHandle::new();
+        worker.dataflow::<u64, _, _>(|scope| {
+            input.to_stream(scope).broadcast().inspect(move |&t: &u64| {
+                shared
+                    .counters
+                    .newest_event_ms
+                    .fetch_max(t, Ordering::Relaxed);
+            });
+        });
+        Self {
+            input,
+            sent: 0,
+            last: Instant::now(),
+        }
+    }
+
+    /// Sends this process's newest event time if it moved since the last
+    /// send, at most every `NEWEST_EVERY` (one worker per process sends).
+    fn share(&mut self, shared: &SharedState) {
+        let newest = shared.counters.newest_event_ms.load(Ordering::Relaxed);
+        if newest > self.sent && self.last.elapsed() >= NEWEST_EVERY {
+            self.input.send(newest);
+            self.input.flush();
+            self.sent = newest;
+            self.last = Instant::now();
+        }
+    }
 }
 
 /// How long a worker with requests in flight (or answers to resend) parks
