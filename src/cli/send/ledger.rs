@@ -50,8 +50,11 @@ pub struct LatencyMs {
 /// response topic does not count). Times are nanoseconds from the start.
 #[derive(Debug)]
 pub struct AnswerLedger {
-    /// req_id → (sent at, ts_ms sent).
-    waiting: HashMap<u64, (u64, u64)>,
+    /// req_id → (sent at, ts_ms sent) of each send of it not yet answered
+    /// (a trace may repeat an id).
+    waiting: HashMap<u64, Vec<(u64, u64)>>,
+    /// Sends awaiting an answer, over every id.
+    waiting_count: usize,
     /// req_id → ts_ms of the answered ones, to tell a repeat from a stranger.
     answered: RecentIds<u64>,
     latencies_ms: LatencyHistogram,
@@ -67,6 +70,7 @@ impl Default for AnswerLedger {
     fn default() -> Self {
         Self {
             waiting: HashMap::new(),
+            waiting_count: 0,
             answered: RecentIds::new(ANSWERED_WINDOW),
             latencies_ms: LatencyHistogram::default(),
             job_latencies_ms: LatencyHistogram::default(),
@@ -80,16 +84,28 @@ impl Default for AnswerLedger {
 
 impl AnswerLedger {
     pub fn sent(&mut self, req_id: u64, ts_ms: u64, at_ns: u64) {
-        self.waiting.insert(req_id, (at_ns, ts_ms));
+        self.waiting.entry(req_id).or_default().push((at_ns, ts_ms));
+        self.waiting_count += 1;
+    }
+
+    /// Takes the oldest send of `req_id` stamped `ts_ms`: when it was sent.
+    fn take_sent(&mut self, req_id: u64, ts_ms: u64) -> Option<u64> {
+        let sends = self.waiting.get_mut(&req_id)?;
+        let i = sends.iter().position(|&(_, ts)| ts == ts_ms)?;
+        let (sent_ns, _) = sends.remove(i);
+        if sends.is_empty() {
+            self.waiting.remove(&req_id);
+        }
+        self.waiting_count -= 1;
+        Some(sent_ns)
     }
 
     /// Records an answer read at `at_ns`; answers to requests this run did
     /// not send are ignored.
     pub fn answer(&mut self, r: &WireResponse, at_ns: u64) {
-        match self.waiting.get(&r.req_id) {
-            Some(&(sent_ns, ts)) if ts == r.ts_ms => {
-                self.waiting.remove(&r.req_id);
-                self.answered.observe(r.req_id, ts);
+        match self.take_sent(r.req_id, r.ts_ms) {
+            Some(sent_ns) => {
+                self.answered.observe(r.req_id, r.ts_ms);
                 let ms = at_ns.saturating_sub(sent_ns) as f64 / 1e6;
                 self.latencies_ms.record(ms);
                 self.recent_ms.record(ms);
@@ -105,7 +121,7 @@ impl AnswerLedger {
     }
 
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting_count
     }
 
     /// The end-to-end latencies recorded since the last call.
@@ -122,7 +138,7 @@ impl AnswerLedger {
             answered: self.latencies_ms.count(),
             served: self.served,
             errors: self.errors.clone(),
-            unanswered: self.waiting.len() as u64,
+            unanswered: self.waiting_count as u64,
             unanswered_examples: unanswered,
             repeated_answers: self.repeated,
             latency_ms: LatencyMs::of(&self.latencies_ms),
@@ -197,5 +213,23 @@ mod tests {
         assert_eq!(r.latency_ms.max, 10.0);
         assert_eq!(l.take_recent().count(), 3);
         assert_eq!(l.take_recent().count(), 0, "taken");
+    }
+
+    #[test]
+    fn a_req_id_sent_twice_is_answered_twice() {
+        // A trace may repeat an id; the same stamp when sent in one ms.
+        let mut l = AnswerLedger::default();
+        l.sent(7, 100, 0);
+        l.sent(7, 100, 2_000_000);
+        assert_eq!(l.waiting(), 2);
+        l.answer(&response(7, 100, None), 5_000_000);
+        l.answer(&response(7, 100, None), 6_000_000);
+        let r = l.report("out");
+        assert_eq!((r.answered, r.unanswered, r.repeated_answers), (2, 0, 0));
+        // Timed from the first send, then the second: 5 and 4 ms.
+        assert_eq!(r.latency_ms.max, 5.0);
+        // A third answer is a repeat.
+        l.answer(&response(7, 100, None), 7_000_000);
+        assert_eq!(l.report("out").repeated_answers, 1);
     }
 }

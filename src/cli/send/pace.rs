@@ -53,15 +53,18 @@ pub fn wire_request(r: &Request, ts_ms: u64, offset: u64) -> Option<WireRequest>
 pub struct TraceSpan {
     requests: u64,
     max_req_id: u64,
+    /// The least and greatest event time: a trace need not be in time
+    /// order (its row groups may run backwards).
     first_ts_ms: u64,
     last_ts_ms: u64,
 }
 
 impl TraceSpan {
     pub fn observe(&mut self, r: &Request) {
-        if self.requests == 0 {
-            self.first_ts_ms = r.ts_ms;
-        }
+        self.first_ts_ms = match self.requests {
+            0 => r.ts_ms,
+            _ => self.first_ts_ms.min(r.ts_ms),
+        };
         self.requests += 1;
         self.max_req_id = self.max_req_id.max(r.req_id);
         self.last_ts_ms = self.last_ts_ms.max(r.ts_ms);
@@ -123,6 +126,13 @@ mod tests {
         let (_, dt) = span.shift(1).unwrap();
         assert!(1_000 + dt > 1_900);
         assert_eq!(span.shift(u64::MAX), None, "overflow refused");
+        // Out of time order: the span is least to greatest, not first to
+        // greatest (pass 1 would overlap pass 0 by 900 ms).
+        let mut backwards = TraceSpan::default();
+        for (i, id) in (0..10).enumerate() {
+            backwards.observe(&request(id, 1_900 - 100 * i as u64));
+        }
+        assert_eq!(backwards.shift(1), Some((10, 1_000)));
         // One request at one instant: passes 1 ms apart.
         let mut one = TraceSpan::default();
         one.observe(&request(5, 42));

@@ -18,6 +18,7 @@ pub enum TraceRequests {
     },
     Parquet {
         dir: std::path::PathBuf,
+        max_candidates: usize,
         source: Box<ParquetRequestSource>,
         pending: std::collections::VecDeque<SourceRecord>,
         done: bool,
@@ -65,7 +66,11 @@ impl TraceRequests {
     pub fn rewind(&mut self) -> anyhow::Result<()> {
         match self {
             TraceRequests::Memory { next, .. } => *next = 0,
-            TraceRequests::Parquet { dir, .. } => *self = open_parquet(&dir.clone())?,
+            TraceRequests::Parquet {
+                dir,
+                max_candidates,
+                ..
+            } => *self = open_parquet(&dir.clone(), *max_candidates)?,
         }
         Ok(())
     }
@@ -81,6 +86,7 @@ pub fn requests_for(
     let catalog = config.kafka.catalog.clone();
     Ok(match (trace, catalog.is_empty()) {
         (Some(dir), _) => {
+            let dir_source = open_parquet(dir, config.model.max_candidates)?;
             if !catalog.is_empty() && !same_dir(dir, Path::new(&catalog)) {
                 eprintln!(
                     "warning: the job's catalog is kafka.catalog = {catalog:?}; the requests of {} \
@@ -96,10 +102,10 @@ pub fn requests_for(
                     dir.display().to_string()
                 );
             }
-            (open_parquet(dir)?, dir.display().to_string())
+            (dir_source, dir.display().to_string())
         }
         (None, false) => (
-            open_parquet(Path::new(&catalog))?,
+            open_parquet(Path::new(&catalog), config.model.max_candidates)?,
             format!("{catalog} (kafka.catalog)"),
         ),
         (None, true) => {
@@ -107,6 +113,14 @@ pub fn requests_for(
                 .trace
                 .gen_config()
                 .map_err(InputError::from_display)?;
+            // As replay: every generated request would be refused.
+            if gen_cfg.candidates > config.model.max_candidates {
+                return Err(InputError::from_display(format!(
+                    "trace.candidates ({}) is more than model.max_candidates ({}): the job \
+                     would refuse every generated request",
+                    gen_cfg.candidates, config.model.max_candidates
+                )));
+            }
             let trace = grflow_traces::generate(&gen_cfg);
             (
                 TraceRequests::Memory {
@@ -119,10 +133,15 @@ pub fn requests_for(
     })
 }
 
-fn open_parquet(dir: &Path) -> anyhow::Result<TraceRequests> {
+/// A Parquet trace whose rows with more candidates than the job takes
+/// (`model.max_candidates`) are unreadable rows: skipped and named, not
+/// sent to be dead-lettered.
+fn open_parquet(dir: &Path, max_candidates: usize) -> anyhow::Result<TraceRequests> {
     let source = ParquetRequestSource::open(dir, 0, 1)
-        .map_err(|e| InputError::from_display(format!("--trace {}: {e}", dir.display())))?;
+        .map_err(|e| InputError::from_display(format!("--trace {}: {e}", dir.display())))?
+        .with_max_candidates(max_candidates);
     Ok(TraceRequests::Parquet {
+        max_candidates,
         dir: dir.to_path_buf(),
         source: Box::new(source),
         pending: Default::default(),
@@ -166,7 +185,7 @@ mod tests {
             ..WriteOptions::default()
         };
         write_trace(&dir, &trace, &opts).unwrap();
-        let mut parquet = open_parquet(&dir).unwrap();
+        let mut parquet = open_parquet(&dir, 100).unwrap();
         let mut memory = TraceRequests::Memory {
             requests: trace.requests.clone(),
             next: 0,
@@ -177,6 +196,30 @@ mod tests {
             t.rewind().unwrap();
             assert_eq!(all(t), ids, "the same requests again");
         }
+        // More candidates (4) than the job takes (3): every row is skipped
+        // with its reason, before and after a rewind, instead of being sent
+        // to be dead-lettered.
+        let mut narrow = open_parquet(&dir, 3).unwrap();
+        for _ in 0..2 {
+            let rows: Vec<_> = std::iter::from_fn(|| narrow.next()).collect();
+            assert_eq!(rows.len(), ids.len());
+            let reason = rows[0].as_ref().unwrap_err();
+            assert!(reason.contains("too_many_candidates"), "{reason}");
+            assert!(rows.iter().all(|r| r.is_err()));
+            narrow.rewind().unwrap();
+        }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_generated_trace_the_job_would_refuse_is_not_sent() {
+        let mut config = grflow_pipeline::Config::default();
+        config.kafka.catalog.clear();
+        config.model.max_candidates = 50;
+        config.trace.candidates = 100;
+        let Err(e) = requests_for(None, &config) else {
+            panic!("a trace of 100 candidates against max_candidates 50 was accepted");
+        };
+        assert!(e.to_string().contains("model.max_candidates"), "{e}");
     }
 }
