@@ -14,6 +14,11 @@ pub struct StopRequest {
     /// The signal number that asked (0: none, or not a signal), for the
     /// summary (`signal_hook::flag::register_usize`).
     pub signal: Arc<AtomicUsize>,
+    /// Set when another process of the cluster stopped. Apart from `flag`,
+    /// which the handlers read to make a second signal exit at once: a
+    /// peer's stop is not this process's first signal, so the first one
+    /// it gets still drains and writes its outputs.
+    peer: Arc<AtomicBool>,
 }
 
 impl StopRequest {
@@ -29,7 +34,7 @@ impl StopRequest {
         let _ = self
             .signal
             .compare_exchange(0, signal, Ordering::Relaxed, Ordering::Relaxed);
-        self.flag.store(true, Ordering::Relaxed);
+        self.peer.store(true, Ordering::Relaxed);
     }
 
     /// The signal number that asked (0: none yet, or not a signal).
@@ -38,7 +43,7 @@ impl StopRequest {
     }
 
     pub fn requested(&self) -> bool {
-        self.flag.load(Ordering::Relaxed)
+        self.flag.load(Ordering::Relaxed) || self.peer.load(Ordering::Relaxed)
     }
 
     /// What asked, as the summary names it.
@@ -80,6 +85,9 @@ mod tests {
         peer.request_from_peer(15);
         assert!(peer.requested());
         assert_eq!(peer.cause(), "SIGTERM");
+        // Not the flag the handlers read: this process's first signal
+        // still asks for a drain rather than an exit.
+        assert!(!peer.flag.load(Ordering::Relaxed));
         assert_eq!(signal_name(1), "signal 1");
     }
 }
