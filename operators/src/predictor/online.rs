@@ -86,7 +86,10 @@ pub struct OnlinePredictor {
     /// Latest sample time per key, to label it when the key comes back.
     last_sample: KeyMap<Key, u64>,
     since_train: usize,
-    models: Vec<Arc<NextAccessModel>>,
+    /// By version - 1; under `Training::Background` (serving) only the
+    /// version in use and later ones are kept: a node retrains about once a
+    /// second for months. Inline training (the cache bench) keeps them all.
+    models: Vec<Option<Arc<NextAccessModel>>>,
     versions: Vec<VersionInfo>,
     /// Version in use (0 = none).
     current: u32,
@@ -160,9 +163,12 @@ impl OnlinePredictor {
         self.train_ms_total
     }
 
-    /// A trained model by version (1-based).
+    /// A trained model by version (1-based); `None` for one dropped as
+    /// superseded in background training.
     pub fn model(&self, version: u32) -> Option<&Arc<NextAccessModel>> {
-        self.models.get((version as usize).checked_sub(1)?)
+        self.models
+            .get((version as usize).checked_sub(1)?)?
+            .as_ref()
     }
 
     /// Predicted next-access times of rows observed at times `at` with the
@@ -198,11 +204,18 @@ impl OnlinePredictor {
         {
             self.current = next.version;
         }
+        if self.cfg.training == Training::Background {
+            // Versions only move forward: the older models are never read.
+            let in_use = (self.current as usize).saturating_sub(1);
+            for m in &mut self.models[..in_use] {
+                *m = None;
+            }
+        }
     }
 
     fn install(&mut self, info: VersionInfo, model: NextAccessModel) {
         self.train_ms_total += info.train_ms;
-        self.models.push(Arc::new(model));
+        self.models.push(Some(Arc::new(model)));
         self.versions.push(info);
     }
 
@@ -285,6 +298,41 @@ mod tests {
 
     fn labels(p: &OnlinePredictor) -> Vec<(u64, Key, Option<u64>)> {
         p.samples.iter().map(|s| (s.t, s.key, s.label)).collect()
+    }
+
+    #[test]
+    fn background_training_keeps_only_the_model_in_use_and_later_ones() {
+        // Serving retrains about once a second for months: every version
+        // kept grew a node's memory without bound.
+        let mut p = OnlinePredictor::new(PredictorConfig {
+            retrain_every: 50,
+            window: 500,
+            training: Training::Background,
+            ..PredictorConfig::default()
+        });
+        let ctx = AccessContext::default();
+        let mut t = 0;
+        let started = Instant::now();
+        while p.current_version() < 4 {
+            assert!(
+                started.elapsed().as_secs() < 60,
+                "version {} after 60 s",
+                p.current_version()
+            );
+            for _ in 0..200 {
+                p.observe(t % 97, t, ctx);
+                t += 1;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let kept = p.models.iter().filter(|m| m.is_some()).count();
+        assert!(
+            kept <= 2,
+            "{kept} models kept at version {}",
+            p.current_version()
+        );
+        assert!(p.model(p.current_version()).is_some());
+        assert!(p.model(1).is_none(), "superseded");
     }
 
     #[test]
