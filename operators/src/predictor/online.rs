@@ -248,6 +248,11 @@ impl OnlinePredictor {
     }
 
     fn retrain(&mut self, now: u64) {
+        if self.background.is_some() {
+            // Still training the previous version: building the set (~10 MB
+            // on a full window) only to drop it cost the serving thread.
+            return;
+        }
         let (rows, y) = self.training_set(now);
         if rows.is_empty() {
             return;
@@ -270,9 +275,6 @@ impl OnlinePredictor {
                 self.install(info, model);
             }
             Training::Background => {
-                if self.background.is_some() {
-                    return; // still training the previous version
-                }
                 let (tx, rx) = channel();
                 std::thread::spawn(move || {
                     let start = Instant::now();
