@@ -595,7 +595,21 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                         stop_input.send(());
                         stop_input.flush();
                     }
-                    if worker_shared.is_fatal() || drain.expired(&stop, &worker_shared) {
+                    if worker_shared.is_fatal() {
+                        if local == 0 {
+                            let reason = worker_shared.fatal().unwrap_or_default();
+                            crate::ops::state().set_not_ready(format!("stopping: {reason}"));
+                        }
+                        // The other processes drain and exit too: they
+                        // know nothing of this error, and this process
+                        // cannot leave while they keep its connections.
+                        if !stop_sent {
+                            stop_input.send(());
+                            stop_input.flush();
+                        }
+                        break;
+                    }
+                    if drain.expired(&stop, &worker_shared) {
                         break;
                     }
                     if local == 0
