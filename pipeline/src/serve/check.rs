@@ -14,7 +14,7 @@ use serde::Serialize;
 use grflow_connectors::kafka::{KafkaClientError, KafkaSettings, partition_count, scan_answers};
 
 use super::{
-    CALL_TIMEOUT, ServeError, ServeOptions, check_dead_letter_topic, check_servable,
+    CALL_TIMEOUT, ServeError, ServeOptions, check_before_start, check_dead_letter_topic,
     open_request_consumer,
 };
 use crate::job::Job;
@@ -79,12 +79,8 @@ fn topic(
 /// Runs every start-up check of [`super::serve`] without serving.
 pub fn check(opts: &ServeOptions) -> Result<CheckReport, ServeError> {
     let started = Instant::now();
+    check_before_start(opts)?;
     let cfg = opts.config.clone();
-    check_servable(&cfg).map_err(ServeError::Config)?;
-    if let Some(addr) = &opts.admin_addr {
-        crate::admin::AdminServer::check_addr(addr)
-            .map_err(|e| ServeError::Config(e.to_string()))?;
-    }
     let k = cfg.kafka.clone();
     let settings = opts.settings();
     let job = Job::prepare(cfg.clone(), super::side_tables(&cfg)?).map_err(ServeError::Config)?;

@@ -158,6 +158,18 @@ struct WorkerResult {
 /// stop (its own drain may end long before another's).
 const GATHER_WAIT: Duration = Duration::from_secs(30);
 
+/// What both a start and `serve --check` refuse before anything else:
+/// settings for replay or training only, and an `--admin-addr` the endpoint
+/// could not start on (it starts only after topics are created).
+fn check_before_start(opts: &ServeOptions) -> Result<(), ServeError> {
+    check_servable(&opts.config).map_err(ServeError::Config)?;
+    if let Some(addr) = &opts.admin_addr {
+        crate::admin::AdminServer::check_addr(addr)
+            .map_err(|e| ServeError::Config(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// Settings that are for replay or training only: refused before the job
 /// starts, naming the key, rather than served.
 fn check_servable(cfg: &Config) -> Result<(), String> {
@@ -251,13 +263,8 @@ fn check_dead_letter_topic(settings: &KafkaSettings, topic: &str) -> Result<i32,
 
 /// Runs until `stop` is set, then drains, commits and returns the summary.
 pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, ServeError> {
+    check_before_start(&opts)?;
     let cfg = opts.config.clone();
-    check_servable(&cfg).map_err(ServeError::Config)?;
-    // Before topics are created: the endpoint itself starts later.
-    if let Some(addr) = &opts.admin_addr {
-        crate::admin::AdminServer::check_addr(addr)
-            .map_err(|e| ServeError::Config(e.to_string()))?;
-    }
     let k = cfg.kafka.clone();
     let settings = opts.settings();
     let started = Instant::now();
@@ -590,22 +597,19 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 let mut drain =
                     DrainClock::new(Duration::from_millis(worker_cfg.kafka.drain_timeout_ms));
                 while !probe.done() {
-                    if !stop_sent && signalled.load(Ordering::Relaxed) {
+                    let fatal = worker_shared.is_fatal();
+                    // On a fatal error the other processes drain and exit
+                    // too: they know nothing of it, and this process cannot
+                    // leave while they keep its connections.
+                    if !stop_sent && (fatal || signalled.load(Ordering::Relaxed)) {
                         stop_sent = true;
                         stop_input.send(());
                         stop_input.flush();
                     }
-                    if worker_shared.is_fatal() {
+                    if fatal {
                         if local == 0 {
                             let reason = worker_shared.fatal().unwrap_or_default();
                             crate::ops::state().set_not_ready(format!("stopping: {reason}"));
-                        }
-                        // The other processes drain and exit too: they
-                        // know nothing of this error, and this process
-                        // cannot leave while they keep its connections.
-                        if !stop_sent {
-                            stop_input.send(());
-                            stop_input.flush();
                         }
                         break;
                     }
