@@ -293,13 +293,12 @@ impl ServingNode {
             let (_, out) = self.rank_reserved(&[], &[], sides);
             retrieved = out;
         }
-        // Taken out of `ready` from the back, so the indices stay valid.
-        let mut waiting: Vec<Ready<'h>> = waiting
+        // `waiting` holds positions in `ready`, ascending.
+        let waiting = ready
             .into_iter()
-            .rev()
-            .map(|k| ready.swap_remove(k))
+            .enumerate()
+            .filter_map(|(k, r)| waiting.binary_search(&k).is_ok().then_some(r))
             .collect();
-        waiting.reverse();
         (retrieved, waiting)
     }
 
