@@ -101,8 +101,11 @@ impl Link {
         done
     }
 
-    /// Queues a refill job of `bytes` identified by `tag`.
-    pub fn queue_refill(&mut self, bytes: u64, tag: u64) {
+    /// Queues a refill job of `bytes` identified by `tag` at `now`. The lane
+    /// is first run up to `now`, so the job gets no credit for idle time
+    /// from before it was queued.
+    pub fn queue_refill(&mut self, bytes: u64, tag: u64, now: u64) {
+        self.run_refill(now);
         self.refill.push_back((bytes as f64, tag));
         self.refill_queued += bytes as f64;
         self.counts.submitted += 1;
@@ -201,7 +204,7 @@ mod tests {
     #[test]
     fn refill_yields_to_misses_and_respects_its_cap() {
         let mut l = link();
-        l.queue_refill(1000, 7);
+        l.queue_refill(1000, 7, 0);
         assert_eq!(l.refill_queued_bytes(), 1000);
         // A miss at 0 occupies the link until 1100: refill waits.
         assert_eq!(l.miss_transfer(1000, 0), 1100);
@@ -221,12 +224,27 @@ mod tests {
     #[test]
     fn refill_finishing_during_a_miss_is_handed_over() {
         let mut l = link();
-        l.queue_refill(100, 1);
-        l.queue_refill(100, 2);
+        l.queue_refill(100, 1, 0);
+        l.queue_refill(100, 2, 0);
         // Idle from 0 to 1000 at 0.5 byte/ns: both jobs finish before the miss.
         assert_eq!(l.miss_transfer(10, 1000), 1110);
         assert_eq!(l.advance(1110), vec![1, 2]);
         assert!(l.advance(5000).is_empty());
+    }
+
+    /// A job queued after the lane sat idle is not credited with that idle
+    /// time: it moves bytes only from when it was queued.
+    #[test]
+    fn refill_is_not_credited_with_time_before_it_was_queued() {
+        let mut l = link();
+        assert_eq!(l.miss_transfer(10, 0), 110);
+        assert!(l.advance(200).is_empty());
+        // The lane sits idle from 200 to 10,000; the job arrives at 10,000.
+        l.queue_refill(1000, 3, 10_000);
+        // 1,000 bytes at 0.5 byte/ns take 2,000 ns from 10,000.
+        assert!(l.advance(11_000).is_empty());
+        assert_eq!(l.refill_queued_bytes(), 500);
+        assert_eq!(l.advance(12_000), vec![3]);
     }
 
     /// Misses, refills, advances and cancels interleaved at random: every
@@ -245,7 +263,7 @@ mod tests {
                 now += rng.random_range(0..400u64);
                 match rng.random_range(0..10u32) {
                     0..=3 => {
-                        l.queue_refill(rng.random_range(0..300u64), next_tag);
+                        l.queue_refill(rng.random_range(0..300u64), next_tag, now);
                         queued.insert(next_tag);
                         next_tag += 1;
                     }

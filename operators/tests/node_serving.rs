@@ -727,14 +727,14 @@ fn a_request_that_does_not_fit_the_kv_share_takes_pages_back_from_emb() {
     assert_eq!(roomy.counters().kv_reclaims, 0);
     // An operator's pin does not fail a request either: serving wins, α
     // goes down, and the pin still refuses the allocator's moves.
-    tight.apply(&NodeCommand::PinAlpha(Some(1.0))).unwrap();
+    tight.apply(&NodeCommand::PinAlpha(Some(1.0)), 0).unwrap();
     assert_eq!(tight.alpha(), 1.0);
     let pinned = tight.serve(2, req(3), &history(60), &catalog).unwrap();
     assert_eq!(pinned.items, want.items);
     assert!(tight.alpha() < 1.0, "alpha {}", tight.alpha());
     assert_eq!(tight.counters().kv_reclaims, 3);
     assert!(matches!(
-        tight.apply(&NodeCommand::SetAlpha(1.0)),
+        tight.apply(&NodeCommand::SetAlpha(1.0), 0),
         Err(ServeError::AlphaPinned(_))
     ));
 }
@@ -783,7 +783,7 @@ fn a_swapped_model_serves_like_a_fresh_node_of_it_and_reuses_nothing_from_before
     node.set_lanes(2);
     let old_version = node.model_version().to_string();
     node.serve(0, rank, &full, &catalog).unwrap();
-    node.apply(&grflow_operators::node::NodeCommand::SetAlpha(0.25))
+    node.apply(&grflow_operators::node::NodeCommand::SetAlpha(0.25), 0)
         .unwrap();
     let alpha = node.alpha();
 
@@ -854,7 +854,7 @@ fn a_model_swap_that_fails_leaves_the_old_model_serving() {
         path: "m".into(),
         version: "v".into(),
     };
-    assert!(node.apply(&swap).is_err(), "apply cannot load weights");
+    assert!(node.apply(&swap, 0).is_err(), "apply cannot load weights");
 }
 
 #[test]

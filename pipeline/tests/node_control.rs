@@ -152,7 +152,7 @@ fn alpha_milli_after(alpha: f64, trace: &Trace) -> u32 {
     let cfg = Config::embedded();
     let params = node_params(&cfg, trace.meta.as_ref().unwrap(), &trace.items).unwrap();
     let mut node = ServingNode::new(0, params).unwrap();
-    node.apply(&NodeCommand::SetAlpha(alpha)).unwrap();
+    node.apply(&NodeCommand::SetAlpha(alpha), 0).unwrap();
     (node.alpha() * 1000.0).round() as u32
 }
 

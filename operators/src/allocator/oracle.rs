@@ -145,7 +145,7 @@ pub fn replay_epoch(
             None => Some(b.alpha).filter(|a| (a - node.alpha()).abs() > 1e-9),
         };
         if let Some(a) = at
-            && node.set_alpha(a).is_err()
+            && node.set_alpha_at(a, b.now_ms).is_err()
         {
             return Ok(None);
         }

@@ -387,8 +387,9 @@ impl NodeMemory {
 
     // ---- boundary ----
 
-    /// Moves the EMB/KV boundary to `alpha` (HLEM §IV-B). Returns what moved.
-    pub fn set_alpha(&mut self, alpha: f64) -> Result<BoundaryMove, MemoryError> {
+    /// Moves the EMB/KV boundary to `alpha` (HLEM §IV-B) at `now` (ns of the
+    /// link's clock: refill starts then). Returns what moved.
+    pub fn set_alpha(&mut self, alpha: f64, now: u64) -> Result<BoundaryMove, MemoryError> {
         if !(0.0..=1.0).contains(&alpha) {
             return Err(MemoryError::Alpha(alpha));
         }
@@ -418,7 +419,7 @@ impl NodeMemory {
             for &row in &rows {
                 let tag = self.next_refill_tag;
                 self.next_refill_tag += 1;
-                self.link.queue_refill(row_bytes, tag);
+                self.link.queue_refill(row_bytes, tag, now);
                 self.refill_rows.insert(tag, row);
             }
             mv.refill_rows = rows.len();

@@ -96,15 +96,16 @@ impl ServingNode {
         })
     }
 
-    /// Applies `command` now: the caller decides when (in event time).
-    pub fn apply(&mut self, command: &NodeCommand) -> Result<Applied, ServeError> {
+    /// Applies `command`, stamped `now_ms` in event time: the caller decides
+    /// when.
+    pub fn apply(&mut self, command: &NodeCommand, now_ms: u64) -> Result<Applied, ServeError> {
         match *command {
             NodeCommand::SwapModel { .. } => Err(ServeError::Model(
                 "SwapModel needs the model's parameters: deliver it with swap_model".into(),
             )),
             NodeCommand::PinAlpha(pin) => {
                 if let Some(alpha) = pin {
-                    self.set_alpha(alpha)?;
+                    self.set_alpha_at(alpha, now_ms)?;
                 }
                 self.alpha_pin = pin;
                 Ok(Applied::Pin {
@@ -116,7 +117,7 @@ impl ServingNode {
             }
             NodeCommand::SetAlpha(alpha) => {
                 let from = self.alpha();
-                let moved = self.set_alpha(alpha)?;
+                let moved = self.set_alpha_at(alpha, now_ms)?;
                 Ok(Applied::Alpha {
                     from,
                     to: moved.alpha,
@@ -136,7 +137,7 @@ mod tests {
     fn set_alpha_moves_the_boundary_and_says_how_far() {
         let mut node = ServingNode::new(0, test_params()).unwrap();
         assert_eq!(node.alpha(), 0.5);
-        let applied = node.apply(&NodeCommand::SetAlpha(0.25)).unwrap();
+        let applied = node.apply(&NodeCommand::SetAlpha(0.25), 0).unwrap();
         let Applied::Alpha {
             from,
             to,
@@ -154,7 +155,7 @@ mod tests {
     #[test]
     fn a_pinned_alpha_refuses_the_allocator_until_released() {
         let mut node = ServingNode::new(0, test_params()).unwrap();
-        let pinned = node.apply(&NodeCommand::PinAlpha(Some(0.25))).unwrap();
+        let pinned = node.apply(&NodeCommand::PinAlpha(Some(0.25)), 0).unwrap();
         let pinned_at = node.alpha();
         assert!((pinned_at - 0.25).abs() < 0.01, "{pinned_at}");
         assert_eq!(
@@ -163,15 +164,15 @@ mod tests {
                 alpha: Some(pinned_at)
             }
         );
-        let refused = node.apply(&NodeCommand::SetAlpha(0.75)).unwrap_err();
+        let refused = node.apply(&NodeCommand::SetAlpha(0.75), 0).unwrap_err();
         assert!(matches!(refused, ServeError::AlphaPinned(_)), "{refused}");
         assert_eq!(node.alpha(), pinned_at, "the allocator moved nothing");
         assert_eq!(
-            node.apply(&NodeCommand::PinAlpha(None)).unwrap(),
+            node.apply(&NodeCommand::PinAlpha(None), 0).unwrap(),
             Applied::Pin { alpha: None }
         );
         assert_eq!(node.alpha(), pinned_at, "releasing does not move α");
-        node.apply(&NodeCommand::SetAlpha(0.75)).unwrap();
+        node.apply(&NodeCommand::SetAlpha(0.75), 0).unwrap();
         assert!((node.alpha() - 0.75).abs() < 0.01);
         assert!(NodeCommand::PinAlpha(Some(1.5)).validate().is_err());
         assert!(NodeCommand::PinAlpha(None).validate().is_ok());
@@ -184,7 +185,7 @@ mod tests {
         }
         assert!(NodeCommand::SetAlpha(0.0).validate().is_ok());
         let mut node = ServingNode::new(0, test_params()).unwrap();
-        assert!(node.apply(&NodeCommand::SetAlpha(1.5)).is_err());
+        assert!(node.apply(&NodeCommand::SetAlpha(1.5), 0).is_err());
         assert_eq!(node.alpha(), 0.5, "a refused command changes nothing");
     }
 }

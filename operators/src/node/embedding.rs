@@ -138,6 +138,16 @@ impl LinkClock {
         }
     }
 
+    /// The link time of something that happens at event time `now_ms` (a
+    /// command), without moving the clock: requests of earlier times may
+    /// still be served after it under `arrival`. The wall clock's own.
+    pub fn at(&self, now_ms: u64) -> u64 {
+        match self {
+            Self::Wall { .. } => self.now_ns(),
+            Self::Event { now_ns } => (*now_ns).max(now_ms.saturating_mul(1_000_000)),
+        }
+    }
+
     /// A host→device transfer of `bytes` on the link's miss lane. On the
     /// wall clock the CPU backend's device pool is host memory, so this
     /// waits out what PCIe would cost (queueing behind earlier misses); the

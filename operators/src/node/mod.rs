@@ -316,10 +316,17 @@ impl ServingNode {
         })
     }
 
-    /// Moves the EMB/KV boundary (HLEM §IV-B); commands call this.
-    /// Shard residency is recounted so the next report tells the router.
+    /// Moves the EMB/KV boundary (HLEM §IV-B) now, after the last request
+    /// served. Shard residency is recounted so the next report tells the
+    /// router.
     pub fn set_alpha(&mut self, alpha: f64) -> Result<BoundaryMove, ServeError> {
-        let moved = self.memory.set_alpha(alpha)?;
+        self.set_alpha_at(alpha, 0)
+    }
+
+    /// [`Self::set_alpha`] at event time `now_ms` (a command's stamp): on
+    /// the event clock the refill it starts gets the link only from then.
+    pub fn set_alpha_at(&mut self, alpha: f64, now_ms: u64) -> Result<BoundaryMove, ServeError> {
+        let moved = self.memory.set_alpha(alpha, self.link_clock.at(now_ms))?;
         self.recount_shards();
         if moved.pages_to_emb != 0 {
             let c = &mut self.counters;

@@ -140,7 +140,7 @@ impl EventOperator for NodeParts {
                 self.swap(&mut node, time, path, version);
                 continue;
             }
-            match node.apply(&c.command) {
+            match node.apply(&c.command, time) {
                 Ok(applied) => {
                     tracing::debug!(node = node.id(), time, ?applied, "command applied")
                 }
