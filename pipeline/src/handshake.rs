@@ -115,6 +115,16 @@ pub fn lead(addr: &str, own: &Fingerprint, processes: usize) -> Result<(), Hands
         let Some((stream, theirs)) = read_fingerprint(stream) else {
             continue;
         };
+        // A process that sent its fingerprint and died (or was restarted)
+        // gives its slot to the one asking for it now.
+        if waiting.get(&theirs.process).is_some_and(hung_up) {
+            tracing::info!(
+                process = theirs.process,
+                "cluster handshake: process {} reconnected after its first connection closed",
+                theirs.process
+            );
+            waiting.remove(&theirs.process);
+        }
         let problem = if theirs.process == 0 || theirs.process >= processes {
             Some(format!(
                 "a process says it is process {} of a job of {processes} (cluster.process)",
@@ -196,6 +206,22 @@ fn read_fingerprint(stream: TcpStream) -> Option<(TcpStream, Fingerprint)> {
     let stream = reader.into_inner();
     stream.set_read_timeout(None).ok()?;
     Some((stream, fingerprint))
+}
+
+/// Whether the peer of a waiting connection has closed it (or it broke).
+/// A waiting peer sends nothing more, so any readable byte is unexpected
+/// and taken as alive.
+fn hung_up(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let mut byte = [0u8; 1];
+    let closed = match stream.peek(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    closed || stream.set_nonblocking(false).is_err()
 }
 
 /// Best effort: a peer that went away learns nothing either way.
@@ -297,6 +323,51 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    /// Process 1 sends its fingerprint and dies before the verdict; its
+    /// restart takes the slot instead of being refused as a duplicate. A
+    /// live duplicate is still refused.
+    #[test]
+    fn a_restarted_process_takes_its_dead_predecessors_slot() {
+        let addr = free_addr();
+        let leader = {
+            let addr = addr.clone();
+            std::thread::spawn(move || lead(&addr, &fingerprint(0, 2), 3))
+        };
+        let connect = || loop {
+            if let Ok(s) = TcpStream::connect(&addr) {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let first = connect();
+        writeln!(&first, "{}", serde_json::to_string(&fingerprint(1, 2)).unwrap()).unwrap();
+        // Let process 0 take the line before the process dies.
+        std::thread::sleep(Duration::from_millis(200));
+        drop(first);
+        std::thread::sleep(Duration::from_millis(100));
+        let restarted = {
+            let addr = addr.clone();
+            std::thread::spawn(move || follow(&addr, &fingerprint(1, 2)))
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !leader.is_finished(),
+            "process 0 gave up: {:?}",
+            leader.join().unwrap()
+        );
+        follow(&addr, &fingerprint(2, 2)).unwrap();
+        restarted.join().unwrap().unwrap();
+        leader.join().unwrap().unwrap();
+
+        // Two live processes claiming process 1: refused.
+        let (_, results) = shake(vec![fingerprint(1, 2), fingerprint(1, 2)]);
+        assert!(
+            results.iter().any(|r| matches!(r,
+                Err(HandshakeError::Mismatch(m)) if m.contains("two processes say they are process 1"))),
+            "{results:?}"
+        );
     }
 
     #[test]
