@@ -49,9 +49,6 @@ impl Job {
             .cluster
             .resolve(cfg.run.workers)
             .map_err(|e| e.to_string())?;
-        if cluster.topology.is_cluster() {
-            cluster.parts = config_parts(&cfg);
-        }
         let topo = cluster.topology;
         let side = Arc::new(side);
         // One host tier for this process's nodes (read-only).
@@ -93,6 +90,9 @@ impl Job {
             .and_then(|n| n.as_ref())
             .map(|n| n.model_version().to_string())
             .unwrap_or_default();
+        if cluster.topology.is_cluster() {
+            cluster.parts = config_parts(&cfg, &model_version);
+        }
         let pool_pages = nodes
             .first()
             .and_then(|n| n.as_ref())
@@ -219,11 +219,14 @@ pub fn allocator_policy(cfg: &Config) -> Result<Option<Arc<ActorCritic>>, String
 }
 
 /// Per config section (`[run]`, `[memory]`, …), a digest every process of
-/// a cluster must share. Left out: `[cluster]` (`process` differs by
-/// design), `kafka.brokers` (each machine may list its nearest broker
-/// first) and `kafka.librdkafka` (client settings such as a machine's TLS
-/// files); the topics, group and serving settings are compared.
-fn config_parts(cfg: &Config) -> std::collections::BTreeMap<String, u64> {
+/// a cluster must share, and the served `model_version` (a hash of the
+/// weights). Left out: `[cluster]` (`process` differs by design),
+/// `kafka.brokers` (each machine may list its nearest broker first),
+/// `kafka.librdkafka` (client settings such as a machine's TLS files) and
+/// `model.weights` (each machine may keep the model elsewhere: the version
+/// says whether the weights are the same); the topics, group and serving
+/// settings are compared.
+fn config_parts(cfg: &Config, model_version: &str) -> std::collections::BTreeMap<String, u64> {
     let Ok(serde_json::Value::Object(mut sections)) = serde_json::to_value(cfg) else {
         return Default::default();
     };
@@ -231,11 +234,19 @@ fn config_parts(cfg: &Config) -> std::collections::BTreeMap<String, u64> {
         kafka.remove("brokers");
         kafka.remove("librdkafka");
     }
-    sections
+    if let Some(serde_json::Value::Object(model)) = sections.get_mut("model") {
+        model.remove("weights");
+    }
+    let mut parts: std::collections::BTreeMap<String, u64> = sections
         .iter()
         .filter(|(name, _)| name.as_str() != "cluster")
         .map(|(name, value)| (format!("[{name}]"), crate::handshake::digest(value)))
-        .collect()
+        .collect();
+    parts.insert(
+        "the served model (model_version)".into(),
+        crate::handshake::digest(&model_version),
+    );
+    parts
 }
 
 #[cfg(test)]
@@ -245,7 +256,7 @@ mod tests {
     #[test]
     fn config_parts_tell_sections_apart_but_not_the_process_or_brokers() {
         let base = Config::default();
-        let parts = config_parts(&base);
+        let parts = config_parts(&base, "gr-a");
         assert!(parts.contains_key("[memory]") && parts.contains_key("[run]"));
         assert!(!parts.contains_key("[cluster]"));
         let mut other = base.clone();
@@ -255,9 +266,17 @@ mod tests {
             .kafka
             .librdkafka
             .insert("ssl.ca.location".into(), "/etc/here.pem".into());
-        assert_eq!(config_parts(&other), parts);
+        // Each machine keeps the model where it likes: the version decides.
+        other.model.weights = Some("/models/elsewhere".into());
+        assert_eq!(config_parts(&other, "gr-a"), parts);
+        let changed: Vec<_> = config_parts(&other, "gr-b")
+            .into_iter()
+            .filter(|(k, v)| parts[k] != *v)
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(changed, ["the served model (model_version)"]);
         other.memory.alpha += 0.1;
-        let changed: Vec<_> = config_parts(&other)
+        let changed: Vec<_> = config_parts(&other, "gr-a")
             .into_iter()
             .filter(|(k, v)| parts[k] != *v)
             .map(|(k, _)| k)
