@@ -25,33 +25,42 @@ pub enum OpsError {
     Addr(String),
 }
 
-/// What the endpoints report, updated by the job.
+/// What the endpoints report, updated by the job. Readiness is the
+/// conjunction of separate conditions, each set by its owner, so that one
+/// coming back (the broker answering again) cannot hide another (the
+/// dataflow not started yet, a fatal stop).
 #[derive(Debug, Default)]
 pub struct OpsState {
-    ready: AtomicBool,
+    /// The dataflow runs: model, catalog and inputs loaded and, in a
+    /// cluster, every process connected.
+    started: AtomicBool,
     draining: AtomicBool,
-    /// Why the job is not ready (shown by `/readyz`).
-    not_ready: Mutex<String>,
+    /// A fatal error stops the job: why.
+    stopping: Mutex<Option<String>>,
+    /// The broker has not answered for too long: why.
+    broker_down: Mutex<Option<String>>,
     /// The `/status` document (config, model version, ...).
     status: Mutex<serde_json::Value>,
 }
 
 impl OpsState {
     pub fn new() -> Arc<Self> {
-        let state = Self::default();
-        *state.not_ready.lock().expect("ops lock") = "starting".into();
-        Arc::new(state)
+        Arc::new(Self::default())
     }
 
-    /// Ready to serve (model, catalog and inputs loaded).
-    pub fn set_ready(&self) {
-        self.ready.store(true, Ordering::Relaxed);
+    /// The dataflow runs (model, catalog and inputs loaded, peers connected).
+    pub fn set_started(&self) {
+        self.started.store(true, Ordering::Relaxed);
     }
 
-    /// Not ready, and why (a broker unreachable, ...).
-    pub fn set_not_ready(&self, reason: impl Into<String>) {
-        *self.not_ready.lock().expect("ops lock") = reason.into();
-        self.ready.store(false, Ordering::Relaxed);
+    /// A fatal error stops the job: not ready from now on, and why.
+    pub fn set_stopping(&self, reason: impl Into<String>) {
+        *self.stopping.lock().expect("ops lock") = Some(reason.into());
+    }
+
+    /// The broker watcher's verdict: `Some(why)` while it is unreachable.
+    pub fn set_broker_down(&self, reason: Option<String>) {
+        *self.broker_down.lock().expect("ops lock") = reason;
     }
 
     /// Shutting down: not ready any more, still alive.
@@ -76,14 +85,20 @@ impl OpsState {
         status[key] = value;
     }
 
+    /// Ready, or the first reason not to be, most lasting first.
     fn readiness(&self) -> Result<(), String> {
+        if let Some(why) = self.stopping.lock().expect("ops lock").as_ref() {
+            return Err(format!("stopping: {why}"));
+        }
         if self.draining.load(Ordering::Relaxed) {
             return Err("draining".into());
         }
-        if self.ready.load(Ordering::Relaxed) {
-            Ok(())
-        } else {
-            Err(self.not_ready.lock().expect("ops lock").clone())
+        if !self.started.load(Ordering::Relaxed) {
+            return Err("starting".into());
+        }
+        match self.broker_down.lock().expect("ops lock").as_ref() {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
         }
     }
 }
@@ -269,15 +284,30 @@ mod tests {
         assert_eq!(route("GET /healthz HTTP/1.1", &state, &metrics).status, 200);
         let r = route("GET /readyz HTTP/1.1", &state, &metrics);
         assert_eq!((r.status, r.body.as_str()), (503, "not ready: starting\n"));
-        state.set_ready();
+        // The broker answering again before the dataflow runs (a cluster
+        // still connecting) is not ready yet.
+        state.set_broker_down(Some("broker unreachable for 30 s".into()));
+        state.set_broker_down(None);
+        assert_eq!(route("GET /readyz", &state, &metrics).status, 503);
+        state.set_started();
         assert_eq!(route("GET /readyz HTTP/1.1", &state, &metrics).status, 200);
-        state.set_not_ready("broker unreachable for 30 s");
+        state.set_broker_down(Some("broker unreachable for 30 s".into()));
         assert!(
             route("GET /readyz", &state, &metrics)
                 .body
                 .contains("broker")
         );
-        state.set_ready();
+        state.set_broker_down(None);
+        assert_eq!(route("GET /readyz", &state, &metrics).status, 200);
+        // A fatal stop outlasts the broker's return.
+        let fatal = OpsState::new();
+        fatal.set_started();
+        fatal.set_stopping("dead letters unwritable");
+        fatal.set_broker_down(None);
+        assert_eq!(
+            route("GET /readyz", &fatal, &metrics).body,
+            "not ready: stopping: dead letters unwritable\n"
+        );
         state.set_draining();
         assert_eq!(
             route("GET /readyz", &state, &metrics).body,
@@ -305,7 +335,7 @@ mod tests {
     #[test]
     fn the_server_answers_over_tcp_and_stops_when_dropped() {
         let state = OpsState::new();
-        state.set_ready();
+        state.set_started();
         let server = OpsServer::start("127.0.0.1:0", state).unwrap().unwrap();
         let addr = server.local_addr();
         let get = |path: &str| {

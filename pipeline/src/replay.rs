@@ -384,7 +384,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 // has connected by now (before, /readyz said ready while
                 // the peers were still awaited).
                 if topo.local(index) == Some(0) {
-                    crate::ops::state().set_ready();
+                    crate::ops::state().set_started();
                 }
                 let pacing = Pacing {
                     speed,

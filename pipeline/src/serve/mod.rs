@@ -475,7 +475,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 // Model, catalog and consumers are set up and (in cluster mode) the
                 // other processes connected: the dataflow starts now.
                 if local == 0 {
-                    crate::ops::state().set_ready();
+                    crate::ops::state().set_started();
                 }
                 let stop = job_stop.clone();
                 let clock = Rc::new(SourceClock::default());
@@ -609,7 +609,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     if fatal {
                         if local == 0 {
                             let reason = worker_shared.fatal().unwrap_or_default();
-                            crate::ops::state().set_not_ready(format!("stopping: {reason}"));
+                            crate::ops::state().set_stopping(reason);
                         }
                         break;
                     }
@@ -807,7 +807,7 @@ fn missing_processes(topo: crate::cluster::Topology, results: &[WorkerResult]) -
 /// partition count goes to `shared` (workers start reading partitions
 /// created while the job runs). Readiness follows the broker when
 /// `unready_after` is set: after that long without an answer `/readyz`
-/// says not ready (and why), and ready again at the next answer. Runs
+/// says not ready (and why) until the next answer. Runs
 /// until `done`.
 fn watch_broker(
     probe: BrokerProbe,
@@ -835,8 +835,8 @@ fn watch_broker(
                 }
                 last_ok = Instant::now();
                 if std::mem::take(&mut unready) {
-                    tracing::info!("broker reachable again: ready");
-                    ops.set_ready();
+                    tracing::info!("broker reachable again");
+                    ops.set_broker_down(None);
                 }
                 metrics::gauge!("grflow_broker_reachable").set(1.0);
             }
@@ -849,7 +849,7 @@ fn watch_broker(
                         last_ok.elapsed().as_secs()
                     );
                     tracing::warn!("{reason}; not ready");
-                    ops.set_not_ready(reason);
+                    ops.set_broker_down(Some(reason));
                 }
             }
         }
