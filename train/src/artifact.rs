@@ -103,13 +103,18 @@ fn items_parquet(items: &[Item]) -> Result<Vec<u8>, String> {
 }
 
 /// The model version of a directory's files: a hash of the weights, the
-/// items file and model.json without its `model_version`.
+/// items file and model.json without its `model_version` (compact JSON,
+/// fields in the order written).
 fn files_version(params: &Params, weights: &[u8], items_bytes: &[u8], json: &ModelJson) -> String {
     let mut unversioned = json.clone();
     unversioned.model_version = String::new();
     let body = serde_json::to_vec(&unversioned).expect("model.json serialises");
+    version_of(params, weights, items_bytes, &body)
+}
+
+fn version_of(params: &Params, weights: &[u8], items_bytes: &[u8], body: &[u8]) -> String {
     let h = fnv(
-        body,
+        body.iter().copied(),
         fnv(
             items_bytes.iter().copied(),
             fnv(weights.iter().copied(), FNV0),
@@ -119,6 +124,35 @@ fn files_version(params: &Params, weights: &[u8], items_bytes: &[u8], json: &Mod
         "gr-{}d{}l-{h:016x}",
         params.cfg.d_model, params.cfg.n_layers
     )
+}
+
+/// What [`files_version`] hashed, recovered from model.json's own bytes
+/// rather than from the parsed struct: a field added to [`ModelJson`] later
+/// (with a serde default) would otherwise change the hash of every older
+/// directory. The file is pretty JSON of the compact text hashed, so
+/// dropping whitespace outside strings gives that text back; the version
+/// (the first field) is then blanked. `None` for a file of another shape.
+fn unversioned_body(json_bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut compact = Vec::with_capacity(json_bytes.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in json_bytes {
+        if in_string {
+            compact.push(b);
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else if !b.is_ascii_whitespace() {
+            in_string = b == b'"';
+            compact.push(b);
+        }
+    }
+    const KEY: &[u8] = b"{\"model_version\":\"";
+    let rest = compact.strip_prefix(KEY)?;
+    let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+    (rest[end] == b'"').then(|| [KEY, &rest[end..]].concat())
 }
 
 /// Writes the model directory and returns the model version.
@@ -194,11 +228,135 @@ pub fn load_model_dir(dir: &Path) -> Result<ModelDir, TrainError> {
             json.vocabulary.items_hash
         )));
     }
-    let files_version = files_version(&params, &bytes, &items_bytes, &json);
+    let files_version = match unversioned_body(&jbytes) {
+        Some(body) => version_of(&params, &bytes, &items_bytes, &body),
+        None => files_version(&params, &bytes, &items_bytes, &json),
+    };
     Ok(ModelDir {
         params,
         items,
         json,
         files_version,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory, removed when dropped.
+    struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("grflow-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            Self(dir)
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tiny_dir(dir: &Path) -> String {
+        let mut cfg = TrainConfig::defaults(1);
+        cfg.model.d_model = 8;
+        cfg.model.n_heads = 1;
+        cfg.model.n_layers = 1;
+        let items: Vec<Item> = (0..4)
+            .map(|i| Item {
+                item_id: 10 + i,
+                feature_ids: vec![i],
+                token_len: 1,
+                sid: [0, 0, 0],
+            })
+            .collect();
+        let params = Params::init(cfg.model.clone(), items.len(), 1).unwrap();
+        let json = ModelJson {
+            model_version: String::new(),
+            arch: "small".into(),
+            model_config: cfg.model.clone(),
+            max_history: 50,
+            vocabulary: Vocabulary {
+                items: items.len(),
+                items_hash: items_hash(&items),
+                tables: vec![0],
+            },
+            dataset: DatasetInfo {
+                trace: "t \"quoted\" \\ name".into(),
+                fingerprint: "f".into(),
+                users: 3,
+            },
+            seed: 1,
+            hyper_parameters: cfg,
+            commit: "c".into(),
+            epochs: 1,
+            best_epoch: 0,
+            valid: RankMetrics::default(),
+            history: Vec::new(),
+            training_secs: 0.125,
+        };
+        write_model_dir(dir, &params, &items, json).unwrap()
+    }
+
+    #[test]
+    fn a_written_directory_hashes_to_its_version() {
+        let dir = Scratch::new("artifact-version");
+        let version = tiny_dir(dir.path());
+        let m = load_model_dir(dir.path()).unwrap();
+        assert_eq!(
+            (m.files_version.as_str(), m.json.model_version.as_str()),
+            (version.as_str(), version.as_str())
+        );
+        // Any change to model.json's content changes the hash.
+        let path = dir.path().join(MODEL_JSON);
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("\"users\": 3", "\"users\": 4")).unwrap();
+        assert_ne!(load_model_dir(dir.path()).unwrap().files_version, version);
+    }
+
+    /// A directory written before a defaulted field (here `dropout`) was
+    /// added to model.json still hashes to its version.
+    #[test]
+    fn an_older_directory_without_a_later_field_keeps_its_version() {
+        let dir = Scratch::new("artifact-older");
+        tiny_dir(dir.path());
+        let path = dir.path().join(MODEL_JSON);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let old: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("\"dropout\""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_ne!(old, text, "dropout was written");
+        // What that older grflow recorded: the hash of its own file.
+        let m = load_model_dir(dir.path()).unwrap();
+        let weights = std::fs::read(dir.path().join(WEIGHTS_FILE)).unwrap();
+        let items = std::fs::read(dir.path().join(ITEMS_FILE)).unwrap();
+        let body = unversioned_body(old.as_bytes()).unwrap();
+        let version = version_of(&m.params, &weights, &items, &body);
+        let old = old.replacen(&m.json.model_version, &version, 1);
+        std::fs::write(&path, old).unwrap();
+        let m = load_model_dir(dir.path()).unwrap();
+        assert_eq!(m.json.hyper_parameters.dropout, 0.0, "defaulted");
+        assert_eq!(m.files_version, version);
+        assert_eq!(m.json.model_version, version);
+    }
+
+    #[test]
+    fn the_unversioned_body_is_the_compact_text_with_the_version_blanked() {
+        let pretty = b"{\n  \"model_version\": \"gr-1\",\n  \"a\": \"x y\\\" z\",\n  \"b\": [\n    1,\n    2.5\n  ]\n}";
+        assert_eq!(
+            unversioned_body(pretty).unwrap(),
+            b"{\"model_version\":\"\",\"a\":\"x y\\\" z\",\"b\":[1,2.5]}".to_vec()
+        );
+        assert!(unversioned_body(b"{\"arch\": \"x\"}").is_none());
+    }
 }
