@@ -9,8 +9,8 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use grflow_connectors::parquet::{
-    MemoryRequestSource, ParquetRequestSource, RequestSource, SourceError, SourceRecord,
-    load_side_tables,
+    DEFAULT_BATCH_ROWS, MemoryRequestSource, ParquetRequestSource, RequestSource, SourceError,
+    SourceRecord, load_side_tables,
 };
 use grflow_connectors::{Polled, SourcePosition, SourceState};
 use grflow_traces::columnar::{MAX_TS_MS, REQUEST_COLUMNS, requests_to_batch};
@@ -763,6 +763,39 @@ fn rows_missing_from_a_row_group_are_bad_rows() {
     assert!(
         bad[0].contains("row group 0, row 256: row group 0 unreadable")
             && bad[0].contains("261 rows"),
+        "{}",
+        bad[0]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A footer that claims 2^40 rows for a short row group (consistently,
+/// so the file opens): the group's requests come first and the missing
+/// rows follow as bad rows, made as they are handed out (one record per
+/// claimed row used to be built at once, exhausting memory).
+#[test]
+fn a_huge_row_count_in_the_footer_is_handed_out_lazily() {
+    let (dir, trace) = written("huge-rows");
+    let huge = 1i64 << 40;
+    rewrite_row_count(&dir.join("requests.parquet"), 0, huge);
+    let mut s = ParquetRequestSource::open(&dir, 0, 1).unwrap();
+    let mut requests = 0;
+    let mut bad = Vec::new();
+    // A few polls: the 256 requests of group 0, then missing rows.
+    for _ in 0..4 {
+        for r in s.poll(DEFAULT_BATCH_ROWS, 0).unwrap().records {
+            match r {
+                SourceRecord::Request { .. } => requests += 1,
+                SourceRecord::Bad {
+                    position, reason, ..
+                } => bad.push(format!("{position}: {reason}")),
+            }
+        }
+    }
+    assert_eq!(requests, ROW_GROUP.min(trace.requests.len()));
+    assert!(bad.len() >= DEFAULT_BATCH_ROWS, "{}", bad.len());
+    assert!(
+        bad[0].contains("row group 0, row 256: row group 0 unreadable"),
         "{}",
         bad[0]
     );

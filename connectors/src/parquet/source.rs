@@ -56,6 +56,20 @@ pub(crate) struct Staged {
     suffix_min: Vec<u64>,
     /// Records handed out so far.
     taken: usize,
+    /// Rows the footer counts but the data lacks (the group's last rows),
+    /// made one by one as they are handed out, after the group's records:
+    /// the count comes from the footer and may be huge.
+    missing: Option<MissingRows>,
+}
+
+/// Rows `next..end` of a row group that could not be read, and why.
+#[derive(Debug)]
+pub(crate) struct MissingRows {
+    pub file: String,
+    pub row_group: u32,
+    pub next: u64,
+    pub end: u64,
+    pub reason: String,
 }
 
 impl Staged {
@@ -63,7 +77,13 @@ impl Staged {
     /// kind in file order): the pipeline moves its time to the first
     /// pending record's, so a record behind it in the group would count as
     /// late and be served at a later time, in the wrong window.
-    pub fn new(mut records: Vec<SourceRecord>) -> Self {
+    pub fn new(records: Vec<SourceRecord>) -> Self {
+        Self::with_missing(records, None)
+    }
+
+    /// [`Self::new`], with `missing` rows handed out as bad records after
+    /// the records.
+    pub fn with_missing(mut records: Vec<SourceRecord>, missing: Option<MissingRows>) -> Self {
         records.sort_by_key(|r| match r {
             SourceRecord::Bad { .. } => (0, 0),
             SourceRecord::Request { request, .. } => (1, request.ts_ms),
@@ -80,18 +100,35 @@ impl Staged {
             records: records.into(),
             suffix_min,
             taken: 0,
+            missing: missing.filter(|m| m.next < m.end),
         }
     }
 
     pub fn is_done(&self) -> bool {
-        self.records.is_empty()
+        self.records.is_empty() && self.missing.is_none()
     }
 
     /// Up to `n` records and the least ts_ms of what stays staged.
     pub fn take(&mut self, n: usize) -> (Vec<SourceRecord>, u64) {
-        let n = n.min(self.records.len());
-        let out: Vec<SourceRecord> = self.records.drain(..n).collect();
-        self.taken += n;
+        let k = n.min(self.records.len());
+        let mut out: Vec<SourceRecord> = self.records.drain(..k).collect();
+        self.taken += k;
+        if let Some(m) = &mut self.missing {
+            let k = ((n - out.len()) as u64).min(m.end - m.next);
+            out.extend((m.next..m.next + k).map(|row| SourceRecord::Bad {
+                position: SourcePosition::Parquet {
+                    file: m.file.clone(),
+                    row_group: m.row_group,
+                    row,
+                },
+                reason: m.reason.clone(),
+                req_id: None,
+            }));
+            m.next += k;
+            if m.next == m.end {
+                self.missing = None;
+            }
+        }
         (out, self.suffix_min[self.taken])
     }
 }
@@ -299,17 +336,14 @@ impl ParquetRequestSource {
                 records.len()
             ));
         }
-        if let Some(message) = unreadable {
-            let reason = format!("row group {g} unreadable: {message}");
-            while (records.len() as u64) < rows {
-                records.push(SourceRecord::Bad {
-                    position: position(first + records.len() as u64),
-                    reason: reason.clone(),
-                    req_id: None,
-                });
-            }
-        }
-        self.staged = Staged::new(records);
+        let missing = unreadable.map(|message| MissingRows {
+            file: self.name.clone(),
+            row_group: g as u32,
+            next: first + records.len() as u64,
+            end: first.saturating_add(rows),
+            reason: format!("row group {g} unreadable: {message}"),
+        });
+        self.staged = Staged::with_missing(records, missing);
     }
 }
 
