@@ -316,6 +316,7 @@ fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
         stamps.insert((k + 1) * NORMAL as usize / 4, ts);
     }
     let total = stamps.len();
+    let sent = stamps.clone();
     produce_stamped(&brokers, 0, stamps);
     // The shipped deadline.
     let config = Config::parse(
@@ -331,6 +332,7 @@ fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
     stop.store(true, Ordering::Relaxed);
     let summary = job.join().unwrap().expect("serve");
     let mut req_ids = std::collections::BTreeSet::new();
+    let mut clamped_answers = 0;
     for r in &responses {
         let v: serde_json::Value = serde_json::from_slice(r).unwrap();
         assert!(v["error"].is_null(), "not served: {v}");
@@ -338,9 +340,22 @@ fn mock_far_future_stamps_are_clamped_and_hold_no_request_back() {
             v["latency_ms"].as_f64().unwrap() <= 2_000.0,
             "too late: {v}"
         );
-        req_ids.insert(v["req_id"].as_u64().unwrap());
+        let req_id = v["req_id"].as_u64().unwrap();
+        req_ids.insert(req_id);
+        // A clamped answer says the stamp it was sent with (so `send`
+        // can match it); the others are served at their own stamp.
+        let own = sent[req_id as usize];
+        match v["sent_ts_ms"].as_u64() {
+            Some(stamp) => {
+                assert_eq!(stamp, own, "{v}");
+                assert_ne!(v["ts_ms"].as_u64(), Some(own), "{v}");
+                clamped_answers += 1;
+            }
+            None => assert!(v["sent_ts_ms"].is_null(), "{v}"),
+        }
     }
     assert_eq!(req_ids.len(), total, "none missing");
+    assert_eq!(clamped_answers, 3);
     assert_eq!(summary.clamped_ts, 3, "{summary:?}");
     assert_eq!(summary.shed, 0, "{summary:?}");
     assert_eq!(summary.responses_out, total as u64, "{summary:?}");

@@ -342,7 +342,12 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         };
         let first = connect();
-        writeln!(&first, "{}", serde_json::to_string(&fingerprint(1, 2)).unwrap()).unwrap();
+        writeln!(
+            &first,
+            "{}",
+            serde_json::to_string(&fingerprint(1, 2)).unwrap()
+        )
+        .unwrap();
         // Let process 0 take the line before the process dies.
         std::thread::sleep(Duration::from_millis(200));
         drop(first);

@@ -105,7 +105,14 @@ pub struct SharedState {
     /// reads it (the retry may land on another partition). Made by the
     /// first worker that reads a request.
     recent_ids: Mutex<Option<RecentIds<RecordId>>>,
+    /// The stamps of requests served at another time (clamped), until
+    /// answered: the answer reports them (`sent_ts_ms`).
+    clamped: Mutex<HashMap<RecordId, u64>>,
 }
+
+/// Clamped requests remembered at most at once; past it an answer goes
+/// without `sent_ts_ms` (only a client's matching needs it).
+const MAX_CLAMPED: usize = 65_536;
 
 impl SharedState {
     pub fn new(request_topic: &str, workers: usize) -> Self {
@@ -123,7 +130,25 @@ impl SharedState {
             lag: Mutex::default(),
             partitions: std::sync::atomic::AtomicI32::new(0),
             recent_ids: Mutex::default(),
+            clamped: Mutex::default(),
         }
+    }
+
+    /// The request at `at` stamped `sent_ts_ms` is served at another time.
+    pub fn note_clamped(&self, at: RecordId, sent_ts_ms: u64) {
+        let mut clamped = self.clamped.lock().expect("lock");
+        if clamped.len() < MAX_CLAMPED {
+            clamped.insert(at, sent_ts_ms);
+        }
+    }
+
+    /// The stamp the request at `at` was sent with, if it was clamped; once.
+    pub fn take_clamped(&self, at: RecordId) -> Option<u64> {
+        let mut clamped = self.clamped.lock().expect("lock");
+        if clamped.is_empty() {
+            return None;
+        }
+        clamped.remove(&at)
     }
 
     /// Remembers that `req_id` was read at `at` and returns where it was

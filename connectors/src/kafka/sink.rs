@@ -162,6 +162,8 @@ impl<P: Produce> KafkaSink<P> {
                     .requested_on(topic)
             }
         };
+        let mut response = response;
+        response.sent_ts_ms = self.shared.take_clamped(response.source());
         let payload = serde_json::to_vec(&response).expect("responses serialize");
         let key = response.req_id.to_string().into_bytes();
         let topic = self.settings.response_topic.clone();

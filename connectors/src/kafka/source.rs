@@ -359,6 +359,13 @@ impl KafkaSource {
                     Entry::OnTime(_) => {}
                     Entry::Late(_) => KafkaEvent::Late { partition, offset }.emit(counters),
                     Entry::Clamped(_) => {
+                        self.shared.note_clamped(
+                            RecordId {
+                                partition: record.partition,
+                                offset: record.offset,
+                            },
+                            wire.ts_ms,
+                        );
                         KafkaEvent::Clamped {
                             partition,
                             offset,

@@ -343,8 +343,13 @@ pub struct WireResponse {
     pub error: Option<AnswerError>,
     /// Serving node (timely worker).
     pub node: u32,
-    /// The request's event time.
+    /// The request's event time: the time it was served at.
     pub ts_ms: u64,
+    /// The request's own `ts_ms` when the job served it at another time
+    /// (a stamp too far ahead, clamped: `clamped_ts`); absent otherwise.
+    /// Lets a client match the answer to what it sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_ts_ms: Option<u64>,
     /// Time from consumption to response, milliseconds.
     pub latency_ms: f64,
     /// The request's topic, partition and offset: a restarted job reads
@@ -397,6 +402,7 @@ impl WireResponse {
             error: None,
             node: 0,
             ts_ms: 0,
+            sent_ts_ms: None,
             latency_ms: 0.0,
             topic: String::new(),
             partition: source.partition,
@@ -417,6 +423,7 @@ impl WireResponse {
             }),
             node: 0,
             ts_ms: 0,
+            sent_ts_ms: None,
             latency_ms: 0.0,
             topic: String::new(),
             partition: source.partition,

@@ -101,11 +101,13 @@ impl AnswerLedger {
     }
 
     /// Records an answer read at `at_ns`; answers to requests this run did
-    /// not send are ignored.
+    /// not send are ignored. A request the job served at another time than
+    /// its stamp (clamped) is matched by the stamp it was sent with.
     pub fn answer(&mut self, r: &WireResponse, at_ns: u64) {
-        match self.take_sent(r.req_id, r.ts_ms) {
+        let ts_ms = r.sent_ts_ms.unwrap_or(r.ts_ms);
+        match self.take_sent(r.req_id, ts_ms) {
             Some(sent_ns) => {
-                self.answered.observe(r.req_id, r.ts_ms);
+                self.answered.observe(r.req_id, ts_ms);
                 let ms = at_ns.saturating_sub(sent_ns) as f64 / 1e6;
                 self.latencies_ms.record(ms);
                 self.recent_ms.record(ms);
@@ -115,7 +117,7 @@ impl AnswerLedger {
                     None => self.served += 1,
                 }
             }
-            _ if self.answered.get(r.req_id) == Some(r.ts_ms) => self.repeated += 1,
+            _ if self.answered.get(r.req_id) == Some(ts_ms) => self.repeated += 1,
             _ => {}
         }
     }
@@ -175,11 +177,29 @@ mod tests {
             }),
             node: 0,
             ts_ms,
+            sent_ts_ms: None,
             latency_ms: 1.0,
             topic: "t".into(),
             partition: 0,
             offset: 0,
         }
+    }
+
+    /// The job served a far-future stamp at its own time: the answer's
+    /// `ts_ms` differs from the send's, `sent_ts_ms` carries the send's.
+    #[test]
+    fn a_clamped_answer_matches_by_the_stamp_it_was_sent_with() {
+        let mut l = AnswerLedger::default();
+        l.sent(7, u64::MAX, 0);
+        let mut r = response(7, 1_000, None);
+        l.answer(&r, 2_000_000);
+        assert_eq!(l.waiting(), 1, "no sent_ts_ms: not ours");
+        r.sent_ts_ms = Some(u64::MAX);
+        l.answer(&r, 2_000_000);
+        assert_eq!(l.waiting(), 0);
+        assert_eq!(l.report("t").served, 1);
+        l.answer(&r, 3_000_000);
+        assert_eq!(l.report("t").repeated_answers, 1);
     }
 
     #[test]
