@@ -86,11 +86,14 @@ pub struct OnlinePredictor {
     /// Latest sample time per key, to label it when the key comes back.
     last_sample: KeyMap<Key, u64>,
     since_train: usize,
-    /// By version - 1; under `Training::Background` (serving) only the
-    /// version in use and later ones are kept: a node retrains about once a
-    /// second for months. Inline training (the cache bench) keeps them all.
-    models: Vec<Option<Arc<NextAccessModel>>>,
+    /// By version - 1 - `dropped`; under `Training::Background` (serving)
+    /// only the version in use and later ones are kept: a node retrains
+    /// about once a second for months. Inline training (the cache bench)
+    /// keeps them all.
+    models: Vec<Arc<NextAccessModel>>,
     versions: Vec<VersionInfo>,
+    /// Versions dropped from the front of `models` and `versions`.
+    dropped: usize,
     /// Version in use (0 = none).
     current: u32,
     background: Option<Receiver<(VersionInfo, Option<NextAccessModel>)>>,
@@ -106,6 +109,7 @@ impl OnlinePredictor {
             since_train: 0,
             models: Vec::new(),
             versions: Vec::new(),
+            dropped: 0,
             current: 0,
             background: None,
             train_ms_total: 0.0,
@@ -153,9 +157,15 @@ impl OnlinePredictor {
         self.current
     }
 
-    /// Every version trained so far, oldest first.
+    /// The versions kept, oldest first: every one trained under inline
+    /// training, the one in use and later ones under background training.
     pub fn versions(&self) -> &[VersionInfo] {
         &self.versions
+    }
+
+    /// Versions trained so far.
+    pub fn versions_trained(&self) -> usize {
+        self.dropped + self.versions.len()
     }
 
     /// Total training time so far.
@@ -167,8 +177,7 @@ impl OnlinePredictor {
     /// superseded in background training.
     pub fn model(&self, version: u32) -> Option<&Arc<NextAccessModel>> {
         self.models
-            .get((version as usize).checked_sub(1)?)?
-            .as_ref()
+            .get((version as usize).checked_sub(1 + self.dropped)?)
     }
 
     /// Predicted next-access times of rows observed at times `at` with the
@@ -199,23 +208,30 @@ impl OnlinePredictor {
                 Err(TryRecvError::Disconnected) => self.background = None,
             }
         }
-        while let Some(next) = self.versions.get(self.current as usize)
+        while let Some(next) = (self.current as usize)
+            .checked_sub(self.dropped)
+            .and_then(|i| self.versions.get(i))
             && next.available_at <= now
         {
             self.current = next.version;
         }
         if self.cfg.training == Training::Background {
             // Versions only move forward: the older models are never read.
-            let in_use = (self.current as usize).saturating_sub(1);
-            for m in &mut self.models[..in_use] {
-                *m = None;
+            // Here on every access, so this costs nothing unless one goes.
+            let superseded = (self.current as usize)
+                .saturating_sub(1)
+                .saturating_sub(self.dropped);
+            if superseded > 0 {
+                self.models.drain(..superseded);
+                self.versions.drain(..superseded);
+                self.dropped += superseded;
             }
         }
     }
 
     fn install(&mut self, info: VersionInfo, model: NextAccessModel) {
         self.train_ms_total += info.train_ms;
-        self.models.push(Some(Arc::new(model)));
+        self.models.push(Arc::new(model));
         self.versions.push(info);
     }
 
@@ -257,7 +273,7 @@ impl OnlinePredictor {
         if rows.is_empty() {
             return;
         }
-        let version = (self.versions.len() + 1) as u32;
+        let version = (self.versions_trained() + 1) as u32;
         let gbdt = self.cfg.gbdt;
         match self.cfg.training {
             Training::Inline { lag } => {
@@ -327,11 +343,16 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let kept = p.models.iter().filter(|m| m.is_some()).count();
+        let kept = p.models.len();
         assert!(
-            kept <= 2,
+            kept <= 2 && p.versions().len() == kept,
             "{kept} models kept at version {}",
             p.current_version()
+        );
+        assert_eq!(p.versions_trained(), p.dropped + kept);
+        assert_eq!(
+            p.versions().first().map(|v| v.version),
+            Some(p.current_version())
         );
         assert!(p.model(p.current_version()).is_some());
         assert!(p.model(1).is_none(), "superseded");

@@ -376,11 +376,21 @@ impl Bench {
         }
         let mut opts = ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg);
         opts.oracle_step = self.oracle_step.filter(|_| oracle);
-        grflow_pipeline::replay(opts).map_err(|e| match e {
+        // Exact percentiles: the summary's come from a histogram of 1%
+        // buckets, as coarse as the differences between policies.
+        opts.responses = grflow_pipeline::replay::ResponseOutput::Collect;
+        let mut out = grflow_pipeline::replay(opts).map_err(|e| match e {
             // The config's setting the oracle cannot run with.
             grflow_pipeline::replay::ReplayError::Setup(m) => InputError::from_display(m),
             e => anyhow::Error::new(e).context("replay"),
-        })
+        })?;
+        let responses = std::mem::take(&mut out.responses);
+        if !responses.is_empty() {
+            out.summary.latency_ms = grflow_pipeline::summary::LatencySummary::from_unsorted(
+                responses.iter().map(|r| r.latency_ms).collect(),
+            );
+        }
+        Ok(out)
     }
 
     fn trace(&self, regime: Regime, seed: u64) -> anyhow::Result<Arc<Trace>> {
