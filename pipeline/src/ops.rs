@@ -156,9 +156,27 @@ pub fn metrics_handle() -> &'static PrometheusHandle {
         // Another recorder installed first (an embedding program's): ours
         // still renders what was recorded through it, which is nothing.
         let _ = metrics::set_global_recorder(recorder);
+        // Histogram samples wait in a buffer until a scrape or an upkeep
+        // folds them into the buckets: a job nobody scrapes (or whose
+        // endpoint could not bind) would keep every latency it recorded.
+        let upkeep = handle.clone();
+        let spawned = std::thread::Builder::new()
+            .name("grflow-metrics-upkeep".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(UPKEEP_EVERY);
+                    upkeep.run_upkeep();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no metrics upkeep thread ({e}): scrape /metrics to bound its memory");
+        }
         handle
     })
 }
+
+/// How often recorded histogram samples are folded into their buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// A response: status line, content type, body.
 #[derive(Debug, PartialEq)]
