@@ -95,7 +95,9 @@ impl Link {
         // Jobs finishing here are kept for the next `advance`, not dropped.
         self.run_refill(now);
         let start = now.max(self.miss_busy_until);
-        let done = start + self.cfg.latency_ns + Self::ns_for(bytes as f64, self.cfg.bytes_per_s);
+        let done = start
+            .saturating_add(self.cfg.latency_ns)
+            .saturating_add(Self::ns_for(bytes as f64, self.cfg.bytes_per_s));
         self.miss_busy_until = done;
         self.miss_bytes += bytes;
         done

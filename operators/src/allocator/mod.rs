@@ -120,8 +120,10 @@ impl AllocatorConfig {
             ("allocator.ki", self.ki),
             ("allocator.kd", self.kd),
         ] {
-            if !v.is_finite() {
-                return Err((key, format!("must be a finite number (got {v})")));
+            // A negative gain turns the push around: α walks toward EMB
+            // while P99 is over the SLO, and the loop feeds itself.
+            if !(v.is_finite() && v >= 0.0) {
+                return Err((key, format!("must be a finite number >= 0 (got {v})")));
             }
         }
         if !(self.max_step.is_finite() && self.max_step > 0.0) {

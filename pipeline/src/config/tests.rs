@@ -100,6 +100,9 @@ fn unusable_numbers_are_refused_at_load_naming_the_key() {
         ("[memory]\npool_mib = 1e9\n", "memory.pool_mib"),
         ("[run]\nslo_ms = inf\n", "run.slo_ms.rank"),
         ("[link]\nbandwidth_gbps = inf\n", "link.bandwidth_gbps"),
+        ("[link]\nbandwidth_gbps = 1e-30\n", "link.bandwidth_gbps"),
+        ("[link]\nlatency_us = 2e16\n", "link.latency_us"),
+        ("[allocator]\nkp = -0.05\n", "allocator.kp"),
         ("[link]\nlatency_us = -5.0\n", "link.latency_us"),
         ("[link]\nlatency_us = nan\n", "link.latency_us"),
         (

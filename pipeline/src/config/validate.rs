@@ -89,12 +89,20 @@ impl Config {
                 ),
             ));
         }
-        finite_positive("link.bandwidth_gbps", self.link.bandwidth_gbps)?;
+        // Outside these a transfer's nanoseconds overflow (a worker panicked
+        // with no field named); both ends are far past any real link.
+        let bandwidth = self.link.bandwidth_gbps;
+        if !(MIN_LINK_GBPS..=MAX_LINK_GBPS).contains(&bandwidth) {
+            return Err(invalid(
+                "link.bandwidth_gbps",
+                format!("must be in {MIN_LINK_GBPS}..={MAX_LINK_GBPS} GB/s (got {bandwidth})"),
+            ));
+        }
         let latency = self.link.latency_us;
-        if !(latency.is_finite() && latency >= 0.0) {
+        if !(0.0..=MAX_LINK_LATENCY_US).contains(&latency) {
             return Err(invalid(
                 "link.latency_us",
-                format!("must be a finite number >= 0 (got {latency})"),
+                format!("must be in 0..={MAX_LINK_LATENCY_US} (one second) (got {latency})"),
             ));
         }
         if !(self.link.refill_share > 0.0 && self.link.refill_share <= 1.0) {
@@ -281,6 +289,11 @@ const MAX_REPEAT_WINDOW: usize = 100_000_000;
 
 /// The longest a short batch may wait to fill (ms): one hour.
 pub const MAX_WAIT_MS: f64 = 3_600_000.0;
+
+/// Bounds of `link.bandwidth_gbps` (1 KB/s to 1 PB/s) and `link.latency_us`.
+const MIN_LINK_GBPS: f64 = 1e-6;
+const MAX_LINK_GBPS: f64 = 1e6;
+const MAX_LINK_LATENCY_US: f64 = 1e6;
 
 /// The most hotness windows a user's counters keep.
 const MAX_HOTNESS_WINDOWS: usize = 1_000;
