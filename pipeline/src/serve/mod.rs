@@ -189,6 +189,15 @@ fn check_servable(cfg: &Config) -> Result<(), String> {
                 .into(),
         );
     }
+    // A short batch waits this long for company before it is served: at or
+    // past the deadline, every request of a quiet period would be shed.
+    if cfg.batch.max_wait_ms >= cfg.kafka.deadline_ms as f64 {
+        return Err(format!(
+            "batch.max_wait_ms ({}) must be less than kafka.deadline_ms ({}): a batch that \
+             waits that long to fill sheds every request in it",
+            cfg.batch.max_wait_ms, cfg.kafka.deadline_ms
+        ));
+    }
     Ok(())
 }
 
@@ -1140,6 +1149,13 @@ mod tests {
         cfg.allocator.sample = true;
         let e = check_servable(&cfg).unwrap_err();
         assert!(e.contains("allocator.sample"), "{e}");
+        let mut cfg = Config::default();
+        cfg.batch.max_wait_ms = cfg.kafka.deadline_ms as f64;
+        let e = check_servable(&cfg).unwrap_err();
+        assert!(
+            e.contains("batch.max_wait_ms") && e.contains("kafka.deadline_ms"),
+            "{e}"
+        );
     }
 
     #[test]
