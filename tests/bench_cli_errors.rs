@@ -162,3 +162,31 @@ fn serve_and_its_check_refuse_a_bad_admin_addr_before_the_broker() {
     }
     drop(taken);
 }
+
+/// Flags past what the command can run are refused by name, with exit
+/// code 2, before any work (each panicked, aborted or overflowed later).
+#[test]
+fn out_of_range_flags_are_refused_by_name() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "serve", "--at", "2e8"], "--at"),
+        (&["bench", "serve", "--at", "0.01"], "--at"),
+        (
+            &["calibrate", "--beam-width", "100000", "--out", "/nonexistent/c.json"],
+            "--beam-width",
+        ),
+        (
+            &["train-allocator", "--seed-base", "18446744073709551615", "--seeds", "3"],
+            "--seed-base",
+        ),
+        (&["train-allocator", "--requests", "0"], "--requests"),
+        (&["bench", "kafka", "--rps", "inf"], "--rps"),
+        (&["serve", "--group", " "], "--group"),
+        (&["serve", "--brokers", ""], "--brokers"),
+    ];
+    for (args, flag) in cases {
+        let out = grflow().args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}

@@ -83,14 +83,13 @@ struct KafkaBench {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.rps.is_nan()
-        || args.rps <= 0.0
+    if !(args.rps.is_finite() && args.rps > 0.0)
         || args.requests == 0
         || args.workers == 0
         || args.partitions <= 0
     {
         return Err(InputError::from_display(
-            "--rps, --requests, --workers and --partitions must be > 0",
+            "--rps (finite), --requests, --workers and --partitions must be > 0",
         ));
     }
     let brokers = args

@@ -216,9 +216,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.pool_mib
         )));
     }
-    if let Some(bad) = args.at.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
+    // The pace is a speed factor of the bench trace's rate, which replay
+    // takes from 1e-3x (below, the rate would be misreported) to 1e6x.
+    let (low, high) = (TRACE_RPS * MIN_AT_SPEED, TRACE_RPS * MAX_AT_SPEED);
+    if let Some(bad) = args.at.iter().find(|r| !(low..=high).contains(*r)) {
         return Err(InputError::from_display(format!(
-            "--at: every offered rate must be > 0 req/s (got {bad})"
+            "--at: every offered rate must be in {low}..={high} req/s (got {bad})"
         )));
     }
     if !(args.precision > 0.0 && args.precision < 1.0) {
@@ -573,8 +576,12 @@ fn configured(base: &Config, max_tokens: usize, speed: &str) -> Config {
 
 /// The replay speed factor that offers `rate` requests per second.
 fn speed_for(rate: f64) -> String {
-    format!("{}x", (rate / TRACE_RPS).max(1e-3))
+    format!("{}x", (rate / TRACE_RPS).clamp(MIN_AT_SPEED, MAX_AT_SPEED))
 }
+
+/// The speed factors `--at` may ask for (replay's own bound is 1e6x).
+const MIN_AT_SPEED: f64 = 1e-3;
+const MAX_AT_SPEED: f64 = 1e6;
 
 fn replay(trace: &Arc<Trace>, config: Config) -> anyhow::Result<Summary> {
     let out = grflow_pipeline::replay(ReplayOptions {

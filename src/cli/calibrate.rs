@@ -54,6 +54,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--beam-width, --beam-top-k and --reps must be >= 1",
         ));
     }
+    // The config's bound: a wider beam allocates width² rows (it aborted
+    // at 100,000) and no config could use the file.
+    let max = grflow_pipeline::config::MAX_BEAM;
+    for (flag, v) in [
+        ("--beam-width", args.beam_width),
+        ("--beam-top-k", args.beam_top_k),
+    ] {
+        if v > max {
+            return Err(InputError::from_display(format!(
+                "{flag} must be at most {max} (model.beam_width's bound) (got {v})"
+            )));
+        }
+    }
     eprintln!("calibrating {} on this machine...", args.preset);
     let cost = grflow_kernels::cost::calibrate_up_to(
         &args.preset,

@@ -78,6 +78,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             dir.json.vocabulary.items_hash
         )));
     }
+    if args.full && args.full_users == 0 {
+        return Err(InputError::from_display(
+            "--full-users must be >= 1 (0 users would print zeros as if measured)",
+        ));
+    }
     let opts = EvalOptions {
         seed: args.seed,
         full: args.full,

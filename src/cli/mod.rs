@@ -105,6 +105,10 @@ impl KafkaArgs {
             config.kafka.brokers = b;
         }
         if let Some(b) = &self.brokers {
+            // Past the config's own check, which refuses an empty list.
+            if b.trim().is_empty() {
+                return Err(InputError::from_display("--brokers must not be empty"));
+            }
             config.kafka.brokers = b.clone();
         }
         Ok(config)

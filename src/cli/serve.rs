@@ -89,6 +89,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.model.weights = Some(dir);
     }
     if let Some(g) = args.group {
+        // Past the config's own check, which refuses an empty group.
+        if g.trim().is_empty() {
+            return Err(InputError::from_display("--group must not be empty"));
+        }
         config.kafka.group_id = g;
     }
     if let Some(w) = args.workers {

@@ -331,10 +331,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.calibration.as_deref(),
         args.slo_ms,
     )?;
+    // Checked here, by flag: the trace's own check would name
+    // `trace.requests` / `trace.rps`, keys the user never wrote.
     if let Some(n) = args.requests {
+        if n == 0 {
+            return Err(InputError::from_display("--requests must be >= 1"));
+        }
         base.trace.requests = n;
     }
     if let Some(r) = args.rps {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(InputError::from_display(format!(
+                "--rps must be a finite number > 0 (got {r})"
+            )));
+        }
         base.trace.rps = r;
     }
     base.allocator.policy = AllocatorPolicy::PpoOnly;
@@ -672,6 +682,23 @@ fn episode_traces(
 /// Held-out seeds must be held out: refused by flag when they overlap the
 /// training seeds.
 fn check_validation_seeds(args: &Args) -> anyhow::Result<()> {
+    // Seeds are seed_base + i: past u64::MAX they wrapped to 0, 1, … and
+    // could overlap the held-out seeds unseen.
+    for (flag, base, n) in [
+        ("--seed-base", args.seed_base, args.seeds),
+        (
+            "--validation-seed-base",
+            args.validation_seed_base,
+            args.validation_seeds,
+        ),
+    ] {
+        if base.checked_add(n).is_none() {
+            return Err(InputError::from_display(format!(
+                "{flag} {base} with {n} seeds runs past the largest seed ({})",
+                u64::MAX
+            )));
+        }
+    }
     let train = args.seed_base..args.seed_base.saturating_add(args.seeds);
     let held = args.validation_seed_base
         ..args

@@ -302,4 +302,4 @@ const MAX_HOTNESS_WINDOWS: usize = 1_000;
 const MAX_HOTNESS_COUNTERS: u64 = 10_000_000;
 
 /// The widest beam, and the most candidates kept per beam and step.
-const MAX_BEAM: usize = 4_096;
+pub const MAX_BEAM: usize = 4_096;

@@ -323,8 +323,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .flush(Duration::from_secs(30))
         .context("waiting for the broker to acknowledge the requests")?;
     if tail.is_some() {
-        let until = Instant::now() + Duration::from_secs(args.wait_s);
-        while ledger.waiting() > 0 && Instant::now() < until && !stop.requested() {
+        // A wait past what an Instant holds is a wait until stopped.
+        let until = Instant::now().checked_add(Duration::from_secs(args.wait_s));
+        while ledger.waiting() > 0
+            && until.is_none_or(|until| Instant::now() < until)
+            && !stop.requested()
+        {
             read_answers(&mut ledger, Duration::from_millis(50))?;
         }
         // One more look: answers read while the stop arrived.
