@@ -116,7 +116,7 @@ mod tests {
             node,
             ts_ms,
             sample: TelemetrySample {
-                latency_us,
+                latency_ns: latency_us * 1_000,
                 hot_user: false,
                 emb_hits: 1,
                 emb_lookups: 2,
@@ -128,7 +128,7 @@ mod tests {
                 truncated: false,
                 alpha_pinned: false,
                 failed: false,
-                scaled_latency_us: None,
+                scaled_latency_ns: None,
             },
         }
     }

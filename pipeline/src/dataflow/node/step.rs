@@ -242,8 +242,8 @@ impl StepCtx {
         // Exactly the latency when the kinds' SLOs are equal.
         let to_rank_slo = self.slo_ms.rank / self.slo_ms.for_mode(req.mode);
         let sample = TelemetrySample {
-            latency_us: (latency_ms * 1000.0) as u64,
-            scaled_latency_us: Some((latency_ms * to_rank_slo * 1000.0) as u64),
+            latency_ns: (latency_ms * 1e6).round() as u64,
+            scaled_latency_ns: Some((latency_ms * to_rank_slo * 1e6).round() as u64),
             hot_user: routed.decision.hot_user,
             emb_hits: served.emb_hits,
             emb_lookups: served.emb_lookups,
