@@ -843,7 +843,8 @@ fn per_epoch_best_std(runs: &[(f64, ReplayOutput)]) -> f64 {
             continue;
         }
         let mut by_window: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-        for w in &out.windows {
+        // A window that served nothing reports p99 0: not the best α.
+        for w in out.windows.iter().filter(|w| w.failed < w.requests) {
             let e = by_window.entry(w.window_start_ms).or_default();
             e.0 += w.p99_ms;
             e.1 += 1.0;
