@@ -25,11 +25,14 @@ impl std::fmt::Debug for BrokerProbe {
     }
 }
 
+/// Events served from the probe's queue per check at most: a bound on the
+/// work, not a limit anyone reaches (a check a second leaves a handful).
+const MAX_DRAINED: usize = 10_000;
+
 impl BrokerProbe {
     pub fn new(settings: &KafkaSettings, topic: &str) -> Result<Self, KafkaClientError> {
         Ok(Self {
-            consumer: settings
-                .client_config()
+            consumer: probe_config(settings)
                 .create_with_context(LoggedContext)
                 .map_err(kafka("creating a metadata client"))?,
             topic: topic.into(),
@@ -39,12 +42,51 @@ impl BrokerProbe {
     /// The topic's partition count when a broker answered within
     /// `timeout` (0 where the answer does not list the topic).
     pub fn check(&self, timeout: Duration) -> Result<i32, KafkaClientError> {
-        let metadata = self
-            .consumer
-            .fetch_metadata(Some(&self.topic), timeout)
-            .map_err(kafka(format!("metadata of `{}`", self.topic)))?;
+        let metadata = self.consumer.fetch_metadata(Some(&self.topic), timeout);
+        self.drain();
+        let metadata = metadata.map_err(kafka(format!("metadata of `{}`", self.topic)))?;
         Ok(partitions_listed(&metadata, &self.topic))
     }
+
+    /// Serves what librdkafka queued for this client since the last check:
+    /// its log lines and errors (a broker away for a month posts some at
+    /// every reconnect), which nothing else reads, would otherwise pile up.
+    /// They go to [`LoggedContext`], rate-limited.
+    fn drain(&self) {
+        for _ in 0..MAX_DRAINED {
+            if self.queued() == 0 {
+                return;
+            }
+            // `None` also after an event that is not a record (a log line).
+            drop(self.consumer.poll(Duration::ZERO));
+        }
+    }
+
+    /// Events waiting in the client's main queue (without a `group.id`,
+    /// the queue `poll` serves).
+    fn queued(&self) -> usize {
+        use rdkafka::bindings as rd;
+        let rk = self.consumer.client().native_ptr();
+        // SAFETY: `rk` is valid for the life of the consumer; the queue
+        // reference taken here is released before returning.
+        unsafe {
+            let queue = rd::rd_kafka_queue_get_main(rk);
+            if queue.is_null() {
+                return 0;
+            }
+            let queued = rd::rd_kafka_queue_length(queue);
+            rd::rd_kafka_queue_destroy(queue);
+            queued
+        }
+    }
+}
+
+/// The probe's client: the user's properties, but no statistics (nothing
+/// would read them; one event per interval for the life of the job).
+fn probe_config(settings: &KafkaSettings) -> rdkafka::config::ClientConfig {
+    let mut config = settings.client_config();
+    config.set("statistics.interval.ms", "0");
+    config
 }
 
 /// Partitions of `topic` in a metadata answer (0 where it is not listed,
@@ -172,5 +214,44 @@ pub fn delete_topics(
             "topics not deleted: {}",
             failed.join(", ")
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A probe of a broker that refuses connections (a broker away): what
+    /// its client queues (errors, log lines) is served by each check, not
+    /// left to pile up for the life of the job, and the user's statistics
+    /// interval does not apply to it.
+    #[test]
+    fn a_probe_serves_its_clients_queue_at_each_check_and_keeps_no_statistics() {
+        let settings = KafkaSettings {
+            brokers: "127.0.0.1:1".into(),
+            extra: [("statistics.interval.ms".to_string(), "1000".to_string())].into(),
+            ..KafkaSettings::default()
+        };
+        assert_eq!(
+            probe_config(&settings).get("statistics.interval.ms"),
+            Some("0")
+        );
+        let probe = BrokerProbe::new(&settings, "requests").unwrap();
+        let wait = Duration::from_millis(300);
+        // What a check left alone would leave behind.
+        for _ in 0..3 {
+            drop(probe.consumer.fetch_metadata(Some("requests"), wait));
+        }
+        let piled = probe.queued();
+        assert!(piled > 0, "nothing queued by a refused broker");
+        for _ in 0..3 {
+            assert!(probe.check(wait).is_err(), "no broker at 127.0.0.1:1");
+            // At most one that arrived since the drain.
+            assert!(
+                probe.queued() <= 1,
+                "{} queued (was {piled})",
+                probe.queued()
+            );
+        }
     }
 }
