@@ -31,7 +31,8 @@ pub use assign::{fnv1a64, owned_partitions, partition_owner};
 pub use client::{
     BrokerProbe, Compression, Delivery, DeliveryCallback, KafkaClientError, KafkaSettings,
     OutputProducer, RawRecord, Refetch, RequestConsumer, Resumed, SendError, StartPosition,
-    builtin_features, delete_topics, ensure_topics, partition_count, scan_answered, scan_answers,
+    builtin_features, delete_topics, ensure_topics, partition_count, refused_property,
+    scan_answered, scan_answers,
 };
 pub use events::KafkaEvent;
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};

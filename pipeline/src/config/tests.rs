@@ -377,6 +377,41 @@ fn kafka_hardening_keys_default_and_validate() {
     assert!(err.contains("kafka.drain_timeout_ms"), "{err}");
 }
 
+/// `[kafka.librdkafka]` passes properties through, but not over the ones
+/// the delivery guarantee rests on: each refused names the key and why.
+#[test]
+fn librdkafka_properties_the_guarantee_rests_on_are_refused_by_name() {
+    for (key, value, why) in [
+        ("acks", "1", "in-sync replicas"),
+        ("request.required.acks", "0", "in-sync replicas"),
+        ("enable.idempotence", "false", "twice"),
+        ("message.timeout.ms", "30000", "outage"),
+        ("delivery.timeout.ms", "30000", "outage"),
+        ("enable.auto.commit", "true", "durable"),
+        ("enable.auto.offset.store", "true", "durable"),
+        ("auto.offset.reset", "latest", "skip"),
+        ("auto.offset.reset", "error", "stop reading"),
+        ("group.id", "other", "kafka.group_id"),
+    ] {
+        let text = format!("[kafka.librdkafka]\n\"{key}\" = \"{value}\"\n");
+        let err = Config::parse(&text, "x.toml").unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("kafka.librdkafka.\"{key}\"")) && err.contains(why),
+            "{text}: {err}"
+        );
+    }
+    // grflow's own values, their spellings, and everything else pass.
+    let ok = Config::parse(
+        "[kafka.librdkafka]\n\"acks\" = \"-1\"\n\"enable.idempotence\" = \"TRUE\"\n\
+         \"message.timeout.ms\" = \"0\"\n\"enable.auto.commit\" = \"false\"\n\
+         \"auto.offset.reset\" = \"smallest\"\n\"fetch.wait.max.ms\" = \"500\"\n\
+         \"isolation.level\" = \"read_uncommitted\"\n\"security.protocol\" = \"ssl\"\n",
+        "x.toml",
+    )
+    .unwrap();
+    assert_eq!(ok.kafka.librdkafka.len(), 8);
+}
+
 #[test]
 fn empty_file_means_defaults() {
     let cfg = Config::parse("", "empty.toml").unwrap();

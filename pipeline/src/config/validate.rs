@@ -270,6 +270,16 @@ impl Config {
                 ),
             ));
         }
+        // Passed to librdkafka after grflow's own settings, so they win:
+        // not those the delivery guarantee rests on.
+        for (key, value) in &k.librdkafka {
+            if let Some(why) = grflow_connectors::kafka::refused_property(key, value) {
+                return Err(invalid(
+                    &format!("kafka.librdkafka.{key:?}"),
+                    format!("{value:?} refused: {why}"),
+                ));
+            }
+        }
         if !(k.replication_factor == -1 || k.replication_factor >= 1) {
             return Err(invalid(
                 "kafka.replication_factor",

@@ -64,7 +64,8 @@ impl KafkaSettings {
     }
 
     /// Our `defaults` for one kind of client, then the user's `extra`
-    /// properties, which win.
+    /// properties, which win: config validation refuses those the
+    /// delivery guarantee rests on ([`refused_property`]).
     fn client_config_with(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers);
@@ -78,6 +79,50 @@ impl KafkaSettings {
             c.set(k, v);
         }
         c
+    }
+}
+
+/// Why `serve` refuses `key = value` among the user's librdkafka
+/// properties (`kafka.librdkafka`), if it does: the properties grflow sets
+/// itself because its delivery guarantee rests on them (an offset is
+/// committed only once the answers before it are durable, answers are
+/// written once, an outage stalls instead of dropping). Others pass through.
+pub fn refused_property(key: &str, value: &str) -> Option<&'static str> {
+    let value = value.trim().to_ascii_lowercase();
+    let is = |allowed: &[&str]| allowed.contains(&value.as_str());
+    match key.trim() {
+        "group.id" => Some(
+            "set kafka.group_id instead: it names the group serve commits and resumes under, and \
+             this key would replace it",
+        ),
+        "enable.auto.commit" | "auto.commit.enable" if !is(&["false"]) => Some(
+            "must stay \"false\": serve commits an offset only once the answers before it are \
+             durable; librdkafka's own commits would not wait for them",
+        ),
+        "enable.auto.offset.store" if !is(&["false"]) => Some(
+            "must stay \"false\": librdkafka would store each record's offset as it is read, \
+             for a commit to send before its answer is durable",
+        ),
+        "auto.offset.reset" if !is(&["earliest", "smallest", "beginning"]) => Some(
+            "must be \"earliest\" (kafka.start says where a partition without a commit starts): \
+             a read position out of range (records deleted by retention, a log cut short or \
+             created again) restarts at the log's start; \"latest\" would skip every request \
+             not read yet, \"error\" would stop reading the partition",
+        ),
+        "acks" | "request.required.acks" if !is(&["all", "-1"]) => Some(
+            "must be \"all\": an answer acknowledged by fewer than all in-sync replicas can be \
+             lost after the offset of its request is committed",
+        ),
+        "enable.idempotence" if !is(&["true"]) => Some(
+            "must stay \"true\": a retry after a lost acknowledgement would write an answer \
+             twice",
+        ),
+        "message.timeout.ms" | "delivery.timeout.ms" if !is(&["0"]) => Some(
+            "must stay \"0\" (no deadline): with one, answers waiting out a broker outage fail, \
+             are dead-lettered as undeliverable and the job stops; one that timed out in flight \
+             may have been written and is written again",
+        ),
+        _ => None,
     }
 }
 
@@ -365,6 +410,43 @@ mod tests {
                 .client()
                 .fetch_metadata(None, Duration::from_millis(1)),
         );
+    }
+
+    /// The properties grflow sets for its guarantee keep grflow's values
+    /// (in any of librdkafka's spellings); the rest pass through.
+    #[test]
+    fn only_overrides_of_what_the_guarantee_rests_on_are_refused() {
+        for (key, value) in [
+            ("acks", "1"),
+            ("request.required.acks", "0"),
+            ("enable.idempotence", "false"),
+            ("message.timeout.ms", "300000"),
+            ("delivery.timeout.ms", "1"),
+            ("enable.auto.commit", "true"),
+            ("auto.commit.enable", "true"),
+            ("enable.auto.offset.store", "true"),
+            ("auto.offset.reset", "latest"),
+            ("auto.offset.reset", "error"),
+            ("group.id", "grflow"),
+        ] {
+            assert!(refused_property(key, value).is_some(), "{key} = {value}");
+        }
+        for (key, value) in [
+            ("acks", "all"),
+            ("acks", " -1 "),
+            ("enable.idempotence", "True"),
+            ("message.timeout.ms", "0"),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("auto.offset.reset", "smallest"),
+            ("auto.offset.reset", "beginning"),
+            ("fetch.wait.max.ms", "500"),
+            ("isolation.level", "read_uncommitted"),
+            ("linger.ms", "20"),
+            ("security.protocol", "sasl_ssl"),
+        ] {
+            assert_eq!(refused_property(key, value), None, "{key} = {value}");
+        }
     }
 
     #[test]
