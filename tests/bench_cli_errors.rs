@@ -171,11 +171,23 @@ fn out_of_range_flags_are_refused_by_name() {
         (&["bench", "serve", "--at", "2e8"], "--at"),
         (&["bench", "serve", "--at", "0.01"], "--at"),
         (
-            &["calibrate", "--beam-width", "100000", "--out", "/nonexistent/c.json"],
+            &[
+                "calibrate",
+                "--beam-width",
+                "100000",
+                "--out",
+                "/nonexistent/c.json",
+            ],
             "--beam-width",
         ),
         (
-            &["train-allocator", "--seed-base", "18446744073709551615", "--seeds", "3"],
+            &[
+                "train-allocator",
+                "--seed-base",
+                "18446744073709551615",
+                "--seeds",
+                "3",
+            ],
             "--seed-base",
         ),
         (&["train-allocator", "--requests", "0"], "--requests"),

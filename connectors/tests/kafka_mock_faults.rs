@@ -18,8 +18,13 @@
 //! The [`KafkaSource`] tests drive one worker's source on the mock: the
 //! in-flight caps within one poll, and partitions counted before it opened.
 //!
-//! Kept out: `ensure_topics` (no CreateTopics in the mock), and retention or
-//! truncation (an out-of-range committed offset), which the mock cannot do.
+//! A position out of range (retention or truncation past it) is an
+//! `OFFSET_OUT_OF_RANGE` pushed onto the next Fetch: librdkafka then resets
+//! the partition as `auto.offset.reset` says. A log created again while
+//! serving (the mock cannot delete a topic) is an offset book that read
+//! further than the mock's log reaches.
+//!
+//! Kept out: `ensure_topics` (no CreateTopics in the mock).
 
 mod common;
 
@@ -1071,4 +1076,153 @@ fn mock_commit_and_wait_gives_up_at_its_deadline_while_the_coordinator_is_away()
     assert!(consumer.take_refused_commits().is_empty());
     let (_, resumed) = open_consumer(&settings, topic, &[0], Refetch::FromCommitted);
     assert_eq!((resumed[0].offset, resumed[0].from_commit), (10, true));
+}
+
+/// `OFFSET_OUT_OF_RANGE` on the next Fetch: what a broker answers when
+/// retention deleted the records past the read position (or the log was
+/// cut short or created again).
+fn fetch_out_of_range(mock: &Mock) {
+    mock.request_errors(
+        RDKafkaApiKey::Fetch,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE],
+    );
+}
+
+/// A committed position that turns out of range under `start = "latest"`
+/// restarts at the log's start: the records after the commit are read.
+/// With `auto.offset.reset = latest` the consumer jumped to the end and
+/// they were never read.
+#[test]
+fn mock_an_out_of_range_position_restarts_at_the_logs_start_under_a_latest_start() {
+    const COMMITTED: i64 = 5;
+    const END: i64 = 10;
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1]);
+    let settings = settings(&mock, "out-of-range");
+    produce_fixed(&settings.brokers, topic, &[0], 0, END);
+    let open_latest = || {
+        RequestConsumer::open(
+            &settings,
+            topic,
+            &[0],
+            StartPosition::Latest,
+            Refetch::FromCommitted,
+            CALL_TIMEOUT,
+        )
+        .unwrap()
+    };
+    let (consumer, _) = open_latest();
+    consumer.commit(&[(0, COMMITTED)], true).unwrap();
+    drop(consumer);
+
+    fetch_out_of_range(&mock);
+    let (consumer, resumed) = open_latest();
+    assert_eq!(
+        (resumed[0].offset, resumed[0].from_commit),
+        (COMMITTED, true)
+    );
+    let mut book = OffsetBook::new();
+    book.resume(0, COMMITTED);
+    let (records, _) = consume_until(&consumer, &mut book, "the records after the commit", |b| {
+        next_offset(b, 0) >= END
+    });
+    let new: Vec<i64> = records
+        .iter()
+        .filter(|(_, a)| *a == Admission::New)
+        .map(|(r, _)| r.offset)
+        .collect();
+    assert_eq!(new, (COMMITTED..END).collect::<Vec<_>>());
+    // Read again from offset 0: below the commit, skipped.
+    assert!(
+        records
+            .iter()
+            .any(|(r, a)| r.offset < COMMITTED && *a == Admission::Duplicate),
+        "the position was not reset to the log's start"
+    );
+}
+
+/// The same log read again from its start while serving (an out-of-range
+/// answer): every record comes back as a duplicate, none as a log reset,
+/// since the log still reaches past what was read.
+#[test]
+fn mock_the_same_log_read_again_while_serving_is_skipped_not_reset() {
+    const N: u64 = 10;
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1]);
+    let settings = settings(&mock, "read-again");
+    produce_requests(&settings.brokers, topic, &[0], N);
+    let shared = Arc::new(SharedState::new(topic, 1));
+    shared.saw_partitions(1);
+    let mut source = source_of(&settings, topic, &[0], &shared, 1_000, 1_000_000);
+    assert_eq!(
+        poll_partitions(&mut source, Duration::from_millis(500)).len(),
+        N as usize
+    );
+    fetch_out_of_range(&mock);
+    let counters = &shared.counters;
+    let deadline = Instant::now() + WAIT;
+    while counters
+        .duplicates
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < N
+    {
+        assert!(Instant::now() < deadline, "the log was not read again");
+        assert!(poll_partitions(&mut source, Duration::from_millis(50)).is_empty());
+    }
+    assert_eq!(
+        counters
+            .log_resets
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(shared.book(0).lock().unwrap().in_flight(), N as usize);
+}
+
+/// A partition that had read up to offset 100 of its log finds a log that
+/// ends at 3 (the topic was deleted and created again while serving): its
+/// records are served, counted as one log reset, and committed in the new
+/// log, while the old log's answers still in flight hold nothing back.
+/// Until now they were skipped as duplicates and never answered.
+#[test]
+fn mock_a_log_that_starts_over_while_serving_is_served_and_committed_anew() {
+    const NEW: u64 = 3;
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1]);
+    let settings = settings(&mock, "log-reset");
+    produce_requests(&settings.brokers, topic, &[0], NEW);
+    let shared = Arc::new(SharedState::new(topic, 1));
+    shared.saw_partitions(1);
+    let mut source = source_of(&settings, topic, &[0], &shared, 1_000, 1_000_000);
+    {
+        // What the worker had done on the topic's previous incarnation:
+        // read 90..100, of which 95..100 are still unanswered.
+        let mut book = shared.book(0).lock().unwrap();
+        book.resume(0, 90);
+        for o in 90..100 {
+            assert_eq!(book.consume(0, o), Ok(Admission::New));
+        }
+        for o in 90..95 {
+            book.ack(0, o).unwrap();
+        }
+        assert_eq!(book.take_commits(), vec![(0, 95)]);
+    }
+    let read = poll_partitions(&mut source, Duration::from_millis(1_000));
+    assert_eq!(
+        read,
+        vec![0; NEW as usize],
+        "the new log's requests are served"
+    );
+    let counters = &shared.counters;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((n(&counters.log_resets), n(&counters.duplicates)), (1, 0));
+    let mut book = shared.book(0).lock().unwrap();
+    assert_eq!(book.take_commits(), vec![(0, 0)], "the new log's start");
+    for o in 0..NEW as i64 {
+        book.ack(0, o).unwrap();
+    }
+    assert_eq!(book.take_commits(), vec![(0, NEW as i64)]);
+    assert_eq!(book.in_flight(), 5, "the old log's answers still in flight");
 }

@@ -21,6 +21,17 @@ pub enum KafkaEvent<'a> {
         first: i64,
         last: i64,
     },
+    /// It lies below what its partition had read, in a log that now ends
+    /// below that (created again or cut short while serving): served, and
+    /// the partition's offsets start over at it (see
+    /// `Admission::AfterLogReset`).
+    LogReset {
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+        read_up_to: i64,
+        log_end: i64,
+    },
     /// The response topic already answers it (found by the restart scan).
     AlreadyAnswered { partition: i32, offset: i64 },
     /// Its `req_id` was read shortly before at another position: served
@@ -95,6 +106,32 @@ impl KafkaEvent<'_> {
                          records deleted by retention before they were read, or a broker that \
                          returned later records first, as tansu 0.6 does under a backlog); a \
                          request there is not answered"
+                    );
+                }
+            }
+            Self::LogReset {
+                topic,
+                partition,
+                offset,
+                read_up_to,
+                log_end,
+            } => {
+                let n = counters.log_resets.fetch_add(1, Ordering::Relaxed) + 1;
+                metrics::counter!("grflow_log_resets_total").increment(1);
+                // Once per partition per reset, but a topic created again
+                // resets all of them: the 1st, 2nd, 4th, ... are logged.
+                if n.is_power_of_two() {
+                    tracing::warn!(
+                        topic,
+                        partition,
+                        offset,
+                        read_up_to,
+                        log_end,
+                        resets = n,
+                        "the partition's log starts over below what was read (the topic was \
+                         created again or its log cut short while serving): serving its records \
+                         from this offset instead of skipping them as duplicates; records the \
+                         old log held may be answered again"
                     );
                 }
             }
@@ -210,6 +247,13 @@ mod tests {
                 worker: 0,
                 error: "refused",
             },
+            KafkaEvent::LogReset {
+                topic: "requests",
+                partition,
+                offset: 0,
+                read_up_to: 900,
+                log_end: 3,
+            },
         ] {
             e.emit(&c);
         }
@@ -223,5 +267,6 @@ mod tests {
         assert_eq!(n(&c.delivered), 1);
         assert_eq!((n(&c.offset_gaps), n(&c.skipped_offsets)), (1, 3));
         assert_eq!(n(&c.commit_failures), 1);
+        assert_eq!(n(&c.log_resets), 1);
     }
 }

@@ -23,6 +23,12 @@ pub enum Admission {
     /// inside a record batch) leaves them too, and requests there are
     /// never answered.
     NewAfterGap { first: i64, last: i64 },
+    /// As `New`, but below offsets this partition had read up to
+    /// (`read_up_to`, exclusive), in a log that now ends before them
+    /// (`log_end`): the log was created again or cut short while serving,
+    /// and the broker's offsets start over. The partition's book starts
+    /// over at this record (see [`OffsetBook::consume_checked`]).
+    AfterLogReset { read_up_to: i64, log_end: i64 },
     /// At or below an offset already consumed or committed: skip it.
     Duplicate,
 }
@@ -42,6 +48,14 @@ pub struct PartitionOffsets {
     next_new: i64,
     /// Offsets in flight with the tokens of their request (0 until weighed).
     in_flight: BTreeMap<i64, u64>,
+    /// In flight when the log started over ([`Admission::AfterLogReset`]):
+    /// their records are gone, so they hold no commit back, but their acks
+    /// still come (tokens of each; an offset may be orphaned more than once).
+    orphans: BTreeMap<i64, Vec<u64>>,
+    /// A record was admitted since the partition was registered: it is past
+    /// its resume point, where records below what was read are no longer
+    /// the expected refetch of a restart.
+    admitted: bool,
     /// The last offset handed out by `committable` (to report changes only).
     last_commit: Option<i64>,
     /// The group has no commit to resume from here (see
@@ -58,14 +72,32 @@ impl PartitionOffsets {
         Self {
             next_new: committed.max(0),
             in_flight: BTreeMap::new(),
+            orphans: BTreeMap::new(),
+            admitted: false,
             last_commit: (committed > 0).then_some(committed),
             commit_start: false,
         }
     }
 
-    fn consume(&mut self, offset: i64) -> Admission {
+    /// `log_end` is asked only for a record below what was read, once past
+    /// the resume point.
+    fn consume(&mut self, offset: i64, log_end: impl FnOnce() -> Option<i64>) -> Admission {
         if offset < self.next_new {
-            return Admission::Duplicate;
+            // Kafka hands out an offset once; what comes again is a restart's
+            // refetch (before the resume point) or a broker repeating recent
+            // records (tansu 0.6), both in a log that still reaches past what
+            // was read. A log that ends below it started over.
+            let reset = match self.admitted.then(log_end).flatten() {
+                Some(end) if end < self.next_new => end,
+                _ => return Admission::Duplicate,
+            };
+            let read_up_to = self.next_new;
+            self.start_over(offset);
+            self.in_flight.insert(offset, 0);
+            return Admission::AfterLogReset {
+                read_up_to,
+                log_end: reset,
+            };
         }
         let admission = match offset > self.next_new {
             true => Admission::NewAfterGap {
@@ -75,12 +107,35 @@ impl PartitionOffsets {
             false => Admission::New,
         };
         self.next_new = offset + 1;
+        self.admitted = true;
         self.in_flight.insert(offset, 0);
         admission
     }
 
+    /// The log starts over at `offset`: what is in flight is orphaned (it
+    /// holds no commit of the new log back, and its acks still count), and
+    /// the next commit goes out whatever it is, lower than the last one.
+    fn start_over(&mut self, offset: i64) {
+        for (o, tokens) in std::mem::take(&mut self.in_flight) {
+            self.orphans.entry(o).or_default().push(tokens);
+        }
+        self.next_new = offset + 1;
+        self.last_commit = None;
+        self.commit_start = true;
+    }
+
     /// The tokens of the acked record, or None if it was not in flight.
+    /// An offset both orphaned and in flight again releases the orphan
+    /// first: the new record leaves only at the second ack, when both
+    /// outputs are durable, so its commit never comes early.
     fn ack(&mut self, offset: i64) -> Option<u64> {
+        if let Some(tokens) = self.orphans.get_mut(&offset) {
+            let t = tokens.pop();
+            if tokens.is_empty() {
+                self.orphans.remove(&offset);
+            }
+            return t;
+        }
         self.in_flight.remove(&offset)
     }
 
@@ -92,9 +147,9 @@ impl PartitionOffsets {
             .map_or(self.next_new, |(&offset, _)| offset)
     }
 
-    /// Records consumed whose output is not yet durable.
+    /// Records consumed whose output is not yet durable (orphans too).
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len() + self.orphans.values().map(Vec::len).sum::<usize>()
     }
 
     /// The next offset never consumed: lag is the high watermark minus this.
@@ -137,6 +192,22 @@ impl OffsetBook {
 
     /// A record at `offset` of `partition` arrived.
     pub fn consume(&mut self, partition: i32, offset: i64) -> Result<Admission, OffsetError> {
+        self.consume_checked(partition, offset, || None)
+    }
+
+    /// As [`Self::consume`], where `log_end` says where the partition's log
+    /// ends now (the high watermark of the last fetch). It is asked only
+    /// when a record below what was read arrives after the partition passed
+    /// its resume point; a log that ends below what was read was created
+    /// again or cut short, and the record is [`Admission::AfterLogReset`]:
+    /// served, instead of skipped as a duplicate, and the partition's
+    /// commits follow the new log from it.
+    pub fn consume_checked(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        log_end: impl FnOnce() -> Option<i64>,
+    ) -> Result<Admission, OffsetError> {
         if offset < 0 {
             return Err(OffsetError::Negative { partition, offset });
         }
@@ -144,7 +215,7 @@ impl OffsetBook {
             .partitions
             .entry(partition)
             .or_default()
-            .consume(offset);
+            .consume(offset, log_end);
         if admission == Admission::Duplicate {
             self.duplicates += 1;
         }
@@ -438,6 +509,137 @@ mod tests {
             "an empty partition recovers nothing"
         );
         assert_eq!(RecoveryBounds::new([(3, -1)]).end(3), Some(0));
+    }
+
+    #[test]
+    fn a_log_that_starts_over_below_what_was_read_is_served_and_committed_anew() {
+        let mut book = OffsetBook::new();
+        book.resume(0, 0);
+        for o in 0..10 {
+            assert_eq!(book.consume(0, o), Ok(Admission::New));
+            book.weigh(0, o, 7);
+        }
+        for o in 0..5 {
+            book.ack(0, o).unwrap();
+        }
+        assert_eq!(book.take_commits(), vec![(0, 5)]);
+        // The topic was created again: its log ends at 3, below 10.
+        assert_eq!(
+            book.consume_checked(0, 0, || Some(3)),
+            Ok(Admission::AfterLogReset {
+                read_up_to: 10,
+                log_end: 3
+            })
+        );
+        assert_eq!(book.duplicates(), 0);
+        // Below the last commit, and sent: a restart resumes in the new log.
+        assert_eq!(book.take_commits(), vec![(0, 0)]);
+        // The old log's records in flight (5..=9) hold no commit back...
+        book.ack(0, 0).unwrap();
+        assert_eq!(book.take_commits(), vec![(0, 1)]);
+        for o in 1..7 {
+            assert_eq!(book.consume(0, o), Ok(Admission::New), "{o}");
+        }
+        assert_eq!((book.in_flight(), book.in_flight_tokens()), (11, 35));
+        // ...and offset 5, in flight in both logs, leaves the book only at
+        // its second ack: whichever output the first was, the commit waits.
+        book.ack(0, 5).unwrap();
+        for o in 1..5 {
+            book.ack(0, o).unwrap();
+        }
+        assert_eq!(book.take_commits(), vec![(0, 5)]);
+        book.ack(0, 5).unwrap();
+        assert_eq!(book.take_commits(), vec![(0, 6)]);
+        for o in [6, 7, 8, 9, 6] {
+            book.ack(0, o).unwrap();
+        }
+        assert_eq!(book.take_commits(), vec![(0, 7)]);
+        assert_eq!((book.in_flight(), book.in_flight_tokens()), (0, 0));
+        assert!(book.ack(0, 9).is_err(), "acked once");
+    }
+
+    #[test]
+    fn records_seen_again_in_a_log_that_still_reaches_past_them_are_duplicates() {
+        let mut book = OffsetBook::new();
+        book.resume(0, 10);
+        // A restart's refetch (refetch_from_start): before the resume
+        // point, the log's end is not even asked.
+        let not_asked = || -> Option<i64> { panic!("log end asked before the resume point") };
+        assert_eq!(
+            book.consume_checked(0, 3, not_asked),
+            Ok(Admission::Duplicate)
+        );
+        assert_eq!(book.consume(0, 10), Ok(Admission::New));
+        assert_eq!(book.consume(0, 11), Ok(Admission::New));
+        // A broker repeating a recent record (tansu 0.6), its log reaching
+        // past it; or no fetch known: skipped, as before.
+        assert_eq!(
+            book.consume_checked(0, 10, || Some(12)),
+            Ok(Admission::Duplicate)
+        );
+        assert_eq!(
+            book.consume_checked(0, 10, || Some(40)),
+            Ok(Admission::Duplicate)
+        );
+        assert_eq!(
+            book.consume_checked(0, 10, || None),
+            Ok(Admission::Duplicate)
+        );
+        assert_eq!(book.duplicates(), 4);
+        assert_eq!(book.in_flight(), 2);
+    }
+
+    proptest! {
+        /// A log that starts over while records of the old one are in
+        /// flight: however the acks of both come in (the book cannot tell
+        /// an old record's from a new one's at the same offset), a commit
+        /// never passes a record of the new log whose output is not durable.
+        #[test]
+        fn a_log_reset_never_lets_a_commit_pass_an_unacked_new_record(
+            old in 1i64..40,
+            acked_before in prop::collection::vec(any::<bool>(), 40),
+            new in 1i64..60,
+            order in prop::collection::vec(any::<prop::sample::Index>(), 100),
+        ) {
+            let mut book = OffsetBook::new();
+            book.resume(0, 0);
+            // (offset, of the new log) not yet durable.
+            let mut pending: Vec<(i64, bool)> = Vec::new();
+            for o in 0..old {
+                book.consume(0, o).unwrap();
+                if acked_before[o as usize] {
+                    book.ack(0, o).unwrap();
+                } else {
+                    pending.push((o, false));
+                }
+            }
+            book.take_commits();
+            let reset = book.consume_checked(0, 0, || Some(0)).unwrap();
+            prop_assert_eq!(reset, Admission::AfterLogReset { read_up_to: old, log_end: 0 });
+            pending.push((0, true));
+            for o in 1..new {
+                prop_assert_eq!(book.consume(0, o), Ok(Admission::New));
+                pending.push((o, true));
+            }
+            for ix in order {
+                if pending.is_empty() {
+                    break;
+                }
+                let (o, _) = pending.remove(ix.index(pending.len()));
+                book.ack(0, o).unwrap();
+                for (_, c) in book.take_commits() {
+                    prop_assert!(
+                        pending.iter().all(|&(p, of_new)| !of_new || p >= c),
+                        "commit {} passes {:?}", c, pending
+                    );
+                }
+            }
+            for (o, _) in pending {
+                book.ack(0, o).unwrap();
+            }
+            prop_assert_eq!(book.partition(0).map(|p| p.safe_commit()), Some(new));
+            prop_assert_eq!((book.in_flight(), book.in_flight_tokens()), (0, 0));
+        }
     }
 
     proptest! {

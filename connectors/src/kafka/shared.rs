@@ -43,6 +43,9 @@ pub struct KafkaCounters {
     /// `Admission::NewAfterGap`).
     pub offset_gaps: AtomicU64,
     pub skipped_offsets: AtomicU64,
+    /// Times a partition's log started over below what was read (created
+    /// again or cut short while serving; see `Admission::AfterLogReset`).
+    pub log_resets: AtomicU64,
     /// Requests answered `stale`: produced longer ago than
     /// `kafka.max_age_ms` when a node got to them.
     pub stale: AtomicU64,
@@ -294,6 +297,8 @@ pub struct CountsSnapshot {
     pub stale: u64,
     #[serde(default)]
     pub skipped_offsets: u64,
+    #[serde(default)]
+    pub log_resets: u64,
     pub recovered_unshed: u64,
     pub unservable: u64,
     pub delivered: u64,
@@ -320,6 +325,7 @@ impl CountsSnapshot {
             shed: c.shed.load(Ordering::Relaxed),
             stale: c.stale.load(Ordering::Relaxed),
             skipped_offsets: c.skipped_offsets.load(Ordering::Relaxed),
+            log_resets: c.log_resets.load(Ordering::Relaxed),
             recovered_unshed: c.recovered_unshed.load(Ordering::Relaxed),
             unservable: c.unservable.load(Ordering::Relaxed),
             delivered: c.delivered.load(Ordering::Relaxed),
@@ -344,6 +350,7 @@ impl CountsSnapshot {
         self.shed += o.shed;
         self.stale += o.stale;
         self.skipped_offsets += o.skipped_offsets;
+        self.log_resets += o.log_resets;
         self.recovered_unshed += o.recovered_unshed;
         self.unservable += o.unservable;
         self.delivered += o.delivered;

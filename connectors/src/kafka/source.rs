@@ -303,14 +303,26 @@ impl KafkaSource {
         let counters = &self.shared.counters;
         KafkaEvent::Read { partition, offset }.emit(counters);
         let source = RecordId { partition, offset };
+        let consumer = &self.consumer;
         let admission = self
             .shared
             .book(self.worker)
             .lock()
             .expect("offset book lock")
-            .consume(record.partition, record.offset);
+            .consume_checked(partition, offset, || consumer.log_end(partition));
         match admission {
             Ok(Admission::New) => {}
+            Ok(Admission::AfterLogReset {
+                read_up_to,
+                log_end,
+            }) => KafkaEvent::LogReset {
+                topic: &self.settings.request_topic,
+                partition,
+                offset,
+                read_up_to,
+                log_end,
+            }
+            .emit(counters),
             Ok(Admission::NewAfterGap { first, last }) => KafkaEvent::OffsetGap {
                 partition,
                 first,
@@ -606,9 +618,9 @@ impl KafkaSource {
                     worker = self.worker,
                     wait_ms = wait.as_millis() as u64,
                     offsets = ?commits,
-                    "the final offset commit was not answered before the drain deadline: \
-                     offsets stay at the last commit the broker took (answers may be \
-                     repeated at restart, none are lost)"
+                    "the final offset commit was not answered in time: offsets stay at \
+                     the last commit the broker took (answers may be repeated at \
+                     restart, none are lost); not reported committed"
                 );
                 true
             }
@@ -663,18 +675,6 @@ impl KafkaSource {
                 .expect("offset book lock")
                 .forget_commits();
         }
-    }
-
-    /// Commits every partition's safe offset without waiting for the broker:
-    /// the drain timed out, perhaps because the broker is away, and a sync
-    /// commit has no deadline of its own. What is unanswered stays
-    /// uncommitted either way.
-    pub fn commit_without_waiting(&mut self) -> Vec<(i32, i64)> {
-        let commits = self.safe_commits();
-        if let Err(e) = self.consumer.commit(&commits, false) {
-            tracing::warn!(worker = self.worker, error = %e, "offset commit");
-        }
-        commits
     }
 
     /// Measures consumer lag of this worker's partitions into the shared

@@ -673,17 +673,19 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                         }
                     }
                 }
-                let committed = if worker_shared.drain_timed_out.load(Ordering::Relaxed)
+                // A drain that ended just before its deadline still gives a
+                // healthy broker a moment to answer the commit; one that timed
+                // out, or a fatal stop (the broker may be away), only that
+                // moment. Either way only a commit the broker answered is
+                // reported committed.
+                let commit_wait = if worker_shared.drain_timed_out.load(Ordering::Relaxed)
                     || worker_shared.is_fatal()
                 {
-                    source.borrow_mut().commit_without_waiting()
+                    CLOSE_GRACE
                 } else {
-                    // A drain that ended just before its deadline still gives a
-                    // healthy broker a moment to answer the commit.
-                    source
-                        .borrow_mut()
-                        .commit_within(drain.time_left().max(CLOSE_GRACE))
+                    drain.time_left().max(CLOSE_GRACE)
                 };
+                let committed = source.borrow_mut().commit_within(commit_wait);
                 source.borrow().measure_lag();
                 // Closing may wait on the broker too (an unanswered commit): bounded
                 // the same way, with a moment's grace for a healthy close.
@@ -974,6 +976,7 @@ fn log_metrics(shared: &SharedState, latency: &AnswerLatency) {
         shed = c.shed.load(Ordering::Relaxed),
         stale = c.stale.load(Ordering::Relaxed),
         skipped_offsets = c.skipped_offsets.load(Ordering::Relaxed),
+        log_resets = c.log_resets.load(Ordering::Relaxed),
         recovered_unshed = c.recovered_unshed.load(Ordering::Relaxed),
         dead_lettered = c.dead_lettered.load(Ordering::Relaxed),
         delivered = c.delivered.load(Ordering::Relaxed),
@@ -1016,6 +1019,7 @@ fn summarise(
         shed: c.shed,
         stale: c.stale,
         skipped_offsets: c.skipped_offsets,
+        log_resets: c.log_resets,
         recovered_unshed: c.recovered_unshed,
         unservable: c.unservable,
         dead_lettered: c.dead_lettered,

@@ -146,6 +146,11 @@ pub struct ServeSummary {
     /// were read, or a broker that returned later records first: tansu 0.6
     /// under a backlog); a request there was not answered.
     pub skipped_offsets: u64,
+    /// Times a request partition's log started over below what had been
+    /// read while serving (the topic created again, the log cut short):
+    /// its records were served from there.
+    #[serde(default)]
+    pub log_resets: u64,
     pub recovered_unshed: u64,
     pub unservable: u64,
     pub dead_lettered: u64,

@@ -153,15 +153,12 @@ impl RequestConsumer {
                 // Bounds what librdkafka prefetches while we are paused.
                 ("queued.max.messages.kbytes", "16384"),
                 ("queued.min.messages", "10000"),
-                // A committed offset out of range (records deleted past it)
-                // restarts at the start position instead of jumping silently.
-                (
-                    "auto.offset.reset",
-                    match start {
-                        StartPosition::Earliest => "earliest",
-                        StartPosition::Latest => "latest",
-                    },
-                ),
+                // Only a position out of range gets here (every partition
+                // is assigned at an explicit offset; `start` is applied in
+                // `resume_positions`): retention deleted past it, or the log
+                // was cut short or created again. "latest" would skip every
+                // retained request not read yet; the log's start skips none.
+                ("auto.offset.reset", "earliest"),
                 // A serving job wants records now, not batched for 500 ms.
                 ("fetch.wait.max.ms", "5"),
             ])
@@ -397,6 +394,12 @@ impl RequestConsumer {
                 .lock()
                 .expect("commit watch lock"),
         )
+    }
+
+    /// Where `partition`'s log ends as of the last fetch response (its
+    /// high watermark; no broker round trip).
+    pub fn log_end(&self, partition: i32) -> Option<i64> {
+        cached_high_watermark(&*self.consumer, &self.topic, partition)
     }
 
     /// High watermarks as of the last fetch response (no broker round trip).
