@@ -124,6 +124,8 @@ pub const MAX_ITEMS: u32 = 100_000_000;
 /// The most feature ids the catalog holds (items × tables, 4 bytes each):
 /// 1.6 GB, the 100M-item catalog with the default 4 tables.
 pub const MAX_FEATURE_IDS: u64 = 400_000_000;
+/// The most candidate ids of a trace's requests (4 GB).
+pub const MAX_CANDIDATE_IDS: u64 = 1_000_000_000;
 
 /// Why a generator config is unusable.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -191,6 +193,14 @@ impl GenConfig {
         }
         if self.candidates == 0 {
             return bad("candidates", ">= 1", "0".into());
+        }
+        // Every request's candidates are held in memory (4 bytes each).
+        if self.requests as u64 * self.candidates as u64 > MAX_CANDIDATE_IDS {
+            return bad(
+                "candidates",
+                "such that requests × candidates is at most 1000000000",
+                self.candidates.to_string(),
+            );
         }
         // Every user's history is generated up front: past this it is a
         // typo that would run until memory is gone.
@@ -669,6 +679,15 @@ mod tests {
                     ..GenConfig::default()
                 },
                 "--items",
+            ),
+            (
+                GenConfig {
+                    items: 200_000,
+                    candidates: 100_000,
+                    requests: 12_000,
+                    ..GenConfig::default()
+                },
+                "--candidates",
             ),
             (
                 GenConfig {
