@@ -195,7 +195,7 @@ impl GenConfig {
             return bad("candidates", ">= 1", "0".into());
         }
         // Every request's candidates are held in memory (4 bytes each).
-        if self.requests as u64 * self.candidates as u64 > MAX_CANDIDATE_IDS {
+        if self.requests.saturating_mul(self.candidates as u64) > MAX_CANDIDATE_IDS {
             return bad(
                 "candidates",
                 "such that requests × candidates is at most 1000000000",
