@@ -120,6 +120,21 @@ pub struct ReplayOutput {
     pub oracle: Vec<OracleEpoch>,
 }
 
+impl ReplayOutput {
+    /// Replaces the summary's latency percentiles (upper edges of 1%-wide
+    /// histogram buckets) by the exact nearest-rank ones of the collected
+    /// responses, and drops the responses. A run without
+    /// `ResponseOutput::Collect` keeps the histogram's.
+    pub fn exact_latency(&mut self) {
+        let responses = std::mem::take(&mut self.responses);
+        if !responses.is_empty() {
+            self.summary.latency_ms = crate::summary::LatencySummary::from_unsorted(
+                responses.iter().map(|r| r.latency_ms).collect(),
+            );
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     #[error(transparent)]

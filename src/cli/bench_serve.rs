@@ -597,12 +597,7 @@ fn replay(trace: &Arc<Trace>, config: Config) -> anyhow::Result<Summary> {
         stop: None,
     })
     .context("replay")?;
-    let responses = std::mem::take(&mut out.responses);
-    if !responses.is_empty() {
-        out.summary.latency_ms = grflow_pipeline::summary::LatencySummary::from_unsorted(
-            responses.iter().map(|r| r.latency_ms).collect(),
-        );
-    }
+    out.exact_latency();
     Ok(out.summary)
 }
 

@@ -384,12 +384,7 @@ impl Bench {
             grflow_pipeline::replay::ReplayError::Setup(m) => InputError::from_display(m),
             e => anyhow::Error::new(e).context("replay"),
         })?;
-        let responses = std::mem::take(&mut out.responses);
-        if !responses.is_empty() {
-            out.summary.latency_ms = grflow_pipeline::summary::LatencySummary::from_unsorted(
-                responses.iter().map(|r| r.latency_ms).collect(),
-            );
-        }
+        out.exact_latency();
         Ok(out)
     }
 
