@@ -284,15 +284,32 @@ mod tests {
         l.local_addr().unwrap().to_string()
     }
 
-    /// Process 0 and `others` over loopback; their results, process 0's
-    /// first.
-    fn shake(others: Vec<Fingerprint>) -> (String, Vec<Result<(), HandshakeError>>) {
+    /// Process 0 of a job of `processes`, leading at a free address.
+    fn spawn_leader(
+        processes: usize,
+    ) -> (String, std::thread::JoinHandle<Result<(), HandshakeError>>) {
         let addr = free_addr();
-        let processes = others.len() + 1;
         let leader = {
             let addr = addr.clone();
             std::thread::spawn(move || lead(&addr, &fingerprint(0, 2), processes))
         };
+        (addr, leader)
+    }
+
+    /// A raw connection to process 0, once it listens.
+    fn connect(addr: &str) -> TcpStream {
+        loop {
+            if let Ok(s) = TcpStream::connect(addr) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Process 0 and `others` over loopback; their results, process 0's
+    /// first.
+    fn shake(others: Vec<Fingerprint>) -> (String, Vec<Result<(), HandshakeError>>) {
+        let (addr, leader) = spawn_leader(others.len() + 1);
         let followers: Vec<_> = others
             .into_iter()
             .map(|f| {
@@ -330,18 +347,8 @@ mod tests {
     /// live duplicate is still refused.
     #[test]
     fn a_restarted_process_takes_its_dead_predecessors_slot() {
-        let addr = free_addr();
-        let leader = {
-            let addr = addr.clone();
-            std::thread::spawn(move || lead(&addr, &fingerprint(0, 2), 3))
-        };
-        let connect = || loop {
-            if let Ok(s) = TcpStream::connect(&addr) {
-                break s;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let first = connect();
+        let (addr, leader) = spawn_leader(3);
+        let first = connect(&addr);
         writeln!(
             &first,
             "{}",
@@ -377,18 +384,9 @@ mod tests {
 
     #[test]
     fn a_stray_connection_is_ignored_and_a_bad_process_index_refused() {
-        let addr = free_addr();
-        let leader = {
-            let addr = addr.clone();
-            std::thread::spawn(move || lead(&addr, &fingerprint(0, 2), 2))
-        };
+        let (addr, leader) = spawn_leader(2);
         // A client that sends something else first (a health check).
-        let stray = loop {
-            if let Ok(s) = TcpStream::connect(&addr) {
-                break s;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let stray = connect(&addr);
         writeln!(&stray, "GET / HTTP/1.1").unwrap();
         drop(stray);
         let err = follow(&addr, &fingerprint(5, 2)).unwrap_err();
