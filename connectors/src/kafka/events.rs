@@ -75,9 +75,14 @@ impl KafkaEvent<'_> {
     /// Counts the event for the summary (`counters`) and for `/metrics`,
     /// and logs it.
     pub fn emit(self, counters: &KafkaCounters) {
-        let count = |atomic: &AtomicU64, metric: &'static str| {
-            atomic.fetch_add(1, Ordering::Relaxed);
+        // Counts one and returns how many so far (the rate-limited logs
+        // below write the 1st, 2nd, 4th, ...).
+        let counted = |atomic: &AtomicU64, metric: &'static str| {
             metrics::counter!(metric).increment(1);
+            atomic.fetch_add(1, Ordering::Relaxed) + 1
+        };
+        let count = |atomic: &AtomicU64, metric: &'static str| {
+            counted(atomic, metric);
         };
         match self {
             Self::Read { .. } => count(&counters.consumed, "grflow_requests_in_total"),
@@ -116,8 +121,7 @@ impl KafkaEvent<'_> {
                 read_up_to,
                 log_end,
             } => {
-                let n = counters.log_resets.fetch_add(1, Ordering::Relaxed) + 1;
-                metrics::counter!("grflow_log_resets_total").increment(1);
+                let n = counted(&counters.log_resets, "grflow_log_resets_total");
                 // Once per partition per reset, but a topic created again
                 // resets all of them: the 1st, 2nd, 4th, ... are logged.
                 if n.is_power_of_two() {
@@ -187,8 +191,7 @@ impl KafkaEvent<'_> {
             }
             Self::Resent => count(&counters.resent, "grflow_resent_total"),
             Self::CommitFailed { worker, error } => {
-                let n = counters.commit_failures.fetch_add(1, Ordering::Relaxed) + 1;
-                metrics::counter!("grflow_commit_failures_total").increment(1);
+                let n = counted(&counters.commit_failures, "grflow_commit_failures_total");
                 // A lasting refusal (an ACL) repeats every commit interval:
                 // the 1st, 2nd, 4th, 8th, ... are logged.
                 if n.is_power_of_two() {
