@@ -89,6 +89,16 @@ pub fn scan_answers(
             });
         }
         let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            // Nothing to read: a partition whose log ends in records never
+            // delivered (a transaction's commit marker, aborted records) is
+            // done once the consumer's position has passed its end.
+            let read_past = positions_past_end(&consumer, response_topic, &ends);
+            if !read_past.is_empty() {
+                for p in read_past {
+                    ends.remove(&p);
+                }
+                last_progress = std::time::Instant::now();
+            }
             continue;
         };
         let message = message.map_err(kafka(format!("reading `{response_topic}`")))?;
@@ -115,4 +125,52 @@ pub fn scan_answers(
         }
     }
     Ok(answered)
+}
+
+/// The partitions of `ends` whose consumer position has reached their end.
+/// librdkafka moves the position past control records it never hands out.
+fn positions_past_end(
+    consumer: &BaseConsumer<LoggedContext>,
+    topic: &str,
+    ends: &BTreeMap<i32, i64>,
+) -> Vec<i32> {
+    let Ok(positions) = consumer.position() else {
+        return Vec::new();
+    };
+    ends.iter()
+        .filter(|&(&p, &end)| {
+            let position = positions
+                .find_partition(topic, p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                });
+            read_to_end(position, end, cached_high_watermark(consumer, topic, p))
+        })
+        .map(|(&p, _)| p)
+        .collect()
+}
+
+/// Whether a consumer at `position` has read a partition to `end` (or to
+/// the fetched high watermark, if further: see `cached_high_watermark`).
+fn read_to_end(position: Option<i64>, end: i64, fetched_end: Option<i64>) -> bool {
+    position.is_some_and(|o| o >= end.max(fetched_end.unwrap_or(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_to_end;
+
+    #[test]
+    fn a_partition_is_read_once_the_position_passes_the_further_end() {
+        // Nothing consumed yet: no position.
+        assert!(!read_to_end(None, 10, None));
+        // The last record (offset 8) read, a commit marker at 9 skipped.
+        assert!(!read_to_end(Some(9), 10, None));
+        assert!(read_to_end(Some(10), 10, None));
+        assert!(read_to_end(Some(10), 10, Some(7)));
+        // The log grew past what ListOffsets said: read on.
+        assert!(!read_to_end(Some(10), 10, Some(12)));
+        assert!(read_to_end(Some(12), 10, Some(12)));
+    }
 }
