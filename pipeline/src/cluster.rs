@@ -53,10 +53,11 @@ impl Default for ClusterSection {
 pub enum ClusterError {
     #[error("cluster.hostfile {path}: {reason}")]
     Hostfile { path: String, reason: String },
-    #[error("cluster.hosts[{index}] = {host:?}: expected host:port")]
-    BadHost { index: usize, host: String },
-    #[error("cluster.hosts[{index}] = {host:?} appears twice")]
-    Duplicate { index: usize, host: String },
+    /// `at`: `cluster.hosts[i]`, or the hostfile's path and line.
+    #[error("{at} = {host:?}: expected host:port")]
+    BadHost { at: String, host: String },
+    #[error("{at} = {host:?} appears twice")]
+    Duplicate { at: String, host: String },
     #[error("cluster.process = {process}, but there are only {hosts} hosts (0..{hosts})")]
     ProcessOutOfRange { process: usize, hosts: usize },
     #[error("run.workers must be >= 1")]
@@ -138,9 +139,21 @@ impl ClusterSection {
         if threads == 0 {
             return Err(ClusterError::NoWorkers);
         }
-        let hosts = match &self.hostfile {
-            Some(path) => read_hostfile(path)?,
-            None => self.hosts.clone(),
+        // Each host with where it was given, for errors.
+        let (hosts, places): (Vec<String>, Vec<String>) = match &self.hostfile {
+            Some(path) => read_hostfile(path)?
+                .into_iter()
+                .map(|(line, host)| {
+                    let at = format!("cluster.hostfile {} line {line}", path.display());
+                    (host, at)
+                })
+                .unzip(),
+            None => self
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.clone(), format!("cluster.hosts[{i}]")))
+                .unzip(),
         };
         for (index, host) in hosts.iter().enumerate() {
             let ok = host
@@ -148,13 +161,13 @@ impl ClusterSection {
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
             if !ok {
                 return Err(ClusterError::BadHost {
-                    index,
+                    at: places[index].clone(),
                     host: host.clone(),
                 });
             }
             if hosts[..index].contains(host) {
                 return Err(ClusterError::Duplicate {
-                    index,
+                    at: places[index].clone(),
                     host: host.clone(),
                 });
             }
@@ -181,7 +194,8 @@ impl ClusterSection {
 }
 
 /// One `host:port` per line; blank lines and `#` comments are skipped.
-pub fn read_hostfile(path: &Path) -> Result<Vec<String>, ClusterError> {
+/// Each host comes with its 1-based line number.
+pub fn read_hostfile(path: &Path) -> Result<Vec<(usize, String)>, ClusterError> {
     let text = std::fs::read_to_string(path).map_err(|e| ClusterError::Hostfile {
         path: path.display().to_string(),
         reason: e.to_string(),
@@ -196,11 +210,12 @@ pub fn read_hostfile(path: &Path) -> Result<Vec<String>, ClusterError> {
     Ok(hosts)
 }
 
-fn parse_hostfile(text: &str) -> Vec<String> {
+fn parse_hostfile(text: &str) -> Vec<(usize, String)> {
     text.lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.split('#').next().unwrap_or("").trim()))
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(i, l)| (i, l.to_string()))
         .collect()
 }
 
@@ -477,7 +492,10 @@ mod tests {
     #[test]
     fn a_hostfile_skips_blank_lines_and_comments() {
         let hosts = parse_hostfile("# the job\n10.0.0.1:2101\n\n  10.0.0.2:2101  # second\n");
-        assert_eq!(hosts, vec!["10.0.0.1:2101", "10.0.0.2:2101"]);
+        assert_eq!(
+            hosts,
+            vec![(2, "10.0.0.1:2101".into()), (4, "10.0.0.2:2101".into())]
+        );
     }
 
     #[test]
@@ -511,14 +529,14 @@ mod tests {
         assert_eq!(
             section(&["a:1", "b"], 0).resolve(1),
             Err(ClusterError::BadHost {
-                index: 1,
+                at: "cluster.hosts[1]".into(),
                 host: "b".into()
             })
         );
         assert_eq!(
             section(&["a:1", "a:1"], 0).resolve(1),
             Err(ClusterError::Duplicate {
-                index: 1,
+                at: "cluster.hosts[1]".into(),
                 host: "a:1".into()
             })
         );
@@ -541,5 +559,32 @@ mod tests {
             missing.resolve(1),
             Err(ClusterError::Hostfile { .. })
         ));
+    }
+
+    #[test]
+    fn a_bad_hostfile_line_is_named_by_file_and_line() {
+        let dir = std::env::temp_dir().join(format!("grflow-hostfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("hosts.txt");
+        let section = ClusterSection {
+            hostfile: Some(path.clone()),
+            ..ClusterSection::default()
+        };
+        std::fs::write(&path, "# job\n10.0.0.1:2101\n\n10.0.0.2\n").unwrap();
+        let err = section.resolve(1).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "cluster.hostfile {} line 4 = \"10.0.0.2\": expected host:port",
+                path.display()
+            )
+        );
+        std::fs::write(&path, "10.0.0.1:2101\n10.0.0.1:2101 # again\n").unwrap();
+        let err = section.resolve(1).unwrap_err().to_string();
+        assert!(
+            err.ends_with("line 2 = \"10.0.0.1:2101\" appears twice"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
