@@ -109,6 +109,12 @@ impl Row {
         }
     }
 
+    /// No request failed and no history was cut: its P99 compares with
+    /// other runs'.
+    pub(super) fn comparable(&self) -> bool {
+        self.failed_requests == 0 && self.truncated_histories == 0
+    }
+
     /// The progress line of the run, which took `wall_s`.
     pub(super) fn line(&self, wall_s: f64) -> String {
         format!(
@@ -247,6 +253,11 @@ pub(super) struct MeanRow {
     pub(super) policy: String,
     /// Seeds that ran it.
     pub(super) seeds: usize,
+    /// Of those, runs left out of the P99 figures (not of the SLO minimum
+    /// or decision times): requests failed or histories cut, so their P99
+    /// does not compare.
+    pub(super) seeds_not_comparable: usize,
+    /// Over the comparable seeds (0 when none).
     pub(super) p99_ms_mean: f64,
     /// Over the seeds whose run had a kv-emb-opt row (`--sweep`).
     pub(super) p99_reduction_vs_kv_emb_opt_mean: Option<f64>,
@@ -335,19 +346,25 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
             let mut decision_max: Option<f64> = None;
             let mut below_static = 0;
             let mut with_static = 0;
+            let (mut seeds, mut not_comparable) = (0, 0);
             for s in per_seed {
                 let find = |p: &str| s.rows.iter().find(|r| r.regime == regime && r.policy == p);
                 let Some(r) = find(policy) else { continue };
+                seeds += 1;
+                slo_min = slo_min.min(r.slo_satisfaction);
+                if let Some(d) = r.decision_us_p99 {
+                    decision_max = Some(decision_max.map_or(d, |m| m.max(d)));
+                }
+                if !r.comparable() {
+                    not_comparable += 1;
+                    continue;
+                }
                 p99.push(r.p99_ms);
                 reductions.extend(r.p99_reduction_vs_kv_emb_opt);
                 gaps.extend(r.oracle_gap);
                 regrets.extend(r.p99_regret_ms);
                 star_stds.extend(r.alpha_star_std);
-                slo_min = slo_min.min(r.slo_satisfaction);
-                if let Some(d) = r.decision_us_p99 {
-                    decision_max = Some(decision_max.map_or(d, |m| m.max(d)));
-                }
-                if let Some(st) = find("static") {
+                if let Some(st) = find("static").filter(|st| st.comparable()) {
                     with_static += 1;
                     below_static += usize::from(r.p99_ms < st.p99_ms);
                 }
@@ -356,7 +373,8 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
             MeanRow {
                 regime: regime.into(),
                 policy: policy.into(),
-                seeds: p99.len(),
+                seeds,
+                seeds_not_comparable: not_comparable,
                 p99_ms_mean: mean(&p99).unwrap_or(0.0),
                 p99_reduction_vs_kv_emb_opt_mean: mean(&reductions),
                 p99_reduction_vs_kv_emb_opt_min: bound(f64::min),
@@ -456,9 +474,9 @@ pub(super) fn print_means(report: &SeedsReport) {
             ),
             None => "-".into(),
         };
-        let below = m
-            .seeds_below_static
-            .map_or("-".to_string(), |n| format!("{n} of {}", m.seeds));
+        let below = m.seeds_below_static.map_or("-".to_string(), |n| {
+            format!("{n} of {}", m.seeds - m.seeds_not_comparable)
+        });
         println!(
             "{:<8} {:<15} {:>10.4} {:>22} {:>13} {:>8.1}% {:>8} {:>10}",
             m.regime,
@@ -472,6 +490,12 @@ pub(super) fn print_means(report: &SeedsReport) {
             m.p99_regret_ms_mean
                 .map_or("-".to_string(), |r| format!("{r:.4}"))
         );
+        if m.seeds_not_comparable > 0 {
+            println!(
+                "         ({} of {} seeds left out: requests failed or histories cut)",
+                m.seeds_not_comparable, m.seeds
+            );
+        }
     }
     println!(
         "{} seeds in {:.0} s on {} (GEMM {:.1} GFLOP/s)",
@@ -576,6 +600,53 @@ mod tests {
         let pid = &mean[2];
         assert_eq!((pid.seeds, pid.seeds_below_static), (1, Some(1)));
         assert_eq!(pid.p99_reduction_vs_kv_emb_opt_mean, None);
+    }
+
+    #[test]
+    fn means_over_seeds_leave_out_runs_that_failed_requests_or_cut_histories() {
+        let failed = |mut r: Row| {
+            r.failed_requests = 3;
+            r
+        };
+        let cut = |mut r: Row| {
+            r.truncated_histories = 1;
+            r
+        };
+        let per_seed = [
+            seed(
+                42,
+                vec![
+                    row("burst", "static", 50.0, Some(0.0)),
+                    row("burst", "smart", 40.0, Some(0.2)),
+                ],
+            ),
+            seed(
+                44,
+                vec![
+                    row("burst", "static", 60.0, Some(0.0)),
+                    // Dropped requests: a low P99 for the wrong reason.
+                    failed(row("burst", "smart", 10.0, Some(0.8))),
+                ],
+            ),
+            seed(
+                46,
+                vec![
+                    cut(row("burst", "static", 90.0, Some(0.0))),
+                    row("burst", "smart", 80.0, Some(0.1)),
+                ],
+            ),
+        ];
+        let mean = mean_rows(&per_seed);
+        let smart = &mean[1];
+        assert_eq!((smart.seeds, smart.seeds_not_comparable), (3, 1));
+        assert!((smart.p99_ms_mean - 60.0).abs() < 1e-12);
+        let r = smart.p99_reduction_vs_kv_emb_opt_mean.unwrap();
+        assert!((r - 0.15).abs() < 1e-12, "{r}");
+        // Only seed 42 has both runs comparable.
+        assert_eq!(smart.seeds_below_static, Some(1));
+        let fixed = &mean[0];
+        assert_eq!((fixed.seeds, fixed.seeds_not_comparable), (3, 1));
+        assert!((fixed.p99_ms_mean - 55.0).abs() < 1e-12);
     }
 
     #[test]
