@@ -79,6 +79,29 @@ impl HistoryLimits {
         }
     }
 
+    /// Limits that cut no history shorter than any of `all` would, for a
+    /// decoder in front of nodes that may serve different models (during a
+    /// hot swap). All equal: those limits, so that the decoder's cut stays
+    /// the node's fixed point. Otherwise the longest limit of each task,
+    /// dropping item by item (`chunk` 1): the decoder then never drops an
+    /// item that a node would keep, whatever the node's own chunk, and each
+    /// node cuts again to its own limits. `None` when `all` is empty.
+    pub fn loosest(all: impl IntoIterator<Item = HistoryLimits>) -> Option<Self> {
+        let mut all = all.into_iter();
+        let first = all.next()?;
+        Some(all.fold(first, |acc, l| {
+            if acc == l {
+                acc
+            } else {
+                Self {
+                    rank: acc.rank.max(l.rank),
+                    retrieve: acc.retrieve.max(l.retrieve),
+                    chunk: 1,
+                }
+            }
+        }))
+    }
+
     pub fn limit(&self, task: Task) -> usize {
         match task {
             Task::Rank => self.rank,
@@ -186,6 +209,30 @@ mod tests {
             for task in [Task::Rank, Task::Retrieve] {
                 let once = l.keep(&history, task);
                 assert_eq!(l.keep(once, task), once, "len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_loosest_of_several_limits_never_drops_what_one_of_them_keeps() {
+        let block = 16;
+        let a = HistoryLimits::new(&small(), 96).capped(50, block);
+        let b = HistoryLimits::new(&small(), 96).capped(200, block);
+        let odd = HistoryLimits {
+            rank: 70,
+            retrieve: 30,
+            chunk: 7,
+        };
+        assert_eq!(HistoryLimits::loosest([]), None);
+        // All agree: exactly those limits (chunk included).
+        assert_eq!(HistoryLimits::loosest([a, a, a]), Some(a));
+        let l = HistoryLimits::loosest([a, b, odd]).unwrap();
+        assert_eq!((l.rank, l.retrieve, l.chunk), (200, 200, 1));
+        for len in 0..600 {
+            for task in [Task::Rank, Task::Retrieve] {
+                for one in [a, b, odd] {
+                    assert!(l.dropped(len, task) <= one.dropped(len, task), "len {len}");
+                }
             }
         }
     }

@@ -15,6 +15,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use grflow_connectors::kafka::ServedLimits;
+use grflow_operators::history::HistoryLimits;
 use grflow_operators::node::NodeParams;
 
 /// Builds a node's parameters for a model directory (the job's config with
@@ -30,6 +32,9 @@ pub struct ModelRegistry {
     /// Why the last swap was refused (shown on /status), cleared by the
     /// next one that is accepted.
     last_error: Mutex<Option<String>>,
+    /// The history limits the Kafka sources decode with (`serve`): each
+    /// node's follow the model it took.
+    history: Option<ServedLimits>,
 }
 
 impl std::fmt::Debug for ModelRegistry {
@@ -48,7 +53,15 @@ impl ModelRegistry {
             loaded: Mutex::new(None),
             serving: Mutex::new(BTreeMap::new()),
             last_error: Mutex::new(None),
+            history: None,
         }
+    }
+
+    /// Swaps note each node's new history limits in `history`, which the
+    /// job's sources decode with.
+    pub fn with_history(mut self, history: ServedLimits) -> Self {
+        self.history = Some(history);
+        self
     }
 
     /// Loads `path` and checks it; its version. Refused: the error, kept
@@ -115,6 +128,16 @@ impl ModelRegistry {
         // /status's top-level model_version follows the swap (the last
         // node to take a model; `models.serving` has each node's).
         crate::ops::state().set_status_field("model_version", serde_json::json!(version));
+    }
+
+    /// Node `node` took a model whose history limits are `limits`: the
+    /// sources cut inline histories to them from their next poll (see
+    /// [`ServedLimits`] while nodes disagree). Requests decoded before keep
+    /// the cut they got; the node cuts each to its own limits anyway.
+    pub fn note_history(&self, node: u32, limits: HistoryLimits) {
+        if let Some(history) = &self.history {
+            history.set(node, limits);
+        }
     }
 
     pub fn note_error(&self, e: String) {
@@ -244,6 +267,23 @@ mod tests {
         std::fs::remove_file(dir.join("model.json")).unwrap();
         assert!(watched_files(&dir).is_none());
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_node_that_took_a_model_moves_the_sources_history_limits() {
+        let limits = |max: usize| HistoryLimits {
+            rank: max,
+            retrieve: max,
+            chunk: 4,
+        };
+        let history = ServedLimits::new([0, 1], limits(8));
+        let models = ModelRegistry::new(Box::new(|_: &str| Err("unused".into())))
+            .with_history(history.clone());
+        models.note_history(0, limits(64));
+        models.note_history(1, limits(64));
+        assert_eq!(history.current(), limits(64));
+        // Without a source to feed (replay), noting is harmless.
+        ModelRegistry::new(Box::new(|_: &str| Err("unused".into()))).note_history(0, limits(1));
     }
 
     #[test]

@@ -13,13 +13,15 @@
 //! [`KafkaSink`] (a [`crate::Sink`] of answers: retries, then dead
 //! letters), sharing the offset books and counters of [`SharedState`] with
 //! the producer's delivery thread. What they do to a record is a typed
-//! [`KafkaEvent`]: counted, exported as a metric, logged.
+//! [`KafkaEvent`]: counted, exported as a metric, logged. The history
+//! limits a source decodes with follow the models served ([`limits`]).
 
 pub mod assign;
 pub mod client;
 pub mod client_logs;
 pub mod clock;
 pub mod events;
+pub mod limits;
 pub mod offsets;
 pub mod ratelimit;
 pub mod shared;
@@ -35,6 +37,7 @@ pub use client::{
     scan_answered, scan_answers,
 };
 pub use events::KafkaEvent;
+pub use limits::ServedLimits;
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};
 pub use shared::{CountsSnapshot, FailedOutput, KafkaCounters, SharedState};
 pub use sink::{KafkaSink, Produce, Refused, SinkSettings};

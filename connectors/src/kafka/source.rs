@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use grflow_operators::history::HistoryLimits;
 use grflow_traces::Request;
 
 use super::clock::{Entry, PartitionClock, entry_time};
 use super::events::KafkaEvent;
+use super::limits::ServedLimits;
 use super::ratelimit::LogLimiter;
 use super::shared::SharedState;
 use super::sink::KafkaSink;
@@ -38,8 +38,10 @@ pub struct SourceSettings {
     pub max_message_bytes: usize,
     /// `model.max_candidates`: more is a `too_many_candidates` dead letter.
     pub max_candidates: usize,
-    /// Inline histories keep their most recent items that the nodes serve.
-    pub history: HistoryLimits,
+    /// Inline histories keep their most recent items that the nodes serve:
+    /// the limits of the models they serve now, read once per poll (a hot
+    /// model swap changes them; [`ServedLimits`]).
+    pub history: ServedLimits,
     pub idle_timeout: Duration,
     pub max_skew_ms: u64,
     /// A request stamped further than this ahead of both the wall clock
@@ -119,6 +121,18 @@ fn opened_count(opened: &[i32]) -> i32 {
 /// broker (committed offset, log end); on failure it is tried again.
 const ADD_PARTITION_TIMEOUT: Duration = Duration::from_secs(5);
 const ADD_PARTITION_RETRY: Duration = Duration::from_secs(5);
+
+impl SourceSettings {
+    /// What a request is decoded within now: the served models' history
+    /// limits are read here, once per poll.
+    pub fn decode_limits(&self) -> DecodeLimits {
+        DecodeLimits {
+            max_message_bytes: self.max_message_bytes,
+            max_candidates: self.max_candidates,
+            history: self.history.current(),
+        }
+    }
+}
 
 impl KafkaSource {
     /// Worker `worker`'s source over `consumer`'s partitions; `answered`
@@ -235,6 +249,7 @@ impl KafkaSource {
         let mut drained = false;
         let mut requeued = 0;
         let wall = wall_ms();
+        let limits = self.settings.decode_limits();
         if !self.consumer.is_paused() {
             while records.len() < max {
                 match self.consumer.poll(Duration::ZERO) {
@@ -263,7 +278,7 @@ impl KafkaSource {
                         break;
                     }
                     Some(Ok(record)) => {
-                        if let Some(r) = self.admit(record, now, emit_floor, wall) {
+                        if let Some(r) = self.admit(record, &limits, now, emit_floor, wall) {
                             records.push(r);
                         }
                         // Checked per record: one poll may bring hundreds.
@@ -295,6 +310,7 @@ impl KafkaSource {
     fn admit(
         &mut self,
         record: RawRecord,
+        limits: &DecodeLimits,
         now: Instant,
         emit_floor: u64,
         wall_ms: u64,
@@ -339,12 +355,7 @@ impl KafkaSource {
             }
         }
         let payload = record.payload.unwrap_or_default();
-        let limits = DecodeLimits {
-            max_message_bytes: self.settings.max_message_bytes,
-            max_candidates: self.settings.max_candidates,
-            history: self.settings.history,
-        };
-        match decode_request_within(&payload, &limits) {
+        match decode_request_within(&payload, limits) {
             Ok(wire) => {
                 if self.skip_answered(source, wire.req_id) {
                     return None;
@@ -788,6 +799,54 @@ mod tests {
             Restarted::OtherRequest { answered_req_id: 7 }
         );
         assert_eq!(answers.take(p0, 42), Restarted::Unanswered, "taken once");
+    }
+
+    #[test]
+    fn a_decode_after_a_model_swap_cuts_to_the_new_models_limits() {
+        use grflow_operators::history::{HistoryLimits, Task};
+        let limits = |max: usize, chunk: usize| HistoryLimits {
+            rank: max,
+            retrieve: max,
+            chunk,
+        };
+        let (old, new) = (limits(10, 4), limits(40, 8));
+        let served = ServedLimits::new([0], old);
+        let settings = SourceSettings {
+            request_topic: "requests".into(),
+            dead_letter_topic: "dead-letters".into(),
+            max_in_flight: 1,
+            max_in_flight_tokens: 1,
+            max_message_bytes: 1 << 20,
+            max_candidates: 10,
+            history: served.clone(),
+            idle_timeout: Duration::from_secs(1),
+            max_skew_ms: 0,
+            max_future_ms: 0,
+            repeat_window: 0,
+            commit_interval: Duration::from_secs(1),
+        };
+        let history: Vec<u32> = (0..50).collect();
+        let message = serde_json::json!({
+            "req_id": 1, "user_id": 2, "ts_ms": 3, "candidates": [1], "history": history,
+        })
+        .to_string();
+        let decoded = |settings: &SourceSettings| {
+            let wire = decode_request_within(message.as_bytes(), &settings.decode_limits())
+                .expect("a valid request");
+            match wire.history {
+                History::Inline(items) => (wire.history_dropped, items),
+                History::Prefix(_) => panic!("sent inline"),
+            }
+        };
+        // The model the job started with: 50 items over 10, 40 dropped.
+        let (dropped, kept) = decoded(&settings);
+        assert_eq!((dropped, kept.as_slice()), (40, &history[40..]));
+        // The node took a model that allows 40 items: 16 dropped (chunks
+        // of 8), the 34 most recent kept, not the old model's 10.
+        served.set(0, new);
+        let (dropped, kept) = decoded(&settings);
+        assert_eq!((dropped, kept.as_slice()), (16, &history[16..]));
+        assert_eq!(new.keep(&history, Task::Rank), kept.as_slice());
     }
 
     #[test]

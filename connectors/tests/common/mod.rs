@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use grflow_connectors::kafka::{
-    KafkaSettings, KafkaSink, KafkaSource, OutputProducer, RequestConsumer, Resumed, SharedState,
-    SinkSettings, SourceSettings,
+    KafkaSettings, KafkaSink, KafkaSource, OutputProducer, RequestConsumer, Resumed, ServedLimits,
+    SharedState, SinkSettings, SourceSettings,
 };
 use grflow_operators::history::HistoryLimits;
 
@@ -43,6 +43,31 @@ pub fn source_over(
     max_in_flight: usize,
     max_in_flight_tokens: u64,
 ) -> KafkaSource {
+    let history = HistoryLimits {
+        rank: 100,
+        retrieve: 100,
+        chunk: 1,
+    };
+    source_following(
+        settings,
+        topic,
+        (consumer, resumed),
+        shared,
+        (max_in_flight, max_in_flight_tokens),
+        history.into(),
+    )
+}
+
+/// [`source_over`] decoding with the history limits in `history` (those of
+/// the models served, which a model swap changes).
+pub fn source_following(
+    settings: &KafkaSettings,
+    topic: &str,
+    (consumer, resumed): (RequestConsumer, Vec<Resumed>),
+    shared: &Arc<SharedState>,
+    (max_in_flight, max_in_flight_tokens): (usize, u64),
+    history: ServedLimits,
+) -> KafkaSource {
     for r in &resumed {
         shared.book(0).lock().unwrap().resume(r.partition, r.offset);
     }
@@ -68,11 +93,7 @@ pub fn source_over(
             max_in_flight_tokens,
             max_message_bytes: 1 << 20,
             max_candidates: 100,
-            history: HistoryLimits {
-                rank: 100,
-                retrieve: 100,
-                chunk: 1,
-            },
+            history,
             idle_timeout: Duration::from_millis(50),
             max_skew_ms: 2_000,
             max_future_ms: u64::MAX,

@@ -29,8 +29,8 @@ use timely::dataflow::operators::generic::Operator;
 use grflow_connectors::Sink;
 use grflow_connectors::kafka::{
     AnsweredRequest, BrokerProbe, KafkaClientError, KafkaSettings, KafkaSink, KafkaSource,
-    OutputProducer, Refetch, RequestConsumer, Resumed, SharedState, SinkSettings, SourceSettings,
-    StartPosition, ensure_topics, owned_partitions, partition_count, scan_answers,
+    OutputProducer, Refetch, RequestConsumer, Resumed, ServedLimits, SharedState, SinkSettings,
+    SourceSettings, StartPosition, ensure_topics, owned_partitions, partition_count, scan_answers,
 };
 use grflow_connectors::parquet::load_side_tables;
 use grflow_operators::node::ServingNode;
@@ -284,10 +284,14 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let workers = topo.total();
     let side = job.side.clone();
     let nodes = job.nodes();
-    // Every node has the same parameters, hence the same history limits.
+    // Every node starts with the same parameters, hence the same history
+    // limits; a model swap updates each node's (through `models`). Cluster
+    // mode: a process follows its own nodes, which take the same swaps as
+    // the others' (those cut again to their own limits anyway).
     let history_limits = nodes
         .with_first(ServingNode::history_limits)
         .ok_or_else(|| ServeError::Config("run.workers must be >= 1".into()))?;
+    let served_history = ServedLimits::new(topo.local_workers().map(|n| n as u32), history_limits);
     let model_version = job.model_version.clone();
 
     if k.create_partitions > 0 {
@@ -322,11 +326,14 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let models = {
         let cfg = cfg.clone();
         let side = side.clone();
-        Arc::new(ModelRegistry::new(Box::new(move |path: &str| {
-            let mut c = cfg.clone();
-            c.model.weights = Some(path.into());
-            node_params(&c, &side.meta, &side.catalog()).map_err(|e| e.to_string())
-        })))
+        Arc::new(
+            ModelRegistry::new(Box::new(move |path: &str| {
+                let mut c = cfg.clone();
+                c.model.weights = Some(path.into());
+                node_params(&c, &side.meta, &side.catalog()).map_err(|e| e.to_string())
+            }))
+            .with_history(served_history.clone()),
+        )
     };
     for n in topo.local_workers() {
         models.note_serving(n as u32, &model_version);
@@ -412,7 +419,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
             max_in_flight_tokens: k.max_in_flight_tokens,
             max_message_bytes: k.max_message_bytes,
             max_candidates: cfg.model.max_candidates,
-            history: history_limits,
+            history: served_history.clone(),
             idle_timeout: Duration::from_millis(k.idle_timeout_ms),
             max_skew_ms: k.max_skew_ms,
             max_future_ms: k.max_future_ms,

@@ -109,6 +109,9 @@ impl NodeParts {
             Ok(applied) => {
                 tracing::info!(node = node.id(), time, ?applied, "model swapped");
                 models.note_serving(node.id(), node.model_version());
+                // The new model may allow longer histories than the one
+                // the sources started with.
+                models.note_history(node.id(), node.history_limits());
             }
             Err(e) => {
                 tracing::warn!(node = node.id(), time, path, "model swap failed: {e}");
