@@ -73,14 +73,22 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
 }
 
 /// In-place softmax numerators of `row` with max `m`; returns their sum.
+/// The exponentials and the sum are two loops, the sum in eight lanes: one
+/// running sum would chain every element to the last and keep the
+/// exponentials from vectorising.
 #[inline]
 pub(crate) fn exp_shift_sum(row: &mut [f32], m: f32) -> f32 {
-    let mut sum = 0.0;
     for v in row.iter_mut() {
         *v = exp_neg(*v - m);
-        sum += *v;
     }
-    sum
+    let mut acc = [0f32; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
 }
 
 /// Maximum of a row (-inf when empty).

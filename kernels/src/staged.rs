@@ -183,11 +183,7 @@ pub fn staged_attention<S: KvBlockStore + ?Sized>(
         for i in 0..nb {
             let row = &mut scratch.scores[i * p..(i + 1) * p];
             let m = row_max(row);
-            let mut l = 0.0;
-            for v in row.iter_mut() {
-                *v = exp_neg(*v - m);
-                l += *v;
-            }
+            let l = exp_shift_sum(row, m);
             scratch.m_shared[i * hn + h] = m;
             scratch.l_shared[i * hn + h] = l;
         }
