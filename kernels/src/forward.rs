@@ -326,6 +326,20 @@ impl GrModel {
         store: &S,
         jobs: &[RankJob<'_>],
     ) -> Result<Vec<Vec<f32>>, KernelError> {
+        let logits = self.rank_user_prefix_logits_batch(store, jobs)?;
+        Ok(logits.iter().map(|l| rank_softmax(l)).collect())
+    }
+
+    /// [`Self::rank_user_prefix_batch`] before the softmax: each candidate's
+    /// logit. Order candidates by these: they are what the softmax is
+    /// monotone in, and unlike the probabilities they never underflow to a
+    /// tie (a logit ~104 below the best has probability 0 in f32).
+    /// [`rank_softmax`] of a job's logits is its scores.
+    pub fn rank_user_prefix_logits_batch<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &S,
+        jobs: &[RankJob<'_>],
+    ) -> Result<Vec<Vec<f32>>, KernelError> {
         self.check_store(store)?;
         let d = self.cfg.d_model;
         let mut seqs = Vec::with_capacity(jobs.len());
@@ -359,7 +373,7 @@ impl GrModel {
                 let n = n_items + 1;
                 let last_k = &out.kv[(self.cfg.n_layers - 1) * 2 * n * d..][..n * d];
                 let keys = last_k.chunks_exact(d).take(n_items);
-                self.rank_head(&out.hidden[n_items * d..], keys)
+                self.rank_logits(&out.hidden[n_items * d..], keys)
             })
             .collect())
     }
@@ -429,11 +443,13 @@ impl GrModel {
             let off = self.cfg.kv_offset(last, 0, t % b);
             &store.block(it.blocks[t / b])[off..off + d]
         });
-        Ok(self.rank_head(&out.hidden[n_user * d..], keys))
+        Ok(rank_softmax(
+            &self.rank_logits(&out.hidden[n_user * d..], keys),
+        ))
     }
 
-    /// `softmax_i(⟨W_rank · norm(h_instr), k_i⟩ / √d)`.
-    fn rank_head<'k>(&self, h_instr: &[f32], keys: impl Iterator<Item = &'k [f32]>) -> Vec<f32> {
+    /// The ranking head's logits `⟨W_rank · norm(h_instr), k_i⟩ / √d`.
+    fn rank_logits<'k>(&self, h_instr: &[f32], keys: impl Iterator<Item = &'k [f32]>) -> Vec<f32> {
         let d = self.cfg.d_model;
         let mut hn = vec![0f32; d];
         rms_norm(h_instr, &self.ln_f, &mut hn);
@@ -446,18 +462,77 @@ impl GrModel {
             false,
         );
         let scale = 1.0 / (d as f32).sqrt();
-        let mut s: Vec<f32> = keys
-            .map(|k| k.iter().zip(&u).map(|(a, b)| a * b).sum::<f32>() * scale)
+        keys.map(|k| k.iter().zip(&u).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect()
+    }
+}
+
+/// The ranking scores of one request: the softmax of its candidates'
+/// logits ([`GrModel::rank_user_prefix_logits_batch`]), what
+/// [`GrModel::rank_user_prefix`] returns. A candidate whose logit is more
+/// than ~87 below the best gets a subnormal, more than ~104 below exactly
+/// 0, so order candidates by the logits, not by these.
+pub fn rank_softmax(logits: &[f32]) -> Vec<f32> {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut s: Vec<f32> = logits.iter().map(|v| (v - m).exp()).collect();
+    let sum: f32 = s.iter().sum();
+    s.iter_mut().for_each(|v| *v /= sum);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::rows;
+    use crate::config::ModelConfig;
+    use crate::kv_store::VecKvStore;
+
+    /// A model whose ranking head is scaled up until most candidates'
+    /// probabilities underflow: their logits still tell them apart, and the
+    /// scores are the logits' softmax, as [`GrModel::rank_user_prefix`]
+    /// returns them.
+    #[test]
+    fn logits_tell_apart_candidates_whose_probabilities_underflow() {
+        let cfg = ModelConfig::preset("small").unwrap();
+        let mut model = GrModel::new(cfg.clone(), 4);
+        model.w_rank.iter_mut().for_each(|w| *w *= 2000.0);
+        let d = cfg.d_model;
+        let mut store = VecKvStore::new(4, cfg.kv_block_floats());
+        let table: Vec<u32> = (0..4).collect();
+        model
+            .prefill(&mut store, &table, 0, &rows(20, d, 1))
+            .unwrap();
+        let cands = rows(40, d, 2);
+        let job = RankJob {
+            block_table: &table,
+            prefix_len: 20,
+            candidate_tokens: &cands,
+        };
+        let logits = model
+            .rank_user_prefix_logits_batch(&store, &[job])
+            .unwrap()
+            .pop()
+            .unwrap();
+        let scores = model.rank_user_prefix(&store, &table, 20, &cands).unwrap();
+        assert_eq!(scores, rank_softmax(&logits));
+        let underflowed: Vec<f32> = logits
+            .iter()
+            .zip(&scores)
+            .filter(|&(_, &p)| p == 0.0)
+            .map(|(&l, _)| l)
             .collect();
-        let m = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let sum: f32 = s
-            .iter_mut()
-            .map(|v| {
-                *v = (*v - m).exp();
-                *v
-            })
-            .sum();
-        s.iter_mut().for_each(|v| *v /= sum);
-        s
+        assert!(underflowed.len() >= 5, "{logits:?}");
+        let mut distinct = underflowed.clone();
+        distinct.sort_by(f32::total_cmp);
+        distinct.dedup();
+        assert_eq!(distinct.len(), underflowed.len(), "{underflowed:?}");
+        assert!(underflowed.iter().all(|l| l.is_finite()));
+    }
+
+    #[test]
+    fn rank_softmax_sums_to_one_and_keeps_the_order() {
+        let p = rank_softmax(&[1.0, 3.0, 2.0, -200.0]);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(p[1] > p[2] && p[2] > p[0] && p[3] == 0.0);
     }
 }

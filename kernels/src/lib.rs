@@ -32,7 +32,7 @@ pub use backend::{Backend, CpuBackend, MatMut, MatRef, Weight};
 pub use beam::{BeamHit, BeamKvBytes, BeamPrompt, BeamSearch, SID_STEPS, beam_kv_bytes};
 pub use config::ModelConfig;
 pub use error::KernelError;
-pub use forward::{ItemKvRef, PrefillJob, RankJob};
+pub use forward::{ItemKvRef, PrefillJob, RankJob, rank_softmax};
 pub use kv_store::{KvBlockStore, VecKvStore, kv_row};
 pub use model::GrModel;
 pub use ops::sum_rows;

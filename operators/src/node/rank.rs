@@ -3,7 +3,7 @@
 //! in batched model calls split over the node's lanes (with a retrieve
 //! group in a lane of its own when a step has one).
 
-use grflow_kernels::{BeamSearch, GrModel, KvBlockStore, PrefillJob, RankJob, flops};
+use grflow_kernels::{BeamSearch, GrModel, KvBlockStore, PrefillJob, RankJob, flops, rank_softmax};
 
 use super::embedding::EmbStats;
 use super::lanes;
@@ -46,8 +46,25 @@ struct Ready<'h> {
 /// [`ServingNode::resume_rank`] once the groups are committed.
 pub(super) struct Waiting<'h>(Vec<Ready<'h>>);
 
+/// A rank request's candidates as scored by the model.
+struct Scores {
+    /// What candidates are ordered by: monotone in the probabilities, but
+    /// never an underflowed tie (a logit ~104 below the best has
+    /// probability 0 in f32, and then position would decide).
+    logits: Vec<f32>,
+    /// What the response reports: the softmax of the logits.
+    probs: Vec<f32>,
+}
+
+impl Scores {
+    fn of_logits(logits: Vec<f32>) -> Self {
+        let probs = rank_softmax(&logits);
+        Self { logits, probs }
+    }
+}
+
 /// A rank request's scores or why its model work failed.
-type Scored = Result<Vec<f32>, ServeError>;
+type Scored = Result<Scores, ServeError>;
 
 /// What one lane computes.
 enum LaneJob<'a, 'h> {
@@ -268,9 +285,9 @@ impl ServingNode {
                         continue;
                     }
                 };
-                let order = top_k(&scores, self.params.top_k);
+                let order = top_k(&scores.logits, self.params.top_k);
                 let items = order.iter().map(|&i| w.req.candidates[i]).collect();
-                let top_scores = order.iter().map(|&i| scores[i]).collect();
+                let top_scores = order.iter().map(|&i| scores.probs[i]).collect();
                 let flops = self.rank_flops(&r.plan, prefix.reused, w.req.candidates.len());
                 let len = r.plan.history.len();
                 let virtual_ms = self.virtual_compute.as_ref().map(|v| {
@@ -320,9 +337,16 @@ impl ServingNode {
             if !reserved.is_empty() {
                 self.count_call(reserved.len());
             }
+            // Nothing is scored: every candidate 0 (the first top_k win).
             let scores = reserved
                 .iter()
-                .map(|(k, _)| Ok(vec![0.0; ready[*k].candidate_tokens.len() / d]))
+                .map(|(k, _)| {
+                    let zeros = vec![0.0; ready[*k].candidate_tokens.len() / d];
+                    Ok(Scores {
+                        logits: zeros.clone(),
+                        probs: zeros,
+                    })
+                })
                 .collect();
             let retrieved = sides
                 .iter()
@@ -395,7 +419,7 @@ impl ServingNode {
         let mut out = Vec::with_capacity(reserved.len());
         for (group, outcome) in groups.into_iter().zip(outcomes) {
             match outcome {
-                Ok(scores) => out.extend(scores.into_iter().map(Ok)),
+                Ok(logits) => out.extend(logits.into_iter().map(|l| Ok(Scores::of_logits(l)))),
                 Err(e) if group.len() == 1 => out.push(Err(e)),
                 Err(_) => out.extend(group.iter().map(|one| {
                     rank_group(
@@ -405,7 +429,7 @@ impl ServingNode {
                         self.memory.kv_store(),
                         std::slice::from_ref(one),
                     )
-                    .map(|mut s| s.pop().expect("one job, one result"))
+                    .map(|mut l| Scores::of_logits(l.pop().expect("one job, one result")))
                 })),
             }
         }
@@ -439,7 +463,8 @@ impl ServingNode {
 }
 
 /// Prefill then ranking of one group of reserved requests, in two batched
-/// model calls over `store` (the pool, or a lane's view of it).
+/// model calls over `store` (the pool, or a lane's view of it): each
+/// request's candidate logits.
 fn rank_group<S: KvBlockStore + ?Sized>(
     model: &GrModel,
     d: usize,
@@ -466,6 +491,108 @@ fn rank_group<S: KvBlockStore + ?Sized>(
     let model_err = |e: grflow_kernels::KernelError| ServeError::Model(e.to_string());
     model.prefill_batch(store, &prefills).map_err(model_err)?;
     model
-        .rank_user_prefix_batch(store, &ranks)
+        .rank_user_prefix_logits_batch(store, &ranks)
         .map_err(model_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+
+    use super::*;
+    use crate::node::test_params;
+
+    struct Catalog;
+
+    /// Item i has features (i mod 200, 7i mod 300): distinct below 600.
+    static FEATURES: std::sync::LazyLock<Vec<[u32; 2]>> =
+        std::sync::LazyLock::new(|| (0..600u32).map(|i| [i % 200, (i * 7) % 300]).collect());
+
+    impl ItemCatalog for Catalog {
+        fn feature_ids(&self, item: u32) -> Option<&[u32]> {
+            FEATURES.get(item as usize).map(|f| &f[..])
+        }
+    }
+
+    /// The seeded model of `test_params` with its ranking head `w_rank`
+    /// scaled by `by`: logits spread over hundreds, so many candidates'
+    /// softmax probabilities underflow to 0.
+    fn sharpened_model(by: f32) -> GrModel {
+        let p = test_params();
+        let bytes = GrModel::new(p.model.clone(), p.model_seed).to_safetensors();
+        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let owned: Vec<(String, Vec<usize>, Vec<u8>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                let mut data = view.data().to_vec();
+                if name == "w_rank" {
+                    for w in data.chunks_exact_mut(4) {
+                        let v = f32::from_le_bytes([w[0], w[1], w[2], w[3]]) * by;
+                        w.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                (name, view.shape().to_vec(), data)
+            })
+            .collect();
+        let views: Vec<(String, TensorView<'_>)> = owned
+            .iter()
+            .map(|(name, shape, data)| {
+                let view = TensorView::new(Dtype::F32, shape.clone(), data).unwrap();
+                (name.clone(), view)
+            })
+            .collect();
+        let out = safetensors::serialize(views, meta.metadata().clone()).unwrap();
+        GrModel::from_safetensors(&out).unwrap()
+    }
+
+    /// Candidates whose probabilities underflow to 0 still come back in
+    /// the order of their logits: the same order whichever order they
+    /// were sent in (ordered by probability they tied and kept their
+    /// positions, so reversing the request reversed them). The reported
+    /// scores stay the probabilities. Alone and in a batch alike.
+    #[test]
+    fn candidates_whose_probabilities_underflow_are_ordered_by_their_logits() {
+        let mut params = test_params();
+        params.top_k = 40;
+        params.shared_model = Some(Arc::new(sharpened_model(300.0)));
+        let cands: Vec<u32> = (0..40u32).map(|c| (c * 37 + 5) % 600).collect();
+        let rev: Vec<u32> = cands.iter().rev().copied().collect();
+        let history: Vec<u32> = (0..30u32).map(|h| (h * 13 + 400) % 600).collect();
+        let req = |req_id, candidates| RankRequest {
+            req_id,
+            user_id: req_id,
+            candidates,
+        };
+        let serve = |id, candidates| {
+            let mut node = ServingNode::new(id, params.clone()).unwrap();
+            node.serve(0, req(1, candidates), &history, &Catalog)
+                .unwrap()
+        };
+        let (a, b) = (serve(0, &cands), serve(1, &rev));
+        let zeros = a.scores.iter().filter(|&&p| p == 0.0).count();
+        assert!(zeros >= 3, "too few underflowed to test: {:?}", a.scores);
+        assert!(a.scores.iter().sum::<f32>() > 0.99, "{:?}", a.scores);
+        assert_eq!(a.items, b.items);
+        assert!(a.scores.windows(2).all(|w| w[0] >= w[1]));
+        // Both orders in one batch: the same answer as alone.
+        let mut node = ServingNode::new(2, params.clone()).unwrap();
+        let work = [
+            RankWork {
+                req: req(1, &cands),
+                history: &history,
+            },
+            RankWork {
+                req: req(2, &rev),
+                history: &history,
+            },
+        ];
+        let batched = node.serve_rank_batch(0, &work, &Catalog);
+        for served in batched {
+            assert_eq!(served.unwrap().items, a.items);
+        }
+    }
 }
