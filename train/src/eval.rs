@@ -5,7 +5,7 @@
 use grflow_kernels::history::HistoryCut;
 use std::time::Instant;
 
-use grflow_kernels::{GrModel, KvBlockStore, VecKvStore};
+use grflow_kernels::{GrModel, KvBlockStore, RankJob, VecKvStore};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{Dataset, eval_question};
@@ -56,24 +56,33 @@ impl Served {
             .collect()
     }
 
-    /// Softmax scores of `cands` for a user with `history` (cut to the
+    /// Ranking logits of `cands` for a user with `history` (cut to the
     /// model's `max_history` as serving cuts it, like
     /// [`crate::data::eval_question`]), as a served request computes them.
+    /// Serving orders candidates by these: their softmax, the scores a
+    /// response reports, is 0 for a logit ~104 below the best, which would
+    /// tie candidates that serving tells apart.
     pub fn rank(&mut self, history: &[u32], cands: &[u32]) -> Result<Vec<f32>, TrainError> {
         let h = self.cut.keep(history);
         let toks = self.tokens(h);
         self.model.prefill(&mut self.store, &self.table, 0, &toks)?;
         debug_assert!(self.store.block_floats() > 0);
         let c = self.tokens(cands);
-        Ok(self
+        let job = RankJob {
+            block_table: &self.table,
+            prefix_len: h.len(),
+            candidate_tokens: &c,
+        };
+        let mut logits = self
             .model
-            .rank_user_prefix(&self.store, &self.table, h.len(), &c)?)
+            .rank_user_prefix_logits_batch(&self.store, &[job])?;
+        Ok(logits.pop().unwrap_or_default())
     }
 
     /// The positive's standing among the whole catalog: `cands[0]` is the
     /// positive, the rest are ranked against it in chunks of `chunk`, each
-    /// chunk with the positive prepended. Softmax ratios within a chunk
-    /// are logit differences (the instruction never sees the candidates),
+    /// chunk with the positive prepended. A candidate's logit does not
+    /// depend on the others (the instruction never sees the candidates),
     /// so the count is the same for any chunk size.
     pub fn full_rank(
         &mut self,

@@ -68,7 +68,7 @@ fn trainer_forward_equals_kernels_forward() {
             }],
         };
         let ours = softmax(&logits(&p, &[seq], &CpuBackend::default()).unwrap()[0]);
-        let theirs = served.rank(&history, &cands).unwrap();
+        let theirs = grflow_kernels::rank_softmax(&served.rank(&history, &cands).unwrap());
         for (a, b) in ours.iter().zip(&theirs) {
             worst = worst.max((a - b).abs());
         }
@@ -209,10 +209,11 @@ fn weights_written_by_hand_in_the_documented_format_load_and_serve() {
     GrModel::from_safetensors(&bytes).unwrap();
     let tables = grflow_kernels::EmbeddingTables::from_safetensors(&cfg, &bytes).unwrap();
     assert_eq!(tables.row(0, 3).unwrap(), &[3.0; 8]);
-    let scores = Served::new(&p, 8)
+    let logits = Served::new(&p, 8)
         .unwrap()
         .rank(&[1, 2], &[0, 3, 4])
         .unwrap();
+    let scores = grflow_kernels::rank_softmax(&logits);
     assert!((scores.iter().sum::<f32>() - 1.0).abs() < 1e-5);
     // A table of the wrong width is named in the error.
     let mut wide = cfg.clone();

@@ -150,6 +150,33 @@ fn chunked_full_ranking_equals_unchunked() {
     }
 }
 
+/// A ranking head sharp enough that most probabilities underflow to 0:
+/// evaluation, like serving, orders by the logits, so the positive's
+/// standing has no ties that the probabilities would have made.
+#[test]
+fn evaluation_ranks_by_logits_where_probabilities_underflow() {
+    let data = planted(ITEMS, 40, SUCC, false, 5);
+    let cfg = tiny_config(1);
+    let mut p = Params::init(cfg.model.clone(), ITEMS, 1).unwrap();
+    p.w_rank.iter_mut().for_each(|w| *w *= 3000.0);
+    let mut served = Served::new(&p, cfg.max_history).unwrap();
+    let (mut underflowed, mut ties) = (0, 0);
+    for u in data.users.iter().take(20) {
+        let (h, t) = u.test().unwrap();
+        let mut cands = vec![t];
+        cands.extend((0..ITEMS as u32).filter(|&i| i != t && !u.has_seen(i)));
+        let logits = served.rank(h, &cands).unwrap();
+        let probs = grflow_kernels::rank_softmax(&logits);
+        underflowed += probs.iter().filter(|&&q| q == 0.0).count();
+        ties += served.full_rank(h, &cands, usize::MAX).unwrap().tied;
+    }
+    assert!(
+        underflowed > 100,
+        "the head is not sharp enough: {underflowed}"
+    );
+    assert_eq!(ties, 0, "distinct logits never tie");
+}
+
 #[test]
 fn a_seed_gives_the_same_model_and_resume_continues_it() {
     let data = planted(60, 120, 4, false, 2);
