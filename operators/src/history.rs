@@ -79,29 +79,6 @@ impl HistoryLimits {
         }
     }
 
-    /// Limits that cut no history shorter than any of `all` would, for a
-    /// decoder in front of nodes that may serve different models (during a
-    /// hot swap). All equal: those limits, so that the decoder's cut stays
-    /// the node's fixed point. Otherwise the longest limit of each task,
-    /// dropping item by item (`chunk` 1): the decoder then never drops an
-    /// item that a node would keep, whatever the node's own chunk, and each
-    /// node cuts again to its own limits. `None` when `all` is empty.
-    pub fn loosest(all: impl IntoIterator<Item = HistoryLimits>) -> Option<Self> {
-        let mut all = all.into_iter();
-        let first = all.next()?;
-        Some(all.fold(first, |acc, l| {
-            if acc == l {
-                acc
-            } else {
-                Self {
-                    rank: acc.rank.max(l.rank),
-                    retrieve: acc.retrieve.max(l.retrieve),
-                    chunk: 1,
-                }
-            }
-        }))
-    }
-
     pub fn limit(&self, task: Task) -> usize {
         match task {
             Task::Rank => self.rank,
@@ -123,6 +100,73 @@ impl HistoryLimits {
 /// Pages one request may pin on a pool of `pages` pages.
 pub fn pinnable_pages(pages: usize) -> usize {
     (pages as f64 * MAX_PIN_SHARE) as usize
+}
+
+/// What a decoder in front of nodes of several models drops (a hot swap
+/// leaves some nodes on the old model for a while, or for good when theirs
+/// failed): the most that every model's own cut drops, rounded down to a
+/// common multiple of their chunks. A node then cuts the rest exactly as
+/// it would have cut the whole history: its own drop is a multiple of its
+/// chunk and at least this one, so what remains for it to drop is a whole
+/// number of its chunks. One model alone: its own cut.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommonCut {
+    /// Distinct, in the order they came.
+    limits: Vec<HistoryLimits>,
+}
+
+impl CommonCut {
+    pub fn new(all: impl IntoIterator<Item = HistoryLimits>) -> Self {
+        let mut cut = Self { limits: Vec::new() };
+        for l in all {
+            cut.add(l);
+        }
+        cut
+    }
+
+    /// Adds a model's limits (once).
+    pub fn add(&mut self, limits: HistoryLimits) {
+        if !self.limits.contains(&limits) {
+            self.limits.push(limits);
+        }
+    }
+
+    pub fn limits(&self) -> &[HistoryLimits] {
+        &self.limits
+    }
+
+    /// How many of the oldest items a history of `len` items loses here
+    /// (none without limits).
+    pub fn dropped(&self, len: usize, task: Task) -> usize {
+        let Some(most) = self.limits.iter().map(|l| l.dropped(len, task)).min() else {
+            return 0;
+        };
+        // A model that keeps nothing drops whatever is left: any step.
+        let mut step = 1usize;
+        for l in &self.limits {
+            let limit = l.limit(task);
+            if limit == 0 {
+                continue;
+            }
+            let chunk = l.chunk.clamp(1, limit);
+            step = match (step / gcd(step, chunk)).checked_mul(chunk) {
+                Some(s) if s <= most => s,
+                // A step past what may go: nothing is dropped here.
+                _ => return 0,
+            };
+        }
+        most / step * step
+    }
+}
+
+impl From<HistoryLimits> for CommonCut {
+    fn from(limits: HistoryLimits) -> Self {
+        Self::new([limits])
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 #[cfg(test)]
@@ -213,8 +257,11 @@ mod tests {
         }
     }
 
+    /// Cut by the decoder, then by the node: the node's items are exactly
+    /// those of its own cut of the whole history, for every model and
+    /// length, and with one model the decoder's cut is that model's.
     #[test]
-    fn the_loosest_of_several_limits_never_drops_what_one_of_them_keeps() {
+    fn a_common_cut_then_a_nodes_own_cut_keep_what_the_nodes_cut_alone_keeps() {
         let block = 16;
         let a = HistoryLimits::new(&small(), 96).capped(50, block);
         let b = HistoryLimits::new(&small(), 96).capped(200, block);
@@ -223,18 +270,33 @@ mod tests {
             retrieve: 30,
             chunk: 7,
         };
-        assert_eq!(HistoryLimits::loosest([]), None);
-        // All agree: exactly those limits (chunk included).
-        assert_eq!(HistoryLimits::loosest([a, a, a]), Some(a));
-        let l = HistoryLimits::loosest([a, b, odd]).unwrap();
-        assert_eq!((l.rank, l.retrieve, l.chunk), (200, 200, 1));
-        for len in 0..600 {
-            for task in [Task::Rank, Task::Retrieve] {
-                for one in [a, b, odd] {
-                    assert!(l.dropped(len, task) <= one.dropped(len, task), "len {len}");
+        let none = HistoryLimits {
+            rank: 0,
+            retrieve: 0,
+            chunk: 1,
+        };
+        let sets: [&[HistoryLimits]; 5] = [&[a], &[a, b], &[a, b, odd], &[odd, none], &[b, a, a]];
+        let history: Vec<u32> = (0..600).collect();
+        for set in sets {
+            let common = CommonCut::new(set.iter().copied());
+            for len in 0..600 {
+                for task in [Task::Rank, Task::Retrieve] {
+                    let decoded = &history[common.dropped(len, task)..len];
+                    for one in set {
+                        assert_eq!(
+                            one.keep(decoded, task),
+                            one.keep(&history[..len], task),
+                            "{set:?}, len {len}, {task:?}"
+                        );
+                    }
+                    if let [one] = set {
+                        assert_eq!(common.dropped(len, task), one.dropped(len, task));
+                    }
                 }
             }
         }
+        assert_eq!(CommonCut::new([]).dropped(10, Task::Rank), 0);
+        assert_eq!(CommonCut::new([a, a]).limits(), &[a]);
     }
 
     #[test]

@@ -130,13 +130,13 @@ impl ModelRegistry {
         crate::ops::state().set_status_field("model_version", serde_json::json!(version));
     }
 
-    /// Node `node` took a model whose history limits are `limits`: the
-    /// sources cut inline histories to them from their next poll (see
-    /// [`ServedLimits`] while nodes disagree). Requests decoded before keep
-    /// the cut they got; the node cuts each to its own limits anyway.
-    pub fn note_history(&self, node: u32, limits: HistoryLimits) {
+    /// A node took a model whose history limits are `limits`: from their
+    /// next poll the sources keep at least what it keeps of an inline
+    /// history ([`ServedLimits`]). A request decoded before may have lost
+    /// items the new model would keep.
+    pub fn note_history(&self, limits: HistoryLimits) {
         if let Some(history) = &self.history {
-            history.set(node, limits);
+            history.note(limits);
         }
     }
 
@@ -271,19 +271,20 @@ mod tests {
 
     #[test]
     fn a_node_that_took_a_model_moves_the_sources_history_limits() {
+        use grflow_operators::history::Task;
         let limits = |max: usize| HistoryLimits {
             rank: max,
             retrieve: max,
             chunk: 4,
         };
-        let history = ServedLimits::new([0, 1], limits(8));
+        let history = ServedLimits::new(limits(8));
         let models = ModelRegistry::new(Box::new(|_: &str| Err("unused".into())))
             .with_history(history.clone());
-        models.note_history(0, limits(64));
-        models.note_history(1, limits(64));
-        assert_eq!(history.current(), limits(64));
+        assert_eq!(history.current().dropped(100, Task::Rank), 92);
+        models.note_history(limits(64));
+        assert_eq!(history.current().dropped(100, Task::Rank), 36);
         // Without a source to feed (replay), noting is harmless.
-        ModelRegistry::new(Box::new(|_: &str| Err("unused".into()))).note_history(0, limits(1));
+        ModelRegistry::new(Box::new(|_: &str| Err("unused".into()))).note_history(limits(1));
     }
 
     #[test]

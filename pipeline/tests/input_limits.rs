@@ -99,7 +99,7 @@ fn an_over_limit_request_leaves_every_cache_unchanged() {
     let limits = DecodeLimits {
         max_message_bytes: cfg.kafka.max_message_bytes,
         max_candidates: cfg.model.max_candidates,
-        history: node.history_limits(),
+        history: node.history_limits().into(),
     };
     assert_eq!(limits.max_candidates, 1_000, "the documented default");
     let before = snapshot(&node, &trace, &side);

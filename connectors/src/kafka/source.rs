@@ -810,7 +810,7 @@ mod tests {
             chunk,
         };
         let (old, new) = (limits(10, 4), limits(40, 8));
-        let served = ServedLimits::new([0], old);
+        let served = ServedLimits::new(old);
         let settings = SourceSettings {
             request_topic: "requests".into(),
             dead_letter_topic: "dead-letters".into(),
@@ -843,7 +843,7 @@ mod tests {
         assert_eq!((dropped, kept.as_slice()), (40, &history[40..]));
         // The node took a model that allows 40 items: 16 dropped (chunks
         // of 8), the 34 most recent kept, not the old model's 10.
-        served.set(0, new);
+        served.note(new);
         let (dropped, kept) = decoded(&settings);
         assert_eq!((dropped, kept.as_slice()), (16, &history[16..]));
         assert_eq!(new.keep(&history, Task::Rank), kept.as_slice());

@@ -4,7 +4,7 @@
 //! Requests are decoded field by field (not with a derive) so that a bad
 //! message names the field, array index and JSON type that were wrong.
 
-use grflow_operators::history::{HistoryLimits, Task};
+use grflow_operators::history::{CommonCut, HistoryLimits, Task};
 use grflow_traces::schema::Mode;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -19,14 +19,14 @@ pub const MAX_CANDIDATES: usize = 1_000;
 
 /// Bounds a request is held to while it is decoded, before any cache or
 /// model work: its size, its candidates, and the history it is served with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodeLimits {
     pub max_message_bytes: usize,
     /// More candidates than this is an error (`too_many_candidates`).
     pub max_candidates: usize,
-    /// Inline histories keep only their most recent items (as the node
-    /// would), so a long history never reaches a cache.
-    pub history: HistoryLimits,
+    /// Inline histories keep only their most recent items (at least what
+    /// the nodes keep), so a long history never reaches a cache.
+    pub history: CommonCut,
 }
 
 impl DecodeLimits {
@@ -35,7 +35,7 @@ impl DecodeLimits {
         Self {
             max_message_bytes,
             max_candidates: usize::MAX,
-            history: HistoryLimits::unbounded(),
+            history: HistoryLimits::unbounded().into(),
         }
     }
 }
@@ -653,7 +653,8 @@ mod tests {
                 rank: 10,
                 retrieve: 8,
                 chunk: 4,
-            },
+            }
+            .into(),
         }
     }
 

@@ -285,13 +285,12 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let side = job.side.clone();
     let nodes = job.nodes();
     // Every node starts with the same parameters, hence the same history
-    // limits; a model swap updates each node's (through `models`). Cluster
-    // mode: a process follows its own nodes, which take the same swaps as
-    // the others' (those cut again to their own limits anyway).
+    // limits; a node that takes another model adds its limits to what the
+    // sources cut with (through `models`, see `ServedLimits`).
     let history_limits = nodes
         .with_first(ServingNode::history_limits)
         .ok_or_else(|| ServeError::Config("run.workers must be >= 1".into()))?;
-    let served_history = ServedLimits::new(topo.local_workers().map(|n| n as u32), history_limits);
+    let served_history = ServedLimits::new(history_limits);
     let model_version = job.model_version.clone();
 
     if k.create_partitions > 0 {

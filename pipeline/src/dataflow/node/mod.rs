@@ -111,7 +111,7 @@ impl NodeParts {
                 models.note_serving(node.id(), node.model_version());
                 // The new model may allow longer histories than the one
                 // the sources started with.
-                models.note_history(node.id(), node.history_limits());
+                models.note_history(node.history_limits());
             }
             Err(e) => {
                 tracing::warn!(node = node.id(), time, path, "model swap failed: {e}");
