@@ -1,5 +1,6 @@
 //! Serving a `grflow train` model: `replay --model` returns the scores the
-//! train crate's eval path computes for the same request, carries the
+//! train crate's eval path computes for the same request (the softmax of
+//! its logits), carries the
 //! trained model_version, and refuses a model directory that does not fit
 //! the trace (exit code 2, naming the file and what differs).
 
@@ -62,7 +63,7 @@ fn replay_serves_the_scores_eval_computes_with_the_trained_model_version() {
         assert_eq!(r.model_version, m.json.model_version);
         let q = &reqs[&r.req_id];
         let history = &users[&q.user_id][..q.hist_len as usize];
-        let want = served.rank(history, &q.candidates).unwrap();
+        let want = grflow_kernels::rank_softmax(&served.rank(history, &q.candidates).unwrap());
         assert!(!r.items.is_empty());
         for (item, got) in r.items.iter().zip(&r.scores) {
             let at = q.candidates.iter().position(|c| c == item).unwrap();

@@ -1,6 +1,6 @@
 //! SASRec's evaluation protocol scored through the serving kernels: each
 //! test question is a served User-as-prefix request (history prefilled
-//! into paged KV blocks, candidates ranked by `rank_user_prefix`).
+//! into paged KV blocks, candidates ranked by their logits, as served).
 
 use grflow_kernels::history::HistoryCut;
 use std::time::Instant;
