@@ -65,10 +65,15 @@ impl<'h> Plan<'h> {
     }
 }
 
-/// The `k` best of `scores` (ties to the earlier index), as indexes.
+/// The `k` best of `scores` (ties to the earlier index), as indexes. A NaN
+/// ranks last: a broken score never wins.
 pub fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
+    let key = |i: usize| {
+        let s = scores[i];
+        if s.is_nan() { f32::NEG_INFINITY } else { s }
+    };
     let mut order: Vec<usize> = (0..scores.len()).collect();
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
     order.truncate(k);
     order
 }
@@ -127,5 +132,8 @@ mod tests {
         assert_eq!(top_k(&[0.1, 0.9, 0.5, 0.9], 3), vec![1, 3, 2]);
         assert_eq!(top_k(&[0.3], 5), vec![0]);
         assert!(top_k(&[], 2).is_empty());
+        // NaN (either sign) ranks with -inf, after every real score.
+        let nan = f32::NAN;
+        assert_eq!(top_k(&[nan, 0.5, -nan, -1e30], 4), vec![1, 3, 0, 2]);
     }
 }
