@@ -263,8 +263,10 @@ pub(super) struct MeanRow {
     pub(super) p99_reduction_vs_kv_emb_opt_mean: Option<f64>,
     pub(super) p99_reduction_vs_kv_emb_opt_min: Option<f64>,
     pub(super) p99_reduction_vs_kv_emb_opt_max: Option<f64>,
-    /// Seeds on which its P99 was below `static`'s (not for `static`).
+    /// Seeds on which its P99 was below `static`'s (not for `static`), of
+    /// `seeds_compared_with_static` (both runs comparable).
     pub(super) seeds_below_static: Option<usize>,
+    pub(super) seeds_compared_with_static: usize,
     pub(super) slo_satisfaction_min: f64,
     /// Over the seeds (`None`: the policy makes no decisions).
     pub(super) decision_us_p99_max: Option<f64>,
@@ -360,7 +362,10 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
                     continue;
                 }
                 p99.push(r.p99_ms);
-                reductions.extend(r.p99_reduction_vs_kv_emb_opt);
+                // Only against a reference run that compares too.
+                if find("kv-emb-opt").is_none_or(Row::comparable) {
+                    reductions.extend(r.p99_reduction_vs_kv_emb_opt);
+                }
                 gaps.extend(r.oracle_gap);
                 regrets.extend(r.p99_regret_ms);
                 star_stds.extend(r.alpha_star_std);
@@ -380,6 +385,7 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
                 p99_reduction_vs_kv_emb_opt_min: bound(f64::min),
                 p99_reduction_vs_kv_emb_opt_max: bound(f64::max),
                 seeds_below_static: (policy != "static" && with_static > 0).then_some(below_static),
+                seeds_compared_with_static: with_static,
                 slo_satisfaction_min: slo_min,
                 decision_us_p99_max: decision_max,
                 oracle_gap_mean: mean(&gaps),
@@ -475,7 +481,7 @@ pub(super) fn print_means(report: &SeedsReport) {
             None => "-".into(),
         };
         let below = m.seeds_below_static.map_or("-".to_string(), |n| {
-            format!("{n} of {}", m.seeds - m.seeds_not_comparable)
+            format!("{n} of {}", m.seeds_compared_with_static)
         });
         println!(
             "{:<8} {:<15} {:>10.4} {:>22} {:>13} {:>8.1}% {:>8} {:>10}",
@@ -644,9 +650,32 @@ mod tests {
         assert!((r - 0.15).abs() < 1e-12, "{r}");
         // Only seed 42 has both runs comparable.
         assert_eq!(smart.seeds_below_static, Some(1));
+        assert_eq!(smart.seeds_compared_with_static, 1);
         let fixed = &mean[0];
         assert_eq!((fixed.seeds, fixed.seeds_not_comparable), (3, 1));
         assert!((fixed.p99_ms_mean - 55.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_reduction_under_a_reference_run_that_does_not_compare_is_left_out() {
+        let mut reference = row("burst", "kv-emb-opt", 30.0, None);
+        reference.failed_requests = 1;
+        let per_seed = [
+            seed(
+                42,
+                vec![reference, row("burst", "smart", 40.0, Some(-0.33))],
+            ),
+            seed(
+                44,
+                vec![
+                    row("burst", "kv-emb-opt", 50.0, None),
+                    row("burst", "smart", 40.0, Some(0.2)),
+                ],
+            ),
+        ];
+        let smart = &mean_rows(&per_seed)[1];
+        assert_eq!((smart.seeds, smart.seeds_not_comparable), (2, 0));
+        assert_eq!(smart.p99_reduction_vs_kv_emb_opt_mean, Some(0.2));
     }
 
     #[test]
