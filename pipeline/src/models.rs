@@ -196,7 +196,9 @@ pub fn watch(
             match models.load(&dir) {
                 Ok(version) => {
                     tracing::info!(path = %dir, version, "watched model changed: swapping");
-                    seen = Some(now.version);
+                    // The version loaded, which the nodes will serve: the
+                    // link may have moved since `now` was read.
+                    seen = Some(version.clone());
                     refused = None;
                     submit(grflow_operators::node::NodeCommand::SwapModel { path: dir, version });
                 }
