@@ -50,12 +50,34 @@ struct TensorFile {
     fnv: String,
 }
 
+/// Writes `bytes` to `path` through a temporary file, on disk before the
+/// rename and the rename on disk before returning: after a power loss the
+/// path holds the old bytes or the new, never an empty file that a later
+/// step (state.json naming it, the old epoch's files removed) relies on.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
+    use std::io::Write;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).map_err(TrainError::io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(TrainError::io(path))
+    let mut f = std::fs::File::create(&tmp).map_err(TrainError::io(&tmp))?;
+    f.write_all(bytes).map_err(TrainError::io(&tmp))?;
+    f.sync_all().map_err(TrainError::io(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(TrainError::io(path))?;
+    sync_parent(path)
+}
+
+/// Makes a rename in `path`'s directory durable (a no-op where a directory
+/// cannot be opened for it).
+fn sync_parent(path: &Path) -> Result<(), TrainError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::File::open(dir) {
+        Ok(d) => d.sync_all().map_err(TrainError::io(dir)),
+        Err(_) => Ok(()),
+    }
 }
 
 fn hash(bytes: &[u8]) -> String {
@@ -94,8 +116,9 @@ impl Checkpoint {
         if let Ok(entries) = std::fs::read_dir(dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let ours =
-                    FILES.iter().any(|f| name.starts_with(f)) && name.ends_with(".safetensors");
+                // Also a `.tmp` left by a crash mid-write: as large as a file.
+                let ours = FILES.iter().any(|f| name.starts_with(f))
+                    && (name.ends_with(".safetensors") || name.ends_with(".safetensors.tmp"));
                 if ours && !keep.contains(&name.as_str()) {
                     let _ = std::fs::remove_file(e.path());
                 }

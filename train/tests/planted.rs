@@ -192,6 +192,12 @@ fn a_seed_gives_the_same_model_and_resume_continues_it() {
     one.max_epochs = 1;
     fit(&data, &one, None, Some(&dir), &mut Quiet).unwrap();
     let ck = grflow_train::checkpoint::Checkpoint::load(&dir).unwrap();
+    // A file left half-written by a crash is removed by the next save.
+    let leftover = dir.join("params-e0009.safetensors.tmp");
+    std::fs::write(&leftover, b"half").unwrap();
+    ck.save(&dir).unwrap();
+    assert!(!leftover.exists(), "a crash's temporary file stays");
+    let ck = grflow_train::checkpoint::Checkpoint::load(&dir).unwrap();
     let c = fit(&data, &cfg, Some(ck), None, &mut Quiet).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(
