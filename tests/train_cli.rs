@@ -207,3 +207,47 @@ fn train_and_eval_refuse_what_would_lose_or_mislabel_work() {
     fails_with(eval(&trace, &[]), "files hash to");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A trace whose semantic-ID codebook is not the default 256: the model is
+/// trained with the trace's codebook, so serving takes it (it refused the
+/// model, after the whole training, when the trainer kept 256).
+#[test]
+fn a_model_trained_on_a_small_codebook_trace_serves_it() {
+    let dir = tmp_dir("train-codebook");
+    let trace = dir.join("trace");
+    ok(grflow()
+        .args([
+            "gen-trace",
+            "--users",
+            "150",
+            "--items",
+            "400",
+            "--requests",
+            "200",
+            "--codebook-size",
+            "8",
+            "--out",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    let model = dir.join("model");
+    ok(grflow()
+        .args(["train", "--quiet", "--max-epochs", "1", "--trace"])
+        .arg(&trace)
+        .arg("--out")
+        .arg(&model)
+        .output()
+        .unwrap());
+    let out = ok(grflow()
+        .args(["replay", "--json", "--speed", "max", "--trace"])
+        .arg(&trace)
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap());
+    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["responses_out"], 200, "{summary}");
+    assert_eq!(summary["errors"], 0, "{summary}");
+    std::fs::remove_dir_all(&dir).ok();
+}

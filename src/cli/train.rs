@@ -147,6 +147,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .or(resume.as_ref().map(|c| c.state.config.seed))
         .unwrap_or(42);
     let mut cfg = TrainConfig::defaults(seed);
+    // Retrieve requests decode the trace's semantic IDs: serving refuses a
+    // model whose codebook differs.
+    if let Some(c) = data.codebook_size {
+        cfg.model.codebook_size = c;
+    }
     if let Some(e) = args.max_epochs {
         cfg.max_epochs = e;
     }

@@ -18,6 +18,9 @@ pub struct Dataset {
     /// The trace's item rows (item `i` is row `i`), written to the model
     /// directory as its item space.
     pub catalog: Vec<grflow_traces::Item>,
+    /// The trace's semantic-ID codebook size (from a trace; serving needs
+    /// the model's to match it).
+    pub codebook_size: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -127,6 +130,7 @@ impl Dataset {
             n_items,
             users,
             catalog,
+            codebook_size: None,
         })
     }
 
@@ -151,6 +155,23 @@ impl Dataset {
                 reason: "item ids are not the dense range 0..items".into(),
             });
         }
+        // Serving reads the trained row of item i at its table-0 feature id:
+        // refused now rather than after the training.
+        if let Some((row, it)) = side
+            .items
+            .iter()
+            .enumerate()
+            .find(|(_, it)| it.feature_ids.first() != Some(&it.item_id))
+        {
+            return Err(TrainError::Trace {
+                dir: dir.to_path_buf(),
+                reason: format!(
+                    "items.parquet row {row}: item {} has feature ids {:?}; a trained model \
+                     needs item i's first feature id to be i",
+                    it.item_id, it.feature_ids
+                ),
+            });
+        }
         let users = side_users
             .into_iter()
             .map(|u| User::new(u.user_id, u.items))
@@ -160,6 +181,7 @@ impl Dataset {
             reason: e.to_string(),
         })?;
         data.catalog = side.items;
+        data.codebook_size = Some(side.meta.codebook_size as usize);
         Ok(data)
     }
 
