@@ -326,8 +326,20 @@ pub fn fit(
             let seed = rng.random::<u64>();
             let (loss, g) = batch_grad(&ck.params, &seqs, cfg.threads, cfg.dropout, seed)?;
             if !loss.is_finite() {
+                // Epochs replay the same batches from (seed, epoch): a
+                // resume diverges again, so say what does not.
+                let done = ck.state.epochs_done;
+                let way_out = if done > 0 {
+                    format!(
+                        "; the checkpoint holds the {done} epochs before: --resume it with \
+                         --max-epochs {done} to write the best of them, or train again with \
+                         another --seed"
+                    )
+                } else {
+                    "; train again with another --seed".to_string()
+                };
                 return Err(TrainError::Invalid(format!(
-                    "loss became {loss} at epoch {epoch} step {} of {steps}",
+                    "loss became {loss} at epoch {epoch} step {} of {steps}{way_out}",
                     step + 1
                 )));
             }
