@@ -86,9 +86,12 @@ pub struct LiveControl {
 /// How often the live command source looks at its inbox.
 const LIVE_POLL: Duration = Duration::from_millis(20);
 
-/// Emits what arrives in the inbox at the source's current event time: the
-/// command applies between the requests read before it and those after.
-/// Its capability follows the source's, so it holds back nothing.
+/// Emits what arrives in the inbox at the source's current event time.
+/// Under `complete` release the command applies between the requests read
+/// before it and those after. Under `arrival` (serve's default) a node
+/// applies it between two steps: requests read before it but still queued
+/// at the node are served after it (by the new model, after a swap). Its
+/// capability follows the source's, so it holds back nothing.
 pub fn live_commands<'s>(
     scope: Scope<'s, u64>,
     live: LiveControl,
