@@ -295,16 +295,27 @@ impl NodeMemory {
     /// transfer completed, reading values from the host tier `host`.
     /// Returns how many rows were refilled.
     pub fn advance_refill(&mut self, now: u64, host: &dyn Fn(u16, u32) -> Vec<f32>) -> usize {
-        let mut n = 0;
+        self.advance_refill_rows(now, host).len()
+    }
+
+    /// [`Self::advance_refill`], returning the (table, row)s it placed. A
+    /// refill only fills free EMB slots and never evicts, so these rows are
+    /// the whole change to what the EMB cache holds.
+    pub fn advance_refill_rows(
+        &mut self,
+        now: u64,
+        host: &dyn Fn(u16, u32) -> Vec<f32>,
+    ) -> Vec<(u16, u32)> {
+        let mut placed = Vec::new();
         for tag in self.link.advance(now) {
             let Some((t, r)) = self.refill_rows.remove(&tag) else {
                 continue;
             };
             if self.emb.refill(&mut self.pool, t, r, &host(t, r)) {
-                n += 1;
+                placed.push((t, r));
             }
         }
-        n
+        placed
     }
 
     // ---- user-prefix KV ----

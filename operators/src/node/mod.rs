@@ -317,8 +317,9 @@ impl ServingNode {
     }
 
     /// Moves the EMB/KV boundary (HLEM §IV-B) now, after the last request
-    /// served. Shard residency is recounted so the next report tells the
-    /// router.
+    /// served. Shard residency is recounted when rows were evicted (and
+    /// counted row by row as the refill of a growing share lands), so the
+    /// next report tells the router.
     pub fn set_alpha(&mut self, alpha: f64) -> Result<BoundaryMove, ServeError> {
         self.set_alpha_at(alpha, 0)
     }
@@ -327,7 +328,12 @@ impl ServingNode {
     /// the event clock the refill it starts gets the link only from then.
     pub fn set_alpha_at(&mut self, alpha: f64, now_ms: u64) -> Result<BoundaryMove, ServeError> {
         let moved = self.memory.set_alpha(alpha, self.link_clock.at(now_ms))?;
-        self.recount_shards();
+        // Only evictions change which rows are cached: growing the EMB
+        // share adds free slots (its refill is counted row by row as it
+        // lands) and compaction moves rows without dropping them.
+        if moved.emb_rows_evicted > 0 {
+            self.recount_shards();
+        }
         if moved.pages_to_emb != 0 {
             let c = &mut self.counters;
             c.alpha_moves += 1;
@@ -433,14 +439,20 @@ impl ServingNode {
     }
 
     /// Lets background refill (after an α move) use the idle link up to now.
+    /// A refill only fills free EMB slots (it never evicts), so each row it
+    /// placed is counted into its shard; no full recount.
     fn refill(&mut self) {
         let now = self.link_clock.now_ns();
         let host = &self.host;
-        let refilled = self
+        let placed = self
             .memory
-            .advance_refill(now, &|t, r| host.row(t, r).to_vec());
-        if refilled > 0 {
-            self.recount_shards();
+            .advance_refill_rows(now, &|t, r| host.row(t, r).to_vec());
+        for (table, row) in placed {
+            // The OOV row stands for no item and is not counted (as in
+            // `Lookup::item_tokens` and `recount_shards`).
+            if row != host.oov_row(table) {
+                self.residency.count_row(&self.params.shards, table, row, 1);
+            }
         }
     }
 
@@ -553,12 +565,155 @@ impl ServingNode {
     }
 
     /// Recounts resident rows of every shard ever seen (after the EMB share
-    /// changed under the counters: boundary moves and refill).
+    /// lost rows under the counters: boundary moves that evict, reclaims,
+    /// model swaps). Refill is counted row by row instead (`refill`).
     fn recount_shards(&mut self) {
         let (memory, host) = (&self.memory, &self.host);
         // A table's last shard may reach its OOV row, which is not counted.
         self.residency.recount(&self.params.shards, |t, r| {
             r != host.oov_row(t) && memory.emb_contains(t, r)
         });
+    }
+}
+
+#[cfg(test)]
+mod refill_tests {
+    use super::*;
+    use grflow_kernels::cost::CostModel;
+
+    struct Catalog;
+
+    /// Item i < 600 has features (i mod 200, 7i mod 300); later items are
+    /// unknown (each table's OOV row).
+    static FEATURES: std::sync::LazyLock<Vec<[u32; 2]>> =
+        std::sync::LazyLock::new(|| (0..600u32).map(|i| [i % 200, (i * 7) % 300]).collect());
+
+    impl ItemCatalog for Catalog {
+        fn feature_ids(&self, item: u32) -> Option<&[u32]> {
+            FEATURES.get(item as usize).map(|f| &f[..])
+        }
+    }
+
+    /// Cached rows of every shard of the map, counted from the cache
+    /// itself (not from what the residency counters hold).
+    fn cached_per_shard(node: &ServingNode) -> Vec<u32> {
+        let shards = &node.params.shards;
+        (0..shards.num_shards())
+            .map(|s| {
+                let (t, rows) = shards.rows_of(s);
+                rows.filter(|&r| r != node.host.oov_row(t) && node.memory.emb_contains(t, r))
+                    .count() as u32
+            })
+            .collect()
+    }
+
+    fn counted_per_shard(node: &ServingNode) -> Vec<u32> {
+        let shards = &node.params.shards;
+        (0..shards.num_shards())
+            .map(|s| node.residency.shard_rows(s))
+            .collect()
+    }
+
+    /// A node on the event clock whose EMB share was emptied and grown
+    /// back: a slow background refill of the evicted rows is under way.
+    fn node_refilling() -> ServingNode {
+        let mut params = test_params();
+        // 256-byte rows at 1 MB/s: a row lands every ~0.26 ms of event time.
+        params.link.refill_bytes_per_s = 1e6;
+        let mut node = ServingNode::new(0, params).unwrap();
+        node.set_virtual(CostModel::given("small", 8, 8));
+        let candidates: Vec<u32> = (0..20).collect();
+        // Every item of the catalogue once, and an unknown item (OOV rows).
+        for (i, chunk) in (0..600u32).collect::<Vec<_>>().chunks(60).enumerate() {
+            let mut history = chunk.to_vec();
+            history.push(10_000);
+            let req = RankRequest {
+                req_id: i as u64,
+                user_id: i as u64,
+                candidates: &candidates,
+            };
+            node.serve(i as u64, req, &history, &Catalog).unwrap();
+        }
+        assert!(node.memory.stats().emb_rows > 400);
+        let shrunk = node.set_alpha_at(0.0, 10).unwrap();
+        assert!(shrunk.emb_rows_evicted > 0);
+        let grown = node.set_alpha_at(0.5, 10).unwrap();
+        assert!(grown.refill_rows > 400, "{grown:?}");
+        node
+    }
+
+    /// Rows placed by the refill are counted one by one: after any part
+    /// of it has landed the counters equal what the cache holds, shard by
+    /// shard, and a full recount would change nothing (the same report).
+    #[test]
+    fn refilled_rows_are_counted_as_a_full_recount_would() {
+        let mut node = node_refilling();
+        let candidates: Vec<u32> = (500..520).collect();
+        let mut landed = Vec::new();
+        for t in 0..40u64 {
+            let before = node.memory.stats().emb_rows;
+            // Serving looks rows up too (and caches its misses).
+            let history = [t as u32 * 3, 599 - t as u32, 20_000];
+            let req = RankRequest {
+                req_id: 100 + t,
+                user_id: 100 + t,
+                candidates: &candidates,
+            };
+            node.serve(11 + t * 2, req, &history, &Catalog).unwrap();
+            landed.push(node.memory.stats().emb_rows - before);
+            assert_eq!(counted_per_shard(&node), cached_per_shard(&node), "t={t}");
+        }
+        assert!(
+            landed.iter().filter(|&&n| n > 4).count() > 10,
+            "the refill lands while requests are served: {landed:?}"
+        );
+        let mut recounted = node.residency.clone();
+        let (memory, host) = (&node.memory, &node.host);
+        recounted.recount(&node.params.shards, |t, r| {
+            r != host.oov_row(t) && memory.emb_contains(t, r)
+        });
+        let threshold = 8.0;
+        let (mut a, mut b) = (NodeReport::default(), NodeReport::default());
+        node.residency.report_shards(threshold, &mut a);
+        recounted.report_shards(threshold, &mut b);
+        assert!(!a.shards_added.is_empty());
+        assert_eq!(a, b);
+    }
+
+    /// Serving requests while a refill lands makes no full recount; only
+    /// a boundary move that evicts (and a model swap) does.
+    #[test]
+    fn serving_during_a_refill_makes_no_full_recount() {
+        let mut node = node_refilling();
+        let recounts = node.residency.recounts();
+        let rows_before = node.memory.stats().emb_rows;
+        let candidates: Vec<u32> = (0..10).collect();
+        let history: Vec<u32> = (300..310).collect();
+        let work: Vec<RankWork<'_>> = (0..8)
+            .map(|i| RankWork {
+                req: RankRequest {
+                    req_id: 200 + i,
+                    user_id: 200 + i,
+                    candidates: &candidates,
+                },
+                history: &history,
+            })
+            .collect();
+        for t in 0..30u64 {
+            for out in node.serve_rank_batch(20 + t, &work, &Catalog) {
+                out.unwrap();
+            }
+        }
+        assert!(node.memory.stats().emb_rows > rows_before + 50);
+        assert_eq!(node.residency.recounts(), recounts, "no full recount");
+        assert_eq!(counted_per_shard(&node), cached_per_shard(&node));
+        // Growing the share evicts nothing: no recount either.
+        node.set_alpha_at(0.75, 60).unwrap();
+        assert_eq!(node.residency.recounts(), recounts);
+        // Shrinking it evicts: recounted.
+        let moved = node.set_alpha_at(0.0, 60).unwrap();
+        assert!(moved.emb_rows_evicted > 0);
+        assert_eq!(node.residency.recounts(), recounts + 1);
+        assert_eq!(counted_per_shard(&node), cached_per_shard(&node));
     }
 }

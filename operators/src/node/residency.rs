@@ -18,6 +18,8 @@ pub struct Residency {
     users_reported: HashSet<u64>,
     /// Reports made so far (each report's `seq`).
     reports: u64,
+    /// Full recounts made so far (each walks every row of every shard).
+    recounts: u64,
 }
 
 impl Residency {
@@ -25,6 +27,16 @@ impl Residency {
     pub fn next_seq(&mut self) -> u64 {
         self.reports += 1;
         self.reports
+    }
+
+    /// Full recounts made so far ([`Self::recount`]).
+    pub fn recounts(&self) -> u64 {
+        self.recounts
+    }
+
+    /// Cached rows of `shard` as counted now (0 for a shard never touched).
+    pub fn shard_rows(&self, shard: ShardId) -> u32 {
+        self.shard_rows.get(&shard).copied().unwrap_or(0)
     }
 
     /// A row of (`table`, `row`) entered (`delta` 1) or left (-1) the EMB cache.
@@ -36,8 +48,9 @@ impl Residency {
     }
 
     /// Recounts every shard ever seen with `cached` (after the EMB share
-    /// changed under the counters: boundary moves and refill).
+    /// lost rows under the counters: boundary moves that evict, model swaps).
     pub fn recount(&mut self, shards: &ShardMap, cached: impl Fn(u16, u32) -> bool) {
+        self.recounts += 1;
         for (&shard, count) in self.shard_rows.iter_mut() {
             let (table, rows) = shards.rows_of(shard);
             *count = rows.filter(|&r| cached(table, r)).count() as u32;
