@@ -1,6 +1,9 @@
 //! Deadline shedding: under overload a node answers requests that waited
 //! past their deadline with an error instead of spending compute on them.
-//! Expired requests are taken out of a batch before any of it is served.
+//! Expired requests are taken out of a batch before any of it is served,
+//! and swept out of a node's whole queue before the next batch is formed
+//! ([`DeadlineShedder::sweep`]), so a backlog of expired requests is
+//! answered at once rather than one batch's worth per step.
 //!
 //! Two limits: the time since the job admitted a request (`kafka.deadline_ms`)
 //! and, optionally, its age since the producer stamped it
@@ -9,6 +12,7 @@
 //! serves its whole backlog at full cost, answers nobody waits for any
 //! more, and stays behind for as long again.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 /// When a request entered the job, and whether it may be shed.
@@ -35,6 +39,17 @@ pub enum DeadlineCheck {
     /// Older than the age limit since the producer stamped it: answered
     /// with a `stale` error record.
     Stale { age_ms: f64, max_age_ms: u128 },
+}
+
+impl DeadlineCheck {
+    /// Whether the request is answered with an error record (`Shed` or
+    /// `Stale`) instead of served.
+    pub fn sheds(&self) -> bool {
+        matches!(
+            self,
+            DeadlineCheck::Shed { .. } | DeadlineCheck::Stale { .. }
+        )
+    }
 }
 
 /// A batch after shedding: what to serve (with its check, `Serve` or
@@ -103,13 +118,53 @@ impl DeadlineShedder {
         };
         for request in batch {
             let check = self.check(&request, now_ns);
-            match check {
-                DeadlineCheck::Shed { .. } | DeadlineCheck::Stale { .. } => {
-                    out.shed.push((request, check))
-                }
-                _ => out.serve.push((request, check)),
+            if check.sheds() {
+                out.shed.push((request, check));
+            } else {
+                out.serve.push((request, check));
             }
         }
+        out
+    }
+
+    /// Whether this policy can shed anything at all (replays set neither
+    /// limit).
+    pub fn sheds_any(&self) -> bool {
+        self.limit.is_some() || self.max_age.is_some()
+    }
+
+    /// Takes every request of `queue` that would be shed at wall time
+    /// `now_ns` out of it, with its check ([`Self::check`], the same
+    /// verdict [`Self::split`] gives), in queue order; the rest keep their
+    /// order. `request` finds the request in a queue entry. The queue is
+    /// rebuilt only when something is shed.
+    pub fn sweep<T, R: Deadlined>(
+        &self,
+        queue: &mut VecDeque<T>,
+        now_ns: u64,
+        request: impl Fn(&T) -> &R,
+    ) -> Vec<(T, DeadlineCheck)> {
+        if !self.sheds_any() {
+            return Vec::new();
+        }
+        let checks: Vec<DeadlineCheck> = queue
+            .iter()
+            .map(|t| self.check(request(t), now_ns))
+            .collect();
+        let shed = checks.iter().filter(|c| c.sheds()).count();
+        if shed == 0 {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(shed);
+        let mut kept = VecDeque::with_capacity(queue.len() - shed);
+        for (item, check) in queue.drain(..).zip(checks) {
+            if check.sheds() {
+                out.push((item, check));
+            } else {
+                kept.push_back(item);
+            }
+        }
+        *queue = kept;
         out
     }
 }
@@ -207,6 +262,51 @@ mod tests {
         // Without a deadline nothing is shed.
         let all = DeadlineShedder::new(None).split(vec![req(6, 0, false)], u64::MAX);
         assert_eq!((all.serve.len(), all.shed.len()), (1, 0));
+    }
+
+    #[test]
+    fn sweep_takes_every_expired_request_out_of_the_queue_as_split_would() {
+        let shedder = DeadlineShedder::new(Some(Duration::from_millis(10)))
+            .with_max_age(Some(Duration::from_millis(1_000)));
+        let now = 2_000_000_000; // 2 s
+        let mut stale = req(6, now - 1_000_000, false);
+        stale.produced_ms = 500; // 1.5 s old
+        let make = |stale: Req| {
+            VecDeque::from(vec![
+                (10, req(1, now - 5_000_000, false)),  // 5 ms: kept
+                (10, req(2, now - 50_000_000, false)), // shed
+                (11, req(3, now - 60_000_000, true)),  // recovered: kept
+                (11, req(4, now - 11_000_000, false)), // shed
+                (12, req(5, now - 10_000_000, false)), // exactly 10 ms: kept
+                (12, stale),                           // stale
+            ])
+        };
+        let mut queue = make(stale);
+        let swept = shedder.sweep(&mut queue, now, |(_, r)| r);
+        let swept_ids: Vec<u32> = swept.iter().map(|((_, r), _)| r.id).collect();
+        let kept_ids: Vec<u32> = queue.iter().map(|(_, r)| r.id).collect();
+        assert_eq!(swept_ids, vec![2, 4, 6]);
+        assert_eq!(kept_ids, vec![1, 3, 5]);
+        // The same verdicts `split` gives the same requests.
+        let mut again = req(6, now - 1_000_000, false);
+        again.produced_ms = 500;
+        let split = shedder.split(make(again).into_iter().map(|(_, r)| r).collect(), now);
+        let checks: Vec<DeadlineCheck> = swept.iter().map(|(_, c)| *c).collect();
+        assert_eq!(
+            checks,
+            split.shed.iter().map(|(_, c)| *c).collect::<Vec<_>>()
+        );
+        assert!(matches!(checks[2], DeadlineCheck::Stale { .. }));
+        // Nothing expired, or no limits: the queue is left as it is.
+        assert!(shedder.sweep(&mut queue, now, |(_, r)| r).is_empty());
+        assert_eq!(queue.len(), 3);
+        let mut all = make(req(7, 0, false));
+        assert!(
+            DeadlineShedder::default()
+                .sweep(&mut all, u64::MAX, |(_, r)| r)
+                .is_empty()
+        );
+        assert_eq!(all.len(), 6);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! A serving node in the dataflow: requests arrive exchanged by the
 //! router's chosen node, commands arrive on the control input addressed to
-//! it. Expired requests are shed before a batch is served; the rest are
-//! served in (ts, user, req_id) order, then the node reports residency and
-//! load. When a batch is handed over is the release policy's business.
+//! it. Expired requests are shed before a batch is formed (the whole
+//! queue is swept) and again when a batch starts; the rest are served in
+//! (ts, user, req_id) order, then the node reports residency and load.
+//! When a batch is handed over is the release policy's business.
 //!
 //! In `arrival` mode a step runs on the node's compute thread while the
 //! worker goes on admitting and routing: a request due during a long step
@@ -211,15 +212,39 @@ impl EventOperator for NodeParts {
             return Step::Idle;
         }
         let now = (self.wall_ns)();
-        let view: Vec<Queued> = queue
-            .iter()
-            .map(|(_, r)| queued(r, now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6))
-            .collect();
-        let (retrieve, rank) = match self.batch.next(&view) {
-            Next::Nothing => return Step::Idle,
-            Next::Wait(ms) => return Step::After(Duration::from_secs_f64(ms / 1e3)),
-            Next::Serve { retrieve, rank } => (retrieve, rank),
+        // Everything expired is answered now, however deep in the queue:
+        // the batch policy sees only requests that are still served.
+        let swept = self.sweep_expired(queue, now);
+        let next = if queue.is_empty() {
+            Next::Nothing
+        } else {
+            let view: Vec<Queued> = queue
+                .iter()
+                .map(|(_, r)| queued(r, now.saturating_sub(r.admitted.admitted_ns) as f64 / 1e6))
+                .collect();
+            self.batch.next(&view)
         };
+        let (retrieve, rank) = match next {
+            Next::Serve { retrieve, rank } => (retrieve, rank),
+            wait_or_nothing => {
+                // No step follows to report what the sweep finished: the
+                // sweep reports itself, as a step of shed requests would.
+                if let Some((times, outs)) = swept {
+                    let queued = queued_by_replica(queue);
+                    self.finish_step(times, outs, now, queued, out);
+                }
+                return match wait_or_nothing {
+                    Next::Wait(ms) => Step::After(Duration::from_secs_f64(ms / 1e3)),
+                    _ => Step::Idle,
+                };
+            }
+        };
+        // The step's report carries the tokens the sweep finished.
+        if let Some((times, outs)) = swept {
+            for (time, events) in times.into_iter().zip(outs) {
+                out.extend(events.into_iter().map(|e| (time, e)));
+            }
+        }
         let mut take = vec![false; queue.len()];
         for i in rank.into_iter().chain(retrieve) {
             take[i] = true;
@@ -293,6 +318,37 @@ impl NodeParts {
             shedder: self.shedder,
             wall_ns: self.wall_ns,
         }
+    }
+
+    /// Takes every request of `queue` that is past its deadline or age
+    /// limit at wall time `now` out of it and answers each as a batch
+    /// would ([`StepCtx::answer_shed`]: its error record and failed sample,
+    /// in (ts, user, req_id) order; its tokens booked as finished). The
+    /// times answered at and their outputs (slot i at `times[i]`), or
+    /// `None` when nothing expired.
+    fn sweep_expired(
+        &mut self,
+        queue: &mut VecDeque<(u64, Routed)>,
+        now: u64,
+    ) -> Option<(Vec<u64>, Vec<Vec<NodeEvent>>)> {
+        let mut swept = self.shedder.sweep(queue, now, |(_, r)| r);
+        if swept.is_empty() {
+            return None;
+        }
+        // In `begin_step`'s order already (its sort is stable), so that
+        // each request stays beside its check.
+        swept.sort_by_key(|((_, r), _)| {
+            let r = &r.admitted.request;
+            (r.ts_ms, r.user_id, r.req_id)
+        });
+        let (items, checks): (Vec<_>, Vec<_>) = swept.into_iter().unzip();
+        let (times, slotted) = self.begin_step(items);
+        let mut outs: Vec<Vec<NodeEvent>> = times.iter().map(|_| Vec::new()).collect();
+        let ctx = self.ctx();
+        for (s, check) in slotted.iter().zip(checks) {
+            ctx.answer_shed(s, check, &mut outs[s.slot]);
+        }
+        Some((times, outs))
     }
 
     /// Reports, books the busy time and hands a step's outputs on, each
@@ -374,9 +430,20 @@ impl NodeParts {
             .flat_map(|(time, batch)| batch.into_iter().map(move |r| (time, r)))
             .collect();
         let (times, all) = self.begin_step(items);
+        let ctx = self.ctx();
+        // What expired already is answered before the steps are formed, so
+        // that it takes no place in a batch.
+        let all: Vec<Slotted> = if self.shedder.sheds_any() {
+            let split = self.shedder.split(all, busy_since);
+            for (s, check) in &split.shed {
+                ctx.answer_shed(s, *check, &mut out[s.slot]);
+            }
+            split.serve.into_iter().map(|(s, _)| s).collect()
+        } else {
+            all
+        };
         let view: Vec<Queued> = all.iter().map(|s| queued(&s.routed, 0.0)).collect();
         let steps = self.batch.steps(&view);
-        let ctx = self.ctx();
         let oracle = self.oracle.as_ref();
         let mut all: Vec<Option<Slotted>> = all.into_iter().map(Some).collect();
         let mut take = |indices: Vec<usize>| -> Vec<Slotted> {
@@ -658,5 +725,138 @@ mod tests {
         // One rank batch and one retrieve group.
         assert_eq!(grouped_calls, 2);
         assert_eq!(grouped, alone);
+    }
+
+    /// What one `on_queue` call answered: served req_ids in order, shed
+    /// req_ids, failed samples, reports.
+    #[derive(Debug, Default)]
+    struct Answered {
+        served: Vec<u64>,
+        shed: Vec<u64>,
+        failed_samples: usize,
+        reports: usize,
+    }
+
+    fn answered(out: &[(u64, NodeEvent)]) -> Answered {
+        let mut a = Answered::default();
+        for (time, event) in out {
+            assert_eq!(*time, 5, "answered at the request's time");
+            match event {
+                NodeEvent::Response(r) => a.served.push(r.0.req_id),
+                NodeEvent::Error(e) if e.1 == ErrorKind::Shed => {
+                    assert!(e.0.reason.starts_with("shed: waited "), "{}", e.0.reason);
+                    assert!(e.0.reason.ends_with("past the deadline of 10000 ms"));
+                    a.shed.push(e.0.req_id.unwrap());
+                }
+                NodeEvent::Error(e) => panic!("unexpected error {:?}", e.0),
+                NodeEvent::Telemetry(t) if t.sample.failed => a.failed_samples += 1,
+                NodeEvent::Report(_) => a.reports += 1,
+                _ => {}
+            }
+        }
+        a
+    }
+
+    /// A 10 s deadline, the clock at 100 s and each request admitted at 0
+    /// (expired) or at 100 s (live) by `expired(i)`; one request a batch.
+    fn arrival_queue(
+        n: u64,
+        expired: impl Fn(usize) -> bool,
+    ) -> (NodeParts, VecDeque<(u64, Routed)>) {
+        NOW_NS.with(|t| t.set(100_000_000_000));
+        let (mut parts, routed) = setup(n);
+        parts.shedder = DeadlineShedder::new(Some(Duration::from_secs(10)));
+        let queue = routed
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut r)| {
+                r.admitted.admitted_ns = if expired(i) { 0 } else { 100_000_000_000 };
+                (5, r)
+            })
+            .collect();
+        (parts, queue)
+    }
+
+    /// A backlog of expired requests is answered in one activation, not
+    /// one batch's worth per step: no model call, one report carrying all
+    /// their tokens as finished.
+    #[test]
+    fn a_backlog_of_expired_requests_is_answered_in_one_activation() {
+        let (mut parts, mut queue) = arrival_queue(40, |_| true);
+        let tokens: f64 = queue.iter().map(|(_, r)| r.tokens as f64).sum();
+        let ids: Vec<u64> = queue
+            .iter()
+            .map(|(_, r)| r.admitted.request.req_id)
+            .collect();
+        let mut out = Vec::new();
+        let step = parts.on_queue(&mut queue, &mut out);
+        assert!(matches!(step, Step::Idle));
+        assert!(queue.is_empty());
+        let a = answered(&out);
+        assert!(a.served.is_empty());
+        let (mut shed, mut want) = (a.shed.clone(), ids);
+        shed.sort();
+        want.sort();
+        assert_eq!(shed, want, "each answered once");
+        assert_eq!(a.failed_samples, 40);
+        assert_eq!(a.reports, 1);
+        assert_eq!(parts.completed_tokens.iter().sum::<f64>(), tokens);
+        assert_eq!(lock(&parts.node).counters().model_calls, 0);
+    }
+
+    /// Expired and live requests mixed: the first activation answers every
+    /// expired one; the live ones are served in queue order, one step each
+    /// (none spent on an expired request).
+    #[test]
+    fn expired_requests_are_swept_and_live_ones_served_in_order() {
+        let (mut parts, mut queue) = arrival_queue(30, |i| i % 3 != 0);
+        let live: Vec<u64> = queue
+            .iter()
+            .filter(|(_, r)| r.admitted.admitted_ns > 0)
+            .map(|(_, r)| r.admitted.request.req_id)
+            .collect();
+        assert_eq!(live.len(), 10);
+        let mut first = Vec::new();
+        let mut step = parts.on_queue(&mut queue, &mut first);
+        let a = answered(&first);
+        assert_eq!(a.shed.len(), 20);
+        assert_eq!(a.failed_samples, 20);
+        assert_eq!(a.served, live[..1], "and the first live batch");
+        assert_eq!(a.reports, 1, "one report, the step's");
+        let mut served = a.served;
+        let mut steps = 1;
+        while matches!(step, Step::Again) {
+            let mut out = Vec::new();
+            step = parts.on_queue(&mut queue, &mut out);
+            let a = answered(&out);
+            assert!(a.shed.is_empty() && a.failed_samples == 0);
+            served.extend(a.served);
+            steps += 1;
+        }
+        assert!(matches!(step, Step::Idle));
+        assert_eq!(served, live);
+        assert_eq!(steps, live.len());
+        assert_eq!(lock(&parts.node).counters().responses, 10);
+    }
+
+    /// In complete mode what expired before the activation is answered
+    /// before the steps are formed: the live requests' steps are theirs.
+    #[test]
+    fn complete_mode_sheds_what_expired_before_forming_steps() {
+        let (mut parts, queue) = arrival_queue(12, |i| i % 2 == 0);
+        // Room for the live requests exactly: an expired request in a
+        // batch would push a live one into another.
+        parts.batch.max_tokens = queue
+            .iter()
+            .filter(|(_, r)| r.admitted.admitted_ns > 0)
+            .map(|(_, r)| r.tokens as usize)
+            .sum();
+        let routed: Vec<Routed> = queue.into_iter().map(|(_, r)| r).collect();
+        let mut out = [Vec::new()];
+        parts.serve_all(vec![(5, routed)], &mut out);
+        let tagged: Vec<(u64, NodeEvent)> = out[0].drain(..).map(|e| (5, e)).collect();
+        let a = answered(&tagged);
+        assert_eq!((a.served.len(), a.shed.len()), (6, 6));
+        assert_eq!(lock(&parts.node).counters().model_calls, 1, "one batch");
     }
 }

@@ -71,32 +71,37 @@ impl StepCtx {
     ) -> Vec<(Slotted, bool)> {
         let split = self.shedder.split(batch, (self.wall_ns)());
         for (s, check) in split.shed {
-            let (kind, reason) = match check {
-                DeadlineCheck::Shed {
-                    waited_ms,
-                    deadline_ms,
-                } => (
-                    ErrorKind::Shed,
-                    format!(
-                        "shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms"
-                    ),
-                ),
-                DeadlineCheck::Stale { age_ms, max_age_ms } => (
-                    ErrorKind::Stale,
-                    format!(
-                        "stale: produced {age_ms:.0} ms ago (its ts_ms), past kafka.max_age_ms = \
-                         {max_age_ms}"
-                    ),
-                ),
-                _ => unreachable!("only shed requests are here"),
-            };
-            self.fail(&s, false, reason, kind, &mut out[s.slot]);
+            self.answer_shed(&s, check, &mut out[s.slot]);
         }
         split
             .serve
             .into_iter()
             .map(|(s, check)| (s, matches!(check, DeadlineCheck::ServeRecovered { .. })))
             .collect()
+    }
+
+    /// Answers `s`, which `check` sheds (`Shed` or `Stale`), with its error
+    /// record and a failed sample: the one way an expired request is
+    /// answered, whether a batch or a sweep of the queue found it.
+    pub(super) fn answer_shed(&self, s: &Slotted, check: DeadlineCheck, out: &mut Vec<NodeEvent>) {
+        let (kind, reason) = match check {
+            DeadlineCheck::Shed {
+                waited_ms,
+                deadline_ms,
+            } => (
+                ErrorKind::Shed,
+                format!("shed: waited {waited_ms:.1} ms, past the deadline of {deadline_ms} ms"),
+            ),
+            DeadlineCheck::Stale { age_ms, max_age_ms } => (
+                ErrorKind::Stale,
+                format!(
+                    "stale: produced {age_ms:.0} ms ago (its ts_ms), past kafka.max_age_ms = \
+                         {max_age_ms}"
+                ),
+            ),
+            _ => unreachable!("only shed requests are here"),
+        };
+        self.fail(s, false, reason, kind, out);
     }
 
     /// Serves rank requests with batched model calls and retrieve
