@@ -118,6 +118,15 @@ fn train_and_eval_refuse_what_would_lose_or_mislabel_work() {
         items_before
     );
     fails_with(train(&model, &["--max-epochs", "0"]), "--max-epochs");
+    // An --out that cannot be written: refused before any epoch runs.
+    let plain = dir.join("plain");
+    std::fs::write(&plain, b"").unwrap();
+    let started = std::time::Instant::now();
+    fails_with(
+        train(&plain.join("model"), &["--max-epochs", "50"]),
+        "--out",
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
 
     ok(train(&model, &["--max-epochs", "1"]));
     // A new run into the same --out: refused; --force replaces it.

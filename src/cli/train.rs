@@ -125,7 +125,8 @@ fn check_out(args: &Args) -> anyhow::Result<()> {
             }
         )));
     }
-    Ok(())
+    // Before the first epoch, not at its checkpoint.
+    super::check_out_dir(out)
 }
 
 /// A trace directory's own files (a model directory has items.parquet too).
