@@ -72,21 +72,30 @@ pub fn write_trace(dir: &Path, trace: &Trace, opts: &WriteOptions) -> Result<(),
         source,
     })?;
 
+    // Each file is written beside its final name and the three are renamed
+    // in only once all are complete: a run stopped while writing leaves the
+    // trace that was there (a new requests.parquet beside old users and
+    // items would still load, as another trace).
+    let tmp = |name: &str| dir.join(format!("{name}.tmp"));
     // Requests go in slices of one row group each, so each write closes one group.
     let batches = trace
         .requests
         .chunks(opts.row_group_rows)
         .map(requests_to_batch);
-    write_file(&dir.join(REQUESTS_FILE), batches, opts, Vec::new())?;
+    write_file(&tmp(REQUESTS_FILE), batches, opts, Vec::new())?;
     let users = std::iter::once(users_to_batch(&trace.users));
-    write_file(&dir.join(USERS_FILE), users, opts, Vec::new())?;
+    write_file(&tmp(USERS_FILE), users, opts, Vec::new())?;
     let items = std::iter::once(items_to_batch(&trace.items));
     write_file(
-        &dir.join(ITEMS_FILE),
+        &tmp(ITEMS_FILE),
         items,
         opts,
         vec![KeyValue::new(META_KEY.to_string(), meta_to_json(meta))],
     )?;
+    for name in [REQUESTS_FILE, USERS_FILE, ITEMS_FILE] {
+        let path = dir.join(name);
+        std::fs::rename(tmp(name), &path).map_err(|source| WriteError::Io { path, source })?;
+    }
     Ok(())
 }
 

@@ -93,3 +93,31 @@ const PINNED: [(&str, &str); 3] = [
     ("users.parquet", "034e8a4672925535"),
     ("items.parquet", "3598736b2ae7290b"),
 ];
+
+/// Rewriting a trace that fails partway (here: items.parquet cannot be
+/// created) leaves the trace that was there, not a new requests.parquet
+/// beside the old users and items; a complete write leaves no temporary
+/// files.
+#[test]
+fn a_rewrite_that_fails_partway_leaves_the_old_trace() {
+    let dir = tmp("rewrite");
+    let opts = WriteOptions::default();
+    write_trace(&dir, &generate(&small()), &opts).unwrap();
+    let before = files(&dir);
+    let blocker = dir.join("items.parquet.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let mut other = small();
+    other.seed = 8;
+    assert!(write_trace(&dir, &generate(&other), &opts).is_err());
+    assert_eq!(files(&dir), before, "the old trace, whole");
+    std::fs::remove_dir(&blocker).unwrap();
+    write_trace(&dir, &generate(&other), &opts).unwrap();
+    assert_ne!(files(&dir), before);
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
