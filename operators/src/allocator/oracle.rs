@@ -409,22 +409,7 @@ impl OracleRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::test_params;
-
-    /// Two feature ids per item.
-    struct Catalog(Vec<[u32; 2]>);
-
-    impl Catalog {
-        fn new() -> Self {
-            Self((0..2000u32).map(|i| [i % 200, (i * 7) % 300]).collect())
-        }
-    }
-
-    impl ItemCatalog for Catalog {
-        fn feature_ids(&self, item: u32) -> Option<&[u32]> {
-            self.0.get(item as usize).map(|f| &f[..])
-        }
-    }
+    use crate::node::{TestCatalog, test_params};
 
     fn index() -> RetrievalIndex {
         RetrievalIndex::new((0..60u32).map(|i| (i * 3, [(i % 16) as u16, 0, 0])), 16).unwrap()
@@ -546,7 +531,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_serves_like_the_node_it_was_copied_from() {
-        let (catalog, index) = (Catalog::new(), index());
+        let (catalog, index) = (TestCatalog::new(2000), index());
         let mut a = node();
         for b in batches(0, 30) {
             b.replay(&mut a, &catalog, &index, &mut Vec::new(), &mut 0)
@@ -575,7 +560,7 @@ mod tests {
 
     #[test]
     fn the_recorder_reproduces_the_run_at_its_alpha_and_finds_a_no_worse_alpha() {
-        let (catalog, index) = (Catalog::new(), index());
+        let (catalog, index) = (TestCatalog::new(2000), index());
         let mut run = node();
         let mut rec = OracleRecorder::new(1000, alpha_grid(0.1));
         for epoch in 0..3 {
@@ -612,7 +597,7 @@ mod tests {
 
     #[test]
     fn an_epoch_whose_run_shortened_histories_is_judged_against_alphas_that_shorten_no_more() {
-        let (catalog, index) = (Catalog::new(), index());
+        let (catalog, index) = (TestCatalog::new(2000), index());
         let batches = batches(0, 40);
         // A pool this small holds the longer histories only in part (the
         // limit comes from the pool, not the α): each replay shortens the

@@ -47,9 +47,9 @@ mod retrieve;
 pub use command::{Applied, NodeCommand};
 pub use counters::{BATCH_BUCKETS, NodeCounters, WAIT_BUCKETS_MS};
 pub use deadline::{DeadlineCheck, DeadlineShedder, Deadlined, Shedding};
-#[cfg(test)]
-pub(crate) use params::test_params;
 pub use params::{MemoryParams, NodeParams, TrainedWeights};
+#[cfg(test)]
+pub(crate) use params::{TestCatalog, test_params};
 pub use rank::{RankRequest, RankWork};
 pub use retrieve::{MAX_RETRIEVE_GROUP, RetrieveRequest, RetrieveWork};
 
@@ -581,17 +581,9 @@ mod refill_tests {
     use super::*;
     use grflow_kernels::cost::CostModel;
 
-    struct Catalog;
-
-    /// Item i < 600 has features (i mod 200, 7i mod 300); later items are
-    /// unknown (each table's OOV row).
-    static FEATURES: std::sync::LazyLock<Vec<[u32; 2]>> =
-        std::sync::LazyLock::new(|| (0..600u32).map(|i| [i % 200, (i * 7) % 300]).collect());
-
-    impl ItemCatalog for Catalog {
-        fn feature_ids(&self, item: u32) -> Option<&[u32]> {
-            FEATURES.get(item as usize).map(|f| &f[..])
-        }
+    /// Items past 600 are unknown (each table's OOV row).
+    fn catalog() -> TestCatalog {
+        TestCatalog::new(600)
     }
 
     /// Cached rows of every shard of the map, counted from the cache
@@ -632,7 +624,7 @@ mod refill_tests {
                 user_id: i as u64,
                 candidates: &candidates,
             };
-            node.serve(i as u64, req, &history, &Catalog).unwrap();
+            node.serve(i as u64, req, &history, &catalog()).unwrap();
         }
         assert!(node.memory.stats().emb_rows > 400);
         let shrunk = node.set_alpha_at(0.0, 10).unwrap();
@@ -659,7 +651,7 @@ mod refill_tests {
                 user_id: 100 + t,
                 candidates: &candidates,
             };
-            node.serve(11 + t * 2, req, &history, &Catalog).unwrap();
+            node.serve(11 + t * 2, req, &history, &catalog()).unwrap();
             landed.push(node.memory.stats().emb_rows - before);
             assert_eq!(counted_per_shard(&node), cached_per_shard(&node), "t={t}");
         }
@@ -700,7 +692,7 @@ mod refill_tests {
             })
             .collect();
         for t in 0..30u64 {
-            for out in node.serve_rank_batch(20 + t, &work, &Catalog) {
+            for out in node.serve_rank_batch(20 + t, &work, &catalog()) {
                 out.unwrap();
             }
         }

@@ -109,6 +109,26 @@ impl NodeParams {
     }
 }
 
+/// The catalog of [`test_params`]'s tables: item i < `items` has feature
+/// ids (i mod 200, 7i mod 300), distinct below 600; later items are unknown
+/// (each table's OOV row).
+#[cfg(test)]
+pub(crate) struct TestCatalog(Vec<[u32; 2]>);
+
+#[cfg(test)]
+impl TestCatalog {
+    pub(crate) fn new(items: u32) -> Self {
+        Self((0..items).map(|i| [i % 200, (i * 7) % 300]).collect())
+    }
+}
+
+#[cfg(test)]
+impl super::ItemCatalog for TestCatalog {
+    fn feature_ids(&self, item: u32) -> Option<&[u32]> {
+        self.0.get(item as usize).map(|f| &f[..])
+    }
+}
+
 /// A small node for the unit tests of this module's files.
 #[cfg(test)]
 pub(crate) fn test_params() -> NodeParams {

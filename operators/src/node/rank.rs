@@ -502,19 +502,7 @@ mod tests {
     use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
     use super::*;
-    use crate::node::test_params;
-
-    struct Catalog;
-
-    /// Item i has features (i mod 200, 7i mod 300): distinct below 600.
-    static FEATURES: std::sync::LazyLock<Vec<[u32; 2]>> =
-        std::sync::LazyLock::new(|| (0..600u32).map(|i| [i % 200, (i * 7) % 300]).collect());
-
-    impl ItemCatalog for Catalog {
-        fn feature_ids(&self, item: u32) -> Option<&[u32]> {
-            FEATURES.get(item as usize).map(|f| &f[..])
-        }
-    }
+    use crate::node::{TestCatalog, test_params};
 
     /// The seeded model of `test_params` with its ranking head `w_rank`
     /// scaled by `by`: logits spread over hundreds, so many candidates'
@@ -569,7 +557,7 @@ mod tests {
         };
         let serve = |id, candidates| {
             let mut node = ServingNode::new(id, params.clone()).unwrap();
-            node.serve(0, req(1, candidates), &history, &Catalog)
+            node.serve(0, req(1, candidates), &history, &TestCatalog::new(600))
                 .unwrap()
         };
         let (a, b) = (serve(0, &cands), serve(1, &rev));
@@ -590,7 +578,7 @@ mod tests {
                 history: &history,
             },
         ];
-        let batched = node.serve_rank_batch(0, &work, &Catalog);
+        let batched = node.serve_rank_batch(0, &work, &TestCatalog::new(600));
         for served in batched {
             assert_eq!(served.unwrap().items, a.items);
         }
