@@ -9,9 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use grflow_connectors::kafka::{
-    KafkaSettings, KafkaSource, Refetch, RequestConsumer, ServedLimits, SharedState, StartPosition,
-};
+use grflow_connectors::kafka::{KafkaSource, ServedLimits, SharedState, StartPosition};
 use grflow_connectors::source::SourceRecord;
 use grflow_operators::history::{HistoryLimits, Task};
 use rdkafka::ClientConfig;
@@ -81,21 +79,8 @@ fn mock_after_a_model_swap_histories_keep_what_the_new_model_keeps() {
     let brokers = mock.bootstrap_servers();
     let shared = Arc::new(SharedState::new(TOPIC, 1));
     shared.saw_partitions(1);
-    let settings = KafkaSettings {
-        brokers: brokers.clone(),
-        group_id: "history".into(),
-        client_id: "kafka-mock-history".into(),
-        ..KafkaSettings::default()
-    };
-    let opened = RequestConsumer::open(
-        &settings,
-        TOPIC,
-        &[0],
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let (settings, opened) =
+        common::open_consumer_on(&brokers, TOPIC, "history", &[0], StartPosition::Earliest);
     // The nodes serve the model the job started with: 10 items at most.
     let (old, new) = (limits(10, 4), limits(40, 8));
     let served = ServedLimits::new(old);

@@ -14,10 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use grflow_connectors::SourcePosition;
-use grflow_connectors::kafka::{
-    KafkaSettings, KafkaSource, Refetch, RequestConsumer, SharedState, StartPosition,
-    owned_partitions,
-};
+use grflow_connectors::kafka::{KafkaSource, SharedState, StartPosition, owned_partitions};
 use grflow_connectors::source::SourceRecord;
 use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
@@ -77,27 +74,14 @@ fn mock_a_worker_reads_partitions_created_while_it_runs() {
     mock.create_topic("dead-letters", 1, 1).unwrap();
     let brokers = mock.bootstrap_servers();
     produce(&brokers, 0..4);
-    let settings = KafkaSettings {
-        brokers: brokers.clone(),
-        group_id: "grow".into(),
-        client_id: "kafka-mock-partitions".into(),
-        ..KafkaSettings::default()
-    };
     // Two workers; this is worker 0, which owns some of the new partitions.
     let workers = 2;
     let at_start = 1;
     let shared = Arc::new(SharedState::new(TOPIC, workers));
     shared.saw_partitions(at_start);
     let owned = owned_partitions(TOPIC, at_start, 0, workers);
-    let opened = RequestConsumer::open(
-        &settings,
-        TOPIC,
-        &owned,
-        StartPosition::Latest,
-        Refetch::FromCommitted,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let (settings, opened) =
+        common::open_consumer_on(&brokers, TOPIC, "grow", &owned, StartPosition::Latest);
     let mut source = common::source_over(&settings, TOPIC, opened, &shared, 1_000, 1_000_000);
     let mut read = BTreeMap::new();
     // Before the topic "grows": only what worker 0 owned at start (with
@@ -139,23 +123,10 @@ fn mock_an_empty_new_partition_under_latest_has_its_start_committed() {
     mock.create_topic(TOPIC, 2, 1).unwrap();
     mock.create_topic("dead-letters", 1, 1).unwrap();
     let brokers = mock.bootstrap_servers();
-    let settings = KafkaSettings {
-        brokers: brokers.clone(),
-        group_id: "grow-empty".into(),
-        client_id: "kafka-mock-partitions".into(),
-        ..KafkaSettings::default()
-    };
     let shared = Arc::new(SharedState::new(TOPIC, 1));
     shared.saw_partitions(1);
-    let opened = RequestConsumer::open(
-        &settings,
-        TOPIC,
-        &[0],
-        StartPosition::Latest,
-        Refetch::FromCommitted,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let (settings, opened) =
+        common::open_consumer_on(&brokers, TOPIC, "grow-empty", &[0], StartPosition::Latest);
     let mut source = common::source_over(&settings, TOPIC, opened, &shared, 1_000, 1_000_000);
     shared.saw_partitions(2);
     let mut read = BTreeMap::new();

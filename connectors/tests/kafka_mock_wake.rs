@@ -12,10 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use grflow_connectors::kafka::{
-    IDLE_POLL, KafkaSettings, KafkaSource, QUIET_POLL, Refetch, RequestConsumer, SharedState,
-    StartPosition,
-};
+use grflow_connectors::kafka::{IDLE_POLL, KafkaSource, QUIET_POLL, SharedState, StartPosition};
 use grflow_connectors::source::SourceRecord;
 use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
@@ -42,21 +39,8 @@ fn produce_one(brokers: &str, req_id: u64) {
 }
 
 fn source(brokers: &str, shared: &Arc<SharedState>) -> KafkaSource {
-    let settings = KafkaSettings {
-        brokers: brokers.to_string(),
-        group_id: "wake".into(),
-        client_id: "kafka-mock-wake".into(),
-        ..KafkaSettings::default()
-    };
-    let opened = RequestConsumer::open(
-        &settings,
-        TOPIC,
-        &[0],
-        StartPosition::Earliest,
-        Refetch::FromCommitted,
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let (settings, opened) =
+        common::open_consumer_on(brokers, TOPIC, "wake", &[0], StartPosition::Earliest);
     // One unanswered request pauses reads.
     common::source_over(&settings, TOPIC, opened, shared, 1, 1_000_000)
 }

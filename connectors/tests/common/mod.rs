@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use grflow_connectors::kafka::{
-    KafkaSettings, KafkaSink, KafkaSource, OutputProducer, RequestConsumer, Resumed, ServedLimits,
-    SharedState, SinkSettings, SourceSettings,
+    KafkaSettings, KafkaSink, KafkaSource, OutputProducer, Refetch, RequestConsumer, Resumed,
+    ServedLimits, SharedState, SinkSettings, SourceSettings, StartPosition,
 };
 use grflow_operators::history::HistoryLimits;
 
@@ -25,6 +25,34 @@ pub fn request_payload(i: u64) -> Vec<u8> {
         "history": [4, 5, 6],
     }))
     .unwrap()
+}
+
+/// Settings of consumer group `group` on `brokers`, and a consumer of
+/// `topic`'s `partitions` opened with them from `start` (resuming where
+/// the group committed).
+pub fn open_consumer_on(
+    brokers: &str,
+    topic: &str,
+    group: &str,
+    partitions: &[i32],
+    start: StartPosition,
+) -> (KafkaSettings, (RequestConsumer, Vec<Resumed>)) {
+    let settings = KafkaSettings {
+        brokers: brokers.to_string(),
+        group_id: group.into(),
+        client_id: format!("kafka-mock-{group}"),
+        ..KafkaSettings::default()
+    };
+    let opened = RequestConsumer::open(
+        &settings,
+        topic,
+        partitions,
+        start,
+        Refetch::FromCommitted,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    (settings, opened)
 }
 
 /// Tokens of a [`request_payload`] request (history, candidates, the
