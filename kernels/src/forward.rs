@@ -404,8 +404,25 @@ impl GrModel {
     /// Item-as-prefix ranking `[I1..IN, U, Instr]` from cached item entries
     /// ([`GrModel::item_kv`]): user tokens start at position
     /// `max item len` and see every item; the instruction follows. Each
-    /// candidate is scored through its last token's last-layer key.
+    /// candidate is scored through its last token's last-layer key. The
+    /// softmax of [`GrModel::rank_item_prefix_logits`]: order by those.
     pub fn rank_item_prefix<S: KvBlockStore + ?Sized>(
+        &self,
+        store: &S,
+        items: &[ItemKvRef<'_>],
+        user_tokens: &[f32],
+    ) -> Result<Vec<f32>, KernelError> {
+        Ok(rank_softmax(&self.rank_item_prefix_logits(
+            store,
+            items,
+            user_tokens,
+        )?))
+    }
+
+    /// The ranking head's logits of [`GrModel::rank_item_prefix`], one per
+    /// item entry: candidates far below the best underflow to equal
+    /// probabilities, never to equal logits.
+    pub fn rank_item_prefix_logits<S: KvBlockStore + ?Sized>(
         &self,
         store: &S,
         items: &[ItemKvRef<'_>],
@@ -443,9 +460,7 @@ impl GrModel {
             let off = self.cfg.kv_offset(last, 0, t % b);
             &store.block(it.blocks[t / b])[off..off + d]
         });
-        Ok(rank_softmax(
-            &self.rank_logits(&out.hidden[n_user * d..], keys),
-        ))
+        Ok(self.rank_logits(&out.hidden[n_user * d..], keys))
     }
 
     /// The ranking head's logits `⟨W_rank · norm(h_instr), k_i⟩ / √d`.

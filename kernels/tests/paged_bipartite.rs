@@ -169,6 +169,13 @@ fn item_entries_equal_their_kv_inside_the_full_sequence_and_scores_match() {
         "scores differ by {}",
         max_diff(&fast, &slow)
     );
+    // The logits are what the scores are the softmax of.
+    let logits = model
+        .rank_item_prefix_logits(&pool.store, &entries, &user)
+        .unwrap();
+    assert_eq!(logits.len(), lens.len());
+    let again = grflow_kernels::rank_softmax(&logits);
+    assert!(max_diff(&again, &fast) <= 1e-6, "softmax of the logits");
 }
 
 #[test]
