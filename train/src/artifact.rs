@@ -1,7 +1,6 @@
 //! The model directory `grflow train` writes and `grflow eval` reads:
 //! `model.safetensors`, `items.parquet` and `model.json`.
 
-use std::fs::File;
 use std::path::Path;
 
 use grflow_traces::Item;
@@ -209,9 +208,10 @@ pub fn load_model_dir(dir: &Path) -> Result<ModelDir, TrainError> {
         path: ipath.clone(),
         reason,
     };
-    let items_bytes = std::fs::read(&ipath).map_err(TrainError::io(&ipath))?;
-    let file = File::open(&ipath).map_err(TrainError::io(&ipath))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+    // Decoded from the bytes that are hashed into the version: a second
+    // read could see a file replaced in between.
+    let items_bytes = bytes::Bytes::from(std::fs::read(&ipath).map_err(TrainError::io(&ipath))?);
+    let reader = ParquetRecordBatchReaderBuilder::try_new(items_bytes.clone())
         .and_then(|b| b.build())
         .map_err(|e| bad(e.to_string()))?;
     let mut items = Vec::new();
