@@ -59,7 +59,9 @@ impl BatchPolicy {
     ///
     /// Should the rank requests alone be less than one batch's budget while
     /// the oldest of them has waited less than `max_wait_ms`, the node
-    /// waits instead.
+    /// waits instead, unless the batch cannot grow (the next queued rank
+    /// request does not fit: waiting would only delay it) or, with one
+    /// lane, retrieve requests are queued (they are served meanwhile).
     pub fn next(&self, queue: &[Queued]) -> Next {
         let Some(first) = queue.first() else {
             return Next::Nothing;
@@ -77,11 +79,23 @@ impl BatchPolicy {
         } else {
             take_kind(queue, true, budget).0
         };
-        let (rank, tokens) = take_kind(queue, false, budget);
+        let (rank, tokens, full) = take_kind(queue, false, budget);
         let oldest = rank.iter().map(|&i| queue[i].waited_ms).fold(0.0, f64::max);
-        let short = tokens < self.max_tokens && oldest < self.max_wait_ms;
+        let short = !full && tokens < self.max_tokens && oldest < self.max_wait_ms;
         if retrieve.is_empty() && short {
-            return Next::Wait(self.max_wait_ms - oldest);
+            // The one lane is free while the rank batch fills.
+            let waiting = if lanes == 1 {
+                take_kind(queue, true, budget).0
+            } else {
+                Vec::new()
+            };
+            if waiting.is_empty() {
+                return Next::Wait(self.max_wait_ms - oldest);
+            }
+            return Next::Serve {
+                retrieve: waiting,
+                rank: Vec::new(),
+            };
         }
         Next::Serve { retrieve, rank }
     }
@@ -123,8 +137,9 @@ impl BatchPolicy {
 }
 
 /// Requests of one kind in queue order while their tokens fit `budget`
-/// (the first always), and their tokens.
-fn take_kind(queue: &[Queued], retrieve: bool, budget: usize) -> (Vec<usize>, usize) {
+/// (the first always), their tokens, and whether one of that kind was left
+/// out for want of room.
+fn take_kind(queue: &[Queued], retrieve: bool, budget: usize) -> (Vec<usize>, usize, bool) {
     let mut taken = Vec::new();
     let mut tokens = 0;
     for (i, q) in queue.iter().enumerate() {
@@ -132,12 +147,12 @@ fn take_kind(queue: &[Queued], retrieve: bool, budget: usize) -> (Vec<usize>, us
             continue;
         }
         if !taken.is_empty() && tokens + q.tokens > budget {
-            break;
+            return (taken, tokens, true);
         }
         taken.push(i);
         tokens += q.tokens;
     }
-    (taken, tokens)
+    (taken, tokens, false)
 }
 
 #[cfg(test)]
@@ -288,6 +303,22 @@ mod tests {
             p.next(&[rank(200, 0.0), rank(100, 0.0)]),
             rank_only(vec![0, 1])
         );
+        // The next request does not fit: waiting cannot grow the batch.
+        assert_eq!(
+            p.next(&[rank(150, 0.0), rank(151, 0.0)]),
+            rank_only(vec![0])
+        );
+        assert_eq!(p.next(&[rank(400, 0.0)]), rank_only(vec![0]));
+        // One lane: queued retrieve requests are served while the rank
+        // batch fills, then the rank batch waits out the rest.
+        assert_eq!(
+            p.next(&[rank(100, 1.0), retrieve(), retrieve()]),
+            Next::Serve {
+                retrieve: vec![1, 2],
+                rank: vec![]
+            }
+        );
+        assert_eq!(p.next(&[rank(100, 2.0)]), Next::Wait(3.0));
         // A retrieve request to serve: no wait either.
         let p = policy(300, 5.0, 2);
         assert_eq!(
