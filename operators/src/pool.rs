@@ -35,6 +35,31 @@ pub enum PoolError {
     },
 }
 
+/// The host could not allocate a pool's floats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cannot allocate the pool's {bytes} bytes on this host")]
+pub struct PoolAllocError {
+    pub bytes: u64,
+}
+
+/// `n` zero floats, or `None` where the allocator refuses. Zeroed memory
+/// comes from the allocator as is (large blocks are mapped lazily), so a
+/// pool costs resident memory only for the pages it touches.
+fn zeroed_floats(n: usize) -> Option<Vec<f32>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    // SAFETY: the layout's size is non-zero (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of
+    // `n` f32s (capacity n), and all-zero bits are n initialised 0.0s.
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
 /// Fixed pages of `page_floats` f32 each.
 #[derive(Clone, Debug)]
 pub struct PagePool {
@@ -52,14 +77,34 @@ pub struct PagePool {
 
 impl PagePool {
     pub fn new(pages: usize, page_floats: usize) -> Self {
-        Self {
+        Self::try_new(pages, page_floats, false).expect("pool allocation")
+    }
+
+    /// A pool of `pages` pages, with their floats unless `metadata_only`
+    /// (see [`PagePool::keep_metadata_only`]). Fails where the host cannot
+    /// allocate the floats: a pool sized for a device larger than this
+    /// host's memory would otherwise abort the process.
+    pub fn try_new(
+        pages: usize,
+        page_floats: usize,
+        metadata_only: bool,
+    ) -> Result<Self, PoolAllocError> {
+        let floats = if metadata_only {
+            page_floats
+        } else {
+            pages.saturating_mul(page_floats)
+        };
+        let data = zeroed_floats(floats).ok_or(PoolAllocError {
+            bytes: (floats as u64).saturating_mul(4),
+        })?;
+        Ok(Self {
             page_floats,
-            data: vec![0.0; pages * page_floats],
-            metadata_only: false,
+            data,
+            metadata_only,
             tenant: vec![Tenant::Free; pages],
             free: (0..pages as u32).rev().collect(),
             rejected_frees: 0,
-        }
+        })
     }
 
     pub fn pages(&self) -> usize {
@@ -231,6 +276,19 @@ impl KvBlockStore for PagePool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_the_host_cannot_hold_is_an_error_not_an_abort() {
+        // 2^62 floats: more than any allocator hands out.
+        let e = PagePool::try_new(1 << 12, 1 << 50, false).unwrap_err();
+        assert_eq!(e.bytes, u64::MAX);
+        // Metadata only: one scratch page of floats, every page's owner.
+        let p = PagePool::try_new(1 << 20, 1024, true).unwrap();
+        assert!(p.is_metadata_only());
+        assert_eq!(p.pages(), 1 << 20);
+        assert_eq!(p.data.len(), 1024);
+        assert_eq!(PagePool::try_new(3, 4, false).unwrap().data, vec![0.0; 12]);
+    }
 
     #[test]
     fn pages_move_between_tenants_by_metadata() {

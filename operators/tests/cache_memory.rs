@@ -21,6 +21,20 @@ fn cfg(alpha: f64) -> NodeMemoryConfig {
 }
 
 #[test]
+fn a_pool_too_large_for_the_host_names_memory_pool_mib() {
+    let mut c = cfg(0.5);
+    c.pool_bytes = 1 << 62;
+    c.page_floats = 1 << 20;
+    c.emb_row_floats = 1 << 20;
+    let e = NodeMemory::new(c.clone()).unwrap_err().to_string();
+    assert!(e.starts_with("memory.pool_mib: cannot allocate"), "{e}");
+    // Metadata only, the same pool's pages are bookkeeping alone.
+    c.pool_bytes = 1 << 40;
+    let m = NodeMemory::with_storage(c, true).unwrap();
+    assert_eq!(m.stats().pages, 1 << 18);
+}
+
+#[test]
 fn config_errors_are_typed() {
     let bad: Result<NodeMemoryConfig, _> = serde_json::from_value(
         serde_json::json!({"pool_bytes": 1, "page_floats": 1, "block_tokens": 1, "emb_row_floats": 1, "alpha": 0.5, "colour": 1}),

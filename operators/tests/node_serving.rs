@@ -50,6 +50,7 @@ fn params() -> NodeParams {
             emb_policy: "lru".into(),
             user_kv_policy: "lru".into(),
             item_kv_policy: "lru".into(),
+            metadata_only: false,
         },
         table_rows: TABLE_ROWS.to_vec(),
         emb_seed: 11,

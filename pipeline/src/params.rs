@@ -178,6 +178,9 @@ pub fn node_params(
         emb_policy: cfg.memory.emb_policy.clone(),
         user_kv_policy: cfg.memory.user_kv_policy.clone(),
         item_kv_policy: cfg.memory.item_kv_policy.clone(),
+        // The virtual clock runs no model: a pool sized for a device larger
+        // than this host is never allocated.
+        metadata_only: cfg.run.clock == crate::config::Clock::Virtual,
     };
     let bytes_per_s = cfg.link.bandwidth_gbps * 1e9;
     let link = LinkConfig {

@@ -55,6 +55,11 @@ pub enum MemoryError {
     Zero { field: &'static str },
     #[error("memory.emb_row_floats {row} is larger than a page of {page} floats")]
     RowTooLarge { row: usize, page: usize },
+    #[error(
+        "memory.pool_mib: {0} (the virtual clock holds no floats and allocates none; \
+         with the wall clock, pick a pool this host can hold)"
+    )]
+    Alloc(#[from] crate::pool::PoolAllocError),
     #[error("memory.pool_bytes {pool_bytes} holds no page of {page_bytes} bytes")]
     TooSmall { pool_bytes: u64, page_bytes: u64 },
     #[error(
@@ -149,6 +154,14 @@ pub struct NodeMemory {
 
 impl NodeMemory {
     pub fn new(cfg: NodeMemoryConfig) -> Result<Self, MemoryError> {
+        Self::with_storage(cfg, false)
+    }
+
+    /// [`NodeMemory::new`], holding the pages' floats or, with
+    /// `metadata_only`, who holds which page alone (the virtual clock:
+    /// [`NodeMemory::keep_metadata_only`] from the start, so a pool sized
+    /// for a device larger than this host is never allocated).
+    pub fn with_storage(cfg: NodeMemoryConfig, metadata_only: bool) -> Result<Self, MemoryError> {
         if !(0.0..=1.0).contains(&cfg.alpha) {
             return Err(MemoryError::Alpha(cfg.alpha));
         }
@@ -183,7 +196,7 @@ impl NodeMemory {
         };
         let emb_pages = ((pages as f64) * cfg.alpha).round() as usize;
         let rows_per_page = cfg.page_floats / cfg.emb_row_floats;
-        let mut pool = PagePool::new(pages, cfg.page_floats);
+        let mut pool = PagePool::try_new(pages, cfg.page_floats, metadata_only)?;
         let mut emb = EmbCache::new(
             cfg.emb_row_floats,
             cfg.page_floats,

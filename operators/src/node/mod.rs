@@ -175,17 +175,20 @@ impl ServingNode {
             None => Arc::new(params.build_host()?),
         };
         let m = &params.memory;
-        let memory = NodeMemory::new(NodeMemoryConfig {
-            pool_bytes: m.pool_bytes,
-            page_floats: params.model.kv_block_floats(),
-            block_tokens: params.model.block_size,
-            emb_row_floats: params.model.d_model,
-            alpha: m.alpha,
-            emb_policy: m.emb_policy.clone(),
-            user_kv_policy: m.user_kv_policy.clone(),
-            item_kv_policy: m.item_kv_policy.clone(),
-            link: params.link,
-        })?;
+        let memory = NodeMemory::with_storage(
+            NodeMemoryConfig {
+                pool_bytes: m.pool_bytes,
+                page_floats: params.model.kv_block_floats(),
+                block_tokens: params.model.block_size,
+                emb_row_floats: params.model.d_model,
+                alpha: m.alpha,
+                emb_policy: m.emb_policy.clone(),
+                user_kv_policy: m.user_kv_policy.clone(),
+                item_kv_policy: m.item_kv_policy.clone(),
+                link: params.link,
+            },
+            m.metadata_only,
+        )?;
         // From the whole pool, not the KV share: a request that does not fit
         // the KV share takes pages back from EMB, so α is a speed knob and
         // never changes which items a request is served with (a node built

@@ -20,6 +20,8 @@ pub struct MemoryParams {
     pub emb_policy: String,
     pub user_kv_policy: String,
     pub item_kv_policy: String,
+    /// The pool holds no floats (the virtual clock runs no model).
+    pub metadata_only: bool,
 }
 
 /// Trained weights served instead of the seeded ones (a `grflow train`
@@ -148,6 +150,7 @@ pub(crate) fn test_params() -> NodeParams {
             emb_policy: "lru".into(),
             user_kv_policy: "lru".into(),
             item_kv_policy: "lru".into(),
+            metadata_only: false,
         },
         table_rows: TABLE_ROWS.to_vec(),
         emb_seed: 11,
