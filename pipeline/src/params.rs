@@ -23,6 +23,12 @@ pub enum ParamsError {
     #[error("calibrating {preset} for the virtual clock: {reason}")]
     Calibrate { preset: String, reason: String },
     #[error(
+        "cost.overhead_scale = {0} has no effect without cost.calibration: the cost model \
+         calibrated at start times the kernels alone, with no host overhead to scale (set \
+         cost.calibration to a `grflow calibrate` file, which measures it)"
+    )]
+    OverheadUnmeasured(f64),
+    #[error(
         "memory.pool_mib {pool_mib} holds no KV page of {page_bytes} bytes for model {preset:?} \
          (at least {min_mib:.4} MiB)"
     )]
@@ -116,6 +122,11 @@ pub fn fitted_cost_model(cfg: &Config) -> Result<CostModel, ParamsError> {
         cost.check().map_err(bad)?;
         return Ok(cost);
     }
+    // 0 and the default 1 charge what is measured here: nothing.
+    let scale = cfg.cost.overhead_scale;
+    if scale != 0.0 && scale != 1.0 {
+        return Err(ParamsError::OverheadUnmeasured(scale));
+    }
     tracing::warn!(
         preset = %preset,
         "calibrating the virtual clock's cost model (set cost.calibration to a \
@@ -207,4 +218,25 @@ pub fn node_params(
         host: None,
         shared_model: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scale of the host overhead that the calibration at start never
+    /// measures is refused before calibrating, naming the field.
+    #[test]
+    fn an_overhead_scale_without_a_measured_overhead_is_refused() {
+        let mut cfg = Config::embedded();
+        cfg.run.clock = crate::config::Clock::Virtual;
+        cfg.cost.calibration = None;
+        cfg.cost.model = None;
+        cfg.cost.overhead_scale = 100.0;
+        let e = fitted_cost_model(&cfg).unwrap_err().to_string();
+        assert!(
+            e.starts_with("cost.overhead_scale = 100 has no effect"),
+            "{e}"
+        );
+    }
 }
