@@ -349,6 +349,9 @@ fn kafka_dead_letter_every_kind_of_bad_message_and_keep_serving() {
         "{stderr}"
     );
     assert!(summary["oov_items"].as_u64().unwrap() >= 2, "{summary}");
+    // req_id 11 (and its retry) asked for 5 items of a user the users
+    // table does not know.
+    assert_eq!(summary["unknown_user_histories"], 2, "{summary}");
     // Dead-lettered records count as answered: every offset is committed.
     assert_eq!(
         committed_total(&summary),

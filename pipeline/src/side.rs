@@ -58,6 +58,11 @@ impl SideTables {
         })
     }
 
+    /// Whether the users table has a row for `user`.
+    pub fn knows_user(&self, user: u64) -> bool {
+        self.users.contains_key(&user)
+    }
+
     /// The first `hist_len` interactions of `user`. Unknown users are
     /// served with an empty history (new users are normal traffic).
     pub fn history(&self, user: u64, hist_len: u32) -> Result<&[u32], SideError> {

@@ -135,6 +135,10 @@ pub struct NodeSummary {
     /// Requests served with only the most recent part of their history.
     #[serde(default)]
     pub truncated_histories: u64,
+    /// Requests for the history of a user the users table does not know
+    /// (`hist_len` > 0): served with an empty one.
+    #[serde(default)]
+    pub unknown_user_histories: u64,
     /// Requests that did not fit the KV share alone and were served after
     /// it took pages back from EMB (α lowered on demand).
     #[serde(default)]
@@ -236,6 +240,10 @@ pub struct Summary {
     /// (the model's limit; oldest items dropped in block-aligned chunks).
     #[serde(default)]
     pub truncated_histories: u64,
+    /// Requests for the history (`hist_len` > 0) of a user the users table
+    /// does not know, served with an empty history.
+    #[serde(default)]
+    pub unknown_user_histories: u64,
     pub model_version: String,
     pub nodes: Vec<NodeSummary>,
     pub router: RouterStats,
@@ -406,6 +414,13 @@ impl Summary {
             "emb_hit_rate {:.3}  kv_hit_rate {:.3}  truncated_histories {}\n",
             self.emb_hit_rate, self.kv_hit_rate, self.truncated_histories
         );
+        if self.unknown_user_histories > 0 {
+            s += &format!(
+                "unknown_user_histories {}: requests for the history of users not in \
+                 users.parquet, served with none\n",
+                self.unknown_user_histories
+            );
+        }
         for n in &self.nodes {
             s += &format!(
                 "  node {}: {} responses  alpha {:.2}  emb {:.3}  kv {:.3}  p99 {:.2} ms  busy {:.2} (peak {:.2})\n",

@@ -15,6 +15,10 @@ pub struct NodeCounters {
     pub kv_total_tokens: u64,
     pub link_bytes: u64,
     pub oov_items: u64,
+    /// Requests that asked for history (`hist_len` > 0, none inline) of a
+    /// user the users table does not know: served with an empty history.
+    #[serde(default)]
+    pub unknown_user_histories: u64,
     /// Requests served with only the most recent part of their history.
     #[serde(default)]
     pub truncated_histories: u64,
@@ -99,6 +103,12 @@ impl ServingNode {
         self.counters.gemm_flops += done.flop;
         self.counters.gemm_ns += done.nanos;
         self.counters.gemm_calls += done.calls;
+    }
+
+    /// `n` requests asked for the history of users the users table does
+    /// not know ([`NodeCounters::unknown_user_histories`]).
+    pub fn count_unknown_user_histories(&mut self, n: u64) {
+        self.counters.unknown_user_histories += n;
     }
 
     /// A request waited `ms` (wall time) from admission to its batch.

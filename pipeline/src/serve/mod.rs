@@ -142,6 +142,8 @@ struct WorkerResult {
     committed: Vec<(i32, i64)>,
     oov_items: u64,
     truncated_histories: u64,
+    #[serde(default)]
+    unknown_user_histories: u64,
     model_version: String,
     /// The worker's node's α when the job stopped.
     alpha: f64,
@@ -718,6 +720,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                     committed,
                     oov_items: node.counters().oov_items,
                     truncated_histories: node.counters().truncated_histories,
+                    unknown_user_histories: node.counters().unknown_user_histories,
                     model_version: node.model_version().to_string(),
                     alpha: node.alpha(),
                     refill: RefillSummary::of(node.counters()),
@@ -1045,6 +1048,7 @@ fn summarise(
         oov_items: results.iter().map(|r| r.oov_items).sum(),
         truncated_histories: c.truncated_histories
             + results.iter().map(|r| r.truncated_histories).sum::<u64>(),
+        unknown_user_histories: results.iter().map(|r| r.unknown_user_histories).sum(),
         in_flight_at_exit: part.in_flight,
         latency_ms: crate::summary::LatencySummary::from_histogram(&part.latency),
         by_mode: part.by_mode.summaries(&cfg.run.slo_ms),

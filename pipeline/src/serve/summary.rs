@@ -183,6 +183,10 @@ pub struct ServeSummary {
     /// Requests served with only the most recent part of their history
     /// (inline ones truncated at decode time, `hist_len` ones at the node).
     pub truncated_histories: u64,
+    /// Requests for the history (`hist_len` > 0) of a user the catalog's
+    /// users table does not know: served with an empty history.
+    #[serde(default)]
+    pub unknown_user_histories: u64,
     pub in_flight_at_exit: usize,
     /// Latency of the responses; error records are not in it (they count
     /// as misses in `by_mode`) (was `latency_p50_ms`, `latency_p99_ms`,

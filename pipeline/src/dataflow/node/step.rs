@@ -312,7 +312,17 @@ impl StepCtx {
     ) -> WithHistories<'a> {
         let mut kept = Vec::with_capacity(requests.len());
         let mut histories = Vec::with_capacity(requests.len());
+        let mut unknown_users = 0;
         for (s, recovered_late) in requests {
+            let a = &s.routed.admitted;
+            // Served with an empty history: counted, since the request
+            // asked for more (a new user sends hist_len 0).
+            if a.inline_history.is_none()
+                && a.request.hist_len > 0
+                && !side.knows_user(a.request.user_id)
+            {
+                unknown_users += 1;
+            }
             match s.routed.admitted.history(side) {
                 Ok(history) => {
                     kept.push((s, *recovered_late));
@@ -326,6 +336,9 @@ impl StepCtx {
                     &mut out[s.slot],
                 ),
             }
+        }
+        if unknown_users > 0 {
+            lock(&self.node).count_unknown_user_histories(unknown_users);
         }
         (kept, histories)
     }
