@@ -16,6 +16,8 @@ pub enum SourceError {
         file: PathBuf,
         source: std::io::Error,
     },
+    #[error("{}: no rows: {why}", file.display())]
+    NoRows { file: PathBuf, why: &'static str },
     #[error("{}: not a readable Parquet file: {message}", file.display())]
     Corrupt { file: PathBuf, message: String },
     #[error("{}: {problem}", file.display())]
@@ -58,6 +60,7 @@ impl SourceError {
             SourceError::MissingFile { file }
             | SourceError::Io { file, .. }
             | SourceError::Corrupt { file, .. }
+            | SourceError::NoRows { file, .. }
             | SourceError::Schema { file, .. }
             | SourceError::Meta { file, .. } => file.display().to_string(),
         }

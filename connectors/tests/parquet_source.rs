@@ -441,6 +441,17 @@ fn wrong_schema_names_the_column() {
 }
 
 #[test]
+fn a_catalog_without_items_is_refused() {
+    let (dir, mut trace) = written("no-items");
+    trace.items.clear();
+    write_trace(&dir, &trace, &WriteOptions::default()).unwrap();
+    let err = load_side_tables(&dir).unwrap_err();
+    assert!(matches!(err, SourceError::NoRows { .. }), "{err}");
+    assert!(err.to_string().contains("items.parquet: no rows"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn side_table_rows_are_checked_against_the_metadata() {
     let (dir, mut trace) = written("side");
     trace.items[7].feature_ids[1] = u32::MAX;

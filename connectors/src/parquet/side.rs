@@ -32,6 +32,12 @@ pub fn load_side_tables(dir: &Path) -> Result<SideTables, SourceError> {
     let meta = read_meta(&items_file)?;
     let users = read_all(&users_file, decode_users)?;
     let items = read_all(&items_file, decode_items)?;
+    if items.is_empty() {
+        return Err(SourceError::NoRows {
+            file: items_file.path.clone(),
+            why: "a catalog without items would serve every candidate as out of vocabulary",
+        });
+    }
 
     let mut seen = BTreeSet::new();
     for (row, u) in users.iter().enumerate() {
