@@ -612,6 +612,7 @@ fn repeated_req_ids_are_counted_exactly_in_one_pass_or_many() {
     let expected = grflow_connectors::parquet::DuplicateIds {
         rows: 3,
         example: Some((ids[10].min(ids[300]), 10, 1_000)),
+        unreadable_groups: Vec::new(),
     };
     assert!(
         ids[10] < ids[300],
@@ -631,6 +632,46 @@ fn repeated_req_ids_are_counted_exactly_in_one_pass_or_many() {
     assert_eq!((found.rows, found.example), (0, None));
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&clean).unwrap();
+}
+
+/// One unreadable row group leaves the others' req_ids checked, and says
+/// which group went unchecked.
+#[test]
+fn an_unreadable_row_group_leaves_the_rest_checked_for_repeated_ids() {
+    let mut trace = small_trace();
+    let ids: Vec<u64> = trace.requests.iter().map(|r| r.req_id).collect();
+    // Row 2,500 (row group 9) and row 1,000 (group 3) repeat earlier ids.
+    for (row, from) in [(2_500, 300), (1_000, 10)] {
+        trace.requests[row].req_id = ids[from];
+    }
+    let (dir, _) = written_with("repeated-ids-corrupt", trace);
+    let path = dir.join("requests.parquet");
+    let meta = ParquetMetaDataReader::new()
+        .with_page_index_policy(PageIndexPolicy::Skip)
+        .parse_and_finish(&File::open(&path).unwrap())
+        .unwrap();
+    let chunk = meta
+        .row_group(9)
+        .columns()
+        .iter()
+        .find(|c| c.column_path().string() == "req_id")
+        .unwrap();
+    let (at, len) = (
+        chunk.data_page_offset() as usize,
+        chunk.compressed_size() as usize,
+    );
+    let mut bytes = std::fs::read(&path).unwrap();
+    for b in &mut bytes[at..at + len] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let found = ParquetRequestSource::duplicate_req_ids(&dir, 1_000_000)
+        .unwrap()
+        .expect("a u64 req_id column");
+    assert_eq!(found.rows, 1, "{found:?}");
+    assert_eq!(found.example, Some((ids[10], 10, 1_000)));
+    assert_eq!(found.unreadable_groups, vec![9]);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `batch` written to `path` in row groups of `ROW_GROUP`.

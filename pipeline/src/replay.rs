@@ -662,6 +662,14 @@ fn check_req_ids(dir: &std::path::Path) -> Result<Option<u64>, ReplayError> {
              are reported one by one)"
         ),
         Some(d) => {
+            if !d.unreadable_groups.is_empty() {
+                tracing::warn!(
+                    "{}: req_ids of row groups {:?} not checked for repeats: unreadable (their \
+                     rows are reported one by one)",
+                    dir.join(grflow_traces::columnar::REQUESTS_FILE).display(),
+                    d.unreadable_groups
+                );
+            }
             if let Some((id, first, row)) = d.example {
                 tracing::warn!(
                     rows = d.rows,

@@ -121,47 +121,63 @@ impl CheckedFile {
     /// valid value.
     pub fn u64_range(&self, g: usize, column: &str) -> Option<Option<(u64, u64)>> {
         let mut range: Option<(u64, u64)> = None;
-        self.each_u64(Some(vec![g]), column, |v, _| {
+        let unreadable = self.each_u64(Some(vec![g]), column, |v, _| {
             range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
         })?;
-        Some(range)
+        unreadable.is_empty().then_some(range)
     }
 
     /// Calls `visit(value, row)` for every valid value of the u64 `column`
     /// in `row_groups` (all when `None`), the row counted from the first
-    /// group read; None when the column cannot be read as u64.
+    /// group read. A group that cannot be read is skipped (its rows keep
+    /// their numbers) and returned; None when the column is not u64.
     pub fn each_u64(
         &self,
         row_groups: Option<Vec<usize>>,
         column: &str,
         mut visit: impl FnMut(u64, u64),
-    ) -> Option<()> {
+    ) -> Option<Vec<usize>> {
         use arrow::array::{Array, AsArray};
         use arrow::datatypes::UInt64Type;
-        let file = self.file.try_clone().ok()?;
-        let mut builder =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
-        let mask = parquet::arrow::ProjectionMask::columns(builder.parquet_schema(), [column]);
-        if let Some(groups) = row_groups {
-            builder = builder.with_row_groups(groups);
-        }
-        let reader = builder
-            .with_projection(mask)
-            .with_batch_size(65_536)
-            .build()
-            .ok()?;
-        let mut row = 0u64;
-        for batch in reader {
-            let batch = batch.ok()?;
-            let values = batch.column(0).as_primitive_opt::<UInt64Type>()?;
-            for i in 0..values.len() {
-                if values.is_valid(i) {
-                    visit(values.value(i), row);
+        let sizes = self.row_group_rows();
+        let groups = row_groups.unwrap_or_else(|| (0..sizes.len()).collect());
+        let mut unreadable = Vec::new();
+        let mut start = 0u64;
+        for g in groups {
+            let mut row = start;
+            start += sizes.get(g).copied().unwrap_or(0);
+            // One reader per group, so that a corrupt one costs only its rows.
+            let reader = self.file.try_clone().ok().and_then(|file| {
+                let builder =
+                    ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
+                let mask =
+                    parquet::arrow::ProjectionMask::columns(builder.parquet_schema(), [column]);
+                builder
+                    .with_row_groups(vec![g])
+                    .with_projection(mask)
+                    .with_batch_size(65_536)
+                    .build()
+                    .ok()
+            });
+            let Some(reader) = reader else {
+                unreadable.push(g);
+                continue;
+            };
+            for batch in reader {
+                let Ok(batch) = batch else {
+                    unreadable.push(g);
+                    break;
+                };
+                let values = batch.column(0).as_primitive_opt::<UInt64Type>()?;
+                for i in 0..values.len() {
+                    if values.is_valid(i) {
+                        visit(values.value(i), row);
+                    }
+                    row += 1;
                 }
-                row += 1;
             }
         }
-        Some(())
+        Some(unreadable)
     }
 
     /// Row counts of every row group (checked by `open_checked`).

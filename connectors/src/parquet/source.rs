@@ -45,6 +45,9 @@ pub struct DuplicateIds {
     pub rows: u64,
     /// The smallest such id and the first two rows that carry it.
     pub example: Option<(u64, u64, u64)>,
+    /// Row groups whose req_id column could not be read, so not checked
+    /// (the source reports their rows one by one).
+    pub unreadable_groups: Vec<usize>,
 }
 
 /// Records of one row group being handed out in batches, with the suffix
@@ -260,9 +263,10 @@ impl ParquetRequestSource {
                     }
                 }
             });
-            if read.is_none() {
+            let Some(unreadable) = read else {
                 return Ok(None);
-            }
+            };
+            found.unreadable_groups = unreadable;
         }
         Ok(Some(found))
     }
