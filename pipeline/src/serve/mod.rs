@@ -58,7 +58,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 pub enum ServeError {
     #[error("config: {0}")]
     Config(String),
-    #[error("catalog: {0}")]
+    #[error("kafka.catalog: {0}")]
     Catalog(String),
     #[error(transparent)]
     Kafka(#[from] grflow_connectors::kafka::KafkaClientError),
@@ -129,7 +129,8 @@ fn side_tables(config: &Config) -> Result<SideTables, ServeError> {
         SideTables::new(meta, trace.users, trace.items, shard_rows)
     } else {
         let tables = load_side_tables(std::path::Path::new(&config.kafka.catalog))
-            .map_err(|e| ServeError::Catalog(format!("{}: {e}", config.kafka.catalog)))?;
+            // The error names the file (and with it the directory).
+            .map_err(|e| ServeError::Catalog(e.to_string()))?;
         SideTables::new(tables.meta, tables.users, tables.items, shard_rows)
     }
     .map_err(|e| ServeError::Catalog(e.to_string()))
