@@ -98,6 +98,11 @@ fn unusable_numbers_are_refused_at_load_naming_the_key() {
         ("[trace]\nregime = \"calm\"\n", "trace.regime"),
         ("[memory]\npool_mib = inf\n", "memory.pool_mib"),
         ("[memory]\npool_mib = 1e9\n", "memory.pool_mib"),
+        ("[cost]\ncompute_scale = 1e12\n", "cost.compute_scale"),
+        (
+            "[node]\nservice_tokens_per_ms = 1e-300\n",
+            "node.service_tokens_per_ms",
+        ),
         ("[run]\nslo_ms = inf\n", "run.slo_ms.rank"),
         ("[link]\nbandwidth_gbps = inf\n", "link.bandwidth_gbps"),
         ("[link]\nbandwidth_gbps = 1e-30\n", "link.bandwidth_gbps"),

@@ -6,6 +6,11 @@ use super::{Config, ConfigError, Speed};
 /// The largest `memory.pool_mib` accepted: 1 TiB.
 pub const MAX_POOL_MIB: f64 = 1_048_576.0;
 
+/// `cost.compute_scale` beyond this is a typo (see `validate`).
+const MAX_COMPUTE_SCALE: f64 = 1_000.0;
+/// `node.service_tokens_per_ms` below this is a typo (see `validate`).
+const MIN_SERVICE_TOKENS_PER_MS: f64 = 0.001;
+
 impl Config {
     pub(super) fn validate(&self, name: &str) -> Result<(), ConfigError> {
         let invalid = |field: &str, message: String| ConfigError::Invalid {
@@ -34,6 +39,18 @@ impl Config {
         finite_positive("run.slo_ms.rank", self.run.slo_ms.rank)?;
         finite_positive("run.slo_ms.retrieve", self.run.slo_ms.retrieve)?;
         finite_positive("cost.compute_scale", self.cost.compute_scale)?;
+        // Past these a request takes hours of modelled time: a typo, and
+        // the latency summary's histogram ends there.
+        if self.cost.compute_scale > MAX_COMPUTE_SCALE {
+            return Err(invalid(
+                "cost.compute_scale",
+                format!(
+                    "must be at most {MAX_COMPUTE_SCALE} (a device that many times as slow as \
+                     this CPU; got {})",
+                    self.cost.compute_scale
+                ),
+            ));
+        }
         let overhead = self.cost.overhead_scale;
         if !(overhead.is_finite() && overhead >= 0.0) {
             return Err(invalid(
@@ -115,6 +132,15 @@ impl Config {
             "node.service_tokens_per_ms",
             self.node.service_tokens_per_ms,
         )?;
+        if self.node.service_tokens_per_ms < MIN_SERVICE_TOKENS_PER_MS {
+            return Err(invalid(
+                "node.service_tokens_per_ms",
+                format!(
+                    "must be at least {MIN_SERVICE_TOKENS_PER_MS} (one token a second; got {})",
+                    self.node.service_tokens_per_ms
+                ),
+            ));
+        }
         finite_positive("node.token_capacity", self.node.token_capacity)?;
         let share = self.node.shard_resident_share;
         if !(share > 0.0 && share <= 1.0) {
