@@ -88,6 +88,12 @@ pub trait EventOperator: 'static {
     /// Both inputs are closed and nothing is held: called once.
     fn on_close(&mut self) {}
 
+    /// `arrival` mode: the data input is closed (the end of a trace, a
+    /// stop), so nothing queued can be joined by more: an operator waiting
+    /// for more (a batch filling) should stop waiting. Called once, before
+    /// the queue is offered again.
+    fn on_input_closed(&mut self) {}
+
     /// Called once before any data: what calls the operator again from
     /// another thread (see [`Step::Pending`]).
     fn on_start(&mut self, waker: Waker) {
@@ -186,6 +192,7 @@ where
         let mut queued = Queued::default();
         let mut tagged: Vec<(u64, Op::Output)> = Vec::new();
         let mut closed = false;
+        let mut input_closed = false;
         move |(data_in, data_frontier), (control_in, control_frontier), output| {
             // Control before data: in arrival mode a command that arrived in
             // the same activation already applies to the data.
@@ -216,6 +223,10 @@ where
                     }
                 }
             });
+            if release == Release::Arrival && !input_closed && data_frontier.is_empty() {
+                input_closed = true;
+                op.on_input_closed();
+            }
             if release == Release::Arrival && (!queue.is_empty() || !op.in_flight().is_empty()) {
                 match op.on_queue(&mut queue, &mut tagged) {
                     Step::Idle | Step::Pending => {}
@@ -570,6 +581,7 @@ mod tests {
     struct Stepper {
         calls: Calls,
         wait_below: usize,
+        wait: Duration,
         waiting_since: Option<Instant>,
     }
 
@@ -592,7 +604,7 @@ mod tests {
             // Like a batch's wait bound: measured from the first record
             // seen, however often the wrapper calls (frontier changes too).
             let since = *self.waiting_since.get_or_insert_with(Instant::now);
-            let wait = Duration::from_millis(20).saturating_sub(since.elapsed());
+            let wait = self.wait.saturating_sub(since.elapsed());
             if queue.len() < self.wait_below && !wait.is_zero() {
                 return Step::After(wait);
             }
@@ -609,14 +621,45 @@ mod tests {
         fn on_complete(&mut self, time: u64, _out: &mut Vec<(u32, i64)>) {
             self.calls.borrow_mut().push(Call::Complete(time));
         }
+
+        fn on_input_closed(&mut self) {
+            self.wait_below = 0;
+        }
     }
 
     fn stepper(worker: &mut Worker, wait_below: usize) -> Wired {
+        stepper_waiting(worker, wait_below, Duration::from_millis(20))
+    }
+
+    fn stepper_waiting(worker: &mut Worker, wait_below: usize, wait: Duration) -> Wired {
         wire(worker, Release::Arrival, |calls| Stepper {
             calls,
             wait_below,
+            wait,
             waiting_since: None,
         })
+    }
+
+    #[test]
+    fn a_closed_data_input_ends_the_wait_for_more() {
+        timely::execute_directly(|worker| {
+            let (mut data, control, probe, _calls, outputs) =
+                stepper_waiting(worker, 2, Duration::from_secs(3_600));
+            data.advance_to(3);
+            data.send(30);
+            data.flush();
+            steps(worker, 5);
+            assert!(outputs.borrow().is_empty(), "waiting for a second record");
+            // No second record can come: served now, not in an hour.
+            drop(data);
+            drop(control);
+            let started = Instant::now();
+            while !probe.done() {
+                worker.step_or_park(Some(Duration::from_millis(5)));
+                assert!(started.elapsed() < Duration::from_secs(5), "still waiting");
+            }
+            assert_eq!(*outputs.borrow(), vec![(3, (30, 0))]);
+        });
     }
 
     #[test]

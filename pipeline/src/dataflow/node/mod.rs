@@ -166,6 +166,12 @@ impl EventOperator for NodeParts {
     }
 
     /// `complete` mode: every request of one event time, in batches.
+    /// Nothing more arrives (end of trace, stop): a short batch would
+    /// wait for nobody.
+    fn on_input_closed(&mut self) {
+        self.batch.max_wait_ms = 0.0;
+    }
+
     fn on_data(&mut self, time: u64, batch: Vec<Routed>, out: &mut Vec<NodeEvent>) {
         let mut outs = [std::mem::take(out)];
         self.serve_all(vec![(time, batch)], &mut outs);
