@@ -105,3 +105,71 @@ fn a_running_replay_answers_metrics_health_readiness_and_status() {
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["responses_out"], 800);
 }
+
+/// After SIGTERM a replay drains what it admitted and says so on /readyz
+/// (it answered `200 ready` until it exited).
+#[test]
+fn an_interrupted_replay_is_not_ready_while_it_drains() {
+    let dir = tmp_dir("ops-draining");
+    let config = dir.join("paced.toml");
+    std::fs::write(
+        &config,
+        "[run]\nworkers = 2\nspeed = \"1x\"\n\
+         [trace]\nregime = \"steady\"\nrequests = 2000\nrps = 200.0\ncandidates = 16\n",
+    )
+    .unwrap();
+    let mut child = grflow()
+        .args([
+            "replay",
+            "--quiet",
+            "--json",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "no address");
+        if let Some(rest) = line.strip_prefix("metrics and health: http://") {
+            break rest.split('/').next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = stderr.read_to_string(&mut sink);
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&addr, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = child.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // Polled until the process stops answering.
+    let mut readiness = Vec::new();
+    while let Some(answer) = http::get(&addr, "/readyz") {
+        readiness.push(answer);
+        assert!(Instant::now() < deadline, "never exited");
+    }
+    assert!(
+        readiness
+            .iter()
+            .any(|(code, body)| *code == 503 && body.contains("draining")),
+        "{readiness:?}"
+    );
+    let out = child.wait_with_output().unwrap();
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["interrupted"]["signal"], "SIGTERM", "{summary}");
+}

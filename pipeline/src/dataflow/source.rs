@@ -216,7 +216,8 @@ pub fn request_source<'s>(
                 // tell the other workers, and let what was admitted drain.
                 // Records polled but not yet due never entered the job
                 // (`requests_in` counts at admission), so dropping them
-                // loses nothing that entered.
+                // loses nothing that entered. Not ready any more (/readyz).
+                crate::ops::state().set_draining();
                 output.session(&*c).give(Ingest::Stopped(stop.signal()));
                 pending.clear();
                 cap = None;
