@@ -120,6 +120,13 @@ pub struct SourceCounters {
     pub newest_ts_ms: AtomicU64,
 }
 
+/// A trace row that cannot be decoded is an error record too: counted
+/// where /metrics counts the others, so that requests in = responses +
+/// errors there as in the summary.
+fn bad_record_metric() {
+    metrics::counter!("grflow_errors_total", "kind" => "bad_record").increment(1);
+}
+
 impl SourceCounters {
     /// Counts an unreadable batch of the input and names it: it entered,
     /// and its error row answers it.
@@ -127,6 +134,7 @@ impl SourceCounters {
         self.requests_in.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("grflow_requests_in_total").increment(1);
         self.bad_records.fetch_add(1, Ordering::Relaxed);
+        bad_record_metric();
         Ingest::Bad(ErrorRow {
             position: e.position(),
             reason: e.to_string(),
@@ -257,6 +265,7 @@ pub fn request_source<'s>(
                         counters.requests_in.fetch_add(1, Ordering::Relaxed);
                         metrics::counter!("grflow_requests_in_total").increment(1);
                         counters.bad_records.fetch_add(1, Ordering::Relaxed);
+                        bad_record_metric();
                         output.session(&*c).give(Ingest::Bad(ErrorRow {
                             position: position.to_string(),
                             reason,
