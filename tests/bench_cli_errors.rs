@@ -202,3 +202,27 @@ fn out_of_range_flags_are_refused_by_name() {
         assert!(err.contains(flag), "{args:?}: {err}");
     }
 }
+
+/// `calibrate`, `train-allocator` and `bench allocator` check `--out`
+/// before calibrating (~20 s each here): a directory, a missing directory
+/// or a trace file's name is refused at once.
+#[test]
+fn calibrating_commands_check_out_before_calibrating() {
+    let dir = temp::tmp_dir("calibrating-out");
+    let missing = dir.join("no-such-dir").join("cost.json");
+    let trace_file = dir.join("requests.parquet");
+    for out in [dir.as_path(), missing.as_path(), trace_file.as_path()] {
+        cli::refused_out(&["calibrate"], out);
+        cli::refused_out(&["train-allocator", "--iterations", "1"], out);
+    }
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    cli::refused_out(&["bench", "allocator", "--regime", "burst"], &file);
+    let err = grflow()
+        .args(["bench", "allocator", "--policy"])
+        .arg(dir.join("nope.safetensors"))
+        .output()
+        .unwrap();
+    assert_eq!(err.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&err.stderr).contains("--policy"));
+}

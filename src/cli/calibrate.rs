@@ -67,6 +67,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )));
         }
     }
+    // Before the timings, not after them.
+    super::check_out_file(&args.out)?;
     eprintln!("calibrating {} on this machine...", args.preset);
     let cost = grflow_kernels::cost::calibrate_up_to(
         &args.preset,

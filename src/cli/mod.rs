@@ -140,6 +140,41 @@ pub(crate) fn check_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Checks `--out FILE` before a command works for minutes (calibrating,
+/// training): not a directory, in a directory that exists and takes a
+/// file, and not named like a trace's own files (a policy written over
+/// requests.parquet destroyed the trace). Exit 2, naming `--out`.
+pub(crate) fn check_out_file(path: &std::path::Path) -> anyhow::Result<()> {
+    let bad = |why: String| InputError::from_display(format!("--out {}: {why}", path.display()));
+    if path.is_dir() {
+        return Err(bad("is a directory; name the file to write".into()));
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if [
+        grflow_traces::columnar::REQUESTS_FILE,
+        grflow_traces::columnar::USERS_FILE,
+        grflow_traces::columnar::ITEMS_FILE,
+    ]
+    .contains(&name)
+    {
+        return Err(bad("is a trace file's name; pick another".into()));
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !parent.is_dir() {
+        return Err(bad(format!(
+            "its directory {} does not exist",
+            parent.display()
+        )));
+    }
+    let probe = parent.join(format!(".grflow-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| bad(format!("cannot write there: {e}")))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// `--hostfile FILE --process I`: timely's cluster mode from grflow's own
 /// flags (they override the `[cluster]` section).
 #[derive(clap::Args, Debug, Default)]

@@ -326,25 +326,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let ppo = ppo_config(&args)?;
     check_validation_seeds(&args)?;
     let regimes = regimes(&args.regime)?;
+    // Checked here, by flag, and before calibrating: the trace's own check
+    // would name `trace.requests` / `trace.rps`, keys the user never wrote.
+    if args.requests == Some(0) {
+        return Err(InputError::from_display("--requests must be >= 1"));
+    }
+    if let Some(r) = args.rps
+        && !(r.is_finite() && r > 0.0)
+    {
+        return Err(InputError::from_display(format!(
+            "--rps must be a finite number > 0 (got {r})"
+        )));
+    }
+    super::check_out_file(&args.out)?;
     let (mut base, cost) = virtual_base(
         args.config.as_deref(),
         args.calibration.as_deref(),
         args.slo_ms,
     )?;
-    // Checked here, by flag: the trace's own check would name
-    // `trace.requests` / `trace.rps`, keys the user never wrote.
     if let Some(n) = args.requests {
-        if n == 0 {
-            return Err(InputError::from_display("--requests must be >= 1"));
-        }
         base.trace.requests = n;
     }
     if let Some(r) = args.rps {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(InputError::from_display(format!(
-                "--rps must be a finite number > 0 (got {r})"
-            )));
-        }
         base.trace.rps = r;
     }
     base.allocator.policy = AllocatorPolicy::PpoOnly;

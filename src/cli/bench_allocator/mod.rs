@@ -145,6 +145,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.train_seeds
         )));
     }
+    // Before calibrating, not after it.
+    if let Some(dir) = &args.out {
+        super::check_out_dir(dir)?;
+    }
+    if let Some(p) = &args.policy
+        && !p.is_file()
+    {
+        return Err(InputError::from_display(format!(
+            "--policy {}: not a file",
+            p.display()
+        )));
+    }
     let (mut base, cost) = virtual_base(
         args.config.as_deref(),
         args.calibration.as_deref(),
@@ -155,10 +167,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(step) = oracle_step {
         // Replay's own check, before the sweep (which runs without it).
         grflow_pipeline::replay::check_oracle(&base, step).map_err(InputError::from_display)?;
-    }
-    if let Some(dir) = &args.out {
-        // Before the runs, which may take an hour: not after them.
-        super::check_out_dir(dir)?;
     }
     let bench = Bench {
         base,
