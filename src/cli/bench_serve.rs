@@ -42,8 +42,9 @@ pub struct Args {
     #[arg(long, default_value_t = 2048)]
     pub max_tokens: usize,
     /// Execution lanes compared against one lane at `--workers 1`
-    /// (capacity at `--speed max`, batched); 1 skips the comparison.
-    #[arg(long, default_value_t = 2)]
+    /// (capacity at `--speed max`, batched); 1 skips the comparison, as
+    /// does `--at`.
+    #[arg(long, default_value_t = 2, conflicts_with = "at")]
     pub lanes: usize,
     /// Device pool per node (MiB): room for a batch's prefixes.
     #[arg(long, default_value_t = 256.0)]

@@ -17,9 +17,10 @@ pub struct Args {
     /// Model preset: small | hstu-3l | hstu-6l.
     #[arg(long, default_value = "small")]
     pub preset: String,
-    /// Beam width and per-beam top-k of retrieve requests (`model.beam_width`, `model.beam_top_k`).
+    /// Beam width of retrieve requests (`model.beam_width`).
     #[arg(long, default_value_t = 32)]
     pub beam_width: usize,
+    /// Per-beam top-k of retrieve requests (`model.beam_top_k`).
     #[arg(long, default_value_t = 32)]
     pub beam_top_k: usize,
     /// The longest prompt timed (cached plus new tokens, within the model's

@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(long)]
     pub full: bool,
     /// Test users of the full-catalog ranking.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, requires = "full")]
     pub full_users: usize,
     /// Seeds the sampled negatives of each test question.
     #[arg(long, default_value_t = EvalOptions::default().seed)]

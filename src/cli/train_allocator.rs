@@ -42,6 +42,7 @@ pub struct Args {
     /// from the bench's 42 and 43).
     #[arg(long, default_value_t = 3)]
     pub seeds: u64,
+    /// The first training trace's seed (see --seeds).
     #[arg(long, default_value_t = 1000)]
     pub seed_base: u64,
     /// PPO iterations (each replays every regime × seed once).
@@ -77,6 +78,7 @@ pub struct Args {
     /// fits them). 0 selects on the training traces.
     #[arg(long, default_value_t = 0)]
     pub validation_seeds: u64,
+    /// The first validation trace's seed (see --validation-seeds).
     #[arg(long, default_value_t = 2000)]
     pub validation_seed_base: u64,
     /// Also score the parameter mean of the last N scored checkpoints (a
@@ -107,6 +109,8 @@ pub struct Args {
     /// serves best, so the policy never learns what they are worth.
     #[arg(long)]
     pub split_starts: bool,
+    /// Print the run's report (policy, curve file, selection, rewards) as
+    /// one JSON object on stdout (progress stays on stderr).
     #[arg(long)]
     pub json: bool,
 }

@@ -163,7 +163,7 @@ impl GenConfig {
             return bad("requests", ">= 1", "0".into());
         }
         if !(self.rps.is_finite() && self.rps > 0.0) {
-            return bad("rps", "> 0", self.rps.to_string());
+            return bad("rps", "a finite number > 0", self.rps.to_string());
         }
         // The regimes' schedules (bursts, trend) are laid over the trace's
         // span up front: a span of ages is a typo, not a workload.

@@ -74,7 +74,7 @@ pub struct Args {
     #[arg(long)]
     pub answers: bool,
     /// With --answers: how long to wait for the last answers.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, requires = "answers")]
     pub wait_s: u64,
     /// Print one JSON object instead of lines.
     #[arg(long)]
@@ -131,6 +131,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    if args.requests == Some(0) {
+        return Err(InputError::from_display("--requests must be at least 1"));
+    }
     if args.answers && args.wait_s == 0 {
         return Err(InputError::from_display(
             "--wait-s must be at least 1 with --answers",
