@@ -22,17 +22,10 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     http::get(addr, path).unwrap_or_else(|| panic!("GET {path} from {addr} got no answer"))
 }
 
-#[test]
-fn a_running_replay_answers_metrics_health_readiness_and_status() {
-    let dir = tmp_dir("ops-endpoints");
-    let config = dir.join("paced.toml");
-    // About 4 s at 1x.
-    std::fs::write(
-        &config,
-        "[run]\nworkers = 2\nspeed = \"1x\"\n\
-         [trace]\nregime = \"steady\"\nrequests = 800\nrps = 200.0\ncandidates = 16\n",
-    )
-    .unwrap();
+/// A paced replay of `config` with the ops server on a free port: the
+/// child (its stdout piped) and the server's address. Its stderr is read
+/// to the end on a thread, so that the child never blocks on it.
+fn spawn_replay(config: &std::path::Path) -> (std::process::Child, String) {
     let mut child = grflow()
         .args([
             "replay",
@@ -40,9 +33,9 @@ fn a_running_replay_answers_metrics_health_readiness_and_status() {
             "--json",
             "--metrics-addr",
             "127.0.0.1:0",
-            "--config",
         ])
-        .arg(&config)
+        .arg("--config")
+        .arg(config)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -59,11 +52,25 @@ fn a_running_replay_answers_metrics_health_readiness_and_status() {
             break rest.split('/').next().unwrap().to_string();
         }
     };
-    // Keep draining stderr so the child never blocks on it.
     std::thread::spawn(move || {
         let mut sink = String::new();
         let _ = stderr.read_to_string(&mut sink);
     });
+    (child, addr)
+}
+
+#[test]
+fn a_running_replay_answers_metrics_health_readiness_and_status() {
+    let dir = tmp_dir("ops-endpoints");
+    let config = dir.join("paced.toml");
+    // About 4 s at 1x.
+    std::fs::write(
+        &config,
+        "[run]\nworkers = 2\nspeed = \"1x\"\n\
+         [trace]\nregime = \"steady\"\nrequests = 800\nrps = 200.0\ncandidates = 16\n",
+    )
+    .unwrap();
+    let (child, addr) = spawn_replay(&config);
 
     assert_eq!(get(&addr, "/healthz"), (200, "ok\n".to_string()));
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -111,46 +118,23 @@ fn a_running_replay_answers_metrics_health_readiness_and_status() {
 #[test]
 fn an_interrupted_replay_is_not_ready_while_it_drains() {
     let dir = tmp_dir("ops-draining");
-    let config = dir.join("paced.toml");
+    // At full speed the source runs max_ahead_ms (2 s of event time, here
+    // ~4,000 requests) ahead of the answers: the drain after the signal
+    // takes long enough to be seen however loaded the machine is.
+    let config = dir.join("fast.toml");
     std::fs::write(
         &config,
-        "[run]\nworkers = 2\nspeed = \"1x\"\n\
-         [trace]\nregime = \"steady\"\nrequests = 2000\nrps = 200.0\ncandidates = 16\n",
+        "[run]\nworkers = 2\nspeed = \"max\"\n\
+         [trace]\nregime = \"steady\"\nrequests = 60000\nrps = 2000.0\ncandidates = 16\n",
     )
     .unwrap();
-    let mut child = grflow()
-        .args([
-            "replay",
-            "--quiet",
-            "--json",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "no address");
-        if let Some(rest) = line.strip_prefix("metrics and health: http://") {
-            break rest.split('/').next().unwrap().to_string();
-        }
-    };
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = stderr.read_to_string(&mut sink);
-    });
+    let (child, addr) = spawn_replay(&config);
     let deadline = Instant::now() + Duration::from_secs(20);
     while get(&addr, "/readyz").0 != 200 {
         assert!(Instant::now() < deadline, "never ready");
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(300));
     let pid = child.id().to_string();
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &pid])
