@@ -557,15 +557,12 @@ fn bench_and_train_allocator_refuse_per_node_alpha_by_name() {
     let dir = tmp_dir("bench-allocator-node-alpha");
     let config = dir.join("split.toml");
     std::fs::write(&config, "[memory]\nnode_alpha = [0.1, 0.8]\n").unwrap();
+    // A writable --out: checked first, then the config refuses.
+    let policy = dir.join("p.st");
+    let policy = policy.to_str().unwrap();
     for args in [
         &["bench", "allocator", "--regime", "burst", "--json"][..],
-        &[
-            "train-allocator",
-            "--iterations",
-            "1",
-            "--out",
-            "/nonexistent/p.st",
-        ][..],
+        &["train-allocator", "--iterations", "1", "--out", policy][..],
     ] {
         let out = grflow()
             .args(args)
