@@ -167,7 +167,7 @@ fn boundary_moves_report_and_refill_on_the_slow_lane() {
     );
     assert_eq!(m.stats().refill_queued_bytes, 128);
     let host = |_t: u16, r: u32| vec![r as f32, 0.0];
-    let refilled = m.advance_refill(1_000_000_000, &host);
+    let refilled = m.advance_refill(1_000_000_000, &host).len();
     assert_eq!(refilled, 16);
     assert_eq!(m.stats().refill_queued_bytes, 0);
     assert!(m.emb_contains(0, 3));
@@ -183,12 +183,12 @@ fn refill_starts_when_the_boundary_moves() {
     }
     m.set_alpha(0.25, 0).unwrap();
     let host = |_t: u16, r: u32| vec![r as f32, 0.0];
-    assert_eq!(m.advance_refill(1_000, &host), 0);
+    assert_eq!(m.advance_refill(1_000, &host).len(), 0);
     let up = m.set_alpha(0.5, 1_000_000_000).unwrap();
     assert_eq!(up.refill_rows, 16);
-    let early = m.advance_refill(1_000_000_032, &host);
+    let early = m.advance_refill(1_000_000_032, &host).len();
     assert!(early > 0 && early < 16, "{early} rows refilled in 32 ns");
-    assert_eq!(early + m.advance_refill(1_000_000_064, &host), 16);
+    assert_eq!(early + m.advance_refill(1_000_000_064, &host).len(), 16);
 }
 
 #[test]
@@ -203,7 +203,7 @@ fn refill_that_finishes_during_a_miss_transfer_still_lands() {
     // A miss long after the refill finished runs the refill lane first.
     m.link().miss_transfer(64, 1_000_000_000);
     let host = |_t: u16, r: u32| vec![r as f32, 0.0];
-    assert_eq!(m.advance_refill(1_000_000_100, &host), 16);
+    assert_eq!(m.advance_refill(1_000_000_100, &host).len(), 16);
     assert!((0..16).all(|r| m.emb_contains(0, r)));
     let jobs = m.stats().refill_jobs;
     assert_eq!((jobs.submitted, jobs.completed, jobs.pending), (16, 16, 0));

@@ -306,15 +306,10 @@ impl NodeMemory {
 
     /// Advances the refill lane to `now` (ns) and caches the rows whose
     /// transfer completed, reading values from the host tier `host`.
-    /// Returns how many rows were refilled.
-    pub fn advance_refill(&mut self, now: u64, host: &dyn Fn(u16, u32) -> Vec<f32>) -> usize {
-        self.advance_refill_rows(now, host).len()
-    }
-
-    /// [`Self::advance_refill`], returning the (table, row)s it placed. A
-    /// refill only fills free EMB slots and never evicts, so these rows are
-    /// the whole change to what the EMB cache holds.
-    pub fn advance_refill_rows(
+    /// Returns the (table, row)s it placed: a refill only fills free EMB
+    /// slots and never evicts, so they are the whole change to what the
+    /// EMB cache holds.
+    pub fn advance_refill(
         &mut self,
         now: u64,
         host: &dyn Fn(u16, u32) -> Vec<f32>,

@@ -83,7 +83,7 @@ impl Lookup<'_> {
                 // The OOV row stands for no item: it lies past the table's
                 // shards (in the next table's first when the row count is a
                 // multiple of the shard size), so it is not counted.
-                if row != self.host.oov_row(table) && self.memory.emb_contains(table, row) {
+                if super::counted_as_cached(self.memory, self.host, table, row) {
                     self.residency.count_row(self.shards, table, row, 1);
                 }
                 for (table, row) in evicted {

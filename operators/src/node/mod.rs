@@ -449,7 +449,7 @@ impl ServingNode {
         let host = &self.host;
         let placed = self
             .memory
-            .advance_refill_rows(now, &|t, r| host.row(t, r).to_vec());
+            .advance_refill(now, &|t, r| host.row(t, r).to_vec());
         for (table, row) in placed {
             // The OOV row stands for no item and is not counted (as in
             // `Lookup::item_tokens` and `recount_shards`).
@@ -572,11 +572,17 @@ impl ServingNode {
     /// model swaps). Refill is counted row by row instead (`refill`).
     fn recount_shards(&mut self) {
         let (memory, host) = (&self.memory, &self.host);
-        // A table's last shard may reach its OOV row, which is not counted.
         self.residency.recount(&self.params.shards, |t, r| {
-            r != host.oov_row(t) && memory.emb_contains(t, r)
+            counted_as_cached(memory, host, t, r)
         });
     }
+}
+
+/// Whether shard residency counts (`table`, `row`) as cached: in the EMB
+/// cache and not the table's OOV row (a table's last shard may reach it;
+/// it stands for no item).
+fn counted_as_cached(memory: &NodeMemory, host: &HostTables, table: u16, row: u32) -> bool {
+    row != host.oov_row(table) && memory.emb_contains(table, row)
 }
 
 #[cfg(test)]
@@ -596,7 +602,7 @@ mod refill_tests {
         (0..shards.num_shards())
             .map(|s| {
                 let (t, rows) = shards.rows_of(s);
-                rows.filter(|&r| r != node.host.oov_row(t) && node.memory.emb_contains(t, r))
+                rows.filter(|&r| counted_as_cached(&node.memory, &node.host, t, r))
                     .count() as u32
             })
             .collect()
@@ -665,7 +671,7 @@ mod refill_tests {
         let mut recounted = node.residency.clone();
         let (memory, host) = (&node.memory, &node.host);
         recounted.recount(&node.params.shards, |t, r| {
-            r != host.oov_row(t) && memory.emb_contains(t, r)
+            counted_as_cached(memory, host, t, r)
         });
         let threshold = 8.0;
         let (mut a, mut b) = (NodeReport::default(), NodeReport::default());
