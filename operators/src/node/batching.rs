@@ -74,30 +74,26 @@ impl BatchPolicy {
                 rank: Vec::new(),
             };
         }
-        let retrieve = if lanes == 1 {
-            Vec::new()
-        } else {
-            take_kind(queue, true, budget).0
-        };
+        let retrieve = take_kind(queue, true, budget).0;
         let (rank, tokens, full) = take_kind(queue, false, budget);
         let oldest = rank.iter().map(|&i| queue[i].waited_ms).fold(0.0, f64::max);
         let short = !full && tokens < self.max_tokens && oldest < self.max_wait_ms;
-        if retrieve.is_empty() && short {
-            // The one lane is free while the rank batch fills.
-            let waiting = if lanes == 1 {
-                take_kind(queue, true, budget).0
-            } else {
-                Vec::new()
-            };
-            if waiting.is_empty() {
-                return Next::Wait(self.max_wait_ms - oldest);
-            }
-            return Next::Serve {
-                retrieve: waiting,
-                rank: Vec::new(),
-            };
+        if short && retrieve.is_empty() {
+            return Next::Wait(self.max_wait_ms - oldest);
         }
-        Next::Serve { retrieve, rank }
+        match (lanes, short) {
+            // The one lane runs the retrieve group while the rank batch fills.
+            (1, true) => Next::Serve {
+                retrieve,
+                rank: Vec::new(),
+            },
+            // One lane, a rank front: the rank batch alone.
+            (1, false) => Next::Serve {
+                retrieve: Vec::new(),
+                rank,
+            },
+            _ => Next::Serve { retrieve, rank },
+        }
     }
 
     /// The whole of `queue` as the steps [`next`](Self::next) would take
