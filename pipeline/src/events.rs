@@ -38,6 +38,15 @@ impl Admitted {
             None => side.history(self.request.user_id, self.request.hist_len),
         }
     }
+
+    /// Whether [`Self::history`] serves this request an empty history it
+    /// did not ask for: `hist_len` > 0 of a user the users table does not
+    /// know (a new user sends 0).
+    pub fn asks_unknown_user(&self, side: &SideTables) -> bool {
+        self.inline_history.is_none()
+            && self.request.hist_len > 0
+            && !side.knows_user(self.request.user_id)
+    }
 }
 
 impl Deadlined for Routed {

@@ -120,21 +120,21 @@ pub struct SourceCounters {
     pub newest_ts_ms: AtomicU64,
 }
 
-/// A trace row that cannot be decoded is an error record too: counted
-/// where /metrics counts the others, so that requests in = responses +
-/// errors there as in the summary.
-fn bad_record_metric() {
-    metrics::counter!("grflow_errors_total", "kind" => "bad_record").increment(1);
-}
-
 impl SourceCounters {
-    /// Counts an unreadable batch of the input and names it: it entered,
-    /// and its error row answers it.
-    fn unreadable(&self, e: SourceError) -> Ingest {
+    /// Counts a record that entered but cannot be served (its error row
+    /// answers it): in `requests_in` and as an error record, here and on
+    /// /metrics, so that requests in = responses + errors in both.
+    fn count_bad(&self) {
         self.requests_in.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("grflow_requests_in_total").increment(1);
         self.bad_records.fetch_add(1, Ordering::Relaxed);
-        bad_record_metric();
+        metrics::counter!("grflow_errors_total", "kind" => "bad_record").increment(1);
+    }
+
+    /// Counts an unreadable batch of the input and names it: it entered,
+    /// and its error row answers it.
+    fn unreadable(&self, e: SourceError) -> Ingest {
+        self.count_bad();
         Ingest::Bad(ErrorRow {
             position: e.position(),
             reason: e.to_string(),
@@ -262,10 +262,7 @@ pub fn request_source<'s>(
                         else {
                             unreachable!()
                         };
-                        counters.requests_in.fetch_add(1, Ordering::Relaxed);
-                        metrics::counter!("grflow_requests_in_total").increment(1);
-                        counters.bad_records.fetch_add(1, Ordering::Relaxed);
-                        bad_record_metric();
+                        counters.count_bad();
                         output.session(&*c).give(Ingest::Bad(ErrorRow {
                             position: position.to_string(),
                             reason,

@@ -165,13 +165,13 @@ impl EventOperator for NodeParts {
         publish_node_metrics(&node);
     }
 
-    /// `complete` mode: every request of one event time, in batches.
     /// Nothing more arrives (end of trace, stop): a short batch would
     /// wait for nobody.
     fn on_input_closed(&mut self) {
         self.batch.max_wait_ms = 0.0;
     }
 
+    /// `complete` mode: every request of one event time, in batches.
     fn on_data(&mut self, time: u64, batch: Vec<Routed>, out: &mut Vec<NodeEvent>) {
         let mut outs = [std::mem::take(out)];
         self.serve_all(vec![(time, batch)], &mut outs);
@@ -440,11 +440,8 @@ impl NodeParts {
         // What expired already is answered before the steps are formed, so
         // that it takes no place in a batch.
         let all: Vec<Slotted> = if self.shedder.sheds_any() {
-            let split = self.shedder.split(all, busy_since);
-            for (s, check) in &split.shed {
-                ctx.answer_shed(s, *check, &mut out[s.slot]);
-            }
-            split.serve.into_iter().map(|(s, _)| s).collect()
+            let live = ctx.shed_expired(all, out);
+            live.into_iter().map(|(s, _)| s).collect()
         } else {
             all
         };

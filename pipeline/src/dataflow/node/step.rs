@@ -64,7 +64,7 @@ impl StepCtx {
     /// and returns the rest, each with whether it is served late after a
     /// restart. Overload degrades this way instead of spending compute on
     /// requests nobody waits for any more.
-    fn shed_expired(
+    pub(super) fn shed_expired(
         &self,
         batch: Vec<Slotted>,
         out: &mut [Vec<NodeEvent>],
@@ -314,13 +314,7 @@ impl StepCtx {
         let mut histories = Vec::with_capacity(requests.len());
         let mut unknown_users = 0;
         for (s, recovered_late) in requests {
-            let a = &s.routed.admitted;
-            // Served with an empty history: counted, since the request
-            // asked for more (a new user sends hist_len 0).
-            if a.inline_history.is_none()
-                && a.request.hist_len > 0
-                && !side.knows_user(a.request.user_id)
-            {
+            if s.routed.admitted.asks_unknown_user(side) {
                 unknown_users += 1;
             }
             match s.routed.admitted.history(side) {
