@@ -132,10 +132,16 @@ pub(crate) fn check_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
             dir.display()
         ))
     })?;
-    let probe = dir.join(format!(".grflow-write-check-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|e| {
+    probe_write(dir).map_err(|e| {
         InputError::from_display(format!("--out {}: cannot write there: {e}", dir.display()))
-    })?;
+    })
+}
+
+/// Creates and removes a probe file in `dir`: whether a file can be
+/// written there.
+fn probe_write(dir: &std::path::Path) -> std::io::Result<()> {
+    let probe = dir.join(format!(".grflow-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"")?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
@@ -169,10 +175,7 @@ pub(crate) fn check_out_file(path: &std::path::Path) -> anyhow::Result<()> {
             parent.display()
         )));
     }
-    let probe = parent.join(format!(".grflow-write-check-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|e| bad(format!("cannot write there: {e}")))?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+    probe_write(parent).map_err(|e| bad(format!("cannot write there: {e}")))
 }
 
 /// `--hostfile FILE --process I`: timely's cluster mode from grflow's own

@@ -812,27 +812,12 @@ fn episode_error(e: grflow_pipeline::ReplayError, what: &str) -> anyhow::Error {
 struct Scratch(PathBuf);
 
 impl Scratch {
-    /// Checks `out` before any training: a directory, or a place that
-    /// cannot be written, would lose the trained policy at the end.
+    /// Made in `out`'s directory, which `check_out_file` has checked.
     fn beside(out: &std::path::Path) -> anyhow::Result<Self> {
-        if out.is_dir() {
-            return Err(InputError::from_display(format!(
-                "--out {}: is a directory; name the policy file to write (e.g. {}/policy.safetensors)",
-                out.display(),
-                out.display()
-            )));
-        }
         let parent = out
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(std::path::Path::new("."));
-        if !parent.is_dir() {
-            return Err(InputError::from_display(format!(
-                "--out {}: directory {} does not exist",
-                out.display(),
-                parent.display()
-            )));
-        }
         let dir = parent.join(format!(".train-allocator-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| {
             InputError::from_display(format!(
