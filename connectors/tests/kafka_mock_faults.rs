@@ -519,6 +519,7 @@ fn mock_leader_change_consumer_resumes_and_commits() {
                 from_commit: false,
                 past_end: None,
                 commit_start: false,
+                refetches_below: false,
             })
             .collect::<Vec<_>>()
     );
@@ -573,6 +574,7 @@ fn mock_leader_change_consumer_resumes_and_commits() {
                 from_commit: true,
                 past_end: None,
                 commit_start: false,
+                refetches_below: false,
             })
             .collect::<Vec<_>>()
     );
@@ -681,6 +683,7 @@ fn mock_consumer_survives_broker_down() {
             from_commit: true,
             past_end: None,
             commit_start: false,
+            refetches_below: false,
         }]
     );
     eprintln!(
@@ -779,6 +782,7 @@ fn mock_sync_commit_lands_after_a_coordinator_outage() {
             from_commit: true,
             past_end: None,
             commit_start: false,
+            refetches_below: false,
         }]
     );
     eprintln!(
@@ -1225,4 +1229,81 @@ fn mock_a_log_that_starts_over_while_serving_is_served_and_committed_anew() {
     }
     assert_eq!(book.take_commits(), vec![(0, NEW as i64)]);
     assert_eq!(book.in_flight(), 5, "the old log's answers still in flight");
+}
+
+/// A worker that reads no partition (more workers than partitions) still
+/// serves its consumer's queue: statistics events, one every 50 ms here,
+/// used to pile up in it for as long as the job ran.
+#[test]
+fn mock_a_consumer_without_partitions_keeps_its_queue_empty() {
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1]);
+    let mut settings = settings(&mock, "no-partitions");
+    settings
+        .extra
+        .insert("statistics.interval.ms".into(), "50".into());
+    let (consumer, resumed) = open_consumer(&settings, topic, &[], Refetch::FromCommitted);
+    assert!(resumed.is_empty());
+    let mut queued = 0;
+    for _ in 0..10 {
+        let started = Instant::now();
+        assert!(consumer.poll(Duration::from_millis(200)).is_none());
+        assert!(
+            started.elapsed() >= Duration::from_millis(150),
+            "poll waits"
+        );
+        queued += usize::from(consumer.has_queued());
+    }
+    // One may arrive between a poll and the check; unserved, every check
+    // after the first 200 ms would find some.
+    assert!(queued <= 2, "events left queued after {queued} polls of 10");
+}
+
+/// As above, but the log starts over before the partition read anything
+/// since it resumed at offset 90 (a restart, then the topic created again
+/// before any request came). The consumer fetches at the commit, so a
+/// record below it can only be a new log's: the new requests are served
+/// (they were skipped as duplicates and never answered), and none counts
+/// as recovered from a previous incarnation, so deadlines apply to them.
+#[test]
+fn mock_a_log_that_starts_over_before_anything_was_read_is_served_as_new() {
+    const NEW: u64 = 3;
+    let mock = mock_cluster();
+    let topic = "requests";
+    create_topic(&mock, topic, &[1]);
+    let settings = settings(&mock, "log-reset-first");
+    produce_requests(&settings.brokers, topic, &[0], NEW);
+    let shared = Arc::new(SharedState::new(topic, 1));
+    shared.saw_partitions(1);
+    let mut source = source_of(&settings, topic, &[0], &shared, 1_000, 1_000_000);
+    shared.book(0).lock().unwrap().register(&Resumed {
+        partition: 0,
+        offset: 90,
+        from_commit: true,
+        past_end: None,
+        commit_start: false,
+        refetches_below: false,
+    });
+    let mut recovered = Vec::new();
+    let deadline = Instant::now() + Duration::from_millis(1_000);
+    while Instant::now() < deadline {
+        for r in source.poll_at(512, Instant::now(), 0).records {
+            match r {
+                SourceRecord::Request { recovered: rec, .. } => recovered.push(rec),
+                other => panic!("not a request: {other:?}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        recovered,
+        vec![false; NEW as usize],
+        "served as new requests"
+    );
+    let counters = &shared.counters;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((n(&counters.log_resets), n(&counters.duplicates)), (1, 0));
+    let mut book = shared.book(0).lock().unwrap();
+    assert_eq!(book.take_commits(), vec![(0, 0)], "the new log's start");
 }

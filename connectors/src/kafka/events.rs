@@ -69,6 +69,9 @@ pub enum KafkaEvent<'a> {
     Undeliverable { topic: &'a str, error: &'a str },
     /// The broker refused an offset commit (the offsets are sent again).
     CommitFailed { worker: usize, error: &'a str },
+    /// Reading the request topic failed (a broker away, a read ACL
+    /// revoked, an unknown partition): retried at the next poll.
+    ReadFailed,
 }
 
 impl KafkaEvent<'_> {
@@ -204,6 +207,8 @@ impl KafkaEvent<'_> {
                     );
                 }
             }
+            // Logged rate-limited by the source, with the error.
+            Self::ReadFailed => count(&counters.read_errors, "grflow_read_errors_total"),
             Self::Undeliverable { topic, error } => {
                 count(&counters.undeliverable, "grflow_undeliverable_total");
                 tracing::error!(
@@ -250,6 +255,7 @@ mod tests {
                 worker: 0,
                 error: "refused",
             },
+            KafkaEvent::ReadFailed,
             KafkaEvent::LogReset {
                 topic: "requests",
                 partition,
@@ -270,6 +276,7 @@ mod tests {
         assert_eq!(n(&c.delivered), 1);
         assert_eq!((n(&c.offset_gaps), n(&c.skipped_offsets)), (1, 3));
         assert_eq!(n(&c.commit_failures), 1);
+        assert_eq!(n(&c.read_errors), 1);
         assert_eq!(n(&c.log_resets), 1);
     }
 }

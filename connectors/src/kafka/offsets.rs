@@ -11,6 +11,8 @@
 
 use std::collections::BTreeMap;
 
+use super::Resumed;
+
 /// What to do with a consumed record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -52,9 +54,10 @@ pub struct PartitionOffsets {
     /// their records are gone, so they hold no commit back, but their acks
     /// still come (tokens of each; an offset may be orphaned more than once).
     orphans: BTreeMap<i64, Vec<u64>>,
-    /// A record was admitted since the partition was registered: it is past
-    /// its resume point, where records below what was read are no longer
-    /// the expected refetch of a restart.
+    /// Past the resume point, where records below what was read are no
+    /// longer the expected refetch of a restart: a record was admitted
+    /// since the partition was registered, or its consumer fetches from the
+    /// resume point itself (see [`OffsetBook::register`]).
     admitted: bool,
     /// The last offset handed out by `committable` (to report changes only).
     last_commit: Option<i64>,
@@ -188,6 +191,23 @@ impl OffsetBook {
         p.last_commit = None;
         p.commit_start = true;
         self.partitions.insert(partition, p);
+    }
+
+    /// Registers a partition as its consumer opened it: committed at once
+    /// when `commit_start` (see [`Resumed`]). When the consumer fetches
+    /// from `offset` itself, a record below it can only come from a log
+    /// that started over, so the log's end is checked from the first
+    /// record on; with [`Resumed::refetches_below`] only once a record at
+    /// or past `offset` came (before that, lower ones are the refetch).
+    pub fn register(&mut self, r: &Resumed) {
+        if r.commit_start {
+            self.start_uncommitted(r.partition, r.offset);
+        } else {
+            self.resume(r.partition, r.offset);
+        }
+        if let Some(p) = self.partitions.get_mut(&r.partition) {
+            p.admitted = !r.refetches_below;
+        }
     }
 
     /// A record at `offset` of `partition` arrived.
@@ -360,6 +380,12 @@ impl RecoveryBounds {
             .is_some_and(|&(end, _)| offset < end)
     }
 
+    /// `partition`'s log started over while serving: no record of the new
+    /// log was in flight at a previous incarnation's crash.
+    pub fn start_over(&mut self, partition: i32) {
+        self.ends.insert(partition, (0, true));
+    }
+
     /// Whether `partition`'s first record fixed its end already.
     pub fn settled(&self, partition: i32) -> bool {
         self.ends
@@ -509,6 +535,62 @@ mod tests {
             "an empty partition recovers nothing"
         );
         assert_eq!(RecoveryBounds::new([(3, -1)]).end(3), Some(0));
+    }
+
+    #[test]
+    fn a_log_that_starts_over_before_the_first_record_is_served_when_fetched_at_the_commit() {
+        let resumed = |refetches_below| Resumed {
+            partition: 0,
+            offset: 1_000,
+            from_commit: true,
+            past_end: None,
+            commit_start: false,
+            refetches_below,
+        };
+        // Fetched at the commit: a record below it comes from a new log.
+        let mut book = OffsetBook::new();
+        book.register(&resumed(false));
+        assert_eq!(
+            book.consume_checked(0, 0, || Some(3)),
+            Ok(Admission::AfterLogReset {
+                read_up_to: 1_000,
+                log_end: 3
+            })
+        );
+        assert_eq!(book.consume_checked(0, 1, || Some(3)), Ok(Admission::New));
+        assert_eq!(book.take_commits(), vec![(0, 0)], "the new log's start");
+        // The same log read again from its start is skipped.
+        let mut book = OffsetBook::new();
+        book.register(&resumed(false));
+        assert_eq!(
+            book.consume_checked(0, 0, || Some(1_200)),
+            Ok(Admission::Duplicate)
+        );
+        // Fetched from the log's start (tansu): the refetch is expected, and
+        // a log whose end is not yet known is not taken for a new one.
+        let mut book = OffsetBook::new();
+        book.register(&resumed(true));
+        assert_eq!(
+            book.consume_checked(0, 0, || Some(3)),
+            Ok(Admission::Duplicate)
+        );
+        assert_eq!(book.consume_checked(0, 1_000, || None), Ok(Admission::New));
+        assert!(matches!(
+            book.consume_checked(0, 2, || Some(3)),
+            Ok(Admission::AfterLogReset { .. })
+        ));
+    }
+
+    #[test]
+    fn a_log_that_starts_over_recovers_nothing_of_the_new_log() {
+        let mut bounds = RecoveryBounds::new([(0, 50_000)]);
+        assert!(bounds.is_recovered(0, 10));
+        bounds.start_over(0);
+        assert!(!bounds.is_recovered(0, 0));
+        assert!(!bounds.is_recovered(0, 10));
+        assert!(bounds.settled(0), "a later first fetch does not undo it");
+        bounds.settle(0, Some(60_000));
+        assert!(!bounds.is_recovered(0, 10));
     }
 
     #[test]

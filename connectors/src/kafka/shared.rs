@@ -68,6 +68,9 @@ pub struct KafkaCounters {
     pub pauses: AtomicU64,
     /// Offset commits the broker refused (the offsets are sent again).
     pub commit_failures: AtomicU64,
+    /// Polls of the request topic that failed (each retried); a count that
+    /// keeps rising while nothing is read means a partition stalled.
+    pub read_errors: AtomicU64,
     pub newest_event_ms: AtomicU64,
 }
 
@@ -308,6 +311,8 @@ pub struct CountsSnapshot {
     pub pauses: u64,
     #[serde(default)]
     pub commit_failures: u64,
+    #[serde(default)]
+    pub read_errors: u64,
 }
 
 impl CountsSnapshot {
@@ -334,6 +339,7 @@ impl CountsSnapshot {
             undeliverable: c.undeliverable.load(Ordering::Relaxed),
             pauses: c.pauses.load(Ordering::Relaxed),
             commit_failures: c.commit_failures.load(Ordering::Relaxed),
+            read_errors: c.read_errors.load(Ordering::Relaxed),
         }
     }
 
@@ -359,5 +365,6 @@ impl CountsSnapshot {
         self.undeliverable += o.undeliverable;
         self.pauses += o.pauses;
         self.commit_failures += o.commit_failures;
+        self.read_errors += o.read_errors;
     }
 }

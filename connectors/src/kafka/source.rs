@@ -205,11 +205,7 @@ impl KafkaSource {
                     .lock()
                     .expect("offset book lock");
                 for r in &resumed {
-                    if r.commit_start {
-                        book.start_uncommitted(r.partition, r.offset);
-                    } else {
-                        book.resume(r.partition, r.offset);
-                    }
+                    book.register(r);
                     tracing::info!(
                         worker = self.worker,
                         topic,
@@ -266,6 +262,7 @@ impl KafkaSource {
                     Some(Err(e)) => {
                         // Transient client errors (broker down, ...): librdkafka
                         // reconnects by itself; say so and keep going.
+                        KafkaEvent::ReadFailed.emit(&self.shared.counters);
                         if let Some(suppressed) = self.poll_error_log.admit(now) {
                             tracing::warn!(
                                 worker = self.worker,
@@ -331,14 +328,17 @@ impl KafkaSource {
             Ok(Admission::AfterLogReset {
                 read_up_to,
                 log_end,
-            }) => KafkaEvent::LogReset {
-                topic: &self.settings.request_topic,
-                partition,
-                offset,
-                read_up_to,
-                log_end,
+            }) => {
+                self.consumer.log_started_over(partition);
+                KafkaEvent::LogReset {
+                    topic: &self.settings.request_topic,
+                    partition,
+                    offset,
+                    read_up_to,
+                    log_end,
+                }
+                .emit(counters)
             }
-            .emit(counters),
             Ok(Admission::NewAfterGap { first, last }) => KafkaEvent::OffsetGap {
                 partition,
                 first,

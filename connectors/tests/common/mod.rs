@@ -97,7 +97,7 @@ pub fn source_following(
     history: ServedLimits,
 ) -> KafkaSource {
     for r in &resumed {
-        shared.book(0).lock().unwrap().resume(r.partition, r.offset);
+        shared.book(0).lock().unwrap().register(r);
     }
     let producer = Arc::new(OutputProducer::new(settings, Arc::new(|_| {})).unwrap());
     let sink = KafkaSink::new(

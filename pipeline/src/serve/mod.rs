@@ -397,12 +397,8 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
         {
             let mut book = shared.book(w).lock().expect("offset book lock");
             for r in &resumed {
-                if r.commit_start {
-                    // Committed at once, even at 0 (see `Resumed`).
-                    book.start_uncommitted(r.partition, r.offset);
-                } else {
-                    book.resume(r.partition, r.offset);
-                }
+                // A `commit_start` position is committed at once, even at 0.
+                book.register(r);
                 tracing::info!(
                     worker = w,
                     partition = r.partition,
@@ -1043,6 +1039,7 @@ fn summarise(
         produce_failures: c.produce_failures,
         undeliverable: c.undeliverable,
         commit_failures: c.commit_failures,
+        read_errors: c.read_errors,
         drain_timed_out: part.drain_timed_out,
         windows_lost: part.windows_lost,
         pauses: c.pauses,
@@ -1214,6 +1211,7 @@ mod tests {
             from_commit: true,
             past_end,
             commit_start: false,
+            refetches_below: false,
         };
         let mine = answers_ahead(&answered, &[resumed(0, 10, None), resumed(1, 0, Some(900))]);
         assert_eq!(mine, [answer(0, 10), answer(0, 12)].into());

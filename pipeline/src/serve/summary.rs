@@ -172,6 +172,9 @@ pub struct ServeSummary {
     /// lists only offsets the final commit got through).
     #[serde(default)]
     pub commit_failures: u64,
+    /// Polls of the request topic that failed (each retried).
+    #[serde(default)]
+    pub read_errors: u64,
     /// The shutdown drain stopped at `kafka.drain_timeout_ms`: what was not
     /// answered by then is not committed and is read again on restart.
     pub drain_timed_out: bool,

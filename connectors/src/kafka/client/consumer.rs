@@ -236,7 +236,11 @@ impl RequestConsumer {
     /// The next record, waiting at most `timeout`; `None` when none came
     /// (or reads are paused).
     pub fn poll(&self, timeout: Duration) -> Option<Result<RawRecord, KafkaClientError>> {
-        if self.partitions.is_empty() || self.paused {
+        if self.partitions.is_empty() {
+            self.serve_events(timeout);
+            return None;
+        }
+        if self.paused {
             std::thread::sleep(timeout);
             return None;
         }
@@ -252,6 +256,29 @@ impl RequestConsumer {
             })
             .map_err(kafka(format!("reading `{}`", self.topic)))
         })
+    }
+
+    /// Serves the consumer's queue for `timeout` while no partition is
+    /// read: librdkafka still queues events for it (broker errors while a
+    /// broker is away, statistics when `statistics.interval.ms` is set),
+    /// and a queue nobody serves grows for as long as the job runs.
+    fn serve_events(&self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        // Bounded, so that a flood of events cannot hold the worker.
+        for _ in 0..10_000 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.consumer.poll(left) {
+                Some(Err(e)) => tracing::debug!(error = %e, topic = %self.topic, "consumer event"),
+                // No partition is assigned, so no record should come; its
+                // offset is never committed here, so its owner reads it.
+                Some(Ok(m)) => tracing::warn!(
+                    partition = m.partition(),
+                    offset = m.offset(),
+                    "record of a partition this worker does not read: left to its owner"
+                ),
+                None => return,
+            }
+        }
     }
 
     /// Calls `wake` from a librdkafka thread whenever the consumer's queue
@@ -296,6 +323,12 @@ impl RequestConsumer {
     /// it when it stopped (see [`RecoveryBounds`]).
     pub fn is_recovered(&self, partition: i32, offset: i64) -> bool {
         self.recovery.borrow().is_recovered(partition, offset)
+    }
+
+    /// `partition`'s log started over while serving: none of its records
+    /// is recovered from now on (they may be shed and answered stale).
+    pub fn log_started_over(&self, partition: i32) {
+        self.recovery.borrow_mut().start_over(partition);
     }
 
     /// The ends of the logs at start, as far as they are known now.
@@ -508,6 +541,7 @@ fn resume_positions<C: ConsumerContext>(
             past_end,
             commit_start: from_commit.is_none()
                 && (start == StartPosition::Latest || past_end.is_some()),
+            refetches_below: refetch == Refetch::FromStart,
         });
     }
     Ok(Positions {

@@ -285,6 +285,11 @@ pub struct Resumed {
     /// `offset` must be committed even if nothing is read and even if it
     /// is 0, or what is produced while the job is down is skipped.
     pub commit_start: bool,
+    /// The consumer fetches from the log's start, below `offset`
+    /// ([`Refetch::FromStart`]), so records below it come back at first as
+    /// the expected refetch. Otherwise a record below `offset` can only
+    /// come from a log that started over.
+    pub refetches_below: bool,
 }
 
 mod admin;
