@@ -1,9 +1,9 @@
 //! Operations endpoints of a running job, on one small HTTP/1.1 server
 //! thread: Prometheus metrics at `/metrics` (every name prefixed
 //! `grflow_`, recorded through the `metrics` facade), liveness at
-//! `/healthz`, readiness at `/readyz` and the running config and model
-//! version at `/status`. Requests are answered one at a time; a scrape is
-//! small, and nothing here is on the serving path.
+//! `/healthz`, readiness at `/readyz` and the job's state, running config
+//! and model version at `/status`. Requests are answered one at a time; a
+//! scrape is small, and nothing here is on the serving path.
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
@@ -69,7 +69,8 @@ impl OpsState {
     }
 
     /// The `/status` document; secrets in it (librdkafka passwords, keys)
-    /// are replaced by `"***"`.
+    /// are replaced by `"***"`. Its `state`, `version`, `ready` and
+    /// `not_ready` are the endpoint's own (see [`OpsState::status_document`]).
     pub fn set_status(&self, mut status: serde_json::Value) {
         redact(&mut status);
         *self.status.lock().expect("ops lock") = status;
@@ -85,20 +86,81 @@ impl OpsState {
         status[key] = value;
     }
 
-    /// Ready, or the first reason not to be, most lasting first.
-    fn readiness(&self) -> Result<(), String> {
+    /// Where the job is in its life, most lasting first.
+    fn phase(&self) -> Phase {
         if let Some(why) = self.stopping.lock().expect("ops lock").as_ref() {
-            return Err(format!("stopping: {why}"));
+            return Phase::Stopping(why.clone());
         }
         if self.draining.load(Ordering::Relaxed) {
-            return Err("draining".into());
+            Phase::Draining
+        } else if !self.started.load(Ordering::Relaxed) {
+            Phase::Starting
+        } else {
+            Phase::Running
         }
-        if !self.started.load(Ordering::Relaxed) {
-            return Err("starting".into());
+    }
+
+    /// Ready, or the first reason not to be, most lasting first.
+    fn readiness(&self) -> Result<(), String> {
+        self.readiness_in(self.phase())
+    }
+
+    /// Readiness in `phase` (read once, so that /status's state and
+    /// readiness agree).
+    fn readiness_in(&self, phase: Phase) -> Result<(), String> {
+        match phase {
+            Phase::Stopping(why) => Err(format!("stopping: {why}")),
+            Phase::Draining => Err("draining".into()),
+            Phase::Starting => Err("starting".into()),
+            Phase::Running => match self.broker_down.lock().expect("ops lock").as_ref() {
+                Some(why) => Err(why.clone()),
+                None => Ok(()),
+            },
         }
-        match self.broker_down.lock().expect("ops lock").as_ref() {
-            Some(why) => Err(why.clone()),
-            None => Ok(()),
+    }
+
+    /// The `/status` body: the job's document with its state added, an
+    /// object from the first request on (the job publishes its document
+    /// only once the model and inputs are loaded, which may take minutes).
+    fn status_document(&self) -> serde_json::Value {
+        let mut doc = match &*self.status.lock().expect("ops lock") {
+            serde_json::Value::Object(map) => map.clone(),
+            _ => serde_json::Map::new(),
+        };
+        // Computed here, not stored, so that a later `set_status` cannot
+        // leave a stale state behind.
+        let phase = self.phase();
+        doc.insert("state".into(), phase.name().into());
+        doc.insert("version".into(), env!("CARGO_PKG_VERSION").into());
+        let readiness = self.readiness_in(phase);
+        doc.insert("ready".into(), readiness.is_ok().into());
+        if let Err(why) = readiness {
+            doc.insert("not_ready".into(), why.into());
+        }
+        serde_json::Value::Object(doc)
+    }
+}
+
+/// The job's lifecycle as `/status` reports it: starting → running →
+/// draining, or stopping on a fatal error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Model, catalog or inputs still loading, or peers still connecting.
+    Starting,
+    Running,
+    /// Stopped reading (a signal): answering what was read.
+    Draining,
+    /// A fatal error stops the job: why.
+    Stopping(String),
+}
+
+impl Phase {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Draining => "draining",
+            Self::Stopping(_) => "stopping",
         }
     }
 }
@@ -210,8 +272,7 @@ pub fn route(request_line: &str, state: &OpsState, metrics: &dyn Fn() -> String)
             Err(why) => reply(503, "text/plain", format!("not ready: {why}\n")),
         },
         "/status" => {
-            let status = state.status.lock().expect("ops lock").clone();
-            let body = serde_json::to_string_pretty(&status).unwrap_or_default();
+            let body = serde_json::to_string_pretty(&state.status_document()).unwrap_or_default();
             reply(200, "application/json", body + "\n")
         }
         _ => reply(
@@ -348,6 +409,54 @@ mod tests {
             405
         );
         assert_eq!(route("GET /nope HTTP/1.1", &state, &metrics).status, 404);
+    }
+
+    /// Before the job published its document /status answered `null`;
+    /// a user polling it through a long startup now reads "starting".
+    #[test]
+    fn status_is_an_object_with_the_jobs_state_from_the_first_request() {
+        let state = OpsState::new();
+        let metrics = String::new;
+        let status = |state: &OpsState| -> serde_json::Value {
+            let r = route("GET /status HTTP/1.1", state, &metrics);
+            assert_eq!((r.status, r.content_type), (200, "application/json"));
+            serde_json::from_str(&r.body).unwrap()
+        };
+        let first = status(&state);
+        assert_eq!(first["state"], "starting", "{first}");
+        assert_eq!(first["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(first["ready"], false);
+        assert_eq!(first["not_ready"], "starting");
+        // A field set before the document (a model loaded first) shows
+        // beside the state.
+        state.set_status_field("models", serde_json::json!({"serving": {}}));
+        let early = status(&state);
+        assert_eq!(early["state"], "starting");
+        assert!(early["models"].is_object(), "{early}");
+        state.set_status(serde_json::json!({"command": "serve", "model_version": "gr-1"}));
+        state.set_started();
+        let running = status(&state);
+        assert_eq!(
+            (&running["state"], &running["command"], &running["ready"]),
+            (&"running".into(), &"serve".into(), &true.into()),
+            "{running}"
+        );
+        assert!(running.get("not_ready").is_none(), "{running}");
+        // Running but not ready: the state stays, the reason shows.
+        state.set_broker_down(Some("broker unreachable for 30 s".into()));
+        let down = status(&state);
+        assert_eq!(
+            (&down["state"], &down["ready"]),
+            (&"running".into(), &false.into())
+        );
+        assert_eq!(down["not_ready"], "broker unreachable for 30 s");
+        state.set_draining();
+        assert_eq!(status(&state)["state"], "draining");
+        state.set_stopping("dead letters unwritable");
+        let stopping = status(&state);
+        assert_eq!(stopping["state"], "stopping");
+        assert_eq!(stopping["not_ready"], "stopping: dead letters unwritable");
+        assert_eq!(stopping["model_version"], "gr-1");
     }
 
     #[test]
