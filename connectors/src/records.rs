@@ -72,6 +72,9 @@ pub struct WindowRow {
     pub kv_hit_rate: f64,
     pub mean_seq_len: f64,
     pub slo_violation_share: f64,
+    /// p99 of the served requests' latencies; 0 when none was served, as
+    /// the allocator's controllers see it. Written out through
+    /// [`WindowRow::served_p99_ms`], which says null there instead.
     pub p99_ms: f64,
     pub alpha: f64,
     /// Requests answered with an error (shed or unservable); counted in
@@ -84,6 +87,19 @@ pub struct WindowRow {
     pub alpha_end: Option<f64>,
     /// α was pinned by an operator as the window ended.
     pub pinned_end: bool,
+}
+
+impl WindowRow {
+    /// Requests the node served (answered with a response) in the window.
+    pub fn served(&self) -> u64 {
+        self.requests.saturating_sub(self.failed)
+    }
+
+    /// The p99 as windows.parquet and serve's window lines write it: None
+    /// when nothing was served, whose 0 would plot as a perfect latency.
+    pub fn served_p99_ms(&self) -> Option<f64> {
+        (self.served() > 0).then_some(self.p99_ms)
+    }
 }
 
 /// One row of errors.parquet.

@@ -155,6 +155,51 @@ fn responses_windows_and_errors_round_trip() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A window in which the node served nothing (every request shed) has no
+/// latency: its p99 is null, not a perfect 0; the row itself stays.
+#[test]
+fn a_window_that_served_nothing_has_a_null_p99() {
+    let dir = std::env::temp_dir().join(format!("grflow-sink-p99-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let row = |requests, failed, p99_ms| WindowRow {
+        node: 0,
+        window_start_ms: 0,
+        requests,
+        hot_user_share: 0.0,
+        emb_hit_rate: 0.0,
+        kv_hit_rate: 0.0,
+        mean_seq_len: 0.0,
+        slo_violation_share: 1.0,
+        p99_ms,
+        alpha: 0.5,
+        failed,
+        truncated_share: 0.0,
+        alpha_end: Some(0.5),
+        pinned_end: false,
+    };
+    let path = dir.join("windows.parquet");
+    let mut w = WindowSink::create(&path).unwrap();
+    // All shed; some shed and some served; nothing at all.
+    w.write(&[row(4, 4, 0.0), row(5, 2, 7.5), row(0, 0, 0.0)])
+        .unwrap();
+    assert_eq!(w.finish().unwrap(), 3);
+    let b = &read(&path)[0];
+    let p99 = b
+        .column_by_name("p99_ms")
+        .unwrap()
+        .as_primitive::<Float64Type>();
+    assert!(b.schema().field_with_name("p99_ms").unwrap().is_nullable());
+    assert!(p99.is_null(0), "served nothing: no latency");
+    assert_eq!((p99.is_null(1), p99.value(1)), (false, 7.5));
+    assert!(p99.is_null(2));
+    let requests = b
+        .column_by_name("requests")
+        .unwrap()
+        .as_primitive::<UInt64Type>();
+    assert_eq!(requests.value(0), 4, "the row is kept");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn creating_in_a_missing_directory_names_the_file() {
     let err = ResponseSink::create(std::path::Path::new("/nonexistent/dir/responses.parquet"))

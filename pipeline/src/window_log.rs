@@ -242,8 +242,11 @@ fn frame(windows: &[ClosedWindow], fresh_line: bool) -> String {
         text.push('\n');
     }
     for w in windows {
-        let mut row = serde_json::to_value(w.to_row()).expect("a window row serialises");
+        let w = w.to_row();
+        let mut row = serde_json::to_value(&w).expect("a window row serialises");
         row["kind"] = "window".into();
+        // As in windows.parquet: no latency where nothing was served.
+        row["p99_ms"] = w.served_p99_ms().into();
         text.push_str(&row.to_string());
         text.push('\n');
     }
@@ -305,6 +308,43 @@ mod tests {
         assert_eq!(rows[0]["kind"], "window");
         assert_eq!(rows[0]["requests"], 3);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A window whose requests were all shed wrote `"p99_ms": 0.0`, a
+    /// perfect latency; it is null now, and the controllers' 0 stays.
+    #[test]
+    fn a_window_that_served_nothing_has_a_null_p99() {
+        use grflow_operators::windows::{TelemetrySample, WindowAccumulator};
+        let mut shed = WindowAccumulator::default();
+        shed.add(1, &TelemetrySample::failed(false, 500, false));
+        shed.add(2, &TelemetrySample::failed(true, 500, false));
+        let stats = shed.finish();
+        assert_eq!(stats.p99_ms, 0.0, "what the allocator reads is unchanged");
+        let served = ClosedWindow {
+            stats: WindowStats {
+                requests: 3,
+                failed: 1,
+                p99_ms: 4.25,
+                ..Default::default()
+            },
+            ..window(0)
+        };
+        let all_shed = ClosedWindow {
+            node: 1,
+            window_start_ms: 0,
+            stats,
+        };
+        let text = frame(&[served, all_shed], false);
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows[0]["p99_ms"], 4.25);
+        assert!(rows[1]["p99_ms"].is_null(), "{}", rows[1]);
+        assert_eq!(
+            (&rows[1]["requests"], &rows[1]["failed"]),
+            (&2.into(), &2.into())
+        );
     }
 
     fn window(start: u64) -> ClosedWindow {

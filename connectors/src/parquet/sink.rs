@@ -193,7 +193,8 @@ impl SinkRow for WindowRow {
             f64_col("kv_hit_rate"),
             f64_col("mean_seq_len"),
             f64_col("slo_violation_share"),
-            f64_col("p99_ms"),
+            // Null for a window in which the node served nothing.
+            Field::new("p99_ms", DataType::Float64, true),
             f64_col("alpha"),
             Field::new("failed", DataType::UInt64, false),
             f64_col("truncated_share"),
@@ -219,7 +220,11 @@ impl SinkRow for WindowRow {
             f(|r| r.kv_hit_rate),
             f(|r| r.mean_seq_len),
             f(|r| r.slo_violation_share),
-            f(|r| r.p99_ms),
+            Arc::new(
+                rows.iter()
+                    .map(WindowRow::served_p99_ms)
+                    .collect::<Float64Array>(),
+            ),
             f(|r| r.alpha),
             Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| r.failed))),
             f(|r| r.truncated_share),
