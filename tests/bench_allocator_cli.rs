@@ -533,7 +533,8 @@ fn train_allocator_selects_on_held_out_traces() {
 
     // --average-last: the mean of the last scored checkpoints is scored
     // too, and when it wins the report and the provenance say so.
-    let trained = train("2", &["--average-last", "3", "--json"]);
+    // --force: the policy of the run above is replaced.
+    let trained = train("2", &["--average-last", "3", "--json", "--force"]);
     let stderr = String::from_utf8_lossy(&trained.stderr);
     assert!(
         stderr.contains("mean of the checkpoints after [0, 1, 2] updates"),

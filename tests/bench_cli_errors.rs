@@ -226,3 +226,171 @@ fn calibrating_commands_check_out_before_calibrating() {
     assert_eq!(err.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&err.stderr).contains("--policy"));
 }
+
+/// `calibrate --out FILE` and `train-allocator --out FILE` keep a FILE
+/// that is there (a calibration or a policy took minutes to hours, and
+/// committed ones were edited by hand) unless `--force`, as `train` keeps
+/// a model: refused at once, exit 2, the file untouched.
+#[test]
+fn calibrate_and_train_allocator_keep_an_existing_out_without_force() {
+    let dir = temp::tmp_dir("out-exists");
+    let file = dir.join("earlier.json");
+    std::fs::write(&file, "earlier").unwrap();
+    for args in [
+        &["calibrate"][..],
+        &["train-allocator", "--iterations", "1"][..],
+    ] {
+        let err = cli::refused_out(args, &file);
+        assert!(err.contains("--force"), "{args:?}: {err}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "earlier");
+    }
+    // --force passes that check (the run then stops at its next bad flag,
+    // before writing anything).
+    let out = grflow()
+        .args(["calibrate", "--force", "--max-tokens", "10", "--out"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("--out") && err.contains("too short"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "earlier");
+}
+
+/// Every flag that starts threads (workers, lanes, jobs) has an upper
+/// bound, refused by name with exit 2 before any work: `--workers 100000`
+/// used to fail deep in the run (a pool or a thread that could not be
+/// had, or a panic in timely).
+#[test]
+fn thread_count_flags_have_an_upper_bound() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["replay", "--workers", "100000"], "--workers"),
+        (&["replay", "--workers", "1025"], "--workers"),
+        (
+            &["serve", "--brokers", "127.0.0.1:1", "--workers", "100000"],
+            "--workers",
+        ),
+        (&["bench", "serve", "--workers", "100000"], "--workers"),
+        (&["bench", "serve", "--lanes", "65"], "--lanes"),
+        (&["bench", "memory", "--workers", "100000"], "--workers"),
+        (
+            &[
+                "bench",
+                "kafka",
+                "--brokers",
+                "127.0.0.1:1",
+                "--workers",
+                "100000",
+            ],
+            "--workers",
+        ),
+        (&["bench", "kernels", "--threads", "100000"], "--threads"),
+        (
+            &["bench", "allocator", "--seeds", "1,2", "--jobs", "100000"],
+            "--jobs",
+        ),
+    ];
+    for (args, flag) in cases {
+        let started = Instant::now();
+        let out = grflow().args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("at most"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A bad file or value given by a flag is reported under the flag's name,
+/// not the config key the flag overrides (`cost.calibration`,
+/// `model.weights`, `cluster.hostfile`, `cluster.process`), which the user
+/// never wrote.
+#[test]
+fn a_bad_value_given_by_a_flag_is_named_by_the_flag() {
+    let dir = temp::tmp_dir("flag-named");
+    let missing = dir.join("missing.json");
+    let missing = missing.to_str().unwrap();
+    let not_a_cost_model = dir.join("not-a-cost-model.json");
+    std::fs::write(&not_a_cost_model, "{\"nope\": 1}").unwrap();
+    let not_a_cost_model = not_a_cost_model.to_str().unwrap();
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let empty = empty.to_str().unwrap();
+    let hostfile = dir.join("hosts");
+    std::fs::write(&hostfile, "127.0.0.1:1\n127.0.0.1:2\n").unwrap();
+    let hostfile = hostfile.to_str().unwrap();
+    let policy = dir.join("p.safetensors");
+    let policy = policy.to_str().unwrap();
+    let virt = ["replay", "--quiet", "--clock", "virtual", "--speed", "max"];
+    let serve = ["serve", "--check", "--brokers", "127.0.0.1:1"];
+    let serve = [&serve[..], &["--metrics-addr", "127.0.0.1:0"]].concat();
+    let cases: Vec<(Vec<&str>, &str, &str)> = vec![
+        (
+            [&virt[..], &["--calibration", missing]].concat(),
+            "--calibration",
+            "cost.calibration",
+        ),
+        (
+            [&virt[..], &["--calibration", not_a_cost_model]].concat(),
+            "--calibration",
+            "cost.calibration",
+        ),
+        (
+            vec!["replay", "--quiet", "--model", empty],
+            "--model",
+            "model.weights",
+        ),
+        (
+            [&serve[..], &["--model", empty]].concat(),
+            "--model",
+            "model.weights",
+        ),
+        (
+            vec!["replay", "--quiet", "--hostfile", missing, "--process", "0"],
+            "--hostfile",
+            "cluster.hostfile",
+        ),
+        (
+            vec![
+                "replay",
+                "--quiet",
+                "--hostfile",
+                hostfile,
+                "--process",
+                "5",
+            ],
+            "--process",
+            "cluster.process",
+        ),
+        (
+            vec!["bench", "allocator", "--json", "--calibration", missing],
+            "--calibration",
+            "cost.calibration",
+        ),
+        (
+            vec![
+                "train-allocator",
+                "--iterations",
+                "1",
+                "--out",
+                policy,
+                "--calibration",
+                missing,
+            ],
+            "--calibration",
+            "cost.calibration",
+        ),
+    ];
+    for (args, flag, key) in &cases {
+        let out = grflow().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+        assert!(!err.contains(key), "{args:?} names {key}: {err}");
+    }
+}

@@ -181,8 +181,11 @@ fn a_bad_hostfile_is_an_input_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    // Named by the file and its line.
-    assert!(err.contains("line 2 = \"not-an-address\""), "{err}");
+    // Named by the flag, the file and its line.
+    assert!(
+        err.contains("--hostfile") && err.contains("line 2 = \"not-an-address\""),
+        "{err}"
+    );
     std::fs::write(&hosts, "127.0.0.1:1\n127.0.0.1:2\n").unwrap();
     let out = grflow()
         .args(["replay", "--workers", "1", "--hostfile"])
@@ -192,7 +195,8 @@ fn a_bad_hostfile_is_an_input_error() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cluster.process = 5"), "{err}");
+    // Named by the flag that gave it, not the key it overrides.
+    assert!(err.contains("--process 5: there are only 2 hosts"), "{err}");
 }
 
 #[test]

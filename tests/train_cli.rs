@@ -260,3 +260,88 @@ fn a_model_trained_on_a_small_codebook_trace_serves_it() {
     assert_eq!(summary["errors"], 0, "{summary}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A failed import or train removes the `--out` it created (nested
+/// parents included) instead of leaving it empty or half written; an
+/// `--out` that was there before stays, with what it held.
+#[test]
+fn failed_import_and_train_remove_the_out_they_created() {
+    let dir = tmp_dir("failed-out");
+    let bad = dir.join("bad.inter");
+    std::fs::write(&bad, "garbage\n").unwrap();
+    let existing = dir.join("existing");
+    std::fs::create_dir_all(&existing).unwrap();
+    std::fs::write(existing.join("keep.txt"), "mine").unwrap();
+    let new = dir.join("new");
+    let nested = dir.join("a");
+    let import = |out: &std::path::Path| {
+        grflow()
+            .args(["import", "--format", "recbole", "--quiet", "--input"])
+            .arg(&bad)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    fails_with(import(&new), "user_id");
+    assert!(!new.exists(), "import left {}", new.display());
+    fails_with(import(&nested.join("b").join("c")), "user_id");
+    assert!(!nested.exists(), "import left {}", nested.display());
+    fails_with(import(&existing), "user_id");
+    assert_eq!(
+        std::fs::read_to_string(existing.join("keep.txt")).unwrap(),
+        "mine"
+    );
+
+    // train: a trace that is not there, then a run that fails once its
+    // --out exists (a checkpoint of another seed to resume).
+    let train = |out: &std::path::Path, extra: &[&std::ffi::OsStr]| {
+        grflow()
+            .args(["train", "--quiet", "--out"])
+            .arg(out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let missing = dir.join("no-trace");
+    fails_with(
+        train(&new, &["--trace".as_ref(), missing.as_os_str()]),
+        "no-trace",
+    );
+    assert!(!new.exists(), "train left {}", new.display());
+    fails_with(
+        train(&existing, &["--trace".as_ref(), missing.as_os_str()]),
+        "no-trace",
+    );
+    assert!(existing.join("keep.txt").is_file());
+    let trace = import_walks(&dir, "walks", 120, 60, 1);
+    let first = dir.join("first");
+    ok(train(
+        &first,
+        &[
+            "--trace".as_ref(),
+            trace.as_os_str(),
+            "--seed".as_ref(),
+            "3".as_ref(),
+            "--max-epochs".as_ref(),
+            "1".as_ref(),
+        ],
+    ));
+    let ckpt = first.join("checkpoint");
+    fails_with(
+        train(
+            &new,
+            &[
+                "--trace".as_ref(),
+                trace.as_os_str(),
+                "--resume".as_ref(),
+                ckpt.as_os_str(),
+                "--seed".as_ref(),
+                "7".as_ref(),
+            ],
+        ),
+        "seed: checkpoint 3, this run 7",
+    );
+    assert!(!new.exists(), "train left {}", new.display());
+    std::fs::remove_dir_all(&dir).ok();
+}

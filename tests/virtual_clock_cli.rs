@@ -40,7 +40,9 @@ fn calibrate_then_replay_on_the_virtual_clock() {
     let mut measured = Vec::new();
     let a = loop {
         let out = ok(grflow()
-            .args(["calibrate", "--preset", "small", "--reps", "2", "--out"])
+            // --force: a second measurement replaces the first's file.
+            .args(["calibrate", "--preset", "small", "--reps", "2", "--force"])
+            .arg("--out")
             .arg(&calibration)
             .output()
             .unwrap());

@@ -30,5 +30,5 @@ pub use config::{Clock, Config, ConfigError, Release, ReleaseSetting, SloMs, Spe
 pub use replay::{ReplayError, ReplayOptions, ReplayOutput, TraceInput, replay};
 pub use serve::check::check as check_serve;
 pub use serve::{CheckReport, ServeError, ServeOptions, ServeSummary, kafka_settings, serve};
-pub use stop::StopRequest;
+pub use stop::{StopRequest, on_signals};
 pub use summary::Summary;

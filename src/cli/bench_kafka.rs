@@ -92,6 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--rps (finite), --requests, --workers and --partitions must be > 0",
         ));
     }
+    super::check_count("--workers", args.workers, super::MAX_THREADS)?;
     let brokers = args
         .brokers
         .clone()

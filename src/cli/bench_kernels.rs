@@ -66,7 +66,7 @@ fn options(args: &Args) -> Result<BenchOptions, InputError> {
             Ok(())
         }
     };
-    at_least("--threads", args.threads, 1)?;
+    super::check_count("--threads", args.threads, super::MAX_THREADS)?;
     at_least("--reps", args.reps, 1)?;
     at_least("--beam-width", args.beam_width, 1)?;
     if args.prefill_tokens < 10 {

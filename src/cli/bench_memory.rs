@@ -108,6 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--requests, --users, --workers, --rps and --interval-s must be > 0",
         ));
     }
+    super::check_count("--workers", args.workers, super::MAX_THREADS)?;
     if args.interval_s > MAX_INTERVAL_S {
         return Err(InputError::from_display(format!(
             "--interval-s {} is over the limit of {MAX_INTERVAL_S} s (one day)",

@@ -191,6 +191,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--requests, --workers, --max-tokens and --lanes must be > 0",
         ));
     }
+    super::check_count("--workers", args.workers, super::MAX_THREADS)?;
+    // Checked by the config only at the lanes run, after the first one.
+    super::check_count("--lanes", args.lanes, super::MAX_LANES)?;
     if !(0.0..=1.0).contains(&args.retrieve_share) {
         return Err(InputError::from_display(
             "--retrieve-share must be in 0..=1",

@@ -33,6 +33,10 @@ pub struct Args {
     /// Write the cost model here (JSON).
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace the file already at --out (without it, an existing FILE is
+    /// refused before any timing).
+    #[arg(long)]
+    pub force: bool,
     /// Skip measuring the per-request overhead against a real replay.
     #[arg(long)]
     pub no_overhead: bool,
@@ -69,7 +73,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     // Before the timings, not after them.
-    super::check_out_file(&args.out)?;
+    super::check_out_file(&args.out, args.force)?;
     eprintln!("calibrating {} on this machine...", args.preset);
     let cost = grflow_kernels::cost::calibrate_up_to(
         &args.preset,

@@ -81,7 +81,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // Before generating: a bad --out would otherwise fail after it.
     check_not_a_model(&args.out)?;
-    super::check_out_dir(&args.out)?;
+    // Removed again if the run fails: no empty or half-written trace.
+    let out = super::OutDir::create(&args.out)?;
     let start = Instant::now();
     let progress = Progress::new(args.quiet);
     progress.stage(format!(
@@ -90,7 +91,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cfg.regime.as_str()
     ));
     let trace = generate(&cfg);
-    write_and_summarise(&args.out, &trace, args.row_group_rows, &progress, start)
+    write_and_summarise(&args.out, &trace, args.row_group_rows, &progress, start)?;
+    out.keep();
+    Ok(())
 }
 
 /// Refuses an `--out` holding a `grflow train` model: a trace's

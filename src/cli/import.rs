@@ -58,7 +58,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ..ImportConfig::default()
     };
     super::gen_trace::check_not_a_model(&args.out)?;
-    super::check_out_dir(&args.out)?;
+    // Removed again if the run fails: no empty or half-written trace.
+    let out = super::OutDir::create(&args.out)?;
     let start = Instant::now();
     let progress = Progress::new(args.quiet);
     progress.stage(format!(
@@ -67,5 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.format.as_str()
     ));
     let trace = import(&args.input, &cfg).map_err(InputError::from_display)?;
-    write_and_summarise(&args.out, &trace, args.row_group_rows, &progress, start)
+    write_and_summarise(&args.out, &trace, args.row_group_rows, &progress, start)?;
+    out.keep();
+    Ok(())
 }

@@ -51,16 +51,18 @@ impl StoppedBySignal {
     }
 }
 
-/// Asks `stop` to end the job on the first SIGINT or SIGTERM; the second
-/// exits at once with 128 + the signal (what `replay` wrote so far is in
-/// OUT/responses.parquet.partial).
+/// Asks `stop` to end the job on the first SIGINT or SIGTERM; a second
+/// one exits at once with 128 + the signal (what `replay` wrote so far is
+/// in OUT/responses.parquet.partial), unless it is the first passed on
+/// again within 200 ms (GNU `timeout` sends it twice).
 pub(crate) fn stop_on_signals(stop: &grflow_pipeline::StopRequest) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
-    for signal in [SIGINT, SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, stop.flag.clone())?;
-        signal_hook::flag::register_usize(signal, stop.signal.clone(), signal as usize)?;
-        signal_hook::flag::register(signal, stop.flag.clone())?;
-    }
+    grflow_pipeline::on_signals(
+        &[SIGINT, SIGTERM],
+        stop.flag.clone(),
+        Some(stop.signal.clone()),
+        |signal| 128 + signal,
+    )?;
     Ok(())
 }
 
@@ -137,6 +139,53 @@ pub(crate) fn check_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     })
 }
 
+/// An `--out` directory a command made for its run (with any parents it
+/// made): removed again when dropped before [`OutDir::keep`], so that a
+/// command that fails leaves no empty or half-written directory behind. A
+/// directory that was there before is never removed.
+#[must_use = "dropping it removes the directory it made"]
+pub(crate) struct OutDir {
+    /// The outermost directory this run made; `None` once kept, or when
+    /// `--out` was there already.
+    made: Option<std::path::PathBuf>,
+}
+
+impl OutDir {
+    /// [`check_out_dir`], remembering what it creates.
+    pub(crate) fn create(dir: &std::path::Path) -> anyhow::Result<Self> {
+        // Nothing at all at the path, not even a dangling link (removing a
+        // link would remove what was there).
+        let absent = |p: &std::path::Path| {
+            p.symlink_metadata()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        };
+        let made = dir
+            .ancestors()
+            .take_while(|p| !p.as_os_str().is_empty() && absent(p))
+            .last()
+            .map(std::path::Path::to_path_buf);
+        // Made before the check, so that a check that fails half-way (a
+        // parent made, the probe refused) also cleans up.
+        let out = Self { made };
+        check_out_dir(dir)?;
+        Ok(out)
+    }
+
+    /// The run succeeded (or left something worth keeping): the directory
+    /// stays.
+    pub(crate) fn keep(mut self) {
+        self.made = None;
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.made.take() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
 /// Creates and removes a probe file in `dir`: whether a file can be
 /// written there.
 fn probe_write(dir: &std::path::Path) -> std::io::Result<()> {
@@ -148,12 +197,20 @@ fn probe_write(dir: &std::path::Path) -> std::io::Result<()> {
 
 /// Checks `--out FILE` before a command works for minutes (calibrating,
 /// training): not a directory, in a directory that exists and takes a
-/// file, and not named like a trace's own files (a policy written over
-/// requests.parquet destroyed the trace). Exit 2, naming `--out`.
-pub(crate) fn check_out_file(path: &std::path::Path) -> anyhow::Result<()> {
+/// file, not named like a trace's own files (a policy written over
+/// requests.parquet destroyed the trace), and not a file that is there
+/// already unless `force` (what it holds took as long to make, and may
+/// have been edited since; `train` keeps a model the same way). Exit 2,
+/// naming `--out`.
+pub(crate) fn check_out_file(path: &std::path::Path, force: bool) -> anyhow::Result<()> {
     let bad = |why: String| InputError::from_display(format!("--out {}: {why}", path.display()));
     if path.is_dir() {
         return Err(bad("is a directory; name the file to write".into()));
+    }
+    if !force && path.symlink_metadata().is_ok() {
+        return Err(bad(
+            "already exists; pass --force to replace it, or name another file".into(),
+        ));
     }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     if [
@@ -176,6 +233,48 @@ pub(crate) fn check_out_file(path: &std::path::Path) -> anyhow::Result<()> {
         )));
     }
     probe_write(parent).map_err(|e| bad(format!("cannot write there: {e}")))
+}
+
+/// The most threads a count flag (`--workers`, `--jobs`, `--threads`) may
+/// ask for: each is a thread, and a worker a serving node with its own
+/// page pool. Far past any host's cores; `--workers 100000` failed deep in
+/// the run (a pool or thread that could not be had, a panic in timely).
+pub(crate) const MAX_THREADS: usize = 1024;
+
+/// `node.lanes`' bound in the config's validation, for `--lanes`.
+pub(crate) const MAX_LANES: usize = 64;
+
+/// `value` of the count flag `flag` is in 1..=`max`: exit 2, naming it.
+pub(crate) fn check_count(flag: &str, value: usize, max: usize) -> Result<(), InputError> {
+    if (1..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(InputError(format!(
+            "{flag} must be at least 1 and at most {max} (got {value})"
+        )))
+    }
+}
+
+/// A message of the job's setup about the config key `key`, which the flag
+/// `flag` set: the same message, naming the flag. The setup reports as text
+/// (`ReplayError::Setup`, `ServeError::Config`) what `ParamsError` wrote,
+/// the key first ("model.weights: ..."); a user who gave `--model` never
+/// wrote `model.weights`. `None` when the message is about something else.
+pub(crate) fn name_the_flag(message: &str, key: &str, flag: &str) -> Option<String> {
+    let rest = message.strip_prefix(key)?.strip_prefix(": ")?;
+    Some(format!("{flag}: {rest}"))
+}
+
+/// A cost model from `--calibration` that cannot be used: named by the
+/// flag, not by `cost.calibration` (which the flag set). Other errors as
+/// they are, all the user's input (exit 2).
+pub(crate) fn calibration_flag_error(e: grflow_pipeline::params::ParamsError) -> anyhow::Error {
+    match e {
+        grflow_pipeline::params::ParamsError::Calibration { path, reason } => {
+            InputError::from_display(format!("--calibration {path}: {reason}"))
+        }
+        other => InputError::from_display(other),
+    }
 }
 
 /// `--hostfile FILE --process I`: timely's cluster mode from grflow's own
@@ -203,8 +302,37 @@ impl ClusterArgs {
         config
             .cluster
             .resolve(config.run.workers)
-            .map_err(InputError::from_display)?;
+            .map_err(|e| InputError::from_display(self.name_flags(e)))?;
         Ok(())
+    }
+
+    /// `e`, naming `--hostfile` or `--process` where the value at fault
+    /// came from the flag rather than the `[cluster]` key.
+    fn name_flags(&self, e: grflow_pipeline::cluster::ClusterError) -> String {
+        use grflow_pipeline::cluster::ClusterError;
+        let from_flag = |at: String| match at.strip_prefix("cluster.hostfile ") {
+            Some(rest) if self.hostfile.is_some() => format!("--hostfile {rest}"),
+            _ => at,
+        };
+        match e {
+            ClusterError::Hostfile { path, reason } if self.hostfile.is_some() => {
+                format!("--hostfile {path}: {reason}")
+            }
+            ClusterError::BadHost { at, host } => ClusterError::BadHost {
+                at: from_flag(at),
+                host,
+            }
+            .to_string(),
+            ClusterError::Duplicate { at, host } => ClusterError::Duplicate {
+                at: from_flag(at),
+                host,
+            }
+            .to_string(),
+            ClusterError::ProcessOutOfRange { process, hosts } if self.process.is_some() => {
+                format!("--process {process}: there are only {hosts} hosts (0..{hosts})")
+            }
+            other => other.to_string(),
+        }
     }
 }
 
@@ -257,4 +385,53 @@ pub fn init_tracing(default_level: &str) {
     } else {
         builder.try_init()
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `name_the_flag` reads `ParamsError`'s text: if its format moves,
+    /// `--model` errors would name `model.weights` again.
+    #[test]
+    fn a_weights_error_of_the_setup_is_renamed_for_the_flag() {
+        let e =
+            grflow_pipeline::params::ParamsError::Weights(grflow_pipeline::trained::WeightsError {
+                path: "m/items.parquet".into(),
+                reason: "another catalog".into(),
+            });
+        assert_eq!(
+            name_the_flag(&e.to_string(), "model.weights", "--model").as_deref(),
+            Some("--model: m/items.parquet: another catalog")
+        );
+        assert_eq!(
+            name_the_flag("model.weightsx: a", "model.weights", "--model"),
+            None
+        );
+        assert_eq!(
+            name_the_flag("run.workers: a", "model.weights", "--model"),
+            None
+        );
+    }
+
+    #[test]
+    fn out_dir_removes_what_it_made_and_only_that() {
+        let base = std::env::temp_dir().join(format!("grflow-outdir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        // Made with a parent, then dropped: both gone, `base` stays.
+        let nested = base.join("a").join("b");
+        let out = OutDir::create(&nested).unwrap();
+        std::fs::write(nested.join("partial"), "x").unwrap();
+        drop(out);
+        assert!(!base.join("a").exists() && base.is_dir());
+        // Kept: stays.
+        OutDir::create(&nested).unwrap().keep();
+        assert!(nested.is_dir());
+        // There before: stays, with what it held.
+        std::fs::write(nested.join("earlier"), "x").unwrap();
+        drop(OutDir::create(&nested).unwrap());
+        assert!(nested.join("earlier").is_file());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

@@ -84,9 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.cost.calibration = Some(c.clone());
     }
     if let Some(w) = args.workers {
-        if w == 0 {
-            return Err(InputError::from_display("--workers must be >= 1"));
-        }
+        super::check_count("--workers", w, super::MAX_THREADS)?;
         config.run.workers = w;
     }
     if let Some(s) = &args.speed {
@@ -115,12 +113,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             config.run.clock.as_str()
         );
     }
-    if args.calibration.is_some() && config.run.clock != Clock::Virtual {
-        // It would be ignored: the run would look like a calibrated one.
-        return Err(InputError::from_display(format!(
-            "--calibration: only --clock virtual charges a cost model; this run's clock is {}",
-            config.run.clock.as_str()
-        )));
+    if args.calibration.is_some() {
+        if config.run.clock != Clock::Virtual {
+            // It would be ignored: the run would look like a calibrated one.
+            return Err(InputError::from_display(format!(
+                "--calibration: only --clock virtual charges a cost model; this run's clock is {}",
+                config.run.clock.as_str()
+            )));
+        }
+        // Read as the job's setup will (a small JSON file), to name the
+        // flag and not `cost.calibration`, and before the trace is read.
+        grflow_pipeline::params::fitted_cost_model(&config)
+            .map_err(super::calibration_flag_error)?;
     }
     if config.replay_pacing_is_idle() {
         eprintln!(
@@ -189,6 +193,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop: Some(stop.clone()),
     })
     .map_err(|e| match e {
+        ReplayError::Setup(m) if args.model.is_some() => InputError::from_display(
+            super::name_the_flag(&m, "model.weights", "--model").unwrap_or(m),
+        ),
         ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),
         other => anyhow::Error::new(other),
     })?;

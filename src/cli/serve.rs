@@ -59,8 +59,8 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut config = args.kafka.load()?;
-    if let Some(m) = args.model {
-        config.model.weights = Some(m);
+    if let Some(m) = &args.model {
+        config.model.weights = Some(m.clone());
     }
     // A watched model is served from the start, not only once it changes:
     // otherwise a restarted job would go back to --model (or the seeded
@@ -96,14 +96,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.kafka.group_id = g;
     }
     if let Some(w) = args.workers {
-        if w == 0 {
-            return Err(InputError::from_display("--workers must be >= 1"));
-        }
+        super::check_count("--workers", w, super::MAX_THREADS)?;
         config.run.workers = w;
     }
     args.cluster.apply(&mut config)?;
+    // The flag that set model.weights, if any, names its errors.
+    let model_flag = match (&args.model_watch, &args.model) {
+        (Some(_), _) => Some("--model-watch"),
+        (None, Some(_)) => Some("--model"),
+        (None, None) => None,
+    };
     let to_input = |e: ServeError| match e {
-        ServeError::Config(_) | ServeError::Catalog(_) => InputError::from_display(e),
+        ServeError::Config(m) => {
+            match model_flag.and_then(|flag| super::name_the_flag(&m, "model.weights", flag)) {
+                Some(named) => InputError::from_display(named),
+                None => InputError::from_display(ServeError::Config(m)),
+            }
+        }
+        ServeError::Catalog(_) => InputError::from_display(e),
         other => anyhow::Error::new(other),
     };
     let opts = ServeOptions {
@@ -121,11 +131,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let stop = Arc::new(AtomicBool::new(false));
-    for signal in [SIGINT, SIGTERM] {
-        // The second signal exits at once; the first asks for a drain.
-        signal_hook::flag::register_conditional_shutdown(signal, 1, stop.clone())?;
-        signal_hook::flag::register(signal, stop.clone())?;
-    }
+    // The first signal asks for a drain; a second exits at once (exit 1).
+    grflow_pipeline::on_signals(&[SIGINT, SIGTERM], stop.clone(), None, |_| 1)?;
     let _ops = super::start_ops(args.metrics_addr.as_deref(), Some(DEFAULT_METRICS_ADDR))?;
     tracing::info!(brokers = %opts.config.kafka.brokers, topic = %opts.config.kafka.request_topic,
         workers = opts.config.run.workers, "grflow serve starting");

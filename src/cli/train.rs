@@ -98,7 +98,7 @@ fn check_out(args: &Args) -> anyhow::Result<()> {
             out.display()
         )));
     }
-    let existing = [MODEL_JSON, "checkpoint/state.json"]
+    let existing = [MODEL_JSON, CHECKPOINT_STATE]
         .into_iter()
         .find(|f| out.join(f).exists());
     // Resuming continues this directory's own run only: a checkpoint from
@@ -125,12 +125,14 @@ fn check_out(args: &Args) -> anyhow::Result<()> {
             }
         )));
     }
-    // Before the first epoch, not at its checkpoint.
-    super::check_out_dir(out)
+    Ok(())
 }
 
 /// A trace directory's own files (a model directory has items.parquet too).
 const TRACE_FILES: [&str; 2] = ["requests.parquet", "users.parquet"];
+
+/// What says OUT holds a checkpoint to resume.
+const CHECKPOINT_STATE: &str = "checkpoint/state.json";
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.max_epochs == Some(0) {
@@ -142,6 +144,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(dir) => Some(Checkpoint::load(dir).map_err(InputError::from_display)?),
         None => None,
     };
+    // Made once the trace and checkpoint are read, before the first epoch
+    // (not at its checkpoint). A run that fails removes it, unless it
+    // saved a checkpoint there: epochs done are resumed, not redone.
+    let out = super::OutDir::create(&args.out)?;
+    let trained = train(&args, &data, resume);
+    if trained.is_ok() || args.out.join(CHECKPOINT_STATE).is_file() {
+        out.keep();
+    }
+    trained
+}
+
+/// Trains on `data` into `args.out`, which exists.
+fn train(args: &Args, data: &Dataset, resume: Option<Checkpoint>) -> anyhow::Result<()> {
     // A resumed run keeps its seed unless told otherwise.
     let seed = args
         .seed
@@ -188,7 +203,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     bar.enable_steady_tick(Duration::from_millis(500));
     let ckpt = args.out.join("checkpoint");
     let mut obs = Bar { bar: bar.clone() };
-    let fitted = fit(&data, &cfg, resume, Some(&ckpt), &mut obs).map_err(|e| match e {
+    let fitted = fit(data, &cfg, resume, Some(&ckpt), &mut obs).map_err(|e| match e {
         grflow_train::TrainError::Invalid(_) => InputError::from_display(e),
         other => anyhow::Error::new(other),
     })?;

@@ -35,6 +35,10 @@ pub struct Args {
     /// beside it as FILE.curve.json.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace the policy already at --out (without it, an existing FILE
+    /// is refused before any training).
+    #[arg(long)]
+    pub force: bool,
     /// Regimes, comma-separated: steady, trend, burst.
     #[arg(long, default_value = "steady,trend,burst")]
     pub regime: String,
@@ -342,7 +346,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--rps must be a finite number > 0 (got {r})"
         )));
     }
-    super::check_out_file(&args.out)?;
+    super::check_out_file(&args.out, args.force)?;
     let (mut base, cost) = virtual_base(
         args.config.as_deref(),
         args.calibration.as_deref(),

@@ -129,9 +129,7 @@ const PID_KD: [f64; 2] = [0.0, 0.05];
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let regimes = regimes(&args.regime)?;
-    if args.jobs == 0 {
-        return Err(InputError::from_display("--jobs must be >= 1"));
-    }
+    super::check_count("--jobs", args.jobs, super::MAX_THREADS)?;
     let seeds = match &args.seeds {
         Some(list) => seed_list(list)?,
         None => vec![args.seed],
@@ -816,7 +814,11 @@ pub(crate) fn virtual_base(
         base.cost.calibration = Some(p.to_path_buf());
     }
     let cost = if base.cost.calibration.is_some() {
-        grflow_pipeline::params::fitted_cost_model(&base).map_err(InputError::from_display)?
+        grflow_pipeline::params::fitted_cost_model(&base).map_err(|e| match calibration {
+            // The file at fault is the flag's, not one the config named.
+            Some(_) => super::calibration_flag_error(e),
+            None => InputError::from_display(e),
+        })?
     } else {
         eprintln!(
             "calibrating {} (pass --calibration to reuse a file)...",
