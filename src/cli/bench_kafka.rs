@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub partitions: i32,
     /// Extra librdkafka property of the served job, KEY=VALUE (repeatable),
-    /// e.g. enable.idempotence=false.
+    /// e.g. fetch.wait.max.ms=20.
     #[arg(long = "librdkafka", value_name = "KEY=VALUE", value_parser = parse_property)]
     pub librdkafka: Vec<(String, String)>,
     /// Print one JSON object instead of a table.

@@ -44,7 +44,8 @@ pub struct Args {
     /// Print summary.json to stdout instead of the human summary.
     #[arg(long)]
     pub json: bool,
-    /// What latency_ms measures: wall (admission to response), event (the
+    /// What latency_ms measures: wall (on this machine, from the request's
+    /// due time in a paced replay, else its admission, to the response), event (the
     /// node's deterministic backlog model) or virtual (a cost model fitted
     /// by `grflow calibrate` charged on each node's timeline instead of
     /// running the model; see --calibration); overrides run.clock.

@@ -70,8 +70,10 @@ pub struct RunConfig {
     /// Latency objectives for slo_satisfaction: `slo_ms = 30.0` for both
     /// request kinds, or `slo_ms = { rank = 30.0, retrieve = 50.0 }`.
     pub slo_ms: SloMs,
-    /// What latency_ms measures: "wall" (admission to response on this
-    /// machine) or "event" (the node's event-time service model).
+    /// What latency_ms measures: "wall" (on this machine, from the
+    /// request's due time in a paced replay, else its admission, to the
+    /// response), "event" (the node's event-time service model) or
+    /// "virtual" (a fitted cost model charged on each node's timeline).
     pub clock: Clock,
     /// When router and nodes handle a request: "complete" (once every input
     /// has passed its event time; deterministic), "arrival" (as it arrives,
