@@ -122,11 +122,45 @@ fn only_unpinned_leaves_go_and_full_is_an_error() {
     let pinned = m.kv_match(&a);
     assert_eq!(
         m.kv_alloc(2, KvTenant::UserPrefix),
-        Err(MemoryError::KvFull { wanted: 2, free: 1 })
+        Err(MemoryError::KvFull {
+            wanted: 2,
+            free: 1,
+            evictable: 0
+        })
     );
     m.kv_release(&pinned, &[]);
     assert_eq!(m.kv_alloc(3, KvTenant::UserPrefix).unwrap().len(), 3);
     assert_eq!(m.kv_cached_prefix_len(&a), 0);
+}
+
+/// A reservation that cannot succeed even after evicting every unpinned
+/// block fails at once and evicts nothing: it emptied the whole prefix
+/// cache first, for a request that waited for a later sub-batch anyway.
+#[test]
+fn a_reservation_that_cannot_fit_evicts_nothing() {
+    let mut c = cfg(0.0);
+    c.pool_bytes = 8 * 8 * 4;
+    let mut m = NodeMemory::new(c).unwrap();
+    let x = [1, 2, 3, 4];
+    let p = m.kv_match(&x);
+    let t = m.kv_alloc(2, KvTenant::UserPrefix).unwrap();
+    m.kv_commit(&x, &t, &p);
+    assert_eq!(m.kv_cached_prefix_len(&x), 4);
+    // Another request holds 4 pages while it computes.
+    let held = m.kv_alloc(4, KvTenant::UserPrefix).unwrap();
+    assert_eq!(
+        m.kv_alloc(5, KvTenant::UserPrefix),
+        Err(MemoryError::KvFull {
+            wanted: 5,
+            free: 2,
+            evictable: 2
+        })
+    );
+    assert_eq!(m.kv_cached_prefix_len(&x), 4, "x's prefix stays cached");
+    // One that fits by evicting still evicts.
+    assert_eq!(m.kv_alloc(4, KvTenant::UserPrefix).unwrap().len(), 4);
+    assert_eq!(m.kv_cached_prefix_len(&x), 0);
+    drop(held);
 }
 
 #[test]

@@ -212,7 +212,10 @@ impl EmbCache {
             evicted += 1;
         }
         let leaving: Vec<u32> = self.pages.split_off(self.pages.len() - n);
-        let gone = |p: u32| leaving.contains(&p);
+        // A set: checked for every free slot and every resident row, so a
+        // linear search made a large move quadratic.
+        let leaving_set: std::collections::HashSet<u32> = leaving.iter().copied().collect();
+        let gone = |p: u32| leaving_set.contains(&p);
         self.free.retain(|s| !gone(s.page));
         // Compact: rows in leaving pages move to free slots of kept pages.
         let movers: Vec<(Key, Slot)> = self

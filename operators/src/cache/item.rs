@@ -21,6 +21,8 @@ pub struct ItemKvCache {
     hits: u64,
     misses: u64,
     pages: usize,
+    /// Pages of pinned entries (in use), which no eviction can free.
+    pinned_pages: usize,
 }
 
 impl ItemKvCache {
@@ -31,6 +33,7 @@ impl ItemKvCache {
             hits: 0,
             misses: 0,
             pages: 0,
+            pinned_pages: 0,
         }
     }
 
@@ -42,12 +45,26 @@ impl ItemKvCache {
             hits: self.hits,
             misses: self.misses,
             pages: self.pages,
+            pinned_pages: self.pinned_pages,
         })
     }
 
     /// Pages held by all entries.
     pub fn pages(&self) -> usize {
         self.pages
+    }
+
+    /// Pages that evictions could free now (those of unpinned entries).
+    pub fn evictable_pages(&self) -> usize {
+        debug_assert_eq!(
+            self.pinned_pages,
+            self.entries
+                .values()
+                .filter(|e| e.pins > 0)
+                .map(|e| e.pages.len())
+                .sum::<usize>()
+        );
+        self.pages - self.pinned_pages
     }
 
     pub fn entries(&self) -> usize {
@@ -70,6 +87,9 @@ impl ItemKvCache {
             self.hits += 1;
             self.policy.observed(key, AccessContext::default());
             let e = self.entries.get_mut(&key).expect("policy tracks entries");
+            if e.pins == 0 {
+                self.pinned_pages += e.pages.len();
+            }
             e.pins += 1;
             Some(e.pages.clone())
         } else {
@@ -84,6 +104,9 @@ impl ItemKvCache {
     pub fn insert(&mut self, pool: &mut PagePool, item: u32, pages: Vec<u32>) {
         let key = item as Key;
         if let Some(e) = self.entries.get_mut(&key) {
+            if e.pins == 0 {
+                self.pinned_pages += e.pages.len();
+            }
             e.pins += 1;
             for p in pages {
                 super::prefix::free_page(pool, p);
@@ -91,14 +114,20 @@ impl ItemKvCache {
             return;
         }
         self.pages += pages.len();
+        self.pinned_pages += pages.len();
         self.entries.insert(key, Entry { pages, pins: 1 });
         self.policy.insert(key);
         self.policy.observed(key, AccessContext::default());
     }
 
     pub fn unpin(&mut self, item: u32) {
-        if let Some(e) = self.entries.get_mut(&(item as Key)) {
-            e.pins = e.pins.saturating_sub(1);
+        if let Some(e) = self.entries.get_mut(&(item as Key))
+            && e.pins > 0
+        {
+            e.pins -= 1;
+            if e.pins == 0 {
+                self.pinned_pages -= e.pages.len();
+            }
         }
     }
 

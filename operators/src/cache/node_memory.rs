@@ -63,9 +63,14 @@ pub enum MemoryError {
     #[error("memory.pool_bytes {pool_bytes} holds no page of {page_bytes} bytes")]
     TooSmall { pool_bytes: u64, page_bytes: u64 },
     #[error(
-        "KV share exhausted: {wanted} pages wanted, {free} free after evicting every unpinned entry"
+        "KV share exhausted: {wanted} pages wanted, {free} free and {evictable} more that \
+         evicting every unpinned entry would free"
     )]
-    KvFull { wanted: usize, free: usize },
+    KvFull {
+        wanted: usize,
+        free: usize,
+        evictable: usize,
+    },
     #[error(
         "memory.{field} = {policy:?} cannot be copied (its state is not all it decides by); \
          the oracle needs lru"
@@ -340,8 +345,20 @@ impl NodeMemory {
     }
 
     /// `n` KV pages for new blocks or scratch, evicting unpinned entries by
-    /// policy (the asking cache's own first) when no page is free.
+    /// policy (the asking cache's own first) when no page is free. When even
+    /// evicting every unpinned entry would not make room it fails at once
+    /// and evicts nothing: the request waits for a later sub-batch or the
+    /// KV share grows, and the cached prefixes of everyone else stay.
     pub fn kv_alloc(&mut self, n: usize, tenant: KvTenant) -> Result<Vec<u32>, MemoryError> {
+        let free = self.pool.free_pages();
+        let evictable = self.user_kv.evictable_blocks() + self.item_kv.evictable_pages();
+        if n > free + evictable {
+            return Err(MemoryError::KvFull {
+                wanted: n,
+                free,
+                evictable,
+            });
+        }
         while self.pool.free_pages() < n {
             let freed = match tenant {
                 KvTenant::UserPrefix => {
@@ -352,9 +369,11 @@ impl NodeMemory {
                 }
             };
             if !freed {
+                // Counted evictable, yet the policies found nothing to evict.
                 return Err(MemoryError::KvFull {
                     wanted: n,
                     free: self.pool.free_pages(),
+                    evictable: 0,
                 });
             }
         }

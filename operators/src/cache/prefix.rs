@@ -75,6 +75,10 @@ pub struct PrefixKvCache {
     reused_tokens: u64,
     total_tokens: u64,
     collisions: u64,
+    /// Blocks with pins (matched by a request in flight). A match pins a
+    /// path from the root, so every other block can be evicted, leaves
+    /// first.
+    pinned: usize,
 }
 
 impl PrefixKvCache {
@@ -92,6 +96,7 @@ impl PrefixKvCache {
             reused_tokens: 0,
             total_tokens: 0,
             collisions: 0,
+            pinned: 0,
         }
     }
 
@@ -105,12 +110,22 @@ impl PrefixKvCache {
             reused_tokens: self.reused_tokens,
             total_tokens: self.total_tokens,
             collisions: self.collisions,
+            pinned: self.pinned,
         })
     }
 
     /// Cached blocks (= pages held).
     pub fn blocks(&self) -> usize {
         self.blocks.len()
+    }
+
+    /// Blocks (= pages) that evictions could free now: every unpinned one.
+    pub fn evictable_blocks(&self) -> usize {
+        debug_assert_eq!(
+            self.pinned,
+            self.blocks.values().filter(|b| b.pins > 0).count()
+        );
+        self.blocks.len() - self.pinned
     }
 
     /// (reused tokens, total tokens) over every match so far.
@@ -141,6 +156,9 @@ impl PrefixKvCache {
             if !b.holds(parent, chunk) {
                 self.collisions += 1;
                 break;
+            }
+            if b.pins == 0 {
+                self.pinned += 1;
             }
             b.pins += 1;
             m.blocks.push(b.page);
@@ -276,6 +294,9 @@ impl PrefixKvCache {
         for h in &matched.hashes {
             if let Some(b) = self.blocks.get_mut(h) {
                 b.pins -= 1;
+                if b.pins == 0 {
+                    self.pinned -= 1;
+                }
             }
         }
     }

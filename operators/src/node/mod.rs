@@ -350,12 +350,19 @@ impl ServingNode {
     /// shortfall back from EMB (α goes down). Whether any page moved, so
     /// that trying again can go further.
     fn reclaim_for(&mut self, e: &ServeError) -> bool {
-        let ServeError::Memory(MemoryError::KvFull { wanted, free }) = e else {
+        let ServeError::Memory(MemoryError::KvFull {
+            wanted,
+            free,
+            evictable,
+        }) = e
+        else {
             return false;
         };
+        // What evicting every unpinned KV entry would not free (the retry
+        // evicts those), as when the failed try had evicted them first.
         let moved = self
             .memory
-            .reclaim_for_kv(wanted.saturating_sub(*free).max(1));
+            .reclaim_for_kv(wanted.saturating_sub(free + evictable).max(1));
         if moved > 0 {
             self.recount_shards();
             self.counters.kv_reclaims += 1;
