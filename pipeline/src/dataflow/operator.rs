@@ -65,12 +65,16 @@ pub trait EventOperator: 'static {
         queue: &mut VecDeque<(u64, Self::Data)>,
         out: &mut Vec<(u64, Self::Output)>,
     ) -> Step {
+        // Grouped per time in order of first arrival; indexed, since a
+        // Kafka poll brings hundreds of records at distinct times.
         let mut times: Vec<(u64, Vec<Self::Data>)> = Vec::new();
+        let mut at: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
         for (time, datum) in queue.drain(..) {
-            match times.iter_mut().find(|(t, _)| *t == time) {
-                Some((_, data)) => data.push(datum),
-                None => times.push((time, vec![datum])),
-            }
+            let i = *at.entry(time).or_insert_with(|| {
+                times.push((time, Vec::new()));
+                times.len() - 1
+            });
+            times[i].1.push(datum);
         }
         let mut outs = Vec::new();
         for (time, data) in times {
@@ -228,12 +232,18 @@ where
                 op.on_input_closed();
             }
             if release == Release::Arrival && (!queue.is_empty() || !op.in_flight().is_empty()) {
+                let before = queue.len();
                 match op.on_queue(&mut queue, &mut tagged) {
                     Step::Idle | Step::Pending => {}
                     Step::Again => activator.activate(),
                     Step::After(wait) => activator.activate_after(wait),
                 }
-                queued.recount(&queue);
+                // `on_queue` only removes: the same length is the same
+                // queue, and a node waiting on a step takes nothing on most
+                // activations (a recount walks the whole queue).
+                if queue.len() != before {
+                    queued.recount(&queue);
+                }
                 // Outputs of one time together, in the order made.
                 tagged.sort_by_key(|(t, _)| *t);
                 let mut drained = tagged.drain(..).peekable();
