@@ -232,13 +232,26 @@ fn answer(
                 None => {
                     let mut body = vec![0u8; head.content_length.unwrap_or(0)];
                     body_reader.read_exact(&mut body)?;
-                    route(
-                        &head.method,
-                        &head.path,
-                        &String::from_utf8_lossy(&body),
-                        models,
-                        &**submit,
-                    )
+                    // Once draining, the command source has closed: a
+                    // command accepted now would never be applied.
+                    let closed = (head.method == "POST")
+                        .then(|| crate::ops::state().refuses_commands())
+                        .flatten();
+                    match closed {
+                        Some(why) => AdminReply {
+                            status: 503,
+                            body: serde_json::json!({
+                                "error": format!("the job is {why}: commands are no longer applied")
+                            }),
+                        },
+                        None => route(
+                            &head.method,
+                            &head.path,
+                            &String::from_utf8_lossy(&body),
+                            models,
+                            &**submit,
+                        ),
+                    }
                 }
             },
         }
@@ -257,6 +270,7 @@ fn answer(
             404 => "Not Found",
             405 => "Method Not Allowed",
             409 => "Conflict",
+            503 => "Service Unavailable",
             _ => "Payload Too Large",
         },
         text.len()

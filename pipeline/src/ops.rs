@@ -100,6 +100,16 @@ impl OpsState {
         }
     }
 
+    /// Why a command (an α pin, a model swap) would not be applied now:
+    /// the job stopped taking input, and its command source with it.
+    pub fn refuses_commands(&self) -> Option<String> {
+        match self.phase() {
+            Phase::Draining => Some("draining".into()),
+            Phase::Stopping(why) => Some(format!("stopping: {why}")),
+            Phase::Starting | Phase::Running => None,
+        }
+    }
+
     /// Ready, or the first reason not to be, most lasting first.
     fn readiness(&self) -> Result<(), String> {
         self.readiness_in(self.phase())
@@ -450,9 +460,16 @@ mod tests {
             (&"running".into(), &false.into())
         );
         assert_eq!(down["not_ready"], "broker unreachable for 30 s");
+        assert_eq!(state.refuses_commands(), None, "running takes commands");
         state.set_draining();
         assert_eq!(status(&state)["state"], "draining");
+        // The command source has closed: an admin command would be lost.
+        assert_eq!(state.refuses_commands().as_deref(), Some("draining"));
         state.set_stopping("dead letters unwritable");
+        assert_eq!(
+            state.refuses_commands().as_deref(),
+            Some("stopping: dead letters unwritable")
+        );
         let stopping = status(&state);
         assert_eq!(stopping["state"], "stopping");
         assert_eq!(stopping["not_ready"], "stopping: dead letters unwritable");
