@@ -236,13 +236,13 @@ pub(crate) fn check_out_file(path: &std::path::Path, force: bool) -> anyhow::Res
 }
 
 /// The most threads a count flag (`--workers`, `--jobs`, `--threads`) may
-/// ask for: each is a thread, and a worker a serving node with its own
-/// page pool. Far past any host's cores; `--workers 100000` failed deep in
-/// the run (a pool or thread that could not be had, a panic in timely).
-pub(crate) const MAX_THREADS: usize = 1024;
+/// ask for: `run.workers`' bound, since a worker is a thread and a serving
+/// node with its own page pool. `--workers 100000` failed deep in the run
+/// (a pool or thread that could not be had, a panic in timely).
+pub(crate) const MAX_THREADS: usize = grflow_pipeline::config::MAX_WORKERS;
 
 /// `node.lanes`' bound in the config's validation, for `--lanes`.
-pub(crate) const MAX_LANES: usize = 64;
+pub(crate) const MAX_LANES: usize = grflow_pipeline::config::MAX_LANES;
 
 /// `value` of the count flag `flag` is in 1..=`max`: exit 2, naming it.
 pub(crate) fn check_count(flag: &str, value: usize, max: usize) -> Result<(), InputError> {

@@ -26,7 +26,7 @@ pub use sections::{
     WindowsSection,
 };
 pub use trace::DefaultTraceConfig;
-pub use validate::{MAX_BEAM, MAX_POOL_MIB, MAX_WAIT_MS};
+pub use validate::{MAX_BEAM, MAX_LANES, MAX_POOL_MIB, MAX_WAIT_MS, MAX_WORKERS};
 
 /// The embedded default, identical to configs/default.toml.
 pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");

@@ -468,3 +468,17 @@ fn a_toml_error_is_one_line_with_its_position_and_the_line() {
         "{err}"
     );
 }
+
+#[test]
+fn worker_and_lane_counts_are_bounded() {
+    for (toml, key) in [
+        ("[run]\nworkers = 0\n", "run.workers"),
+        ("[run]\nworkers = 2000\n", "run.workers"),
+        ("[node]\nlanes = 65\n", "node.lanes"),
+    ] {
+        let err = Config::parse(toml, "x.toml").unwrap_err().to_string();
+        assert!(err.contains(key) && err.contains("1..="), "{toml}: {err}");
+    }
+    let ok = Config::parse("[run]\nworkers = 1024\n[node]\nlanes = 64\n", "x.toml").unwrap();
+    assert_eq!((ok.run.workers, ok.node.lanes), (MAX_WORKERS, MAX_LANES));
+}

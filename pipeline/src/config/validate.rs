@@ -6,6 +6,14 @@ use super::{Config, ConfigError, Speed};
 /// The largest `memory.pool_mib` accepted: 1 TiB.
 pub const MAX_POOL_MIB: f64 = 1_048_576.0;
 
+/// The most workers a process may run (`run.workers`): each is a thread
+/// and a serving node with its own pool, far past any host's cores; 2,000
+/// panicked inside timely.
+pub const MAX_WORKERS: usize = 1024;
+
+/// The most execution lanes a node may run (`node.lanes`).
+pub const MAX_LANES: usize = 64;
+
 /// `cost.compute_scale` beyond this is a typo (see `validate`).
 const MAX_COMPUTE_SCALE: f64 = 1_000.0;
 /// `node.service_tokens_per_ms` below this is a typo (see `validate`).
@@ -29,8 +37,11 @@ impl Config {
                 ))
             }
         };
-        if self.run.workers == 0 {
-            return Err(invalid("run.workers", "must be >= 1".into()));
+        if self.run.workers == 0 || self.run.workers > MAX_WORKERS {
+            return Err(invalid(
+                "run.workers",
+                format!("must be in 1..={MAX_WORKERS} (got {})", self.run.workers),
+            ));
         }
         self.run
             .speed
@@ -203,8 +214,11 @@ impl Config {
         self.allocator
             .validate()
             .map_err(|(key, message)| invalid(key, message))?;
-        if self.node.lanes == 0 || self.node.lanes > 64 {
-            return Err(invalid("node.lanes", "must be in 1..=64".into()));
+        if self.node.lanes == 0 || self.node.lanes > MAX_LANES {
+            return Err(invalid(
+                "node.lanes",
+                format!("must be in 1..={MAX_LANES} (got {})", self.node.lanes),
+            ));
         }
         if self.windows.epoch_ms == 0 {
             return Err(invalid("windows.epoch_ms", "must be >= 1".into()));
