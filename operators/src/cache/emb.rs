@@ -199,17 +199,18 @@ impl EmbCache {
     }
 
     /// Gives back `n` pages: evicts rows by policy until the rest fit, moves
-    /// rows out of the pages that leave, and returns (those pages, evicted).
-    pub fn shrink(&mut self, pool: &mut PagePool, n: usize) -> (Vec<u32>, usize) {
+    /// rows out of the pages that leave, and returns (those pages, the
+    /// evicted rows as (table, row)).
+    pub fn shrink(&mut self, pool: &mut PagePool, n: usize) -> (Vec<u32>, Vec<(u16, u32)>) {
         let n = n.min(self.pages.len());
         let keep_rows = (self.pages.len() - n) * self.rows_per_page;
-        let mut evicted = 0;
+        let mut evicted = Vec::new();
         while self.slots.len() > keep_rows {
             let victim = self.policy.evict(None).expect("resident rows exist");
             let s = self.slots.remove(&victim).expect("policy and slots agree");
             self.free.push(s);
             self.ghost(victim);
-            evicted += 1;
+            evicted.push(split_key(victim));
         }
         let leaving: Vec<u32> = self.pages.split_off(self.pages.len() - n);
         // A set: checked for every free slot and every resident row, so a

@@ -84,6 +84,10 @@ pub struct BoundaryMove {
     /// Pages that changed tenant (+ to EMB, − to KV).
     pub pages_to_emb: i64,
     pub emb_rows_evicted: usize,
+    /// Those rows, as (table, row): the node counts them out of its shard
+    /// residency one by one instead of recounting every shard.
+    #[serde(skip)]
+    pub emb_evicted: Vec<(u16, u32)>,
     pub kv_entries_evicted: usize,
     /// Refill queued on the link's low-priority lane.
     pub refill_rows: usize,
@@ -385,12 +389,12 @@ impl NodeMemory {
     /// The KV share takes `pages` back from EMB (α goes down, as far as 0)
     /// for a request that does not fit alone: an embedding row can be
     /// fetched again, a request that does not fit would fail. Returns the
-    /// pages moved (fewer when EMB holds fewer).
-    pub fn reclaim_for_kv(&mut self, pages: usize) -> usize {
-        let (back, _) = self.shrink_emb(pages);
+    /// pages moved (fewer when EMB holds fewer) and the rows evicted.
+    pub fn reclaim_for_kv(&mut self, pages: usize) -> (usize, Vec<(u16, u32)>) {
+        let (back, evicted) = self.shrink_emb(pages);
         self.kv_reclaimed_pages += back as u64;
         self.settle_boundary();
-        back
+        (back, evicted)
     }
 
     /// After the forward: new full blocks of `tokens` join the radix index,
@@ -465,7 +469,8 @@ impl NodeMemory {
         } else if target < current {
             let (back, evicted) = self.shrink_emb(current - target);
             mv.pages_to_emb = -(back as i64);
-            mv.emb_rows_evicted = evicted;
+            mv.emb_rows_evicted = evicted.len();
+            mv.emb_evicted = evicted;
         }
         self.settle_boundary();
         mv.alpha = self.alpha;
@@ -474,7 +479,7 @@ impl NodeMemory {
 
     /// Gives up to `pages` EMB pages back to the pool (evicting their
     /// rows) and drops the refill in flight: (pages given, rows evicted).
-    fn shrink_emb(&mut self, pages: usize) -> (usize, usize) {
+    fn shrink_emb(&mut self, pages: usize) -> (usize, Vec<(u16, u32)>) {
         let (back, evicted) = self.emb.shrink(&mut self.pool, pages);
         // A page the EMB cache did not hold is refused and counted by the
         // pool (`rejected_page_frees`); the move itself stands.

@@ -334,9 +334,7 @@ impl ServingNode {
         // Only evictions change which rows are cached: growing the EMB
         // share adds free slots (its refill is counted row by row as it
         // lands) and compaction moves rows without dropping them.
-        if moved.emb_rows_evicted > 0 {
-            self.recount_shards();
-        }
+        self.count_out(&moved.emb_evicted);
         if moved.pages_to_emb != 0 {
             let c = &mut self.counters;
             c.alpha_moves += 1;
@@ -360,14 +358,26 @@ impl ServingNode {
         };
         // What evicting every unpinned KV entry would not free (the retry
         // evicts those), as when the failed try had evicted them first.
-        let moved = self
+        let (moved, evicted) = self
             .memory
             .reclaim_for_kv(wanted.saturating_sub(free + evictable).max(1));
+        self.count_out(&evicted);
         if moved > 0 {
-            self.recount_shards();
             self.counters.kv_reclaims += 1;
         }
         moved > 0
+    }
+
+    /// Rows a shrinking EMB share evicted leave the shard residency one by
+    /// one: a full recount walks every row of every shard ever touched, on
+    /// every move. The OOV row was never counted (see `counted_as_cached`).
+    fn count_out(&mut self, evicted: &[(u16, u32)]) {
+        for &(table, row) in evicted {
+            if row != self.host.oov_row(table) {
+                self.residency
+                    .count_row(&self.params.shards, table, row, -1);
+            }
+        }
     }
 
     /// Serves a batch of rank requests and retrieve requests in the same
@@ -688,8 +698,9 @@ mod refill_tests {
         assert_eq!(a, b);
     }
 
-    /// Serving requests while a refill lands makes no full recount; only
-    /// a boundary move that evicts (and a model swap) does.
+    /// Serving requests while a refill lands makes no full recount, nor
+    /// does a boundary move (its evicted rows are counted out one by one);
+    /// only a model swap does.
     #[test]
     fn serving_during_a_refill_makes_no_full_recount() {
         let mut node = node_refilling();
@@ -718,10 +729,42 @@ mod refill_tests {
         // Growing the share evicts nothing: no recount either.
         node.set_alpha_at(0.75, 60).unwrap();
         assert_eq!(node.residency.recounts(), recounts);
-        // Shrinking it evicts: recounted.
+        // Shrinking it evicts, row by row: still no recount, and the
+        // counts still equal what the cache holds.
         let moved = node.set_alpha_at(0.0, 60).unwrap();
         assert!(moved.emb_rows_evicted > 0);
-        assert_eq!(node.residency.recounts(), recounts + 1);
+        assert_eq!(moved.emb_evicted.len(), moved.emb_rows_evicted);
+        assert_eq!(node.residency.recounts(), recounts);
+        assert_eq!(counted_per_shard(&node), cached_per_shard(&node));
+    }
+
+    /// A request that needs the EMB share's pages takes them back
+    /// (a reclaim); the rows it evicts are counted out one by one.
+    #[test]
+    fn a_reclaim_counts_its_evicted_rows_out() {
+        let mut node = node_refilling();
+        let candidates: Vec<u32> = (0..20).collect();
+        for i in 0..10u32 {
+            let history: Vec<u32> = (i * 60..i * 60 + 60).collect();
+            let req = RankRequest {
+                req_id: 300 + i as u64,
+                user_id: 300 + i as u64,
+                candidates: &candidates,
+            };
+            node.serve(70 + i as u64, req, &history, &catalog())
+                .unwrap();
+        }
+        let rows = node.memory.stats().emb_rows;
+        assert!(rows > 100, "{rows}");
+        let recounts = node.residency.recounts();
+        let short = ServeError::Memory(MemoryError::KvFull {
+            wanted: node.memory.stats().pages,
+            free: 0,
+            evictable: 0,
+        });
+        assert!(node.reclaim_for(&short));
+        assert!(node.memory.stats().emb_rows < rows, "rows were evicted");
+        assert_eq!(node.residency.recounts(), recounts, "no full recount");
         assert_eq!(counted_per_shard(&node), cached_per_shard(&node));
     }
 }
