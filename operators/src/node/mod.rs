@@ -334,7 +334,7 @@ impl ServingNode {
         // Only evictions change which rows are cached: growing the EMB
         // share adds free slots (its refill is counted row by row as it
         // lands) and compaction moves rows without dropping them.
-        self.count_out(&moved.emb_evicted);
+        self.count_rows(&moved.emb_evicted, -1);
         if moved.pages_to_emb != 0 {
             let c = &mut self.counters;
             c.alpha_moves += 1;
@@ -361,21 +361,23 @@ impl ServingNode {
         let (moved, evicted) = self
             .memory
             .reclaim_for_kv(wanted.saturating_sub(free + evictable).max(1));
-        self.count_out(&evicted);
+        self.count_rows(&evicted, -1);
         if moved > 0 {
             self.counters.kv_reclaims += 1;
         }
         moved > 0
     }
 
-    /// Rows a shrinking EMB share evicted leave the shard residency one by
-    /// one: a full recount walks every row of every shard ever touched, on
-    /// every move. The OOV row was never counted (see `counted_as_cached`).
-    fn count_out(&mut self, evicted: &[(u16, u32)]) {
-        for &(table, row) in evicted {
+    /// EMB rows that entered (`delta` 1: a refill placed them) or left
+    /// (-1: a shrinking share evicted them) counted into their shards one
+    /// by one; a full recount walks every row of every shard ever touched.
+    /// The OOV row stands for no item and is never counted (as in
+    /// `Lookup::item_tokens` and `counted_as_cached`).
+    fn count_rows(&mut self, rows: &[(u16, u32)], delta: i32) {
+        for &(table, row) in rows {
             if row != self.host.oov_row(table) {
                 self.residency
-                    .count_row(&self.params.shards, table, row, -1);
+                    .count_row(&self.params.shards, table, row, delta);
             }
         }
     }
@@ -467,13 +469,7 @@ impl ServingNode {
         let placed = self
             .memory
             .advance_refill(now, &|t, r| host.row(t, r).to_vec());
-        for (table, row) in placed {
-            // The OOV row stands for no item and is not counted (as in
-            // `Lookup::item_tokens` and `recount_shards`).
-            if row != host.oov_row(table) {
-                self.residency.count_row(&self.params.shards, table, row, 1);
-            }
-        }
+        self.count_rows(&placed, 1);
     }
 
     /// Embedding lookups through this node's cache.
