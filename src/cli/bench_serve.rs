@@ -186,9 +186,9 @@ struct ServeBench {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.requests == 0 || args.workers == 0 || args.max_tokens == 0 || args.lanes == 0 {
+    if args.requests == 0 || args.max_tokens == 0 {
         return Err(InputError::from_display(
-            "--requests, --workers, --max-tokens and --lanes must be > 0",
+            "--requests and --max-tokens must be > 0",
         ));
     }
     super::check_count("--workers", args.workers, super::MAX_THREADS)?;
