@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 mod cli;
 #[path = "common/http.rs"]
 mod http;
+#[path = "common/process.rs"]
+mod process;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::grflow;
@@ -59,6 +61,17 @@ fn spawn_replay(config: &std::path::Path) -> (std::process::Child, String) {
     (child, addr)
 }
 
+/// Waits until `addr` answers `/readyz` with 200; the deadline it gave
+/// itself (20 s), which the caller may go on waiting against.
+fn wait_ready(addr: &str) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(addr, "/readyz").0 != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    deadline
+}
+
 #[test]
 fn a_running_replay_answers_metrics_health_readiness_and_status() {
     let dir = tmp_dir("ops-endpoints");
@@ -73,11 +86,7 @@ fn a_running_replay_answers_metrics_health_readiness_and_status() {
     let (child, addr) = spawn_replay(&config);
 
     assert_eq!(get(&addr, "/healthz"), (200, "ok\n".to_string()));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(&addr, "/readyz").0 != 200 {
-        assert!(Instant::now() < deadline, "never ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_ready(&addr);
     let (code, status) = get(&addr, "/status");
     assert_eq!(code, 200);
     let status: serde_json::Value = serde_json::from_str(&status).unwrap();
@@ -129,18 +138,9 @@ fn an_interrupted_replay_is_not_ready_while_it_drains() {
     )
     .unwrap();
     let (child, addr) = spawn_replay(&config);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while get(&addr, "/readyz").0 != 200 {
-        assert!(Instant::now() < deadline, "never ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let deadline = wait_ready(&addr);
     std::thread::sleep(Duration::from_millis(300));
-    let pid = child.id().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    process::signal(child.id(), "-TERM");
     // Polled until the process stops answering.
     let mut readiness = Vec::new();
     while let Some(answer) = http::get(&addr, "/readyz") {
