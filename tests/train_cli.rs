@@ -133,8 +133,8 @@ fn train_and_eval_refuse_what_would_lose_or_mislabel_work() {
     fails_with(train(&model, &["--max-epochs", "1"]), "--resume");
     ok(train(&model, &["--max-epochs", "1", "--force"]));
 
-    // Resuming keeps the checkpoint's seed unless told another, and a
-    // differing hyper-parameter is named with both values.
+    // Resuming keeps the checkpoint's seed: another --seed is refused,
+    // naming the flag and both seeds; the same one is accepted.
     let ckpt = model.join("checkpoint");
     let resume = |extra: &[&str]| {
         grflow()
@@ -150,7 +150,7 @@ fn train_and_eval_refuse_what_would_lose_or_mislabel_work() {
     };
     fails_with(
         resume(&["--seed", "7", "--max-epochs", "2"]),
-        "seed: checkpoint 3, this run 7",
+        "--seed 7: the checkpoint was trained with seed 3",
     );
     // A tensor file that is not the one state.json was saved with (a save
     // cut short, or a file copied in) is refused, naming the file.
@@ -169,7 +169,7 @@ fn train_and_eval_refuse_what_would_lose_or_mislabel_work() {
     std::fs::copy(&adam_m, &params).unwrap();
     fails_with(resume(&["--max-epochs", "2"]), &files[0]);
     std::fs::write(&params, saved).unwrap();
-    ok(resume(&["--max-epochs", "2"]));
+    ok(resume(&["--seed", "3", "--max-epochs", "2"]));
     // Epoch 1's tensor files were replaced by epoch 2's.
     let names: Vec<String> = std::fs::read_dir(&ckpt)
         .unwrap()
@@ -340,7 +340,7 @@ fn failed_import_and_train_remove_the_out_they_created() {
                 "7".as_ref(),
             ],
         ),
-        "seed: checkpoint 3, this run 7",
+        "--seed 7: the checkpoint was trained with seed 3",
     );
     assert!(!new.exists(), "train left {}", new.display());
     std::fs::remove_dir_all(&dir).ok();

@@ -23,8 +23,8 @@ pub struct Args {
     /// Model directory to write (checkpoints go to OUT/checkpoint).
     #[arg(long, default_value = "model")]
     pub out: PathBuf,
-    /// Seeds initialisation, batches and negatives [default: 42, or the
-    /// checkpoint's with --resume].
+    /// Seeds initialisation, batches and negatives [default: 42; with
+    /// --resume the checkpoint's, and another value is refused].
     #[arg(long)]
     pub seed: Option<u64>,
     /// Continue the checkpoint in this directory (e.g. OUT/checkpoint).
@@ -144,6 +144,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(dir) => Some(Checkpoint::load(dir).map_err(InputError::from_display)?),
         None => None,
     };
+    // A resumed run keeps its checkpoint's seed: every epoch's batches and
+    // negatives derive from it, so another one would not continue that run.
+    if let (Some(given), Some(ck)) = (args.seed, &resume)
+        && given != ck.state.config.seed
+    {
+        return Err(InputError::from_display(format!(
+            "--seed {given}: the checkpoint was trained with seed {}, and a resumed run \
+             keeps its seed (drop --seed, or start a new run with --force)",
+            ck.state.config.seed
+        )));
+    }
     // Made once the trace and checkpoint are read, before the first epoch
     // (not at its checkpoint). A run that fails removes it, unless it
     // saved a checkpoint there: epochs done are resumed, not redone.
@@ -157,10 +168,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// Trains on `data` into `args.out`, which exists.
 fn train(args: &Args, data: &Dataset, resume: Option<Checkpoint>) -> anyhow::Result<()> {
-    // A resumed run keeps its seed unless told otherwise.
-    let seed = args
-        .seed
-        .or(resume.as_ref().map(|c| c.state.config.seed))
+    let seed = resume
+        .as_ref()
+        .map(|c| c.state.config.seed)
+        .or(args.seed)
         .unwrap_or(42);
     let mut cfg = TrainConfig::defaults(seed);
     // Retrieve requests decode the trace's semantic IDs: serving refuses a

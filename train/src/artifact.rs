@@ -40,7 +40,9 @@ pub struct ModelJson {
     pub model_version: String,
     pub arch: String,
     pub model_config: grflow_kernels::ModelConfig,
-    /// Histories are cut to their most recent `max_history` items.
+    /// The history bound: a longer history loses its oldest items in whole
+    /// steps (`grflow_kernels::history::HistoryCut`), so it may keep fewer
+    /// than `max_history`.
     pub max_history: usize,
     pub vocabulary: Vocabulary,
     pub dataset: DatasetInfo,

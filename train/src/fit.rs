@@ -84,6 +84,46 @@ impl TrainConfig {
     }
 }
 
+impl TrainConfig {
+    /// Refuses settings a run cannot train with, naming the field: a zero
+    /// `batch_users` would divide by zero, a zero `patience` or
+    /// `max_history` would "train" on nothing and report success.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let positive = [
+            ("max_history", self.max_history),
+            ("negatives", self.negatives),
+            ("batch_users", self.batch_users),
+            ("max_epochs", self.max_epochs),
+            ("patience", self.patience),
+            ("val_users", self.val_users),
+            ("val_negatives", self.val_negatives),
+            ("threads", self.threads),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(TrainError::Invalid(format!("{name}: must be at least 1")));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(TrainError::Invalid(format!(
+                "dropout: {} is not in [0, 1)",
+                self.dropout
+            )));
+        }
+        if !(self.item_init_std.is_finite() && self.item_init_std > 0.0) {
+            return Err(TrainError::Invalid(format!(
+                "item_init_std: {} is not a positive number",
+                self.item_init_std
+            )));
+        }
+        if !(self.adamw.lr.is_finite() && self.adamw.lr > 0.0) {
+            return Err(TrainError::Invalid(format!(
+                "adamw.lr: {} is not a positive number",
+                self.adamw.lr
+            )));
+        }
+        Ok(())
+    }
+}
+
 fn one() -> f32 {
     1.0
 }
@@ -251,6 +291,7 @@ pub fn fit(
     ckpt_dir: Option<&Path>,
     obs: &mut dyn Observer,
 ) -> Result<Fitted, TrainError> {
+    cfg.validate()?;
     let fingerprint = data.fingerprint();
     let mut ck = match resume {
         Some(ck) => {
@@ -396,5 +437,23 @@ mod tests {
         o.remove("dropout");
         let old: TrainConfig = serde_json::from_value(v).unwrap();
         assert_eq!((old.item_init_std, old.dropout), (1.0, 0.0));
+    }
+
+    #[test]
+    fn a_config_that_cannot_train_is_refused_naming_its_field() {
+        assert!(TrainConfig::defaults(1).validate().is_ok());
+        let cases: [(&str, fn(&mut TrainConfig)); 5] = [
+            ("batch_users", |c| c.batch_users = 0),
+            ("patience", |c| c.patience = 0),
+            ("max_history", |c| c.max_history = 0),
+            ("dropout", |c| c.dropout = 1.0),
+            ("adamw.lr", |c| c.adamw.lr = f32::NAN),
+        ];
+        for (field, break_it) in cases {
+            let mut cfg = TrainConfig::defaults(1);
+            break_it(&mut cfg);
+            let err = cfg.validate().unwrap_err().to_string();
+            assert!(err.starts_with(field), "{field}: {err}");
+        }
     }
 }

@@ -589,6 +589,10 @@ pub fn loss_and_grad(
     drop: Option<Dropout>,
 ) -> Result<(f64, Params), TrainError> {
     let lay = Layout::new(p, seqs)?;
+    if lay.n == 0 {
+        // Nothing to learn from (and the backward pass divides by rows).
+        return Ok((0.0, p.zeros_like()));
+    }
     let fw = forward(p, &lay, be, drop);
     let norm = lay.targets.len().max(1) as f32;
     let (loss, dl) = sampled_softmax(&lay, &fw, norm);
