@@ -192,6 +192,7 @@ impl Learned {
 mod tests {
     use super::*;
     use crate::allocator::adapter::BOUND;
+    use crate::allocator::{Allocator, AllocatorConfig, AllocatorPolicy};
 
     fn window(p99_ms: f64) -> WindowStats {
         WindowStats {
@@ -250,12 +251,20 @@ mod tests {
 
     #[test]
     fn smart_without_exploration_sends_the_alphas_ppo_only_sends_until_it_learns() {
-        use crate::allocator::{Allocator, AllocatorConfig, AllocatorPolicy};
+        // With the default step, and with one under the policy's largest
+        // action (which both must cut to the same bound).
+        for max_step in [AllocatorConfig::default().max_step, 0.02] {
+            smart_moves_as_ppo_only(max_step);
+        }
+    }
+
+    fn smart_moves_as_ppo_only(max_step: f64) {
         let (policy, slo_ms) = shipped();
         let allocator = |policy_kind, learned| {
             let cfg = AllocatorConfig {
                 policy: policy_kind,
                 min_requests: 1,
+                max_step,
                 ..Default::default()
             };
             Allocator::with_learned(cfg, slo_ms, 0.5, learned).with_pool_pages(1024)
@@ -270,7 +279,11 @@ mod tests {
         for (i, w) in varied(slo_ms).iter().enumerate() {
             // Bit for bit, the same α sent (or none) from the same windows.
             let (a, b) = (ppo.decide(w), smart.decide(w));
-            assert_eq!(a.map(f64::to_bits), b.map(f64::to_bits), "window {i}");
+            assert_eq!(
+                a.map(f64::to_bits),
+                b.map(f64::to_bits),
+                "max_step {max_step}, window {i}"
+            );
             moves += usize::from(a.is_some());
             ppo.learn();
             smart.learn();

@@ -278,21 +278,31 @@ impl Allocator {
         if let Some(alpha) = w.alpha_end {
             self.alpha = alpha;
         }
-        let (step, bound) = match (self.cfg.policy, &mut self.learned) {
-            (AllocatorPolicy::Pid, _) => (self.pid_step(w), self.cfg.max_step),
-            (AllocatorPolicy::PpoOnly, Some(l)) => (l.decide(w, self.alpha), self.cfg.max_step),
-            // The adapter's residual comes on top of the policy's action.
-            (AllocatorPolicy::Smart, Some(l)) => {
-                (l.decide(w, self.alpha), self.cfg.max_step + adapter::BOUND)
-            }
+        let step = match (self.cfg.policy, &mut self.learned) {
+            (AllocatorPolicy::Pid, _) => self.pid_step(w),
+            (AllocatorPolicy::PpoOnly | AllocatorPolicy::Smart, Some(l)) => l.decide(w, self.alpha),
             _ => return None,
+        };
+        let max_step = self.cfg.max_step;
+        // The adapter's residual (at most ±BOUND) comes on top of the
+        // policy's action, which keeps its own bound: with a zero residual
+        // `smart` moves exactly as `ppo-only`, whatever max_step is.
+        let base = self.learned.as_ref().and_then(Learned::uncorrected);
+        let (step, bound) = match base {
+            Some(base) => (
+                base.clamp(-max_step, max_step)
+                    + (step - base).clamp(-adapter::BOUND, adapter::BOUND),
+                max_step + adapter::BOUND,
+            ),
+            None => (step, max_step),
         };
         let next = self.target(step, bound);
         // The adapter learns from what its correction changed in the α
         // sent, not from the correction it proposed.
-        if let Some(base) = self.learned.as_ref().and_then(Learned::uncorrected) {
+        if let Some(base) = base {
             let moved = |target: Option<f64>| target.map_or(0.0, |a| a - self.alpha);
-            let share = moved(next) - moved(self.target(base, bound));
+            let uncorrected = self.target(base.clamp(-max_step, max_step), bound);
+            let share = moved(next) - moved(uncorrected);
             if let Some(l) = &mut self.learned {
                 l.realised(share);
             }

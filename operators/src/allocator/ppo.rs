@@ -3,7 +3,8 @@
 //! parameters in all, under the paper's 25K), trained offline with PPO
 //! (clipped objective, GAE advantages, Adam) and frozen at serve time.
 //! Pure: the trainer gathers trajectories from virtual-clock replays and
-//! calls [`ActorCritic::update`]; the allocator calls [`ActorCritic::greedy`].
+//! calls [`ActorCritic::update`]; the allocator decides through its frozen
+//! f32 copy, [`Decider::greedy`].
 //! Weights travel as safetensors bytes (f64) with the sizes and the
 //! provenance in the metadata.
 
