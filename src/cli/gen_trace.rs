@@ -40,10 +40,12 @@ pub struct Args {
     /// Candidates per rank request (the label plus popularity-sampled items).
     #[arg(long, default_value_t = GenConfig::default().candidates)]
     pub candidates: usize,
-    /// Shortest user history (items).
+    /// Shortest initial user history (items): lengths are log-uniform in
+    /// [min-history, max-history).
     #[arg(long, default_value_t = GenConfig::default().min_history)]
     pub min_history: u32,
-    /// Longest user history (items).
+    /// Bound of the initial user history (items), exclusive: lengths are
+    /// log-uniform in [min-history, max-history) (min-history when equal).
     #[arg(long, default_value_t = GenConfig::default().max_history)]
     pub max_history: u32,
     /// Rows per row group of requests.parquet (the unit of sharding over workers).
@@ -81,6 +83,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // Before generating: a bad --out would otherwise fail after it.
     check_not_a_model(&args.out)?;
+    // A Burst trace too short for a burst is written (tests and small
+    // replays use them) but is statistically Steady: say so.
+    if let Some(warning) = cfg.burst_warning() {
+        eprintln!("{warning}");
+    }
     // Removed again if the run fails: no empty or half-written trace.
     let out = super::OutDir::create(&args.out)?;
     let start = Instant::now();

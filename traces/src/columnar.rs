@@ -472,6 +472,43 @@ pub enum DecodeError {
     Row { row: usize, error: RowError },
 }
 
+/// A trace file written with another layout than [`SCHEMA_VERSION`]: its
+/// columns may mean something else, so it is refused by name rather than
+/// misread. Readers report it with the file and [`VERSION_KEY`] (in
+/// grflow-connectors, `SourceError::Meta`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "trace schema version {found}, but this grflow reads version \"{SCHEMA_VERSION}\" only \
+     (rewrite the trace with this grflow's gen-trace or import)"
+)]
+pub struct SchemaVersionError {
+    /// The file's value, quoted (`(no value)` for a key without one).
+    pub found: String,
+}
+
+/// Checks a trace file's [`VERSION_KEY`]: a value other than
+/// [`SCHEMA_VERSION`] is refused; a file without the key (written by
+/// another tool) is accepted and checked by its columns alone.
+pub fn check_schema_version(
+    meta: &parquet::file::metadata::FileMetaData,
+) -> Result<(), SchemaVersionError> {
+    let Some(kv) = meta
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|kv| kv.key == VERSION_KEY))
+    else {
+        return Ok(());
+    };
+    match kv.value.as_deref() {
+        Some(SCHEMA_VERSION) => Ok(()),
+        Some(other) => Err(SchemaVersionError {
+            found: format!("{other:?}"),
+        }),
+        None => Err(SchemaVersionError {
+            found: "(no value)".into(),
+        }),
+    }
+}
+
 /// [`TraceMeta`] as the JSON stored under [`META_KEY`].
 pub fn meta_to_json(meta: &TraceMeta) -> String {
     serde_json::to_string(meta).expect("TraceMeta serialises")

@@ -2,8 +2,12 @@
 //!
 //! - Zipf user activity (inside the hot 5% of users and inside the rest)
 //!   and Zipf item popularity; popular item ids are spread over the id space.
-//! - Every user starts with a history of `min_history..=max_history` items
-//!   (log-uniform); each request of the user appends the item picked next
+//! - Every user starts with a history of `min_history..max_history` items:
+//!   log-uniform and half-open, `min_history <= len < max_history` (the
+//!   length is ⌊min · (max/min)^u⌋ with u in [0, 1), so `max_history` is
+//!   reached only when float rounding at the very top of u's range carries
+//!   it up, odds about 1e-13 per user; exactly `min_history` when the two
+//!   are equal); each request of the user appends the item picked next
 //!   (the label), so a later request's history extends an earlier prefix.
 //! - `candidates` (100) per request: the label plus popularity-sampled
 //!   negatives, de-duplicated, shuffled.
@@ -84,7 +88,8 @@ pub struct GenConfig {
     /// Zipf exponents of user activity and item popularity.
     pub user_zipf: f64,
     pub item_zipf: f64,
-    /// Bounds of a user's initial history length.
+    /// Bounds of a user's initial history length, half-open:
+    /// `min_history <= len < max_history` (`min_history` when equal).
     pub min_history: u32,
     pub max_history: u32,
 }
@@ -126,6 +131,13 @@ pub const MAX_ITEMS: u32 = 100_000_000;
 pub const MAX_FEATURE_IDS: u64 = 400_000_000;
 /// The most candidate ids of a trace's requests (4 GB).
 pub const MAX_CANDIDATE_IDS: u64 = 1_000_000_000;
+/// The most items of the users' initial histories, bounded as users ×
+/// max_history (4 bytes each, 4 GB; every request then adds one): the
+/// largest shipped config, `configs/paper-*.toml`, uses 4,000 × 2,048.
+pub const MAX_HISTORY_ITEMS: u64 = 1_000_000_000;
+/// The most requests of a trace: each is held in memory as a record of
+/// about 64 bytes besides its candidates (3.2 GB at this count).
+pub const MAX_REQUESTS: u64 = 50_000_000;
 
 /// Why a generator config is unusable.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -159,8 +171,12 @@ impl GenConfig {
                 self.items.to_string(),
             );
         }
-        if self.requests == 0 {
-            return bad("requests", ">= 1", "0".into());
+        if !(1..=MAX_REQUESTS).contains(&self.requests) {
+            return bad(
+                "requests",
+                ">= 1 and at most 50000000",
+                self.requests.to_string(),
+            );
         }
         if !(self.rps.is_finite() && self.rps > 0.0) {
             return bad("rps", "a finite number > 0", self.rps.to_string());
@@ -177,13 +193,7 @@ impl GenConfig {
         if self.tables == 0 {
             return bad("tables", ">= 1", "0".into());
         }
-        if self.items as u64 * self.tables as u64 > MAX_FEATURE_IDS {
-            return bad(
-                "tables",
-                "such that items × tables is at most 400000000",
-                self.tables.to_string(),
-            );
-        }
+        check_feature_ids(self.items as u64, self.tables)?;
         if (self.codebook_size as u64).pow(3) < self.items as u64 {
             return bad(
                 "codebook-size",
@@ -194,14 +204,7 @@ impl GenConfig {
         if self.candidates == 0 {
             return bad("candidates", ">= 1", "0".into());
         }
-        // Every request's candidates are held in memory (4 bytes each).
-        if self.requests.saturating_mul(self.candidates as u64) > MAX_CANDIDATE_IDS {
-            return bad(
-                "candidates",
-                "such that requests × candidates is at most 1000000000",
-                self.candidates.to_string(),
-            );
-        }
+        check_candidate_ids(self.requests, self.candidates)?;
         // Every user's history is generated up front: past this it is a
         // typo that would run until memory is gone.
         if self.max_history > MAX_HISTORY {
@@ -216,6 +219,15 @@ impl GenConfig {
                 "min-history",
                 ">= 1 and <= max-history",
                 format!("{}..{}", self.min_history, self.max_history),
+            );
+        }
+        // Every user's initial history is drawn up front, up to max_history
+        // items each (4 bytes per item).
+        if self.users.saturating_mul(self.max_history as u64) > MAX_HISTORY_ITEMS {
+            return bad(
+                "max-history",
+                "such that users × max-history is at most 1000000000",
+                format!("{} with {} users", self.max_history, self.users),
             );
         }
         for (field, v) in [("user-zipf", self.user_zipf), ("item-zipf", self.item_zipf)] {
@@ -233,10 +245,63 @@ impl GenConfig {
         Ok(())
     }
 
+    /// Whether this is a Burst config too short for any burst: its
+    /// requests span less than [`MIN_BURST_SPAN_S`] of event time, so the
+    /// trace holds no burst and is statistically Steady. Short Burst traces
+    /// are allowed (tests and small replays use them); `gen-trace` warns
+    /// and the trace's `source` says "no burst fits".
+    pub fn no_burst_fits(&self) -> bool {
+        self.regime == Regime::Burst
+            && latest_short_burst(self.requests as f64 / self.rps).is_none()
+    }
+
+    /// The warning `gen-trace` prints for a Burst config without room for a
+    /// burst (see [`GenConfig::no_burst_fits`]); `None` otherwise.
+    pub fn burst_warning(&self) -> Option<String> {
+        self.no_burst_fits().then(|| {
+            format!(
+                "warning: --regime burst: --requests {} at --rps {} span {:.1} s of event time, \
+                 less than the {MIN_BURST_SPAN_S} s a burst needs, so the trace holds no burst \
+                 (its source says \"no burst fits\"); raise --requests or lower --rps",
+                self.requests,
+                self.rps,
+                self.requests as f64 / self.rps
+            )
+        })
+    }
+
     /// Rows of each embedding table (see [`crate::sampling::table_rows`]).
     pub fn table_rows(&self) -> Vec<u32> {
         table_rows(self.items, self.tables)
     }
+}
+
+/// Refuses a catalog of more than [`MAX_FEATURE_IDS`] feature ids (items ×
+/// tables), held in memory up front; the error names `--tables`. Shared by
+/// the generator and the importers.
+pub fn check_feature_ids(items: u64, tables: u16) -> Result<(), GenError> {
+    if items.saturating_mul(tables as u64) > MAX_FEATURE_IDS {
+        return Err(GenError::Invalid {
+            field: "tables",
+            rule: "such that items × tables is at most 400000000",
+            value: format!("{tables} with {items} items"),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses requests whose candidates add up to more than
+/// [`MAX_CANDIDATE_IDS`] (4 bytes each, all held in memory); the error
+/// names `--candidates`. Shared by the generator and the importers.
+pub fn check_candidate_ids(requests: u64, candidates: usize) -> Result<(), GenError> {
+    if requests.saturating_mul(candidates as u64) > MAX_CANDIDATE_IDS {
+        return Err(GenError::Invalid {
+            field: "candidates",
+            rule: "such that requests × candidates is at most 1000000000",
+            value: format!("{candidates} with {requests} requests"),
+        });
+    }
+    Ok(())
 }
 
 /// Hot-user share of requests and arrival-rate factor over event time.
@@ -244,8 +309,15 @@ impl GenConfig {
 struct Schedule {
     regime: Regime,
     duration_s: f64,
-    /// Burst intervals [start, end) in seconds, aligned to decision windows.
+    /// Burst intervals [start, end) in seconds, aligned to decision windows,
+    /// in time order and disjoint.
     bursts: Vec<(f64, f64)>,
+    /// The first burst that has not ended by the last time asked about:
+    /// arrival times only grow, so each lookup resumes here and a trace of
+    /// many bursts costs O(requests + bursts), not their product.
+    next_burst: usize,
+    /// The last time asked about (checked in debug builds).
+    last_t_s: f64,
 }
 
 /// HLEM decision window (s): bursts last a whole number of them.
@@ -261,6 +333,23 @@ const BURST_RATE_FACTOR: f64 = 2.0;
 const BURST_MEAN_GAP_S: f64 = 15.0;
 /// Event time kept free after the last burst, for the noise of Poisson arrivals (s).
 const BURST_END_MARGIN_S: f64 = 2.0;
+/// The shortest burst (s).
+const SHORT_BURST_S: f64 = 3.0 * WINDOW_S;
+/// The shortest span of event time (requests / rps, s) that holds a burst:
+/// two quiet windows, a 3-window burst at double rate (which uses twice its
+/// length in requests) and the end margin: 42 s.
+pub const MIN_BURST_SPAN_S: f64 =
+    2.0 * WINDOW_S + SHORT_BURST_S * BURST_RATE_FACTOR + BURST_END_MARGIN_S;
+
+/// The latest window boundary at which a shortest burst still ends before
+/// the requests of `duration_s` run out, or `None` when that is inside the
+/// two quiet windows at the start (the trace is shorter than
+/// [`MIN_BURST_SPAN_S`]): then no burst fits.
+fn latest_short_burst(duration_s: f64) -> Option<f64> {
+    let limit = duration_s - BURST_END_MARGIN_S;
+    let latest = ((limit - SHORT_BURST_S * BURST_RATE_FACTOR) / WINDOW_S).floor() * WINDOW_S;
+    (latest >= 2.0 * WINDOW_S).then_some(latest)
+}
 
 impl Schedule {
     fn new(cfg: &GenConfig, rng: &mut ChaCha8Rng) -> Self {
@@ -285,13 +374,13 @@ impl Schedule {
                 let len = (3 + below(rng, 3)) as f64 * WINDOW_S;
                 if budget(start, len, earlier) > limit {
                     // A short trace still gets one burst, at the latest
-                    // boundary where it fits, if one fits at all.
-                    let len = 3.0 * WINDOW_S;
-                    let latest = ((limit - len * BURST_RATE_FACTOR) / WINDOW_S).floor() * WINDOW_S;
-                    if !bursts.is_empty() || latest < 2.0 * WINDOW_S {
-                        break;
+                    // boundary where it fits, if one fits at all (none
+                    // below MIN_BURST_SPAN_S: see GenConfig::no_burst_fits).
+                    if bursts.is_empty()
+                        && let Some(latest) = latest_short_burst(duration_s)
+                    {
+                        bursts.push((latest, latest + SHORT_BURST_S));
                     }
-                    bursts.push((latest, latest + len));
                     break;
                 }
                 bursts.push((start, start + len));
@@ -303,15 +392,36 @@ impl Schedule {
             regime: cfg.regime,
             duration_s,
             bursts,
+            next_burst: 0,
+            last_t_s: 0.0,
         }
     }
 
-    fn in_burst(&self, t_s: f64) -> bool {
-        self.bursts.iter().any(|&(a, b)| t_s >= a && t_s < b)
+    /// Whether `t_s` falls in a burst. Times must not decrease from one
+    /// call to the next (arrival times); then this is
+    /// `bursts.iter().any(|&(a, b)| t_s >= a && t_s < b)`.
+    fn in_burst(&mut self, t_s: f64) -> bool {
+        debug_assert!(
+            t_s >= self.last_t_s,
+            "times go backwards: {t_s} after {}",
+            self.last_t_s
+        );
+        self.last_t_s = t_s;
+        while self
+            .bursts
+            .get(self.next_burst)
+            .is_some_and(|&(_, b)| t_s >= b)
+        {
+            self.next_burst += 1;
+        }
+        self.bursts
+            .get(self.next_burst)
+            .is_some_and(|&(a, b)| t_s >= a && t_s < b)
     }
 
-    fn hot_share(&self, t_s: f64) -> f64 {
-        match self.regime {
+    fn hot_share(&mut self, t_s: f64) -> f64 {
+        let regime = self.regime;
+        match regime {
             Regime::Steady => BASE_HOT_SHARE,
             Regime::Trend => {
                 BASE_HOT_SHARE
@@ -322,7 +432,7 @@ impl Schedule {
         }
     }
 
-    fn rate_factor(&self, t_s: f64) -> f64 {
+    fn rate_factor(&mut self, t_s: f64) -> f64 {
         if self.regime == Regime::Burst && self.in_burst(t_s) {
             BURST_RATE_FACTOR
         } else {
@@ -354,7 +464,9 @@ fn generate_with_schedule(cfg: &GenConfig) -> (Trace, Schedule) {
     let hot = Weighted::zipf(n_hot, cfg.user_zipf);
     let cold = Weighted::zipf(n_users - n_hot, cfg.user_zipf);
 
-    // Initial histories: log-uniform length in [min_history, max_history].
+    // Initial histories: log-uniform length in [min_history, max_history)
+    // (u < 1 and the floor keep max_history out of reach but for rounding
+    // at the top 1e-13 of u's range).
     let (lo, hi) = (cfg.min_history as f64, cfg.max_history as f64);
     let mut histories: Vec<Vec<u32>> = (0..n_users)
         .map(|_| {
@@ -365,7 +477,7 @@ fn generate_with_schedule(cfg: &GenConfig) -> (Trace, Schedule) {
         })
         .collect();
 
-    let schedule = Schedule::new(cfg, &mut rng);
+    let mut schedule = Schedule::new(cfg, &mut rng);
     let mut requests = Vec::with_capacity(cfg.requests as usize);
     let mut t_s = 0.0;
     for _ in 0..cfg.requests {
@@ -409,13 +521,24 @@ fn generate_with_schedule(cfg: &GenConfig) -> (Trace, Schedule) {
             items,
         })
         .collect();
+    // A Burst trace too short for a burst says so: it is statistically Steady.
+    let no_burst = schedule.regime == Regime::Burst && schedule.bursts.is_empty();
+    debug_assert_eq!(no_burst, cfg.no_burst_fits());
+    let note = if no_burst {
+        format!(
+            ": no burst fits ({:.1} s of event time, a burst needs {MIN_BURST_SPAN_S} s)",
+            schedule.duration_s
+        )
+    } else {
+        String::new()
+    };
     let trace = Trace {
         meta: Some(TraceMeta {
             n_tables: cfg.tables,
             table_rows: table_rows(cfg.items, cfg.tables),
             codebook_size: cfg.codebook_size,
             source: format!(
-                "grflow gen-trace --regime {} --users {} --items {} --requests {} --rps {} --seed {} --tables {} --retrieve-share {} --codebook-size {} --candidates {} --min-history {} --max-history {}",
+                "grflow gen-trace --regime {} --users {} --items {} --requests {} --rps {} --seed {} --tables {} --retrieve-share {} --codebook-size {} --candidates {} --min-history {} --max-history {}{note}",
                 cfg.regime.as_str(),
                 cfg.users,
                 cfg.items,
@@ -697,9 +820,204 @@ mod tests {
                 },
                 "--tables",
             ),
+            // 3000 users × 1M items of history: 12 GB, used to abort.
+            (
+                GenConfig {
+                    min_history: 1_000_000,
+                    max_history: 1_000_000,
+                    ..GenConfig::default()
+                },
+                "--max-history",
+            ),
+            // 1e9 request records of 64 bytes: used to abort.
+            (
+                GenConfig {
+                    requests: 1_000_000_000,
+                    candidates: 1,
+                    rps: 1e6,
+                    ..GenConfig::default()
+                },
+                "--requests",
+            ),
         ] {
             let err = cfg.validate().unwrap_err();
             assert!(err.to_string().contains(flag), "{err}");
         }
+    }
+
+    #[test]
+    fn memory_caps_leave_the_shipped_configs_valid() {
+        // configs/paper-*.toml: the largest histories shipped.
+        let paper = GenConfig {
+            users: 4_000,
+            requests: 24_000,
+            rps: 400.0,
+            min_history: 256,
+            max_history: 2_048,
+            ..GenConfig::default()
+        };
+        assert_eq!(paper.validate(), Ok(()));
+        // At the caps themselves: accepted.
+        let at_caps = GenConfig {
+            users: 1_000,
+            min_history: 10,
+            max_history: 1_000_000,
+            requests: MAX_REQUESTS,
+            candidates: 20,
+            rps: 1e6,
+            ..GenConfig::default()
+        };
+        assert_eq!(at_caps.validate(), Ok(()));
+        let err = GenConfig {
+            requests: MAX_REQUESTS + 1,
+            ..at_caps.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("--requests must be"), "{err}");
+        let err = GenConfig {
+            users: 1_001,
+            ..at_caps
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("--max-history") && err.contains("users × max-history"),
+            "{err}"
+        );
+        assert!(
+            err.contains("1001 users"),
+            "the error says both values: {err}"
+        );
+    }
+
+    #[test]
+    fn the_burst_cursor_agrees_with_a_scan_of_every_burst() {
+        // A long Burst trace: hundreds of bursts.
+        let cfg = GenConfig {
+            regime: Regime::Burst,
+            requests: 2_000_000,
+            rps: 200.0,
+            ..GenConfig::default()
+        };
+        let mut s = Schedule::new(&cfg, &mut ChaCha8Rng::seed_from_u64(3));
+        assert!(s.bursts.len() > 100, "{}", s.bursts.len());
+        let bursts = s.bursts.clone();
+        let scan = |t: f64| bursts.iter().any(|&(a, b)| t >= a && t < b);
+        // A grid and every boundary, in time order as arrivals come.
+        let mut times: Vec<f64> = (0..((s.duration_s + 10.0) / 0.37) as u64)
+            .map(|k| k as f64 * 0.37)
+            .chain(bursts.iter().flat_map(|&(a, b)| [a, b, a - 1e-9, b - 1e-9]))
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let mut inside = 0;
+        for t in times {
+            // Each time asked twice, as the generator does.
+            for _ in 0..2 {
+                assert_eq!(s.in_burst(t), scan(t), "at {t} s");
+            }
+            inside += scan(t) as usize;
+        }
+        assert!(inside > 1_000);
+    }
+
+    #[test]
+    fn a_burst_trace_too_short_for_a_burst_says_so() {
+        // 5,000 requests at 200 rps: 25 s, under the 42 s a burst needs.
+        let short = GenConfig {
+            regime: Regime::Burst,
+            requests: 5_000,
+            ..GenConfig::default()
+        };
+        assert!(short.no_burst_fits());
+        let s = Schedule::new(&short, &mut ChaCha8Rng::seed_from_u64(short.seed));
+        assert!(s.bursts.is_empty());
+        let source = generate(&short).meta.unwrap().source;
+        assert!(
+            source.ends_with(": no burst fits (25.0 s of event time, a burst needs 42 s)"),
+            "{source}"
+        );
+        let warning = short.burst_warning().unwrap();
+        for part in [
+            "--regime burst",
+            "--requests 5000",
+            "--rps 200",
+            "25.0 s",
+            "42 s",
+        ] {
+            assert!(warning.contains(part), "{part} missing from {warning}");
+        }
+        // Other regimes, and a burst trace long enough: no note, no warning.
+        for cfg in [
+            GenConfig {
+                regime: Regime::Steady,
+                ..short.clone()
+            },
+            GenConfig {
+                regime: Regime::Burst,
+                ..GenConfig::default()
+            },
+        ] {
+            assert!(!cfg.no_burst_fits());
+            assert_eq!(cfg.burst_warning(), None);
+            assert!(!generate(&cfg).meta.unwrap().source.contains("burst fits"));
+        }
+        // The threshold is the schedule's own, whatever the seed.
+        assert_eq!(MIN_BURST_SPAN_S, 42.0);
+        for tenths in 380..460u64 {
+            let cfg = GenConfig {
+                regime: Regime::Burst,
+                requests: tenths * 20,
+                rps: 200.0,
+                ..GenConfig::default()
+            };
+            let span = cfg.requests as f64 / cfg.rps;
+            assert_eq!(cfg.no_burst_fits(), span < MIN_BURST_SPAN_S, "{span} s");
+            for seed in 0..4 {
+                let s = Schedule::new(&cfg, &mut ChaCha8Rng::seed_from_u64(seed));
+                assert_eq!(
+                    s.bursts.is_empty(),
+                    cfg.no_burst_fits(),
+                    "{span} s, seed {seed}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn max_history_is_out_of_reach_but_for_float_rounding() {
+        // u = k / 2^53, k < 2^53. Only the top 1,024 values of k (odds
+        // about 1e-13 per user) may round up to max_history.
+        let len = |lo: u32, hi: u32, k: u64| {
+            let (l, h) = (lo as f64, hi as f64);
+            let u = k as f64 / (1u64 << 53) as f64;
+            (l * detmath::exp(u * detmath::ln(h / l))) as u32
+        };
+        let below_top = (1u64 << 53) - 1 - 1_024;
+        for lo in 1..=300u32 {
+            for hi in lo..=2_100u32 {
+                assert_eq!(len(lo, hi, 0), lo, "u = 0 gives min_history");
+                if hi > lo {
+                    assert!(len(lo, hi, below_top) < hi, "{lo}..{hi}");
+                } else {
+                    assert_eq!(len(lo, hi, below_top), lo);
+                }
+            }
+        }
+        let t = generate(&GenConfig {
+            users: 2_000,
+            min_history: 3,
+            max_history: 5,
+            requests: 10,
+            ..GenConfig::default()
+        });
+        let mut initial: Vec<usize> = t.users.iter().map(|u| u.items.len()).collect();
+        for r in &t.requests {
+            initial[r.user_id as usize] -= 1;
+        }
+        assert!(initial.iter().all(|&n| (3..5).contains(&n)), "{initial:?}");
+        assert!(initial.contains(&3) && initial.contains(&4));
     }
 }

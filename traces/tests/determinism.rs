@@ -88,10 +88,13 @@ fn pinned_digest_of_a_small_trace() {
     assert_eq!(digests, expected);
 }
 
+/// items.parquet changed on 2026-12-01 (was 3598736b2ae7290b), its footer
+/// alone: this Burst trace spans 37.5 s, too short for a burst, and its
+/// `source` now says "no burst fits"; the rows are the same bytes.
 const PINNED: [(&str, &str); 3] = [
     ("requests.parquet", "f008e5cf84d31ded"),
     ("users.parquet", "034e8a4672925535"),
-    ("items.parquet", "3598736b2ae7290b"),
+    ("items.parquet", "0f90c5a894c3191b"),
 ];
 
 /// Rewriting a trace that fails partway (here: items.parquet cannot be

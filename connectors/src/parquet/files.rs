@@ -46,6 +46,14 @@ pub(crate) fn open_checked(
         }
     })?;
     check_row_counts(&path, metadata.metadata())?;
+    // A later schema with compatible columns would otherwise be misread.
+    grflow_traces::columnar::check_schema_version(metadata.metadata().file_metadata()).map_err(
+        |e| SourceError::Meta {
+            file: path.clone(),
+            key: grflow_traces::columnar::VERSION_KEY,
+            reason: e.to_string(),
+        },
+    )?;
     check_columns(metadata.schema(), columns).map_err(|e| SourceError::Schema {
         file: path.clone(),
         column: e.column(),

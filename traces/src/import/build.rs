@@ -5,6 +5,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{ImportConfig, ImportError, RawEvents};
+use crate::generate::{MAX_REQUESTS, check_candidate_ids, check_feature_ids};
 use crate::sampling::{Weighted, candidates, catalog, table_rows};
 use crate::schema::{Mode, Request, Trace, TraceMeta, UserHistory};
 
@@ -20,9 +21,14 @@ fn raw_key(s: &str) -> RawKey<'_> {
 }
 
 /// Dense ids: `remap[interned index]` = rank of the raw id in raw-id order.
+/// Raw ids that read as the same number ("7", "07", "+7") are distinct ids
+/// ordered by their text, so the mapping never depends on file order.
 fn dense_ids(names: &[String]) -> Vec<u32> {
     let mut order: Vec<u32> = (0..names.len() as u32).collect();
-    order.sort_by(|&a, &b| raw_key(&names[a as usize]).cmp(&raw_key(&names[b as usize])));
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&names[a as usize], &names[b as usize]);
+        raw_key(a).cmp(&raw_key(b)).then_with(|| a.cmp(b))
+    });
     let mut remap = vec![0u32; names.len()];
     for (dense, &interned) in order.iter().enumerate() {
         remap[interned as usize] = dense as u32;
@@ -32,13 +38,35 @@ fn dense_ids(names: &[String]) -> Vec<u32> {
 
 /// Builds the trace from parsed interactions.
 pub fn build_trace(raw: RawEvents, name: &str, cfg: &ImportConfig) -> Result<Trace, ImportError> {
-    if cfg.candidates == 0 || cfg.tables == 0 {
-        return Err(ImportError::Config {
-            file: name.to_string(),
-            reason: "candidates and tables must be >= 1".into(),
-        });
+    let refuse = |reason: String| ImportError::Config {
+        file: name.to_string(),
+        reason,
+    };
+    if cfg.candidates == 0 {
+        return Err(refuse("--candidates must be >= 1 (got 0)".into()));
+    }
+    if cfg.tables == 0 {
+        return Err(refuse("--tables must be >= 1 (got 0)".into()));
     }
     let n_items = raw.items.len();
+    // Every user's first interaction starts the history; each later one
+    // is a request. Both the catalog and the requests' candidates are held
+    // in memory: the generator's limits, checked before allocating.
+    let mut seen = vec![false; raw.users.len()];
+    let firsts = raw
+        .events
+        .iter()
+        .filter(|&&(_, u, _)| !std::mem::replace(&mut seen[u as usize], true))
+        .count();
+    let n_requests = (raw.events.len() - firsts) as u64;
+    check_feature_ids(n_items as u64, cfg.tables).map_err(|e| refuse(e.to_string()))?;
+    if n_requests > MAX_REQUESTS {
+        return Err(refuse(format!(
+            "{n_requests} requests (interactions after each user's first) are more than the \
+             {MAX_REQUESTS} a trace holds in memory; import a part of the file"
+        )));
+    }
+    check_candidate_ids(n_requests, cfg.candidates).map_err(|e| refuse(e.to_string()))?;
     if (cfg.codebook_size as u64).pow(3) < n_items as u64 {
         return Err(ImportError::Config {
             file: name.to_string(),
@@ -223,6 +251,80 @@ mod tests {
         .unwrap();
         assert_eq!(a.requests, b.requests);
         assert_eq!(a.users, b.users);
+    }
+
+    #[test]
+    fn ids_that_read_as_one_number_map_the_same_in_any_line_order() {
+        // "7", "07" and "+7" are three users (and items) that parse as 7.
+        let lines = ["7 a", "07 b", "+7 c", "7 07", "07 +7", "+7 7", "7 b"];
+        let cfg = ImportConfig {
+            format: ImportFormat::Seq,
+            candidates: 2,
+            ..ImportConfig::default()
+        };
+        let text = |order: &[usize]| -> String {
+            order.iter().map(|&i| format!("{}\n", lines[i])).collect()
+        };
+        // Each user's own lines keep their order (seq is per-user ordered).
+        let a = import_str(&text(&[0, 1, 2, 3, 4, 5, 6]), "s.txt", &cfg).unwrap();
+        let b = import_str(&text(&[2, 1, 5, 4, 0, 3, 6]), "s.txt", &cfg).unwrap();
+        assert_eq!(a.users, b.users);
+        // Text order among equal numbers: "+7" < "07" < "7".
+        let items = |t: &Trace| t.users.iter().map(|u| u.items.clone()).collect::<Vec<_>>();
+        // Items: +7, 07, 7 -> 0, 1, 2; then a, b, c -> 3, 4, 5.
+        assert_eq!(items(&a), [vec![5, 2], vec![4, 0], vec![3, 1, 4]]);
+    }
+
+    #[test]
+    fn catalogs_and_candidates_past_the_generators_limits_are_refused() {
+        // 20,000 items × 65,535 tables: used to abort allocating.
+        let mut seq = String::new();
+        for i in 0..20_000 {
+            seq += &format!("u{} i{i}\n", i % 50);
+        }
+        let cfg = ImportConfig {
+            format: ImportFormat::Seq,
+            tables: 65_535,
+            ..ImportConfig::default()
+        };
+        let err = import_str(&seq, "big.txt", &cfg).unwrap_err().to_string();
+        assert!(
+            err.starts_with("big.txt: --tables must be such that items × tables"),
+            "{err}"
+        );
+        assert!(err.contains("65535 with 20000 items"), "{err}");
+        // 19,950 requests (50 users' first lines start histories) × 60,000
+        // candidates: more than a trace holds.
+        let cfg = ImportConfig {
+            format: ImportFormat::Seq,
+            candidates: 60_000,
+            ..ImportConfig::default()
+        };
+        let err = import_str(&seq, "big.txt", &cfg).unwrap_err().to_string();
+        assert!(
+            err.starts_with("big.txt: --candidates must be such that requests × candidates"),
+            "{err}"
+        );
+        assert!(err.contains("60000 with 19950 requests"), "{err}");
+        for (cfg, flag) in [
+            (
+                ImportConfig {
+                    tables: 0,
+                    ..ImportConfig::default()
+                },
+                "--tables",
+            ),
+            (
+                ImportConfig {
+                    candidates: 0,
+                    ..ImportConfig::default()
+                },
+                "--candidates",
+            ),
+        ] {
+            let err = import_str(INTER, "x.inter", &cfg).unwrap_err().to_string();
+            assert!(err.contains(&format!("{flag} must be >= 1")), "{err}");
+        }
     }
 
     #[test]

@@ -7,10 +7,13 @@
 //!
 //! Every interaction becomes an event (ts_ms, user, item). Ids are remapped
 //! densely in the order of the raw ids (numeric order when an id is a
-//! number), so the mapping does not depend on file order. Events are ordered
-//! by (ts_ms, user_id, item_id). Each event whose user already has a history
-//! is a request: history so far, candidates = the true item plus 99
-//! popularity-sampled negatives, label = the true item.
+//! number, ids of one number such as `7`, `07`, `+7` by their text), so the
+//! mapping does not depend on file order. Events are ordered by (ts_ms,
+//! user_id, item_id). Each event whose user already has a history is a
+//! request: history so far, candidates = the true item plus
+//! `candidates - 1` (default 99) popularity-sampled negatives, label = the
+//! true item. A leading UTF-8 byte order mark is skipped; `ratings.csv`
+//! fields may be double-quoted.
 
 mod build;
 mod parse;

@@ -1,6 +1,7 @@
 //! Line parsers of the three input formats. They only tokenise and check
 //! fields; ordering and id remapping happen in `build`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::ImportError;
@@ -158,8 +159,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// Lines with their 1-based numbers, skipping blank lines.
+/// Lines with their 1-based numbers, skipping blank lines. A UTF-8 byte
+/// order mark at the start (as spreadsheet tools write) is not part of the
+/// first field.
 fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     text.lines()
         .enumerate()
         .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
@@ -220,16 +224,25 @@ pub fn parse_movielens(text: &str, file: &str) -> Result<RawEvents, ImportError>
             file: file.to_string(),
         });
     };
-    let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    let names: Vec<String> = split_csv(header)
+        .map_err(|(col, why)| c.err(hline, &format!("column {}", col + 1), why))?
+        .iter()
+        .map(|h| h.trim().to_string())
+        .collect();
     let find = |name: &str| {
         names
             .iter()
-            .position(|&n| n == name)
+            .position(|n| n == name)
             .ok_or_else(|| c.err(hline, name, format!("header has no {name} column")))
     };
     let (user_col, item_col, ts_col) = (find("userId")?, find("movieId")?, find("timestamp")?);
     for (n, line) in it {
-        let fields: Vec<&str> = line.split(',').collect();
+        let fields = split_csv(line).map_err(|(col, why)| {
+            let field = names
+                .get(col)
+                .map_or_else(|| format!("column {}", col + 1), Clone::clone);
+            c.err(n, &field, why)
+        })?;
         if fields.len() != names.len() {
             return Err(c.err(
                 n,
@@ -237,12 +250,63 @@ pub fn parse_movielens(text: &str, file: &str) -> Result<RawEvents, ImportError>
                 format!("{} fields, the header has {}", fields.len(), names.len()),
             ));
         }
-        let ts = c.seconds(n, "timestamp", fields.get(ts_col).copied())?;
-        let user = c.id(n, "userId", fields.get(user_col).copied())?;
-        let item = c.id(n, "movieId", fields.get(item_col).copied())?;
+        let ts = c.seconds(n, "timestamp", fields.get(ts_col).map(|f| &**f))?;
+        let user = c.id(n, "userId", fields.get(user_col).map(|f| &**f))?;
+        let item = c.id(n, "movieId", fields.get(item_col).map(|f| &**f))?;
         c.push(ts, user, item);
     }
     c.finish(true, 0)
+}
+
+/// The fields of one CSV line, with RFC 4180 quoting: `"1","2"` reads as
+/// `1` and `2`, a comma inside quotes is text and `""` inside quotes is a
+/// quote. An unquoted field is taken as it stands. Errors give the 0-based
+/// field index and why (an unterminated quote, text after a closing one).
+fn split_csv(line: &str) -> Result<Vec<Cow<'_, str>>, (usize, String)> {
+    let mut fields = Vec::new();
+    let mut rest = line;
+    loop {
+        let Some(quoted) = rest.trim_start().strip_prefix('"') else {
+            match rest.find(',') {
+                Some(i) => {
+                    fields.push(Cow::Borrowed(&rest[..i]));
+                    rest = &rest[i + 1..];
+                    continue;
+                }
+                None => {
+                    fields.push(Cow::Borrowed(rest));
+                    return Ok(fields);
+                }
+            }
+        };
+        let col = fields.len();
+        let mut value = String::new();
+        let mut chars = quoted.char_indices();
+        let mut end = None;
+        while let Some((i, ch)) = chars.next() {
+            if ch != '"' {
+                value.push(ch);
+            } else if quoted[i + 1..].starts_with('"') {
+                value.push('"');
+                chars.next();
+            } else {
+                end = Some(i + 1);
+                break;
+            }
+        }
+        let Some(end) = end else {
+            return Err((col, "quoted field has no closing quote".into()));
+        };
+        fields.push(Cow::Owned(value));
+        let after = quoted[end..].trim_start();
+        match after.strip_prefix(',') {
+            Some(next) => rest = next,
+            None if after.is_empty() => return Ok(fields),
+            None => {
+                return Err((col, format!("text after the closing quote: {after:?}")));
+            }
+        }
+    }
 }
 
 /// SASRec-style lines `user item` (whitespace-separated), each user's lines
@@ -297,6 +361,60 @@ mod tests {
             .to_string();
         assert!(
             err.contains("line 2: field `movieId`: missing value"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_field() {
+        let plain = "userId,movieId,rating,timestamp\n1,2,4,5\n1,3,4,6\n";
+        let bom = format!("\u{feff}{plain}");
+        assert_eq!(
+            parse_movielens(&bom, "r.csv").unwrap(),
+            parse_movielens(plain, "r.csv").unwrap(),
+            "used to fail: header has no userId column"
+        );
+        let inter = "user_id:token\titem_id:token\ttimestamp:float\n1\t2\t3\n";
+        assert_eq!(
+            parse_recbole(&format!("\u{feff}{inter}"), "x.inter", 10).unwrap(),
+            parse_recbole(inter, "x.inter", 10).unwrap()
+        );
+        // seq has no header: the mark would have made user "\u{feff}u1".
+        let seq = "u1 a\nu1 b\n";
+        let raw = parse_seq(&format!("\u{feff}{seq}"), "s.txt", 10).unwrap();
+        assert_eq!(raw.users, ["u1"]);
+        assert_eq!(raw, parse_seq(seq, "s.txt", 10).unwrap());
+    }
+
+    #[test]
+    fn quoted_csv_fields_read_as_their_contents() {
+        let plain = "userId,movieId,rating,timestamp\n1,2,4,5\n1,3,4.5,6\n";
+        let quoted = "\"userId\",\"movieId\",\"rating\",\"timestamp\"\n\
+            \"1\",\"2\",\"4\",\"5\"\n\"1\", \"3\" ,\"4,5\",6\n";
+        assert_eq!(
+            parse_movielens(quoted, "r.csv").unwrap(),
+            parse_movielens(plain, "r.csv").unwrap(),
+            "quotes used to become part of the ids; a quoted comma split a field"
+        );
+        // A doubled quote inside quotes is a quote.
+        let raw =
+            parse_movielens("userId,movieId,timestamp\n\"a\"\"b\",\"x,y\",1\n", "r.csv").unwrap();
+        assert_eq!(
+            (raw.users[0].as_str(), raw.items[0].as_str()),
+            ("a\"b", "x,y")
+        );
+        let err = parse_movielens("userId,movieId,timestamp\n1,\"2,3\n", "r.csv")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "r.csv: line 2: field `movieId`: quoted field has no closing quote"
+        );
+        let err = parse_movielens("userId,movieId,timestamp\n\"1\"x,2,3\n", "r.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("r.csv: line 2: field `userId`: text after the closing quote"),
             "{err}"
         );
     }
