@@ -1,9 +1,9 @@
-//! Operations endpoints of a running job, on one small HTTP/1.1 server
-//! thread: Prometheus metrics at `/metrics` (every name prefixed
+//! Operations endpoints of a running job, on a small HTTP/1.1 server
+//! (`crate::http`: one listener thread, a thread per connection): Prometheus metrics at `/metrics` (every name prefixed
 //! `grflow_`, recorded through the `metrics` facade), liveness at
 //! `/healthz`, readiness at `/readyz` and the job's state, running config
-//! and model version at `/status`. Requests are answered one at a time; a
-//! scrape is small, and nothing here is on the serving path.
+//! and model version at `/status`. A scrape is small, and nothing here
+//! is on the serving path.
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
