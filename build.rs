@@ -1,21 +1,15 @@
 //! Records the commit this binary was built from (`GRFLOW_COMMIT`), so a
 //! trained model names the code that trained it rather than whatever the
-//! working directory holds when training ends.
+//! working directory holds when training ends. The commit is found as
+//! grflow-pipeline's build script finds it (`build_commit.rs`, shared).
 
-use std::process::Command;
+include!("build_commit.rs");
 
 fn main() {
-    // A commit or checkout moves HEAD or the branch it names.
-    println!("cargo:rerun-if-changed=.git/HEAD");
-    println!("cargo:rerun-if-changed=.git/refs/heads");
-    println!("cargo:rerun-if-changed=.git/packed-refs");
     println!("cargo:rerun-if-changed=build.rs");
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into());
-    println!("cargo:rustc-env=GRFLOW_COMMIT={commit}");
+    println!("cargo:rerun-if-changed=build_commit.rs");
+    let dir = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
+    // A commit or checkout moves HEAD or the branch it names.
+    watch_git_head(&dir);
+    println!("cargo:rustc-env=GRFLOW_COMMIT={}", git_commit(&dir));
 }

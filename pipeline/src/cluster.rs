@@ -243,7 +243,7 @@ impl Cluster {
         let t = self.topology;
         let own = Fingerprint {
             process: t.process,
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: handshake::BUILD.to_string(),
             threads: t.threads,
             hosts: self.addresses.clone(),
             parts: self.parts.clone(),

@@ -16,10 +16,25 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// This build of grflow: its version and the commit it was built from
+/// (`pipeline/build.rs`; with `-dirty.` and a digest of the changes when
+/// built from uncommitted code, "unknown" outside git). The version alone
+/// never changes between commits, while a record the processes exchange
+/// (`Routed`, `NodeReport`, `NodeControl`) may gain a field in any commit.
+pub const BUILD: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GRFLOW_BUILD_COMMIT"),
+    ")"
+);
+
 /// What must be equal in every process of a job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Fingerprint {
     pub process: usize,
+    /// The build ([`BUILD`]): version and commit. One string, so that a
+    /// process 0 built before the commit was compared still refuses a
+    /// process of another build (it compared the version string alone).
     pub version: String,
     /// Worker threads (`--workers`, `run.workers`).
     pub threads: usize,
@@ -37,7 +52,9 @@ impl Fingerprint {
         let p = other.process;
         if other.version != self.version {
             return Some(format!(
-                "process {p} runs grflow {}, process 0 runs {}",
+                "process {p} runs grflow {}, process 0 runs grflow {} (deploy the same grflow \
+                 binary to every process: builds of different code may exchange records in \
+                 different layouts)",
                 other.version, self.version
             ));
         }
@@ -235,8 +252,52 @@ fn send(stream: &mut TcpStream, error: Option<String>) {
 /// FNV-1a of a part's settings as JSON (stable across processes: the
 /// same build serialises a value the same way).
 pub fn digest(value: &impl Serialize) -> u64 {
-    let json = serde_json::to_vec(value).unwrap_or_default();
-    grflow_connectors::kafka::assign::fnv1a64(&json)
+    let mut d = Digest::default();
+    d.json(value);
+    d.finish()
+}
+
+/// FNV-1a (as `fnv1a64`) over bytes written one piece after another: a
+/// part too large to hold as one buffer (the side tables) is digested as
+/// it is walked. [`digest`] is one value written as JSON.
+#[derive(Clone, Copy, Debug)]
+pub struct Digest(u64);
+
+impl Default for Digest {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Digest {
+    pub fn bytes(&mut self, bytes: &[u8]) {
+        self.0 = bytes.iter().fold(self.0, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    }
+
+    /// `value` as JSON, as [`digest`] writes it.
+    pub fn json(&mut self, value: &impl Serialize) {
+        // Writing into a digest does not fail; a value that cannot be
+        // serialised adds what it wrote before failing, the same in every
+        // process.
+        let _ = serde_json::to_writer(&mut *self, value);
+    }
+
+    pub fn finish(self) -> u64 {
+        self.0
+    }
+}
+
+impl Write for Digest {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -251,6 +312,38 @@ mod tests {
             hosts: vec!["a:1".into(), "b:2".into()],
             parts: BTreeMap::from([("[memory]".into(), 1), ("[run]".into(), 2)]),
         }
+    }
+
+    /// Two builds of one version from different commits (or from
+    /// different uncommitted changes) are refused, naming both builds.
+    #[test]
+    fn builds_of_one_version_from_different_commits_mismatch() {
+        let mut zero = fingerprint(0, 2);
+        zero.version = "0.1.0 (commit 0123456789ab)".into();
+        let mut one = fingerprint(1, 2);
+        one.version = "0.1.0 (commit ba9876543210)".into();
+        let m = zero.mismatch(&one).expect("different builds mismatch");
+        assert!(
+            m.contains(
+                "process 1 runs grflow 0.1.0 (commit ba9876543210), process 0 runs grflow \
+                 0.1.0 (commit 0123456789ab)"
+            ),
+            "{m}"
+        );
+        assert!(m.contains("deploy the same grflow binary"), "{m}");
+        one.version = "0.1.0 (commit 0123456789ab-dirty.1a2b3c4d)".into();
+        assert!(zero.mismatch(&one).unwrap().contains("-dirty.1a2b3c4d"));
+        one.version = zero.version.clone();
+        assert_eq!(zero.mismatch(&one), None);
+        // This build names its version and commit.
+        assert!(
+            BUILD.starts_with(concat!(env!("CARGO_PKG_VERSION"), " (commit ")),
+            "{BUILD}"
+        );
+        assert!(
+            BUILD.ends_with(')') && !BUILD.contains("(commit )"),
+            "{BUILD}"
+        );
     }
 
     #[test]
@@ -277,6 +370,21 @@ mod tests {
             "{parts}"
         );
         assert!(!parts.contains("[run]"), "{parts}");
+    }
+
+    /// Written in pieces or at once, a value digests as `fnv1a64` of its
+    /// JSON, as it was before it could be written in pieces.
+    #[test]
+    fn a_digest_is_fnv1a_of_the_json_however_it_is_written() {
+        let value = ("[memory]", 0.25_f64, vec![1_u32, 2, 3]);
+        let json = serde_json::to_vec(&value).unwrap();
+        let fnv = grflow_connectors::kafka::assign::fnv1a64(&json);
+        assert_eq!(digest(&value), fnv);
+        let mut pieces = Digest::default();
+        for chunk in json.chunks(3) {
+            pieces.bytes(chunk);
+        }
+        assert_eq!(pieces.finish(), fnv);
     }
 
     fn free_addr() -> String {

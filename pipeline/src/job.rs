@@ -92,6 +92,9 @@ impl Job {
             .unwrap_or_default();
         if cluster.topology.is_cluster() {
             cluster.parts = config_parts(&cfg, &model_version);
+            cluster
+                .parts
+                .insert(CATALOG_PART.into(), side_tables_digest(&side));
         }
         let pool_pages = nodes
             .first()
@@ -222,10 +225,11 @@ pub fn allocator_policy(cfg: &Config) -> Result<Option<Arc<ActorCritic>>, String
 /// a cluster must share, and the served `model_version` (a hash of the
 /// weights). Left out: `[cluster]` (`process` differs by design),
 /// `kafka.brokers` (each machine may list its nearest broker first),
-/// `kafka.librdkafka` (client settings such as a machine's TLS files) and
-/// `model.weights` (each machine may keep the model elsewhere: the version
-/// says whether the weights are the same); the topics, group and serving
-/// settings are compared.
+/// `kafka.librdkafka` (client settings such as a machine's TLS files),
+/// `kafka.catalog` (each machine may keep the catalog elsewhere: its
+/// contents are compared, [`side_tables_digest`]) and `model.weights`
+/// (likewise: the version says whether the weights are the same); the
+/// topics, group and serving settings are compared.
 fn config_parts(cfg: &Config, model_version: &str) -> std::collections::BTreeMap<String, u64> {
     let Ok(serde_json::Value::Object(mut sections)) = serde_json::to_value(cfg) else {
         return Default::default();
@@ -233,6 +237,7 @@ fn config_parts(cfg: &Config, model_version: &str) -> std::collections::BTreeMap
     if let Some(serde_json::Value::Object(kafka)) = sections.get_mut("kafka") {
         kafka.remove("brokers");
         kafka.remove("librdkafka");
+        kafka.remove("catalog");
     }
     if let Some(serde_json::Value::Object(model)) = sections.get_mut("model") {
         model.remove("weights");
@@ -247,6 +252,54 @@ fn config_parts(cfg: &Config, model_version: &str) -> std::collections::BTreeMap
         crate::handshake::digest(&model_version),
     );
     parts
+}
+
+/// The handshake's name for the side tables' contents: what a process
+/// that differs there must be given the same copy of.
+const CATALOG_PART: &str = "the catalog (the contents of users.parquet and items.parquet: \
+                            kafka.catalog's in serve, the trace's in replay)";
+
+/// A digest of the side tables' contents, wherever they were read from
+/// (each machine may keep them elsewhere): the trace's metadata, the
+/// catalog in item_id order and every user's history in user_id order.
+/// Processes must hold the same: a hist_len request takes its user's
+/// history from the process that serves it, and an item's rows and
+/// semantic ID from the catalog there.
+pub fn side_tables_digest(side: &SideTables) -> u64 {
+    let mut d = crate::handshake::Digest::default();
+    d.json(&side.meta);
+    let catalog = side.catalog();
+    d.bytes(&(catalog.len() as u64).to_le_bytes());
+    for item in &catalog {
+        // Every field (a new one does not compile until it is added here),
+        // as bytes: a catalog may hold millions of items.
+        let grflow_traces::Item {
+            item_id,
+            feature_ids,
+            token_len,
+            sid,
+        } = item;
+        d.bytes(&item_id.to_le_bytes());
+        d.bytes(&[*token_len]);
+        for s in sid {
+            d.bytes(&s.to_le_bytes());
+        }
+        d.bytes(&(feature_ids.len() as u64).to_le_bytes());
+        for f in feature_ids {
+            d.bytes(&f.to_le_bytes());
+        }
+    }
+    let mut users: Vec<(u64, &[u32])> = side.users().collect();
+    users.sort_unstable_by_key(|&(user, _)| user);
+    d.bytes(&(users.len() as u64).to_le_bytes());
+    for (user, items) in users {
+        d.bytes(&user.to_le_bytes());
+        d.bytes(&(items.len() as u64).to_le_bytes());
+        for item in items {
+            d.bytes(&item.to_le_bytes());
+        }
+    }
+    d.finish()
 }
 
 #[cfg(test)]
@@ -268,6 +321,8 @@ mod tests {
             .insert("ssl.ca.location".into(), "/etc/here.pem".into());
         // Each machine keeps the model where it likes: the version decides.
         other.model.weights = Some("/models/elsewhere".into());
+        // And the catalog: its contents decide (side_tables_digest).
+        other.kafka.catalog = "/data/elsewhere".into();
         assert_eq!(config_parts(&other, "gr-a"), parts);
         let changed: Vec<_> = config_parts(&other, "gr-b")
             .into_iter()
@@ -282,5 +337,85 @@ mod tests {
             .map(|(k, _)| k)
             .collect();
         assert_eq!(changed, ["[memory]"]);
+    }
+
+    /// A small generated trace's side tables.
+    fn small_trace() -> grflow_traces::Trace {
+        grflow_traces::generate(&grflow_traces::GenConfig {
+            users: 40,
+            items: 300,
+            requests: 10,
+            min_history: 5,
+            max_history: 30,
+            ..Default::default()
+        })
+    }
+
+    /// The side tables of `trace` written to `dir` (rows in groups of
+    /// `rows`) and read back, as `serve` reads `kafka.catalog`.
+    fn written_and_loaded(
+        trace: &grflow_traces::Trace,
+        dir: &std::path::Path,
+        rows: usize,
+    ) -> SideTables {
+        let opts = grflow_traces::WriteOptions {
+            row_group_rows: rows,
+            ..Default::default()
+        };
+        grflow_traces::write_trace(dir, trace, &opts).unwrap();
+        let t = grflow_connectors::parquet::load_side_tables(dir).unwrap();
+        SideTables::new(t.meta, t.users, t.items, 1024).unwrap()
+    }
+
+    /// The handshake compares the catalog's contents, not its path: the
+    /// same tables at two paths (written in other row groups, too) agree;
+    /// a changed history or item disagrees, and the mismatch names the
+    /// catalog.
+    #[test]
+    fn side_tables_digest_follows_the_contents_not_the_path() {
+        let base = std::env::temp_dir().join(format!("grflow-side-digest-{}", std::process::id()));
+        let trace = small_trace();
+        let here = written_and_loaded(&trace, &base.join("here"), 1024);
+        let there = written_and_loaded(&trace, &base.join("there"), 7);
+        let digest = side_tables_digest(&here);
+        assert_eq!(side_tables_digest(&there), digest);
+
+        // One user's history in another order (the same length).
+        let mut history = trace.clone();
+        let user = history
+            .users
+            .iter_mut()
+            .find(|u| u.items.len() >= 2 && u.items[0] != u.items[1])
+            .unwrap();
+        user.items.swap(0, 1);
+        let changed = written_and_loaded(&history, &base.join("there"), 1024);
+        assert_ne!(side_tables_digest(&changed), digest);
+
+        // One item's token length.
+        let mut item = trace.clone();
+        item.items[3].token_len = item.items[3].token_len.wrapping_add(1).max(1);
+        let changed = written_and_loaded(&item, &base.join("there"), 1024);
+        assert_ne!(side_tables_digest(&changed), digest);
+
+        // How process 0 reports it.
+        let fingerprint = |catalog: u64| crate::handshake::Fingerprint {
+            process: 1,
+            version: crate::handshake::BUILD.into(),
+            threads: 1,
+            hosts: vec!["a:1".into(), "b:2".into()],
+            parts: std::collections::BTreeMap::from([(CATALOG_PART.to_string(), catalog)]),
+        };
+        let mut zero = fingerprint(digest);
+        zero.process = 0;
+        assert_eq!(zero.mismatch(&fingerprint(digest)), None);
+        let m = zero
+            .mismatch(&fingerprint(side_tables_digest(&changed)))
+            .unwrap();
+        assert!(
+            m.contains("process 1 differs from process 0 in the catalog (the contents of"),
+            "{m}"
+        );
+        assert!(m.contains("kafka.catalog's in serve"), "{m}");
+        std::fs::remove_dir_all(&base).ok();
     }
 }

@@ -63,6 +63,14 @@ impl SideTables {
         self.users.contains_key(&user)
     }
 
+    /// Every user's full history, in no particular order (what the cluster
+    /// handshake digests, `crate::job`).
+    pub fn users(&self) -> impl Iterator<Item = (u64, &[u32])> + '_ {
+        self.users
+            .iter()
+            .map(|(&user, items)| (user, items.as_slice()))
+    }
+
     /// The first `hist_len` interactions of `user`. Unknown users are
     /// served with an empty history (new users are normal traffic).
     pub fn history(&self, user: u64, hist_len: u32) -> Result<&[u32], SideError> {
