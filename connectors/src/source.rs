@@ -21,6 +21,9 @@ pub enum SourceRecord {
         /// The record was in the log when the job started: a previous
         /// incarnation may have answered it already (Kafka restarts).
         recovered: bool,
+        /// The inline history lost its oldest items at decode (to the
+        /// longest history a served model takes).
+        history_cut: bool,
     },
     Bad {
         position: SourcePosition,
@@ -40,6 +43,7 @@ impl SourceRecord {
             position,
             inline_history: None,
             recovered: false,
+            history_cut: false,
         }
     }
 

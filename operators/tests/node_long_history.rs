@@ -8,7 +8,7 @@ use grflow_kernels::ModelConfig;
 use grflow_operators::history::Task;
 use grflow_operators::link::LinkConfig;
 use grflow_operators::node::{
-    ItemCatalog, MemoryParams, NodeParams, RankRequest, RetrieveRequest, ServingNode,
+    ItemCatalog, MemoryParams, NodeParams, RankRequest, RankWork, RetrieveRequest, ServingNode,
 };
 use grflow_operators::retrieval::RetrievalIndex;
 use grflow_operators::shards::ShardMap;
@@ -115,6 +115,45 @@ fn histories_past_max_positions_are_served_with_their_most_recent_items() {
         got.kv_total_tokens as usize,
         limits.keep(&full, Task::Retrieve).len()
     );
+    assert_eq!(node.counters().truncated_histories, 2);
+}
+
+/// A history the Kafka decoder already cut counts once when served, whether
+/// the node cuts it again (a node still on a shorter model) or not.
+#[test]
+fn a_history_cut_before_the_node_counts_once() {
+    let catalog = catalog();
+    let mut node = ServingNode::new(0, params(8 << 20)).unwrap();
+    let candidates: Vec<u32> = (100..104).collect();
+    let req = |req_id| RankRequest {
+        req_id,
+        user_id: req_id,
+        candidates: &candidates,
+    };
+    let (short, long) = (history(30), history(1_500));
+    let work = [
+        // Cut at decode only.
+        RankWork {
+            req: req(1),
+            history: &short,
+            cut_before: true,
+        },
+        // Cut at decode and again by the node.
+        RankWork {
+            req: req(2),
+            history: &long,
+            cut_before: true,
+        },
+        // Cut by neither.
+        RankWork {
+            req: req(3),
+            history: &short,
+            cut_before: false,
+        },
+    ];
+    for out in node.serve_rank_batch(0, &work, &catalog) {
+        out.unwrap();
+    }
     assert_eq!(node.counters().truncated_histories, 2);
 }
 

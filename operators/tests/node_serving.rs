@@ -311,6 +311,7 @@ fn a_rank_batch_equals_serving_one_request_at_a_time() {
             .map(|i| RankWork {
                 req: request(i),
                 history: &histories[i],
+                cut_before: false,
             })
             .collect();
         let got = batched.serve_rank_batch(5, &work, &catalog);
@@ -368,6 +369,7 @@ fn retrieve_requests_in_lanes_beside_a_rank_batch_equal_serving_them_in_turn() {
                 candidates: &candidates,
             },
             history: h,
+            cut_before: false,
         })
         .collect();
     // Two retrieve requests; one user also has a rank request in the batch.
@@ -381,6 +383,7 @@ fn retrieve_requests_in_lanes_beside_a_rank_batch_equal_serving_them_in_turn() {
                 user_id: user,
             },
             history: h,
+            cut_before: false,
         })
         .collect();
     let mut in_turn = ServingNode::new(0, params()).unwrap();
@@ -448,6 +451,7 @@ fn retrieve_requests_served_together_equal_serving_them_in_turn() {
                 user_id: user as u64,
             },
             history: h,
+            cut_before: false,
         })
         .collect();
     let run = |pool_bytes: u64| {
@@ -530,6 +534,7 @@ fn retrieve_groups_are_capped_and_every_request_is_answered() {
                 user_id: u as u64,
             },
             history: h,
+            cut_before: false,
         })
         .collect();
     let mut in_turn = ServingNode::new(0, params()).unwrap();
@@ -891,6 +896,7 @@ fn a_rank_request_waits_for_the_retrieve_groups_pages_instead_of_moving_alpha() 
             candidates: &candidates,
         },
         history: &rank_history,
+        cut_before: false,
     }];
     let retrieve = [RetrieveWork {
         req: RetrieveRequest {
@@ -898,6 +904,7 @@ fn a_rank_request_waits_for_the_retrieve_groups_pages_instead_of_moving_alpha() 
             user_id: 2,
         },
         history: &retrieve_history,
+        cut_before: false,
     }];
     let mut tight_cases = 0;
     for alpha_milli in 950..=999 {

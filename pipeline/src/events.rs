@@ -28,6 +28,10 @@ pub struct Admitted {
     /// response topic only after the restart scan, so it is never shed.
     #[serde(default)]
     pub recovered: bool,
+    /// The inline history lost its oldest items at decode: served, the
+    /// request counts as truncated even if its node cuts no further.
+    #[serde(default)]
+    pub history_cut: bool,
 }
 
 impl Admitted {

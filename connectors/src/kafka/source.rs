@@ -423,6 +423,7 @@ impl KafkaSource {
                     Entry::Clamped(at) => at,
                     Entry::OnTime(_) | Entry::Late(_) => wire.ts_ms,
                 };
+                let history_cut = wire.history_dropped > 0;
                 let (hist_len, inline_history) = match wire.history {
                     History::Prefix(n) => (n, None),
                     History::Inline(items) => (items.len() as u32, Some(items)),
@@ -451,6 +452,7 @@ impl KafkaSource {
                     },
                     inline_history,
                     recovered: self.consumer.is_recovered(record.partition, record.offset),
+                    history_cut,
                 })
             }
             Err(error) => {

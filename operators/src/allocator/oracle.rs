@@ -80,6 +80,8 @@ impl RecordedBatch {
                     candidates: &r.candidates,
                 },
                 history: &r.history,
+                // Epochs come from replays, whose histories are the table's.
+                cut_before: false,
             })
             .collect();
         let retrieve: Vec<RetrieveWork<'_>> = self
@@ -91,6 +93,7 @@ impl RecordedBatch {
                     user_id: r.user_id,
                 },
                 history: &r.history,
+                cut_before: false,
             })
             .collect();
         let (ranked, retrieved) = node.serve_step(self.now_ms, &rank, &retrieve, catalog, index);

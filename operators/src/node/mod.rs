@@ -712,6 +712,7 @@ mod refill_tests {
                     candidates: &candidates,
                 },
                 history: &history,
+                cut_before: false,
             })
             .collect();
         for t in 0..30u64 {

@@ -59,6 +59,13 @@ impl<'h> Plan<'h> {
         })
     }
 
+    /// Marks the plan truncated when its history was cut before it reached
+    /// the node (`cut`), so that a request cut twice counts once.
+    pub fn cut_before(mut self, cut: bool) -> Self {
+        self.truncated |= cut;
+        self
+    }
+
     /// Tokens computed when `reused` history tokens come from the cache.
     pub fn computed_tokens(&self, reused: usize) -> usize {
         self.tokens - reused.min(self.history.len())

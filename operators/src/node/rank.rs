@@ -26,6 +26,9 @@ pub struct RankRequest<'a> {
 pub struct RankWork<'a> {
     pub req: RankRequest<'a>,
     pub history: &'a [u32],
+    /// `history` already lost its oldest items before it reached the node
+    /// (the Kafka decoder's cut): served, it counts as truncated once.
+    pub cut_before: bool,
 }
 
 /// A planned request of a batch with its looked-up token embeddings.
@@ -89,7 +92,11 @@ impl ServingNode {
         history: &[u32],
         catalog: &dyn ItemCatalog,
     ) -> Result<Served, ServeError> {
-        self.serve_rank_batch(now_ms, &[RankWork { req, history }], catalog)
+        self.serve_rank_batch(now_ms, &[RankWork {
+                req,
+                history,
+                cut_before: false,
+            }], catalog)
             .pop()
             .expect("one request, one result")
     }
@@ -181,7 +188,7 @@ impl ServingNode {
                 w.history,
                 w.req.candidates.len(),
             ) {
-                Ok(plan) => plan,
+                Ok(plan) => plan.cut_before(w.cut_before),
                 Err(e) => {
                     results[i] = Some(Err(e));
                     continue;
@@ -572,10 +579,12 @@ mod tests {
             RankWork {
                 req: req(1, &cands),
                 history: &history,
+                cut_before: false,
             },
             RankWork {
                 req: req(2, &rev),
                 history: &history,
+                cut_before: false,
             },
         ];
         let batched = node.serve_rank_batch(0, &work, &TestCatalog::new(600));

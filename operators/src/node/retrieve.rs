@@ -22,6 +22,8 @@ pub struct RetrieveRequest {
 pub struct RetrieveWork<'a> {
     pub req: RetrieveRequest,
     pub history: &'a [u32],
+    /// As [`super::RankWork::cut_before`].
+    pub cut_before: bool,
 }
 
 /// A retrieve request ready for its model work: planned, its prompt
@@ -63,7 +65,11 @@ impl ServingNode {
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
     ) -> Result<Served, ServeError> {
-        self.serve_retrieve_batch(now_ms, &[RetrieveWork { req, history }], catalog, index)
+        self.serve_retrieve_batch(now_ms, &[RetrieveWork {
+                req,
+                history,
+                cut_before: false,
+            }], catalog, index)
             .pop()
             .expect("one request, one result")
     }
@@ -114,13 +120,13 @@ impl ServingNode {
                 return (group, i);
             }
             let lane = group.len();
-            let mut prepared = self.prepare_retrieve(w.req, w.history, catalog, index, lane);
+            let mut prepared = self.prepare_retrieve(*w, catalog, index, lane);
             // Alone it does not fit: KV takes pages back from EMB.
             while let Err(e) = &prepared
                 && lane == 0
                 && self.reclaim_for(e)
             {
-                prepared = self.prepare_retrieve(w.req, w.history, catalog, index, lane);
+                prepared = self.prepare_retrieve(*w, catalog, index, lane);
             }
             match prepared {
                 Ok(prep) => group.push((i, prep)),
@@ -167,19 +173,24 @@ impl ServingNode {
     /// request's place among those computed at once (its beam buffers).
     fn prepare_retrieve<'h>(
         &mut self,
-        req: RetrieveRequest,
-        history: &'h [u32],
+        work: RetrieveWork<'h>,
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
         lane: usize,
     ) -> Result<RetrievePrep<'h>, ServeError> {
+        let RetrieveWork {
+            req,
+            history,
+            cut_before,
+        } = work;
         let plan = Plan::retrieve(
             &self.history_limits,
             req.req_id,
             history,
             self.params.beam_width,
             index.is_empty(),
-        )?;
+        )?
+        .cut_before(cut_before);
         // Buffers first: failing here has taken nothing yet.
         while self.beams.len() <= lane {
             let cfg = &self.params.model;

@@ -72,6 +72,7 @@ pub fn kafka_source<'s>(
                     position,
                     inline_history,
                     recovered,
+                    history_cut,
                 } = record
                 else {
                     continue;
@@ -85,6 +86,7 @@ pub fn kafka_source<'s>(
                     admitted_ns: now_ns(),
                     inline_history,
                     recovered,
+                    history_cut,
                 });
             }
             if polled.watermark_ms > *c.time() {

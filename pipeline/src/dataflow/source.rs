@@ -294,6 +294,7 @@ pub fn request_source<'s>(
                             position,
                             inline_history,
                             recovered,
+                            history_cut,
                         }) = pending.pop_front()
                         else {
                             unreachable!()
@@ -316,6 +317,7 @@ pub fn request_source<'s>(
                             admitted_ns,
                             inline_history,
                             recovered,
+                            history_cut,
                         })));
                     }
                 }

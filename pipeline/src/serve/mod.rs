@@ -1044,8 +1044,9 @@ fn summarise(
         windows_lost: part.windows_lost,
         pauses: c.pauses,
         oov_items: results.iter().map(|r| r.oov_items).sum(),
-        truncated_histories: c.truncated_histories
-            + results.iter().map(|r| r.truncated_histories).sum::<u64>(),
+        // Counted by the nodes, once per request served: one cut at decode
+        // and again by a node still on a shorter model is one request.
+        truncated_histories: results.iter().map(|r| r.truncated_histories).sum(),
         unknown_user_histories: results.iter().map(|r| r.unknown_user_histories).sum(),
         in_flight_at_exit: part.in_flight,
         latency_ms: crate::summary::LatencySummary::from_histogram(&part.latency),

@@ -183,8 +183,10 @@ pub struct ServeSummary {
     pub windows_lost: u64,
     pub pauses: u64,
     pub oov_items: u64,
-    /// Requests served with only the most recent part of their history
-    /// (inline ones truncated at decode time, `hist_len` ones at the node).
+    /// Requests served with only the most recent part of their history,
+    /// counted once per request served, whether it was cut at decode (inline
+    /// histories), at its node, or both (`grflow_truncated_histories_total`
+    /// counts the decoder's cuts as they happen).
     pub truncated_histories: u64,
     /// Requests for the history (`hist_len` > 0) of a user the catalog's
     /// users table does not know: served with an empty history.

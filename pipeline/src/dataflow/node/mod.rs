@@ -628,6 +628,7 @@ mod tests {
                         admitted_ns: 0,
                         inline_history: None,
                         recovered: false,
+                        history_cut: false,
                     },
                     decision: Decision {
                         node: 0,

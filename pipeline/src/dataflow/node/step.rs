@@ -131,6 +131,7 @@ impl StepCtx {
                         candidates: &req.candidates,
                     },
                     history,
+                    cut_before: s.routed.admitted.history_cut,
                 }
             })
             .collect();
@@ -146,6 +147,7 @@ impl StepCtx {
                         user_id: req.user_id,
                     },
                     history,
+                    cut_before: s.routed.admitted.history_cut,
                 }
             })
             .collect();
