@@ -39,13 +39,30 @@ pub struct AdminReply {
     pub body: serde_json::Value,
 }
 
-/// Answers `method path` with `body`.
+/// Why commands are no longer applied (the job drains or stops:
+/// [`crate::ops::OpsState::refuses_commands`]), or `None`.
+pub type Closed<'a> = &'a dyn Fn() -> Option<String>;
+
+/// The answer to a command made once the command source has closed.
+fn refused_closed(why: &str) -> AdminReply {
+    AdminReply {
+        status: 503,
+        body: serde_json::json!({
+            "error": format!("the job is {why}: commands are no longer applied")
+        }),
+    }
+}
+
+/// Answers `method path` with `body`. `closed` is asked again after a
+/// model loads, which may take seconds: the job may have begun draining
+/// meanwhile.
 pub fn route(
     method: &str,
     path: &str,
     body: &str,
     models: &ModelRegistry,
     submit: &dyn Fn(NodeCommand),
+    closed: Closed<'_>,
 ) -> AdminReply {
     let reply = |status, body| AdminReply { status, body };
     match (method, path.split('?').next().unwrap_or("")) {
@@ -87,6 +104,16 @@ pub fn route(
             let dir = resolved.as_str();
             match models.load(dir) {
                 Ok(version) => {
+                    // The command source closed during the load: the swap
+                    // would never be applied, so it is not accepted.
+                    if let Some(why) = closed() {
+                        tracing::warn!(
+                            path = dir,
+                            version,
+                            "model loaded, but the job is {why}: swap not submitted"
+                        );
+                        return refused_closed(&why);
+                    }
                     submit(NodeCommand::SwapModel {
                         path: dir.into(),
                         version: version.clone(),
@@ -234,22 +261,17 @@ fn answer(
                     body_reader.read_exact(&mut body)?;
                     // Once draining, the command source has closed: a
                     // command accepted now would never be applied.
-                    let closed = (head.method == "POST")
-                        .then(|| crate::ops::state().refuses_commands())
-                        .flatten();
+                    let refuses = || crate::ops::state().refuses_commands();
+                    let closed = (head.method == "POST").then(refuses).flatten();
                     match closed {
-                        Some(why) => AdminReply {
-                            status: 503,
-                            body: serde_json::json!({
-                                "error": format!("the job is {why}: commands are no longer applied")
-                            }),
-                        },
+                        Some(why) => refused_closed(&why),
                         None => route(
                             &head.method,
                             &head.path,
                             &String::from_utf8_lossy(&body),
                             models,
                             &**submit,
+                            &refuses,
                         ),
                     }
                 }
@@ -283,6 +305,11 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
+    /// The job takes commands.
+    fn open() -> Option<String> {
+        None
+    }
+
     fn registry(accept: bool) -> ModelRegistry {
         ModelRegistry::new(Box::new(move |path| {
             if !accept {
@@ -297,7 +324,7 @@ mod tests {
         let models = registry(false);
         let submitted = Mutex::new(Vec::new());
         let submit = |c: NodeCommand| submitted.lock().unwrap().push(c);
-        let r = route("POST", "/model", "/models/b\n", &models, &submit);
+        let r = route("POST", "/model", "/models/b\n", &models, &submit, &open);
         assert_eq!(r.status, 409);
         assert!(
             r.body["error"]
@@ -306,16 +333,57 @@ mod tests {
                 .contains("item space differs")
         );
         assert!(submitted.lock().unwrap().is_empty(), "nothing swapped");
-        let report = route("GET", "/model", "", &models, &submit);
+        let report = route("GET", "/model", "", &models, &submit, &open);
         assert!(
             report.body["last_error"]
                 .as_str()
                 .unwrap()
                 .contains("/models/b")
         );
-        assert_eq!(route("POST", "/model", " ", &models, &submit).status, 400);
-        assert_eq!(route("DELETE", "/model", "", &models, &submit).status, 405);
-        assert_eq!(route("GET", "/", "", &models, &submit).status, 404);
+        assert_eq!(
+            route("POST", "/model", " ", &models, &submit, &open).status,
+            400
+        );
+        assert_eq!(
+            route("DELETE", "/model", "", &models, &submit, &open).status,
+            405
+        );
+        assert_eq!(route("GET", "/", "", &models, &submit, &open).status, 404);
+    }
+
+    #[test]
+    fn a_swap_whose_load_outlasts_the_command_source_answers_503_and_is_not_submitted() {
+        use crate::models::test_models::{as_trained, small_params};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let base = small_params();
+        // The job begins draining while the model loads.
+        let draining = Arc::new(AtomicBool::new(false));
+        let models = {
+            let draining = draining.clone();
+            ModelRegistry::new(Box::new(move |_: &str| {
+                draining.store(true, Ordering::Relaxed);
+                Ok(as_trained(&base, "v2"))
+            }))
+        };
+        let closed = || {
+            draining
+                .load(Ordering::Relaxed)
+                .then(|| "draining".to_string())
+        };
+        let submitted = Mutex::new(Vec::new());
+        let submit = |c: NodeCommand| submitted.lock().unwrap().push(c);
+        let r = route("POST", "/model", "/models/v2", &models, &submit, &closed);
+        assert_eq!(r.status, 503, "{:?}", r.body);
+        assert_eq!(
+            r.body["error"],
+            "the job is draining: commands are no longer applied"
+        );
+        assert!(submitted.lock().unwrap().is_empty(), "nothing submitted");
+        // A job that still takes commands: accepted and submitted.
+        let r = route("POST", "/model", "/models/v2", &models, &submit, &open);
+        assert_eq!(r.status, 202, "{:?}", r.body);
+        assert_eq!(r.body["swapping_to"], "v2");
+        assert_eq!(submitted.lock().unwrap().len(), 1);
     }
 
     #[test]
@@ -324,7 +392,7 @@ mod tests {
         let submit = |_: NodeCommand| {};
         // The test's working directory exists; "." names it relatively.
         let here = std::fs::canonicalize(".").unwrap().display().to_string();
-        let r = route("POST", "/model", ".", &models, &submit);
+        let r = route("POST", "/model", ".", &models, &submit, &open);
         assert_eq!(r.status, 409);
         let error = r.body["error"].as_str().unwrap();
         assert!(error.contains(&format!("{here}: item space")), "{error}");
@@ -336,19 +404,25 @@ mod tests {
         let submitted = Mutex::new(Vec::new());
         let submit = |c: NodeCommand| submitted.lock().unwrap().push(c);
         assert_eq!(
-            route("POST", "/alpha", "0.3\n", &models, &submit).status,
+            route("POST", "/alpha", "0.3\n", &models, &submit, &open).status,
             202
         );
         assert_eq!(
-            route("POST", "/alpha", "auto", &models, &submit).status,
+            route("POST", "/alpha", "auto", &models, &submit, &open).status,
             202
         );
-        assert_eq!(route("POST", "/alpha", "1.5", &models, &submit).status, 400);
         assert_eq!(
-            route("POST", "/alpha", "lots", &models, &submit).status,
+            route("POST", "/alpha", "1.5", &models, &submit, &open).status,
             400
         );
-        assert_eq!(route("GET", "/alpha", "", &models, &submit).status, 405);
+        assert_eq!(
+            route("POST", "/alpha", "lots", &models, &submit, &open).status,
+            400
+        );
+        assert_eq!(
+            route("GET", "/alpha", "", &models, &submit, &open).status,
+            405
+        );
         assert_eq!(
             *submitted.lock().unwrap(),
             vec![

@@ -1056,10 +1056,10 @@ fn summarise(
             .iter()
             .flat_map(|r| r.committed.iter().copied())
             .collect(),
-        model_version: results
-            .first()
-            .map(|r| r.model_version.clone())
-            .unwrap_or_default(),
+        // The lowest node's; nodes on different models are warned about.
+        model_version: crate::models::version_at_exit(
+            results.iter().map(|r| (r.worker, r.model_version.as_str())),
+        ),
         alpha_at_exit: results.iter().map(|r| (r.worker, r.alpha)).collect(),
         refill: results.iter().map(|r| (r.worker, r.refill)).collect(),
         allocator: cfg.allocator.moves().then(|| {

@@ -82,7 +82,27 @@ pub struct Offload {
     running: Option<Running>,
     /// Commands that arrived during a step, applied when it ends.
     deferred: Vec<(u64, Vec<NodeControl>)>,
+    /// `arrival` release (set by [`serve`]): a swap to a model this
+    /// process has not loaded waits for the load, made on a thread of its
+    /// own, while the old model keeps serving.
+    background_swaps: bool,
+    /// That swap, until its model is loaded (or fails to load).
+    pending_swap: Option<PendingSwap>,
 }
+
+/// A model swap waiting for its model's load ([`Offload::pending_swap`]).
+struct PendingSwap {
+    time: u64,
+    path: String,
+    version: String,
+    load: Arc<crate::models::Load>,
+}
+
+/// What [`NodeParts::in_flight`] holds while a swap waits for its model
+/// and no step runs: a time no record has, so that the wrapper offers the
+/// queue again on every activation (the load's end wakes the worker)
+/// while it holds back no time of the job.
+const SWAP_LOADING: &[u64] = &[u64::MAX];
 
 /// A step on the compute thread: its times (held until it ends), its
 /// start on the wall clock and where its outputs come back.
@@ -93,19 +113,88 @@ struct Running {
 }
 
 impl NodeParts {
-    /// Swaps the node's model between two batches; a model that cannot be
-    /// had leaves the old one serving (and says why on /status).
-    fn swap(&self, node: &mut ServingNode, time: u64, path: &str, version: &str) {
-        let Some(models) = &self.models else {
+    /// A `SwapModel` command, between two batches. `complete` release
+    /// swaps now, waiting for the model if this process has not loaded it
+    /// (the command stamped t applies before every request at t or
+    /// later). `arrival` release never loads on the worker: a model not
+    /// loaded yet is loaded on a thread of its own while the old one keeps
+    /// serving, and the node swaps once it is ready
+    /// ([`NodeParts::poll_swap`]). A later swap replaces one still waiting.
+    fn swap(&mut self, node: &mut ServingNode, time: u64, path: &str, version: &str) {
+        let Some(models) = self.models.clone() else {
             tracing::warn!(
                 node = node.id(),
                 "SwapModel without a model registry: ignored"
             );
             return;
         };
-        let swapped = models
-            .params(path, version)
-            .and_then(|params| node.swap_model(params).map_err(|e| e.to_string()));
+        if let Some(replaced) = self.offload.pending_swap.take() {
+            tracing::info!(
+                node = node.id(),
+                time,
+                version = replaced.version,
+                "a later swap replaces one still waiting for its model"
+            );
+        }
+        if !self.offload.background_swaps {
+            let params = models.params(path, version);
+            self.take_model(node, time, path, params);
+            return;
+        }
+        match models.fetch(path, version) {
+            crate::models::Fetch::Ready(params) => self.take_model(node, time, path, Ok(*params)),
+            crate::models::Fetch::Loading(load) => {
+                tracing::info!(
+                    node = node.id(),
+                    time,
+                    path,
+                    version,
+                    serving = node.model_version(),
+                    "model loading in the background: the node swaps once it is ready"
+                );
+                if let Some(waker) = &self.offload.waker {
+                    let waker = waker.clone();
+                    load.on_done(move || waker.wake());
+                }
+                self.offload.pending_swap = Some(PendingSwap {
+                    time,
+                    path: path.into(),
+                    version: version.into(),
+                    load,
+                });
+            }
+        }
+    }
+
+    /// Takes the model a waiting swap loaded, once it is ready (or gives
+    /// the swap up if it could not be loaded); whether the node changed.
+    fn poll_swap(&mut self, node: &mut ServingNode) -> bool {
+        let Some(result) = self
+            .offload
+            .pending_swap
+            .as_ref()
+            .and_then(|p| p.load.result())
+        else {
+            return false;
+        };
+        let swap = self.offload.pending_swap.take().expect("checked");
+        self.take_model(node, swap.time, &swap.path, result);
+        true
+    }
+
+    /// Swaps the node to `params`; a model that cannot be had leaves the
+    /// old one serving (and says why on /status).
+    fn take_model(
+        &self,
+        node: &mut ServingNode,
+        time: u64,
+        path: &str,
+        params: Result<grflow_operators::node::NodeParams, String>,
+    ) {
+        let Some(models) = &self.models else {
+            return;
+        };
+        let swapped = params.and_then(|params| node.swap_model(params).map_err(|e| e.to_string()));
         match swapped {
             Ok(applied) => {
                 tracing::info!(node = node.id(), time, ?applied, "model swapped");
@@ -134,7 +223,10 @@ impl EventOperator for NodeParts {
             return;
         }
         commands.sort_by_key(|c| c.seq);
-        let mut node = lock(&self.node);
+        let shared = self.node.clone();
+        let mut node = lock(&shared);
+        // A swap whose model has loaded since goes before these commands.
+        self.poll_swap(&mut node);
         if let Some(o) = &self.oracle {
             o.borrow_mut()
                 .enter(&node, time, &*self.side, &self.side.retrieval);
@@ -186,7 +278,11 @@ impl EventOperator for NodeParts {
     }
 
     fn in_flight(&self) -> &[u64] {
-        self.offload.running.as_ref().map_or(&[], |r| &r.times)
+        match (&self.offload.running, &self.offload.pending_swap) {
+            (Some(running), _) => &running.times,
+            (None, Some(_)) => SWAP_LOADING,
+            (None, None) => &[],
+        }
     }
 
     /// `arrival` mode: one step at a time (a group of retrieve requests,
@@ -212,6 +308,15 @@ impl EventOperator for NodeParts {
                         self.on_control(time, commands);
                     }
                 }
+            }
+        }
+        // Between two steps: a swap whose model has loaded takes it now,
+        // before the next batch.
+        if self.offload.pending_swap.is_some() {
+            let shared = self.node.clone();
+            let mut node = lock(&shared);
+            if self.poll_swap(&mut node) {
+                publish_node_metrics(&node);
             }
         }
         if queue.is_empty() {
@@ -517,9 +622,10 @@ fn add_for_replica(by_replica: &mut Vec<f64>, r: &Routed) {
 pub fn serve<'s>(
     routed: StreamVec<'s, u64, Routed>,
     controls: StreamVec<'s, u64, NodeControl>,
-    parts: NodeParts,
+    mut parts: NodeParts,
     release: Release,
 ) -> StreamVec<'s, u64, NodeEvent> {
+    parts.offload.background_swaps = release == Release::Arrival;
     let peers = routed.scope().peers() as u32;
     let by_node = Exchange::new(|r: &Routed| r.decision.node as u64);
     let addressed = controls.flat_map(move |c| {
@@ -862,5 +968,137 @@ mod tests {
         let a = answered(&tagged);
         assert_eq!((a.served.len(), a.shed.len()), (6, 6));
         assert_eq!(lock(&parts.node).counters().model_calls, 1, "one batch");
+    }
+
+    /// `complete` release (deterministic replays): the swap stamped t
+    /// applies when its command does, loading the model there if this
+    /// process has not, so that every request at t or later sees it.
+    #[test]
+    fn a_complete_node_swaps_when_the_command_applies() {
+        use crate::models::test_models::as_trained;
+        let (mut parts, _) = setup(1);
+        let base =
+            node_params(&Config::embedded(), &parts.side.meta, &parts.side.catalog()).unwrap();
+        parts.models = Some(Arc::new(crate::models::ModelRegistry::new(Box::new(
+            move |_: &str| Ok(as_trained(&base, "v2")),
+        ))));
+        assert!(!parts.offload.background_swaps, "complete release");
+        let swap = NodeControl {
+            target: Target::Node(0),
+            seq: 0,
+            command: NodeCommand::SwapModel {
+                path: "/m/v2".into(),
+                version: "v2".into(),
+            },
+        };
+        parts.on_control(5, vec![swap]);
+        assert_eq!(lock(&parts.node).model_version(), "v2");
+        assert!(parts.in_flight().is_empty());
+    }
+
+    /// `arrival` release (serve's default): a swap to a model this process
+    /// has not loaded (cluster mode: another process was called) does not
+    /// load it on the worker. The node keeps answering with the old model
+    /// while it loads elsewhere, and once it has loaded, the load's end
+    /// wakes the idle worker, which swaps without any other input.
+    #[test]
+    fn an_arrival_node_serves_the_old_model_while_the_new_one_loads_then_swaps() {
+        use crate::models::test_models::{Gate, as_trained};
+        use timely::dataflow::operators::core::Inspect;
+        use timely::dataflow::operators::{Input, Probe};
+        use timely::dataflow::{InputHandleVec, ProbeHandle};
+
+        timely::execute_directly(move |worker| {
+            let (mut parts, routed) = setup(8);
+            parts.shedder = DeadlineShedder::new(None);
+            parts.wall_ns = crate::events::now_ns;
+            let base =
+                node_params(&Config::embedded(), &parts.side.meta, &parts.side.catalog()).unwrap();
+            let old = lock(&parts.node).model_version().to_string();
+            let gate = Gate::default();
+            let models = {
+                let gate = gate.clone();
+                Arc::new(crate::models::ModelRegistry::new(Box::new(
+                    move |_: &str| {
+                        gate.pass();
+                        Ok(as_trained(&base, "v2"))
+                    },
+                )))
+            };
+            parts.models = Some(models.clone());
+            let node = parts.node.clone();
+            let versions: Rc<RefCell<Vec<String>>> = Rc::default();
+            let answered = versions.clone();
+            let mut requests: InputHandleVec<u64, Routed> = InputHandleVec::new();
+            let mut controls: InputHandleVec<u64, NodeControl> = InputHandleVec::new();
+            let probe = ProbeHandle::new();
+            worker.dataflow::<u64, _, _>(|scope| {
+                let routed = scope.input_from(&mut requests);
+                let commands = scope.input_from(&mut controls);
+                serve(routed, commands, parts, Release::Arrival)
+                    .inspect(move |e| {
+                        if let NodeEvent::Response(r) = e {
+                            answered.borrow_mut().push(r.0.model_version.clone());
+                        }
+                    })
+                    .probe_with(&probe);
+            });
+            let serve_until = |worker: &mut timely::worker::Worker, n: usize| {
+                let started = std::time::Instant::now();
+                while versions.borrow().len() < n {
+                    worker.step_or_park(Some(Duration::from_millis(5)));
+                    assert!(
+                        started.elapsed() < Duration::from_secs(60),
+                        "never answered"
+                    );
+                }
+            };
+            let mut routed = routed.into_iter();
+            controls.send(NodeControl {
+                target: Target::All,
+                seq: 0,
+                command: NodeCommand::SwapModel {
+                    path: "/m/v2".into(),
+                    version: "v2".into(),
+                },
+            });
+            controls.flush();
+            // The load waits at the gate: the worker goes on serving (had
+            // it loaded here, it would wait for the gate, a minute).
+            for r in routed.by_ref().take(4) {
+                requests.send(r);
+            }
+            requests.flush();
+            serve_until(worker, 4);
+            assert_eq!(
+                *versions.borrow(),
+                vec![old.clone(); 4],
+                "the old model serves"
+            );
+            assert_eq!(lock(&node).model_version(), old);
+            // Idle now: nothing queued, no step running.
+            for _ in 0..20 {
+                worker.step_or_park(Some(Duration::from_millis(5)));
+            }
+            // The model loads; nothing else happens. The worker parks for
+            // up to a minute at a time unless the load's end wakes it.
+            gate.open();
+            let started = std::time::Instant::now();
+            while lock(&node).model_version() == old {
+                worker.step_or_park(Some(Duration::from_secs(60)));
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "the idle worker was not woken to swap"
+                );
+            }
+            assert_eq!(lock(&node).model_version(), "v2");
+            for r in routed {
+                requests.send(r);
+            }
+            requests.flush();
+            serve_until(worker, 8);
+            assert_eq!(versions.borrow()[4..], vec!["v2".to_string(); 4]);
+            assert_eq!(models.report()["serving"]["0"], "v2");
+        });
     }
 }
