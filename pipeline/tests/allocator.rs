@@ -349,6 +349,15 @@ fn cost() -> grflow_kernels::cost::CostModel {
 }
 
 fn oracle_run(trace: &Arc<Trace>, edit: impl FnOnce(&mut Config)) -> Result<ReplayOutput, String> {
+    oracle_run_commanded(trace, Vec::new(), edit)
+}
+
+/// [`oracle_run`] with `commands` scheduled for the nodes.
+fn oracle_run_commanded(
+    trace: &Arc<Trace>,
+    commands: Vec<grflow_pipeline::events::ScheduledCommand>,
+    edit: impl FnOnce(&mut Config),
+) -> Result<ReplayOutput, String> {
     let mut cfg = Config::embedded();
     cfg.run.workers = 2;
     cfg.run.speed = "max".into();
@@ -362,6 +371,7 @@ fn oracle_run(trace: &Arc<Trace>, edit: impl FnOnce(&mut Config)) -> Result<Repl
     edit(&mut cfg);
     let opts = ReplayOptions {
         oracle_step: Some(0.1),
+        commands,
         ..ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg)
     };
     replay(opts).map_err(|e| e.to_string())
@@ -390,6 +400,64 @@ fn the_oracle_replays_each_epoch_of_a_run_and_reproduces_its_p99_at_the_runs_alp
             .windows(2)
             .all(|w| (w[0].node, w[0].epoch_start_ms) < (w[1].node, w[1].epoch_start_ms))
     );
+}
+
+/// α first shrinks (evicting EMB rows), then grows at the epoch's second
+/// millisecond, 300 ms ahead of the epoch's first batch: the refill of the
+/// evicted rows runs on the idle link from the command on, in the run and
+/// in the replay (which moves α at the command's time, not at the first
+/// batch). On a slow link the refill takes long enough for every request
+/// of that epoch (the trace keeps its first 30 ms after the quiet spell:
+/// its P99 is their maximum) to notice when it started, and a cheaper
+/// prefill keeps the node out of saturation, where a request's wait in the
+/// queue would hide its link time.
+#[test]
+fn the_oracle_reproduces_a_run_whose_commands_grow_alpha_before_the_first_batch() {
+    use grflow_operators::node::NodeCommand;
+    use grflow_pipeline::events::{ScheduledCommand, Target};
+    let mut trace = (*trace()).clone();
+    trace
+        .requests
+        .retain(|r| !(7_000..7_300).contains(&r.ts_ms) && !(7_330..8_000).contains(&r.ts_ms));
+    let trace = Arc::new(trace);
+    let at = |at_ms, command| ScheduledCommand {
+        at_ms,
+        target: Target::All,
+        command,
+    };
+    let commands = vec![
+        at(4_001, NodeCommand::SetAlpha(0.05)),
+        at(7_001, NodeCommand::SetAlpha(0.7)),
+        at(10_001, NodeCommand::PinAlpha(Some(0.9))),
+    ];
+    let out = oracle_run_commanded(&trace, commands, |c| {
+        c.allocator.policy = AllocatorPolicy::Static;
+        c.link.bandwidth_gbps = 1.0;
+        c.link.refill_share = 0.01;
+        c.cost.model = Some(grflow_kernels::cost::CostModel {
+            prefill_ms: [0.1, 0.005, 0.0],
+            ..cost()
+        });
+    })
+    .unwrap();
+    let served: u64 = out.oracle.iter().map(|e| e.requests).sum();
+    assert_eq!(served, trace.requests.len() as u64);
+    for e in &out.oracle {
+        assert_eq!(e.p99_at_alpha_ms, e.run_p99_ms, "{e:?}");
+    }
+    // The epochs of the moves were served at the moved α (the router may
+    // keep every request on one node).
+    for (start, alpha) in [(4_000, 0.05), (7_000, 0.7), (10_000, 0.9)] {
+        let epochs: Vec<_> = out
+            .oracle
+            .iter()
+            .filter(|e| e.epoch_start_ms == start)
+            .collect();
+        assert!(!epochs.is_empty(), "{start}: {:?}", out.oracle);
+        for e in epochs {
+            assert!((e.alpha - alpha).abs() < 0.01, "{e:?}");
+        }
+    }
 }
 
 #[test]

@@ -1,16 +1,22 @@
 //! The per-epoch oracle α* of HLEM §V: the epoch's requests as the node
 //! served them in the actual run, replayed on the virtual clock from the
-//! node's state at the epoch's start at every α of a grid (the boundary
-//! move and its refill modelled by `set_alpha` itself); α* is the α with
+//! node's state at the epoch's start at every α of a grid; α* is the α with
 //! the lowest P99 (ties: the median of the αs within 1% of the minimum).
+//! A grid α is moved to where the run's α moved first in the epoch (its
+//! first α command), or at the epoch's second millisecond, where the
+//! allocator's commands land, when the run had none; the boundary move and
+//! its refill are `set_alpha_at`'s own, so the refill gets the link from
+//! that time on, as a command's does in the run.
 //! An α at which a request fails is never α*, nor one that serves more
 //! requests with a shortened history than the run did in the epoch: a
 //! shortened history changes the answer (and costs less), so α* may change
 //! no more answers than the α it judges.
 //!
 //! [`OracleRecorder`] follows one node through a run: it copies the node
-//! before the first command or batch of each epoch, records the batches
-//! served, and evaluates an epoch when the next one starts (or at the end).
+//! before the first command or batch of each epoch, records the α
+//! commands applied and the batches served, and evaluates an epoch when
+//! the next one starts (or at the end). Replaying the recorded commands,
+//! each at its own time, reproduces the run.
 //! The replay needs a deterministic node: the virtual clock, `complete`
 //! release and eviction policies that decide by their state alone (`lru`).
 
@@ -46,6 +52,17 @@ pub struct OwnedRetrieve {
     pub req_id: u64,
     pub user_id: u64,
     pub history: Vec<u32>,
+}
+
+/// A command that moved the node's α in the run (`SetAlpha`, or a
+/// `PinAlpha` that moves it): the α it asked for, at its event time. The
+/// same request on the same state moves the boundary as far as in the run
+/// (pinned KV pages may keep it short of the target) and starts the same
+/// refill at the same time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RecordedCommand {
+    pub now_ms: u64,
+    pub alpha: f64,
 }
 
 /// One call of [`ServingNode::serve_step`] in the run.
@@ -128,29 +145,58 @@ pub struct OracleEpoch {
     pub truncated: u64,
 }
 
-/// The epoch's `batches` replayed from `before` at `alpha` (`None`: at
-/// each batch's own α, as the run moved it): the P99 and how many requests
-/// were served with a shortened history; `None` when a request failed.
+/// The epoch's `batches` replayed from `before`, each α move of `moves`
+/// applied at its own time, before the batches at or after it (as a
+/// command stamped t applies before every request at t): the run's
+/// recorded commands reproduce the run, one move replays the epoch at one
+/// α. The P99 and how many requests were served with a shortened history;
+/// `None` when a request failed (or a move was refused).
 pub fn replay_epoch(
     before: &ServingNode,
-    alpha: Option<f64>,
+    moves: &[RecordedCommand],
     batches: &[RecordedBatch],
     catalog: &dyn ItemCatalog,
     index: &RetrievalIndex,
 ) -> Result<Option<Replayed>, ServeError> {
+    Ok(
+        replay_served(before, moves, batches, catalog, index)?.map(|r| {
+            let mut latencies = r.latencies;
+            latencies.sort_by(f64::total_cmp);
+            Replayed {
+                p99_ms: percentile(&latencies, 0.99),
+                truncated: r.truncated,
+            }
+        }),
+    )
+}
+
+/// What [`replay_served`] leaves: the node after the epoch and the
+/// latencies of its requests in the order served.
+#[derive(Debug)]
+struct Served {
+    #[cfg_attr(not(test), allow(dead_code))] // read by the tests
+    node: ServingNode,
+    latencies: Vec<f64>,
+    truncated: u64,
+}
+
+/// [`replay_epoch`] before the P99.
+fn replay_served(
+    before: &ServingNode,
+    moves: &[RecordedCommand],
+    batches: &[RecordedBatch],
+    catalog: &dyn ItemCatalog,
+    index: &RetrievalIndex,
+) -> Result<Option<Served>, ServeError> {
     let mut node = before.snapshot()?;
     let mut latencies = Vec::new();
     let mut truncated = 0;
-    for (i, b) in batches.iter().enumerate() {
-        let at = match alpha {
-            Some(a) if i == 0 => Some(a),
-            Some(_) => None,
-            None => Some(b.alpha).filter(|a| (a - node.alpha()).abs() > 1e-9),
-        };
-        if let Some(a) = at
-            && node.set_alpha_at(a, b.now_ms).is_err()
-        {
-            return Ok(None);
+    let mut moves = moves.iter().peekable();
+    for b in batches {
+        while let Some(m) = moves.next_if(|m| m.now_ms <= b.now_ms) {
+            if node.set_alpha_at(m.alpha, m.now_ms).is_err() {
+                return Ok(None);
+            }
         }
         if b.replay(&mut node, catalog, index, &mut latencies, &mut truncated)
             .is_none()
@@ -158,9 +204,9 @@ pub fn replay_epoch(
             return Ok(None);
         }
     }
-    latencies.sort_by(f64::total_cmp);
-    Ok(Some(Replayed {
-        p99_ms: percentile(&latencies, 0.99),
+    Ok(Some(Served {
+        node,
+        latencies,
         truncated,
     }))
 }
@@ -277,6 +323,8 @@ struct OpenEpoch {
     index: u64,
     /// The node before the epoch's first command or batch.
     before: ServingNode,
+    /// The α commands the node applied, in order.
+    commands: Vec<RecordedCommand>,
     batches: Vec<RecordedBatch>,
     latencies: Vec<f64>,
     /// Requests the run served with a shortened history.
@@ -325,12 +373,21 @@ impl OracleRecorder {
                 self.open = Some(OpenEpoch {
                     index: epoch,
                     before,
+                    commands: Vec::new(),
                     batches: Vec::new(),
                     latencies: Vec::new(),
                     truncated: 0,
                 })
             }
             Err(e) => self.error = Some(format!("node {}: {e}", node.id())),
+        }
+    }
+
+    /// A command that moved α, just applied at event time `now_ms` (after
+    /// [`OracleRecorder::enter`]): `alpha` is the α it asked for.
+    pub fn command(&mut self, now_ms: u64, alpha: f64) {
+        if let Some(o) = &mut self.open {
+            o.commands.push(RecordedCommand { now_ms, alpha });
         }
     }
 
@@ -367,9 +424,21 @@ impl OracleRecorder {
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
     ) -> Result<Option<OracleEpoch>, ServeError> {
+        // Each grid α is moved to where the run first moved α in the epoch
+        // or, without a command, where the allocator's would have landed:
+        // the epoch's second millisecond (a decision made from the window
+        // that closes at the epoch's start applies from there on, so a
+        // batch at the epoch's first millisecond is served at the α before
+        // it by every policy). Its refill gets the link from then on.
+        let epoch_start_ms = o.index * self.epoch_ms;
+        let move_ms = o.commands.first().map_or(epoch_start_ms + 1, |c| c.now_ms);
         let mut points = Vec::with_capacity(self.grid.len());
         for &a in &self.grid {
-            let replayed = replay_epoch(&o.before, Some(a), &o.batches, catalog, index)?;
+            let at = RecordedCommand {
+                now_ms: move_ms,
+                alpha: a,
+            };
+            let replayed = replay_epoch(&o.before, &[at], &o.batches, catalog, index)?;
             // No more changed answers than the run's.
             let eligible = replayed.filter(|r| r.truncated <= o.truncated);
             points.push((a, eligible.map(|r| r.p99_ms)));
@@ -377,13 +446,13 @@ impl OracleRecorder {
         let Some((alpha_star, p99_at_star_ms)) = alpha_star(&points) else {
             return Ok(None);
         };
-        let at_alpha = replay_epoch(&o.before, None, &o.batches, catalog, index)?;
+        let at_alpha = replay_epoch(&o.before, &o.commands, &o.batches, catalog, index)?;
         let mut run = o.latencies.clone();
         run.sort_by(f64::total_cmp);
         let run_p99_ms = percentile(&run, 0.99);
         Ok(Some(OracleEpoch {
             node: o.before.id(),
-            epoch_start_ms: o.index * self.epoch_ms,
+            epoch_start_ms,
             requests: o
                 .batches
                 .iter()
@@ -571,7 +640,8 @@ mod tests {
                 rec.enter(&run, batch.now_ms, &catalog, &index);
                 if i == 1 && epoch == 1 {
                     // The allocator's move after the epoch's first batch.
-                    run.set_alpha(0.7).unwrap();
+                    run.set_alpha_at(0.7, batch.now_ms).unwrap();
+                    rec.command(batch.now_ms, 0.7);
                 }
                 let (mut lat, mut cut) = (Vec::new(), 0);
                 batch.alpha = run.alpha();
@@ -629,11 +699,150 @@ mod tests {
             e.p99_at_star_ms <= e.p99_at_alpha_ms * (1.0 + TIE_SHARE),
             "{e:?}"
         );
-        // Every eligible α shortens no more histories than the run did.
-        let before = node_with_pool(POOL);
-        let star = replay_epoch(&before, Some(e.alpha_star), &batches, &catalog, &index)
+        // Every eligible α shortens no more histories than the run did
+        // (moved to at the epoch's second millisecond: the run had no
+        // command).
+        let mut before = node_with_pool(POOL);
+        before.set_alpha(0.3).unwrap();
+        let star = RecordedCommand {
+            now_ms: 1,
+            alpha: e.alpha_star,
+        };
+        let star = replay_epoch(&before, &[star], &batches, &catalog, &index)
             .unwrap()
             .unwrap();
         assert!(star.truncated <= cut_in_run, "{star:?}");
+    }
+
+    /// Serves `batch` on `run` as the node wrapper does, telling `rec`.
+    fn serve(
+        run: &mut ServingNode,
+        rec: &mut OracleRecorder,
+        mut batch: RecordedBatch,
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+    ) {
+        rec.enter(run, batch.now_ms, catalog, index);
+        let (mut lat, mut cut) = (Vec::new(), 0);
+        batch.alpha = run.alpha();
+        batch
+            .replay(run, catalog, index, &mut lat, &mut cut)
+            .unwrap();
+        rec.record(batch, &lat, cut);
+    }
+
+    /// A `SetAlpha` stamped `now_ms` as the node wrapper applies it.
+    fn command(
+        run: &mut ServingNode,
+        rec: &mut OracleRecorder,
+        now_ms: u64,
+        alpha: f64,
+        catalog: &dyn ItemCatalog,
+        index: &RetrievalIndex,
+    ) {
+        rec.enter(run, now_ms, catalog, index);
+        run.apply(&crate::node::NodeCommand::SetAlpha(alpha), now_ms)
+            .unwrap();
+        rec.command(now_ms, alpha);
+    }
+
+    #[test]
+    fn a_command_that_grows_alpha_is_replayed_at_its_own_time_with_its_refill() {
+        let (catalog, index) = (TestCatalog::new(2000), index());
+        let mut run = node_with_pool(1 << 20);
+        run.set_alpha(0.6).unwrap();
+        let mut rec = OracleRecorder::new(1000, alpha_grid(0.1));
+        for batch in batches(0, 40) {
+            serve(&mut run, &mut rec, batch, &catalog, &index);
+        }
+        // Shrinking α evicts EMB rows: what a growing share refills.
+        let shrunk = run.set_alpha_at(0.1, 500).unwrap();
+        assert!(shrunk.emb_rows_evicted > 100, "{shrunk:?}");
+        // The allocator's move at the epoch's second millisecond; the
+        // epoch's first batch comes 199 ms later, the refill running
+        // meanwhile on the idle link.
+        command(&mut run, &mut rec, 1001, 0.7, &catalog, &index);
+        for mut batch in batches(1, 40) {
+            batch.now_ms += 200;
+            serve(&mut run, &mut rec, batch, &catalog, &index);
+        }
+        let o = rec.open.as_ref().unwrap();
+        assert_eq!(
+            o.commands,
+            [RecordedCommand {
+                now_ms: 1001,
+                alpha: 0.7
+            }]
+        );
+        assert!(o.before.alpha() < 0.11, "copied before the command");
+        let replayed = replay_served(&o.before, &o.commands, &o.batches, &catalog, &index)
+            .unwrap()
+            .unwrap();
+        // Request by request, and row by row: the refill placed as many
+        // rows before each batch as in the run.
+        assert_eq!(replayed.latencies, o.latencies);
+        assert_eq!(replayed.node.counters().emb_hits, run.counters().emb_hits);
+        assert_eq!(replayed.node.counters(), run.counters());
+        assert_eq!(replayed.node.memory_stats(), run.memory_stats());
+        // The grid's α at the run's own α is moved at the command's time
+        // too: the same requests, the same latencies.
+        let at = RecordedCommand {
+            now_ms: 1001,
+            alpha: 0.7,
+        };
+        let grid = replay_served(&o.before, &[at], &o.batches, &catalog, &index)
+            .unwrap()
+            .unwrap();
+        assert_eq!(grid.latencies, o.latencies);
+        rec.close(&catalog, &index);
+        let epochs = rec.take().unwrap();
+        assert_eq!(epochs.len(), 2);
+        for e in &epochs {
+            assert_eq!(e.p99_at_alpha_ms, e.run_p99_ms, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn without_a_command_a_grid_alpha_moves_at_the_epochs_second_millisecond() {
+        let (catalog, index) = (TestCatalog::new(2000), index());
+        let mut run = node_with_pool(1 << 20);
+        run.set_alpha(0.6).unwrap();
+        let mut rec = OracleRecorder::new(1000, alpha_grid(0.1));
+        for batch in batches(0, 40) {
+            serve(&mut run, &mut rec, batch, &catalog, &index);
+        }
+        command(&mut run, &mut rec, 500, 0.1, &catalog, &index);
+        // No command in epoch 1: its grid replay at 0.7 is the run that
+        // moved there at 1001 ms (the allocator's time), not one that
+        // moved at the first batch.
+        let late: Vec<RecordedBatch> = batches(1, 40)
+            .into_iter()
+            .map(|mut b| {
+                b.now_ms += 200;
+                b
+            })
+            .collect();
+        let mut moved = run.snapshot().unwrap();
+        for batch in late.clone() {
+            serve(&mut run, &mut rec, batch, &catalog, &index);
+        }
+        let o = rec.open.as_ref().unwrap();
+        assert!(o.commands.is_empty());
+        let mut rec_moved = OracleRecorder::new(1000, alpha_grid(0.1));
+        command(&mut moved, &mut rec_moved, 1001, 0.7, &catalog, &index);
+        for batch in late {
+            serve(&mut moved, &mut rec_moved, batch, &catalog, &index);
+        }
+        let want = rec_moved.open.as_ref().unwrap();
+        let move_ms = o.index * 1000 + 1;
+        let at = RecordedCommand {
+            now_ms: move_ms,
+            alpha: 0.7,
+        };
+        let grid = replay_served(&o.before, &[at], &o.batches, &catalog, &index)
+            .unwrap()
+            .unwrap();
+        assert_eq!(grid.latencies, want.latencies);
+        assert_eq!(grid.node.counters(), moved.counters());
     }
 }

@@ -67,7 +67,8 @@ pub struct NodeParts {
     pub completed_tokens: Vec<f64>,
     /// Trained models a `SwapModel` command may name (`serve`).
     pub models: Option<Arc<crate::models::ModelRegistry>>,
-    /// The oracle α*: sees the node before each epoch and every batch.
+    /// The oracle α*: sees the node before each epoch, every α command
+    /// and every batch.
     pub oracle: Option<Rc<RefCell<OracleRecorder>>>,
     /// `arrival` mode: the compute thread and the step running on it.
     pub offload: Offload,
@@ -238,6 +239,15 @@ impl EventOperator for NodeParts {
             }
             match node.apply(&c.command, time) {
                 Ok(applied) => {
+                    // The oracle replays each α move at its own time (its
+                    // refill gets the link from then on, not from the
+                    // next batch).
+                    if let Some(o) = &self.oracle
+                        && let NodeCommand::SetAlpha(alpha) | NodeCommand::PinAlpha(Some(alpha)) =
+                            c.command
+                    {
+                        o.borrow_mut().command(time, alpha);
+                    }
                     tracing::debug!(node = node.id(), time, ?applied, "command applied")
                 }
                 // The allocator's move while an operator pins α: expected.
