@@ -29,6 +29,9 @@ pub struct Job {
     /// Pages of a node's pool (every node has the same): the grid the
     /// nodes move α on, which the allocator decides on.
     pub pool_pages: usize,
+    /// Positions of the model the nodes start with (a trained model's, not
+    /// the preset's): the allocator's sequence-length feature divides by it.
+    pub max_positions: usize,
 }
 
 impl std::fmt::Debug for Job {
@@ -103,6 +106,7 @@ impl Job {
         let allocator_policy = allocator_policy(&cfg)?;
         Ok(Self {
             pool_pages,
+            max_positions: params.model.max_positions,
             cfg,
             cluster,
             side,

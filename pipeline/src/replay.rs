@@ -378,7 +378,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_counters = counters.clone();
     let worker_side = side.clone();
     let worker_policy = job.allocator_policy.clone();
-    let pool_pages = job.pool_pages;
+    let (pool_pages, max_positions) = (job.pool_pages, job.max_positions);
     let worker_trace = opts.trace.clone();
     let worker_setup_error = setup_error.clone();
     let worker_writer = writer.clone();
@@ -459,6 +459,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                                 release,
                                 worker_policy.clone(),
                                 pool_pages,
+                                max_positions,
                                 allocator_stats.clone(),
                             ),
                             live: None,
@@ -846,6 +847,7 @@ pub(crate) fn allocator_controller(
     release: Release,
     policy: Option<Arc<ActorCritic>>,
     pool_pages: usize,
+    max_positions: usize,
     stats: Rc<RefCell<AllocatorStats>>,
 ) -> Option<dataflow::Controller> {
     if !cfg.allocator.moves() {
@@ -856,8 +858,6 @@ pub(crate) fn allocator_controller(
     // Where each node starts (`memory.node_alpha`), as the job built it.
     let start = cfg.clone();
     let alpha = move |node: u32| start.start_alpha(node as usize);
-    let max_positions =
-        grflow_kernels::ModelConfig::preset(&cfg.model.preset).map_or(1024, |m| m.max_positions);
     let make = move |node: u32| {
         let made = match &policy {
             Some(p) if allocator.learned() => {

@@ -446,8 +446,9 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let worker_producer = producer.clone();
     let worker_side = side.clone();
     let worker_policy = job.allocator_policy.clone();
-    let pool_pages = job.pool_pages;
+    let (pool_pages, max_positions) = (job.pool_pages, job.max_positions);
     let worker_models = models.clone();
+    let worker_started = started.clone();
     let metrics_every = Duration::from_millis(k.metrics_interval_ms);
     job.publish(
         "serve",
@@ -571,6 +572,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                                 worker_cfg.run.serve_release(),
                                 worker_policy.clone(),
                                 pool_pages,
+                                max_positions,
                                 allocator_stats.clone(),
                             ),
                             live: Some(live.clone()),
