@@ -279,7 +279,10 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     let cfg = opts.config.clone();
     let k = cfg.kafka.clone();
     let settings = opts.settings();
-    let started = Instant::now();
+    // The dataflow's start (after the model load, the restart scan and the
+    // cluster's connections), as in replay: wall_s and throughput measure
+    // serving, not setup.
+    let started: Arc<std::sync::OnceLock<Instant>> = Arc::default();
     let job = Job::prepare(cfg.clone(), side_tables(&cfg)?).map_err(ServeError::Config)?;
     let topo = job.topology();
     // Nodes of the whole job (N processes × W workers); partitions, offset
@@ -492,6 +495,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
                 if local == 0 {
                     crate::ops::state().set_started();
                 }
+                worker_started.get_or_init(Instant::now);
                 let stop = job_stop.clone();
                 let clock = Rc::new(SourceClock::default());
                 let live = LiveControl {
@@ -779,7 +783,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     if let Some(reason) = shared.fatal() {
         return Err(ServeError::Fatal(reason));
     }
-    let wall_s = started.elapsed().as_secs_f64();
+    let wall_s = started.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
     if !topo.is_cluster() {
         let part = ProcessPart::of(&shared, &latency, windows_lost());
         return Ok(summarise(&cfg, topo, &settings, &part, &results, wall_s));

@@ -129,6 +129,8 @@ pub struct ServeSummary {
     /// When router and nodes handled requests: "arrival" unless
     /// `run.release = "complete"`.
     pub release: String,
+    /// From the dataflow's start (model, catalog and consumers ready, the
+    /// cluster connected) to the end of the drain.
     pub wall_s: f64,
     /// Records read from the request topic (every kind; was `consumed`).
     pub requests_in: u64,
