@@ -5,7 +5,9 @@
 //! EMB residency (shards) and load, fed by node reports that arrive through
 //! the event-time feedback edge. Given the same reports in the same order it
 //! makes the same decisions: no clocks, no hash-map iteration order, ties to
-//! the lowest node index.
+//! the lowest node index (under the `InFlight` load signal of `arrival`
+//! release, to the first node from the replica's own, so that replicas
+//! with nothing to tell nodes apart spread their requests).
 //!
 //! Per-user state is bounded: at most `max_users` affinity entries per
 //! replica (the least recently routed user is dropped first; a dropped user
@@ -64,6 +66,11 @@ pub enum RouterConfigError {
     EmptyProfile,
     #[error("router.max_users must be >= 1")]
     NoUsers,
+    #[error(
+        "router.overload_threshold must be < 1 (got {0}): the load is capped at 1, so the \
+         overload fallback would never run"
+    )]
+    OverloadThreshold(f64),
 }
 
 impl RouterConfig {
@@ -78,6 +85,13 @@ impl RouterConfig {
             if !value.is_finite() || value < 0.0 {
                 return Err(RouterConfigError::Negative { field, value });
             }
+        }
+        // The load l(n) is capped at 1: at τ >= 1 no node is ever over it
+        // and the fallback never runs, however deep a node's queue.
+        if self.overload_threshold >= 1.0 {
+            return Err(RouterConfigError::OverloadThreshold(
+                self.overload_threshold,
+            ));
         }
         if self.miss_cost_kv + self.miss_cost_emb + self.miss_cost_load <= 0.0 {
             return Err(RouterConfigError::ZeroCosts);
@@ -539,6 +553,25 @@ pub fn shard_profile(shards_touched: impl IntoIterator<Item = ShardId>, k: usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_overload_threshold_the_capped_load_cannot_pass_is_refused() {
+        for tau in [1.0, 2.5] {
+            let cfg = RouterConfig {
+                overload_threshold: tau,
+                ..Default::default()
+            };
+            assert!(
+                matches!(cfg.validate(), Err(RouterConfigError::OverloadThreshold(t)) if t == tau),
+                "{tau}"
+            );
+        }
+        let ok = RouterConfig {
+            overload_threshold: 0.99,
+            ..Default::default()
+        };
+        assert!(ok.validate().is_ok());
+    }
     use crate::hotness::HotnessConfig;
 
     fn router(nodes: usize) -> Router {

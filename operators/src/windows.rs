@@ -65,8 +65,9 @@ impl TelemetrySample {
 
 /// Aggregates of one (node, window). `requests`, `hot_user_share` and
 /// `slo_violation_share` count every request the node answered, failed ones
-/// included (a shed request missed its SLO); the latency, hit-rate, length,
-/// α and truncation figures are over the served ones.
+/// included (a shed request missed its SLO), and so does α (a failed
+/// request was failed at some α); the latency, hit-rate, length and
+/// truncation figures are over the served ones.
 #[derive(Clone, Debug, PartialEq, Default, Serialize, Deserialize)]
 pub struct WindowStats {
     pub requests: u64,
