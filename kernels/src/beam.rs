@@ -38,8 +38,8 @@ pub struct BeamSearch {
     /// Per-beam top candidates of the current step, `stride` apart
     /// (`bw × max(k, bw)`).
     cands: Vec<Candidate>,
-    /// Slots per beam in `cands` this step: K, or BW while K per beam
-    /// cannot fill the beam.
+    /// Slots per beam in `cands` this step: K, or max(K, BW) while fewer
+    /// than BW beams are live.
     stride: usize,
     lens: Vec<usize>,
     /// One beam's valid expansions before its top-K cut.
@@ -55,6 +55,8 @@ pub struct BeamSearch {
     nodes_next: Vec<u32>,
     /// Parents chosen at each step (for the memory comparison).
     parent_log: Vec<Vec<u32>>,
+    /// Beams decoded (rows through the model) at each step.
+    step_rows: [usize; SID_STEPS],
     hits: Vec<BeamHit>,
     live: usize,
 }
@@ -103,6 +105,7 @@ impl BeamSearch {
             nodes: vec![0; bw],
             nodes_next: vec![0; bw],
             parent_log: (0..SID_STEPS).map(|_| Vec::with_capacity(bw)).collect(),
+            step_rows: [0; SID_STEPS],
             hits: Vec::with_capacity(bw),
             live: 0,
         })
@@ -128,6 +131,15 @@ impl BeamSearch {
     /// Parents chosen after each decode step of the last request.
     pub fn parents_per_step(&self) -> &[Vec<u32>] {
         &self.parent_log
+    }
+
+    /// Rows the last request ran through the model at each decode step:
+    /// 1 at step 0, then the beams the previous step kept (at most BW;
+    /// fewer where the catalog has fewer valid paths). All zero before the
+    /// first request. [`crate::flops::beam_search_rows_flops`] turns them
+    /// into the FLOPs the search did.
+    pub fn rows_per_step(&self) -> [usize; SID_STEPS] {
+        self.step_rows
     }
 
     /// Generates up to BW items for the prompt of `prompt_len` tokens whose
@@ -187,6 +199,9 @@ impl BeamSearch {
         }
         let c = model.config().codebook_size;
         for step in 0..SID_STEPS {
+            for search in searches.iter_mut() {
+                search.step_rows[step] = search.live;
+            }
             decode_step(model, store, prompts, searches, &mut rows, step);
             let mut o = 0;
             for search in searches.iter_mut() {
@@ -257,11 +272,14 @@ impl BeamSearch {
     /// the additive -inf mask of xGR §6.1).
     fn expand(&mut self, logits: &mut [f32], trie: &SidTrie, step: usize) {
         let c = self.cfg.codebook_size;
-        // While K per beam cannot fill the beam (the first step's lone
-        // beam, or a step after a level with few valid codes), each beam
-        // keeps BW: the global top-BW is then exact, and the beam does not
-        // shrink to live·K for good. live·BW < BW·K fits `cands`.
-        self.stride = if self.live * self.k < self.bw {
+        // While fewer than BW beams are live (the first step's lone beam,
+        // or a step after a level with few valid codes), each beam keeps
+        // max(K, BW): the global top-BW is then exact, and the beam does not
+        // shrink for good. A cut to K would drop valid children of a beam
+        // with many whenever another beam has fewer than K (live·K >= BW
+        // does not mean the K-cut lists hold BW candidates).
+        // live·max(K, BW) < BW·max(K, BW) fits `cands`.
+        self.stride = if self.live < self.bw {
             self.k.max(self.bw)
         } else {
             self.k

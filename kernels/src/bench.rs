@@ -11,7 +11,7 @@ use crate::backend::{Backend, CpuBackend, MatMut, MatRef};
 use crate::beam::{BeamPrompt, BeamSearch, SID_STEPS, beam_kv_bytes};
 use crate::config::ModelConfig;
 use crate::error::KernelError;
-use crate::flops::{beam_search_flops, prefill_flops};
+use crate::flops::{beam_search_rows_flops, prefill_flops};
 use crate::kv_store::VecKvStore;
 use crate::model::GrModel;
 use crate::staged::{
@@ -112,7 +112,14 @@ pub struct BenchReport {
     pub beam_top_k: usize,
     pub beam_prompt: usize,
     pub beam_search_ms: f64,
+    /// FLOPs of the rows the search decoded (`beam_search_rows`, counted
+    /// by [`crate::flops::beam_search_rows_flops`]) per second of
+    /// `beam_search_ms`. Not BW rows at every step: the dense catalog has
+    /// 32 first codes, so step 1 runs min(BW, 32) rows.
     pub beam_search_gflops: f64,
+    /// Rows the search ran through the model at each decode step
+    /// ([`BeamSearch::rows_per_step`]).
+    pub beam_search_rows: [usize; SID_STEPS],
     /// Searches decoded together ([`BeamSearch::generate_many`]), as a
     /// node serves a group of retrieve requests, at the serving default
     /// (`hstu-3l`, BW = K = 32, a 64-token prompt).
@@ -407,6 +414,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
             .map(|_| ())
     });
     gen_result?;
+    let beam_rows = search.rows_per_step();
     let (group_alone_ms, group_ms_per_search) = beam_group_ms(backend.clone(), opts.reps)?;
     // Bytes: the prompt's blocks and the unshared buffer as allocated; the
     // paged baseline and the ideal come from the search's actual forks.
@@ -578,7 +586,10 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
         beam_top_k: bw,
         beam_prompt,
         beam_search_ms: beam_secs * 1e3,
-        beam_search_gflops: beam_search_flops(&gcfg, beam_prompt, bw) / beam_secs / 1e9,
+        beam_search_gflops: beam_search_rows_flops(&gcfg, beam_prompt, &beam_rows)
+            / beam_secs
+            / 1e9,
+        beam_search_rows: beam_rows,
         beam_group: BEAM_GROUP,
         beam_group_alone_ms: group_alone_ms,
         beam_group_ms_per_search: group_ms_per_search,

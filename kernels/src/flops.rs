@@ -56,15 +56,27 @@ pub fn rank_item_prefix_flops(
 
 /// One [`crate::BeamSearch::generate`] upper bound: BW beams at every step
 /// (step 0 runs one), each over the prompt and its own tokens, plus the
-/// codebook heads.
+/// codebook heads. A catalog with fewer valid paths runs fewer rows; see
+/// [`beam_search_rows_flops`] for the FLOPs of the rows a search ran.
 pub fn beam_search_flops(cfg: &ModelConfig, prompt_len: usize, beam_width: usize) -> f64 {
+    let mut rows = [beam_width; crate::SID_STEPS];
+    rows[0] = 1;
+    beam_search_rows_flops(cfg, prompt_len, &rows)
+}
+
+/// A beam search that decoded `rows[t]` beams at step `t`
+/// ([`crate::BeamSearch::rows_per_step`]): each row runs through every
+/// layer, attends over the prompt and its own `t + 1` tokens, and through
+/// the step's codebook head.
+pub fn beam_search_rows_flops(cfg: &ModelConfig, prompt_len: usize, rows: &[usize]) -> f64 {
     let (d, c) = (cfg.d_model as f64, cfg.codebook_size as f64);
-    (0..crate::SID_STEPS)
-        .map(|t| {
-            let nb = if t == 0 { 1.0 } else { beam_width as f64 };
-            nb * (dense_flops_per_token(cfg)
-                + attention_flops(cfg, (prompt_len + t + 1) as f64)
-                + 2.0 * d * c)
+    rows.iter()
+        .enumerate()
+        .map(|(t, &nb)| {
+            nb as f64
+                * (dense_flops_per_token(cfg)
+                    + attention_flops(cfg, (prompt_len + t + 1) as f64)
+                    + 2.0 * d * c)
         })
         .sum()
 }

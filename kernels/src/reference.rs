@@ -207,8 +207,10 @@ pub fn sid_log_prob(model: &GrModel, prompt: &[f32], sid: [u16; 3], trie: &crate
     let (l1, first) = trie.children_of_first(sid[0]);
     let j = l1.iter().position(|&x| x == sid[1]).expect("sid in trie");
     let valid: [Vec<u16>; 3] = [
-        (0..c as u16)
-            .filter(|&x| trie.first_mask()[x as usize] == 0.0)
+        // Counted in usize: `c as u16` is 0 for a codebook of 65536.
+        (0..c)
+            .filter(|&x| trie.first_mask()[x] == 0.0)
+            .map(|x| x as u16)
             .collect(),
         l1.to_vec(),
         trie.children_of_node(first + j as u32).to_vec(),

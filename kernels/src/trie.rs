@@ -84,18 +84,26 @@ impl SidTrie {
     }
 
     /// Valid second codes after `c0`, with the index of the first child node
-    /// (child `j` is node `first + j`).
+    /// (child `j` is node `first + j`). A `c0` outside the codebook has no
+    /// children: an empty slice (and `first` 0).
     pub fn children_of_first(&self, c0: u16) -> (&[u16], u32) {
-        let (a, b) = (self.l1_start[c0 as usize], self.l1_start[c0 as usize + 1]);
+        let c0 = c0 as usize;
+        if c0 >= self.codebook_size {
+            return (&[], 0);
+        }
+        let (a, b) = (self.l1_start[c0], self.l1_start[c0 + 1]);
         (&self.l1_code[a as usize..b as usize], a)
     }
 
-    /// Valid third codes under level-1 node `node`.
+    /// Valid third codes under level-1 node `node`; empty for a `node` that
+    /// is not one (at or past the number of level-1 nodes).
     pub fn children_of_node(&self, node: u32) -> &[u16] {
-        let (a, b) = (
-            self.l2_start[node as usize],
-            self.l2_start[node as usize + 1],
-        );
+        let n = node as usize;
+        // `l2_start` holds one entry per level-1 node and the end.
+        if n >= self.l2_start.len().saturating_sub(1) {
+            return &[];
+        }
+        let (a, b) = (self.l2_start[n], self.l2_start[n + 1]);
         &self.l2_code[a as usize..b as usize]
     }
 
@@ -133,5 +141,23 @@ mod tests {
         assert_eq!(c1, &[2, 5]);
         assert_eq!(t.children_of_node(first), &[3, 4]);
         assert!(SidTrie::new(&[[8, 0, 0]], 8).is_err());
+    }
+
+    #[test]
+    fn children_out_of_range_are_empty() {
+        let t = SidTrie::new(&[[1, 2, 3], [7, 0, 0]], 8).unwrap();
+        // First codes past the codebook, up to the largest u16.
+        for c0 in [8, 9, u16::MAX] {
+            assert_eq!(t.children_of_first(c0), (&[][..], 0));
+        }
+        // Two level-1 nodes: 0 and 1; anything past them has no children.
+        assert_eq!(t.children_of_node(1), &[0]);
+        for n in [2, 3, u32::MAX] {
+            assert!(t.children_of_node(n).is_empty());
+        }
+        let empty = SidTrie::new(&[], 8).unwrap();
+        assert!(empty.children_of_first(0).0.is_empty());
+        assert!(empty.children_of_node(0).is_empty());
+        assert!(!t.contains([9, 0, 0]) && !t.contains([u16::MAX, 0, 0]));
     }
 }

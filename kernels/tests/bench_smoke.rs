@@ -3,6 +3,7 @@
 //! measured. No timing is asserted.
 
 use grflow_kernels::bench::{BenchOptions, run};
+use grflow_kernels::flops::beam_search_rows_flops;
 use grflow_kernels::{BeamSearch, ModelConfig, SID_STEPS, VecKvStore};
 
 fn tiny() -> BenchOptions {
@@ -73,6 +74,32 @@ fn tiny_bench_runs_every_measurement_and_names_its_shapes() {
         assert!(t.is_finite() && t > 0.0, "{r:?}");
     }
     assert_eq!(r.beam_group, 4);
+}
+
+#[test]
+fn beam_search_gflops_counts_the_rows_the_search_ran() {
+    // The dense catalog has 32 first codes: BW 64 decodes 1, then 32, then
+    // 64 rows, and the rate is credited for those, not for 1, 64, 64.
+    let opts = BenchOptions {
+        beam_width: 64,
+        codebook_size: 64,
+        ..tiny()
+    };
+    let r = run(&opts).unwrap();
+    assert_eq!(r.beam_search_rows, [1, 32, 64]);
+    let cfg = ModelConfig {
+        codebook_size: opts.codebook_size,
+        ..ModelConfig::preset("small").unwrap()
+    };
+    let flops = beam_search_rows_flops(&cfg, opts.beam_prompt, &r.beam_search_rows);
+    let credited = r.beam_search_gflops * 1e9 * r.beam_search_ms / 1e3;
+    assert!(
+        (credited / flops - 1.0).abs() < 1e-9,
+        "{credited} vs {flops}"
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(json["beam_search_gflops"].is_number());
+    assert_eq!(json["beam_search_rows"], serde_json::json!([1, 32, 64]));
 }
 
 #[test]

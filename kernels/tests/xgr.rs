@@ -7,8 +7,9 @@ mod common;
 use common::*;
 use grflow_kernels::{
     BeamHit, BeamPrompt, BeamSearch, Candidate, GrModel, ModelConfig, SharedPrompt, SidTrie,
-    StagedScratch, TopBw, UnsharedKv, beam_kv_bytes, concat_attention, per_beam_attention,
-    rank_order, reference, select_full_sort, select_nth_then_sort, sort_beam, staged_attention,
+    StagedScratch, TopBw, UnsharedKv, beam_kv_bytes, concat_attention, flops, gemm_tally,
+    per_beam_attention, rank_order, reference, select_full_sort, select_nth_then_sort, sort_beam,
+    staged_attention,
 };
 use proptest::prelude::*;
 use rand_chacha::rand_core::Rng;
@@ -454,6 +455,121 @@ fn a_per_beam_top_k_below_the_width_still_starts_with_a_full_beam() {
     let beams: Vec<usize> = wide.parents_per_step().iter().map(Vec::len).collect();
     assert_eq!(beams, [2, 16, 16]);
     assert_eq!(hits, 16);
+}
+
+#[test]
+fn a_beam_short_of_its_width_keeps_every_child_it_can() {
+    // BW 4, K 2: the first step leaves 2 beams (first codes 0 and 1).
+    // 2 beams × K = 4 would fill the beam only if both had K children;
+    // code 0 has one, code 1 ten, so a cut to K leaves 3 beams and 3 hits
+    // although 11 items are valid.
+    let cfg = gr_config(16);
+    let model = GrModel::new(cfg.clone(), 4);
+    let mut r = rng(6);
+    let cat: Vec<[u16; 3]> = std::iter::once([0, 0, 0])
+        .chain((0..10u16).map(|b| [1, b, 0]))
+        .collect();
+    let trie = SidTrie::new(&cat, 16).unwrap();
+    let p = 9;
+    let prompt = tokens(&mut r, p, cfg.d_model);
+    let mut pool = Pool::new(&cfg, 8, &mut r);
+    let table = pool.alloc(cfg.blocks_for(p));
+    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let mut search = BeamSearch::new(&cfg, 4, 2, 64).unwrap();
+    let hits = search
+        .generate(&model, &pool.store, &table, p, &trie)
+        .unwrap()
+        .to_vec();
+    let beams: Vec<usize> = search.parents_per_step().iter().map(Vec::len).collect();
+    assert_eq!(beams, [2, 4, 4]);
+    assert_eq!(search.rows_per_step(), [1, 2, 4]);
+    assert_eq!(hits.len(), 4);
+    for h in &hits {
+        assert!(trie.contains(h.sid), "{:?}", h.sid);
+        let want = reference::sid_log_prob(&model, &prompt, h.sid, &trie);
+        assert!((h.log_prob - want).abs() <= 1e-4, "{h:?} vs {want}");
+    }
+}
+
+#[test]
+fn the_reference_and_the_search_cover_the_largest_codebook() {
+    // Codes are u16: a codebook of 65536 holds code 65535, and
+    // `65536 as u16` is 0, so nothing may count codes in u16.
+    let cfg = ModelConfig {
+        d_model: 16,
+        d_ff: 32,
+        codebook_size: 65536,
+        ..ModelConfig::preset("small").unwrap()
+    };
+    let model = GrModel::new(cfg.clone(), 7);
+    let mut r = rng(7);
+    let trie = SidTrie::new(&[[5, 6, 7], [65535, 1, 2]], cfg.codebook_size).unwrap();
+    let p = 5;
+    let prompt = tokens(&mut r, p, cfg.d_model);
+    let mut pool = Pool::new(&cfg, 2, &mut r);
+    let table = pool.alloc(cfg.blocks_for(p));
+    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let mut search = BeamSearch::new(&cfg, 2, 2, 8).unwrap();
+    let hits = search
+        .generate(&model, &pool.store, &table, p, &trie)
+        .unwrap()
+        .to_vec();
+    assert_eq!(hits.len(), 2);
+    let mut total = 0.0;
+    for h in &hits {
+        let want = reference::sid_log_prob(&model, &prompt, h.sid, &trie);
+        assert!(want.is_finite() && want <= 0.0, "{:?}: {want}", h.sid);
+        assert!((h.log_prob - want).abs() <= 1e-4, "{h:?} vs {want}");
+        total += want.exp();
+    }
+    // The catalog's two items are every valid path.
+    assert!((total - 1.0).abs() < 1e-4, "{total}");
+}
+
+#[test]
+fn the_flops_credited_to_a_search_are_those_of_the_rows_it_ran() {
+    // 3 first codes × 2 second codes: BW 8 decodes 1, 3 and 6 rows, not
+    // the 1, 8, 8 of the upper bound.
+    let cfg = gr_config(16);
+    let model = GrModel::new(cfg.clone(), 8);
+    let mut r = rng(8);
+    let cat: Vec<[u16; 3]> = (0..3u16)
+        .flat_map(|a| (0..2u16).map(move |b| [a, b, 9]))
+        .collect();
+    let trie = SidTrie::new(&cat, 16).unwrap();
+    let p = 21;
+    let prompt = tokens(&mut r, p, cfg.d_model);
+    let mut pool = Pool::new(&cfg, 8, &mut r);
+    let table = pool.alloc(cfg.blocks_for(p));
+    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let (bw, k) = (8, 8);
+    let mut search = BeamSearch::new(&cfg, bw, k, 64).unwrap();
+    assert_eq!(search.rows_per_step(), [0, 0, 0]);
+    let before = gemm_tally();
+    search
+        .generate(&model, &pool.store, &table, p, &trie)
+        .unwrap();
+    let gemm = gemm_tally().since(before);
+    let rows = search.rows_per_step();
+    assert_eq!(rows, [1, 3, 6]);
+    let kept: Vec<usize> = search.parents_per_step().iter().map(Vec::len).collect();
+    assert_eq!(rows[1..], kept[..2]);
+    let credited = flops::beam_search_rows_flops(&cfg, p, &rows);
+    // The GEMMs run each row's projections, FFN, head and attention over
+    // the prompt; attention over the row's own (at most 3) tokens is not a
+    // GEMM. Every term is an integer, so the sums are exact.
+    let own: f64 = rows
+        .iter()
+        .enumerate()
+        .map(|(t, &n)| n as f64 * flops::attention_flops(&cfg, (t + 1) as f64))
+        .sum();
+    assert_eq!(gemm.flop, credited - own);
+    assert!(credited < flops::beam_search_flops(&cfg, p, bw));
+    // At full width the two counts agree.
+    assert_eq!(
+        flops::beam_search_rows_flops(&cfg, p, &[1, bw, bw]),
+        flops::beam_search_flops(&cfg, p, bw)
+    );
 }
 
 #[test]
