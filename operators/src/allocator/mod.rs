@@ -289,11 +289,15 @@ impl Allocator {
         // `smart` moves exactly as `ppo-only`, whatever max_step is.
         let base = self.learned.as_ref().and_then(Learned::uncorrected);
         let (step, bound) = match base {
-            Some(base) => (
+            // Recomposed only when a bound binds: base + (step − base) is
+            // not always step in floating point, and one ulp of α can move
+            // a page and every decision after it.
+            Some(base) if base.abs() > max_step || (step - base).abs() > adapter::BOUND => (
                 base.clamp(-max_step, max_step)
                     + (step - base).clamp(-adapter::BOUND, adapter::BOUND),
                 max_step + adapter::BOUND,
             ),
+            Some(_) => (step, max_step + adapter::BOUND),
             None => (step, max_step),
         };
         let next = self.target(step, bound);
