@@ -124,7 +124,9 @@ impl ReplayOutput {
     /// Replaces the summary's latency percentiles (upper edges of 1%-wide
     /// histogram buckets) by the exact nearest-rank ones of the collected
     /// responses, and drops the responses. A run without
-    /// `ResponseOutput::Collect` keeps the histogram's.
+    /// `ResponseOutput::Collect` keeps the histogram's. Each kind's figures
+    /// in `summary.by_mode` stay the histogram's (a response does not say
+    /// which kind of request it answers): see `exact_latency_by_mode`.
     pub fn exact_latency(&mut self) {
         let responses = std::mem::take(&mut self.responses);
         if !responses.is_empty() {
@@ -133,6 +135,62 @@ impl ReplayOutput {
             );
         }
     }
+
+    /// As `exact_latency`, and each request kind's percentiles in
+    /// `summary.by_mode` exact too, so that a kind's p99 compares with the
+    /// run's: each collected response is joined by req_id to the request
+    /// of `requests` (the trace replayed) it answers, for its kind. Where
+    /// that cannot tell every response's kind (a req_id not in `requests`,
+    /// or carried by requests of both kinds), or the kinds' counts differ
+    /// from the summary's, `by_mode` keeps the histogram's.
+    pub fn exact_latency_by_mode(&mut self, requests: &[Request]) {
+        if let Some([rank, retrieve]) = latencies_by_mode(&self.responses, requests) {
+            let by_mode = &mut self.summary.by_mode;
+            if rank.len() as u64 == by_mode.rank.responses
+                && retrieve.len() as u64 == by_mode.retrieve.responses
+            {
+                for (mode, latencies) in
+                    [(&mut by_mode.rank, rank), (&mut by_mode.retrieve, retrieve)]
+                {
+                    if !latencies.is_empty() {
+                        mode.latency_ms =
+                            Some(crate::summary::LatencySummary::from_unsorted(latencies));
+                    }
+                }
+            }
+        }
+        self.exact_latency();
+    }
+}
+
+/// The latencies of `responses` to rank and to retrieve requests, each
+/// response's kind that of its req_id in `requests`; `None` when some
+/// response's kind cannot be told (or nothing was collected).
+fn latencies_by_mode(responses: &[ResponseRow], requests: &[Request]) -> Option<[Vec<f64>; 2]> {
+    use grflow_traces::Mode;
+    if responses.is_empty() {
+        return None;
+    }
+    // req_id -> its requests' kind; None where requests of both kinds share it.
+    let mut kinds = std::collections::HashMap::<u64, Option<Mode>>::with_capacity(requests.len());
+    for r in requests {
+        kinds
+            .entry(r.req_id)
+            .and_modify(|kind| {
+                if *kind != Some(r.mode) {
+                    *kind = None;
+                }
+            })
+            .or_insert(Some(r.mode));
+    }
+    let (mut rank, mut retrieve) = (Vec::new(), Vec::new());
+    for r in responses {
+        match kinds.get(&r.req_id).copied().flatten()? {
+            Mode::Rank => rank.push(r.latency_ms),
+            Mode::Retrieve => retrieve.push(r.latency_ms),
+        }
+    }
+    Some([rank, retrieve])
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -965,6 +1023,120 @@ fn spawn_progress(
 #[cfg(test)]
 mod tests {
     use super::natural_cmp;
+    use super::{ReplayOptions, ReplayOutput, ResponseOutput, TraceInput};
+    use crate::Config;
+    use crate::summary::LatencySummary;
+    use grflow_connectors::ResponseRow;
+    use grflow_traces::{GenConfig, Mode, Regime, Request};
+    use std::sync::Arc;
+
+    fn response(req_id: u64, latency_ms: f64) -> ResponseRow {
+        ResponseRow {
+            req_id,
+            node: 0,
+            prefix: "user".into(),
+            items: vec![1],
+            scores: vec![0.5],
+            latency_ms,
+            model_version: "m".into(),
+            history_len: 0,
+            kv_reused_tokens: 0,
+        }
+    }
+
+    fn request(req_id: u64, mode: Mode) -> Request {
+        Request {
+            ts_ms: req_id,
+            req_id,
+            user_id: 1,
+            hist_len: 0,
+            candidates: vec![1],
+            mode,
+            label: None,
+        }
+    }
+
+    #[test]
+    fn exact_latency_by_mode_gives_each_kind_its_exact_percentiles() {
+        // Requests 0..100 rank at 1..=100 ms, 100..110 retrieve at 500..=590.
+        let requests: Vec<Request> = (0..110)
+            .map(|i| request(i, if i < 100 { Mode::Rank } else { Mode::Retrieve }))
+            .collect();
+        let latency = |i: u64| {
+            if i < 100 {
+                (i + 1) as f64
+            } else {
+                500.0 + 10.0 * (i - 100) as f64
+            }
+        };
+        let collected = || {
+            let mut out = ReplayOutput {
+                responses: (0..110).map(|i| response(i, latency(i))).collect(),
+                ..ReplayOutput::default()
+            };
+            out.summary.by_mode.rank.responses = 100;
+            out.summary.by_mode.retrieve.responses = 10;
+            out
+        };
+        let mut out = collected();
+        out.exact_latency_by_mode(&requests);
+        assert!(out.responses.is_empty(), "dropped");
+        let rank = out.summary.by_mode.rank.latency_ms.clone().unwrap();
+        assert_eq!(
+            rank,
+            LatencySummary {
+                p50: 50.0,
+                p95: 95.0,
+                p99: 99.0,
+                max: 100.0
+            }
+        );
+        let retrieve = out.summary.by_mode.retrieve.latency_ms.clone().unwrap();
+        assert_eq!(
+            (retrieve.p50, retrieve.p99, retrieve.max),
+            (540.0, 590.0, 590.0)
+        );
+        // The run's: 110 responses, nearest rank (the 109th is 580).
+        assert_eq!(out.summary.latency_ms.p50, 55.0);
+        assert_eq!(out.summary.latency_ms.p99, 580.0);
+
+        // A response whose kind cannot be told: `by_mode` keeps what it had.
+        let mut unknown = requests.clone();
+        unknown[3].mode = Mode::Retrieve;
+        unknown.push(request(3, Mode::Rank));
+        let mut out = collected();
+        out.exact_latency_by_mode(&unknown);
+        assert_eq!(out.summary.by_mode.rank.latency_ms, None);
+        assert_eq!(out.summary.latency_ms.p99, 580.0, "the run's still exact");
+    }
+
+    /// A replay where every request is rank: the rank p99 is the run's.
+    #[test]
+    fn replay_of_rank_requests_only_has_rank_p99_equal_to_p99() {
+        let trace = grflow_traces::generate(&GenConfig {
+            regime: Regime::Steady,
+            users: 40,
+            items: 500,
+            requests: 200,
+            rps: 100.0,
+            seed: 3,
+            retrieve_share: 0.0,
+            ..GenConfig::default()
+        });
+        let requests = trace.requests.clone();
+        assert!(requests.iter().all(|r| r.mode == Mode::Rank));
+        let mut config = Config::embedded();
+        config.run.speed = "max".into();
+        let mut opts = ReplayOptions::new(TraceInput::Memory(Arc::new(trace)), config);
+        opts.responses = ResponseOutput::Collect;
+        let mut out = super::replay(opts).unwrap();
+        assert_eq!(out.responses.len(), 200);
+        out.exact_latency_by_mode(&requests);
+        let s = &out.summary;
+        let rank = s.by_mode.rank.latency_ms.as_ref().unwrap();
+        assert_eq!(rank, &s.latency_ms, "{s:?}");
+        assert_eq!(s.by_mode.retrieve.latency_ms, None);
+    }
 
     #[test]
     fn error_positions_sort_by_their_numbers() {

@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use grflow_connectors::kafka::{
-    KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, SendError, StartPosition,
-    delete_topics, ensure_topics,
+    KafkaClientError, KafkaSettings, OutputProducer, RecordId, Refetch, RequestConsumer, SendError,
+    StartPosition, WireResponse, delete_topics, ensure_topics,
 };
 use grflow_kernels::bench::gemm_peak_gflops;
 use grflow_kernels::cost::machine_name;
-use grflow_pipeline::{Config, ReplayOptions, ServeOptions, TraceInput};
+use grflow_pipeline::{Config, ReplayOptions, ServeError, ServeOptions, ServeSummary, TraceInput};
 use grflow_traces::{Mode, Regime, WriteOptions, generate, write_trace};
 use serde::Serialize;
 
@@ -63,14 +63,23 @@ struct KafkaBench {
     parquet_rps: f64,
     /// kafka_rps / parquet_rps.
     throughput_ratio: f64,
-    /// Consumption to hand-off to the producer (what the job adds).
+    /// Consumption to hand-off to the producer (what the job adds): the
+    /// served answers' own `latency_ms`, over the `requests` answers read
+    /// back (not the warm-up requests'), exact.
     kafka_p99_ms: f64,
-    /// Admission to response, Parquet replay.
+    /// Parquet replay: each request's due time (its event time at the
+    /// offered rate) to its response, over the `requests`, exact.
     parquet_p99_ms: f64,
     /// kafka_p99_ms / parquet_p99_ms.
     p99_ratio: f64,
-    /// Produce call to the response read back from the broker.
+    /// Produce call to the response read back from the broker (served
+    /// answers, warm-ups excluded).
     kafka_end_to_end_p99_ms: f64,
+    /// Requests answered with an error record (shed, stale, unservable)
+    /// through Kafka and in the Parquet replay: none of the latencies
+    /// above count them.
+    kafka_errors: u64,
+    parquet_errors: u64,
     workers: usize,
     partitions: i32,
     brokers: String,
@@ -161,7 +170,19 @@ fn run_both(
         ..KafkaSettings::default()
     };
     let timeout = Duration::from_secs(10);
-    ensure_topics(
+    // The bench's topics hold its records: deleted however the run ends,
+    // those of a creation that failed part way too. Made first, so that it
+    // drops last: after the serve job is stopped and joined below.
+    let mut topics = BenchTopics {
+        settings: settings.clone(),
+        topics: vec![
+            k.request_topic.clone(),
+            k.response_topic.clone(),
+            k.dead_letter_topic.clone(),
+        ],
+        held: Held::Part,
+    };
+    let created = ensure_topics(
         &settings,
         &[
             (k.request_topic.as_str(), args.partitions),
@@ -170,17 +191,16 @@ fn run_both(
         ],
         k.replication_factor,
         timeout,
-    )
-    .with_context(|| format!("bench kafka: creating its topics on {brokers}"))?;
-    // The bench's topics hold its records: deleted however the run ends.
-    let _cleanup = BenchTopics {
-        settings: settings.clone(),
-        topics: vec![
-            k.request_topic.clone(),
-            k.response_topic.clone(),
-            k.dead_letter_topic.clone(),
-        ],
+    );
+    topics.held = match &created {
+        Ok(()) => Held::All,
+        // The broker refused one: those before it may exist.
+        Err(KafkaClientError::CreateTopic { .. }) => Held::Part,
+        // No broker answered (or none was asked): nothing to delete, and a
+        // deletion would wait as long again.
+        Err(_) => Held::Nothing,
     };
+    created.with_context(|| format!("bench kafka: creating its topics on {brokers}"))?;
 
     // The topics exist: the broker answers, so the Parquet half is not
     // spent on a run that cannot finish. Parquet first: it warms nothing
@@ -189,37 +209,115 @@ fn run_both(
         "replaying {} requests from Parquet at {} rps...",
         args.requests, args.rps
     );
-    let replayed = grflow_pipeline::replay(ReplayOptions {
+    let mut replayed = grflow_pipeline::replay(ReplayOptions {
         trace: TraceInput::Parquet(dir.clone()),
         config: config.clone(),
         show_progress: false,
-        responses: grflow_pipeline::replay::ResponseOutput::Drop,
+        // Exact percentiles, as the Kafka side's below (the summary's are
+        // the upper edges of 1%-wide histogram buckets).
+        responses: grflow_pipeline::replay::ResponseOutput::Collect,
         counters: None,
         commands: Vec::new(),
         oracle_step: None,
         stop: None,
     })
     .context("Parquet replay")?;
+    replayed.exact_latency();
     let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;
     let parquet_p99_ms = replayed.summary.latency_ms.p99;
     eprintln!("serving the same trace through Kafka at {brokers}...");
-    let (request_topic, response_topic) = (k.request_topic.clone(), k.response_topic.clone());
+    let topic_names = (k.request_topic.clone(), k.response_topic.clone());
 
     let stop = Arc::new(AtomicBool::new(false));
     let serve_stop = stop.clone();
     let job = std::thread::spawn(move || {
         grflow_pipeline::serve(ServeOptions::new(serve_cfg), serve_stop)
     });
+    let offered = offer(args, &settings, trace, &topic_names, &job);
+    // However that ended (an error, a timeout), the job stops and is
+    // joined before its topics are deleted.
+    stop.store(true, Ordering::Relaxed);
+    let served = match join_within(job, JOB_STOP_WAIT) {
+        Ok(Ok(summary)) => Ok(summary),
+        Ok(Err(e)) => Err(anyhow::Error::new(e).context("the serve job")),
+        Err(JoinFailed::Panicked) => Err(anyhow::anyhow!("the serve thread panicked")),
+        Err(JoinFailed::Running) => {
+            // Deleted under a running job, they could be created again.
+            topics.held = Held::InUse;
+            Err(anyhow::anyhow!(
+                "the serve job did not stop within {} s of being asked",
+                JOB_STOP_WAIT.as_secs()
+            ))
+        }
+    };
+    let (m, _summary) = match (offered, served) {
+        (Ok(m), Ok(s)) => (m, s),
+        (Err(e), Ok(_)) => return Err(e),
+        (Ok(_), Err(j)) => return Err(j),
+        (Err(e), Err(j)) => return Err(anyhow::anyhow!("{e:#} ({j:#})")),
+    };
+    let kafka_rps = trace.requests.len() as f64 / m.wall_s;
+    let kafka_p99_ms = p99(m.job_ms);
+    Ok(KafkaBench {
+        requests: args.requests,
+        offered_rps: args.rps,
+        kafka_rps,
+        parquet_rps,
+        throughput_ratio: kafka_rps / parquet_rps,
+        kafka_p99_ms,
+        parquet_p99_ms,
+        p99_ratio: kafka_p99_ms / parquet_p99_ms,
+        kafka_end_to_end_p99_ms: p99(m.end_to_end_ms),
+        kafka_errors: m.errors,
+        parquet_errors: replayed.summary.errors,
+        workers: args.workers,
+        partitions: args.partitions,
+        brokers: brokers.to_string(),
+        librdkafka: args.librdkafka.iter().cloned().collect(),
+        machine: machine_name(),
+        // After both runs, so that it disturbs neither.
+        gemm_gflops: gemm_peak_gflops(),
+    })
+}
+
+/// How long the bench waits for the serve job to stop once asked.
+const JOB_STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// What the Kafka half measured of the trace's requests (the warm-ups
+/// left out).
+struct Offered {
+    /// First request offered to last answer read back, seconds.
+    wall_s: f64,
+    /// The served answers' own `latency_ms`: consumption to hand-off to
+    /// the producer, inside the job.
+    job_ms: Vec<f64>,
+    /// The served answers' produce call to answer read back, ms.
+    end_to_end_ms: Vec<f64>,
+    /// Answers that were error records (no latency to rank).
+    errors: u64,
+}
+
+/// Warms the job up (one request per partition, answered), then offers
+/// the trace's requests at their due times and reads the answers back
+/// until every request is answered.
+fn offer(
+    args: &Args,
+    settings: &KafkaSettings,
+    trace: &grflow_traces::Trace,
+    (request_topic, response_topic): &(String, String),
+    job: &std::thread::JoinHandle<Result<ServeSummary, ServeError>>,
+) -> anyhow::Result<Offered> {
+    let timeout = Duration::from_secs(10);
     let all: Vec<i32> = (0..args.partitions).collect();
     let (tail, _) = RequestConsumer::open(
-        &settings,
-        &response_topic,
+        settings,
+        response_topic,
         &all,
         StartPosition::Earliest,
         Refetch::FromCommitted,
         timeout,
     )?;
-    let producer = OutputProducer::new(&settings, Arc::new(|_| {}))?;
+    let producer = OutputProducer::new(settings, Arc::new(|_| {}))?;
     let origin = trace.requests.first().map_or(0, |r| r.ts_ms);
     let total = trace.requests.len();
     let request_body = |req_id: u64, r: &grflow_traces::Request| {
@@ -229,12 +327,12 @@ fn run_both(
             "mode": match r.mode { Mode::Rank => "rank", Mode::Retrieve => "retrieve" },
         }))
     };
+    let ended_early = || anyhow::anyhow!("the serve job ended before the bench was done");
     // Offer load only once the job answers on every partition: a fixed
     // sleep was sometimes shorter than the consumer group's join, and the
     // requests produced meanwhile arrived as one burst whose queue set the
     // whole run's p99 (the first 5 s window had p99 88 ms, later ones 4-5).
-    // The warm-up requests (req_id >= total) count in the job's summary but
-    // not in the end-to-end figure.
+    // The warm-up requests (req_id >= total) are in none of the figures.
     if let Some(first) = trace.requests.first() {
         eprintln!("waiting for the job to answer on every partition...");
         for p in 0..args.partitions {
@@ -243,13 +341,15 @@ fn run_both(
                 offset: -1 - p as i64,
             };
             let req_id = (total + p as usize) as u64;
-            producer.send_to(&request_topic, p, &request_body(req_id, first)?, id)?;
+            producer.send_to(request_topic, p, &request_body(req_id, first)?, id)?;
         }
         let ready_by = Instant::now() + Duration::from_secs(120);
         let mut warm = HashSet::new();
         while warm.len() < args.partitions as usize {
+            if job.is_finished() {
+                return Err(ended_early());
+            }
             if Instant::now() > ready_by {
-                stop.store(true, Ordering::Relaxed);
                 bail!(
                     "the job answered {} of {} warm-up requests in 120 s",
                     warm.len(),
@@ -257,24 +357,30 @@ fn run_both(
                 );
             }
             while let Some(record) = tail.poll(Duration::from_millis(10)) {
-                let v: serde_json::Value =
-                    serde_json::from_slice(&record?.payload.unwrap_or_default())?;
-                if let Some(req) = v["req_id"].as_u64().filter(|&r| r >= total as u64) {
-                    warm.insert(req);
+                let answer = read_answer(record?.payload)?;
+                if answer.req_id >= total as u64 {
+                    warm.insert(answer.req_id);
                 }
             }
         }
     }
     let started = Instant::now();
-    let mut sent_at = vec![Duration::ZERO; trace.requests.len()];
+    let mut sent_at = vec![Duration::ZERO; total];
     let mut answered = HashSet::new();
-    let mut end_to_end = Vec::with_capacity(trace.requests.len());
+    let mut m = Offered {
+        wall_s: 0.0,
+        job_ms: Vec::with_capacity(total),
+        end_to_end_ms: Vec::with_capacity(total),
+        errors: 0,
+    };
     let mut last_answer = started;
     let mut next = 0;
     let deadline = Duration::from_secs_f64(args.requests as f64 / args.rps * 3.0 + 120.0);
     while answered.len() < total {
+        if job.is_finished() {
+            return Err(ended_early());
+        }
         if started.elapsed() > deadline {
-            stop.store(true, Ordering::Relaxed);
             bail!(
                 "only {} of {total} answered after {:.0} s",
                 answered.len(),
@@ -294,7 +400,7 @@ fn run_both(
                 partition,
                 offset: next as i64,
             };
-            match producer.send_to(&request_topic, partition, &payload, id) {
+            match producer.send_to(request_topic, partition, &payload, id) {
                 Ok(()) => {
                     sent_at[next] = started.elapsed();
                     next += 1;
@@ -303,44 +409,55 @@ fn run_both(
                 Err(e) => return Err(e.into()),
             }
         }
-        // Read back what was answered.
+        // Read back what was answered: the first answer to each of the
+        // trace's requests (not a warm-up's, not a repeat).
         while let Some(record) = tail.poll(Duration::from_millis(1)) {
-            let record = record?;
-            let v: serde_json::Value = serde_json::from_slice(&record.payload.unwrap_or_default())?;
-            let req = v["req_id"].as_u64().context("response without req_id")? as usize;
+            let answer = read_answer(record?.payload)?;
+            let req = answer.req_id as usize;
             if req < total && answered.insert(req) {
-                end_to_end.push((started.elapsed() - sent_at[req]).as_secs_f64() * 1e3);
+                // As the job's summary: an error record is no latency.
+                match answer.error {
+                    Some(_) => m.errors += 1,
+                    None => {
+                        m.end_to_end_ms
+                            .push((started.elapsed() - sent_at[req]).as_secs_f64() * 1e3);
+                        m.job_ms.push(answer.latency_ms);
+                    }
+                }
                 last_answer = Instant::now();
             }
         }
     }
-    let kafka_wall = last_answer.duration_since(started).as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let summary = job
-        .join()
-        .map_err(|_| anyhow::anyhow!("serve thread panicked"))??;
-    let kafka_rps = total as f64 / kafka_wall;
-    let kafka_p99_ms = summary.latency_ms.p99;
-    end_to_end.sort_by(f64::total_cmp);
-    let e2e_p99 = end_to_end[((end_to_end.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)];
-    Ok(KafkaBench {
-        requests: args.requests,
-        offered_rps: args.rps,
-        kafka_rps,
-        parquet_rps,
-        throughput_ratio: kafka_rps / parquet_rps,
-        kafka_p99_ms,
-        parquet_p99_ms,
-        p99_ratio: kafka_p99_ms / parquet_p99_ms,
-        kafka_end_to_end_p99_ms: e2e_p99,
-        workers: args.workers,
-        partitions: args.partitions,
-        brokers: brokers.to_string(),
-        librdkafka: args.librdkafka.iter().cloned().collect(),
-        machine: machine_name(),
-        // After both runs, so that it disturbs neither.
-        gemm_gflops: gemm_peak_gflops(),
-    })
+    m.wall_s = last_answer.duration_since(started).as_secs_f64();
+    Ok(m)
+}
+
+fn read_answer(payload: Option<Vec<u8>>) -> anyhow::Result<WireResponse> {
+    serde_json::from_slice(&payload.unwrap_or_default())
+        .context("an answer on the response topic that is not a response record")
+}
+
+/// The nearest-rank p99 (0 of none).
+fn p99(latencies: Vec<f64>) -> f64 {
+    grflow_pipeline::summary::LatencySummary::from_unsorted(latencies).p99
+}
+
+enum JoinFailed {
+    Panicked,
+    /// Still running when the wait ran out (left detached).
+    Running,
+}
+
+/// Joins `thread` if it ends within `wait`.
+fn join_within<T>(thread: std::thread::JoinHandle<T>, wait: Duration) -> Result<T, JoinFailed> {
+    let until = Instant::now() + wait;
+    while !thread.is_finished() {
+        if Instant::now() >= until {
+            return Err(JoinFailed::Running);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    thread.join().map_err(|_| JoinFailed::Panicked)
 }
 
 /// Deletes the bench's topics when dropped; a broker that refuses (or
@@ -348,14 +465,42 @@ fn run_both(
 struct BenchTopics {
     settings: KafkaSettings,
     topics: Vec<String>,
+    held: Held,
+}
+
+/// Which of its topics the bench holds on the broker.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Held {
+    /// Every one: deleted.
+    All,
+    /// Perhaps some (their creation failed part way): deleted, and a
+    /// refusal may be about one never created.
+    Part,
+    /// None: the broker was not reached.
+    Nothing,
+    /// Every one, and a serve job that did not stop still uses them: left
+    /// (and named), since a deleted topic could be created again by it.
+    InUse,
 }
 
 impl Drop for BenchTopics {
     fn drop(&mut self) {
         let names: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        let after = match self.held {
+            Held::Nothing => return,
+            Held::InUse => {
+                eprintln!(
+                    "note: the bench's topics {} were not deleted: the serve job was still running",
+                    names.join(", ")
+                );
+                return;
+            }
+            Held::All => "",
+            Held::Part => " (their creation failed part way: some may not exist)",
+        };
         if let Err(e) = delete_topics(&self.settings, &names, Duration::from_secs(5)) {
             eprintln!(
-                "note: the bench's topics {} were not deleted: {e}",
+                "note: the bench's topics {} were not deleted{after}: {e}",
                 names.join(", ")
             );
         }

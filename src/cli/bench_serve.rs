@@ -88,7 +88,8 @@ struct LoadPoint {
     p50_ms: f64,
     p99_ms: f64,
     /// The p99 of each request kind: which one makes the tail (null for a
-    /// kind with no response, e.g. `--retrieve-share 0`).
+    /// kind with no response, e.g. `--retrieve-share 0`). Exact, like
+    /// `p99_ms` (nearest rank over that kind's responses).
     rank_p99_ms: Option<f64>,
     retrieve_p99_ms: Option<f64>,
     errors: u64,
@@ -601,7 +602,10 @@ fn replay(trace: &Arc<Trace>, config: Config) -> anyhow::Result<Summary> {
         stop: None,
     })
     .context("replay")?;
-    out.exact_latency();
+    // Each kind's p99 exact too (joined to the trace by req_id), so that a
+    // point's rank_p99_ms and retrieve_p99_ms compare with its p99_ms and
+    // the SLO.
+    out.exact_latency_by_mode(&trace.requests);
     Ok(out.summary)
 }
 

@@ -29,11 +29,13 @@ pub struct AnswerReport {
     pub unanswered_examples: Vec<u64>,
     /// Answers to a request already answered (a restart of the job).
     pub repeated_answers: u64,
-    /// Sent to answer read back, milliseconds.
+    /// Sent to answer read back, milliseconds, of the served answers: an
+    /// error record has no latency to rank (it counts in `errors`), as in
+    /// the job's own summary.
     pub latency_ms: LatencyMs,
     /// Inside the job (consumed to answered: the answers' own
-    /// `latency_ms`); the rest of `latency_ms` is the brokers' and the
-    /// clients' share.
+    /// `latency_ms`), of the served answers; the rest of `latency_ms` is
+    /// the brokers' and the clients' share.
     pub job_latency_ms: LatencyMs,
 }
 
@@ -57,10 +59,14 @@ pub struct AnswerLedger {
     waiting_count: usize,
     /// req_id → ts_ms of the answered ones, to tell a repeat from a stranger.
     answered: RecentIds<u64>,
+    /// Latencies of the served answers (error records have none).
     latencies_ms: LatencyHistogram,
     job_latencies_ms: LatencyHistogram,
-    /// End-to-end latencies since the last [`Self::take_recent`].
+    /// End-to-end latencies of the served answers since the last
+    /// [`Self::take_recent`].
     recent_ms: LatencyHistogram,
+    /// Answers matched to a send: served ones and error records.
+    matched: u64,
     served: u64,
     errors: BTreeMap<String, u64>,
     repeated: u64,
@@ -75,6 +81,7 @@ impl Default for AnswerLedger {
             latencies_ms: LatencyHistogram::default(),
             job_latencies_ms: LatencyHistogram::default(),
             recent_ms: LatencyHistogram::default(),
+            matched: 0,
             served: 0,
             errors: BTreeMap::new(),
             repeated: 0,
@@ -108,13 +115,17 @@ impl AnswerLedger {
         match self.take_sent(r.req_id, ts_ms) {
             Some(sent_ns) => {
                 self.answered.observe(r.req_id, ts_ms);
-                let ms = at_ns.saturating_sub(sent_ns) as f64 / 1e6;
-                self.latencies_ms.record(ms);
-                self.recent_ms.record(ms);
-                self.job_latencies_ms.record(r.latency_ms);
+                self.matched += 1;
                 match &r.error {
+                    // A miss, not a latency: as the job's summary counts it.
                     Some(e) => *self.errors.entry(e.kind.clone()).or_default() += 1,
-                    None => self.served += 1,
+                    None => {
+                        self.served += 1;
+                        let ms = at_ns.saturating_sub(sent_ns) as f64 / 1e6;
+                        self.latencies_ms.record(ms);
+                        self.recent_ms.record(ms);
+                        self.job_latencies_ms.record(r.latency_ms);
+                    }
                 }
             }
             _ if self.answered.get(r.req_id) == Some(ts_ms) => self.repeated += 1,
@@ -126,7 +137,7 @@ impl AnswerLedger {
         self.waiting_count
     }
 
-    /// The end-to-end latencies recorded since the last call.
+    /// The end-to-end latencies of the answers served since the last call.
     pub fn take_recent(&mut self) -> LatencyHistogram {
         std::mem::take(&mut self.recent_ms)
     }
@@ -137,7 +148,7 @@ impl AnswerLedger {
         unanswered.truncate(5);
         AnswerReport {
             response_topic: response_topic.to_string(),
-            answered: self.latencies_ms.count(),
+            answered: self.matched,
             served: self.served,
             errors: self.errors.clone(),
             unanswered: self.waiting_count as u64,
@@ -224,15 +235,38 @@ mod tests {
         assert_eq!(r.unanswered, 1);
         assert_eq!(r.unanswered_examples, vec![3]);
         assert_eq!(r.repeated_answers, 1);
-        // Latencies 3, 4 and 10 ms (quantiles within the histogram's 1%).
+        // Latencies 3 and 10 ms; the shed answer's 4 is none (quantiles
+        // within the histogram's 1%).
         assert!(
-            (4.0..4.04).contains(&r.latency_ms.p50),
+            (3.0..3.03).contains(&r.latency_ms.p50),
             "{:?}",
             r.latency_ms
         );
         assert_eq!(r.latency_ms.max, 10.0);
-        assert_eq!(l.take_recent().count(), 3);
+        assert_eq!(l.take_recent().count(), 2);
         assert_eq!(l.take_recent().count(), 0, "taken");
+    }
+
+    /// An error record counts as an answer and an error, not as a latency,
+    /// end to end or in the job (as the job's summary).
+    #[test]
+    fn error_records_are_no_latency() {
+        let mut l = AnswerLedger::default();
+        for id in 0..100 {
+            l.sent(id, id, 0);
+        }
+        for id in 0..99 {
+            l.answer(&response(id, id, None), 1_000_000);
+        }
+        let mut shed = response(99, 99, Some("shed"));
+        shed.latency_ms = 500.0;
+        l.answer(&shed, 500_000_000);
+        let r = l.report("out");
+        assert_eq!((r.answered, r.served, r.unanswered), (100, 99, 0));
+        assert_eq!(r.errors, BTreeMap::from([("shed".to_string(), 1)]));
+        assert_eq!(r.latency_ms.max, 1.0, "{:?}", r.latency_ms);
+        assert_eq!(r.job_latency_ms.max, 1.0, "{:?}", r.job_latency_ms);
+        assert_eq!(l.take_recent().max_ms(), 1.0);
     }
 
     #[test]

@@ -305,7 +305,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     Some(_) => {
                         let recent = ledger.take_recent();
                         format!(
-                            ", {} awaiting an answer; last 5 s: {} answered, end-to-end p99 {:.1} ms",
+                            ", {} awaiting an answer; last 5 s: {} served, end-to-end p99 {:.1} ms",
                             ledger.waiting(),
                             recent.count(),
                             recent.quantile(0.99)
