@@ -442,7 +442,8 @@ mod tests {
     #[test]
     fn a_config_that_cannot_train_is_refused_naming_its_field() {
         assert!(TrainConfig::defaults(1).validate().is_ok());
-        let cases: [(&str, fn(&mut TrainConfig)); 5] = [
+        type Break = fn(&mut TrainConfig);
+        let cases: [(&str, Break); 5] = [
             ("batch_users", |c| c.batch_users = 0),
             ("patience", |c| c.patience = 0),
             ("max_history", |c| c.max_history = 0),

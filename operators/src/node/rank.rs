@@ -92,13 +92,17 @@ impl ServingNode {
         history: &[u32],
         catalog: &dyn ItemCatalog,
     ) -> Result<Served, ServeError> {
-        self.serve_rank_batch(now_ms, &[RankWork {
+        self.serve_rank_batch(
+            now_ms,
+            &[RankWork {
                 req,
                 history,
                 cut_before: false,
-            }], catalog)
-            .pop()
-            .expect("one request, one result")
+            }],
+            catalog,
+        )
+        .pop()
+        .expect("one request, one result")
     }
 
     /// Serves several rank requests at event time `now_ms` with batched

@@ -65,13 +65,18 @@ impl ServingNode {
         catalog: &dyn ItemCatalog,
         index: &RetrievalIndex,
     ) -> Result<Served, ServeError> {
-        self.serve_retrieve_batch(now_ms, &[RetrieveWork {
+        self.serve_retrieve_batch(
+            now_ms,
+            &[RetrieveWork {
                 req,
                 history,
                 cut_before: false,
-            }], catalog, index)
-            .pop()
-            .expect("one request, one result")
+            }],
+            catalog,
+            index,
+        )
+        .pop()
+        .expect("one request, one result")
     }
 
     /// Serves retrieve requests together: planned and reserved in order,
