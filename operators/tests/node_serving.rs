@@ -684,9 +684,10 @@ fn a_virtual_node_reports_the_tokens_it_has_not_answered_as_its_load() {
     let r = node.report(10);
     assert_eq!(r.inflight_tokens, f64::from(a.seq_len + b.seq_len), "{r:?}");
     assert_eq!(r.token_capacity, params().token_capacity);
-    // Drained at the rate the cost model was charged: computed tokens
-    // over 6 ms.
-    let rate = node.counters().computed_tokens as f64 / 6.0;
+    // Drained at the rate the cost model was charged, in the tokens the
+    // load counts (whole requests, as a router counts its dispatches):
+    // both requests' tokens over their 6 ms.
+    let rate = f64::from(a.seq_len + b.seq_len) / 6.0;
     assert!((r.service_tokens_per_ms - rate).abs() < 1e-9, "{r:?}");
     assert!(10.0 + a.modelled_latency_ms < 14.0 && 10.0 + b.modelled_latency_ms > 15.0);
     assert_eq!(node.report(14).inflight_tokens, f64::from(b.seq_len));
