@@ -85,7 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_not_a_model(&args.out)?;
     // A Burst trace too short for a burst is written (tests and small
     // replays use them) but is statistically Steady: say so.
-    if let Some(warning) = cfg.burst_warning() {
+    if let Some(warning) = cfg.burst_warning(&grflow_traces::generate::GEN_TRACE_FLAGS) {
         eprintln!("{warning}");
     }
     // Removed again if the run fails: no empty or half-written trace.

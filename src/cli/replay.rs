@@ -151,16 +151,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     gen_cfg.candidates, config.model.max_candidates
                 )));
             }
-            if gen_cfg.no_burst_fits() && !args.quiet {
-                eprintln!(
-                    "warning: trace.regime = \"burst\": trace.requests {} at trace.rps {} span \
-                     {:.1} s of event time, less than the {} s a burst needs, so the trace \
-                     holds no burst; raise trace.requests or lower trace.rps",
-                    gen_cfg.requests,
-                    gen_cfg.rps,
-                    gen_cfg.requests as f64 / gen_cfg.rps,
-                    grflow_traces::generate::MIN_BURST_SPAN_S
-                );
+            let keys = grflow_traces::generate::BurstSettingNames {
+                regime: "trace.regime = \"burst\"",
+                requests: "trace.requests",
+                rps: "trace.rps",
+            };
+            if let Some(warning) = gen_cfg.burst_warning(&keys)
+                && !args.quiet
+            {
+                eprintln!("{warning}");
             }
             TraceInput::Memory(Arc::new(grflow_traces::generate(&gen_cfg)))
         }

@@ -255,14 +255,21 @@ impl GenConfig {
             && latest_short_burst(self.requests as f64 / self.rps).is_none()
     }
 
-    /// The warning `gen-trace` prints for a Burst config without room for a
-    /// burst (see [`GenConfig::no_burst_fits`]); `None` otherwise.
-    pub fn burst_warning(&self) -> Option<String> {
+    /// The warning for a Burst config without room for a burst (see
+    /// [`GenConfig::no_burst_fits`]), naming the settings as the caller's
+    /// user writes them ([`GEN_TRACE_FLAGS`], or a config's keys); `None`
+    /// otherwise.
+    pub fn burst_warning(&self, names: &BurstSettingNames) -> Option<String> {
+        let BurstSettingNames {
+            regime,
+            requests,
+            rps,
+        } = names;
         self.no_burst_fits().then(|| {
             format!(
-                "warning: --regime burst: --requests {} at --rps {} span {:.1} s of event time, \
+                "warning: {regime}: {requests} {} at {rps} {} span {:.1} s of event time, \
                  less than the {MIN_BURST_SPAN_S} s a burst needs, so the trace holds no burst \
-                 (its source says \"no burst fits\"); raise --requests or lower --rps",
+                 (its source says \"no burst fits\"); raise {requests} or lower {rps}",
                 self.requests,
                 self.rps,
                 self.requests as f64 / self.rps
@@ -275,6 +282,21 @@ impl GenConfig {
         table_rows(self.items, self.tables)
     }
 }
+
+/// How a burst warning names the regime, request count and rate settings.
+#[derive(Clone, Copy, Debug)]
+pub struct BurstSettingNames {
+    pub regime: &'static str,
+    pub requests: &'static str,
+    pub rps: &'static str,
+}
+
+/// `gen-trace`'s flags.
+pub const GEN_TRACE_FLAGS: BurstSettingNames = BurstSettingNames {
+    regime: "--regime burst",
+    requests: "--requests",
+    rps: "--rps",
+};
 
 /// Refuses a catalog of more than [`MAX_FEATURE_IDS`] feature ids (items ×
 /// tables), held in memory up front; the error names `--tables`. Shared by
@@ -939,7 +961,7 @@ mod tests {
             source.ends_with(": no burst fits (25.0 s of event time, a burst needs 42 s)"),
             "{source}"
         );
-        let warning = short.burst_warning().unwrap();
+        let warning = short.burst_warning(&GEN_TRACE_FLAGS).unwrap();
         for part in [
             "--regime burst",
             "--requests 5000",
@@ -961,7 +983,7 @@ mod tests {
             },
         ] {
             assert!(!cfg.no_burst_fits());
-            assert_eq!(cfg.burst_warning(), None);
+            assert_eq!(cfg.burst_warning(&GEN_TRACE_FLAGS), None);
             assert!(!generate(&cfg).meta.unwrap().source.contains("burst fits"));
         }
         // The threshold is the schedule's own, whatever the seed.
