@@ -498,6 +498,14 @@ mod tests {
 
     /// Epochs of rank requests from a few returning users with long
     /// histories (so KV reuse and EMB hits both matter).
+    /// [`batches`] of `epoch`, each `delay_ms` later (an epoch whose first
+    /// batch comes well after its start).
+    fn batches_after(epoch: u64, n: u64, delay_ms: u64) -> Vec<RecordedBatch> {
+        let mut late = batches(epoch, n);
+        late.iter_mut().for_each(|b| b.now_ms += delay_ms);
+        late
+    }
+
     fn batches(epoch: u64, n: u64) -> Vec<RecordedBatch> {
         (0..n)
             .map(|i| {
@@ -762,8 +770,7 @@ mod tests {
         // epoch's first batch comes 199 ms later, the refill running
         // meanwhile on the idle link.
         command(&mut run, &mut rec, 1001, 0.7, &catalog, &index);
-        for mut batch in batches(1, 40) {
-            batch.now_ms += 200;
+        for batch in batches_after(1, 40, 200) {
             serve(&mut run, &mut rec, batch, &catalog, &index);
         }
         let o = rec.open.as_ref().unwrap();
@@ -815,13 +822,7 @@ mod tests {
         // No command in epoch 1: its grid replay at 0.7 is the run that
         // moved there at 1001 ms (the allocator's time), not one that
         // moved at the first batch.
-        let late: Vec<RecordedBatch> = batches(1, 40)
-            .into_iter()
-            .map(|mut b| {
-                b.now_ms += 200;
-                b
-            })
-            .collect();
+        let late = batches_after(1, 40, 200);
         let mut moved = run.snapshot().unwrap();
         for batch in late.clone() {
             serve(&mut run, &mut rec, batch, &catalog, &index);
