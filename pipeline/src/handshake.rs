@@ -265,15 +265,13 @@ pub struct Digest(u64);
 
 impl Default for Digest {
     fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
+        Self(grflow_connectors::kafka::assign::FNV1A64_BASIS)
     }
 }
 
 impl Digest {
     pub fn bytes(&mut self, bytes: &[u8]) {
-        self.0 = bytes.iter().fold(self.0, |h, &b| {
-            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-        });
+        self.0 = grflow_connectors::kafka::assign::fnv1a64_extend(self.0, bytes);
     }
 
     /// `value` as JSON, as [`digest`] writes it.

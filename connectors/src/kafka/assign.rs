@@ -6,7 +6,16 @@
 
 /// FNV-1a, 64-bit (offset basis 0xcbf29ce484222325, prime 0x100000001b3).
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+    fnv1a64_extend(FNV1A64_BASIS, bytes)
+}
+
+/// FNV-1a's 64-bit offset basis: the hash of no bytes.
+pub const FNV1A64_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a of the bytes hashed to `h` so far followed by `bytes`: a value
+/// hashed in pieces hashes as its bytes at once.
+pub fn fnv1a64_extend(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
