@@ -13,9 +13,17 @@
 //! Ids are numbers; a non-numeric token becomes a stable 64-bit hash of its
 //! text (and then orders by that hash). Mooncake accesses also carry their
 //! place in the line's prompt (a predictor feature).
+//!
+//! Lines and CSV fields are split by the importer's helpers, so a file reads
+//! here as `grflow import` reads it: a leading UTF-8 byte order mark is
+//! skipped, CRLF line ends are accepted and `ratings.csv` fields may be
+//! double-quoted.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::str::FromStr;
+
+use crate::import::{fnv1a, lines, split_csv};
 
 /// A key stream's source format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,10 +104,10 @@ pub fn parse_stream(
     let stream = match format {
         KeyFormat::Mooncake => mooncake(text, file)?,
         KeyFormat::Recbole => {
-            ratings(text, file, '\t', ["user_id", "item_id", "timestamp"])?.into()
+            ratings(text, file, split_tabs, ["user_id", "item_id", "timestamp"])?.into()
         }
         KeyFormat::Movielens => {
-            ratings(text, file, ',', ["userId", "movieId", "timestamp"])?.into()
+            ratings(text, file, split_csv, ["userId", "movieId", "timestamp"])?.into()
         }
         KeyFormat::Seq => seq(text, file)?.into(),
     };
@@ -131,21 +139,15 @@ fn err(file: &str, line: usize, field: &str, msg: impl Into<String>) -> KeyStrea
 
 /// A numeric id, or a stable FNV-1a hash of a textual token.
 fn id(token: &str) -> u64 {
-    token.parse::<u64>().unwrap_or_else(|_| {
-        token.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-        })
-    })
+    token
+        .parse::<u64>()
+        .unwrap_or_else(|_| fnv1a(token.as_bytes()))
 }
 
 fn mooncake(text: &str, file: &str) -> Result<KeyStream, KeyStreamError> {
     let mut keys = Vec::new();
     let mut places = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
+    for (n, line) in lines(text) {
         let v: serde_json::Value = serde_json::from_str(line)
             .map_err(|e| err(file, n, "(record)", format!("not JSON: {e}")))?;
         let ids = v
@@ -172,35 +174,44 @@ fn mooncake(text: &str, file: &str) -> Result<KeyStream, KeyStreamError> {
     Ok(KeyStream { keys, places })
 }
 
+/// One line's fields, or the 0-based index of a bad field and why.
+type Fields<'a> = Result<Vec<Cow<'a, str>>, (usize, String)>;
+
+/// RecBole `.inter` fields: tab-separated, unquoted (as `import` reads them).
+fn split_tabs(line: &str) -> Fields<'_> {
+    Ok(line.split('\t').map(Cow::Borrowed).collect())
+}
+
 fn ratings(
     text: &str,
     file: &str,
-    sep: char,
+    split: fn(&str) -> Fields<'_>,
     names: [&str; 3],
 ) -> Result<Vec<u64>, KeyStreamError> {
-    let mut lines = text.lines().enumerate();
-    let (_, header) = lines.next().ok_or_else(|| KeyStreamError::Empty {
+    let mut it = lines(text);
+    let (hline, header) = it.next().ok_or_else(|| KeyStreamError::Empty {
         file: file.to_string(),
     })?;
+    let column = |col: usize| format!("column {}", col + 1);
     // RecBole headers carry types (`item_id:token`); match the name part.
-    let cols: Vec<&str> = header
-        .split(sep)
-        .map(|c| c.split(':').next().unwrap_or(c).trim())
+    let cols: Vec<String> = split(header)
+        .map_err(|(col, why)| err(file, hline, &column(col), why))?
+        .iter()
+        .map(|c| c.split(':').next().unwrap_or(c).trim().to_string())
         .collect();
     let mut at = [0usize; 3];
     for (slot, name) in at.iter_mut().zip(names) {
         *slot = cols
             .iter()
-            .position(|c| *c == name)
-            .ok_or_else(|| err(file, 1, name, "column missing from the header"))?;
+            .position(|c| c == name)
+            .ok_or_else(|| err(file, hline, name, "column missing from the header"))?;
     }
     let mut rows: Vec<(f64, u64, u64)> = Vec::new();
-    for (i, line) in lines {
-        let n = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = line.split(sep).collect();
+    for (n, line) in it {
+        let fields = split(line).map_err(|(col, why)| {
+            let field = cols.get(col).cloned().unwrap_or_else(|| column(col));
+            err(file, n, &field, why)
+        })?;
         let get = |k: usize| {
             fields
                 .get(at[k])
@@ -221,12 +232,11 @@ fn ratings(
 
 fn seq(text: &str, file: &str) -> Result<Vec<u64>, KeyStreamError> {
     let mut keys = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        let mut parts = line.split_whitespace();
-        let Some(_user) = parts.next() else { continue };
-        let item = parts
-            .next()
+    for (n, line) in lines(text) {
+        // `lines` skips blank lines, so field 0 (the user, not a key) exists.
+        let item = line
+            .split_whitespace()
+            .nth(1)
             .ok_or_else(|| err(file, n, "item", "missing"))?;
         keys.push(id(item));
     }
@@ -304,5 +314,83 @@ mod tests {
             "csv".parse::<KeyFormat>(),
             Err(KeyStreamError::Format(_))
         ));
+    }
+
+    /// The same text with a byte order mark and CRLF line ends.
+    fn bom_crlf(plain: &str) -> String {
+        format!("\u{feff}{}", plain.replace('\n', "\r\n"))
+    }
+
+    #[test]
+    fn bom_crlf_and_quoted_fields_read_as_the_plain_twin() {
+        // Used to fail: the mark made the header's first column
+        // "\u{feff}userId", and quotes became part of the ids.
+        let plain = "userId,movieId,rating,timestamp\n1,5,4.5,20\n1,6,4,10\nu,b,3,30\n";
+        let quoted = "\"userId\",movieId,\"rating\",timestamp\n\
+                      1,\"5\",\"4,5\",20\n\"1\", 6 ,4,\"10\"\n\"u\",\"b\",3,30\n";
+        let want = parse_stream(plain, KeyFormat::Movielens, "m").unwrap();
+        assert_eq!(want.keys[..2], [6, 5]);
+        assert_eq!(
+            parse_stream(&bom_crlf(quoted), KeyFormat::Movielens, "m").unwrap(),
+            want
+        );
+        for (format, plain) in [
+            (
+                KeyFormat::Recbole,
+                "user_id:token\titem_id:token\ttimestamp:float\n1\t2\t9\n1\t3\t8\n",
+            ),
+            (KeyFormat::Seq, "u1 4\nu1 5\nu2 x\n"),
+            (
+                KeyFormat::Mooncake,
+                "{\"hash_ids\":[3,1]}\n{\"hash_ids\":[7]}\n",
+            ),
+        ] {
+            assert_eq!(
+                parse_stream(&bom_crlf(plain), format, "f").unwrap(),
+                parse_stream(plain, format, "f").unwrap(),
+                "{format:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn textual_ids_hash_as_the_importer_does() {
+        let t = "userId,movieId,timestamp\n1,a,1\n1,\"foobar\",2\n";
+        assert_eq!(
+            parse_keys(t, KeyFormat::Movielens, "m").unwrap(),
+            vec![fnv1a(b"a"), fnv1a(b"foobar")]
+        );
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn bad_quoting_names_file_line_and_field() {
+        let e = parse_keys(
+            "userId,movieId,timestamp\n1,2,3\n1,\"2,3\n",
+            KeyFormat::Movielens,
+            "r.csv",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "r.csv:3: field movieId: quoted field has no closing quote"
+        );
+        let e = parse_keys("\"userId\"x,movieId\n", KeyFormat::Movielens, "r.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("r.csv:1: field column 1: text after the closing quote"),
+            "{e}"
+        );
+        // Line numbers count the blank lines that are skipped.
+        let e = parse_keys(
+            "\r\nuserId,item,timestamp\r\n",
+            KeyFormat::Movielens,
+            "r.csv",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(e, "r.csv:2: field movieId: column missing from the header");
     }
 }

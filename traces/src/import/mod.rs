@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 
 pub use build::build_trace;
 pub use parse::{RawEvents, parse_movielens, parse_recbole, parse_seq};
+// Shared with `keystream`, so `bench cache` reads a file as `import` does.
+pub(crate) use parse::{fnv1a, lines, split_csv};
 
 use crate::schema::Trace;
 

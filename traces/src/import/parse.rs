@@ -153,7 +153,9 @@ fn synthesize_timestamps(raw: &mut RawEvents, step_ms: u64) {
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
+/// FNV-1a, 64-bit: the crate's one stable hash of raw ids (also the key of
+/// textual ids in `keystream`), so a token hashes the same everywhere.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })
@@ -162,7 +164,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// Lines with their 1-based numbers, skipping blank lines. A UTF-8 byte
 /// order mark at the start (as spreadsheet tools write) is not part of the
 /// first field.
-fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+pub(crate) fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     text.lines()
         .enumerate()
@@ -262,7 +264,7 @@ pub fn parse_movielens(text: &str, file: &str) -> Result<RawEvents, ImportError>
 /// `1` and `2`, a comma inside quotes is text and `""` inside quotes is a
 /// quote. An unquoted field is taken as it stands. Errors give the 0-based
 /// field index and why (an unterminated quote, text after a closing one).
-fn split_csv(line: &str) -> Result<Vec<Cow<'_, str>>, (usize, String)> {
+pub(crate) fn split_csv(line: &str) -> Result<Vec<Cow<'_, str>>, (usize, String)> {
     let mut fields = Vec::new();
     let mut rest = line;
     loop {
@@ -330,6 +332,13 @@ pub fn parse_seq(text: &str, file: &str, untimed_step_ms: u64) -> Result<RawEven
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fnv1a_matches_published_vectors() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+    }
 
     #[test]
     fn recbole_reads_typed_header_columns() {
