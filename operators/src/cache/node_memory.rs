@@ -338,7 +338,8 @@ impl NodeMemory {
     // ---- user-prefix KV ----
 
     /// Longest cached prefix of `tokens` (whole blocks), pinned until
-    /// `kv_commit` or `kv_release`; counts reused and total tokens.
+    /// `kv_commit` (which counts reused and total tokens, once per served
+    /// request) or `kv_release`.
     pub fn kv_match(&mut self, tokens: &[u32]) -> PrefixMatch {
         self.user_kv.match_prefix(tokens)
     }
@@ -395,6 +396,13 @@ impl NodeMemory {
         self.kv_reclaimed_pages += back as u64;
         self.settle_boundary();
         (back, evicted)
+    }
+
+    /// First blocks of user prefixes evicted since the last call: every
+    /// sequence starting with one lost its whole cached prefix. The first
+    /// call starts the record (a cache nobody asks keeps none).
+    pub fn kv_take_evicted_heads(&mut self) -> Vec<Box<[u32]>> {
+        self.user_kv.take_evicted_roots()
     }
 
     /// After the forward: new full blocks of `tokens` join the radix index,

@@ -79,6 +79,10 @@ pub struct PrefixKvCache {
     /// path from the root, so every other block can be evicted, leaves
     /// first.
     pinned: usize,
+    /// Tokens of the root blocks evicted since the last
+    /// [`Self::take_evicted_roots`]; `None` until it is first called, so a
+    /// cache nobody asks keeps no record.
+    evicted_roots: Option<Vec<Box<[u32]>>>,
 }
 
 impl PrefixKvCache {
@@ -97,6 +101,7 @@ impl PrefixKvCache {
             total_tokens: 0,
             collisions: 0,
             pinned: 0,
+            evicted_roots: None,
         }
     }
 
@@ -111,6 +116,7 @@ impl PrefixKvCache {
             total_tokens: self.total_tokens,
             collisions: self.collisions,
             pinned: self.pinned,
+            evicted_roots: self.evicted_roots.clone(),
         })
     }
 
@@ -128,7 +134,8 @@ impl PrefixKvCache {
         self.blocks.len() - self.pinned
     }
 
-    /// (reused tokens, total tokens) over every match so far.
+    /// (reused tokens, total tokens) over every committed request: a
+    /// request matched again after a release (retried) counts once.
     pub fn token_counts(&self) -> (u64, u64) {
         (self.reused_tokens, self.total_tokens)
     }
@@ -142,7 +149,9 @@ impl PrefixKvCache {
         self.collisions
     }
 
-    /// Longest cached prefix of `tokens`, pinned; counts reuse.
+    /// Longest cached prefix of `tokens`, pinned. Reuse is counted at
+    /// [`Self::commit`]: a request released and matched again (one that
+    /// waited for pages) would count twice here.
     pub fn match_prefix(&mut self, tokens: &[u32]) -> PrefixMatch {
         let mut m = PrefixMatch::default();
         let mut parent = None;
@@ -178,8 +187,6 @@ impl PrefixKvCache {
             self.policy.missed(h);
         }
         m.matched_tokens = m.blocks.len() * self.block_tokens;
-        self.reused_tokens += m.matched_tokens as u64;
-        self.total_tokens += tokens.len() as u64;
         m
     }
 
@@ -210,13 +217,28 @@ impl PrefixKvCache {
             return false;
         };
         let b = self.blocks.remove(&h).expect("policy tracks cached blocks");
-        if let Some(p) = b.parent
-            && let Some(pb) = self.blocks.get_mut(&p)
-        {
-            pb.children -= 1;
-        }
         free_page(pool, b.page);
+        match b.parent {
+            Some(p) => {
+                if let Some(pb) = self.blocks.get_mut(&p) {
+                    pb.children -= 1;
+                }
+            }
+            None => {
+                if let Some(roots) = &mut self.evicted_roots {
+                    roots.push(b.tokens);
+                }
+            }
+        }
         true
+    }
+
+    /// Tokens of the root blocks (a sequence's first block, the last of it
+    /// to go) evicted since the previous call: every sequence starting
+    /// with one of them lost its whole cached prefix. The first call
+    /// starts the record and returns nothing.
+    pub fn take_evicted_roots(&mut self) -> Vec<Box<[u32]>> {
+        self.evicted_roots.replace(Vec::new()).unwrap_or_default()
     }
 
     /// After a forward over `tokens` with pages `block_table` (the matched
@@ -231,6 +253,9 @@ impl PrefixKvCache {
         matched: &PrefixMatch,
     ) {
         let bt = self.block_tokens;
+        // Counted here, once per served request, not at each match.
+        self.reused_tokens += (matched.hashes.len() * bt) as u64;
+        self.total_tokens += tokens.len() as u64;
         let n_blocks = tokens.len() / bt;
         let mut parent = matched.hashes.last().copied();
         let mut added = Vec::new();
@@ -410,6 +435,42 @@ mod tests {
         // Eviction frees leaves only and keeps the pool consistent.
         while c.evict_one(&mut pool) {}
         assert_eq!(c.blocks(), 0);
+        check_pages(&c, &pool);
+    }
+
+    /// A request released and matched again (it waited for pages, a later
+    /// sub-batch or a reclaim) counts its tokens and reuse once, when it
+    /// is served; a request that only fails counts nothing.
+    #[test]
+    fn a_retried_request_counts_its_tokens_once() {
+        let (mut c, mut pool) = cache(block_hash);
+        serve(&mut c, &mut pool, &[1, 2, 3, 4, 5], 1.0);
+        assert_eq!(c.token_counts(), (0, 5));
+        let b = [1, 2, 3, 4, 9, 9];
+        let first = c.match_prefix(&b);
+        assert_eq!(first.matched_tokens, 4);
+        c.release(&mut pool, &first, &[]);
+        assert_eq!(c.token_counts(), (0, 5), "a release counts nothing");
+        assert_eq!(serve(&mut c, &mut pool, &b, 2.0).len(), 2);
+        assert_eq!(c.token_counts(), (4, 11));
+        check_pages(&c, &pool);
+    }
+
+    /// Root blocks go last (leaves first), and each is recorded once asked:
+    /// the sequences that start with it lost all of their cached prefix.
+    #[test]
+    fn evicted_root_blocks_are_recorded_from_the_first_ask() {
+        let (mut c, mut pool) = cache(block_hash);
+        serve(&mut c, &mut pool, &[1, 2, 3, 4, 5, 6], 1.0);
+        assert!(c.evict_one(&mut pool));
+        assert!(c.take_evicted_roots().is_empty(), "not recording yet");
+        serve(&mut c, &mut pool, &[7, 8, 3, 4], 2.0);
+        serve(&mut c, &mut pool, &[1, 2, 9, 9], 3.0);
+        while c.evict_one(&mut pool) {}
+        let mut roots = c.take_evicted_roots();
+        roots.sort();
+        assert_eq!(roots, [[1, 2].into(), [7, 8].into()]);
+        assert!(c.take_evicted_roots().is_empty(), "drained");
         check_pages(&c, &pool);
     }
 

@@ -86,6 +86,7 @@ impl ServingNode {
         // empty memory, so that the next report takes back every user and
         // shard that is gone (routers kept them as resident before).
         next.residency = std::mem::take(&mut self.residency);
+        next.residency.recheck_users();
         next.recount_shards();
         // Cumulative: the new prefix table counts from zero.
         next.head_evictions_before = self.head_evictions_before + self.prefixes.evictions();

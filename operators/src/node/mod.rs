@@ -568,9 +568,13 @@ impl ServingNode {
             ..Default::default()
         };
         let touched: BTreeSet<u64> = self.prefixes.take_touched();
+        // Users whose prefix left: their head block was evicted, or they
+        // fell out of the head table.
+        let left = self.prefixes.take_left(self.memory.kv_take_evicted_heads());
         let (prefixes, memory) = (&self.prefixes, &self.memory);
         self.residency.report_users(
             touched,
+            left,
             |user| prefixes.is_resident(memory, user),
             &mut report,
         );

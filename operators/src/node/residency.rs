@@ -16,6 +16,9 @@ pub struct Residency {
     shards_touched: BTreeSet<ShardId>,
     /// Users whose prefix KV the router was last told is here.
     users_reported: HashSet<u64>,
+    /// The next report rechecks every user in `users_reported` (the
+    /// memory they were resident in was replaced).
+    recheck_users: bool,
     /// Reports made so far (each report's `seq`).
     reports: u64,
     /// Full recounts made so far (each walks every row of every shard).
@@ -74,18 +77,33 @@ impl Residency {
         }
     }
 
+    /// The next [`Self::report_users`] rechecks every user reported
+    /// resident, whatever it is told left (after a model swap: the memory
+    /// they were resident in is gone).
+    pub fn recheck_users(&mut self) {
+        self.recheck_users = true;
+    }
+
     /// Adds to `report` the users whose prefix residency changed: those
-    /// served since the last report, and every user reported resident
-    /// (evictions can remove any user's prefix; that set is bounded by
-    /// what the KV share holds).
+    /// served since the last report (`touched`) and those reported
+    /// resident that may have lost their prefix since (`left`: evicted or
+    /// forgotten). Any other user reported resident still is, so each
+    /// report costs O(touched + left), not O(users reported).
     pub fn report_users(
         &mut self,
         touched: BTreeSet<u64>,
+        left: BTreeSet<u64>,
         resident: impl Fn(u64) -> bool,
         report: &mut NodeReport,
     ) {
         let mut check = touched;
-        check.extend(self.users_reported.iter().copied());
+        if std::mem::take(&mut self.recheck_users) {
+            check.extend(self.users_reported.iter().copied());
+        } else {
+            // Not one that was never reported: one not served since is
+            // only added when it is served again.
+            check.extend(left.into_iter().filter(|u| self.users_reported.contains(u)));
+        }
         for user in check {
             let now = resident(user);
             let known = self.users_reported.contains(&user);
@@ -140,16 +158,54 @@ mod tests {
         assert_eq!(report.shards_added, vec![shards.shard_of(0, 0)]);
     }
 
+    fn report_users(
+        r: &mut Residency,
+        touched: &[u64],
+        left: &[u64],
+        resident: impl Fn(u64) -> bool,
+    ) -> NodeReport {
+        let mut report = NodeReport::default();
+        let set = |users: &[u64]| users.iter().copied().collect();
+        r.report_users(set(touched), set(left), resident, &mut report);
+        report
+    }
+
     #[test]
-    fn users_are_rechecked_until_their_prefix_leaves() {
+    fn a_user_that_left_without_being_served_is_reported_removed() {
         let mut r = Residency::default();
-        let mut report = NodeReport::default();
-        r.report_users(BTreeSet::from([1, 2]), |u| u == 1, &mut report);
+        let report = report_users(&mut r, &[1, 2], &[], |u| u == 1);
         assert_eq!(report.kv_users_added, vec![1]);
-        // User 1 was not served again, but evicted: still reported.
-        let mut report = NodeReport::default();
-        r.report_users(BTreeSet::new(), |_| false, &mut report);
+        // User 1 was not served again, but evicted: reported.
+        let report = report_users(&mut r, &[], &[1], |_| false);
         assert_eq!(report.kv_users_removed, vec![1]);
         assert!(report.kv_users_added.is_empty());
+    }
+
+    #[test]
+    fn only_touched_and_left_users_are_checked() {
+        let mut r = Residency::default();
+        report_users(&mut r, &[1, 2, 3], &[], |_| true);
+        let checked = std::cell::RefCell::new(Vec::new());
+        let resident = |u| {
+            checked.borrow_mut().push(u);
+            u != 2
+        };
+        // User 4 left but was never reported; 5 is new.
+        let report = report_users(&mut r, &[5], &[2, 4], resident);
+        assert_eq!(report.kv_users_added, vec![5]);
+        assert_eq!(report.kv_users_removed, vec![2]);
+        assert_eq!(*checked.borrow(), vec![2, 5]);
+    }
+
+    #[test]
+    fn a_recheck_checks_every_user_reported_once() {
+        let mut r = Residency::default();
+        report_users(&mut r, &[1, 2, 3], &[], |_| true);
+        r.recheck_users();
+        let report = report_users(&mut r, &[], &[], |u| u == 2);
+        assert_eq!(report.kv_users_removed, vec![1, 3]);
+        // Done: the next report checks what it is told again.
+        let report = report_users(&mut r, &[], &[], |_| false);
+        assert_eq!(report, NodeReport::default());
     }
 }
