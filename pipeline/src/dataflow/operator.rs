@@ -23,7 +23,9 @@
 //! A step may also run off the worker thread ([`Step::Pending`]): the
 //! operator keeps the times of the data it took ([`EventOperator::in_flight`])
 //! and calls its [`Waker`] when the step is done. Meanwhile the worker runs
-//! the rest of the dataflow (the source admits, the router routes).
+//! the rest of the dataflow (the source admits, the router routes). Work off
+//! the worker that holds no data (a model loading) makes the operator
+//! [`EventOperator::busy`] without holding back any time.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -105,9 +107,23 @@ pub trait EventOperator: 'static {
     }
 
     /// `arrival` mode: times of data taken from the queue whose outputs
-    /// are still to come (a step running elsewhere). They stay held.
+    /// are still to come (a step running elsewhere). They stay held: none
+    /// of them completes until it leaves this list. Only times of records.
     fn in_flight(&self) -> &[u64] {
         &[]
+    }
+
+    /// `arrival` mode: work is under way off the worker (a step, a model
+    /// loading) that the operator finishes in [`EventOperator::on_queue`]
+    /// once its [`Waker`] says it is done. While busy, the queue is offered
+    /// on every activation even when empty, and the operator is not
+    /// closed; unlike [`EventOperator::in_flight`], busy holds back no time.
+    /// So once both inputs close with nothing held, timely drops the
+    /// operator: work still under way then is never finished and
+    /// `on_close` never runs (a swap loading at the end of a job). Must be
+    /// true while any time is in flight (the default says exactly that).
+    fn busy(&self) -> bool {
+        !self.in_flight().is_empty()
     }
 }
 
@@ -231,7 +247,7 @@ where
                 input_closed = true;
                 op.on_input_closed();
             }
-            if release == Release::Arrival && (!queue.is_empty() || !op.in_flight().is_empty()) {
+            if release == Release::Arrival && (!queue.is_empty() || op.busy()) {
                 let before = queue.len();
                 match op.on_queue(&mut queue, &mut tagged) {
                     Step::Idle | Step::Pending => {}
@@ -257,6 +273,8 @@ where
                 }
             }
             let in_flight = op.in_flight().to_vec();
+            let busy = op.busy();
+            debug_assert!(busy || in_flight.is_empty(), "times in flight, not busy");
             let passed = |t: u64| {
                 !data_frontier.less_equal(&t)
                     && !control_frontier.less_equal(&t)
@@ -278,7 +296,7 @@ where
             if !closed
                 && held.is_empty()
                 && queue.is_empty()
-                && in_flight.is_empty()
+                && !busy
                 && data_frontier.is_empty()
                 && control_frontier.is_empty()
             {
@@ -309,6 +327,8 @@ mod tests {
         Control(u64, Vec<i64>),
         Data(u64, Vec<u32>),
         Complete(u64),
+        /// A load off the worker ended and its value was taken.
+        Loaded(i64),
         Close,
     }
 
@@ -831,6 +851,168 @@ mod tests {
                     Call::Complete(1)
                 ]
             );
+        });
+    }
+
+    /// A control record starts a load off the worker (its value, once the
+    /// test opens the gate); meanwhile data is served with the offset it
+    /// has. Busy while it loads, with no time in flight: a node's model
+    /// swap.
+    struct Loader {
+        calls: Calls,
+        offset: i64,
+        waker: Option<Waker>,
+        gate: Option<std::sync::mpsc::Receiver<()>>,
+        loading: Option<std::sync::mpsc::Receiver<i64>>,
+    }
+
+    impl EventOperator for Loader {
+        type Data = u32;
+        type Control = i64;
+        type Output = (u32, i64);
+
+        fn on_control(&mut self, time: u64, control: Vec<i64>) {
+            let value = control.iter().sum();
+            self.calls.borrow_mut().push(Call::Control(time, control));
+            let gate = self.gate.take().expect("one load per test");
+            let waker = self.waker.clone().expect("started");
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                // A dropped gate ends the load too.
+                let _ = gate.recv();
+                let _ = tx.send(value);
+                waker.wake();
+            });
+            self.loading = Some(rx);
+        }
+
+        fn on_data(&mut self, _time: u64, _data: Vec<u32>, _out: &mut Vec<(u32, i64)>) {
+            unreachable!("arrival mode only")
+        }
+
+        fn on_start(&mut self, waker: Waker) {
+            self.waker = Some(waker);
+        }
+
+        fn busy(&self) -> bool {
+            self.loading.is_some()
+        }
+
+        fn on_queue(
+            &mut self,
+            queue: &mut VecDeque<(u64, u32)>,
+            out: &mut Vec<(u64, (u32, i64))>,
+        ) -> Step {
+            if let Some(done) = &self.loading
+                && let Ok(value) = done.try_recv()
+            {
+                self.loading = None;
+                self.offset = value;
+                self.calls.borrow_mut().push(Call::Loaded(value));
+            }
+            for (time, d) in queue.drain(..) {
+                self.calls.borrow_mut().push(Call::Data(time, vec![d]));
+                out.push((time, (d, self.offset)));
+            }
+            Step::Idle
+        }
+
+        fn on_complete(&mut self, time: u64, _out: &mut Vec<(u32, i64)>) {
+            self.calls.borrow_mut().push(Call::Complete(time));
+        }
+
+        fn on_close(&mut self) {
+            self.calls.borrow_mut().push(Call::Close);
+        }
+    }
+
+    fn loader(worker: &mut Worker, gate: std::sync::mpsc::Receiver<()>) -> Wired {
+        wire(worker, Release::Arrival, |calls| Loader {
+            calls,
+            offset: 0,
+            waker: None,
+            gate: Some(gate),
+            loading: None,
+        })
+    }
+
+    #[test]
+    fn a_busy_operator_holds_back_no_time_and_is_offered_the_queue_when_its_work_ends() {
+        timely::execute_directly(|worker| {
+            let (gate, gate_rx) = std::sync::mpsc::channel();
+            let (mut data, mut control, probe, calls, outputs) = loader(worker, gate_rx);
+            control.send(7);
+            data.advance_to(1);
+            data.send(10);
+            data.advance_to(2);
+            control.advance_to(2);
+            // The load is under way throughout: busy holds back no time.
+            for _ in 0..1_000 {
+                if !probe.less_than(&2) {
+                    break;
+                }
+                worker.step();
+            }
+            assert!(!probe.less_than(&2), "a busy operator held a time back");
+            assert_eq!(
+                *calls.borrow(),
+                vec![
+                    Call::Control(0, vec![7]),
+                    Call::Data(1, vec![10]),
+                    Call::Complete(0),
+                    Call::Complete(1),
+                ]
+            );
+            assert_eq!(*outputs.borrow(), vec![(1, (10, 0))]);
+            // The load ends and nothing else happens: only the wrapper
+            // offering the empty queue on the wake hands its value over.
+            // The worker parks up to 10 s at a time unless woken.
+            gate.send(()).unwrap();
+            let started = Instant::now();
+            while !calls.borrow().contains(&Call::Loaded(7)) {
+                worker.step_or_park(Some(Duration::from_secs(10)));
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "the end of the load was never offered: {:?}",
+                    calls.borrow()
+                );
+            }
+            data.send(20);
+            data.advance_to(3);
+            control.advance_to(3);
+            while probe.less_than(&3) {
+                worker.step();
+            }
+            assert_eq!(outputs.borrow()[1..], [(2, (20, 7))]);
+            drop((data, control));
+            steps(worker, 20);
+            assert_eq!(
+                calls.borrow()[4..],
+                [
+                    Call::Loaded(7),
+                    Call::Data(2, vec![20]),
+                    Call::Complete(2),
+                    Call::Close
+                ]
+            );
+        });
+    }
+
+    #[test]
+    fn a_busy_operator_is_not_closed() {
+        timely::execute_directly(|worker| {
+            let (gate, gate_rx) = std::sync::mpsc::channel();
+            let (data, mut control, _probe, calls, _outputs) = loader(worker, gate_rx);
+            control.send(7);
+            drop((data, control));
+            steps(worker, 20);
+            // Both inputs closed and nothing held, but the load is still
+            // under way.
+            assert_eq!(
+                *calls.borrow(),
+                vec![Call::Control(0, vec![7]), Call::Complete(0)]
+            );
+            drop(gate);
         });
     }
 }

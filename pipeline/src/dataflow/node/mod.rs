@@ -99,12 +99,6 @@ struct PendingSwap {
     load: Arc<crate::models::Load>,
 }
 
-/// What [`NodeParts::in_flight`] holds while a swap waits for its model
-/// and no step runs: a time no record has, so that the wrapper offers the
-/// queue again on every activation (the load's end wakes the worker)
-/// while it holds back no time of the job.
-const SWAP_LOADING: &[u64] = &[u64::MAX];
-
 /// A step on the compute thread: its times (held until it ends), its
 /// start on the wall clock and where its outputs come back.
 struct Running {
@@ -288,11 +282,14 @@ impl EventOperator for NodeParts {
     }
 
     fn in_flight(&self) -> &[u64] {
-        match (&self.offload.running, &self.offload.pending_swap) {
-            (Some(running), _) => &running.times,
-            (None, Some(_)) => SWAP_LOADING,
-            (None, None) => &[],
-        }
+        self.offload.running.as_ref().map_or(&[], |r| &r.times)
+    }
+
+    /// A step runs, or a swap waits for its model: the load's end wakes
+    /// the worker and `on_queue` takes the model, with no request held
+    /// back meanwhile.
+    fn busy(&self) -> bool {
+        self.offload.running.is_some() || self.offload.pending_swap.is_some()
     }
 
     /// `arrival` mode: one step at a time (a group of retrieve requests,
@@ -1004,6 +1001,50 @@ mod tests {
         parts.on_control(5, vec![swap]);
         assert_eq!(lock(&parts.node).model_version(), "v2");
         assert!(parts.in_flight().is_empty());
+        assert!(!parts.busy());
+    }
+
+    /// `arrival` release: while a swap waits for its model and no step
+    /// runs, the node is busy (the wrapper offers it the queue when the
+    /// load ends) but holds no time of the job back; the next `on_queue`
+    /// after the load, even with nothing queued, swaps.
+    #[test]
+    fn a_node_waiting_for_its_model_is_busy_with_nothing_in_flight() {
+        use crate::models::test_models::{Gate, as_trained};
+        let (mut parts, _) = setup(1);
+        parts.offload.background_swaps = true;
+        let base =
+            node_params(&Config::embedded(), &parts.side.meta, &parts.side.catalog()).unwrap();
+        let gate = Gate::default();
+        let loading = gate.clone();
+        parts.models = Some(Arc::new(crate::models::ModelRegistry::new(Box::new(
+            move |_: &str| {
+                loading.pass();
+                Ok(as_trained(&base, "v2"))
+            },
+        ))));
+        let old = lock(&parts.node).model_version().to_string();
+        let swap = NodeControl {
+            target: Target::Node(0),
+            seq: 0,
+            command: NodeCommand::SwapModel {
+                path: "/m/v2".into(),
+                version: "v2".into(),
+            },
+        };
+        parts.on_control(5, vec![swap]);
+        assert!(parts.busy(), "the swap waits for its model");
+        assert!(parts.in_flight().is_empty(), "{:?}", parts.in_flight());
+        assert_eq!(lock(&parts.node).model_version(), old);
+        gate.open();
+        let load = parts.offload.pending_swap.as_ref().unwrap().load.clone();
+        load.wait().unwrap();
+        let mut out = Vec::new();
+        let step = parts.on_queue(&mut VecDeque::new(), &mut out);
+        assert_eq!(step, Step::Idle);
+        assert!(out.is_empty());
+        assert_eq!(lock(&parts.node).model_version(), "v2");
+        assert!(!parts.busy());
     }
 
     /// `arrival` release (serve's default): a swap to a model this process
