@@ -414,7 +414,9 @@ mod tests {
             .iter()
             .zip(&want)
             .map(|(g, w)| (g - w).abs())
-            .fold(0f32, f32::max);
+            // NaN-propagating: `got` starts as NaN, so an output never
+            // written must fail (`f32::max` would drop it).
+            .fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
         assert!(
             worst <= 1e-5 * top,
             "c {c}, n {n}, {mask:?}, {n_heads} heads, {threads} threads: \

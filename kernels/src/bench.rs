@@ -551,8 +551,9 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport, KernelError> {
         .iter()
         .zip(&out_per_beam)
         .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    if diff > 1e-4 {
+        .fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
+    // A NaN (a kernel that produced one) fails too.
+    if diff.is_nan() || diff > 1e-4 {
         return Err(KernelError::Beam(format!(
             "staged and per-beam attention differ by {diff}"
         )));

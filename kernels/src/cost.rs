@@ -313,7 +313,11 @@ pub fn calibrate_up_to(
         occupancy_ms: 0.0,
         calibration_s: 0.0,
     };
-    let rel = |predicted: f64, measured: f64| (predicted - measured).abs() / measured.max(1e-6);
+    // A NaN error (a fit that produced one) is the worst, not dropped.
+    let rel = |predicted: f64, measured: f64| {
+        let e = (predicted - measured).abs() / measured.max(1e-6);
+        if e.is_nan() { f64::INFINITY } else { e }
+    };
     let mut worst: f64 = 0.0;
     for (x, y) in &prefill {
         let (n, c) = (x[1], x[2] / x[1] - x[1]);

@@ -134,14 +134,26 @@ mod tests {
 
     #[test]
     fn exp_fast_matches_std() {
-        let mut worst = 0f32;
+        // Each point on its own: a running `f32::max` would drop a NaN.
         for i in -20_000..20_000 {
             let x = i as f32 * 0.0043;
             let rel = ((exp_fast(x) - x.exp()) / x.exp()).abs();
-            worst = worst.max(rel);
+            assert!(rel < 2e-6, "exp_fast({x}): relative error {rel}");
         }
-        assert!(worst < 2e-6, "worst relative error {worst}");
         assert_eq!(exp_neg(-200.0).min(1e-30), exp_neg(-200.0));
+    }
+
+    /// `row_max` skips a NaN (`f32::max`), so the NaN must come through
+    /// `exp_fast` itself for a NaN score to poison its softmax row rather
+    /// than vanish as a zero weight.
+    #[test]
+    fn a_nan_score_makes_the_softmax_sum_nan() {
+        let mut row = vec![0.5f32, f32::NAN, -1.0, 2.0];
+        let m = row_max(&row);
+        assert_eq!(m, 2.0);
+        assert!(exp_shift_sum(&mut row, m).is_nan());
+        assert!(row[1].is_nan());
+        assert!(exp_fast(f32::NAN).is_nan());
     }
 
     /// The AVX2 build of the element-wise loops gives the bits the

@@ -15,6 +15,43 @@ use grflow_operators::shards::ShardMap;
 
 const TABLE_ROWS: [u32; 2] = [200, 300];
 
+/// Largest elementwise `|a - b|`, NaN when any difference is NaN
+/// (`f32::max` would drop it and let NaN scores pass `<= TOL`). Panics
+/// when the lengths differ.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "compared scores differ in length");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, |m, d| {
+            if m.is_nan() || d.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        })
+}
+
+#[test]
+fn max_diff_fails_a_tolerance_on_nan() {
+    assert_eq!(max_diff(&[1.0, 2.0, 3.0], &[1.5, 2.0, 1.0]), 2.0);
+    for (a, b) in [
+        ([f32::NAN, 1.0, 1.0], [1.0; 3]),
+        ([1.0, 1.0, 5.0], [1.0, f32::NAN, 1.0]),
+        ([1.0, 5.0, f32::NAN], [1.0; 3]),
+    ] {
+        let d = max_diff(&a, &b);
+        let passes = d <= 1e-4;
+        assert!(!passes, "{a:?} vs {b:?} passed with {d}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "differ in length")]
+fn max_diff_of_short_scores_panics() {
+    max_diff(&[1.0], &[1.0, 2.0]);
+}
+
 struct Catalog {
     features: HashMap<u32, Vec<u32>>,
 }
@@ -114,9 +151,13 @@ fn a_reused_prefix_ranks_exactly_like_a_cold_node() {
     let reference = cold.serve(5, rank(7), &full, &catalog).unwrap();
     assert_eq!(reference.kv_reused_tokens, 0);
     assert_eq!(second.items, reference.items);
-    for (a, b) in second.scores.iter().zip(&reference.scores) {
-        assert!((a - b).abs() <= 1e-4, "{a} vs {b}");
-    }
+    let diff = max_diff(&second.scores, &reference.scores);
+    assert!(
+        diff <= 1e-4,
+        "{:?} vs {:?}",
+        second.scores,
+        reference.scores
+    );
     assert_eq!(second.items.len(), 5);
     assert!(second.scores.windows(2).all(|w| w[0] >= w[1]));
 }
@@ -323,12 +364,7 @@ fn a_rank_batch_equals_serving_one_request_at_a_time() {
                         g.items, e.items,
                         "request {i} (pool {pool_bytes}, lanes {lanes})"
                     );
-                    let diff = g
-                        .scores
-                        .iter()
-                        .zip(&e.scores)
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0f32, f32::max);
+                    let diff = max_diff(&g.scores, &e.scores);
                     assert!(diff <= 1e-4, "request {i}: scores differ by {diff}");
                     assert_eq!(g.seq_len, e.seq_len);
                     assert_eq!(g.kv_total_tokens, e.kv_total_tokens);
@@ -396,22 +432,18 @@ fn retrieve_requests_in_lanes_beside_a_rank_batch_equal_serving_them_in_turn() {
     let want_retrieved = retrieve_in_turn(&mut in_turn, &retrieve, &catalog, &index);
     let want_ranked = in_turn.serve_rank_batch(5, &work, &catalog);
     let (ranked, retrieved) = laned.serve_step(5, &work, &retrieve, &catalog, &index);
-    let diff = |a: &[f32], b: &[f32]| {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max)
-    };
     assert_eq!(retrieved.len(), 2);
+    assert_eq!(want_retrieved.len(), 2);
     for (got, want) in retrieved.iter().zip(&want_retrieved) {
         let got = got.as_ref().unwrap();
         assert_eq!(got.items, want.items);
-        assert!(diff(&got.scores, &want.scores) <= 1e-4);
+        assert!(max_diff(&got.scores, &want.scores) <= 1e-4);
     }
+    assert_eq!(ranked.len(), want_ranked.len());
     for (i, (g, e)) in ranked.iter().zip(&want_ranked).enumerate() {
         let (g, e) = (g.as_ref().unwrap(), e.as_ref().unwrap());
         assert_eq!(g.items, e.items, "rank request {i}");
-        assert!(diff(&g.scores, &e.scores) <= 1e-4, "rank request {i}");
+        assert!(max_diff(&g.scores, &e.scores) <= 1e-4, "rank request {i}");
         assert_eq!(g.kv_reused_tokens, e.kv_reused_tokens);
     }
     // Same bookkeeping: every request answered, every page cached or freed.
@@ -476,6 +508,7 @@ fn retrieve_requests_served_together_equal_serving_them_in_turn() {
             .unwrap();
         let (none, got_laned) = laned.serve_step(5, &[], &work, &catalog, &index);
         assert!(none.is_empty());
+        assert_eq!((got.len(), got_laned.len()), (want.len(), want.len()));
         for (i, (g, w)) in got
             .iter()
             .chain(&got_laned)
@@ -485,12 +518,7 @@ fn retrieve_requests_served_together_equal_serving_them_in_turn() {
             let g = g.as_ref().unwrap_or_else(|e| panic!("request {i}: {e}"));
             assert_eq!(g.items, w.items, "request {i}");
             assert!(!g.items.is_empty());
-            let diff = g
-                .scores
-                .iter()
-                .zip(&w.scores)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
+            let diff = max_diff(&g.scores, &w.scores);
             assert!(diff <= 1e-4, "request {i}: {diff}");
             assert_eq!(g.kv_reused_tokens, w.kv_reused_tokens, "request {i}");
         }
@@ -543,6 +571,7 @@ fn retrieve_groups_are_capped_and_every_request_is_answered() {
         let mut node = ServingNode::new(0, params()).unwrap();
         node.set_lanes(lanes);
         let (_, got) = node.serve_step(5, &[], &work, &catalog, &index);
+        assert_eq!(got.len(), want.len(), "lanes {lanes}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let g = g.as_ref().unwrap_or_else(|e| panic!("request {i}: {e}"));
             assert_eq!(g.items, w.items, "request {i}, lanes {lanes}");

@@ -19,6 +19,43 @@ fn softmax(s: &[f32]) -> Vec<f32> {
     s.iter().map(|v| (v - m).exp() / z).collect()
 }
 
+/// Largest elementwise `|a - b|`, NaN when any difference is NaN
+/// (`f32::max` would drop it and let a NaN output pass `< TOL`). Panics
+/// when the lengths differ, so a short result cannot pass either.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "compared slices differ in length");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, |m, d| {
+            if m.is_nan() || d.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        })
+}
+
+#[test]
+fn max_diff_fails_a_tolerance_on_nan_and_reports_finite_differences() {
+    assert_eq!(max_diff(&[1.0, 2.0, 3.0], &[1.5, 2.0, 1.0]), 2.0);
+    for (a, b) in [
+        ([f32::NAN, 1.0, 1.0], [1.0; 3]),
+        ([1.0, 1.0, 5.0], [1.0, f32::NAN, 1.0]),
+        ([1.0, 5.0, f32::NAN], [1.0; 3]),
+    ] {
+        let d = max_diff(&a, &b);
+        let passes = d < 1e-4;
+        assert!(!passes, "{a:?} vs {b:?} passed with {d}");
+    }
+}
+
+#[test]
+#[should_panic(expected = "differ in length")]
+fn max_diff_of_a_short_result_panics() {
+    max_diff(&[], &[0.5]);
+}
+
 fn small() -> ModelConfig {
     let mut cfg = ModelConfig::preset("small").unwrap();
     cfg.n_tables = 1;
@@ -56,7 +93,6 @@ fn item_ids(r: &mut ChaCha8Rng, n: usize) -> Vec<u32> {
 fn trainer_forward_equals_kernels_forward() {
     let (p, mut served) = served_model(9, 1);
     let mut r = ChaCha8Rng::seed_from_u64(4);
-    let mut worst = 0f32;
     for (h, n) in [(1usize, 5usize), (7, 101), (50, 30), (23, 2)] {
         let history = item_ids(&mut r, h);
         let cands = item_ids(&mut r, n);
@@ -69,11 +105,13 @@ fn trainer_forward_equals_kernels_forward() {
         };
         let ours = softmax(&logits(&p, &[seq], &CpuBackend::default()).unwrap()[0]);
         let theirs = grflow_kernels::rank_softmax(&served.rank(&history, &cands).unwrap());
-        for (a, b) in ours.iter().zip(&theirs) {
-            worst = worst.max((a - b).abs());
-        }
+        assert_eq!(ours.len(), n, "history {h}: trainer scores");
+        let diff = max_diff(&ours, &theirs);
+        assert!(
+            diff < 1e-4,
+            "history {h}, {n} candidates: trainer and kernels differ by {diff}"
+        );
     }
-    assert!(worst < 1e-4, "trainer and kernels differ by {worst}");
 }
 
 #[test]
@@ -115,7 +153,9 @@ fn every_prefix_of_one_pass_equals_its_own_request() {
         &be,
     )
     .unwrap();
+    assert_eq!(one.len(), targets.len());
     for (t, target) in targets.into_iter().enumerate() {
+        let n = target.cands.len();
         let alone = logits(
             &p,
             &[Sequence {
@@ -125,9 +165,9 @@ fn every_prefix_of_one_pass_equals_its_own_request() {
             &be,
         )
         .unwrap();
-        for (a, b) in one[t].iter().zip(&alone[0]) {
-            assert!((a - b).abs() < 1e-4, "target {t}: {a} vs {b}");
-        }
+        assert_eq!(one[t].len(), n, "target {t}");
+        let diff = max_diff(&one[t], &alone[0]);
+        assert!(diff < 1e-4, "target {t}: {:?} vs {:?}", one[t], alone[0]);
     }
 }
 

@@ -62,16 +62,28 @@ impl Pool {
     }
 }
 
+/// The larger of `a` and `b`, NaN if either is: `f32::max` drops a NaN,
+/// which would let a kernel that outputs NaN pass every `<= TOL` check.
+pub fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Largest elementwise `|a - b|`; NaN when any difference is NaN (so
+/// `max_diff(..) <= TOL` fails). Panics when the lengths differ.
 pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
+    assert_eq!(a.len(), b.len(), "compared slices differ in length");
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+        .fold(0.0, nan_max)
 }
 
 /// Largest difference between the paged KV of tokens `0..n` and reference
-/// rows `k[layer]`/`v[layer]` starting at row `ref_start`.
+/// rows `k[layer]`/`v[layer]` starting at row `ref_start` (NaN if any is).
 pub fn kv_diff<S: KvBlockStore>(
     cfg: &ModelConfig,
     store: &S,
@@ -86,11 +98,9 @@ pub fn kv_diff<S: KvBlockStore>(
     for l in 0..cfg.n_layers {
         for t in 0..n {
             let r = (ref_start + t) * d..(ref_start + t + 1) * d;
-            worst = worst.max(max_diff(
-                kv_row(cfg, store, table, t, l, 0),
-                &k[l][r.clone()],
-            ));
-            worst = worst.max(max_diff(kv_row(cfg, store, table, t, l, 1), &v[l][r]));
+            let dk = max_diff(kv_row(cfg, store, table, t, l, 0), &k[l][r.clone()]);
+            let dv = max_diff(kv_row(cfg, store, table, t, l, 1), &v[l][r]);
+            worst = nan_max(nan_max(worst, dk), dv);
         }
     }
     worst
