@@ -53,15 +53,33 @@ impl Default for ClusterSection {
 pub enum ClusterError {
     #[error("cluster.hostfile {path}: {reason}")]
     Hostfile { path: String, reason: String },
-    /// `at`: `cluster.hosts[i]`, or the hostfile's path and line.
     #[error("{at} = {host:?}: expected host:port")]
-    BadHost { at: String, host: String },
+    BadHost { at: HostAt, host: String },
     #[error("{at} = {host:?} appears twice")]
-    Duplicate { at: String, host: String },
+    Duplicate { at: HostAt, host: String },
     #[error("cluster.process = {process}, but there are only {hosts} hosts (0..{hosts})")]
     ProcessOutOfRange { process: usize, hosts: usize },
     #[error("run.workers must be >= 1")]
     NoWorkers,
+}
+
+/// Where a host of the job was given: typed, so that a caller that set
+/// `cluster.hostfile` from a flag can name the flag instead of the key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostAt {
+    /// `cluster.hosts[index]`.
+    Hosts { index: usize },
+    /// Line `line` (1-based) of the hostfile at `path`.
+    Hostfile { path: String, line: usize },
+}
+
+impl std::fmt::Display for HostAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Hosts { index } => write!(f, "cluster.hosts[{index}]"),
+            Self::Hostfile { path, line } => write!(f, "cluster.hostfile {path} line {line}"),
+        }
+    }
 }
 
 /// Where this process sits among the job's workers.
@@ -140,19 +158,19 @@ impl ClusterSection {
             return Err(ClusterError::NoWorkers);
         }
         // Each host with where it was given, for errors.
-        let (hosts, places): (Vec<String>, Vec<String>) = match &self.hostfile {
+        let (hosts, places): (Vec<String>, Vec<HostAt>) = match &self.hostfile {
             Some(path) => read_hostfile(path)?
                 .into_iter()
                 .map(|(line, host)| {
-                    let at = format!("cluster.hostfile {} line {line}", path.display());
-                    (host, at)
+                    let path = path.display().to_string();
+                    (host, HostAt::Hostfile { path, line })
                 })
                 .unzip(),
             None => self
                 .hosts
                 .iter()
                 .enumerate()
-                .map(|(i, h)| (h.clone(), format!("cluster.hosts[{i}]")))
+                .map(|(index, h)| (h.clone(), HostAt::Hosts { index }))
                 .unzip(),
         };
         for (index, host) in hosts.iter().enumerate() {
@@ -529,14 +547,14 @@ mod tests {
         assert_eq!(
             section(&["a:1", "b"], 0).resolve(1),
             Err(ClusterError::BadHost {
-                at: "cluster.hosts[1]".into(),
+                at: HostAt::Hosts { index: 1 },
                 host: "b".into()
             })
         );
         assert_eq!(
             section(&["a:1", "a:1"], 0).resolve(1),
             Err(ClusterError::Duplicate {
-                at: "cluster.hosts[1]".into(),
+                at: HostAt::Hosts { index: 1 },
                 host: "a:1".into()
             })
         );
@@ -571,6 +589,17 @@ mod tests {
             ..ClusterSection::default()
         };
         std::fs::write(&path, "# job\n10.0.0.1:2101\n\n10.0.0.2\n").unwrap();
+        // Typed, for a caller that names its own flag for the file.
+        assert_eq!(
+            section.resolve(1).unwrap_err(),
+            ClusterError::BadHost {
+                at: HostAt::Hostfile {
+                    path: path.display().to_string(),
+                    line: 4
+                },
+                host: "10.0.0.2".into()
+            }
+        );
         let err = section.resolve(1).unwrap_err().to_string();
         assert_eq!(
             err,

@@ -11,10 +11,24 @@ use grflow_operators::hotness::HotUsers;
 use grflow_operators::node::ServingNode;
 use grflow_operators::router::Router;
 
-use crate::cluster::{Cluster, Topology};
+use crate::cluster::{Cluster, ClusterError, Topology};
 use crate::config::{Clock, Config};
-use crate::params::node_params;
+use crate::params::{ParamsError, node_params};
 use crate::side::SideTables;
+
+/// Why [`Job::prepare`] refused to start: the user's to fix. Typed where
+/// the key at fault is one a command-line flag may have set, so that the
+/// binary can name the flag the user typed.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    /// Anything else, in words that name the key.
+    #[error("{0}")]
+    Other(String),
+}
 
 /// A job that is ready to start its workers.
 pub struct Job {
@@ -47,36 +61,33 @@ impl Job {
     /// Checks everything that can fail before a thread starts: the cluster
     /// section, the model and memory config (by building this process's
     /// nodes), the router config. Errors are for the user to fix.
-    pub fn prepare(cfg: Config, side: SideTables) -> Result<Self, String> {
-        let mut cluster = cfg
-            .cluster
-            .resolve(cfg.run.workers)
-            .map_err(|e| e.to_string())?;
+    pub fn prepare(cfg: Config, side: SideTables) -> Result<Self, JobError> {
+        let other = |e: &dyn std::fmt::Display| JobError::Other(e.to_string());
+        let mut cluster = cfg.cluster.resolve(cfg.run.workers)?;
         let topo = cluster.topology;
         let side = Arc::new(side);
         // One host tier for this process's nodes (read-only).
-        let params = node_params(&cfg, &side.meta, &side.catalog())
-            .map_err(|e| e.to_string())?
+        let params = node_params(&cfg, &side.meta, &side.catalog())?
             .with_shared_model_and_host()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| other(&e))?;
         let cost = match cfg.run.clock {
-            Clock::Virtual => Some(crate::params::cost_model(&cfg).map_err(|e| e.to_string())?),
+            Clock::Virtual => Some(crate::params::cost_model(&cfg)?),
             _ => None,
         };
         if let Some(alphas) = &cfg.memory.node_alpha
             && alphas.len() != topo.total()
         {
-            return Err(format!(
+            return Err(JobError::Other(format!(
                 "memory.node_alpha: {} values for {} nodes (one per worker of every process)",
                 alphas.len(),
                 topo.total()
-            ));
+            )));
         }
         let mut nodes = Vec::with_capacity(topo.threads);
         for n in topo.local_workers() {
             let mut params = params.clone();
             params.memory.alpha = cfg.start_alpha(n);
-            let mut node = ServingNode::new(n as u32, params).map_err(|e| e.to_string())?;
+            let mut node = ServingNode::new(n as u32, params).map_err(|e| other(&e))?;
             if let Some(cost) = &cost {
                 node.set_virtual(cost.clone());
             }
@@ -87,7 +98,7 @@ impl Job {
             topo.total(),
             HotUsers::new(cfg.hotness.clone()),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| other(&e))?;
         let model_version = nodes
             .first()
             .and_then(|n| n.as_ref())
@@ -103,7 +114,7 @@ impl Job {
             .first()
             .and_then(|n| n.as_ref())
             .map_or(0, |n| n.memory().pool().pages());
-        let allocator_policy = allocator_policy(&cfg)?;
+        let allocator_policy = allocator_policy(&cfg).map_err(JobError::Other)?;
         Ok(Self {
             pool_pages,
             max_positions: params.model.max_positions,

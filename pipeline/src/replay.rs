@@ -22,12 +22,14 @@ use grflow_operators::cache::GuidedPolicy;
 use grflow_operators::router::RouterStats;
 use grflow_traces::{Request, Trace};
 
+use crate::cluster::ClusterError;
 use crate::config::{Clock, Config, Release, Speed};
 use crate::dataflow::allocator::AllocatorStats;
 use crate::dataflow::source::Pacing;
 use crate::dataflow::{self, DataflowParts, JobCounters, ServingParts};
 use crate::events::{ScheduledCommand, Target};
-use crate::job::Job;
+use crate::job::{Job, JobError};
+use crate::params::ParamsError;
 use crate::side::SideTables;
 use crate::stop::StopRequest;
 use crate::summary::{Interrupted, LatencyTally, ModeTallies, NodeSummary, Summary, sort_windows};
@@ -197,6 +199,14 @@ fn latencies_by_mode(responses: &[ResponseRow], requests: &[Request]) -> Option<
 pub enum ReplayError {
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The node parameters (`model.*`, `memory.*`, `cost.*`): typed, so
+    /// that the binary can name the flag that set the key.
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    /// `[cluster]`, likewise.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The rest of the setup, in words that name the key.
     #[error("{0}")]
     Setup(String),
     #[error("timely: {0}")]
@@ -210,6 +220,27 @@ pub enum ReplayError {
          or could not be read): the job's summary would be incomplete"
     )]
     Incomplete { got: usize, want: usize },
+}
+
+impl ReplayError {
+    /// The config or the trace is at fault, not the run: the user's to fix
+    /// (exit code 2 in the binary).
+    pub fn is_input(&self) -> bool {
+        matches!(
+            self,
+            Self::Source(_) | Self::Params(_) | Self::Cluster(_) | Self::Setup(_)
+        )
+    }
+}
+
+impl From<JobError> for ReplayError {
+    fn from(e: JobError) -> Self {
+        match e {
+            JobError::Cluster(e) => Self::Cluster(e),
+            JobError::Params(e) => Self::Params(e),
+            JobError::Other(m) => Self::Setup(m),
+        }
+    }
 }
 
 /// The job's response sink, shared by the workers (each hands it batches).
@@ -374,7 +405,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         }
     };
     let meta = side.meta.clone();
-    let mut job = Job::prepare(cfg.clone(), side).map_err(ReplayError::Setup)?;
+    let mut job = Job::prepare(cfg.clone(), side)?;
     let topo = job.topology();
     if topo.is_cluster() {
         // Every process must read one trace (each reads its shard of it):

@@ -255,16 +255,6 @@ pub(crate) fn check_count(flag: &str, value: usize, max: usize) -> Result<(), In
     }
 }
 
-/// A message of the job's setup about the config key `key`, which the flag
-/// `flag` set: the same message, naming the flag. The setup reports as text
-/// (`ReplayError::Setup`, `ServeError::Config`) what `ParamsError` wrote,
-/// the key first ("model.weights: ..."); a user who gave `--model` never
-/// wrote `model.weights`. `None` when the message is about something else.
-pub(crate) fn name_the_flag(message: &str, key: &str, flag: &str) -> Option<String> {
-    let rest = message.strip_prefix(key)?.strip_prefix(": ")?;
-    Some(format!("{flag}: {rest}"))
-}
-
 /// A cost model from `--calibration` that cannot be used: named by the
 /// flag, not by `cost.calibration` (which the flag set). Other errors as
 /// they are, all the user's input (exit 2).
@@ -309,25 +299,24 @@ impl ClusterArgs {
     /// `e`, naming `--hostfile` or `--process` where the value at fault
     /// came from the flag rather than the `[cluster]` key.
     fn name_flags(&self, e: grflow_pipeline::cluster::ClusterError) -> String {
-        use grflow_pipeline::cluster::ClusterError;
-        let from_flag = |at: String| match at.strip_prefix("cluster.hostfile ") {
-            Some(rest) if self.hostfile.is_some() => format!("--hostfile {rest}"),
-            _ => at,
+        use grflow_pipeline::cluster::{ClusterError, HostAt};
+        // A line of the file `--hostfile` gave (it replaced the key's).
+        let flag_line = |at: &HostAt| match at {
+            HostAt::Hostfile { path, line } if self.hostfile.is_some() => {
+                Some(format!("--hostfile {path} line {line}"))
+            }
+            _ => None,
         };
         match e {
             ClusterError::Hostfile { path, reason } if self.hostfile.is_some() => {
                 format!("--hostfile {path}: {reason}")
             }
-            ClusterError::BadHost { at, host } => ClusterError::BadHost {
-                at: from_flag(at),
-                host,
+            ClusterError::BadHost { ref at, ref host } if let Some(at) = flag_line(at) => {
+                format!("{at} = {host:?}: expected host:port")
             }
-            .to_string(),
-            ClusterError::Duplicate { at, host } => ClusterError::Duplicate {
-                at: from_flag(at),
-                host,
+            ClusterError::Duplicate { ref at, ref host } if let Some(at) = flag_line(at) => {
+                format!("{at} = {host:?} appears twice")
             }
-            .to_string(),
             ClusterError::ProcessOutOfRange { process, hosts } if self.process.is_some() => {
                 format!("--process {process}: there are only {hosts} hosts (0..{hosts})")
             }
@@ -391,26 +380,52 @@ pub fn init_tracing(default_level: &str) {
 mod tests {
     use super::*;
 
-    /// `name_the_flag` reads `ParamsError`'s text: if its format moves,
-    /// `--model` errors would name `model.weights` again.
+    /// A bad line of the file `--hostfile` gave is named by the flag; the
+    /// same line of the config's `cluster.hostfile`, by the key.
     #[test]
-    fn a_weights_error_of_the_setup_is_renamed_for_the_flag() {
-        let e =
-            grflow_pipeline::params::ParamsError::Weights(grflow_pipeline::trained::WeightsError {
-                path: "m/items.parquet".into(),
-                reason: "another catalog".into(),
-            });
+    fn a_hostfile_line_is_named_by_where_the_file_came_from() {
+        use grflow_pipeline::cluster::{ClusterError, HostAt};
+        let at = || HostAt::Hostfile {
+            path: "h.txt".into(),
+            line: 2,
+        };
+        let flag = ClusterArgs {
+            hostfile: Some("h.txt".into()),
+            process: None,
+        };
+        let bad = || ClusterError::BadHost {
+            at: at(),
+            host: "x".into(),
+        };
+        let twice = || ClusterError::Duplicate {
+            at: at(),
+            host: "a:1".into(),
+        };
         assert_eq!(
-            name_the_flag(&e.to_string(), "model.weights", "--model").as_deref(),
-            Some("--model: m/items.parquet: another catalog")
+            flag.name_flags(bad()),
+            "--hostfile h.txt line 2 = \"x\": expected host:port"
         );
         assert_eq!(
-            name_the_flag("model.weightsx: a", "model.weights", "--model"),
-            None
+            flag.name_flags(twice()),
+            "--hostfile h.txt line 2 = \"a:1\" appears twice"
+        );
+        let key = ClusterArgs::default();
+        assert_eq!(
+            key.name_flags(bad()),
+            "cluster.hostfile h.txt line 2 = \"x\": expected host:port"
         );
         assert_eq!(
-            name_the_flag("run.workers: a", "model.weights", "--model"),
-            None
+            key.name_flags(twice()),
+            "cluster.hostfile h.txt line 2 = \"a:1\" appears twice"
+        );
+        // `cluster.hosts` is never the flag's.
+        let listed = ClusterError::BadHost {
+            at: HostAt::Hosts { index: 1 },
+            host: "x".into(),
+        };
+        assert_eq!(
+            flag.name_flags(listed),
+            "cluster.hosts[1] = \"x\": expected host:port"
         );
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use grflow_connectors::parquet::{ErrorSink, WindowSink};
 use grflow_operators::allocator::oracle::OracleSummary;
+use grflow_pipeline::params::ParamsError;
 use grflow_pipeline::replay::ResponseOutput;
 use grflow_pipeline::{
     Clock, Config, ReleaseSetting, ReplayError, ReplayOptions, ReplayOutput, Speed, StopRequest,
@@ -204,10 +205,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop: Some(stop.clone()),
     })
     .map_err(|e| match e {
-        ReplayError::Setup(m) if args.model.is_some() => InputError::from_display(
-            super::name_the_flag(&m, "model.weights", "--model").unwrap_or(m),
-        ),
-        ReplayError::Source(_) | ReplayError::Setup(_) => InputError::from_display(e),
+        // --model set model.weights: the user never wrote the key.
+        ReplayError::Params(ParamsError::Weights(w)) if args.model.is_some() => {
+            InputError::from_display(format!("--model: {w}"))
+        }
+        e if e.is_input() => InputError::from_display(e),
         other => anyhow::Error::new(other),
     })?;
     if output.follower {

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use grflow_pipeline::params::ParamsError;
 use grflow_pipeline::{ServeError, ServeOptions};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
@@ -106,15 +107,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(_)) => Some("--model"),
         (None, None) => None,
     };
-    let to_input = |e: ServeError| match e {
-        ServeError::Config(m) => {
-            match model_flag.and_then(|flag| super::name_the_flag(&m, "model.weights", flag)) {
-                Some(named) => InputError::from_display(named),
-                None => InputError::from_display(ServeError::Config(m)),
-            }
+    let to_input = |e: ServeError| match (e, model_flag) {
+        (ServeError::Params(ParamsError::Weights(w)), Some(flag)) => {
+            InputError::from_display(format!("{flag}: {w}"))
         }
-        ServeError::Catalog(_) => InputError::from_display(e),
-        other => anyhow::Error::new(other),
+        (
+            e @ (ServeError::Config(_)
+            | ServeError::Params(_)
+            | ServeError::Cluster(_)
+            | ServeError::Catalog(_)
+            | ServeError::Admin(_)),
+            _,
+        ) => InputError::from_display(e),
+        (other, _) => anyhow::Error::new(other),
     };
     let opts = ServeOptions {
         config,

@@ -803,9 +803,7 @@ fn greedy_p99(
 /// exit code 2, as `grflow replay` gives for the same config.
 fn episode_error(e: grflow_pipeline::ReplayError, what: &str) -> anyhow::Error {
     match e {
-        grflow_pipeline::ReplayError::Source(_) | grflow_pipeline::ReplayError::Setup(_) => {
-            InputError::from_display(format!("{what}: {e}"))
-        }
+        e if e.is_input() => InputError::from_display(format!("{what}: {e}")),
         other => anyhow::Error::new(other).context(what.to_string()),
     }
 }

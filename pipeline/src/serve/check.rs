@@ -83,7 +83,7 @@ pub fn check(opts: &ServeOptions) -> Result<CheckReport, ServeError> {
     let cfg = opts.config.clone();
     let k = cfg.kafka.clone();
     let settings = opts.settings();
-    let job = Job::prepare(cfg.clone(), super::side_tables(&cfg)?).map_err(ServeError::Config)?;
+    let job = Job::prepare(cfg.clone(), super::side_tables(&cfg)?)?;
     let topo = job.topology();
     let creates = k.create_partitions > 0;
     let request_topic = topic(&settings, &k.request_topic, creates)?;

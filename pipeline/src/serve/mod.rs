@@ -35,14 +35,15 @@ use grflow_connectors::kafka::{
 use grflow_connectors::parquet::load_side_tables;
 use grflow_operators::node::ServingNode;
 
+use crate::cluster::ClusterError;
 use crate::config::Config;
 use crate::dataflow::allocator::AllocatorStats;
 use crate::dataflow::control::{LiveControl, SourceClock};
 use crate::dataflow::{self, ServingParts};
 use crate::events::{NodeControl, Target};
-use crate::job::Job;
+use crate::job::{Job, JobError};
 use crate::models::ModelRegistry;
-use crate::params::node_params;
+use crate::params::{ParamsError, node_params};
 use crate::side::SideTables;
 pub use check::CheckReport;
 use grflow_operators::node::NodeCommand;
@@ -58,10 +59,20 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 pub enum ServeError {
     #[error("config: {0}")]
     Config(String),
+    /// The node parameters (`model.*`, `memory.*`): typed, so that the
+    /// binary can name the flag that set the key.
+    #[error("config: {0}")]
+    Params(#[from] ParamsError),
+    /// `[cluster]`, likewise.
+    #[error("config: {0}")]
+    Cluster(#[from] ClusterError),
     #[error("kafka.catalog: {0}")]
     Catalog(String),
     #[error(transparent)]
     Kafka(#[from] grflow_connectors::kafka::KafkaClientError),
+    /// `--admin-addr` cannot be served (it names the flag itself).
+    #[error(transparent)]
+    Admin(#[from] crate::admin::AdminError),
     #[error("timely: {0}")]
     Timely(String),
     #[error("worker {0} panicked")]
@@ -69,6 +80,16 @@ pub enum ServeError {
     /// An output could neither be delivered nor dead-lettered.
     #[error("stopped: {0}")]
     Fatal(String),
+}
+
+impl From<JobError> for ServeError {
+    fn from(e: JobError) -> Self {
+        match e {
+            JobError::Cluster(e) => Self::Cluster(e),
+            JobError::Params(e) => Self::Params(e),
+            JobError::Other(m) => Self::Config(m),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -167,8 +188,7 @@ const GATHER_WAIT: Duration = Duration::from_secs(30);
 fn check_before_start(opts: &ServeOptions) -> Result<(), ServeError> {
     check_servable(&opts.config).map_err(ServeError::Config)?;
     if let Some(addr) = &opts.admin_addr {
-        crate::admin::AdminServer::check_addr(addr)
-            .map_err(|e| ServeError::Config(e.to_string()))?;
+        crate::admin::AdminServer::check_addr(addr)?;
     }
     Ok(())
 }
@@ -283,7 +303,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     // cluster's connections), as in replay: wall_s and throughput measure
     // serving, not setup.
     let started: Arc<std::sync::OnceLock<Instant>> = Arc::default();
-    let job = Job::prepare(cfg.clone(), side_tables(&cfg)?).map_err(ServeError::Config)?;
+    let job = Job::prepare(cfg.clone(), side_tables(&cfg)?)?;
     let topo = job.topology();
     // Nodes of the whole job (N processes × W workers); partitions, offset
     // books and node ids use the global worker index.
@@ -372,8 +392,7 @@ pub fn serve(opts: ServeOptions, stop: Arc<AtomicBool>) -> Result<ServeSummary, 
     });
     let _admin = match &opts.admin_addr {
         Some(addr) => {
-            let server = crate::admin::AdminServer::start(addr, models.clone(), submit.clone())
-                .map_err(|e| ServeError::Config(e.to_string()))?;
+            let server = crate::admin::AdminServer::start(addr, models.clone(), submit.clone())?;
             eprintln!(
                 "admin: http://{}/model (POST a model directory to swap)",
                 server.local_addr()

@@ -386,8 +386,11 @@ impl Bench {
         // buckets, as coarse as the differences between policies.
         opts.responses = grflow_pipeline::replay::ResponseOutput::Collect;
         let mut out = grflow_pipeline::replay(opts).map_err(|e| match e {
-            // The config's setting the oracle cannot run with.
-            grflow_pipeline::replay::ReplayError::Setup(m) => InputError::from_display(m),
+            // The config's setting the oracle cannot run with, or a
+            // setting the job refused.
+            e @ (grflow_pipeline::replay::ReplayError::Params(_)
+            | grflow_pipeline::replay::ReplayError::Cluster(_)
+            | grflow_pipeline::replay::ReplayError::Setup(_)) => InputError::from_display(e),
             e => anyhow::Error::new(e).context("replay"),
         })?;
         out.exact_latency();
