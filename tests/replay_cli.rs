@@ -172,6 +172,38 @@ fn replay_writes_the_documented_outputs() {
     assert_eq!(by_mode["retrieve"]["slo_ms"].as_f64(), Some(50.0));
 }
 
+/// One request on two workers: the node that got none reports no latency
+/// and no SLO satisfaction (null in summary.json, "-" for people), not 0.
+#[test]
+fn a_node_that_served_nothing_reports_null_not_zero() {
+    let dir = tmp_dir("idle-node");
+    let trace = gen_trace(&dir, "steady", 1);
+    let out = dir.join("out");
+    let summary = replay_json(&trace, 2, Some(&out));
+    assert_eq!(summary["responses_out"].as_u64(), Some(1), "{summary}");
+    assert!(summary["latency_ms"]["p99"].is_number(), "{summary}");
+    assert!(summary["slo_satisfaction"].is_number(), "{summary}");
+    let on_disk: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let nodes = on_disk["nodes"].as_array().unwrap();
+    let idle: Vec<&Value> = nodes.iter().filter(|n| n["responses_out"] == 0).collect();
+    assert_eq!(idle.len(), 1, "{nodes:?}");
+    assert!(idle[0]["latency_ms"].is_null(), "{}", idle[0]);
+    assert!(idle[0]["slo_satisfaction"].is_null(), "{}", idle[0]);
+
+    let text = ok(grflow()
+        .args(["replay", "--speed", "max", "--workers", "2", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    let text = String::from_utf8(text.stdout).unwrap();
+    let idle_line = text
+        .lines()
+        .find(|l| l.contains(": 0 responses"))
+        .unwrap_or_else(|| panic!("no idle node in {text}"));
+    assert!(idle_line.contains("p99 -  busy"), "{idle_line}");
+}
+
 #[test]
 fn missing_trace_is_a_clear_error_with_exit_code_2() {
     let out = grflow()

@@ -22,8 +22,12 @@ fn latency_cdf(output: &ReplayOutput) -> LineChart {
     let s = &output.summary;
     LineChart {
         title: format!(
-            "latency CDF: {} responses, p99 {:.2} ms ({} clock)",
-            s.responses_out, s.latency_ms.p99, s.clock
+            "latency CDF: {} responses, p99 {} ({} clock)",
+            s.responses_out,
+            s.latency_ms
+                .as_ref()
+                .map_or_else(|| "-".into(), |l| format!("{:.2} ms", l.p99)),
+            s.clock
         ),
         x_label: "latency (ms)".into(),
         y_label: "share of responses at or below".into(),

@@ -30,13 +30,14 @@ impl LatencySummary {
     }
 
     /// Percentiles from a bounded histogram (within 1%); the max is exact.
-    pub fn from_histogram(h: &LatencyHistogram) -> Self {
-        Self {
+    /// None when it holds no latency: a 0 ms p99 would read as a fact.
+    pub fn from_histogram(h: &LatencyHistogram) -> Option<Self> {
+        (h.count() > 0).then(|| Self {
             p50: h.quantile(0.50),
             p95: h.quantile(0.95),
             p99: h.quantile(0.99),
             max: h.max_ms(),
-        }
+        })
     }
 }
 
@@ -78,7 +79,8 @@ impl LatencyTally {
         self.failed
     }
 
-    pub fn summary(&self) -> LatencySummary {
+    /// The percentiles; None when no response was recorded.
+    pub fn summary(&self) -> Option<LatencySummary> {
         LatencySummary::from_histogram(&self.histogram)
     }
 
@@ -97,14 +99,11 @@ impl LatencyTally {
     }
 
     /// Share of requests answered within the SLO: responses within it over
-    /// responses and failures (0 when nothing was recorded). A shed request
-    /// is a miss, as a client sees it.
-    pub fn slo_satisfaction(&self) -> f64 {
+    /// responses and failures (None when nothing was recorded: 0 would read
+    /// as "every one missed"). A shed request is a miss, as a client sees it.
+    pub fn slo_satisfaction(&self) -> Option<f64> {
         let requests = self.count() + self.failed;
-        if requests == 0 {
-            return 0.0;
-        }
-        self.within_slo as f64 / requests as f64
+        (requests > 0).then(|| self.within_slo as f64 / requests as f64)
     }
 }
 
@@ -116,10 +115,12 @@ pub struct NodeSummary {
     pub alpha: f64,
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
-    pub latency_ms: LatencySummary,
+    /// Null when the node served no request (as each kind's in `by_mode`).
+    pub latency_ms: Option<LatencySummary>,
     /// Share of this node's responses within the SLO (an error record does
-    /// not say which node failed it; the run's figure counts those).
-    pub slo_satisfaction: f64,
+    /// not say which node failed it; the run's figure counts those); null
+    /// when the node served no request.
+    pub slo_satisfaction: Option<f64>,
     /// Counters of the node's caches and link, for operators.
     pub emb_hits: u64,
     pub emb_lookups: u64,
@@ -219,7 +220,9 @@ pub struct Summary {
     pub wall_s: f64,
     pub event_time_s: f64,
     pub throughput_rps: f64,
-    pub latency_ms: LatencySummary,
+    /// Null when the run answered no request with a response (error records
+    /// have no latency).
+    pub latency_ms: Option<LatencySummary>,
     /// The rank SLO (`run.slo_ms.rank`); each kind's is in `by_mode`, and
     /// `slo_satisfaction` counts each request against its own kind's.
     pub slo_ms: f64,
@@ -232,8 +235,9 @@ pub struct Summary {
     #[serde(default)]
     pub release: String,
     /// Share of requests answered within their kind's SLO; a request
-    /// answered with an error record (shed, unservable) is a miss.
-    pub slo_satisfaction: f64,
+    /// answered with an error record (shed, unservable) is a miss. Null
+    /// when no request was answered at all.
+    pub slo_satisfaction: Option<f64>,
     pub emb_hit_rate: f64,
     pub kv_hit_rate: f64,
     /// Requests served with only the most recent part of their history
@@ -327,19 +331,16 @@ impl ModeSummary {
             responses: tally.count(),
             failed: tally.failed(),
             slo_ms,
-            latency_ms: (tally.count() > 0).then(|| tally.summary()),
-            slo_satisfaction: (tally.count() + tally.failed() > 0)
-                .then(|| tally.slo_satisfaction()),
+            latency_ms: tally.summary(),
+            slo_satisfaction: tally.slo_satisfaction(),
         }
     }
 }
 
-/// Share of latencies within the SLO.
-pub fn slo_satisfaction(latencies: &[f64], slo_ms: f64) -> f64 {
-    if latencies.is_empty() {
-        return 0.0;
-    }
-    latencies.iter().filter(|&&l| l <= slo_ms).count() as f64 / latencies.len() as f64
+/// Share of latencies within the SLO; None when there are none.
+pub fn slo_satisfaction(latencies: &[f64], slo_ms: f64) -> Option<f64> {
+    (!latencies.is_empty())
+        .then(|| latencies.iter().filter(|&&l| l <= slo_ms).count() as f64 / latencies.len() as f64)
 }
 
 /// Where an interrupted replay stopped.
@@ -373,14 +374,15 @@ impl Summary {
             "wall {:.1} s for {:.1} s of event time  throughput {:.0} req/s\n",
             self.wall_s, self.event_time_s, self.throughput_rps
         );
+        let figure = |pick: fn(&LatencySummary) -> f64| ms(self.latency_ms.as_ref().map(pick));
         s += &format!(
-            "latency ms ({} clock, {} release)  p50 {:.2}  p95 {:.2}  p99 {:.2}  max {:.2}   SLO {} met by {:.1}%\n",
+            "latency ms ({} clock, {} release)  p50 {}  p95 {}  p99 {}  max {}   SLO {} met by {}\n",
             self.clock,
             self.release,
-            self.latency_ms.p50,
-            self.latency_ms.p95,
-            self.latency_ms.p99,
-            self.latency_ms.max,
+            figure(|l| l.p50),
+            figure(|l| l.p95),
+            figure(|l| l.p99),
+            figure(|l| l.max),
             // Each request is held to its own kind's SLO.
             if self.by_mode.retrieve.responses + self.by_mode.retrieve.failed > 0 {
                 format!(
@@ -390,7 +392,7 @@ impl Summary {
             } else {
                 format!("{} ms", self.slo_ms)
             },
-            self.slo_satisfaction * 100.0
+            percent(self.slo_satisfaction)
         );
         for (kind, m) in [
             ("rank", &self.by_mode.rank),
@@ -423,13 +425,15 @@ impl Summary {
         }
         for n in &self.nodes {
             s += &format!(
-                "  node {}: {} responses  alpha {:.2}  emb {:.3}  kv {:.3}  p99 {:.2} ms  busy {:.2} (peak {:.2})\n",
+                "  node {}: {} responses  alpha {:.2}  emb {:.3}  kv {:.3}  p99 {}  busy {:.2} (peak {:.2})\n",
                 n.node,
                 n.responses_out,
                 n.alpha,
                 n.emb_hit_rate,
                 n.kv_hit_rate,
-                n.latency_ms.p99,
+                n.latency_ms
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |l| format!("{:.2} ms", l.p99)),
                 n.busy_share,
                 n.busy_share_peak
             );
@@ -448,6 +452,16 @@ impl Summary {
         );
         s
     }
+}
+
+/// A latency in ms for people; "-" where nothing was served to measure.
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
+}
+
+/// A share as a percentage; "-" where no request was answered.
+fn percent(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{:.1}%", v * 100.0))
 }
 
 /// Window rows ordered by (node, window start).
@@ -501,7 +515,7 @@ mod tests {
         }
         a.merge(&b);
         let exact = LatencySummary::from_unsorted(all.clone());
-        let got = a.summary();
+        let got = a.summary().unwrap();
         for (g, e) in [
             (got.p50, exact.p50),
             (got.p95, exact.p95),
@@ -524,11 +538,12 @@ mod tests {
         b.record_failures(1);
         a.merge(&b);
         assert_eq!((a.count(), a.failed()), (2, 3));
-        assert_eq!(a.slo_satisfaction(), 1.0 / 5.0);
-        assert_eq!(a.summary().max, 40.0);
+        assert_eq!(a.slo_satisfaction(), Some(1.0 / 5.0));
+        assert_eq!(a.summary().map(|l| l.max), Some(40.0));
         let mut only_failed = LatencyTally::default();
         only_failed.record_failures(1);
-        assert_eq!(only_failed.slo_satisfaction(), 0.0);
+        assert_eq!(only_failed.slo_satisfaction(), Some(0.0));
+        assert_eq!(only_failed.summary(), None);
 
         let mut modes = ModeTallies::default();
         modes.record(Mode::Rank, 5.0, &SloMs::both(30.0));
@@ -542,7 +557,80 @@ mod tests {
 
     #[test]
     fn slo_counts_inclusive() {
-        assert_eq!(slo_satisfaction(&[10.0, 30.0, 31.0, 5.0], 30.0), 0.75);
-        assert_eq!(slo_satisfaction(&[], 30.0), 0.0);
+        assert_eq!(slo_satisfaction(&[10.0, 30.0, 31.0, 5.0], 30.0), Some(0.75));
+        assert_eq!(slo_satisfaction(&[], 30.0), None);
+    }
+
+    #[test]
+    fn nothing_recorded_is_no_latency_and_no_satisfaction() {
+        let empty = LatencyTally::default();
+        assert_eq!((empty.summary(), empty.slo_satisfaction()), (None, None));
+        assert_eq!(
+            LatencySummary::from_histogram(&LatencyHistogram::default()),
+            None
+        );
+    }
+
+    /// A run of two nodes where node 1 got no request, and (`served` false)
+    /// one that answered nothing at all.
+    fn two_node_run(served: bool) -> Summary {
+        let mut tally = LatencyTally::default();
+        if served {
+            tally.record(2.0, 30.0);
+            tally.record(40.0, 30.0);
+        }
+        let node = |node: u32, tally: &LatencyTally| NodeSummary {
+            node,
+            responses_out: tally.count(),
+            latency_ms: tally.summary(),
+            slo_satisfaction: tally.slo_satisfaction(),
+            ..NodeSummary::default()
+        };
+        Summary {
+            responses_out: tally.count(),
+            latency_ms: tally.summary(),
+            slo_satisfaction: tally.slo_satisfaction(),
+            nodes: vec![node(0, &tally), node(1, &LatencyTally::default())],
+            ..Summary::default()
+        }
+    }
+
+    #[test]
+    fn a_node_that_served_nothing_has_null_latency_and_satisfaction() {
+        let s = two_node_run(true);
+        let json = serde_json::to_value(&s).unwrap();
+        let idle = &json["nodes"][1];
+        assert!(idle["latency_ms"].is_null(), "{idle}");
+        assert!(idle["slo_satisfaction"].is_null(), "{idle}");
+        assert_eq!(json["nodes"][0]["latency_ms"]["p99"].as_f64(), Some(40.0));
+        assert_eq!(json["nodes"][0]["slo_satisfaction"].as_f64(), Some(0.5));
+        let back: Summary = serde_json::from_value(json).unwrap();
+        assert_eq!(back, s);
+
+        let text = s.human();
+        assert!(text.contains("p99 40.00 ms  busy"), "{text}");
+        assert!(text.contains("node 1: 0 responses"), "{text}");
+        let idle = text.lines().find(|l| l.contains("node 1:")).unwrap();
+        assert!(idle.contains("p99 -  busy"), "{idle}");
+    }
+
+    #[test]
+    fn a_run_with_no_response_has_null_latency_and_satisfaction() {
+        let s = two_node_run(false);
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json["latency_ms"].is_null(), "{json}");
+        assert!(json["slo_satisfaction"].is_null(), "{json}");
+        let back: Summary = serde_json::from_value(json).unwrap();
+        assert_eq!(back, s);
+
+        let text = s.human();
+        let latency = text.lines().find(|l| l.starts_with("latency ms")).unwrap();
+        assert!(
+            latency.contains("p50 -  p95 -  p99 -  max -") && latency.ends_with("met by -"),
+            "{latency}"
+        );
+        for node in text.lines().filter(|l| l.contains("  node ")) {
+            assert!(node.contains("p99 -  busy"), "{node}");
+        }
     }
 }

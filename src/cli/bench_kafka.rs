@@ -224,7 +224,9 @@ fn run_both(
     .context("Parquet replay")?;
     replayed.exact_latency();
     let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;
-    let parquet_p99_ms = replayed.summary.latency_ms.p99;
+    let parquet_p99_ms = (replayed.summary.latency_ms.as_ref())
+        .context("the Parquet replay answered no request: no p99 to compare")?
+        .p99;
     eprintln!("serving the same trace through Kafka at {brokers}...");
     let topic_names = (k.request_topic.clone(), k.response_topic.clone());
 

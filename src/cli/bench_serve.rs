@@ -85,8 +85,9 @@ struct LoadPoint {
     mode: &'static str,
     offered_rps: f64,
     served_rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
+    /// Null when the point answered no request (every one shed).
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
     /// The p99 of each request kind: which one makes the tail (null for a
     /// kind with no response, e.g. `--retrieve-share 0`). Exact, like
     /// `p99_ms` (nearest rank over that kind's responses).
@@ -333,13 +334,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             1
         };
         let s = replay(&trace, configured(&base, max_tokens, &speed))?;
-        let meets = s.latency_ms.p99 <= slo_ms && s.errors == 0 && s.responses_out == args.requests;
+        let latency = s.latency_ms.as_ref();
+        let meets = latency.is_some_and(|l| l.p99 <= slo_ms)
+            && s.errors == 0
+            && s.responses_out == args.requests;
         let p = LoadPoint {
             mode,
             offered_rps: rate,
             served_rps: s.throughput_rps,
-            p50_ms: s.latency_ms.p50,
-            p99_ms: s.latency_ms.p99,
+            p50_ms: latency.map(|l| l.p50),
+            p99_ms: latency.map(|l| l.p99),
             rank_p99_ms: s.by_mode.rank.latency_ms.as_ref().map(|l| l.p99),
             retrieve_p99_ms: s.by_mode.retrieve.latency_ms.as_ref().map(|l| l.p99),
             errors: s.errors,
@@ -348,10 +352,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         let kind = |p99: Option<f64>| p99.map_or("-".into(), |v| format!("{v:.1}"));
         eprintln!(
-            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7.1} ms, p99 {:>7.1} ms (rank {}, retrieve {}){}",
+            "  {mode:>9} offered {rate:>8.1} req/s: served {:>8.1}, p50 {:>7} ms, p99 {:>7} ms (rank {}, retrieve {}){}",
             p.served_rps,
-            p.p50_ms,
-            p.p99_ms,
+            kind(p.p50_ms),
+            kind(p.p99_ms),
             kind(p.rank_p99_ms),
             kind(p.retrieve_p99_ms),
             if meets { "" } else { "  (misses)" }
@@ -566,7 +570,9 @@ fn capacity_batched_and_single(
         &Arc::new(few),
         configured(base, 1, &speed_for(capacity_rps_unbatched * 0.2)),
     )?;
-    let single_request_p50_ms = single.latency_ms.p50;
+    let single_request_p50_ms = (single.latency_ms.as_ref())
+        .context("the one-at-a-time run answered no request")?
+        .p50;
     eprintln!("single request p50: {single_request_p50_ms:.1} ms");
     Ok((capacity_rps_batched, single_request_p50_ms, gemm))
 }
@@ -704,7 +710,7 @@ fn plot(r: &ServeBench) -> String {
             .points
             .iter()
             .filter(|p| p.mode == mode)
-            .map(|p| (p.offered_rps, p.p99_ms))
+            .filter_map(|p| Some((p.offered_rps, p.p99_ms?)))
             .collect();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
         Series {
@@ -715,7 +721,7 @@ fn plot(r: &ServeBench) -> String {
     let max_y = r
         .points
         .iter()
-        .map(|p| p.p99_ms)
+        .filter_map(|p| p.p99_ms)
         .fold(r.setup.slo_ms * 1.5, f64::max)
         .min(r.setup.slo_ms * 4.0);
     LineChart {

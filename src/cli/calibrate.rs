@@ -130,7 +130,15 @@ fn validate(args: &Args) -> anyhow::Result<()> {
     eprintln!("validating on the default trace: real at 1x, then virtual...");
     let wall = run(Clock::Wall, "1x")?;
     let virt = run(Clock::Virtual, "max")?;
-    let (w, v) = (&wall.latency_ms, &virt.latency_ms);
+    let no_response = |clock: &str| format!("the {clock}-clock validation run answered no request");
+    let w = wall
+        .latency_ms
+        .as_ref()
+        .with_context(|| no_response("wall"))?;
+    let v = virt
+        .latency_ms
+        .as_ref()
+        .with_context(|| no_response("virtual"))?;
     let report = serde_json::json!({
         "wall_p50_ms": w.p50, "virtual_p50_ms": v.p50, "p50_ratio": v.p50 / w.p50.max(1e-9),
         "wall_p99_ms": w.p99, "virtual_p99_ms": v.p99, "p99_ratio": v.p99 / w.p99.max(1e-9),
@@ -181,7 +189,8 @@ pub(crate) fn fit_overhead(cost: &mut CostModel) -> anyhow::Result<()> {
         let out =
             grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
                 .context("calibration replay")?;
-        let l = &out.summary.latency_ms;
+        let l = (out.summary.latency_ms.as_ref())
+            .context("a calibration replay answered no request")?;
         Ok((l.p50, l.p99))
     };
     eprintln!("measuring the per-request overhead at {low_rps:.0} req/s, real and virtual...");

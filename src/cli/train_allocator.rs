@@ -448,7 +448,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let out =
                 grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
                     .map_err(|e| episode_error(e, "training episode"))?;
-            p99s.push(out.summary.latency_ms.p99);
+            let latency = (out.summary.latency_ms.as_ref())
+                .context("a training episode answered no request: no p99")?;
+            p99s.push(latency.p99);
             let mut by_node: BTreeMap<u32, Vec<Step>> = BTreeMap::new();
             for (node, step) in out.allocator_steps {
                 by_node.entry(node).or_default().push(step);
@@ -786,7 +788,9 @@ fn greedy_p99(
             grflow_pipeline::replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
                 .map_err(|e| episode_error(e, "greedy evaluation episode"))?;
         let e = by_regime.entry(regime.clone()).or_default();
-        e.0 += out.summary.latency_ms.p99;
+        e.0 += (out.summary.latency_ms.as_ref())
+            .context("a greedy evaluation episode answered no request: no p99")?
+            .p99;
         e.1 += 1;
     }
     let total: f64 = by_regime.values().map(|(sum, _)| sum).sum();

@@ -197,8 +197,9 @@ pub struct ServeSummary {
     pub in_flight_at_exit: usize,
     /// Latency of the responses; error records are not in it (they count
     /// as misses in `by_mode`) (was `latency_p50_ms`, `latency_p99_ms`,
-    /// `latency_max_ms`).
-    pub latency_ms: crate::summary::LatencySummary,
+    /// `latency_max_ms`). Null when the job answered no request with a
+    /// response, as each kind's in `by_mode`.
+    pub latency_ms: Option<crate::summary::LatencySummary>,
     /// Rankings and retrievals apart, each against its own SLO.
     pub by_mode: ModeSummaries,
     /// Messages behind the end of each request partition at exit.
@@ -258,6 +259,36 @@ mod tests {
         assert_eq!((s.rank.responses, s.rank.failed), (1, 0));
         assert_eq!((s.retrieve.responses, s.retrieve.failed), (0, 1));
         assert_eq!(s.retrieve.slo_satisfaction, Some(0.0));
+    }
+
+    #[test]
+    fn a_job_that_answered_nothing_has_null_latency() {
+        // Only a shed request: no response, so no latency to report.
+        let latency = AnswerLatency::new(SloMs::both(30.0));
+        latency.record(500.0, Mode::Rank, true);
+        let mut part = ProcessPart::default();
+        part.merge(&ProcessPart {
+            latency: latency.overall.lock().unwrap().clone(),
+            by_mode: latency.by_mode.lock().unwrap().clone(),
+            ..ProcessPart::default()
+        });
+        let summary = ServeSummary {
+            latency_ms: crate::summary::LatencySummary::from_histogram(&part.latency),
+            by_mode: part.by_mode.summaries(&SloMs::both(30.0)),
+            ..ServeSummary::default()
+        };
+        assert_eq!(summary.latency_ms, None);
+        let json = serde_json::to_value(&summary).unwrap();
+        assert!(json["latency_ms"].is_null(), "{json}");
+        assert_eq!(
+            json["by_mode"]["rank"]["slo_satisfaction"].as_f64(),
+            Some(0.0)
+        );
+
+        latency.record(5.0, Mode::Rank, false);
+        let served =
+            crate::summary::LatencySummary::from_histogram(&latency.overall.lock().unwrap());
+        assert!(served.is_some_and(|l| l.max == 5.0));
     }
 
     #[test]

@@ -435,7 +435,9 @@ impl Bench {
                 let mut score = TrainScore::default();
                 for t in &train_traces {
                     let out = self.replay(t, run, false)?;
-                    score.p99_ms += out.summary.latency_ms.p99 / train_traces.len() as f64;
+                    let latency = (out.summary.latency_ms.as_ref())
+                        .context("a training trace's run answered no request: no p99")?;
+                    score.p99_ms += latency.p99 / train_traces.len() as f64;
                     score.truncated += out.summary.truncated_histories;
                     score.failed += out.summary.errors;
                 }
@@ -451,7 +453,9 @@ impl Bench {
                     let bench = self.replay(&bench_trace, &run, false)?;
                     let train = train_score(&run)?;
                     let train_p99 = train.p99_ms;
-                    let p99 = bench.summary.latency_ms.p99;
+                    let p99 = (bench.summary.latency_ms.as_ref())
+                        .context("a sweep run answered no request: no p99")?
+                        .p99;
                     let truncated = bench.summary.truncated_histories;
                     let reclaims = kv_reclaims(&bench.summary);
                     eprintln!(
@@ -593,9 +597,9 @@ impl Bench {
                 let out = self.replay(&bench_trace, &run, true)?;
                 plots.policy_run(&name, run.label, &out);
                 if run.label == "kv-emb-opt" {
-                    reference = Some(out.summary.latency_ms.p99);
+                    reference = out.summary.latency_ms.as_ref().map(|l| l.p99);
                 }
-                let row = Row::of(&name, run, &out, reference);
+                let row = Row::of(&name, run, &out, reference)?;
                 eprintln!("{tag}{}", row.line(run_started.elapsed().as_secs_f64()));
                 rows.push(row);
             }

@@ -121,7 +121,7 @@ impl Plots {
             points: runs
                 .iter()
                 .filter(|(_, o)| o.summary.truncated_histories == 0)
-                .map(|(a, o)| (*a, o.summary.latency_ms.p99))
+                .filter_map(|(a, o)| Some((*a, o.summary.latency_ms.as_ref()?.p99)))
                 .collect(),
         });
     }

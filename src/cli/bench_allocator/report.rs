@@ -63,7 +63,12 @@ pub(super) struct Row {
 impl Row {
     /// The row of one policy's run on the bench trace; `reference` is
     /// `kv-emb-opt`'s P99 when it ran first.
-    pub(super) fn of(regime: &str, run: Run, out: &ReplayOutput, reference: Option<f64>) -> Self {
+    pub(super) fn of(
+        regime: &str,
+        run: Run,
+        out: &ReplayOutput,
+        reference: Option<f64>,
+    ) -> anyhow::Result<Self> {
         let Run {
             label,
             policy,
@@ -80,7 +85,9 @@ impl Row {
         );
         let alloc = s.allocator.as_ref();
         let timed = alloc.filter(|_| decides);
-        Row {
+        let no_response = || anyhow::anyhow!("{regime} {label}: the run answered no request");
+        let latency = s.latency_ms.as_ref().ok_or_else(no_response)?;
+        Ok(Row {
             regime: regime.into(),
             policy: label.into(),
             alpha_start: if policy == AllocatorPolicy::KvOpt {
@@ -89,14 +96,14 @@ impl Row {
                 alpha
             },
             node_alpha,
-            p99_ms: s.latency_ms.p99,
-            p50_ms: s.latency_ms.p50,
-            slo_satisfaction: s.slo_satisfaction,
+            p99_ms: latency.p99,
+            p50_ms: latency.p50,
+            slo_satisfaction: s.slo_satisfaction.ok_or_else(no_response)?,
             alpha_moves: alloc.map_or(0, |a| a.alpha_moves),
             decision_us_mean: timed.map(|a| a.decision_us_mean),
             decision_us_p99: timed.map(|a| a.decision_us_p99),
             pid_gains,
-            p99_reduction_vs_kv_emb_opt: reference.map(|r| 1.0 - s.latency_ms.p99 / r.max(1e-9)),
+            p99_reduction_vs_kv_emb_opt: reference.map(|r| 1.0 - latency.p99 / r.max(1e-9)),
             oracle_gap: oracle.as_ref().map(|o| o.gap),
             p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
             alpha_star_std: oracle.as_ref().map(|o| o.alpha_star_std),
@@ -106,7 +113,7 @@ impl Row {
             truncated_histories: s.truncated_histories,
             failed_requests: s.errors,
             kv_reclaims: kv_reclaims(s),
-        }
+        })
     }
 
     /// No request failed and no history was cut: its P99 compares with
