@@ -14,13 +14,15 @@
 //! letters), sharing the offset books and counters of [`SharedState`] with
 //! the producer's delivery thread. What they do to a record is a typed
 //! [`KafkaEvent`]: counted, exported as a metric, logged. The history
-//! limits a source decodes with follow the models served ([`limits`]).
+//! limits a source decodes with follow the models served ([`limits`]);
+//! consumer lag is reported only while it can be believed ([`lag`]).
 
 pub mod assign;
 pub mod client;
 pub mod client_logs;
 pub mod clock;
 pub mod events;
+pub mod lag;
 pub mod limits;
 pub mod offsets;
 pub mod ratelimit;
@@ -37,6 +39,7 @@ pub use client::{
     scan_answered, scan_answers,
 };
 pub use events::KafkaEvent;
+pub use lag::{LAG_STALE_AFTER, LagChange, LagGauge, LagTable};
 pub use limits::ServedLimits;
 pub use offsets::{Admission, OffsetBook, OffsetError, PartitionOffsets, RecoveryBounds};
 pub use shared::{CountsSnapshot, FailedOutput, KafkaCounters, SharedState};

@@ -7,12 +7,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::{Delivery, OffsetBook, RecordId, partition_owner};
 
 use super::events::KafkaEvent;
+use super::lag::{LagChange, LagGauge, LagTable};
 use crate::recent_ids::RecentIds;
 
 /// Counters of the Kafka source and sink of a job; logged periodically
@@ -101,8 +103,12 @@ pub struct SharedState {
     /// The shutdown drain ran out of `kafka.drain_timeout_ms`.
     pub drain_timed_out: AtomicBool,
     pub counters: KafkaCounters,
-    /// Consumer lag per request partition, as last measured.
+    /// Consumer lag per request partition that can still be believed: a
+    /// partition whose lag went stale (see [`super::lag`]) is left out.
+    /// [`SharedState::lag_gauges`] has every partition, stale ones too.
     pub lag: Mutex<BTreeMap<i32, i64>>,
+    /// Every partition's lag reading, with when it last moved.
+    lag_table: Mutex<LagTable>,
     /// The request topic's partition count as last seen (it only grows);
     /// a worker that owns a partition beyond those it reads adds it.
     pub partitions: std::sync::atomic::AtomicI32,
@@ -134,6 +140,7 @@ impl SharedState {
             drain_timed_out: AtomicBool::new(false),
             counters: KafkaCounters::default(),
             lag: Mutex::default(),
+            lag_table: Mutex::default(),
             partitions: std::sync::atomic::AtomicI32::new(0),
             recent_ids: Mutex::default(),
             clamped: Mutex::default(),
@@ -166,6 +173,39 @@ impl SharedState {
             .expect("lock")
             .get_or_insert_with(|| RecentIds::new(window))
             .observe(req_id, at)
+    }
+
+    /// The same state, its partitions' lag going stale after `stale_after`
+    /// unmoved instead of [`super::lag::LAG_STALE_AFTER`].
+    pub fn with_lag_stale_after(self, stale_after: Duration) -> Self {
+        *self.lag_table.lock().expect("lag lock") = LagTable::new(stale_after);
+        self
+    }
+
+    /// Measures `partition`'s lag at `now` (see [`LagTable::measure`]) and
+    /// keeps [`SharedState::lag`] to the partitions not stale.
+    pub fn measure_lag(
+        &self,
+        partition: i32,
+        high: Option<i64>,
+        next: i64,
+        now: Instant,
+    ) -> LagChange {
+        let mut table = self.lag_table.lock().expect("lag lock");
+        let change = table.measure(partition, high, next, now);
+        let gauge = table.gauge(partition, now);
+        let mut lag = self.lag.lock().expect("lag lock");
+        match gauge.and_then(|g| g.lag) {
+            Some(behind) => lag.insert(partition, behind),
+            None => lag.remove(&partition),
+        };
+        change
+    }
+
+    /// Every measured partition's lag as it may be exported at `now`:
+    /// `lag` is `None` (export NaN) for a stale one.
+    pub fn lag_gauges(&self, now: Instant) -> BTreeMap<i32, LagGauge> {
+        self.lag_table.lock().expect("lag lock").gauges(now)
     }
 
     /// Records that the request topic has `partitions` partitions now.

@@ -15,6 +15,7 @@ use grflow_traces::Request;
 
 use super::clock::{Entry, PartitionClock, entry_time};
 use super::events::KafkaEvent;
+use super::lag::LagChange;
 use super::limits::ServedLimits;
 use super::ratelimit::LogLimiter;
 use super::shared::SharedState;
@@ -692,19 +693,49 @@ impl KafkaSource {
 
     /// Measures consumer lag of this worker's partitions into the shared
     /// table: the high watermark of the last fetch minus the next offset to
-    /// consume (partitions not fetched from yet are left out).
+    /// consume (partitions not fetched from yet are left out). A reading
+    /// that stops moving turns unknown after a bound instead of keeping its
+    /// last value: the cached watermark freezes when fetches fail (see
+    /// [`super::lag`]).
     pub fn measure_lag(&self) {
+        self.measure_lag_at(Instant::now());
+    }
+
+    /// [`KafkaSource::measure_lag`] at `now`.
+    pub fn measure_lag_at(&self, now: Instant) {
         let highs = self.consumer.cached_high_watermarks();
-        let book = self
-            .shared
-            .book(self.worker)
-            .lock()
-            .expect("offset book lock");
-        let mut lag = self.shared.lag.lock().expect("lag lock");
-        for (p, high) in highs {
-            if let Some(high) = high {
-                let next = book.partition(p).map_or(0, |o| o.next_offset());
-                lag.insert(p, (high - next).max(0));
+        let readings: Vec<(i32, Option<i64>, i64)> = {
+            let book = self
+                .shared
+                .book(self.worker)
+                .lock()
+                .expect("offset book lock");
+            highs
+                .into_iter()
+                .map(|(p, high)| (p, high, book.partition(p).map_or(0, |o| o.next_offset())))
+                .collect()
+        };
+        for (p, high, next) in readings {
+            match self.shared.measure_lag(p, high, next, now) {
+                LagChange::Unchanged => {}
+                // Info, not a warning: a partition nobody writes to looks
+                // the same; `read_errors` and broker reachability tell which.
+                LagChange::TurnedStale { lag, unmoved_for } => tracing::info!(
+                    worker = self.worker,
+                    topic = self.settings.request_topic,
+                    partition = p,
+                    last_lag = lag,
+                    unmoved_for_s = unmoved_for.as_secs(),
+                    "consumer lag unknown: neither the partition's end nor its read position \
+                     moved (no requests, or fetches failing); not reported until one moves"
+                ),
+                LagChange::Recovered { lag } => tracing::info!(
+                    worker = self.worker,
+                    topic = self.settings.request_topic,
+                    partition = p,
+                    lag,
+                    "consumer lag known again: the partition fetches"
+                ),
             }
         }
     }

@@ -990,16 +990,19 @@ fn log_metrics(shared: &SharedState, latency: &AnswerLatency) {
     let lag = shared.lag.lock().expect("lag lock").clone();
     let p99_ms_since_start = latency.p99_ms();
     // The gauge is this interval's: a p99 since start would hardly move
-    // after weeks of traffic. No answers: the last value stays.
+    // after weeks of traffic. No answers: NaN (no p99), not the last one.
     let p99_ms = latency.take_recent_p99_ms();
     // Counters reach /metrics as they happen (`KafkaEvent`); gauges here.
     metrics::gauge!("grflow_in_flight").set(shared.in_flight() as f64);
-    if let Some(p99) = p99_ms {
-        metrics::gauge!("grflow_p99_ms").set(p99);
-    }
-    for (partition, behind) in &lag {
-        metrics::gauge!("grflow_consumer_lag", "partition" => partition.to_string())
-            .set(*behind as f64);
+    metrics::gauge!("grflow_p99_ms").set(p99_ms.unwrap_or(f64::NAN));
+    // A lag the job cannot vouch for (no fetch came back for a while) is
+    // NaN, with its age beside it, rather than the last value frozen.
+    for (partition, g) in shared.lag_gauges(Instant::now()) {
+        let partition = partition.to_string();
+        metrics::gauge!("grflow_consumer_lag", "partition" => partition.clone())
+            .set(g.lag.map_or(f64::NAN, |l| l as f64));
+        metrics::gauge!("grflow_consumer_lag_age_seconds", "partition" => partition)
+            .set(g.age.as_secs_f64());
     }
     tracing::info!(
         requests_in = c.consumed.load(Ordering::Relaxed),

@@ -1,0 +1,140 @@
+//! Consumer lag while fetches fail, on librdkafka's in-process mock cluster
+//! (no external broker): the watermark librdkafka caches freezes when the
+//! partition's leader goes away, and the lag measured from it must then
+//! turn unknown instead of showing the last, healthy value for the whole
+//! outage; a partition read under steady traffic stays known.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use grflow_connectors::kafka::{KafkaSource, LagGauge, SharedState, StartPosition};
+use rdkafka::ClientConfig;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+
+const WAIT: Duration = Duration::from_secs(20);
+const TOPIC: &str = "requests";
+const LEADER: i32 = 1;
+/// The shared state's bound on a reading that does not move (short, for
+/// the test; far above the gaps of the traffic below).
+const STALE_AFTER: Duration = Duration::from_secs(1);
+
+/// Requests on partition 0, one every 10 ms from request `from` on, until
+/// `stop`; then waits for all to be written. Returns how many it sent.
+fn traffic(brokers: String, from: u64, stop: Arc<AtomicBool>) -> JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("linger.ms", "1")
+            .create()
+            .unwrap();
+        let mut i = from;
+        while !stop.load(Ordering::Relaxed) {
+            let payload = common::request_payload(i);
+            producer
+                .send(
+                    BaseRecord::<(), [u8]>::to(TOPIC)
+                        .partition(0)
+                        .payload(&payload),
+                )
+                .expect("send");
+            producer.poll(Duration::ZERO);
+            i += 1;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        producer.flush(WAIT).expect("flush");
+        i - from
+    })
+}
+
+fn next_offset(shared: &SharedState) -> i64 {
+    let book = shared.book(0).lock().unwrap();
+    book.partition(0).map_or(0, |p| p.next_offset())
+}
+
+/// Polls and measures lag (as the serve loop does, more often); partition
+/// 0's gauge after each measurement goes to `check`, until it says done.
+fn poll_until(
+    source: &mut KafkaSource,
+    shared: &SharedState,
+    what: &str,
+    mut check: impl FnMut(Option<LagGauge>) -> bool,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        source.poll_at(512, Instant::now(), 0);
+        source.measure_lag();
+        let gauge = shared.lag_gauges(Instant::now()).get(&0).copied();
+        if check(gauge) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {gauge:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn mock_lag_of_a_partition_whose_leader_is_away_turns_unknown_then_returns() {
+    let mock: MockCluster<'static, DefaultProducerContext> = MockCluster::new(3).unwrap();
+    mock.create_topic(TOPIC, 1, 3).unwrap();
+    mock.partition_leader(TOPIC, 0, Some(LEADER)).unwrap();
+    let brokers = mock.bootstrap_servers();
+    let shared = Arc::new(SharedState::new(TOPIC, 1).with_lag_stale_after(STALE_AFTER));
+    shared.saw_partitions(1);
+    let (settings, opened) =
+        common::open_consumer_on(&brokers, TOPIC, "lag", &[0], StartPosition::Earliest);
+    // Nothing is answered: caps that never pause reads.
+    let mut source = common::source_over(&settings, TOPIC, opened, &shared, 1 << 20, u64::MAX);
+    let stop = Arc::new(AtomicBool::new(false));
+    let producing = traffic(brokers, 0, stop.clone());
+
+    // Steady traffic: the lag stays known, well past the bound.
+    poll_until(&mut source, &shared, "the first requests", |g| {
+        g.is_some_and(|g| g.lag.is_some())
+    });
+    let busy = Instant::now();
+    poll_until(&mut source, &shared, "steady traffic", |g| {
+        assert!(g.unwrap().lag.is_some(), "unknown under traffic: {g:?}");
+        busy.elapsed() > STALE_AFTER * 3
+    });
+    let before = next_offset(&shared);
+    assert!(before > 0);
+
+    // The leader goes away (the producer keeps sending: its records wait
+    // in its queue). The cached watermark freezes; within the bound the
+    // last lag stands, then it is unknown, not that healthy value.
+    mock.broker_down(LEADER).unwrap();
+    poll_until(&mut source, &shared, "the lag to turn unknown", |g| {
+        g.is_some_and(|g| g.lag.is_none())
+    });
+    assert!(
+        shared.lag.lock().unwrap().is_empty(),
+        "a stale partition is left out of the lag table"
+    );
+    // However long the outage lasts.
+    let down = Instant::now();
+    poll_until(&mut source, &shared, "the outage to last", |g| {
+        assert_eq!(g.unwrap().lag, None, "known while the leader is away");
+        down.elapsed() > STALE_AFTER * 2
+    });
+
+    // Back: what waited is written and read, and the lag is known again.
+    mock.broker_up(LEADER).unwrap();
+    poll_until(&mut source, &shared, "the lag to be known again", |g| {
+        g.is_some_and(|g| g.lag.is_some())
+    });
+    assert!(next_offset(&shared) > before);
+    stop.store(true, Ordering::Relaxed);
+    let sent = producing.join().unwrap() as i64;
+    poll_until(&mut source, &shared, "every request read", |g| {
+        g.is_some_and(|g| g.lag == Some(0)) && next_offset(&shared) == sent
+    });
+    assert_eq!(*shared.lag.lock().unwrap(), [(0, 0)].into());
+}
