@@ -67,7 +67,8 @@ struct MemoryBench {
     /// At the first sample with at least 20% and fewer than 100% of the
     /// requests answered (one is taken when 20% are).
     rss_at_20_kib: u64,
-    /// When the last request was answered, before the job's state is freed.
+    /// When the last request was answered, before the job's state is
+    /// freed: see [`Sampling::look`].
     rss_at_100_kib: u64,
     /// rss_at_100_kib / rss_at_20_kib.
     growth_ratio: f64,
@@ -207,39 +208,15 @@ fn measure(
             stop: None,
         })
     });
-    let interval = Duration::from_secs_f64(args.interval_s);
-    let mut samples = Vec::new();
-    let mut next_sample = start + interval;
-    let mut at_100 = None;
-    let twenty = args.requests.div_ceil(5);
-    let mut at_20_taken = false;
+    let mut sampling = Sampling::new(args.requests, Duration::from_secs_f64(args.interval_s));
     while !job.is_finished() {
         std::thread::sleep(POLL);
-        let done = answered();
-        // The 100% figure is taken once, as soon as the last answer is out;
-        // the 20% one as soon as 20% are (unless the poll missed the
-        // stretch between 20% and 100%: then there is none).
-        let last = at_100.is_none() && done >= args.requests;
-        let first_20 = !at_20_taken && done >= twenty && done < args.requests;
-        at_20_taken |= first_20;
-        if Instant::now() >= next_sample || last || first_20 {
-            let s = Sample {
-                wall_s: start.elapsed().as_secs_f64(),
-                answered: done,
-                rss_kib: vm_rss_kib()?,
-            };
-            if last {
-                at_100 = Some(s.rss_kib);
-            }
+        if let Some(s) = sampling.look(start.elapsed(), answered(), vm_rss_kib)? {
             // Progress of a long soak, on stderr beside the JSON on stdout.
             eprintln!(
                 "  {:>8.1} s {:>9} answered {:>9} KiB resident",
                 s.wall_s, s.answered, s.rss_kib
             );
-            samples.push(s);
-            if Instant::now() >= next_sample {
-                next_sample += interval;
-            }
         }
     }
     let out = job
@@ -247,6 +224,12 @@ fn measure(
         .map_err(|_| anyhow::anyhow!("replay thread panicked"))?
         .context("replay")?;
     let s = &out.summary;
+    let rss_at_100_kib = sampling.at_100(answered()).context(
+        "the job ended before answering every request, or before its first sample: \
+         raise --requests",
+    )?;
+    let samples = sampling.samples;
+    let twenty = args.requests.div_ceil(5);
     // Not the 100% sample: a run shorter than the interval has only that
     // one, and its growth would read 1.0.
     let rss_at_20_kib = samples
@@ -257,7 +240,6 @@ fn measure(
             "no sample between 20% and 100% of the requests: the run was too short to sample; \
              raise --requests",
         )?;
-    let rss_at_100_kib = at_100.context("the job ended before answering every request")?;
     Ok(MemoryBench {
         requests: s.requests_in,
         distinct_users,
@@ -278,6 +260,91 @@ fn measure(
     })
 }
 
+/// What the sampler makes of its looks at the answered count, apart from
+/// reading memory: which become samples, and which reading stands for 100%.
+#[derive(Debug)]
+struct Sampling {
+    requests: u64,
+    twenty: u64,
+    interval: Duration,
+    /// When the next periodic sample is due, since the start.
+    next_sample: Duration,
+    at_20_taken: bool,
+    /// The latest reading while requests were still unanswered: the job
+    /// surely held its state then (it frees it only after the last answer).
+    before_last: Option<u64>,
+    at_100: Option<u64>,
+    samples: Vec<Sample>,
+}
+
+impl Sampling {
+    fn new(requests: u64, interval: Duration) -> Self {
+        Self {
+            requests,
+            twenty: requests.div_ceil(5),
+            interval,
+            next_sample: interval,
+            at_20_taken: false,
+            before_last: None,
+            at_100: None,
+            samples: Vec::new(),
+        }
+    }
+
+    /// One look, `elapsed` after the start, with `done` requests answered;
+    /// `rss` reads resident memory (KiB). Returns the sample it took, if
+    /// any: every `interval`, once at 20% and once at 100%.
+    ///
+    /// Memory is read at every look until the last answer, so the 100%
+    /// figure is the larger of the last reading before it (one look, 10 ms,
+    /// earlier) and the first after it. The look after it alone may fall
+    /// in the job's teardown and measure memory already freed; the replay
+    /// may even end between two looks, and then the reading before stands.
+    fn look(
+        &mut self,
+        elapsed: Duration,
+        done: u64,
+        rss: impl FnOnce() -> anyhow::Result<u64>,
+    ) -> anyhow::Result<Option<&Sample>> {
+        let running = self.at_100.is_none() && done < self.requests;
+        let last = self.at_100.is_none() && done >= self.requests;
+        // The 20% one as soon as 20% are answered (unless the look missed
+        // the stretch between 20% and 100%: then there is none).
+        let first_20 = !self.at_20_taken && done >= self.twenty && done < self.requests;
+        self.at_20_taken |= first_20;
+        let due = elapsed >= self.next_sample;
+        if due {
+            self.next_sample += self.interval;
+        }
+        if !(running || last || due) {
+            return Ok(None);
+        }
+        let rss_kib = rss()?;
+        if running {
+            self.before_last = Some(rss_kib);
+        }
+        if last {
+            self.at_100 = Some(self.before_last.map_or(rss_kib, |b| b.max(rss_kib)));
+        }
+        if !(due || first_20 || last) {
+            return Ok(None);
+        }
+        self.samples.push(Sample {
+            wall_s: elapsed.as_secs_f64(),
+            answered: done,
+            rss_kib,
+        });
+        Ok(self.samples.last())
+    }
+
+    /// The 100% figure once the job ended with `done` answered; `None` if
+    /// it did not answer every request or ended before the first look.
+    fn at_100(&self, done: u64) -> Option<u64> {
+        self.at_100
+            .or(self.before_last.filter(|_| done >= self.requests))
+    }
+}
+
 /// Resident memory of this process, from /proc/self/status (Linux).
 fn vm_rss_kib() -> anyhow::Result<u64> {
     let status =
@@ -287,4 +354,76 @@ fn vm_rss_kib() -> anyhow::Result<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .context("no VmRSS in /proc/self/status")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(10);
+
+    /// Looks at `done` answered with `kib` resident, one poll apart.
+    fn looks(sampling: &mut Sampling, looks: &[(u64, u64)]) {
+        for (i, &(done, kib)) in looks.iter().enumerate() {
+            sampling
+                .look(MS * (i as u32 + 1), done, || Ok(kib))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn the_100_percent_figure_is_not_read_in_the_teardown() {
+        let mut sampling = Sampling::new(100, Duration::from_secs(1_000));
+        // 20% at 1200 KiB, 1300 KiB just before the end; the look after the
+        // last answer finds the job's state freed.
+        looks(
+            &mut sampling,
+            &[(0, 1_000), (30, 1_200), (99, 1_300), (100, 400), (100, 300)],
+        );
+        assert_eq!(sampling.at_100(100), Some(1_300));
+        // The log has the 20% and 100% samples as read, nothing after.
+        let logged: Vec<(u64, u64)> = sampling
+            .samples
+            .iter()
+            .map(|s| (s.answered, s.rss_kib))
+            .collect();
+        assert_eq!(logged, [(30, 1_200), (100, 400)]);
+    }
+
+    #[test]
+    fn the_first_reading_after_the_last_answer_counts_when_it_is_higher() {
+        let mut sampling = Sampling::new(100, Duration::from_secs(1_000));
+        looks(&mut sampling, &[(50, 1_000), (99, 1_100), (100, 1_150)]);
+        assert_eq!(sampling.at_100(100), Some(1_150));
+    }
+
+    #[test]
+    fn a_job_that_ends_between_two_looks_keeps_the_reading_before() {
+        let mut sampling = Sampling::new(100, Duration::from_secs(1_000));
+        looks(&mut sampling, &[(30, 1_200), (99, 1_300)]);
+        assert_eq!(sampling.at_100(100), Some(1_300));
+        // Unless it did not answer everything, or ended before any look.
+        assert_eq!(sampling.at_100(99), None);
+        assert_eq!(Sampling::new(100, Duration::from_secs(1)).at_100(100), None);
+    }
+
+    #[test]
+    fn samples_are_logged_every_interval_and_at_20_and_100_percent() {
+        let mut sampling = Sampling::new(100, MS * 2);
+        looks(
+            &mut sampling,
+            &[
+                (0, 1),
+                (10, 2),
+                (25, 3),
+                (40, 4),
+                (100, 5),
+                (100, 6),
+                (100, 7),
+            ],
+        );
+        let logged: Vec<u64> = sampling.samples.iter().map(|s| s.rss_kib).collect();
+        // Due at 20, 40, 60 ms; 20% at the 3rd look, 100% at the 5th.
+        assert_eq!(logged, [2, 3, 4, 5, 6]);
+    }
 }
