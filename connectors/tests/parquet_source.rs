@@ -745,6 +745,62 @@ fn bad_rows_do_not_move_the_event_time_range() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Bad rows in many row groups: one with ts_ms 0 and one with a stamp
+/// after every request (both mode "browse") in each of the 12 groups. Only
+/// 4 groups were decoded, the 5th group's statistics taken, so a paced
+/// replay of epoch-ms stamps waited ~54 years for its first request.
+#[test]
+fn bad_rows_in_every_row_group_do_not_move_the_event_time_range() {
+    let dir = tmp("bad-rows-everywhere");
+    let path = dir.join("requests.parquet");
+    let mut rows = small_trace().requests;
+    for r in &mut rows {
+        r.ts_ms += 1_700_000_000_000;
+    }
+    let groups = rows.len().div_ceil(ROW_GROUP);
+    assert!(groups > 5);
+    let bad: Vec<usize> = (0..groups)
+        .flat_map(|g| [g * ROW_GROUP + 7, g * ROW_GROUP + 9])
+        .filter(|&i| i < rows.len())
+        .collect();
+    let valid: Vec<u64> = (0..rows.len())
+        .filter(|i| !bad.contains(i))
+        .map(|i| rows[i].ts_ms)
+        .collect();
+    let valid = (*valid.iter().min().unwrap(), *valid.iter().max().unwrap());
+    for (k, &i) in bad.iter().enumerate() {
+        rows[i].ts_ms = if k % 2 == 0 { 0 } else { valid.1 + 86_400_000 };
+    }
+    let batch = requests_to_batch(&rows);
+    let mut columns = batch.columns().to_vec();
+    let modes: Vec<&str> = (0..rows.len())
+        .map(|i| {
+            if bad.contains(&i) {
+                "browse"
+            } else {
+                rows[i].mode.as_str()
+            }
+        })
+        .collect();
+    columns[5] = Arc::new(StringArray::from(modes));
+    let batch = RecordBatch::try_new(batch.schema(), columns).unwrap();
+    write_groups(&path, &batch, EnabledStatistics::Chunk);
+    let info = ParquetRequestSource::inspect(&dir).unwrap();
+    assert_eq!(info.row_groups, groups);
+    assert_eq!((info.min_ts_ms, info.max_ts_ms), valid, "{info:?}");
+    let (records, errors) = drain(&mut ParquetRequestSource::open(&dir, 0, 1).unwrap());
+    assert!(errors.is_empty(), "{errors:?}");
+    let served = records
+        .iter()
+        .filter(|r| matches!(r, SourceRecord::Request { .. }))
+        .count();
+    assert_eq!(
+        (records.len(), served),
+        (rows.len(), rows.len() - bad.len())
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Rewrites the footer of `path` with row group `g` claiming `rows` rows
 /// (the file's total follows); the data stays as it was.
 fn rewrite_row_count(path: &Path, g: usize, rows: i64) {

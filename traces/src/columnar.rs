@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, ListArray, ListBuilder, RecordBatch, StringArray, StringBuilder,
-    UInt8Array, UInt16Builder, UInt32Array, UInt32Builder, UInt64Array,
+    UInt8Array, UInt16Builder, UInt32Array, UInt32Builder, UInt64Array, new_null_array,
 };
 use arrow::datatypes::{
     DataType, Field, Schema, SchemaRef, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
@@ -60,14 +60,51 @@ impl ColumnKind {
         }
     }
 
-    /// Whether `dt` can be read as this kind (list item names and
-    /// nullability are not significant).
+    /// The item type of a list kind.
+    fn item(self) -> Option<DataType> {
+        match self {
+            ColumnKind::ListU16 => Some(DataType::UInt16),
+            ColumnKind::ListU32 => Some(DataType::UInt32),
+            _ => None,
+        }
+    }
+
+    /// Whether `dt` holds this kind's data: the type itself, or for
+    /// strings and lists another Arrow layout of the same values (Large*,
+    /// *View, a dictionary of strings), read by casting. List item names
+    /// and nullability are not significant.
     fn accepts(self, dt: &DataType) -> bool {
         match (self, dt) {
-            (ColumnKind::ListU16, DataType::List(f)) => f.data_type() == &DataType::UInt16,
-            (ColumnKind::ListU32, DataType::List(f)) => f.data_type() == &DataType::UInt32,
+            (ColumnKind::Utf8, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => true,
+            (ColumnKind::Utf8, DataType::Dictionary(key, values)) => {
+                key.is_dictionary_key_type()
+                    && matches!(
+                        values.as_ref(),
+                        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                    )
+            }
+            (
+                ColumnKind::ListU16 | ColumnKind::ListU32,
+                DataType::List(f)
+                | DataType::LargeList(f)
+                | DataType::ListView(f)
+                | DataType::LargeListView(f),
+            ) => self.item().as_ref() == Some(f.data_type()),
             (kind, dt) => &kind.data_type() == dt,
         }
+    }
+
+    /// `array` (of a type [`Self::accepts`]) in this kind's own type, which
+    /// the decoders read: other layouts are cast, list items as nullable
+    /// (a null item is a row error, found per row).
+    fn read(self, array: &ArrayRef) -> Result<ArrayRef, String> {
+        let target = match (self.item(), array.data_type()) {
+            (Some(_), DataType::List(_)) => return Ok(array.clone()),
+            (Some(item), _) => DataType::List(Arc::new(Field::new("item", item, true))),
+            (None, dt) if dt == &self.data_type() => return Ok(array.clone()),
+            (None, _) => self.data_type(),
+        };
+        arrow::compute::cast(array, &target).map_err(|e| e.to_string())
     }
 
     fn describe(self) -> &'static str {
@@ -75,9 +112,9 @@ impl ColumnKind {
             ColumnKind::U8 => "UInt8",
             ColumnKind::U32 => "UInt32",
             ColumnKind::U64 => "UInt64",
-            ColumnKind::Utf8 => "Utf8",
-            ColumnKind::ListU16 => "List<UInt16>",
-            ColumnKind::ListU32 => "List<UInt32>",
+            ColumnKind::Utf8 => "Utf8 (or LargeUtf8, Utf8View)",
+            ColumnKind::ListU16 => "List<UInt16> (or LargeList, ListView)",
+            ColumnKind::ListU32 => "List<UInt32> (or LargeList, ListView)",
         }
     }
 }
@@ -157,22 +194,36 @@ pub enum ColumnError {
         expected: &'static str,
         found: String,
     },
+    #[error("column `{column}`: cannot read {found} as {expected}: {reason}")]
+    Cast {
+        column: &'static str,
+        expected: &'static str,
+        found: String,
+        reason: String,
+    },
 }
 
 impl ColumnError {
     /// The column the error is about.
     pub fn column(&self) -> &'static str {
         match self {
-            ColumnError::Missing { column, .. } | ColumnError::WrongType { column, .. } => column,
+            ColumnError::Missing { column, .. }
+            | ColumnError::WrongType { column, .. }
+            | ColumnError::Cast { column, .. } => column,
         }
     }
 }
 
-/// Checks that `schema` has every column of `columns` with a readable type.
-/// Extra columns are allowed; nullability is checked per row when decoding.
+/// Checks that `schema` has every required column of `columns` with a
+/// readable type. Extra columns are allowed; a missing nullable column
+/// (requests' `label`) reads as all null; nullability is checked per row
+/// when decoding.
 pub fn check_columns(schema: &Schema, columns: &[ColumnSpec]) -> Result<(), ColumnError> {
     for c in columns {
         let Ok(field) = schema.field_with_name(c.name) else {
+            if c.nullable {
+                continue;
+            }
             return Err(ColumnError::Missing {
                 column: c.name,
                 expected: c.kind.describe(),
@@ -208,30 +259,59 @@ fn null(column: &'static str) -> RowError {
     }
 }
 
-/// Typed access to the columns of one batch, after [`check_columns`].
-struct Columns<'a> {
-    batch: &'a RecordBatch,
+/// Typed access to the columns of one batch, each in its kind's own type
+/// (cast where the file uses another layout, all null where a nullable
+/// column is missing).
+struct Columns {
+    arrays: Vec<(&'static str, ArrayRef)>,
 }
 
-impl<'a> Columns<'a> {
-    fn get(&self, name: &'static str) -> &'a ArrayRef {
-        self.batch
-            .column_by_name(name)
-            .expect("checked by check_columns")
+impl Columns {
+    fn new(batch: &RecordBatch, columns: &[ColumnSpec]) -> Result<Self, ColumnError> {
+        check_columns(batch.schema_ref(), columns)?;
+        let arrays = columns
+            .iter()
+            .map(|c| {
+                let Some(array) = batch.column_by_name(c.name) else {
+                    // check_columns lets only a nullable column be missing.
+                    return Ok((
+                        c.name,
+                        new_null_array(&c.kind.data_type(), batch.num_rows()),
+                    ));
+                };
+                let array = c.kind.read(array).map_err(|reason| ColumnError::Cast {
+                    column: c.name,
+                    expected: c.kind.describe(),
+                    found: array.data_type().to_string(),
+                    reason,
+                })?;
+                Ok((c.name, array))
+            })
+            .collect::<Result<_, ColumnError>>()?;
+        Ok(Self { arrays })
     }
-    fn u64(&self, name: &'static str) -> &'a UInt64Array {
+
+    fn get(&self, name: &'static str) -> &ArrayRef {
+        &self
+            .arrays
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("a column of the spec")
+            .1
+    }
+    fn u64(&self, name: &'static str) -> &UInt64Array {
         self.get(name).as_primitive::<UInt64Type>()
     }
-    fn u32(&self, name: &'static str) -> &'a UInt32Array {
+    fn u32(&self, name: &'static str) -> &UInt32Array {
         self.get(name).as_primitive::<UInt32Type>()
     }
-    fn u8(&self, name: &'static str) -> &'a UInt8Array {
+    fn u8(&self, name: &'static str) -> &UInt8Array {
         self.get(name).as_primitive::<UInt8Type>()
     }
-    fn utf8(&self, name: &'static str) -> &'a StringArray {
+    fn utf8(&self, name: &'static str) -> &StringArray {
         self.get(name).as_string::<i32>()
     }
-    fn list(&self, name: &'static str) -> &'a ListArray {
+    fn list(&self, name: &'static str) -> &ListArray {
         self.get(name).as_list::<i32>()
     }
 }
@@ -318,8 +398,7 @@ pub const MAX_TS_MS: u64 = 253_402_300_799_999;
 /// Decodes every row of a requests batch; a bad row becomes an `Err` in
 /// its slot so the caller can keep its position.
 pub fn decode_requests(batch: &RecordBatch) -> Result<Vec<Result<Request, RowError>>, ColumnError> {
-    check_columns(batch.schema_ref(), &REQUEST_COLUMNS)?;
-    let c = Columns { batch };
+    let c = Columns::new(batch, &REQUEST_COLUMNS)?;
     let (ts, req_id, user, hist) = (
         c.u64("ts_ms"),
         c.u64("req_id"),
@@ -393,8 +472,7 @@ pub fn users_to_batch(rows: &[UserHistory]) -> RecordBatch {
 /// Decodes a users batch; side tables must be whole, so the first bad row
 /// is returned with its index in the batch.
 pub fn decode_users(batch: &RecordBatch) -> Result<Vec<UserHistory>, DecodeError> {
-    check_columns(batch.schema_ref(), &USER_COLUMNS)?;
-    let c = Columns { batch };
+    let c = Columns::new(batch, &USER_COLUMNS)?;
     let (user, items) = (c.u64("user_id"), c.list("items"));
     (0..batch.num_rows())
         .map(|i| {
@@ -434,8 +512,7 @@ pub fn items_to_batch(rows: &[Item]) -> RecordBatch {
 
 /// Decodes an items batch; the first bad row is an error.
 pub fn decode_items(batch: &RecordBatch) -> Result<Vec<Item>, DecodeError> {
-    check_columns(batch.schema_ref(), &ITEM_COLUMNS)?;
-    let c = Columns { batch };
+    let c = Columns::new(batch, &ITEM_COLUMNS)?;
     let (id, features, token_len, sid) = (
         c.u32("item_id"),
         c.list("feature_ids"),
@@ -597,6 +674,119 @@ mod tests {
         assert_eq!(err.column, "ts_ms");
         assert!(err.reason.contains("year 9999"), "{}", err.reason);
         assert!(rows[0].is_ok() && rows[2].is_ok());
+    }
+
+    /// `batch` with column `name` replaced by `array` (its field nullable).
+    fn with_column(batch: &RecordBatch, name: &str, array: ArrayRef) -> RecordBatch {
+        let i = batch.schema().index_of(name).unwrap();
+        let mut fields: Vec<Field> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[i] = Field::new(name, array.data_type().clone(), true);
+        let mut columns = batch.columns().to_vec();
+        columns[i] = array;
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    }
+
+    /// Strings and lists in another Arrow layout (what pyarrow or polars
+    /// write for large_string, large_list, views) decode as the plain ones.
+    #[test]
+    fn large_view_and_dictionary_layouts_decode_like_the_plain_ones() {
+        use arrow::compute::cast;
+        let rows: Vec<Request> = (0..10).map(request).collect();
+        let plain = requests_to_batch(&rows);
+        let item = |dt| Arc::new(Field::new("element", dt, true));
+        let layouts = [
+            ("mode", DataType::LargeUtf8),
+            ("mode", DataType::Utf8View),
+            (
+                "mode",
+                DataType::Dictionary(Box::new(DataType::Int8), Box::new(DataType::Utf8)),
+            ),
+            ("candidates", DataType::LargeList(item(DataType::UInt32))),
+            ("candidates", DataType::ListView(item(DataType::UInt32))),
+            (
+                "candidates",
+                DataType::LargeListView(item(DataType::UInt32)),
+            ),
+        ];
+        for (name, dt) in layouts {
+            let array = cast(plain.column_by_name(name).unwrap(), &dt).unwrap();
+            let batch = with_column(&plain, name, array);
+            check_columns(batch.schema_ref(), &REQUEST_COLUMNS).unwrap();
+            let back: Vec<Request> = decode_requests(&batch)
+                .unwrap_or_else(|e| panic!("{name} as {dt}: {e}"))
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            assert_eq!(back, rows, "{name} as {dt}");
+        }
+        // Side tables too: a LargeList sid.
+        let items = vec![Item {
+            item_id: 0,
+            feature_ids: vec![0, 3],
+            token_len: 1,
+            sid: [1, 2, 3],
+        }];
+        let batch = items_to_batch(&items);
+        let sid = cast(
+            batch.column_by_name("sid").unwrap(),
+            &DataType::LargeList(item(DataType::UInt16)),
+        )
+        .unwrap();
+        assert_eq!(
+            decode_items(&with_column(&batch, "sid", sid)).unwrap(),
+            items
+        );
+        // A list of another item type is still refused, by name.
+        let wrong = cast(
+            plain.column_by_name("candidates").unwrap(),
+            &DataType::LargeList(item(DataType::UInt64)),
+        )
+        .unwrap();
+        let err = decode_requests(&with_column(&plain, "candidates", wrong)).unwrap_err();
+        assert_eq!(err.column(), "candidates");
+        assert!(err.to_string().contains("UInt64"), "{err}");
+    }
+
+    /// `label` is nullable and never read by serving: a table without it
+    /// decodes with every label null; a required column stays required.
+    #[test]
+    fn a_missing_nullable_column_reads_as_null() {
+        let rows: Vec<Request> = (0..10).map(request).collect();
+        let plain = requests_to_batch(&rows);
+        let without = |name: &str| {
+            let mut batch = plain.clone();
+            batch.remove_column(batch.schema().index_of(name).unwrap());
+            batch
+        };
+        let back: Vec<Request> = decode_requests(&without("label"))
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let unlabelled: Vec<Request> = rows
+            .iter()
+            .map(|r| Request {
+                label: None,
+                ..r.clone()
+            })
+            .collect();
+        assert_eq!(back, unlabelled);
+        let err = decode_requests(&without("user_id")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ColumnError::Missing {
+                    column: "user_id",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

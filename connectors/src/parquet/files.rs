@@ -5,12 +5,15 @@ use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
 use grflow_traces::columnar::{ColumnSpec, check_columns};
+use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
 };
-use parquet::file::metadata::ParquetMetaData;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 
 use super::SourceError;
+use super::salvage::Stretch;
 
 /// An opened trace file whose footer and columns have been checked.
 #[derive(Debug)]
@@ -39,12 +42,16 @@ pub(crate) fn open_checked(
         }
         Err(source) => return Err(SourceError::Io { file: path, source }),
     };
-    let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| {
-        SourceError::Corrupt {
+    // The offset index (page locations) lets a reader skip a damaged page
+    // by position instead of through its header and levels; a file without
+    // one, or with a damaged one, is read without.
+    let with_index = ArrowReaderOptions::new().with_offset_index_policy(PageIndexPolicy::Optional);
+    let metadata = ArrowReaderMetadata::load(&file, with_index)
+        .or_else(|_| ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()))
+        .map_err(|e| SourceError::Corrupt {
             file: path.clone(),
             message: e.to_string(),
-        }
-    })?;
+        })?;
     check_row_counts(&path, metadata.metadata())?;
     // A later schema with compatible columns would otherwise be misread.
     grflow_traces::columnar::check_schema_version(metadata.metadata().file_metadata()).map_err(
@@ -106,19 +113,42 @@ impl CheckedFile {
         reader.map(|b| b.map_err(|e| e.to_string())).collect()
     }
 
-    /// The record batches of row group `g`, one at a time, so that rows
-    /// read before an error are kept.
-    pub fn read_group(
+    /// Indexes of the top-level columns named `names` that the file has,
+    /// in file order.
+    pub fn roots(&self, names: &[&str]) -> Vec<usize> {
+        let schema = self.metadata.schema();
+        (0..schema.fields().len())
+            .filter(|&i| names.contains(&schema.field(i).name().as_str()))
+            .collect()
+    }
+
+    /// Rows `skip..skip + take` of row group `g`, top-level columns
+    /// `roots` only, in batches of `batch_rows`, one at a time, so that
+    /// rows read before an error are kept.
+    pub fn read_rows(
         &self,
         g: usize,
+        roots: &[usize],
+        skip: u64,
+        take: u64,
+        batch_rows: usize,
     ) -> Result<impl Iterator<Item = Result<RecordBatch, String>>, String> {
+        let as_usize = |n: u64| usize::try_from(n).map_err(|e| e.to_string());
         let file = self.file.try_clone().map_err(|e| e.to_string())?;
-        let reader =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
-                .with_row_groups(vec![g])
-                .with_batch_size(8192)
-                .build()
-                .map_err(|e| e.to_string())?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+        let selection = RowSelection::from(vec![
+            RowSelector::skip(as_usize(skip)?),
+            RowSelector::select(as_usize(take)?),
+        ]);
+        let reader = builder
+            .with_row_groups(vec![g])
+            .with_projection(mask)
+            .with_row_selection(selection)
+            .with_batch_size(batch_rows.max(1))
+            .build()
+            .map_err(|e| e.to_string())?;
         Ok(reader.map(|b| b.map_err(|e| e.to_string())))
     }
 
@@ -137,8 +167,9 @@ impl CheckedFile {
 
     /// Calls `visit(value, row)` for every valid value of the u64 `column`
     /// in `row_groups` (all when `None`), the row counted from the first
-    /// group read. A group that cannot be read is skipped (its rows keep
-    /// their numbers) and returned; None when the column is not u64.
+    /// group read. What cannot be read is skipped (rows keep their
+    /// numbers) and its groups returned, once each; None when the column
+    /// is not u64.
     pub fn each_u64(
         &self,
         row_groups: Option<Vec<usize>>,
@@ -149,41 +180,34 @@ impl CheckedFile {
         use arrow::datatypes::UInt64Type;
         let sizes = self.row_group_rows();
         let groups = row_groups.unwrap_or_else(|| (0..sizes.len()).collect());
+        let roots = self.roots(&[column]);
         let mut unreadable = Vec::new();
-        let mut start = 0u64;
+        let mut first = 0u64;
+        let mut not_u64 = false;
         for g in groups {
-            let mut row = start;
-            start += sizes.get(g).copied().unwrap_or(0);
-            // One reader per group, so that a corrupt one costs only its rows.
-            let reader = self.file.try_clone().ok().and_then(|file| {
-                let builder =
-                    ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone());
-                let mask =
-                    parquet::arrow::ProjectionMask::columns(builder.parquet_schema(), [column]);
-                builder
-                    .with_row_groups(vec![g])
-                    .with_projection(mask)
-                    .with_batch_size(65_536)
-                    .build()
-                    .ok()
-            });
-            let Some(reader) = reader else {
-                unreadable.push(g);
-                continue;
-            };
-            for batch in reader {
-                let Ok(batch) = batch else {
-                    unreadable.push(g);
-                    break;
-                };
-                let values = batch.column(0).as_primitive_opt::<UInt64Type>()?;
-                for i in 0..values.len() {
-                    if values.is_valid(i) {
-                        visit(values.value(i), row);
+            let rows = sizes.get(g).copied().unwrap_or(0);
+            super::salvage::read_rows(self, g, &roots, 0, rows, |stretch| match stretch {
+                Stretch::Read { start, batch } => {
+                    let Some(values) = batch.column(0).as_primitive_opt::<UInt64Type>() else {
+                        not_u64 = true;
+                        return;
+                    };
+                    for i in 0..values.len() {
+                        if values.is_valid(i) {
+                            visit(values.value(i), first + start + i as u64);
+                        }
                     }
-                    row += 1;
                 }
+                Stretch::Unreadable { .. } => {
+                    if unreadable.last() != Some(&g) {
+                        unreadable.push(g);
+                    }
+                }
+            });
+            if not_u64 {
+                return None;
             }
+            first += rows;
         }
         Some(unreadable)
     }

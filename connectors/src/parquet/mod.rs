@@ -5,6 +5,7 @@
 
 mod files;
 mod memory;
+mod salvage;
 mod side;
 mod sink;
 mod source;

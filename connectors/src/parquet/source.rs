@@ -2,16 +2,18 @@
 //! workers (row group g goes to worker g mod workers), in batches with a
 //! watermark. No pacing and no timely types here: the pipeline does both.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
-use arrow::array::{Array, AsArray};
+use arrow::array::{Array, AsArray, UInt64Array};
 use arrow::datatypes::UInt64Type;
-use grflow_traces::columnar::{MAX_TS_MS, REQUEST_COLUMNS, REQUESTS_FILE, decode_requests};
+use grflow_traces::Request;
+use grflow_traces::columnar::{REQUEST_COLUMNS, REQUESTS_FILE, RowError, decode_requests};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 
 use super::files::{CheckedFile, open_checked};
+use super::salvage::{Stretch, read_rows};
 use crate::error::SourceError;
 use crate::records::SourcePosition;
 use crate::source::{Polled, RequestSource, SourceRecord, SourceState};
@@ -45,8 +47,8 @@ pub struct DuplicateIds {
     pub rows: u64,
     /// The smallest such id and the first two rows that carry it.
     pub example: Option<(u64, u64, u64)>,
-    /// Row groups whose req_id column could not be read, so not checked
-    /// (the source reports their rows one by one).
+    /// Row groups whose req_id column could not be read in full, so not
+    /// wholly checked (the source reports those rows one by one).
     pub unreadable_groups: Vec<usize>,
 }
 
@@ -59,10 +61,10 @@ pub(crate) struct Staged {
     suffix_min: Vec<u64>,
     /// Records handed out so far.
     taken: usize,
-    /// Rows the footer counts but the data lacks (the group's last rows),
-    /// made one by one as they are handed out, after the group's records:
-    /// the count comes from the footer and may be huge.
-    missing: Option<MissingRows>,
+    /// Runs of rows that could not be read, in row order, made one by one
+    /// as they are handed out, after the group's records: a run's length
+    /// comes from the footer and may be huge.
+    missing: VecDeque<MissingRows>,
 }
 
 /// Rows `next..end` of a row group that could not be read, and why.
@@ -73,6 +75,22 @@ pub(crate) struct MissingRows {
     pub next: u64,
     pub end: u64,
     pub reason: String,
+    /// Their req_ids, where the req_id column alone could be read.
+    pub ids: ReqIds,
+}
+
+/// req_ids of some rows: runs of the req_id column, each with its first
+/// row (in the file), ascending.
+#[derive(Debug, Default)]
+pub(crate) struct ReqIds(Vec<(u64, UInt64Array)>);
+
+impl ReqIds {
+    fn get(&self, row: u64) -> Option<u64> {
+        let k = self.0.partition_point(|(first, _)| *first <= row);
+        let (first, ids) = self.0.get(k.checked_sub(1)?)?;
+        let i = usize::try_from(row - first).ok()?;
+        (i < ids.len() && ids.is_valid(i)).then(|| ids.value(i))
+    }
 }
 
 impl Staged {
@@ -81,12 +99,12 @@ impl Staged {
     /// pending record's, so a record behind it in the group would count as
     /// late and be served at a later time, in the wrong window.
     pub fn new(records: Vec<SourceRecord>) -> Self {
-        Self::with_missing(records, None)
+        Self::with_missing(records, Vec::new())
     }
 
     /// [`Self::new`], with `missing` rows handed out as bad records after
     /// the records.
-    pub fn with_missing(mut records: Vec<SourceRecord>, missing: Option<MissingRows>) -> Self {
+    pub fn with_missing(mut records: Vec<SourceRecord>, missing: Vec<MissingRows>) -> Self {
         records.sort_by_key(|r| match r {
             SourceRecord::Bad { .. } => (0, 0),
             SourceRecord::Request { request, .. } => (1, request.ts_ms),
@@ -103,12 +121,12 @@ impl Staged {
             records: records.into(),
             suffix_min,
             taken: 0,
-            missing: missing.filter(|m| m.next < m.end),
+            missing: missing.into_iter().filter(|m| m.next < m.end).collect(),
         }
     }
 
     pub fn is_done(&self) -> bool {
-        self.records.is_empty() && self.missing.is_none()
+        self.records.is_empty() && self.missing.is_empty()
     }
 
     /// Up to `n` records and the least ts_ms of what stays staged.
@@ -116,7 +134,7 @@ impl Staged {
         let k = n.min(self.records.len());
         let mut out: Vec<SourceRecord> = self.records.drain(..k).collect();
         self.taken += k;
-        if let Some(m) = &mut self.missing {
+        while let Some(m) = self.missing.front_mut().filter(|_| out.len() < n) {
             let k = ((n - out.len()) as u64).min(m.end - m.next);
             out.extend((m.next..m.next + k).map(|row| SourceRecord::Bad {
                 position: SourcePosition::Parquet {
@@ -125,11 +143,11 @@ impl Staged {
                     row,
                 },
                 reason: m.reason.clone(),
-                req_id: None,
+                req_id: m.ids.get(row),
             }));
             m.next += k;
             if m.next == m.end {
-                self.missing = None;
+                self.missing.pop_front();
             }
         }
         (out, self.suffix_min[self.taken])
@@ -281,74 +299,106 @@ impl ParquetRequestSource {
         &self.file.path
     }
 
-    /// Decodes row group `g` into records: one per row, always. A row group
-    /// (or the rest of one) that cannot be read becomes one bad record per
-    /// row, the row count coming from the footer.
+    /// Decodes row group `g` into records: one per row, always. Rows that
+    /// cannot be read (a damaged page, rows the footer counts but the data
+    /// lacks) become bad records, with their req_id where that column
+    /// alone can be read; the rest of the group is served.
     fn stage(&mut self, g: usize) {
         let first = self.group_start[g];
         let rows = self.file.row_group_rows()[g];
         // Capped: the count comes from the footer (a huge one aborted here).
         let mut records = Vec::with_capacity(rows.min(8192) as usize);
-        let position = |row| SourcePosition::Parquet {
-            file: self.name.clone(),
-            row_group: g as u32,
-            row,
-        };
-        let mut unreadable = None;
-        match self.file.read_group(g) {
-            Err(message) => unreadable = Some(message),
-            Ok(batches) => {
-                for batch in batches {
-                    let decoded = batch.and_then(|b| {
-                        decode_requests(&b).map_err(|e| format!("column `{}`: {e}", e.column()))
-                    });
-                    let decoded = match decoded {
-                        Ok(d) => d,
-                        Err(message) => {
-                            unreadable = Some(message);
-                            break;
-                        }
+        let mut missing = Vec::new();
+        decode_group(&self.file, g, |part| match part {
+            Part::Decoded { start, rows } => {
+                for (i, r) in rows.into_iter().enumerate() {
+                    let position = SourcePosition::Parquet {
+                        file: self.name.clone(),
+                        row_group: g as u32,
+                        row: first + start + i as u64,
                     };
-                    for r in decoded {
-                        let position = position(first + records.len() as u64);
-                        records.push(match r {
-                            Ok(request) if request.candidates.len() > self.max_candidates => {
-                                SourceRecord::Bad {
-                                    position,
-                                    reason: too_many_candidates(
-                                        request.candidates.len(),
-                                        self.max_candidates,
-                                    ),
-                                    req_id: Some(request.req_id),
-                                }
-                            }
-                            Ok(request) => SourceRecord::request(request, position),
-                            Err(e) => SourceRecord::Bad {
+                    records.push(match r {
+                        Ok(request) if request.candidates.len() > self.max_candidates => {
+                            SourceRecord::Bad {
                                 position,
-                                reason: e.to_string(),
-                                req_id: e.req_id,
-                            },
-                        });
-                    }
+                                reason: too_many_candidates(
+                                    request.candidates.len(),
+                                    self.max_candidates,
+                                ),
+                                req_id: Some(request.req_id),
+                            }
+                        }
+                        Ok(request) => SourceRecord::request(request, position),
+                        Err(e) => SourceRecord::Bad {
+                            position,
+                            reason: e.to_string(),
+                            req_id: e.req_id,
+                        },
+                    });
                 }
             }
-        }
-        // A group that ends early without an error would lose rows silently.
-        if unreadable.is_none() && (records.len() as u64) < rows {
-            unreadable = Some(format!(
-                "the footer says {rows} rows, the data holds {}",
-                records.len()
-            ));
-        }
-        let missing = unreadable.map(|message| MissingRows {
-            file: self.name.clone(),
-            row_group: g as u32,
-            next: first + records.len() as u64,
-            end: first.saturating_add(rows),
-            reason: format!("row group {g} unreadable: {message}"),
+            Part::Unreadable { start, end, reason } => missing.push(MissingRows {
+                file: self.name.clone(),
+                row_group: g as u32,
+                next: first + start,
+                end: first.saturating_add(end),
+                reason: format!("row group {g} unreadable: {reason}"),
+                ids: req_ids(&self.file, g, first, start, end),
+            }),
         });
         self.staged = Staged::with_missing(records, missing);
     }
+}
+
+/// What [`decode_group`] hands out, in row order; rows counted from the
+/// group's first.
+enum Part {
+    /// Rows `start..start + rows.len()`, each a request or a row error.
+    Decoded {
+        start: u64,
+        rows: Vec<Result<Request, RowError>>,
+    },
+    /// Rows `start..end`, which could not be read.
+    Unreadable {
+        start: u64,
+        end: u64,
+        reason: String,
+    },
+}
+
+/// Reads and decodes every row of row group `g`, what can be read of a
+/// damaged one included (see [`read_rows`]).
+fn decode_group(file: &CheckedFile, g: usize, mut each: impl FnMut(Part)) {
+    let names: Vec<&str> = REQUEST_COLUMNS.iter().map(|c| c.name).collect();
+    let roots = file.roots(&names);
+    let rows = file.row_group_rows()[g];
+    read_rows(file, g, &roots, 0, rows, |stretch| {
+        each(match stretch {
+            Stretch::Read { start, batch } => match decode_requests(&batch) {
+                Ok(rows) => Part::Decoded { start, rows },
+                Err(e) => Part::Unreadable {
+                    start,
+                    end: start + batch.num_rows() as u64,
+                    reason: format!("column `{}`: {e}", e.column()),
+                },
+            },
+            Stretch::Unreadable { start, end, reason } => Part::Unreadable { start, end, reason },
+        })
+    });
+}
+
+/// The req_ids of rows `start..end` of row group `g` (whose first row in
+/// the file is `first`), from the req_id column read alone: what it gives.
+fn req_ids(file: &CheckedFile, g: usize, first: u64, start: u64, end: u64) -> ReqIds {
+    let mut ids = Vec::new();
+    read_rows(file, g, &file.roots(&["req_id"]), start, end, |stretch| {
+        if let Stretch::Read { start, batch } = stretch
+            && let Some(column) = batch.column(0).as_primitive_opt::<UInt64Type>()
+        {
+            ids.push((first + start, column.clone()));
+        }
+    });
+    ReqIds(ids)
 }
 
 /// The reason of a row with too many candidates; names the kind, the
@@ -377,17 +427,14 @@ impl RequestSource for ParquetRequestSource {
     }
 }
 
-/// Row groups decoded at most for each end of [`request_ts_range`]: enough
-/// for a few bad rows, bounded for a trace full of them.
-const RANGE_DECODES: usize = 4;
-
 /// Least and greatest ts_ms of a valid request. Statistics count bad rows
-/// too (one row with ts_ms 0 and an unknown mode started a paced replay of
-/// epoch stamps decades early), so the groups with the most extreme
-/// statistics are decoded, most extreme first, while the next one could
-/// still beat what was found; past `RANGE_DECODES` its statistics are used.
-/// A group of unknown range (0, u64::MAX) says nothing of the minimum and
-/// makes the maximum unknown (u64::MAX), as do stamps after `MAX_TS_MS`.
+/// too (one row with ts_ms 0 and an unknown mode in each of a few row
+/// groups started a paced replay of epoch stamps decades early), so groups
+/// are decoded, the most extreme statistics first, while the next one's
+/// could still beat what was found: at worst every group once (one pass,
+/// as the req_id check makes), each decoded group kept for both ends. A
+/// group of unknown range (0, u64::MAX) says nothing of the minimum and
+/// makes the maximum unknown (u64::MAX).
 fn request_ts_range(file: &CheckedFile, mins: &[u64], maxes: &[u64]) -> (u64, u64) {
     let n = mins.len();
     let unknown = |g: usize| (mins[g], maxes[g]) == (0, u64::MAX);
@@ -400,12 +447,8 @@ fn request_ts_range(file: &CheckedFile, mins: &[u64], maxes: &[u64]) -> (u64, u6
 
     order.sort_by_key(|&g| mins[g]);
     let mut lo = u64::MAX;
-    for (k, &g) in order.iter().enumerate() {
+    for &g in &order {
         if mins[g] >= lo {
-            break;
-        }
-        if k == RANGE_DECODES {
-            lo = mins[g];
             break;
         }
         if let Some((a, _)) = range(g) {
@@ -418,17 +461,8 @@ fn request_ts_range(file: &CheckedFile, mins: &[u64], maxes: &[u64]) -> (u64, u6
     } else {
         order.sort_by_key(|&g| std::cmp::Reverse(maxes[g]));
         let mut hi = None;
-        for (k, &g) in order.iter().enumerate() {
+        for &g in &order {
             if hi.is_some_and(|h| maxes[g] <= h) {
-                break;
-            }
-            if k == RANGE_DECODES {
-                // Past the year 9999 only bad rows: the maximum is unknown.
-                hi = Some(if maxes[g] > MAX_TS_MS {
-                    u64::MAX
-                } else {
-                    maxes[g]
-                });
                 break;
             }
             if let Some((_, b)) = range(g) {
@@ -441,18 +475,17 @@ fn request_ts_range(file: &CheckedFile, mins: &[u64], maxes: &[u64]) -> (u64, u6
 }
 
 /// Least and greatest ts_ms of the valid requests of row group `g`, decoded
-/// as the source does; None when it holds none (or cannot be read).
+/// as the source does (what can be read of a damaged group); None when it
+/// holds none.
 fn valid_ts_range(file: &CheckedFile, g: usize) -> Option<(u64, u64)> {
     let mut range: Option<(u64, u64)> = None;
-    for batch in file.read_group(g).ok()? {
-        // Rows after a read error are bad rows: they add nothing.
-        let Some(rows) = batch.ok().and_then(|b| decode_requests(&b).ok()) else {
-            break;
-        };
-        for ts in rows.into_iter().filter_map(|r| r.ok().map(|r| r.ts_ms)) {
-            range = Some(range.map_or((ts, ts), |(a, b)| (a.min(ts), b.max(ts))));
+    decode_group(file, g, |part| {
+        if let Part::Decoded { rows, .. } = part {
+            for ts in rows.into_iter().filter_map(|r| r.ok().map(|r| r.ts_ms)) {
+                range = Some(range.map_or((ts, ts), |(a, b)| (a.min(ts), b.max(ts))));
+            }
         }
-    }
+    });
     range
 }
 
