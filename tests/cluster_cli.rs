@@ -15,6 +15,7 @@ mod seq_trace;
 #[path = "common/temp.rs"]
 mod temp;
 use cli::{grflow, ok};
+use process::Reaped;
 use temp::tmp_dir;
 
 /// Free loopback ports for a hostfile (picked now; a race with another
@@ -96,11 +97,12 @@ fn cluster_answers_like_one_process(tag: &str, processes: usize, threads: usize,
             "--process",
             &process,
         ];
-        let child = replay(&args, &out)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        // Killed if the test fails before it waits for them.
+        let child = Reaped::spawn(
+            replay(&args, &out)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped()),
+        );
         followers.push((child, out));
     }
     let leader = ok(replay(
@@ -110,7 +112,7 @@ fn cluster_answers_like_one_process(tag: &str, processes: usize, threads: usize,
     .output()
     .unwrap());
     for (child, out) in followers {
-        let follower = ok(child.wait_with_output().unwrap());
+        let follower = ok(child.wait_with_output());
         let said: Value = serde_json::from_slice(&follower.stdout).expect("JSON on stdout");
         assert!(said["process"].as_u64().unwrap() >= 1);
         if !shared_out {
@@ -241,21 +243,21 @@ fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
         l.local_addr().unwrap().to_string()
     };
     let started = std::time::Instant::now();
-    let mut child = grflow()
-        .env("GRFLOW_LOG", "info")
-        .env("GRFLOW_LOG_FORMAT", "json")
-        .args(["replay", "--quiet", "--workers", "1", "--config"])
-        .arg(&config)
-        .arg("--hostfile")
-        .arg(&hosts)
-        .args(["--process", "1", "--metrics-addr", &metrics])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Reaped::spawn(
+        grflow()
+            .env("GRFLOW_LOG", "info")
+            .env("GRFLOW_LOG_FORMAT", "json")
+            .args(["replay", "--quiet", "--workers", "1", "--config"])
+            .arg(&config)
+            .arg("--hostfile")
+            .arg(&hosts)
+            .args(["--process", "1", "--metrics-addr", &metrics])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
     // Not ready while the peers are awaited (it said ready at once).
     let mut answered = 0;
-    while child.try_wait().unwrap().is_none() {
+    while child.child().try_wait().unwrap().is_none() {
         if let Some(status) = http_status(&metrics, "/readyz") {
             assert_ne!(status, 200, "ready before the other process connected");
             answered += 1;
@@ -263,7 +265,7 @@ fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(answered > 0, "/readyz never answered");
-    let out = child.wait_with_output().unwrap();
+    let out = child.wait_with_output();
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert!(started.elapsed().as_secs() < 30);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -301,22 +303,22 @@ fn processes_with_unequal_workers_or_configs_refuse_to_start_and_say_why() {
         ),
     ] {
         let start = |process: &str, config: &Path, workers: &str| {
-            grflow()
-                .args(["replay", "--quiet", "--json", "--workers", workers])
-                .arg("--config")
-                .arg(config)
-                .arg("--hostfile")
-                .arg(&hosts)
-                .args(["--process", process])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            Reaped::spawn(
+                grflow()
+                    .args(["replay", "--quiet", "--json", "--workers", workers])
+                    .arg("--config")
+                    .arg(config)
+                    .arg("--hostfile")
+                    .arg(&hosts)
+                    .args(["--process", process])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped()),
+            )
         };
         let follower = start("1", config_1, workers_1);
         let leader = start("0", &plain, "1");
         for child in [leader, follower] {
-            let out = child.wait_with_output().unwrap();
+            let out = child.wait_with_output();
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{want}: {err}");
             assert!(err.contains(want), "{want}: {err}");
@@ -364,10 +366,7 @@ fn a_signal_to_one_process_stops_the_whole_job_and_process_0_writes_what_was_rea
         if let Some(o) = out {
             cmd.arg("--out").arg(o);
         }
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        Reaped::spawn(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
     };
     let leader = spawn("0", Some(&out));
     let follower = spawn("1", None);
@@ -381,8 +380,8 @@ fn a_signal_to_one_process_stops_the_whole_job_and_process_0_writes_what_was_rea
     // SIGTERM to the follower alone.
     let signalled = std::time::Instant::now();
     process::signal(follower.id(), "-TERM");
-    let follower = follower.wait_with_output().unwrap();
-    let leader = leader.wait_with_output().unwrap();
+    let follower = follower.wait_with_output();
+    let leader = leader.wait_with_output();
     let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).to_string();
     assert!(
         signalled.elapsed().as_secs() < 15,

@@ -215,10 +215,30 @@ fn a_process_waiting_for_its_peers_is_not_ready_and_stops_on_sigterm() {
         "{}",
         alone.stderr_text()
     );
-    // Give it time to open its consumers and start waiting for process 1.
-    std::thread::sleep(Duration::from_secs(2));
-    let (status, body) = common::http::get(&metrics, "/readyz").expect("readyz answers");
-    assert_eq!(status, 503, "{body}");
+    // Once it waits for process 1 (its consumers open, the log says so),
+    // no answer of /readyz for 3 s says ready.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !alone
+        .stderr_text()
+        .contains("connecting to the other processes")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never said it connects to process 1; stderr:\n{}",
+            alone.stderr_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let waiting = std::time::Instant::now();
+    let mut answers = 0;
+    while waiting.elapsed() < Duration::from_secs(3) {
+        if let Some((status, body)) = common::http::get(&metrics, "/readyz") {
+            assert_eq!(status, 503, "ready before process 1 connected? {body}");
+            answers += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(answers > 0, "/readyz never answered");
     let signalled = std::time::Instant::now();
     common::process::signal(alone.child.id(), "-TERM");
     let exited = alone.exited_within(Duration::from_secs(10));

@@ -194,6 +194,13 @@ fn mock_late_first_answer_and_a_past_deadline_recomputation_agree() {
         "{} of {total} records on the response topic",
         answers.records.len()
     );
+    // Reading stopped at `total`: a copy past it shows only if waited for.
+    answers.settle(Duration::from_secs(1));
+    assert_eq!(
+        answers.records.len(),
+        total,
+        "records on the response topic"
+    );
 
     let by_req = responses(&answers);
     assert_eq!(by_req.len() as u64, RECOVERED + NEW);

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::kafka::Serve;
 use common::temp::tmp_dir;
 use grflow_pipeline::{Config, ServeOptions};
 use rdkafka::ClientConfig;
@@ -160,6 +161,10 @@ fn committed(brokers: &str, group: &str) -> Vec<i64> {
         .collect()
 }
 
+/// `grflow serve` runs as a child here, not on a thread of this process:
+/// its `/metrics` counts only its own reads (the recorder is global to a
+/// process, and the other tests here serve at the same time), so the test
+/// can wait for every request to be read before it stops the job.
 #[test]
 fn mock_drain_times_out_when_answers_cannot_be_delivered_and_commits_only_answered() {
     const ANSWERED: u64 = 20;
@@ -167,58 +172,69 @@ fn mock_drain_times_out_when_answers_cannot_be_delivered_and_commits_only_answer
     let group = "drain-timeout";
     let mock = cluster(group);
     let brokers = mock.bootstrap_servers();
-    let config = Config::parse(
-        &config_text(
+    let dir = tmp_dir("drain-timeout");
+    let path = dir.join("serve.toml");
+    std::fs::write(
+        &path,
+        config_text(
             &brokers,
             group,
             "deadline_ms = 600000\ndrain_timeout_ms = 1000",
         ),
-        "drain-timeout.toml",
     )
     .unwrap();
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let job_stop = stop.clone();
-    let job =
-        std::thread::spawn(move || grflow_pipeline::serve(ServeOptions::new(config), job_stop));
+    let metrics = common::http::free_addr();
+    let serve = Serve::start_with(&brokers, &path, "serve", &["--metrics-addr", &metrics]);
     produce_requests(&brokers, 0, ANSWERED);
     read_records(&brokers, RESPONSES, PARTITIONS, ANSWERED as usize);
 
     // Answers can no longer be acknowledged; requests still arrive.
     mock.broker_down(RESPONSE_LEADER).unwrap();
     produce_requests(&brokers, ANSWERED, ANSWERED + STUCK);
-    // Time for the job to consume them (it needs milliseconds); checked
-    // below through `consumed`.
-    std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Relaxed);
-    let stopped = Instant::now();
-    while !job.is_finished() {
+    // Stopped once the job has read every request (milliseconds, on a
+    // healthy machine).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = common::http::get(&metrics, "/metrics").map(|r| r.1);
+        let read = common::http::metric_total(
+            text.as_deref().unwrap_or_default(),
+            "grflow_requests_in_total",
+        );
+        if read >= (ANSWERED + STUCK) as f64 {
+            break;
+        }
         assert!(
-            stopped.elapsed() < WAIT,
-            "the drain did not time out: the job still runs {WAIT:?} after the stop"
+            Instant::now() < deadline,
+            "read {read} of {} requests in {WAIT:?}; stderr:\n{}",
+            ANSWERED + STUCK,
+            serve.stderr_text()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let summary = job.join().unwrap().expect("serve");
-    eprintln!(
-        "drain timed out after {:.2?}: {}",
-        stopped.elapsed(),
-        serde_json::to_string(&summary).unwrap()
+    let stopped = Instant::now();
+    let summary = serve.stop();
+    assert!(
+        stopped.elapsed() < WAIT,
+        "the drain did not time out: the job ran {:.2?} after the stop",
+        stopped.elapsed()
     );
-    assert_eq!(
-        summary.requests_in,
-        ANSWERED + STUCK,
-        "the job had not consumed every request before the stop"
-    );
-    assert!(summary.drain_timed_out, "{summary:?}");
-    assert_eq!(summary.in_flight_at_exit as u64, STUCK, "{summary:?}");
-    assert_eq!(summary.delivered, ANSWERED, "{summary:?}");
+    eprintln!("drain timed out after {:.2?}: {summary}", stopped.elapsed());
+    assert_eq!(summary["requests_in"], ANSWERED + STUCK, "{summary}");
+    assert_eq!(summary["drain_timed_out"], true, "{summary}");
+    assert_eq!(summary["in_flight_at_exit"], STUCK, "{summary}");
+    assert_eq!(summary["delivered"], ANSWERED, "{summary}");
     // Only what was answered is committed, here and on the broker.
     let per_partition = (ANSWERED / PARTITIONS as u64) as i64;
+    let committed_here: Vec<i64> = summary["committed"]
+        .as_object()
+        .expect("committed")
+        .values()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
     assert_eq!(
-        summary.committed.values().copied().collect::<Vec<_>>(),
+        committed_here,
         vec![per_partition; PARTITIONS as usize],
-        "{summary:?}"
+        "{summary}"
     );
     let deadline = Instant::now() + WAIT;
     loop {

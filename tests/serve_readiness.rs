@@ -46,7 +46,7 @@ fn wait_ready(addr: &str, want: u16, serve: &mut Serve, within: Duration) -> Str
 
 #[test]
 fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
-    if !tansu_available("kafka_readiness_follows_the_broker") {
+    if !tansu_available("kafka_readiness_drops_while_the_broker_is_unreachable_and_returns") {
         return;
     }
     let dir = tmp_dir("readiness");
@@ -86,6 +86,18 @@ fn kafka_readiness_drops_while_the_broker_is_unreachable_and_returns() {
     produce_requests(&brokers, &topics.requests, 50..70);
     wait_answered(&addr, 70.0, &mut serve);
     serve.kill_hard();
+}
+
+/// Without tansu the test above passes: its skip must show in `cargo test`
+/// output under its own name (it named a test that does not exist, and
+/// went out through the captured `eprintln!`).
+#[test]
+fn without_tansu_every_test_here_says_it_skipped() {
+    let empty = tmp_dir("readiness-no-tansu");
+    common::skip::assert_every_test_skips_visibly(
+        "without_tansu_every_test_here_says_it_skipped",
+        &[("PATH", Some(empty.as_os_str()))],
+    );
 }
 
 /// Rank requests `ids` (one per id) on partition 0 of `topic`.

@@ -22,13 +22,10 @@ pub fn broker(test: &str) -> Option<String> {
     match std::env::var("GRFLOW_KAFKA_BROKERS") {
         Ok(b) if !b.trim().is_empty() => Some(b),
         _ => {
-            // Straight to the process's stderr: the test harness captures
-            // eprintln! of passing tests, and a skip must be seen.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipping {test}: GRFLOW_KAFKA_BROKERS is not set \
-                 (./scripts/test.sh starts a tansu broker and sets it)"
+            super::skip::skip(
+                test,
+                "GRFLOW_KAFKA_BROKERS is not set \
+                 (./scripts/test.sh starts a tansu broker and sets it)",
             );
             None
         }
@@ -83,9 +80,10 @@ impl Topics {
     }
 }
 
-/// Grows `topic` to `total` partitions (Kafka's CreatePartitions); false
-/// (and a printed reason) where the broker cannot (tansu 0.6).
-pub fn grow_partitions(brokers: &str, topic: &str, total: usize) -> bool {
+/// Grows `topic` to `total` partitions (Kafka's CreatePartitions); false,
+/// after announcing that the rest of `test` is skipped, where the broker
+/// cannot (tansu 0.6).
+pub fn grow_partitions(test: &str, brokers: &str, topic: &str, total: usize) -> bool {
     use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
     use rdkafka::client::DefaultClientContext;
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -103,7 +101,13 @@ pub fn grow_partitions(brokers: &str, topic: &str, total: usize) -> bool {
         Err(rdkafka::error::KafkaError::AdminOp(
             rdkafka::types::RDKafkaErrorCode::UnsupportedFeature,
         )) => {
-            eprintln!("skipping: the broker at {brokers} cannot add partitions (CreatePartitions)");
+            super::skip::skip(
+                test,
+                &format!(
+                    "the broker at {brokers} cannot add partitions (CreatePartitions is \
+                     unsupported; tansu 0.6), so what follows the first part is not run"
+                ),
+            );
             return false;
         }
         other => other.expect("create_partitions"),

@@ -9,12 +9,12 @@ use std::process::{Child, Command, Stdio};
 use super::kafka::{Serve, Topics};
 use std::time::Duration;
 
-/// Whether tansu can be started; says why not on stderr (the test then
-/// passes without running).
+/// Whether tansu can be started; says why not where `cargo test` shows it
+/// (the test then passes without running).
 pub fn tansu_available(test: &str) -> bool {
     let found = Command::new("tansu").arg("--version").output().is_ok();
     if !found {
-        eprintln!("skipping {test}: no tansu on PATH (scripts/test.sh installs it)");
+        super::skip::skip(test, "no tansu on PATH (scripts/test.sh installs it)");
     }
     found
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
@@ -78,18 +79,23 @@ impl OutputProducer {
         settings: &KafkaSettings,
         on_delivery: DeliveryCallback,
     ) -> Result<Self, KafkaClientError> {
-        let producer = settings
-            .client_config_with(&[
-                ("acks", "all"),
-                ("message.timeout.ms", "0"),
-                ("linger.ms", "2"),
-                // Retries after a lost acknowledgement must not write twice.
-                ("enable.idempotence", "true"),
-                ("compression.type", settings.compression.as_str()),
-            ])
+        let producer = Self::client_config(settings)
             .create_with_context(DeliveryContext { on_delivery })
             .map_err(kafka("creating the producer"))?;
         Ok(Self { producer })
+    }
+
+    /// The librdkafka properties [`OutputProducer::new`] creates its
+    /// producer with; public so that tests can read what a config sets.
+    pub fn client_config(settings: &KafkaSettings) -> ClientConfig {
+        settings.client_config_with(&[
+            ("acks", "all"),
+            ("message.timeout.ms", "0"),
+            ("linger.ms", "2"),
+            // Retries after a lost acknowledgement must not write twice.
+            ("enable.idempotence", "true"),
+            ("compression.type", settings.compression.as_str()),
+        ])
     }
 
     /// Queues one record; its [`Delivery`] names `source`.
