@@ -4,91 +4,11 @@
 //! pages taken back from EMB or for a retrieve group's pages is matched
 //! again, and counted as often before.
 
-use std::collections::HashMap;
+mod common;
 
-use grflow_kernels::ModelConfig;
-use grflow_operators::link::LinkConfig;
-use grflow_operators::node::{
-    ItemCatalog, MemoryParams, NodeParams, RankRequest, RankWork, RetrieveRequest, RetrieveWork,
-    ServingNode,
-};
+use common::{Catalog, history, node_params as params, salted_history, sparse_sids};
+use grflow_operators::node::{RankRequest, RankWork, RetrieveRequest, RetrieveWork, ServingNode};
 use grflow_operators::retrieval::RetrievalIndex;
-use grflow_operators::shards::ShardMap;
-
-const TABLE_ROWS: [u32; 2] = [200, 300];
-
-struct Catalog(HashMap<u32, Vec<u32>>);
-
-impl Catalog {
-    fn new(items: u32) -> Self {
-        Self(
-            (0..items)
-                .map(|i| (i, vec![i % TABLE_ROWS[0], (i * 7) % TABLE_ROWS[1]]))
-                .collect(),
-        )
-    }
-}
-
-impl ItemCatalog for Catalog {
-    fn feature_ids(&self, item: u32) -> Option<&[u32]> {
-        self.0.get(&item).map(|f| f.as_slice())
-    }
-}
-
-fn params(pool_bytes: u64) -> NodeParams {
-    let mut model = ModelConfig::preset("small").unwrap();
-    model.n_tables = TABLE_ROWS.len();
-    model.codebook_size = 16;
-    NodeParams {
-        model,
-        model_seed: 3,
-        top_k: 5,
-        beam_width: 8,
-        beam_top_k: 8,
-        memory: MemoryParams {
-            pool_bytes,
-            alpha: 0.5,
-            emb_policy: "lru".into(),
-            user_kv_policy: "lru".into(),
-            item_kv_policy: "lru".into(),
-            metadata_only: false,
-        },
-        table_rows: TABLE_ROWS.to_vec(),
-        emb_seed: 11,
-        shards: ShardMap::new(&TABLE_ROWS, 16),
-        shard_resident_share: 0.5,
-        link: LinkConfig {
-            bytes_per_s: 25e9,
-            latency_ns: 1_000,
-            refill_bytes_per_s: 5e9,
-        },
-        service_tokens_per_ms: 20.0,
-        token_capacity: 2000.0,
-        max_users: 100_000,
-        trained: None,
-        host: None,
-        shared_model: None,
-    }
-}
-
-fn history(len: usize, salt: u32) -> Vec<u32> {
-    (0..len as u32).map(|i| (i * 37 + 5 + salt) % 500).collect()
-}
-
-fn sparse_sids() -> Vec<(u32, [u16; 3])> {
-    (0..60u32)
-        .map(|i| {
-            (
-                i * 3,
-                [
-                    (i % 16) as u16,
-                    ((i * 5) % 16) as u16,
-                    ((i * 11) % 16) as u16,
-                ],
-            )
-        })
-        .collect()
-}
 
 /// The memory counted what the node served: each response's history and
 /// reuse once.
@@ -108,7 +28,7 @@ fn assert_counted_once(node: &ServingNode, what: &str) {
 fn a_request_served_in_a_later_sub_batch_counts_once() {
     let catalog = Catalog::new(500);
     let candidates: Vec<u32> = (100..120).collect();
-    let histories: Vec<Vec<u32>> = (0..8).map(|u| history(60, u % 3)).collect();
+    let histories: Vec<Vec<u32>> = (0..8).map(|u| salted_history(60, u % 3)).collect();
     let mut node = ServingNode::new(0, params(200 << 10)).unwrap();
     let work: Vec<RankWork<'_>> = histories
         .iter()
@@ -145,7 +65,7 @@ fn a_request_matched_again_after_a_reclaim_counts_once() {
     let catalog = Catalog::new(500);
     let candidates: Vec<u32> = (100..130).collect();
     let index = RetrievalIndex::new(sparse_sids(), 16).unwrap();
-    let h = history(60, 0);
+    let h = history(60);
     let mut node = ServingNode::new(0, params(4 << 20)).unwrap();
     node.set_alpha(1.0).unwrap();
     for t in 0..2 {
@@ -176,7 +96,7 @@ fn a_rank_request_that_waited_for_a_retrieve_group_counts_once() {
     let catalog = Catalog::new(500);
     let index = RetrievalIndex::new(sparse_sids(), 16).unwrap();
     let candidates: Vec<u32> = (100..130).collect();
-    let h = history(60, 0);
+    let h = history(60);
     let work = [RankWork {
         req: RankRequest {
             req_id: 1,

@@ -2,79 +2,25 @@
 //! with the most recent items that fit, counted, and a growing history keeps
 //! reusing its prefix KV between the rare moves of its first kept item.
 
-use std::collections::HashMap;
+mod common;
 
-use grflow_kernels::ModelConfig;
+use common::{Catalog, ITEMS, history, node_params};
 use grflow_operators::history::Task;
-use grflow_operators::link::LinkConfig;
-use grflow_operators::node::{
-    ItemCatalog, MemoryParams, NodeParams, RankRequest, RankWork, RetrieveRequest, ServingNode,
-};
+use grflow_operators::node::{NodeParams, RankRequest, RankWork, RetrieveRequest, ServingNode};
 use grflow_operators::retrieval::RetrievalIndex;
-use grflow_operators::shards::ShardMap;
 
-const TABLE_ROWS: [u32; 2] = [200, 300];
-const ITEMS: u32 = 500;
-
-struct Catalog(HashMap<u32, Vec<u32>>);
-
-impl ItemCatalog for Catalog {
-    fn feature_ids(&self, item: u32) -> Option<&[u32]> {
-        self.0.get(&item).map(|f| f.as_slice())
-    }
-}
-
-fn catalog() -> Catalog {
-    Catalog(
-        (0..ITEMS)
-            .map(|i| (i, vec![i % TABLE_ROWS[0], (i * 7) % TABLE_ROWS[1]]))
-            .collect(),
-    )
-}
-
+/// The shared node with narrower beams and a KV-heavy split.
 fn params(pool_bytes: u64) -> NodeParams {
-    let mut model = ModelConfig::preset("small").unwrap();
-    model.n_tables = TABLE_ROWS.len();
-    model.codebook_size = 16;
-    NodeParams {
-        model,
-        model_seed: 3,
-        top_k: 5,
-        beam_width: 4,
-        beam_top_k: 4,
-        memory: MemoryParams {
-            pool_bytes,
-            alpha: 0.25,
-            emb_policy: "lru".into(),
-            user_kv_policy: "lru".into(),
-            item_kv_policy: "lru".into(),
-            metadata_only: false,
-        },
-        table_rows: TABLE_ROWS.to_vec(),
-        emb_seed: 11,
-        shards: ShardMap::new(&TABLE_ROWS, 16),
-        shard_resident_share: 0.5,
-        link: LinkConfig {
-            bytes_per_s: 25e9,
-            latency_ns: 1_000,
-            refill_bytes_per_s: 5e9,
-        },
-        service_tokens_per_ms: 20.0,
-        token_capacity: 2000.0,
-        max_users: 100_000,
-        trained: None,
-        host: None,
-        shared_model: None,
-    }
-}
-
-fn history(len: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| (i * 37 + 5) % ITEMS).collect()
+    let mut p = node_params(pool_bytes);
+    p.beam_width = 4;
+    p.beam_top_k = 4;
+    p.memory.alpha = 0.25;
+    p
 }
 
 #[test]
 fn histories_past_max_positions_are_served_with_their_most_recent_items() {
-    let catalog = catalog();
+    let catalog = Catalog::new(ITEMS);
     let mut node = ServingNode::new(0, params(8 << 20)).unwrap();
     let limits = node.history_limits();
     assert_eq!((limits.rank, limits.chunk), (1022, 240));
@@ -122,7 +68,7 @@ fn histories_past_max_positions_are_served_with_their_most_recent_items() {
 /// the node cuts it again (a node still on a shorter model) or not.
 #[test]
 fn a_history_cut_before_the_node_counts_once() {
-    let catalog = catalog();
+    let catalog = Catalog::new(ITEMS);
     let mut node = ServingNode::new(0, params(8 << 20)).unwrap();
     let candidates: Vec<u32> = (100..104).collect();
     let req = |req_id| RankRequest {
@@ -159,7 +105,7 @@ fn a_history_cut_before_the_node_counts_once() {
 
 #[test]
 fn a_growing_long_history_keeps_reusing_its_prefix() {
-    let catalog = catalog();
+    let catalog = Catalog::new(ITEMS);
     let mut node = ServingNode::new(0, params(8 << 20)).unwrap();
     let limits = node.history_limits();
     let candidates: Vec<u32> = (100..104).collect();
@@ -190,7 +136,7 @@ fn a_growing_long_history_keeps_reusing_its_prefix() {
 /// KV share cannot hold takes pages back from EMB instead of being cut.
 #[test]
 fn alpha_never_changes_which_items_a_request_is_served_with() {
-    let catalog = catalog();
+    let catalog = Catalog::new(ITEMS);
     let candidates: Vec<u32> = (100..104).collect();
     let node_at = |alpha: f64| {
         let mut p = params(1 << 20);

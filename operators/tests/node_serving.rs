@@ -2,18 +2,14 @@
 //! cold node, retrieval only returns catalog items, residency is reported,
 //! and the event-time latency model sees the backlog.
 
-use std::collections::HashMap;
+mod common;
 
-use grflow_kernels::ModelConfig;
-use grflow_operators::link::LinkConfig;
+use common::{Catalog, history, node_params, sparse_sids};
 use grflow_operators::node::{
-    ItemCatalog, MAX_RETRIEVE_GROUP, MemoryParams, NodeCommand, NodeParams, RankRequest, RankWork,
-    RetrieveRequest, RetrieveWork, ServeError, Served, ServingNode,
+    MAX_RETRIEVE_GROUP, NodeCommand, NodeParams, RankRequest, RankWork, RetrieveRequest,
+    RetrieveWork, ServeError, Served, ServingNode,
 };
 use grflow_operators::retrieval::RetrievalIndex;
-use grflow_operators::shards::ShardMap;
-
-const TABLE_ROWS: [u32; 2] = [200, 300];
 
 /// Largest elementwise `|a - b|`, NaN when any difference is NaN
 /// (`f32::max` would drop it and let NaN scores pass `<= TOL`). Panics
@@ -52,59 +48,9 @@ fn max_diff_of_short_scores_panics() {
     max_diff(&[1.0], &[1.0, 2.0]);
 }
 
-struct Catalog {
-    features: HashMap<u32, Vec<u32>>,
-}
-
-impl Catalog {
-    fn new(items: u32) -> Self {
-        let features = (0..items)
-            .map(|i| (i, vec![i % TABLE_ROWS[0], (i * 7) % TABLE_ROWS[1]]))
-            .collect();
-        Self { features }
-    }
-}
-
-impl ItemCatalog for Catalog {
-    fn feature_ids(&self, item: u32) -> Option<&[u32]> {
-        self.features.get(&item).map(|f| f.as_slice())
-    }
-}
-
+/// The shared node with a 4 MiB pool.
 fn params() -> NodeParams {
-    let mut model = ModelConfig::preset("small").unwrap();
-    model.n_tables = TABLE_ROWS.len();
-    model.codebook_size = 16;
-    NodeParams {
-        model,
-        model_seed: 3,
-        top_k: 5,
-        beam_width: 8,
-        beam_top_k: 8,
-        memory: MemoryParams {
-            pool_bytes: 4 << 20,
-            alpha: 0.5,
-            emb_policy: "lru".into(),
-            user_kv_policy: "lru".into(),
-            item_kv_policy: "lru".into(),
-            metadata_only: false,
-        },
-        table_rows: TABLE_ROWS.to_vec(),
-        emb_seed: 11,
-        shards: ShardMap::new(&TABLE_ROWS, 16),
-        shard_resident_share: 0.5,
-        link: LinkConfig {
-            bytes_per_s: 25e9,
-            latency_ns: 1_000,
-            refill_bytes_per_s: 5e9,
-        },
-        service_tokens_per_ms: 20.0,
-        token_capacity: 2000.0,
-        max_users: 100_000,
-        trained: None,
-        host: None,
-        shared_model: None,
-    }
+    node_params(4 << 20)
 }
 
 /// Serves each retrieve request alone, in order, at time 5 (the reference
@@ -121,10 +67,6 @@ fn retrieve_in_turn(
                 .unwrap()
         })
         .collect()
-}
-
-fn history(len: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| (i * 37 + 5) % 500).collect()
 }
 
 #[test]
@@ -183,22 +125,6 @@ fn retrieval_returns_only_catalog_items_deterministically() {
     assert!(a.scores.windows(2).all(|w| w[0] >= w[1]));
     assert!(a.scores.iter().all(|&s| s <= 0.0), "log-probabilities");
     assert_eq!(a, run());
-}
-
-/// A sparse catalog: 60 of the 16^3 semantic IDs exist.
-fn sparse_sids() -> Vec<(u32, [u16; 3])> {
-    (0..60u32)
-        .map(|i| {
-            (
-                i * 3,
-                [
-                    (i % 16) as u16,
-                    ((i * 5) % 16) as u16,
-                    ((i * 11) % 16) as u16,
-                ],
-            )
-        })
-        .collect()
 }
 
 #[test]
