@@ -204,15 +204,26 @@ mod tests {
     #[test]
     fn jobs_share_the_lanes_threads() {
         let mut pool = PagePool::new(2, 1);
-        // Two lanes, two slow jobs: they overlap on two threads.
-        let started = std::time::Instant::now();
-        let slow = |_, _: &mut LaneStore<'_>| {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            std::thread::current().id()
+        // Two lanes, two jobs: they run at once on two threads. Each waits
+        // (up to 10 s) until both have started: a wall-time bound would be
+        // flaky on a loaded machine; run one after the other, the first
+        // would time out and the test fail.
+        let arrived = std::sync::atomic::AtomicUsize::new(0);
+        let meet = |_, _: &mut LaneStore<'_>| {
+            use std::sync::atomic::Ordering;
+            arrived.fetch_add(1, Ordering::SeqCst);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while arrived.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            (
+                std::thread::current().id(),
+                arrived.load(Ordering::SeqCst) == 2,
+            )
         };
-        let threads = run_lanes(&mut pool, vec![0, 1], 2, slow);
-        assert_ne!(threads[0], threads[1]);
-        assert!(started.elapsed() < std::time::Duration::from_millis(190));
+        let threads = run_lanes(&mut pool, vec![0, 1], 2, meet);
+        assert_ne!(threads[0].0, threads[1].0);
+        assert!(threads.iter().all(|t| t.1), "the two jobs did not overlap");
         // Five jobs on two lanes: two threads, every job once, in order.
         let ids = run_lanes(&mut pool, (0..5).collect(), 2, |j: u32, _| {
             (j, std::thread::current().id())
