@@ -136,6 +136,10 @@ fn replay_writes_the_documented_outputs() {
     for f in ["oracle.json", "responses.parquet.partial"] {
         assert!(!out.join(f).exists(), "{f} left from another run");
     }
+    // Each output file says the version of its layout (README).
+    for f in ["responses.parquet", "windows.parquet", "errors.parquet"] {
+        assert_eq!(schema_version(&out.join(f)).as_deref(), Some("1"), "{f}");
+    }
     let on_disk: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(on_disk["requests_in"], summary["requests_in"]);
@@ -278,7 +282,19 @@ fn a_generated_trace_over_the_candidate_limit_is_refused_naming_both_keys() {
     );
 }
 
-/// Reads one string column of a Parquet output file.
+/// A Parquet file's `grflow.schema_version`.
+fn schema_version(path: &Path) -> Option<String> {
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::file::reader::SerializedFileReader::new(file).unwrap();
+    let meta = parquet::file::reader::FileReader::metadata(&reader);
+    meta.file_metadata()
+        .key_value_metadata()?
+        .iter()
+        .find(|kv| kv.key == "grflow.schema_version")
+        .and_then(|kv| kv.value.clone())
+}
+
+/// Reads one string column of a Parquet output file (a null as "").
 fn string_column(path: &Path, column: &str) -> Vec<String> {
     use arrow::array::{Array, AsArray};
     let file = std::fs::File::open(path).unwrap();
@@ -338,8 +354,96 @@ fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
         positions[0]
     );
     assert!(reasons[0].contains("hist_len"), "{}", reasons[0]);
+    // The position's parts, to join the row back to the trace.
+    let column = |name| string_column(&out.join("errors.parquet"), name);
+    let file = positions[0].split(": row group").next().unwrap();
+    assert!(file.ends_with("requests.parquet"), "{file}");
+    assert_eq!(column("file"), [file]);
+    assert_eq!(column("row_group"), ["1"]);
+    assert_eq!(column("row"), ["120"]);
     let served = string_column(&out.join("responses.parquet"), "req_id");
     assert!(!served.contains(&bad_req.to_string()));
+}
+
+/// Cluster mode: the error rows of every process reach process 0's
+/// errors.parquet (with the responses, over the dataflow), once each and
+/// in trace order; the other process writes no errors file.
+#[test]
+fn a_cluster_writes_every_process_error_rows_to_one_file() {
+    let dir = tmp_dir("cluster-errors");
+    let mut trace = grflow_traces::generate(&grflow_traces::GenConfig {
+        users: 100,
+        items: 1000,
+        requests: 300,
+        rps: 100.0,
+        seed: 9,
+        ..grflow_traces::GenConfig::default()
+    });
+    // Rows that fail to decode in row groups of both processes' sources
+    // (row groups of 64 alternate between them), and one request a node
+    // cannot serve.
+    let undecodable = [10, 70, 130, 200];
+    for row in undecodable {
+        trace.requests[row].candidates.clear();
+    }
+    trace.requests[120].hist_len = 1_000_000;
+    let path = dir.join("trace");
+    grflow_traces::write_trace(
+        &path,
+        &trace,
+        &grflow_traces::WriteOptions {
+            row_group_rows: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let listeners: Vec<_> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let hosts = dir.join("hosts");
+    let lines: String = listeners
+        .iter()
+        .map(|l| format!("127.0.0.1:{}\n", l.local_addr().unwrap().port()))
+        .collect();
+    std::fs::write(&hosts, lines).unwrap();
+    drop(listeners);
+    let replay = |process: &str, out: &Path| {
+        let mut cmd = grflow();
+        cmd.args(["replay", "--speed", "max", "--quiet", "--json"])
+            .args(["--workers", "1", "--process", process, "--hostfile"])
+            .arg(&hosts)
+            .arg("--trace")
+            .arg(&path)
+            .arg("--out")
+            .arg(out);
+        cmd
+    };
+    let (leader_out, follower_out) = (dir.join("out"), dir.join("follower"));
+    let follower = process::Reaped::spawn(
+        replay("1", &follower_out)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()),
+    );
+    let leader = ok(replay("0", &leader_out).output().unwrap());
+    ok(follower.wait_with_output());
+    let summary: Value = serde_json::from_slice(&leader.stdout).expect("summary JSON");
+    conserved(&summary);
+    assert_eq!(summary["errors"].as_u64(), Some(5), "{summary}");
+    let errors = leader_out.join("errors.parquet");
+    let rows = string_column(&errors, "row");
+    assert_eq!(
+        rows,
+        ["10", "70", "120", "130", "200"],
+        "once each, in order"
+    );
+    let groups = string_column(&errors, "row_group");
+    assert_eq!(groups, ["0", "1", "1", "2", "3"]);
+    let reasons = string_column(&errors, "reason");
+    assert!(reasons[2].contains("hist_len"), "{}", reasons[2]);
+    for i in [0, 1, 3, 4] {
+        assert!(reasons[i].contains("candidates"), "{}", reasons[i]);
+    }
+    assert!(!follower_out.join("errors.parquet").exists());
 }
 
 /// Rows out of time order within a row group are served at their own

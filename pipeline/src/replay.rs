@@ -1,9 +1,9 @@
 //! `grflow replay`: runs the serving dataflow over a trace on N timely
-//! workers. Responses stream to their sink as they are produced (a Parquet
-//! file, or nowhere once counted); the summary's percentiles come from
-//! bounded histograms, so memory does not grow with the number of requests.
-//! Errors, windowed statistics and the summary are returned; writing them
-//! is the caller's business.
+//! workers. Responses and error rows stream to their sinks as they are
+//! produced (Parquet files, or nowhere once counted); the summary's
+//! percentiles come from bounded histograms, so memory does not grow with
+//! the number of requests or errors. Windowed statistics and the summary
+//! are returned; writing them is the caller's business.
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use grflow_connectors::parquet::{
-    MemoryRequestSource, ParquetRequestSource, RequestSource, ResponseSink, SinkError, SourceError,
-    load_side_tables,
+    ErrorSink, MemoryRequestSource, ParquetRequestSource, RequestSource, ResponseSink, SinkError,
+    SourceError, load_side_tables,
 };
 use grflow_connectors::{ErrorRow, ResponseRow, WindowRow};
 use grflow_operators::allocator::oracle::{OracleEpoch, OracleRecorder, alpha_grid};
@@ -45,20 +45,28 @@ pub enum TraceInput {
     Memory(Arc<Trace>),
 }
 
-/// Where responses go as they are produced.
+/// Where responses and error rows go as they are produced.
 #[derive(Clone, Debug, Default)]
 pub enum ResponseOutput {
     /// Counted and tallied into the summary, then dropped.
     #[default]
     Drop,
-    /// Appended to a Parquet file (responses.parquet) in the order produced.
-    Parquet(PathBuf),
+    /// Responses appended to a Parquet file (responses.parquet) in the
+    /// order produced; error rows to another (errors.parquet), written in
+    /// position order when the job ends (sorted in bounded memory,
+    /// `ErrorSink`).
+    Parquet { responses: PathBuf, errors: PathBuf },
     /// As `Parquet`, after removing `stale` (an earlier run's outputs)
-    /// where the file is opened, once the job's setup has passed: a run
-    /// refused at setup leaves them as they were.
-    ParquetReplacing { path: PathBuf, stale: Vec<PathBuf> },
-    /// Kept in memory and returned in `ReplayOutput::responses`: for tests
-    /// and small runs only, since it grows with the run.
+    /// where the responses file is opened, once the job's setup has
+    /// passed: a run refused at setup leaves them as they were.
+    ParquetReplacing {
+        responses: PathBuf,
+        errors: PathBuf,
+        stale: Vec<PathBuf>,
+    },
+    /// Kept in memory and returned in `ReplayOutput::responses` and
+    /// `ReplayOutput::errors`: for tests and small runs only, since it
+    /// grows with the run.
     Collect,
 }
 
@@ -114,7 +122,15 @@ pub struct ReplayOutput {
     /// With `ResponseOutput::Collect` only, sorted by req_id; empty otherwise.
     pub responses: Vec<ResponseRow>,
     pub windows: Vec<WindowRow>,
+    /// With `ResponseOutput::Collect` only, in errors.parquet's order
+    /// (`ErrorSink::sort`); empty otherwise (`summary.errors` counts them).
     pub errors: Vec<ErrorRow>,
+    /// At most this many error rows were held in memory at once: every
+    /// worker's batch waiting for the error sink at its largest, plus the
+    /// most the error file's sink held (its sort buffer, or the runs it
+    /// merged). Without `ResponseOutput::Collect` it does not grow with
+    /// the number of errors.
+    pub errors_held_peak: usize,
     /// Training (`allocator.sample`): every node's allocator decisions with
     /// their rewards, by node, in order.
     pub allocator_steps: Vec<(u32, grflow_operators::allocator::ppo::Step)>,
@@ -213,7 +229,7 @@ pub enum ReplayError {
     Timely(String),
     #[error("worker {0} panicked")]
     WorkerPanicked(usize),
-    #[error("writing responses: {0}")]
+    #[error("writing the responses or errors file: {0}")]
     Sink(#[from] SinkError),
     #[error(
         "process 0 gathered the results of {got} of {want} workers (the others timed out \
@@ -243,48 +259,99 @@ impl From<JobError> for ReplayError {
     }
 }
 
-/// The job's response sink, shared by the workers (each hands it batches).
-enum ResponseWriter {
+/// A file sink the job's workers hand batches of rows to.
+trait RowFile<R> {
+    /// Takes `rows`, leaving the vector empty.
+    fn append(&mut self, rows: &mut Vec<R>) -> Result<(), SinkError>;
+    /// Closes the file; returns the most rows the sink held at once
+    /// besides what its writer encoded.
+    fn close(self) -> Result<usize, SinkError>;
+}
+
+impl RowFile<ResponseRow> for ResponseSink {
+    fn append(&mut self, rows: &mut Vec<ResponseRow>) -> Result<(), SinkError> {
+        let written = self.write(rows);
+        rows.clear();
+        written
+    }
+
+    fn close(self) -> Result<usize, SinkError> {
+        // Each batch goes straight to the writer.
+        self.finish().map(|_| 0)
+    }
+}
+
+impl RowFile<ErrorRow> for ErrorSink {
+    fn append(&mut self, rows: &mut Vec<ErrorRow>) -> Result<(), SinkError> {
+        ErrorSink::append(self, rows)
+    }
+
+    fn close(self) -> Result<usize, SinkError> {
+        self.finish_with_peak().map(|(_, peak)| peak)
+    }
+}
+
+/// One of the job's row sinks, shared by the workers (each hands it batches).
+enum RowWriter<R, F> {
     Drop,
-    Parquet {
+    File {
         // Boxed: one per job, and it dwarfs the other variants.
-        sink: Box<ResponseSink>,
+        sink: Box<F>,
         /// The first write error; later batches are dropped and replay fails.
         failed: Option<SinkError>,
     },
-    Collect(Vec<ResponseRow>),
+    Collect(Vec<R>),
 }
 
-impl ResponseWriter {
-    fn open(output: &ResponseOutput) -> Result<Self, SinkError> {
-        Ok(match output {
-            ResponseOutput::Drop => Self::Drop,
-            ResponseOutput::Parquet(path) => Self::Parquet {
-                sink: Box::new(ResponseSink::create(path)?),
-                failed: None,
-            },
-            ResponseOutput::ParquetReplacing { path, stale } => {
-                for file in stale.iter().filter(|f| f.exists()) {
-                    std::fs::remove_file(file).map_err(|source| SinkError::Io {
-                        file: file.clone(),
-                        source,
-                    })?;
-                }
-                Self::Parquet {
-                    sink: Box::new(ResponseSink::create(path)?),
-                    failed: None,
-                }
+type ResponseWriter = RowWriter<ResponseRow, ResponseSink>;
+type ErrorWriter = RowWriter<ErrorRow, ErrorSink>;
+
+/// The job's response and error writers. `ParquetReplacing` removes the
+/// stale files as the responses file is opened.
+fn open_writers(output: &ResponseOutput) -> Result<(ResponseWriter, ErrorWriter), SinkError> {
+    Ok(match output {
+        ResponseOutput::Drop => (RowWriter::Drop, RowWriter::Drop),
+        ResponseOutput::Parquet { responses, errors } => (
+            RowWriter::file(ResponseSink::create(responses)?),
+            RowWriter::file(ErrorSink::create(errors)?),
+        ),
+        ResponseOutput::ParquetReplacing {
+            responses,
+            errors,
+            stale,
+        } => {
+            for file in stale.iter().filter(|f| f.exists()) {
+                std::fs::remove_file(file).map_err(|source| SinkError::Io {
+                    file: file.clone(),
+                    source,
+                })?;
             }
-            ResponseOutput::Collect => Self::Collect(Vec::new()),
-        })
+            (
+                RowWriter::file(ResponseSink::create(responses)?),
+                RowWriter::file(ErrorSink::create(errors)?),
+            )
+        }
+        ResponseOutput::Collect => (
+            RowWriter::Collect(Vec::new()),
+            RowWriter::Collect(Vec::new()),
+        ),
+    })
+}
+
+impl<R, F: RowFile<R>> RowWriter<R, F> {
+    fn file(sink: F) -> Self {
+        Self::File {
+            sink: Box::new(sink),
+            failed: None,
+        }
     }
 
-    fn write(&mut self, rows: &mut Vec<ResponseRow>) {
+    fn write(&mut self, rows: &mut Vec<R>) {
         match self {
             Self::Drop => rows.clear(),
-            Self::Parquet { sink, failed } => {
+            Self::File { sink, failed } => {
                 if failed.is_none()
-                    && let Err(e) = sink.write(rows)
+                    && let Err(e) = sink.append(rows)
                 {
                     *failed = Some(e);
                 }
@@ -294,17 +361,30 @@ impl ResponseWriter {
         }
     }
 
-    /// Closes the file; returns what was collected (Collect only).
-    fn finish(self) -> Result<Vec<ResponseRow>, SinkError> {
+    /// Closes the file; returns what was collected (Collect only) and the
+    /// most rows the file's sink held at once (`RowFile::close`).
+    fn finish(self) -> Result<(Vec<R>, usize), SinkError> {
         match self {
-            Self::Drop => Ok(Vec::new()),
-            Self::Parquet { sink, failed } => match failed {
+            Self::Drop => Ok((Vec::new(), 0)),
+            Self::File { sink, failed } => match failed {
                 Some(e) => Err(e),
-                None => sink.finish().map(|_| Vec::new()),
+                None => sink.close().map(|peak| (Vec::new(), peak)),
             },
-            Self::Collect(all) => Ok(all),
+            Self::Collect(all) => Ok((all, 0)),
         }
     }
+}
+
+/// A worker's hand-off of batches (`dataflow::ResponseBatchSink`,
+/// `dataflow::ErrorBatchSink`).
+type BatchSink<R> = Box<dyn FnMut(&mut Vec<R>)>;
+
+/// Hands a worker's batches to a shared writer.
+fn batch_sink<R: 'static, F: RowFile<R> + 'static>(
+    writer: &Arc<Mutex<RowWriter<R, F>>>,
+) -> BatchSink<R> {
+    let writer = writer.clone();
+    Box::new(move |rows| writer.lock().expect("lock").write(rows))
 }
 
 /// What one worker hands back when its dataflow is complete (in cluster
@@ -316,7 +396,9 @@ struct WorkerResult {
     router: RouterStats,
     latency: std::collections::BTreeMap<u32, LatencyTally>,
     by_mode: ModeTallies,
-    errors: Vec<ErrorRow>,
+    /// The most error rows the worker held before handing them on.
+    #[serde(default)]
+    pending_errors_peak: usize,
     windows: Vec<WindowRow>,
     oracle: Vec<OracleEpoch>,
     model_version: String,
@@ -331,6 +413,9 @@ struct CounterSnapshot {
     requests_in: u64,
     late: u64,
     responses_out: u64,
+    /// Error rows, each gone to the job's error sink.
+    #[serde(default)]
+    errors: u64,
     #[serde(default)]
     newest_ts_ms: u64,
 }
@@ -341,6 +426,7 @@ impl CounterSnapshot {
             requests_in: c.source.requests_in.load(Ordering::Relaxed),
             late: c.source.late.load(Ordering::Relaxed),
             responses_out: c.responses_out.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
             newest_ts_ms: c.source.newest_ts_ms.load(Ordering::Relaxed),
         }
     }
@@ -349,6 +435,7 @@ impl CounterSnapshot {
         self.requests_in += o.requests_in;
         self.late += o.late;
         self.responses_out += o.responses_out;
+        self.errors += o.errors;
         self.newest_ts_ms = self.newest_ts_ms.max(o.newest_ts_ms);
     }
 }
@@ -443,13 +530,18 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         check_oracle(&cfg, step)?;
     }
     let oracle_step = opts.oracle_step;
-    // In cluster mode only process 0 writes responses (gathered to it).
+    // In cluster mode only process 0 writes responses and error rows
+    // (gathered to it).
     let response_output = if topo.is_leader() {
         opts.responses.clone()
     } else {
         ResponseOutput::Drop
     };
-    let writer = Arc::new(Mutex::new(ResponseWriter::open(&response_output)?));
+    let (writer, error_writer) = open_writers(&response_output)?;
+    let (writer, error_writer) = (
+        Arc::new(Mutex::new(writer)),
+        Arc::new(Mutex::new(error_writer)),
+    );
     job.publish("replay", serde_json::json!({ "trace": trace_name }));
     let counters = opts.counters.clone().unwrap_or_default();
     // Pacing starts when the workers do: in cluster mode after every
@@ -471,6 +563,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let worker_trace = opts.trace.clone();
     let worker_setup_error = setup_error.clone();
     let worker_writer = writer.clone();
+    let worker_error_writer = error_writer.clone();
     let worker_commands = opts.commands.clone();
     let worker_started = started.clone();
     let worker_stop = opts.stop.clone();
@@ -519,9 +612,6 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                         alpha_grid(step),
                     )))
                 });
-                let batch_writer = worker_writer.clone();
-                let responses: dataflow::ResponseBatchSink =
-                    Box::new(move |rows| batch_writer.lock().expect("lock").write(rows));
                 let df = dataflow::build(
                     worker,
                     DataflowParts {
@@ -556,7 +646,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                             oracle: oracle.clone(),
                         },
                         counters: worker_counters.clone(),
-                        responses,
+                        responses: batch_sink(&worker_writer),
+                        errors: batch_sink(&worker_error_writer),
                         gather_responses: topo.is_cluster(),
                         stop: worker_stop.clone(),
                     },
@@ -577,13 +668,19 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 while worker.step() {}
 
                 let mut outputs = std::mem::take(&mut *df.outputs.borrow_mut());
-                // The sink flushes its last batch when its input closes; this only
-                // guards against a batch left behind.
+                // The sinks flush their last batch when their input closes;
+                // this only guards against a batch left behind.
                 if !outputs.pending_responses.is_empty() {
                     worker_writer
                         .lock()
                         .expect("lock")
                         .write(&mut outputs.pending_responses);
+                }
+                if !outputs.pending_errors.is_empty() {
+                    worker_error_writer
+                        .lock()
+                        .expect("lock")
+                        .write(&mut outputs.pending_errors);
                 }
                 let node = crate::dataflow::node::lock(&df.node);
                 let windows = std::mem::take(&mut outputs.windows);
@@ -643,7 +740,7 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                     router: df.router.borrow().stats().clone(),
                     latency: outputs.latency,
                     by_mode: outputs.by_mode,
-                    errors: outputs.errors,
+                    pending_errors_peak: outputs.pending_errors_peak,
                     windows,
                     oracle,
                     model_version: node.model_version().to_string(),
@@ -690,7 +787,11 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
         .map_err(|_| ReplayError::Setup("a worker still holds the response sink".into()))?
         .into_inner()
         .expect("lock");
-    let mut responses = writer.finish()?;
+    let (mut responses, _) = writer.finish()?;
+    let error_writer = Arc::try_unwrap(error_writer)
+        .map_err(|_| ReplayError::Setup("a worker still holds the error sink".into()))?
+        .into_inner()
+        .expect("lock");
     if !topo.is_leader() {
         return Ok(ReplayOutput {
             follower: true,
@@ -699,11 +800,16 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     }
     responses.sort_by_key(|r| r.req_id);
     if results.len() != workers {
+        // The error sink goes unfinished: no errors.parquet of a job
+        // whose summary cannot be made.
         return Err(ReplayError::Incomplete {
             got: results.len(),
             want: workers,
         });
     }
+    // Written now, from the sorted runs the sink spilled as the job ran.
+    let (mut errors, errors_held_peak) = error_writer.finish()?;
+    ErrorSink::sort(&mut errors);
     let totals = if topo.is_cluster() {
         let mut sum = CounterSnapshot::default();
         for r in &results {
@@ -734,6 +840,8 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     }
     out.summary.duplicate_req_ids = duplicate_req_ids;
     out.responses = responses;
+    out.errors = errors;
+    out.errors_held_peak += errors_held_peak;
     Ok(out)
 }
 
@@ -841,7 +949,7 @@ fn assemble(
             latency.entry(node).or_default().merge(&tally);
         }
         by_mode.merge(&r.by_mode);
-        out.errors.extend(r.errors);
+        out.errors_held_peak += r.pending_errors_peak;
         out.windows.extend(r.windows);
         out.oracle.extend(r.oracle);
         router.merge(&r.router);
@@ -861,8 +969,6 @@ fn assemble(
              process needs the same config, trace and --model"
         );
     }
-    out.errors
-        .sort_by(|a, b| natural_cmp(&a.position, &b.position));
     sort_windows(&mut out.windows);
     out.oracle.sort_by_key(|e| (e.node, e.epoch_start_ms));
     // Stable: each node's decisions keep their order.
@@ -894,7 +1000,7 @@ fn assemble(
         workers,
         requests_in: counters.requests_in,
         responses_out,
-        errors: out.errors.len() as u64,
+        errors: counters.errors,
         late_records: counters.late,
         duplicate_req_ids: None,
         interrupted: None,
@@ -976,42 +1082,6 @@ pub(crate) fn allocator_controller(
     }))
 }
 
-/// Compares positions such as "t/requests.parquet: row group 2, row 17"
-/// with their numbers as numbers, so that row 3 comes before row 17 and
-/// row group 2 before row group 10.
-fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
-    fn chunks(s: &str) -> impl Iterator<Item = (bool, &str)> {
-        let mut rest = s;
-        std::iter::from_fn(move || {
-            let first = rest.chars().next()?;
-            let digit = first.is_ascii_digit();
-            let end = rest
-                .find(|c: char| c.is_ascii_digit() != digit)
-                .unwrap_or(rest.len());
-            let (chunk, tail) = rest.split_at(end);
-            rest = tail;
-            Some((digit, chunk))
-        })
-    }
-    let (mut x, mut y) = (chunks(a), chunks(b));
-    loop {
-        let order = match (x.next(), y.next()) {
-            (None, None) => return std::cmp::Ordering::Equal,
-            (None, Some(_)) => return std::cmp::Ordering::Less,
-            (Some(_), None) => return std::cmp::Ordering::Greater,
-            (Some((true, p)), Some((true, q))) => {
-                // Leading zeros aside, the longer run is the larger number.
-                let (p, q) = (p.trim_start_matches('0'), q.trim_start_matches('0'));
-                p.len().cmp(&q.len()).then_with(|| p.cmp(q))
-            }
-            (Some((_, p)), Some((_, q))) => p.cmp(q),
-        };
-        if order != std::cmp::Ordering::Equal {
-            return order;
-        }
-    }
-}
-
 /// Event time covered, from the windows seen (their starts, so short by up
 /// to a window): used where the trace's own range is unknown.
 fn event_span_s(windows: &[WindowRow]) -> f64 {
@@ -1053,7 +1123,6 @@ fn spawn_progress(
 
 #[cfg(test)]
 mod tests {
-    use super::natural_cmp;
     use super::{ReplayOptions, ReplayOutput, ResponseOutput, TraceInput};
     use crate::Config;
     use crate::summary::LatencySummary;
@@ -1171,32 +1240,5 @@ mod tests {
         let rank = s.by_mode.rank.latency_ms.as_ref().unwrap();
         assert_eq!(Some(rank), s.latency_ms.as_ref(), "{s:?}");
         assert_eq!(s.by_mode.retrieve.latency_ms, None);
-    }
-
-    #[test]
-    fn error_positions_sort_by_their_numbers() {
-        let mut positions = vec![
-            "t/requests.parquet: row group 10, row 2600",
-            "t/requests.parquet: row group 0, row 17",
-            "t/requests.parquet: row group 2, row 600",
-            "t/requests.parquet: row group 0, row 3",
-            "t/requests.parquet: row group 0, row 15",
-        ];
-        positions.sort_by(|a, b| natural_cmp(a, b));
-        assert_eq!(
-            positions,
-            [
-                "t/requests.parquet: row group 0, row 3",
-                "t/requests.parquet: row group 0, row 15",
-                "t/requests.parquet: row group 0, row 17",
-                "t/requests.parquet: row group 2, row 600",
-                "t/requests.parquet: row group 10, row 2600",
-            ]
-        );
-        assert_eq!(natural_cmp("a007", "a7"), std::cmp::Ordering::Equal);
-        assert_eq!(
-            natural_cmp("topic[1]@9", "topic[1]@10"),
-            std::cmp::Ordering::Less
-        );
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use grflow_connectors::parquet::{ErrorSink, WindowSink};
+use grflow_connectors::parquet::WindowSink;
 use grflow_operators::allocator::oracle::OracleSummary;
 use grflow_pipeline::params::ParamsError;
 use grflow_pipeline::replay::ResponseOutput;
@@ -167,11 +167,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let show_progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
     // Responses stream into responses.parquet.partial as they are
-    // produced, renamed once the run has ended well. An earlier run's
-    // outputs go when that file is opened (after the trace, config and
-    // model were checked): a run that fails or is interrupted leaves no
-    // mix of its files and another run's, and one refused at setup
-    // leaves the earlier run's alone.
+    // produced, renamed once the run has ended well; error rows into
+    // sorted runs in errors.parquet.runs, merged into errors.parquet when
+    // the job ends. An earlier run's outputs go when the responses file
+    // is opened (after the trace, config and model were checked): a run
+    // that fails or is interrupted leaves no mix of its files and another
+    // run's, and one refused at setup leaves the earlier run's alone.
     let responses = match &args.out {
         // Process 0 writes the job's outputs; another process leaves --out
         // alone, which may be the same directory (a loopback test, NFS):
@@ -181,7 +182,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(dir) => {
             super::check_out_dir(dir)?;
             ResponseOutput::ParquetReplacing {
-                path: dir.join(PARTIAL_RESPONSES),
+                responses: dir.join(PARTIAL_RESPONSES),
+                errors: dir.join("errors.parquet"),
                 stale: OUTPUT_FILES.iter().map(|name| dir.join(name)).collect(),
             }
         }
@@ -311,9 +313,7 @@ fn write_outputs(dir: &Path, output: &ReplayOutput) -> anyhow::Result<()> {
     let mut windows = WindowSink::create(&dir.join("windows.parquet"))?;
     windows.write(&output.windows)?;
     windows.finish()?;
-    let mut errors = ErrorSink::create(&dir.join("errors.parquet"))?;
-    errors.write(&output.errors)?;
-    errors.finish()?;
+    // errors.parquet was written by the job as it ended.
     if !output.oracle.is_empty() {
         std::fs::write(
             dir.join("oracle.json"),

@@ -1,6 +1,11 @@
 //! Parquet sinks of the rows that leave the dataflow: responses.parquet,
 //! windows.parquet and errors.parquet. Rows are appended in batches;
-//! `finish` writes the footer and closes the file.
+//! `finish` writes the footer and closes the file. errors.parquet comes in
+//! position order through its own sink (`errors.rs`), which sorts in
+//! bounded memory.
+
+mod errors;
+mod position;
 
 use std::fs::File;
 use std::marker::PhantomData;
@@ -14,16 +19,22 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
 
 use crate::records::{ErrorRow, ResponseRow, WindowRow};
 use crate::sink::{Sink, SinkError};
+pub use errors::ErrorSink;
 
 /// Rows per row group (the writer holds one row group in memory).
 const ROW_GROUP_ROWS: usize = 64 * 1024;
 
 /// A row type with a fixed Arrow schema.
 pub trait SinkRow: Sized {
+    /// Version of the file's layout as README documents it, stamped under
+    /// `grflow.schema_version` as traces are (a version of this file's
+    /// columns, not of the trace layout).
+    const SCHEMA_VERSION: &'static str;
     fn schema() -> SchemaRef;
     fn to_batch(rows: &[Self]) -> RecordBatch;
 }
@@ -49,22 +60,33 @@ impl<R: SinkRow> std::fmt::Debug for ParquetSink<R> {
 pub type ResponseSink = ParquetSink<ResponseRow>;
 /// windows.parquet.
 pub type WindowSink = ParquetSink<WindowRow>;
-/// errors.parquet.
-pub type ErrorSink = ParquetSink<ErrorRow>;
+
+/// What an output file of `R` is written with: ZSTD, row groups small
+/// enough that the one being filled stays small, the layout's version.
+fn output_properties<R: SinkRow>() -> WriterPropertiesBuilder {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_key_value_metadata(Some(vec![KeyValue::new(
+            grflow_traces::columnar::VERSION_KEY.to_string(),
+            R::SCHEMA_VERSION.to_string(),
+        )]))
+}
 
 impl<R: SinkRow> ParquetSink<R> {
     /// Creates (or truncates) the file at `path`.
     pub fn create(path: &Path) -> Result<Self, SinkError> {
+        // Rows stream in for the whole run and the writer buffers a row
+        // group in memory: keep row groups small so that buffer stays bounded.
+        Self::create_with(path, output_properties::<R>().build())
+    }
+
+    /// As `create`, with these writer properties.
+    fn create_with(path: &Path, props: WriterProperties) -> Result<Self, SinkError> {
         let file = File::create(path).map_err(|source| SinkError::Io {
             file: path.to_path_buf(),
             source,
         })?;
-        // Rows stream in for the whole run and the writer buffers a row
-        // group in memory: keep row groups small so that buffer stays bounded.
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::default()))
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .build();
         let writer = ArrowWriter::try_new(file, R::schema(), Some(props)).map_err(|source| {
             SinkError::Parquet {
                 file: path.to_path_buf(),
@@ -125,6 +147,8 @@ fn list_of(dt: DataType) -> DataType {
 }
 
 impl SinkRow for ResponseRow {
+    const SCHEMA_VERSION: &'static str = "1";
+
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
             Field::new("req_id", DataType::UInt64, false),
@@ -182,6 +206,8 @@ impl SinkRow for ResponseRow {
 }
 
 impl SinkRow for WindowRow {
+    const SCHEMA_VERSION: &'static str = "1";
+
     fn schema() -> SchemaRef {
         let f64_col = |name| Field::new(name, DataType::Float64, false);
         Arc::new(Schema::new(vec![
@@ -240,15 +266,27 @@ impl SinkRow for WindowRow {
 }
 
 impl SinkRow for ErrorRow {
+    const SCHEMA_VERSION: &'static str = "1";
+
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![
             Field::new("position", DataType::Utf8, false),
             Field::new("reason", DataType::Utf8, false),
             Field::new("req_id", DataType::UInt64, true),
+            // The position's parts, to join a row back to the trace; null
+            // where the position names no such part (a Kafka offset, a
+            // whole file).
+            Field::new("file", DataType::Utf8, true),
+            Field::new("row_group", DataType::UInt32, true),
+            Field::new("row", DataType::UInt64, true),
         ]))
     }
 
     fn to_batch(rows: &[Self]) -> RecordBatch {
+        let parts: Vec<position::Parts<'_>> = rows
+            .iter()
+            .map(|r| position::Parts::of(&r.position))
+            .collect();
         let columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from_iter_values(
                 rows.iter().map(|r| &r.position),
@@ -257,6 +295,9 @@ impl SinkRow for ErrorRow {
                 rows.iter().map(|r| &r.reason),
             )),
             Arc::new(UInt64Array::from_iter(rows.iter().map(|r| r.req_id))),
+            Arc::new(parts.iter().map(|p| p.file).collect::<StringArray>()),
+            Arc::new(parts.iter().map(|p| p.row_group).collect::<UInt32Array>()),
+            Arc::new(parts.iter().map(|p| p.row).collect::<UInt64Array>()),
         ];
         RecordBatch::try_new(Self::schema(), columns).expect("columns match the schema")
     }

@@ -47,20 +47,29 @@ pub use source::Pacing;
 use source::SourceCounters;
 use windows::WindowGauge;
 
-/// Responses leave a worker in batches of this many rows.
+/// Responses (and error rows) leave a worker in batches of this many rows.
 const RESPONSE_BATCH: usize = 1_024;
 
 /// Receives each batch of responses as they are produced (draining it): the
 /// job's response sink, so no worker keeps responses for the whole run.
 pub type ResponseBatchSink = Box<dyn FnMut(&mut Vec<ResponseRow>)>;
 
+/// The same for error rows (records that failed to decode, requests shed
+/// or unservable): the job's error sink.
+pub type ErrorBatchSink = Box<dyn FnMut(&mut Vec<ErrorRow>)>;
+
 /// What a worker keeps of the outputs it produced: latencies as bounded
-/// tallies per node, responses only until the next batch goes to the sink.
+/// tallies per node, responses and error rows only until the next batch
+/// goes to its sink.
 #[derive(Debug, Default)]
 pub struct WorkerOutputs {
     /// Responses not yet handed to the sink (fewer than a batch).
     pub pending_responses: Vec<ResponseRow>,
-    pub errors: Vec<ErrorRow>,
+    /// Error rows not yet handed to the sink (fewer than a batch).
+    pub pending_errors: Vec<ErrorRow>,
+    /// The most error rows this worker held at once before handing them
+    /// to the sink (a batch, plus what arrived in the same activation).
+    pub pending_errors_peak: usize,
     pub latency: BTreeMap<u32, LatencyTally>,
     /// The same latencies by request kind, each against its own SLO.
     pub by_mode: ModeTallies,
@@ -102,8 +111,11 @@ pub struct DataflowParts {
     pub counters: Arc<JobCounters>,
     /// Where responses go; they are counted and tallied before.
     pub responses: ResponseBatchSink,
-    /// Cluster mode: responses travel to worker 0 and only its sink writes
-    /// them (one responses.parquet for the job, on process 0).
+    /// Where error rows go; they are counted before.
+    pub errors: ErrorBatchSink,
+    /// Cluster mode: responses and error rows travel to worker 0 and only
+    /// its sinks write them (one responses.parquet and one errors.parquet
+    /// for the job, on process 0).
     pub gather_responses: bool,
     /// Once requested, the source reads nothing more and the job drains
     /// what it admitted (`replay` on SIGINT/SIGTERM); a stop requested in
@@ -272,6 +284,7 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
     let slo_ms = parts.serving.slo_ms;
     // Shared by the local sink and, in cluster mode, the gathering one.
     let response_sink = Rc::new(RefCell::new(parts.responses));
+    let error_sink = Rc::new(RefCell::new(parts.errors));
 
     let handles = worker.dataflow::<u64, _, _>(|scope| {
         let ahead = parts.max_ahead_ms.map(|max_ms| source::Ahead {
@@ -320,25 +333,39 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
 
         let gather = parts.gather_responses;
         if gather {
-            let mut pending = Vec::new();
+            let (mut responses, mut errors) = (Vec::new(), Vec::new());
             let response_sink = response_sink.clone();
+            let error_sink = error_sink.clone();
+            let gather_outputs = outputs.clone();
             events
                 .clone()
                 .flat_map(|e| match e {
-                    NodeEvent::Response(r) => Some(r.0),
+                    NodeEvent::Response(r) => Some(Gathered::Response(r.0)),
+                    NodeEvent::Error(e) => Some(Gathered::Error(e.0)),
                     _ => None,
                 })
+                .concat(bad.clone().map(Gathered::Error))
                 .exchange(|_| 0)
-                .sink(Pipeline, "GatherResponses", move |(input, frontier)| {
-                    input.for_each(|_, data| pending.append(data));
+                .sink(Pipeline, "GatherOutputs", move |(input, frontier)| {
+                    input.for_each(|_, data| {
+                        for row in data.drain(..) {
+                            match row {
+                                Gathered::Response(r) => responses.push(r),
+                                Gathered::Error(e) => errors.push(e),
+                            }
+                        }
+                    });
                     let done = frontier.frontier().is_empty();
-                    if pending.len() >= RESPONSE_BATCH || (done && !pending.is_empty()) {
-                        (response_sink.borrow_mut())(&mut pending);
+                    if responses.len() >= RESPONSE_BATCH || (done && !responses.is_empty()) {
+                        (response_sink.borrow_mut())(&mut responses);
                     }
+                    let peak = &mut gather_outputs.borrow_mut().pending_errors_peak;
+                    flush_errors(&mut errors, peak, done, &error_sink);
                 });
         }
         let sink_outputs = outputs.clone();
         let sink_counters = counters.clone();
+        let sink_error_sink = error_sink.clone();
         events
             .probe_with(&probe)
             .sink(Pipeline, "Outputs", move |(input, frontier)| {
@@ -362,7 +389,9 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                                 sink_counters.errors.fetch_add(1, Ordering::Relaxed);
                                 let (row, _, origin) = *e;
                                 out.by_mode.record_failure(origin.mode);
-                                out.errors.push(row);
+                                if !gather {
+                                    out.pending_errors.push(row);
+                                }
                             }
                             NodeEvent::Telemetry(_) | NodeEvent::Report(_) => {}
                         }
@@ -376,17 +405,38 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
                 {
                     (response_sink.borrow_mut())(&mut out.pending_responses);
                 }
+                if !gather {
+                    let out = &mut *out;
+                    flush_errors(
+                        &mut out.pending_errors,
+                        &mut out.pending_errors_peak,
+                        done,
+                        &sink_error_sink,
+                    );
+                }
             });
         let bad_outputs = outputs.clone();
         let bad_counters = counters.clone();
-        bad.sink(Pipeline, "BadRecords", move |(input, _)| {
+        bad.sink(Pipeline, "BadRecords", move |(input, frontier)| {
             let mut out = bad_outputs.borrow_mut();
             input.for_each(|_, data| {
                 bad_counters
                     .errors
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
-                out.errors.append(data);
+                if !gather {
+                    out.pending_errors.append(data);
+                }
             });
+            if !gather {
+                let done = frontier.frontier().is_empty();
+                let out = &mut *out;
+                flush_errors(
+                    &mut out.pending_errors,
+                    &mut out.pending_errors_peak,
+                    done,
+                    &error_sink,
+                );
+            }
         });
         handles
     });
@@ -398,5 +448,28 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
         window_gauge: handles.window_gauge,
         outputs,
         probe,
+    }
+}
+
+/// A row on its way to worker 0's sinks (cluster mode).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+enum Gathered {
+    Response(ResponseRow),
+    Error(ErrorRow),
+}
+
+/// Hands `pending` error rows to the sink once a batch is full, or once
+/// no more can come (`done`), noting in `peak` the most it held. Outside
+/// cluster mode the node's errors and the source's bad records share one
+/// buffer, and the operator that finishes last hands over what is left.
+fn flush_errors(
+    pending: &mut Vec<ErrorRow>,
+    peak: &mut usize,
+    done: bool,
+    sink: &Rc<RefCell<ErrorBatchSink>>,
+) {
+    *peak = (*peak).max(pending.len());
+    if pending.len() >= RESPONSE_BATCH || (done && !pending.is_empty()) {
+        (sink.borrow_mut())(pending);
     }
 }
