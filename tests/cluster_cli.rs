@@ -281,6 +281,54 @@ fn a_process_whose_peers_never_connect_gives_up_after_the_connect_timeout() {
     assert_eq!(logged["fields"]["process"], 1);
 }
 
+/// One SIGTERM to a process still waiting for its peers ends it (nothing
+/// was read, nothing to drain): it used to wait on until the connect
+/// timeout, as only a second signal was heard.
+#[test]
+fn a_signal_while_waiting_for_the_peers_ends_the_process() {
+    let dir = tmp_dir("cluster-stop-waiting");
+    let hosts = hostfile(&dir, 2);
+    let config = dir.join("c.toml");
+    std::fs::write(&config, "[cluster]\nconnect_timeout_s = 120\n").unwrap();
+    let mut child = Reaped::spawn(
+        grflow()
+            .env("GRFLOW_LOG", "info")
+            .args(["replay", "--quiet", "--workers", "1", "--config"])
+            .arg(&config)
+            .arg("--hostfile")
+            .arg(&hosts)
+            .args(["--process", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    // Wait until it is waiting (its log says so), then one SIGTERM.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut err = child.child().stderr.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while !seen.contains("connecting to the other processes") {
+        assert!(std::time::Instant::now() < deadline, "never waited: {seen}");
+        let n = std::io::Read::read(&mut err, &mut buf).unwrap();
+        assert!(n > 0, "ended before waiting: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let signalled = std::time::Instant::now();
+    process::signal(child.child().id(), "-TERM");
+    while child.child().try_wait().unwrap().is_none() {
+        assert!(
+            signalled.elapsed().as_secs() < 20,
+            "still waiting for its peers 20 s after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(
+        rest.contains("stopped while waiting for the other processes"),
+        "{seen}{rest}"
+    );
+}
+
 /// Processes that are not one job stop before timely connects them, each
 /// saying what differs (exit 2), instead of panicking in timely's network
 /// threads (unequal worker counts) or serving a job nobody asked for.

@@ -758,7 +758,9 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
                 }
                 crate::cluster::gather_to_worker_0(worker, &result, GATHER_WAIT)
             },
-            None,
+            // A stop while waiting for the peers ends the process: nothing
+            // was read (otherwise a follower ignored the first SIGTERM).
+            opts.stop.as_ref().map(|s| s.flag.clone()),
         )
         .map_err(|e| match e {
             crate::cluster::ExecuteError::Mismatch(m) => ReplayError::Setup(m),
