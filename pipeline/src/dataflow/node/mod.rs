@@ -990,18 +990,23 @@ mod tests {
             move |_: &str| Ok(as_trained(&base, "v2")),
         ))));
         assert!(!parts.offload.background_swaps, "complete release");
-        let swap = NodeControl {
-            target: Target::Node(0),
+        let swap = swap_to_v2(Target::Node(0));
+        parts.on_control(5, vec![swap]);
+        assert_eq!(lock(&parts.node).model_version(), "v2");
+        assert!(parts.in_flight().is_empty());
+        assert!(!parts.busy());
+    }
+
+    /// A swap to model "v2" (at "/m/v2"), for `target`.
+    fn swap_to_v2(target: Target) -> NodeControl {
+        NodeControl {
+            target,
             seq: 0,
             command: NodeCommand::SwapModel {
                 path: "/m/v2".into(),
                 version: "v2".into(),
             },
-        };
-        parts.on_control(5, vec![swap]);
-        assert_eq!(lock(&parts.node).model_version(), "v2");
-        assert!(parts.in_flight().is_empty());
-        assert!(!parts.busy());
+        }
     }
 
     /// `arrival` release: while a swap waits for its model and no step
@@ -1024,14 +1029,7 @@ mod tests {
             },
         ))));
         let old = lock(&parts.node).model_version().to_string();
-        let swap = NodeControl {
-            target: Target::Node(0),
-            seq: 0,
-            command: NodeCommand::SwapModel {
-                path: "/m/v2".into(),
-                version: "v2".into(),
-            },
-        };
+        let swap = swap_to_v2(Target::Node(0));
         parts.on_control(5, vec![swap]);
         assert!(parts.busy(), "the swap waits for its model");
         assert!(parts.in_flight().is_empty(), "{:?}", parts.in_flight());
@@ -1105,14 +1103,7 @@ mod tests {
                 }
             };
             let mut routed = routed.into_iter();
-            controls.send(NodeControl {
-                target: Target::All,
-                seq: 0,
-                command: NodeCommand::SwapModel {
-                    path: "/m/v2".into(),
-                    version: "v2".into(),
-                },
-            });
+            controls.send(swap_to_v2(Target::All));
             controls.flush();
             // The load waits at the gate: the worker goes on serving (had
             // it loaded here, it would wait for the gate, a minute).
