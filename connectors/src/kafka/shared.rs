@@ -103,10 +103,6 @@ pub struct SharedState {
     /// The shutdown drain ran out of `kafka.drain_timeout_ms`.
     pub drain_timed_out: AtomicBool,
     pub counters: KafkaCounters,
-    /// Consumer lag per request partition that can still be believed: a
-    /// partition whose lag went stale (see [`super::lag`]) is left out.
-    /// [`SharedState::lag_gauges`] has every partition, stale ones too.
-    pub lag: Mutex<BTreeMap<i32, i64>>,
     /// Every partition's lag reading, with when it last moved.
     lag_table: Mutex<LagTable>,
     /// The request topic's partition count as last seen (it only grows);
@@ -139,7 +135,6 @@ impl SharedState {
             is_fatal: AtomicBool::new(false),
             drain_timed_out: AtomicBool::new(false),
             counters: KafkaCounters::default(),
-            lag: Mutex::default(),
             lag_table: Mutex::default(),
             partitions: std::sync::atomic::AtomicI32::new(0),
             recent_ids: Mutex::default(),
@@ -182,8 +177,7 @@ impl SharedState {
         self
     }
 
-    /// Measures `partition`'s lag at `now` (see [`LagTable::measure`]) and
-    /// keeps [`SharedState::lag`] to the partitions not stale.
+    /// Measures `partition`'s lag at `now` (see [`LagTable::measure`]).
     pub fn measure_lag(
         &self,
         partition: i32,
@@ -191,15 +185,20 @@ impl SharedState {
         next: i64,
         now: Instant,
     ) -> LagChange {
-        let mut table = self.lag_table.lock().expect("lag lock");
-        let change = table.measure(partition, high, next, now);
-        let gauge = table.gauge(partition, now);
-        let mut lag = self.lag.lock().expect("lag lock");
-        match gauge.and_then(|g| g.lag) {
-            Some(behind) => lag.insert(partition, behind),
-            None => lag.remove(&partition),
-        };
-        change
+        self.lag_table
+            .lock()
+            .expect("lag lock")
+            .measure(partition, high, next, now)
+    }
+
+    /// Consumer lag per request partition that can still be believed at
+    /// `now`: a partition whose lag went stale (see [`super::lag`]) is
+    /// left out.
+    pub fn known_lag(&self, now: Instant) -> BTreeMap<i32, i64> {
+        self.lag_gauges(now)
+            .into_iter()
+            .filter_map(|(p, g)| Some((p, g.lag?)))
+            .collect()
     }
 
     /// Every measured partition's lag as it may be exported at `now`:

@@ -987,7 +987,6 @@ fn flush(sink: &RefCell<KafkaSink>) -> usize {
 
 fn log_metrics(shared: &SharedState, latency: &AnswerLatency) {
     let c = &shared.counters;
-    let lag = shared.lag.lock().expect("lag lock").clone();
     let p99_ms_since_start = latency.p99_ms();
     // The gauge is this interval's: a p99 since start would hardly move
     // after weeks of traffic. No answers: NaN (no p99), not the last one.
@@ -997,7 +996,9 @@ fn log_metrics(shared: &SharedState, latency: &AnswerLatency) {
     metrics::gauge!("grflow_p99_ms").set(p99_ms.unwrap_or(f64::NAN));
     // A lag the job cannot vouch for (no fetch came back for a while) is
     // NaN, with its age beside it, rather than the last value frozen.
-    for (partition, g) in shared.lag_gauges(Instant::now()) {
+    let now = Instant::now();
+    let lag = shared.known_lag(now);
+    for (partition, g) in shared.lag_gauges(now) {
         let partition = partition.to_string();
         metrics::gauge!("grflow_consumer_lag", "partition" => partition.clone())
             .set(g.lag.map_or(f64::NAN, |l| l as f64));

@@ -91,7 +91,7 @@ impl ProcessPart {
             counts: CountsSnapshot::of(&shared.counters),
             latency: latency.overall.lock().expect("latency lock").clone(),
             by_mode: latency.by_mode.lock().expect("latency lock").clone(),
-            lag: shared.lag.lock().expect("lag lock").clone(),
+            lag: shared.known_lag(std::time::Instant::now()),
             in_flight: shared.in_flight(),
             drain_timed_out: shared.drain_timed_out.load(Ordering::Relaxed),
             windows_lost,
