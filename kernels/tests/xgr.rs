@@ -349,15 +349,12 @@ fn catalog(r: &mut rand_chacha::ChaCha8Rng, n: usize, c: u32) -> Vec<[u16; 3]> {
 fn beam_finds_every_item_with_reference_log_probs(model: &GrModel) {
     let cfg = model.config().clone();
     let c = cfg.codebook_size as u32;
-    let d = cfg.d_model;
+
     let mut r = rng(12);
     let cat = catalog(&mut r, 20, c);
     let trie = SidTrie::new(&cat, cfg.codebook_size).unwrap();
     let p = 21;
-    let prompt = tokens(&mut r, p, d);
-    let mut pool = Pool::new(&cfg, 8, &mut r);
-    let table = pool.alloc(cfg.blocks_for(p));
-    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let (prompt, pool, table) = prefilled(model, &cfg, p, &mut r);
     let mut search = BeamSearch::new(&cfg, 32, cfg.codebook_size, 64).unwrap();
     let hits = search
         .generate(model, &pool.store, &table, p, &trie)
@@ -397,10 +394,7 @@ fn beam_kv_layout_is_near_ideal_and_beats_block_copying() {
     let cat = catalog(&mut r, 3000, 64);
     let trie = SidTrie::new(&cat, 64).unwrap();
     let p = 45;
-    let prompt = tokens(&mut r, p, cfg.d_model);
-    let mut pool = Pool::new(&cfg, 8, &mut r);
-    let table = pool.alloc(cfg.blocks_for(p));
-    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let (_, pool, table) = prefilled(&model, &cfg, p, &mut r);
     let bw = 32;
     let mut search = BeamSearch::new(&cfg, bw, 16, 64).unwrap();
     search
@@ -417,6 +411,22 @@ fn beam_kv_layout_is_near_ideal_and_beats_block_copying() {
     );
 }
 
+/// A prompt of `p` random tokens prefilled into a fresh pool of 8 blocks:
+/// (prompt, pool, block table). Draws from `r` as the tests did by hand,
+/// the prompt first, then the pool.
+fn prefilled(
+    model: &GrModel,
+    cfg: &ModelConfig,
+    p: usize,
+    r: &mut rand_chacha::ChaCha8Rng,
+) -> (Vec<f32>, Pool, Vec<u32>) {
+    let prompt = tokens(r, p, cfg.d_model);
+    let mut pool = Pool::new(cfg, 8, r);
+    let table = pool.alloc(cfg.blocks_for(p));
+    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    (prompt, pool, table)
+}
+
 #[test]
 fn a_per_beam_top_k_below_the_width_still_starts_with_a_full_beam() {
     // BW 8, K 2: the first step expands one beam, whose top-2 alone would
@@ -427,10 +437,7 @@ fn a_per_beam_top_k_below_the_width_still_starts_with_a_full_beam() {
     let cat = catalog(&mut r, 200, 16);
     let trie = SidTrie::new(&cat, 16).unwrap();
     let p = 9;
-    let prompt = tokens(&mut r, p, cfg.d_model);
-    let mut pool = Pool::new(&cfg, 8, &mut r);
-    let table = pool.alloc(cfg.blocks_for(p));
-    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let (_, pool, table) = prefilled(&model, &cfg, p, &mut r);
     let mut narrow = BeamSearch::new(&cfg, 8, 2, 64).unwrap();
     let hits = narrow
         .generate(&model, &pool.store, &table, p, &trie)
@@ -471,10 +478,7 @@ fn a_beam_short_of_its_width_keeps_every_child_it_can() {
         .collect();
     let trie = SidTrie::new(&cat, 16).unwrap();
     let p = 9;
-    let prompt = tokens(&mut r, p, cfg.d_model);
-    let mut pool = Pool::new(&cfg, 8, &mut r);
-    let table = pool.alloc(cfg.blocks_for(p));
-    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let (prompt, pool, table) = prefilled(&model, &cfg, p, &mut r);
     let mut search = BeamSearch::new(&cfg, 4, 2, 64).unwrap();
     let hits = search
         .generate(&model, &pool.store, &table, p, &trie)
@@ -538,10 +542,7 @@ fn the_flops_credited_to_a_search_are_those_of_the_rows_it_ran() {
         .collect();
     let trie = SidTrie::new(&cat, 16).unwrap();
     let p = 21;
-    let prompt = tokens(&mut r, p, cfg.d_model);
-    let mut pool = Pool::new(&cfg, 8, &mut r);
-    let table = pool.alloc(cfg.blocks_for(p));
-    model.prefill(&mut pool.store, &table, 0, &prompt).unwrap();
+    let (_, pool, table) = prefilled(&model, &cfg, p, &mut r);
     let (bw, k) = (8, 8);
     let mut search = BeamSearch::new(&cfg, bw, k, 64).unwrap();
     assert_eq!(search.rows_per_step(), [0, 0, 0]);
