@@ -142,15 +142,25 @@ impl Config {
 
     /// A relative input path names a file from the current directory, as the
     /// shipped configs do (`configs/...` from the repository root). One that
-    /// is not there but is beside the config file is taken from there, so a
-    /// config and its files can move together.
+    /// is not there is looked for from the config file's side, so that a
+    /// config finds its files from any directory and a folder of configs can
+    /// be copied with its files: beside the config (`dir/PATH`), by file
+    /// name beside it (`dir/NAME`: the shipped `configs/X` named from a
+    /// config in `configs/`, or such a folder copied under another name),
+    /// then from the folder above it (`dir/../PATH`).
     fn resolve_inputs(&mut self, config_dir: &Path) {
         let beside = |p: &Path| -> Option<std::path::PathBuf> {
             if p.as_os_str().is_empty() || p.is_absolute() || p.exists() {
                 return None;
             }
-            let there = config_dir.join(p);
-            there.exists().then_some(there)
+            let mut tries = vec![config_dir.join(p)];
+            if let Some(name) = p.file_name() {
+                tries.push(config_dir.join(name));
+            }
+            if let Some(above) = config_dir.parent() {
+                tries.push(above.join(p));
+            }
+            tries.into_iter().find(|there| there.exists())
         };
         for p in [&mut self.model.weights, &mut self.cost.calibration]
             .into_iter()

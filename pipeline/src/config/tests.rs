@@ -448,6 +448,30 @@ fn relative_inputs_are_found_from_the_current_directory_or_beside_the_config() {
     assert_eq!(cfg.kafka.catalog, "Cargo.toml");
     // Found nowhere: kept, so the error names the path as written.
     assert_eq!(cfg.model.weights, Some("nowhere".into()));
+
+    // The shipped layout run from elsewhere: `configs/X` named by a config
+    // in `configs/` is found by its name beside the config.
+    std::fs::create_dir_all(dir.join("configs")).unwrap();
+    std::fs::write(dir.join("configs/shipped.json"), "{}").unwrap();
+    let shipped = "[cost]\ncalibration = \"configs/shipped.json\"\n";
+    std::fs::write(dir.join("configs/job.toml"), shipped).unwrap();
+    let cfg = Config::load(&dir.join("configs/job.toml")).unwrap();
+    assert_eq!(cfg.cost.calibration, Some(dir.join("configs/shipped.json")));
+    // That folder copied under another name finds its own copy.
+    std::fs::create_dir_all(dir.join("copied")).unwrap();
+    std::fs::write(dir.join("copied/shipped.json"), "{}").unwrap();
+    std::fs::write(dir.join("copied/job.toml"), shipped).unwrap();
+    let cfg = Config::load(&dir.join("copied/job.toml")).unwrap();
+    assert_eq!(cfg.cost.calibration, Some(dir.join("copied/shipped.json")));
+    // A path from the folder above the config's.
+    std::fs::create_dir_all(dir.join("runs")).unwrap();
+    let above = "[cost]\ncalibration = \"models/policy.safetensors\"\n";
+    std::fs::write(dir.join("runs/job.toml"), above).unwrap();
+    let cfg = Config::load(&dir.join("runs/job.toml")).unwrap();
+    assert_eq!(
+        cfg.cost.calibration,
+        Some(dir.join("models/policy.safetensors"))
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
