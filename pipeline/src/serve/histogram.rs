@@ -58,6 +58,9 @@ impl LatencyHistogram {
     }
 
     /// The `q`-quantile (0..=1), as the upper edge of its bucket; 0 when empty.
+    /// One that lands in the last bucket, which also holds everything past
+    /// the buckets' range, is the largest latency seen: an upper bound, where
+    /// the bucket's edge would understate it.
     pub fn quantile(&self, q: f64) -> f64 {
         if self.total == 0 {
             return 0.0;
@@ -67,6 +70,9 @@ impl LatencyHistogram {
         for (i, &c) in self.counts.iter().enumerate() {
             seen += c;
             if seen >= rank {
+                if i == BUCKETS - 1 {
+                    return self.max_ms;
+                }
                 return (MIN_MS * GROWTH.powi(i as i32)).min(self.max_ms);
             }
         }
@@ -77,6 +83,19 @@ impl LatencyHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quantile_past_the_buckets_range_is_not_cut_at_its_end() {
+        // Buckets end near 6.7 hours; a day-long latency is not reported as that.
+        let day_ms = 86_400_000.0;
+        let mut h = LatencyHistogram::default();
+        h.record(1.0);
+        h.record(day_ms);
+        h.record(2.0 * day_ms);
+        assert_eq!(h.quantile(0.99), 2.0 * day_ms);
+        assert!(h.quantile(0.5) >= day_ms, "{}", h.quantile(0.5));
+        assert!((h.quantile(0.1) - 1.0).abs() <= 0.01);
+    }
 
     #[test]
     fn quantiles_are_within_one_percent() {
