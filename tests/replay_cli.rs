@@ -746,6 +746,30 @@ fn a_replay_refused_at_setup_keeps_the_previous_outputs() {
     assert_ne!(summary, "old");
 }
 
+/// A replay refused at setup does not leave an empty --out it made (with
+/// the parents it made), as gen-trace does not.
+#[test]
+fn a_replay_refused_at_setup_removes_the_out_directory_it_made() {
+    let dir = tmp_dir("refused-removes-made-out");
+    let tiny = dir.join("tiny.toml");
+    std::fs::write(
+        &tiny,
+        "[memory]\npool_mib = 0.00001\n[trace]\nrequests = 20\n",
+    )
+    .unwrap();
+    let out = dir.join("new").join("sub");
+    let r = grflow()
+        .args(["replay", "--quiet", "--speed", "max", "--out"])
+        .arg(&out)
+        .arg("--config")
+        .arg(&tiny)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{err}");
+    assert!(!dir.join("new").exists(), "left {}: {err}", out.display());
+}
+
 #[test]
 fn sigint_stops_reading_answers_what_was_read_and_writes_the_outputs() {
     let dir = tmp_dir("sigint");

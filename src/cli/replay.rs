@@ -157,9 +157,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 requests: "trace.requests",
                 rps: "trace.rps",
             };
-            if let Some(warning) = gen_cfg.burst_warning(&keys)
-                && !args.quiet
-            {
+            // Said under --quiet too, which only hides the progress bar.
+            if let Some(warning) = gen_cfg.burst_warning(&keys) {
                 eprintln!("{warning}");
             }
             TraceInput::Memory(Arc::new(grflow_traces::generate(&gen_cfg)))
@@ -173,6 +172,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // is opened (after the trace, config and model were checked): a run
     // that fails or is interrupted leaves no mix of its files and another
     // run's, and one refused at setup leaves the earlier run's alone.
+    // A directory this run makes is removed again if the run is refused at
+    // setup (a bad model, a config the job refuses) and left it empty.
+    let mut made_out = None;
     let responses = match &args.out {
         // Process 0 writes the job's outputs; another process leaves --out
         // alone, which may be the same directory (a loopback test, NFS):
@@ -180,7 +182,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // 0's responses, and process 0 wrote none.
         Some(_) if config.cluster.process != 0 => ResponseOutput::Drop,
         Some(dir) => {
-            super::check_out_dir(dir)?;
+            made_out = Some(super::OutDir::create(dir)?);
             ResponseOutput::ParquetReplacing {
                 responses: dir.join(PARTIAL_RESPONSES),
                 errors: dir.join("errors.parquet"),
@@ -205,8 +207,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         commands: Vec::new(),
         oracle_step: args.oracle_step,
         stop: Some(stop.clone()),
-    })
-    .map_err(|e| match e {
+    });
+    if let (Some(made), Some(dir)) = (made_out, &args.out) {
+        let empty = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+        if output.is_ok() || !empty {
+            made.keep();
+        }
+    }
+    let output = output.map_err(|e| match e {
         // --model set model.weights: the user never wrote the key.
         ReplayError::Params(ParamsError::Weights(w)) if args.model.is_some() => {
             InputError::from_display(format!("--model: {w}"))
