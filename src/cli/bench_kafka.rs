@@ -48,9 +48,18 @@ pub struct Args {
     pub json: bool,
 }
 
+/// KEY=VALUE, refused as `serve` refuses it in `kafka.librdkafka`: the
+/// bench measures the job `serve` would run, so never one with a property
+/// its delivery guarantee forbids (merged after the config's check).
 fn parse_property(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        Some((k, v)) if !k.trim().is_empty() => {
+            let (k, v) = (k.trim().to_string(), v.trim().to_string());
+            match grflow_connectors::kafka::refused_property(&k, &v) {
+                Some(why) => Err(format!("{k}={v} refused: {why}")),
+                None => Ok((k, v)),
+            }
+        }
         _ => Err(format!("{s:?} is not KEY=VALUE")),
     }
 }
@@ -506,5 +515,22 @@ impl Drop for BenchTopics {
                 names.join(", ")
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_property;
+
+    #[test]
+    fn a_property_serve_refuses_is_refused_here_too() {
+        let err = parse_property("acks=0").unwrap_err();
+        assert!(err.starts_with("acks=0 refused: must be \"all\""), "{err}");
+        assert!(parse_property("enable.auto.commit = true").is_err());
+        assert_eq!(
+            parse_property("fetch.wait.max.ms=1"),
+            Ok(("fetch.wait.max.ms".into(), "1".into()))
+        );
+        assert!(parse_property("=1").is_err());
     }
 }
