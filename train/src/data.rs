@@ -262,7 +262,15 @@ pub fn eval_question(
         ChaCha8Rng::seed_from_u64(seed ^ user.user_id.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut cands = Vec::with_capacity(negatives + 1);
     cands.push(target);
-    cands.extend((0..negatives).map(|_| user.negative(n_items, &mut rng)));
+    let unseen = n_items.saturating_sub(user.seen.len());
+    if (1..=negatives).contains(&unseen) {
+        // A small catalog: drawn with replacement, the copies of a few
+        // strong negatives would crowd the target out of every top 10
+        // (HR@10 0 on a 12-item catalog). Each unseen item once instead.
+        cands.extend((0..n_items as u32).filter(|i| user.seen.binary_search(i).is_err()));
+    } else {
+        cands.extend((0..negatives).map(|_| user.negative(n_items, &mut rng)));
+    }
     Sequence {
         history: history.to_vec(),
         targets: vec![Target {
@@ -291,6 +299,17 @@ mod tests {
         );
         let eval: Vec<u32> = (0..100).map(|_| user.negative(5, &mut rng)).collect();
         assert!(eval.iter().all(|&i| i == 4), "{eval:?}");
+    }
+
+    #[test]
+    fn a_catalog_smaller_than_the_negatives_asks_each_unseen_item_once() {
+        let user = User::new(3, vec![0, 5, 7, 5]);
+        let q = eval_question(&user, &[0, 5], 7, 12, HistoryCut::new(50, 16), 100, 1);
+        let cands = &q.targets[0].cands;
+        assert_eq!(cands, &[7, 1, 2, 3, 4, 6, 8, 9, 10, 11]);
+        // A large one keeps SASRec's 100 draws.
+        let q = eval_question(&user, &[0, 5], 7, 1_000, HistoryCut::new(50, 16), 100, 1);
+        assert_eq!(q.targets[0].cands.len(), 101);
     }
 
     #[test]
