@@ -243,6 +243,54 @@ fn refill_that_finishes_during_a_miss_transfer_still_lands() {
     assert_eq!((jobs.submitted, jobs.completed, jobs.pending), (16, 16, 0));
 }
 
+/// Rows whose refill crossed the link inside a miss transfer, not placed
+/// yet, are not queued and paid for again by the next grow.
+#[test]
+fn a_grow_does_not_refill_rows_already_across_the_link() {
+    let mut m = NodeMemory::new(cfg(0.5)).unwrap();
+    for r in 0..32 {
+        m.emb_insert(0, r, &[r as f32, 0.0]);
+    }
+    m.set_alpha(0.25, 0).unwrap();
+    assert_eq!(m.set_alpha(0.5, 0).unwrap().refill_rows, 16);
+    // The refill lane runs inside this miss: all 16 jobs finish, unplaced.
+    m.link().miss_transfer(8, 1_000_000_000);
+    let again = m.set_alpha(0.75, 1_000_000_000).unwrap();
+    assert_eq!((again.refill_rows, again.refill_bytes), (0, 0));
+    let host = |_t: u16, r: u32| vec![r as f32, 0.0];
+    assert_eq!(m.advance_refill(2_000_000_000, &host).len(), 16);
+    let jobs = m.stats().refill_jobs;
+    assert_eq!(
+        (jobs.submitted, jobs.completed, jobs.cancelled),
+        (16, 16, 0)
+    );
+    assert_eq!(m.link().bytes_moved().1, 16 * 8);
+}
+
+/// A grow while an earlier refill is still queued keeps those jobs (and
+/// their progress) and queues only other rows, for the room left.
+#[test]
+fn a_grow_keeps_the_queued_refill_and_adds_only_new_rows() {
+    let mut m = NodeMemory::new(cfg(0.5)).unwrap();
+    // 64 rows through 32 slots: rows 0..32 are evicted (ghosts).
+    for r in 0..64 {
+        m.emb_insert(0, r, &[r as f32, 0.0]);
+    }
+    m.set_alpha(0.25, 0).unwrap(); // evicts 16 more: 48 ghosts
+    assert_eq!(m.set_alpha(0.5, 0).unwrap().refill_rows, 16);
+    // Before any of it lands: 16 rows resident, 16 on the lane, 16 slots left.
+    let up = m.set_alpha(0.75, 0).unwrap();
+    assert_eq!((up.refill_rows, up.refill_bytes), (16, 16 * 8));
+    let host = |_t: u16, r: u32| vec![r as f32, 0.0];
+    assert_eq!(m.advance_refill(1_000_000_000, &host).len(), 32);
+    let jobs = m.stats().refill_jobs;
+    assert_eq!(
+        (jobs.submitted, jobs.completed, jobs.cancelled),
+        (32, 32, 0)
+    );
+    assert_eq!(m.stats().emb_rows, 48);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 

@@ -3,7 +3,7 @@
 //! moved (compaction when the share shrinks); KV pages are never touched.
 
 use super::guided::GuidedPolicy;
-use crate::eviction::{Key, KeyMap, key_map};
+use crate::eviction::{Key, KeyMap, KeySet, key_map};
 use crate::pool::PagePool;
 use crate::predictor::AccessContext;
 
@@ -175,13 +175,14 @@ impl EmbCache {
         }
     }
 
-    /// Up to `n` recently evicted rows that are not resident, newest first.
-    pub fn refill_candidates(&self, n: usize) -> Vec<(u16, u32)> {
+    /// Up to `n` recently evicted rows that are neither resident nor in
+    /// `on_lane` (already being refilled), newest first.
+    pub fn refill_candidates(&self, n: usize, on_lane: &KeySet<Key>) -> Vec<(u16, u32)> {
         let mut seen = crate::eviction::key_set();
         self.ghosts
             .iter()
             .rev()
-            .filter(|k| !self.slots.contains_key(k) && seen.insert(**k))
+            .filter(|k| !self.slots.contains_key(k) && !on_lane.contains(k) && seen.insert(**k))
             .take(n)
             .map(|&k| split_key(k))
             .collect()

@@ -23,6 +23,10 @@ pub struct ItemKvCache {
     pages: usize,
     /// Pages of pinned entries (in use), which no eviction can free.
     pinned_pages: usize,
+    /// Pages of the KV share, and the capacity in entries last given to
+    /// the policy (LARU's k counts keys, not pages).
+    kv_pages: usize,
+    capacity: usize,
 }
 
 impl ItemKvCache {
@@ -34,6 +38,8 @@ impl ItemKvCache {
             misses: 0,
             pages: 0,
             pinned_pages: 0,
+            kv_pages: 0,
+            capacity: 0,
         }
     }
 
@@ -46,6 +52,8 @@ impl ItemKvCache {
             misses: self.misses,
             pages: self.pages,
             pinned_pages: self.pinned_pages,
+            kv_pages: self.kv_pages,
+            capacity: self.capacity,
         })
     }
 
@@ -76,8 +84,35 @@ impl ItemKvCache {
         (self.hits, self.misses)
     }
 
-    pub fn set_capacity(&mut self, entries: usize) {
-        self.policy.set_capacity(entries);
+    /// The KV share is `kv_pages` pages: the policy's capacity becomes the
+    /// entries that many pages hold.
+    pub fn set_capacity_pages(&mut self, kv_pages: usize) {
+        self.kv_pages = kv_pages;
+        self.refresh_capacity();
+    }
+
+    /// The capacity in entries given to the policy.
+    pub fn capacity_entries(&self) -> usize {
+        self.capacity
+    }
+
+    /// Entries vary in size (an item's tokens fill one or more blocks), so
+    /// the capacity is estimated as `kv_pages` ÷ the mean pages of the
+    /// entries cached now (rounded down: a k above what the cache can hold
+    /// costs LARU its consistency with good predictions), and one page per
+    /// entry, the least an item takes, while none is cached. The share is
+    /// also the user-prefix cache's, so it is the most the cache can hold.
+    fn refresh_capacity(&mut self) {
+        let k = if self.entries.is_empty() {
+            self.kv_pages
+        } else {
+            self.kv_pages * self.entries.len() / self.pages.max(1)
+        }
+        .max(1);
+        if k != self.capacity {
+            self.capacity = k;
+            self.policy.set_capacity(k);
+        }
     }
 
     /// The item's blocks when cached, pinned until `unpin`; counts hit/miss.
@@ -118,6 +153,7 @@ impl ItemKvCache {
         self.entries.insert(key, Entry { pages, pins: 1 });
         self.policy.insert(key);
         self.policy.observed(key, AccessContext::default());
+        self.refresh_capacity();
     }
 
     pub fn unpin(&mut self, item: u32) {
@@ -143,6 +179,7 @@ impl ItemKvCache {
         for p in e.pages {
             super::prefix::free_page(pool, p);
         }
+        self.refresh_capacity();
         true
     }
 }
@@ -168,5 +205,49 @@ mod tests {
         }
         assert!(c.evict_one(&mut pool));
         assert_eq!((pool.free_pages(), pool.rejected_frees()), (4, 0));
+    }
+
+    /// LARU's k is the entries the cache holds, not its pages: 8 pages of
+    /// 2-page entries hold 4, and with perfect predictions LARU then hits
+    /// as often as OPT of 4 entries (given k = 8 it falls back to LRU
+    /// when no prediction was wrong, and misses more).
+    #[test]
+    fn laru_gets_its_capacity_in_entries_and_matches_opt() {
+        use crate::eviction::next_use_times;
+        use crate::eviction::{Belady, EvictCtx, EvictionPolicy, Mode, PredictiveLru};
+        let keys: Vec<u64> = (0..2000u64).map(|t| (t * 7 + t / 13) % 9).collect();
+        let next = next_use_times(&keys);
+        let mut opt = Belady::new(next.clone().into());
+        let mut opt_hits = 0;
+        for (t, &key) in keys.iter().enumerate() {
+            if opt.access(key, t as u64) {
+                opt_hits += 1;
+            } else {
+                if opt.len() >= 4 {
+                    opt.evict(t as u64, &mut EvictCtx::default());
+                }
+                opt.insert(key, t as u64);
+            }
+        }
+        let laru = PredictiveLru::new(Mode::LaruAsync, 8);
+        let mut c = ItemKvCache::new(GuidedPolicy::without_predictor(Box::new(laru)));
+        c.set_capacity_pages(8);
+        let mut pool = PagePool::new(8, 2);
+        for (t, &key) in keys.iter().enumerate() {
+            let item = key as u32;
+            if c.get(item).is_none() {
+                while pool.free_pages() < 2 {
+                    assert!(c.evict_one(&mut pool));
+                }
+                let pages = vec![pool.alloc_kv().unwrap(), pool.alloc_kv().unwrap()];
+                c.insert(&mut pool, item, pages);
+            }
+            c.unpin(item);
+            let n = next[t];
+            c.policy
+                .set_prediction(key, if n == u64::MAX { f64::MAX } else { n as f64 });
+        }
+        assert_eq!(c.capacity_entries(), 4);
+        assert_eq!(c.counts().0, opt_hits);
     }
 }

@@ -8,11 +8,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::emb::{EmbCache, TableCounters};
+use super::emb::{EmbCache, TableCounters, emb_key};
 use super::guided::GuidedPolicy;
 use super::item::ItemKvCache;
 use super::prefix::{PrefixKvCache, PrefixMatch};
-use crate::eviction::{KeyMap, key_map};
+use crate::eviction::{Key, KeyMap, KeySet, key_map};
 use crate::link::{Link, LinkConfig, RefillCounts};
 use crate::pool::PagePool;
 
@@ -89,7 +89,8 @@ pub struct BoundaryMove {
     #[serde(skip)]
     pub emb_evicted: Vec<(u16, u32)>,
     pub kv_entries_evicted: usize,
-    /// Refill queued on the link's low-priority lane.
+    /// Refill this move queued on the link's low-priority lane (rows
+    /// already on it from an earlier move are not counted again).
     pub refill_rows: usize,
     pub refill_bytes: u64,
     /// α in effect afterwards (pinned KV pages can keep EMB from growing).
@@ -217,7 +218,9 @@ impl NodeMemory {
             cfg.block_tokens,
             policy("user_kv_policy", &cfg.user_kv_policy, kv_pages)?,
         );
-        let item_kv = ItemKvCache::new(policy("item_kv_policy", &cfg.item_kv_policy, kv_pages)?);
+        let mut item_kv =
+            ItemKvCache::new(policy("item_kv_policy", &cfg.item_kv_policy, kv_pages)?);
+        item_kv.set_capacity_pages(kv_pages);
         Ok(Self {
             link: Link::new(cfg.link),
             alpha: emb_pages as f64 / pages as f64,
@@ -462,9 +465,15 @@ impl NodeMemory {
             mv.pages_to_emb = lent.len() as i64;
             self.emb.grow(lent);
             // Refill the new room with recently evicted rows, in background.
-            let room = self.emb.capacity_rows() - self.emb.rows();
-            let rows = self.emb.refill_candidates(room);
-            self.cancel_refill();
+            // Rows already on the lane (queued, or across and not yet
+            // placed) keep their jobs and their slots: choosing one again
+            // would send it, and charge the link, twice.
+            let on_lane: KeySet<Key> = (self.refill_rows.values())
+                .filter(|&&(t, r)| !self.emb.contains(t, r))
+                .map(|&(t, r)| emb_key(t, r))
+                .collect();
+            let room = (self.emb.capacity_rows() - self.emb.rows()).saturating_sub(on_lane.len());
+            let rows = self.emb.refill_candidates(room, &on_lane);
             let row_bytes = self.emb_row_bytes();
             for &row in &rows {
                 let tag = self.next_refill_tag;
@@ -501,7 +510,7 @@ impl NodeMemory {
         let pages = self.pool.pages();
         let kv_pages = pages - self.emb.pages().len();
         self.user_kv.set_capacity(kv_pages);
-        self.item_kv.set_capacity(kv_pages);
+        self.item_kv.set_capacity_pages(kv_pages);
         self.alpha = self.emb.pages().len() as f64 / pages as f64;
     }
 

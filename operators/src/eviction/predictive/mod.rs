@@ -369,8 +369,8 @@ impl PredictiveLru {
     /// the least-recent key it allows goes instead.
     #[cold]
     fn evict_forbidden(&mut self, ctx: &EvictCtx<'_>) -> Option<Key> {
-        self.lru_fallbacks += 1;
         let victim = self.lru_victim(ctx)?;
+        self.lru_fallbacks += 1;
         Some(self.retire(victim))
     }
 
@@ -638,6 +638,23 @@ mod tests {
             );
             assert!(p.phase() > 40, "{} phases", p.phase());
         }
+    }
+
+    /// When the cache forbids every resident key, nothing is evicted and
+    /// no LRU fallback is counted.
+    #[test]
+    fn an_eviction_with_every_key_forbidden_counts_no_fallback() {
+        let cap = 2;
+        let mut p = PredictiveLru::new(Mode::LaruAsync, cap);
+        request(&mut p, 1, 0, cap, 10.0);
+        request(&mut p, 2, 1, cap, 20.0);
+        let none = |_k: u64| false;
+        let mut ctx = EvictCtx {
+            evictable: Some(&none),
+            oracle: None,
+        };
+        assert_eq!(p.evict(2, &mut ctx), None);
+        assert_eq!((p.eviction_counts(), p.len()), ((0, 0), 2));
     }
 
     #[test]
