@@ -258,6 +258,106 @@ fn a_model_trained_on_a_small_codebook_trace_serves_it() {
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["responses_out"], 200, "{summary}");
     assert_eq!(summary["errors"], 0, "{summary}");
+
+    // An untrained tensor marked with another dtype and shape of the same
+    // byte count: refused naming it (exit 2), not a panic (exit 101).
+    let weights = model.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    assert_eq!(header["sid_emb"]["shape"], serde_json::json!([2, 8, 64]));
+    header["sid_emb"]["dtype"] = "F64".into();
+    header["sid_emb"]["shape"] = serde_json::json!([8, 64]);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    assert!(text.len() <= n);
+    text.resize(n, b' ');
+    bytes[8..8 + n].copy_from_slice(&text);
+    std::fs::write(&weights, bytes).unwrap();
+    let out = grflow()
+        .args(["replay", "--json", "--speed", "max", "--trace"])
+        .arg(&trace)
+        .arg("--model")
+        .arg(&model)
+        .output()
+        .unwrap();
+    fails_with(out, "sid_emb: dtype F64, expected F32");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A resumed run keeps the interrupted run's `--max-epochs` unless given
+/// another, which is said; and a checkpoint records the builds that
+/// trained it: resumed by another build, the run warns and model.json
+/// lists both.
+#[test]
+fn resume_keeps_the_run_s_epoch_limit_and_credits_every_build() {
+    let dir = tmp_dir("train-resume-builds");
+    let trace = import_walks(&dir, "walks", 120, 60, 1);
+    let model = dir.join("model");
+    let ckpt = model.join("checkpoint");
+    let train = |extra: &[&std::ffi::OsStr]| {
+        ok(grflow()
+            .args(["train", "--quiet", "--trace"])
+            .arg(&trace)
+            .arg("--out")
+            .arg(&model)
+            .args(extra)
+            .output()
+            .unwrap())
+    };
+    let read = |path: &std::path::Path| -> Value {
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    };
+    let this = env!("GRFLOW_COMMIT");
+    train(&["--max-epochs".as_ref(), "1".as_ref()]);
+    let state_path = ckpt.join("state.json");
+    let mut state = read(&state_path);
+    assert_eq!(state["commits"], serde_json::json!([this]), "{state}");
+    let json = read(&model.join("model.json"));
+    assert_eq!(json["trained_by_commits"], serde_json::json!([this]));
+
+    // As if another build had started the run with --max-epochs 2 and it
+    // had stopped after epoch 1.
+    state["state"]["config"]["max_epochs"] = 2.into();
+    state["commits"] = serde_json::json!(["0123456789ab"]);
+    std::fs::write(&state_path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+    let out = train(&["--resume".as_ref(), ckpt.as_os_str()]);
+    let json = read(&model.join("model.json"));
+    assert_eq!(json["epochs"], 2, "{json}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("with the checkpoint's --max-epochs 2")
+            && err.contains("warning: the checkpoint was trained by build 0123456789ab"),
+        "{err}"
+    );
+    assert_eq!(json["commit"], this);
+    let both = serde_json::json!(["0123456789ab", this]);
+    assert_eq!(json["trained_by_commits"], both);
+    assert_eq!(read(&state_path)["commits"], both);
+
+    // A checkpoint from before builds were recorded loads, trained by an
+    // unknown build; a larger --max-epochs extends the run, and says so.
+    let mut state = read(&state_path);
+    state.as_object_mut().unwrap().remove("commits");
+    std::fs::write(&state_path, serde_json::to_vec_pretty(&state).unwrap()).unwrap();
+    let out = train(&[
+        "--resume".as_ref(),
+        ckpt.as_os_str(),
+        "--max-epochs".as_ref(),
+        "3".as_ref(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("with --max-epochs 3; the checkpoint's run had 2") && err.contains("unknown"),
+        "{err}"
+    );
+    let json = read(&model.join("model.json"));
+    assert_eq!(json["epochs"], 3, "{json}");
+    assert_eq!(
+        json["trained_by_commits"],
+        serde_json::json!(["unknown", this])
+    );
+    // The extension is the run's limit now: a later resume keeps it.
+    assert_eq!(read(&state_path)["state"]["config"]["max_epochs"], 3);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -175,14 +175,19 @@ impl std::fmt::Debug for ModelRegistry {
 
 /// Loads `path` with `loader` and builds the model and host tier every
 /// node of the process that swaps to it shares (else each node built its
-/// own): its version and parameters.
+/// own): its version and parameters. A panic while loading is a refused
+/// load: the admin call answers it, and a node waiting for the load gets
+/// the error.
 fn prepare(
     loader: &(dyn Fn(&str) -> Result<NodeParams, String> + Send + Sync),
     path: &str,
 ) -> Result<(String, NodeParams), String> {
-    let params = loader(path)?
-        .with_shared_model_and_host()
-        .map_err(|e| e.to_string())?;
+    let params = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        loader(path)?
+            .with_shared_model_and_host()
+            .map_err(|e| e.to_string())
+    }))
+    .unwrap_or_else(|_| Err(format!("{path}: loading it panicked")))?;
     let version = params
         .trained
         .as_ref()
@@ -252,12 +257,9 @@ impl ModelRegistry {
                 let (path, version) = (path.clone(), version.clone());
                 move || {
                     tracing::info!(path, version, "loading a model for a swap");
-                    // A panic must still end the load: a node may wait for it.
-                    let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        prepare(&*loader, &path)
-                    }))
-                    .unwrap_or_else(|_| Err(format!("{path}: loading it panicked")));
-                    let result = loaded.and_then(|(found, params)| {
+                    // `prepare` turns a panic into an error: the load ends,
+                    // and a node may wait for it.
+                    let result = prepare(&*loader, &path).and_then(|(found, params)| {
                         if found == version {
                             Ok(params)
                         } else {
@@ -653,6 +655,27 @@ mod tests {
         assert_eq!(models.load("/m/c").unwrap(), "c");
         assert!(matches!(models.fetch("/m/a", "a"), Fetch::Loading(_)));
         assert_eq!(version_of(&models.params("/m/a", "a").unwrap()), "a");
+    }
+
+    /// A loader that panics on a file (weights it failed to refuse) is a
+    /// refused load: the admin call gets an error, the registry serves on.
+    #[test]
+    fn a_load_that_panics_is_refused_not_propagated() {
+        let base = small_params();
+        let models = ModelRegistry::new(Box::new(move |path: &str| {
+            if path.ends_with("broken") {
+                panic!("shapes match data");
+            }
+            Ok(as_trained(&base, path))
+        }));
+        let refused = models.load("/m/broken").unwrap_err();
+        assert!(
+            refused.contains("/m/broken") && refused.contains("panicked"),
+            "{refused}"
+        );
+        assert_eq!(models.load("/m/fine").unwrap(), "/m/fine");
+        let failed = models.params("/m/broken", "v").unwrap_err();
+        assert!(failed.contains("panicked"), "{failed}");
     }
 
     #[test]

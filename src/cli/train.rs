@@ -7,7 +7,7 @@ use std::time::Duration;
 use grflow_train::artifact::{
     DatasetInfo, MODEL_JSON, ModelJson, Vocabulary, items_hash, write_model_dir,
 };
-use grflow_train::checkpoint::Checkpoint;
+use grflow_train::checkpoint::{Checkpoint, UNKNOWN_COMMIT, recording_commits, with_commit};
 use grflow_train::data::Dataset;
 use grflow_train::fit::{EpochReport, Observer, TrainConfig, fit};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -140,9 +140,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     check_out(&args)?;
     let data = Dataset::from_trace(&args.trace).map_err(InputError::from_display)?;
-    let resume = match &args.resume {
-        Some(dir) => Some(Checkpoint::load(dir).map_err(InputError::from_display)?),
-        None => None,
+    let (resume, commits) = match &args.resume {
+        Some(dir) => {
+            let (ck, commits) =
+                Checkpoint::load_with_commits(dir).map_err(InputError::from_display)?;
+            (Some(ck), commits)
+        }
+        None => (None, Vec::new()),
     };
     // A resumed run keeps its checkpoint's seed: every epoch's batches and
     // negatives derive from it, so another one would not continue that run.
@@ -159,15 +163,74 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // (not at its checkpoint). A run that fails removes it, unless it
     // saved a checkpoint there: epochs done are resumed, not redone.
     let out = super::OutDir::create(&args.out)?;
-    let trained = train(&args, &data, resume);
+    let trained = train(&args, &data, resume, commits);
     if trained.is_ok() || args.out.join(CHECKPOINT_STATE).is_file() {
         out.keep();
     }
     trained
 }
 
-/// Trains on `data` into `args.out`, which exists.
-fn train(args: &Args, data: &Dataset, resume: Option<Checkpoint>) -> anyhow::Result<()> {
+/// The epoch limit: `--max-epochs`, else a resumed run's own (the run
+/// the checkpoint continues, not the default), else the default. Sets it
+/// in the checkpoint too, so that a later resume of an extended run keeps
+/// the extension.
+fn max_epochs(args: &Args, resume: Option<&mut Checkpoint>, default: usize) -> usize {
+    let Some(ck) = resume else {
+        return args.max_epochs.unwrap_or(default);
+    };
+    let (done, theirs) = (ck.state.epochs_done, ck.state.config.max_epochs);
+    let limit = match args.max_epochs {
+        None => {
+            eprintln!(
+                "resuming after epoch {done} with the checkpoint's --max-epochs {theirs} \
+                 (pass --max-epochs to change it)"
+            );
+            theirs
+        }
+        Some(given) if given != theirs => {
+            eprintln!(
+                "resuming after epoch {done} with --max-epochs {given}; the checkpoint's run \
+                 had {theirs}"
+            );
+            given
+        }
+        Some(given) => given,
+    };
+    ck.state.config.max_epochs = limit;
+    limit
+}
+
+/// Warns when `this` build resumes a checkpoint trained by another: the
+/// model then comes from more than one build, and model.json lists each.
+fn warn_other_builds(commits: &[String], this: &str) {
+    let others: Vec<&str> = commits
+        .iter()
+        .map(String::as_str)
+        .filter(|c| *c != this)
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    let unknown = if others.contains(&UNKNOWN_COMMIT) {
+        " (\"unknown\": a checkpoint from before builds were recorded)"
+    } else {
+        ""
+    };
+    eprintln!(
+        "warning: the checkpoint was trained by build {}{unknown}, this is build {this}; \
+         model.json lists every build in trained_by_commits",
+        others.join(", ")
+    );
+}
+
+/// Trains on `data` into `args.out`, which exists; `commits` are the
+/// builds that trained the checkpoint resumed (none for a new run).
+fn train(
+    args: &Args,
+    data: &Dataset,
+    mut resume: Option<Checkpoint>,
+    commits: Vec<String>,
+) -> anyhow::Result<()> {
     let seed = resume
         .as_ref()
         .map(|c| c.state.config.seed)
@@ -179,9 +242,10 @@ fn train(args: &Args, data: &Dataset, resume: Option<Checkpoint>) -> anyhow::Res
     if let Some(c) = data.codebook_size {
         cfg.model.codebook_size = c;
     }
-    if let Some(e) = args.max_epochs {
-        cfg.max_epochs = e;
-    }
+    cfg.max_epochs = max_epochs(args, resume.as_mut(), cfg.max_epochs);
+    let this = commit();
+    warn_other_builds(&commits, &this);
+    let resumed_epochs = resume.as_ref().map_or(0, |ck| ck.state.epochs_done);
     if let Some(ck) = &resume {
         let done = ck.state.epochs_done;
         let stopped = done - ck.state.best_epoch >= cfg.patience;
@@ -214,7 +278,11 @@ fn train(args: &Args, data: &Dataset, resume: Option<Checkpoint>) -> anyhow::Res
     bar.enable_steady_tick(Duration::from_millis(500));
     let ckpt = args.out.join("checkpoint");
     let mut obs = Bar { bar: bar.clone() };
-    let fitted = fit(data, &cfg, resume, Some(&ckpt), &mut obs).map_err(|e| match e {
+    // Every checkpoint this run saves holds an epoch trained by this build.
+    let fitted = recording_commits(with_commit(commits.clone(), &this), || {
+        fit(data, &cfg, resume, Some(&ckpt), &mut obs)
+    })
+    .map_err(|e| match e {
         grflow_train::TrainError::Invalid(_) => InputError::from_display(e),
         other => anyhow::Error::new(other),
     })?;
@@ -248,7 +316,13 @@ fn train(args: &Args, data: &Dataset, resume: Option<Checkpoint>) -> anyhow::Res
         },
         seed: cfg.seed,
         hyper_parameters: cfg.clone(),
-        commit: commit(),
+        // This build writes the model; the epochs may be older builds'.
+        trained_by_commits: if fitted.history.len() > resumed_epochs {
+            with_commit(commits, &this)
+        } else {
+            commits
+        },
+        commit: this,
         epochs: fitted.history.len(),
         best_epoch: fitted.best_epoch,
         valid: best,

@@ -48,7 +48,13 @@ pub struct ModelJson {
     pub dataset: DatasetInfo,
     pub seed: u64,
     pub hyper_parameters: TrainConfig,
+    /// The build that wrote the model.
     pub commit: String,
+    /// The builds that trained its epochs, oldest first: more than one
+    /// when a checkpoint was resumed by another build. Absent in models
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trained_by_commits: Vec<String>,
     pub epochs: usize,
     pub best_epoch: usize,
     /// Validation metrics of the best epoch.
@@ -299,6 +305,7 @@ mod tests {
             seed: 1,
             hyper_parameters: cfg,
             commit: "c".into(),
+            trained_by_commits: vec!["c".into()],
             epochs: 1,
             best_epoch: 0,
             valid: RankMetrics::default(),

@@ -42,6 +42,42 @@ struct StateFile {
     /// FNV-1a hash of each (empty in checkpoints written before them).
     #[serde(default)]
     tensors: Vec<TensorFile>,
+    /// The builds (commits) whose epochs this checkpoint holds, oldest
+    /// first; absent in checkpoints written before them, or saved outside
+    /// [`recording_commits`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    commits: Vec<String>,
+}
+
+/// What a checkpoint from before commits were recorded was trained by.
+pub const UNKNOWN_COMMIT: &str = "unknown";
+
+thread_local! {
+    static COMMITS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `commits` (the builds that trained the run, oldest first,
+/// this one last) recorded in every checkpoint saved on this thread
+/// meanwhile. `fit` saves the checkpoints and knows nothing of builds; the
+/// binary, which knows its own commit, scopes them around it.
+pub fn recording_commits<R>(commits: Vec<String>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Vec<String>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COMMITS.with(|c| *c.borrow_mut() = std::mem::take(&mut self.0));
+        }
+    }
+    let _restore = Restore(COMMITS.with(|c| c.replace(commits)));
+    f()
+}
+
+/// `commits` and then `this`, unless it is the last already: the builds
+/// that trained a run once `this` trains on.
+pub fn with_commit(mut commits: Vec<String>, this: &str) -> Vec<String> {
+    if commits.last().map(String::as_str) != Some(this) {
+        commits.push(this.to_string());
+    }
+    commits
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -107,6 +143,7 @@ impl Checkpoint {
             state: self.state.clone(),
             adam_step: self.opt.step,
             tensors: refs.clone(),
+            commits: COMMITS.with(|c| c.borrow().clone()),
         };
         let json = serde_json::to_vec_pretty(&state).expect("state serialises");
         write_atomic(&dir.join("state.json"), &json)?;
@@ -128,6 +165,12 @@ impl Checkpoint {
     }
 
     pub fn load(dir: &Path) -> Result<Self, TrainError> {
+        Self::load_with_commits(dir).map(|(ck, _)| ck)
+    }
+
+    /// [`Checkpoint::load`], and the builds that trained its epochs, oldest
+    /// first (`[UNKNOWN_COMMIT]` for a checkpoint that does not say).
+    pub fn load_with_commits(dir: &Path) -> Result<(Self, Vec<String>), TrainError> {
         let read = |name: &str| -> Result<Vec<u8>, TrainError> {
             let path = dir.join(name);
             std::fs::read(&path).map_err(TrainError::io(&path))
@@ -187,12 +230,18 @@ impl Checkpoint {
             v,
             step: sf.adam_step,
         };
-        Ok(Checkpoint {
+        let commits = if sf.commits.is_empty() {
+            vec![UNKNOWN_COMMIT.to_string()]
+        } else {
+            sf.commits
+        };
+        let ck = Checkpoint {
             params,
             best,
             opt,
             state: sf.state,
-        })
+        };
+        Ok((ck, commits))
     }
 
     /// A checkpoint continues only the run it came from: the same data,
@@ -289,5 +338,44 @@ mod tests {
             "{d:?}"
         );
         assert!(d.iter().any(|l| l.starts_with("adamw.lr: ")), "{d:?}");
+    }
+
+    /// The builds a checkpoint was saved under come back on load; one saved
+    /// before they were recorded loads, as trained by an unknown build.
+    #[test]
+    fn a_checkpoint_records_the_builds_that_trained_it() {
+        let mut cfg = TrainConfig::defaults(1);
+        cfg.model.d_model = 8;
+        cfg.model.n_heads = 1;
+        cfg.model.n_layers = 1;
+        let params = Params::init(cfg.model.clone(), 4, 1).unwrap();
+        let ck = Checkpoint {
+            opt: AdamW::new(cfg.adamw.clone(), &params),
+            best: params.clone(),
+            params,
+            state: State {
+                config: cfg,
+                fingerprint: "f".into(),
+                epochs_done: 1,
+                best_epoch: 1,
+                best_ndcg: 0.5,
+                history: Vec::new(),
+                train_secs: 0.0,
+            },
+        };
+        let dir = std::env::temp_dir().join(format!("grflow-ckpt-commits-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let builds = with_commit(vec!["aaa".into()], "bbb");
+        assert_eq!(with_commit(builds.clone(), "bbb"), builds);
+        recording_commits(builds.clone(), || ck.save(&dir)).unwrap();
+        let (back, commits) = Checkpoint::load_with_commits(&dir).unwrap();
+        assert_eq!((back.state, commits), (ck.state.clone(), builds));
+        // Outside the scope nothing is recorded: an unknown build.
+        ck.save(&dir).unwrap();
+        let text = std::fs::read_to_string(dir.join("state.json")).unwrap();
+        assert!(!text.contains("commits"), "{text}");
+        let (_, commits) = Checkpoint::load_with_commits(&dir).unwrap();
+        assert_eq!(commits, [UNKNOWN_COMMIT]);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -157,6 +157,10 @@ impl Params {
             "wqkv" => vec![d, 3 * d],
             "w1" => vec![d, f],
             "w2" => vec![f, d],
+            // The untrained retrieval tensors, as the kernels lay them out.
+            "gen_token" => vec![d],
+            "sid_emb" => vec![2, self.cfg.codebook_size, d],
+            "sid_head" => vec![3, d, self.cfg.codebook_size],
             _ => vec![],
         }
     }
@@ -282,11 +286,14 @@ impl Params {
             p.layers.push(l);
         }
         // Optional here (optimiser moments have none); the kernels loader
-        // requires them in a model file.
+        // requires them in a model file. Checked as the trained ones are:
+        // they are written back as F32 of their shape (`to_safetensors`),
+        // and other bytes would be served as floats or fail that write.
+        let present = st.names();
         for name in FROZEN {
-            if let Ok(v) = st.tensor(name) {
-                p.frozen
-                    .push((name.to_string(), v.shape().to_vec(), from_le(v.data())));
+            if present.contains(&name) {
+                let values = read(&p, name)?;
+                p.frozen.push((name.to_string(), p.shape(name), values));
             }
         }
         Ok(p)
@@ -341,5 +348,60 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("w_rank") && err.contains("index 3"), "{err}");
+    }
+
+    /// `bytes` with tensor `name` replaced by `data` of `dtype` and `shape`.
+    fn replaced(bytes: &[u8], name: &str, dtype: Dtype, shape: Vec<usize>, data: &[u8]) -> Vec<u8> {
+        let (_, meta) = SafeTensors::read_metadata(bytes).unwrap();
+        let st = SafeTensors::deserialize(bytes).unwrap();
+        let mut views: Vec<(String, TensorView<'_>)> = st
+            .tensors()
+            .into_iter()
+            .filter(|(n, _)| n != name)
+            .collect();
+        views.push((name.into(), TensorView::new(dtype, shape, data).unwrap()));
+        safetensors::serialize(views, meta.metadata().clone()).unwrap()
+    }
+
+    /// The untrained retrieval tensors are written back as F32 of their
+    /// shape: other dtypes or shapes, or values that are not finite, are
+    /// refused on load naming the tensor (they panicked on the write back,
+    /// or were served as the bits of floats).
+    #[test]
+    fn an_untrained_tensor_of_another_dtype_or_shape_is_refused_naming_it() {
+        let mut model = ModelConfig::preset("small").unwrap();
+        model.n_tables = 1;
+        let p = Params::init(model, 10, 1).unwrap();
+        let ok = p.to_safetensors();
+        let back = Params::from_safetensors(&ok, "m").unwrap();
+        assert_eq!(back.to_safetensors(), ok);
+        let (c, d) = (p.cfg.codebook_size, p.cfg.d_model);
+        let n = 2 * c * d;
+        let nan: Vec<u8> = (0..n)
+            .flat_map(|i| if i == 5 { f32::NAN } else { 0.5 }.to_le_bytes())
+            .collect();
+        for (dtype, shape, data, says) in [
+            (Dtype::I32, vec![2, c, d], vec![0u8; 4 * n], "dtype I32"),
+            (Dtype::F64, vec![c, d], vec![0u8; 4 * n], "dtype F64"),
+            (Dtype::F32, vec![c, 2 * d], vec![0u8; 4 * n], "shape"),
+            (Dtype::F32, vec![2, c, d], nan, "index 5"),
+        ] {
+            let bytes = replaced(&ok, "sid_emb", dtype, shape, &data);
+            let err = Params::from_safetensors(&bytes, "m")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("sid_emb") && err.contains(says), "{err}");
+        }
+        let bytes = replaced(
+            &ok,
+            "gen_token",
+            Dtype::F32,
+            vec![d + 1],
+            &vec![0u8; 4 * (d + 1)],
+        );
+        let err = Params::from_safetensors(&bytes, "m")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gen_token"), "{err}");
     }
 }
