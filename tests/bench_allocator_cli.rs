@@ -815,3 +815,47 @@ fn train_allocator_stopped_by_sigint_writes_the_best_policy_so_far() {
         "provenance"
     );
 }
+
+/// The learning curve is written with the policy and refused as `--out`
+/// is: an earlier run's curve is not overwritten without `--force`; with
+/// it both files are replaced by a rename, never truncated in place (a
+/// hard link to the old policy keeps the old bytes).
+#[test]
+fn train_allocator_keeps_an_earlier_curve_and_replaces_files_whole() {
+    let dir = tmp_dir("train-allocator-curve");
+    let config = short_trace(&dir, "tiny.toml", 300);
+    let calibration = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/configs/allocator-calibration.json"
+    ));
+    let policy = dir.join("p.safetensors");
+    let curve = dir.join("p.safetensors.curve.json");
+    std::fs::write(&curve, "an earlier run's").unwrap();
+    let train = |extra: &[&str]| {
+        let mut args = vec!["--regime", "steady", "--seeds", "1", "--iterations", "1"];
+        args.extend(["--select-every", "0"]);
+        args.extend(extra);
+        train_command(&policy, &config, &calibration, &args)
+            .output()
+            .unwrap()
+    };
+    refused_naming(train(&[]), "p.safetensors.curve.json already exists");
+    assert_eq!(std::fs::read_to_string(&curve).unwrap(), "an earlier run's");
+    assert!(!policy.exists());
+
+    std::fs::write(&policy, "an earlier policy").unwrap();
+    let linked = dir.join("linked.safetensors");
+    std::fs::hard_link(&policy, &linked).unwrap();
+    ok(train(&["--force"]));
+    assert_eq!(std::fs::read(&linked).unwrap(), b"an earlier policy");
+    assert_ne!(std::fs::read(&policy).unwrap(), b"an earlier policy");
+    let points: Value = serde_json::from_str(&std::fs::read_to_string(&curve).unwrap()).unwrap();
+    assert_eq!(points.as_array().unwrap().len(), 1, "{points}");
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

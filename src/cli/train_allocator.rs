@@ -347,6 +347,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )));
     }
     super::check_out_file(&args.out, args.force)?;
+    let curve_path = curve_path(&args.out);
+    check_curve_path(&args.out, &curve_path, args.force)?;
     let (mut base, cost) = virtual_base(
         args.config.as_deref(),
         args.calibration.as_deref(),
@@ -606,11 +608,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         workload(&args, &base, &cost)
     );
     policy.provenance.slo_ms = Some(slo_ms);
-    std::fs::write(&args.out, policy.to_safetensors())
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    let curve_path = PathBuf::from(format!("{}.curve.json", args.out.display()));
-    std::fs::write(&curve_path, serde_json::to_string_pretty(&curve)?)
-        .with_context(|| format!("writing {}", curve_path.display()))?;
+    write_replacing(&args.out, &policy.to_safetensors())?;
+    write_replacing(
+        &curve_path,
+        serde_json::to_string_pretty(&curve)?.as_bytes(),
+    )?;
     drop(scratch);
     let report = Report {
         policy: args.out.display().to_string(),
@@ -810,6 +812,56 @@ fn episode_error(e: grflow_pipeline::ReplayError, what: &str) -> anyhow::Error {
         e if e.is_input() => InputError::from_display(format!("{what}: {e}")),
         other => anyhow::Error::new(other).context(what.to_string()),
     }
+}
+
+/// Where the learning curve of the policy at `out` goes.
+fn curve_path(out: &std::path::Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".curve.json");
+    PathBuf::from(name)
+}
+
+/// The curve is written with the policy, so it is refused as `--out` is:
+/// an earlier run's curve is replaced only with `--force`.
+fn check_curve_path(
+    out: &std::path::Path,
+    curve: &std::path::Path,
+    force: bool,
+) -> anyhow::Result<()> {
+    let bad = |why: &str| {
+        InputError::from_display(format!(
+            "--out {}: its learning curve {} {why}",
+            out.display(),
+            curve.display()
+        ))
+    };
+    if curve.is_dir() {
+        return Err(bad("is a directory; name another --out"));
+    }
+    if !force && curve.symlink_metadata().is_ok() {
+        return Err(bad(
+            "already exists; pass --force to replace it, or name another file",
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to a temporary file beside `path` and renames it over
+/// `path`: a failed write leaves the old file whole, and `--force` replaces
+/// the file rather than truncating it in place (under a reader, or a hard
+/// link to the old one).
+fn write_replacing(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("writing {}", path.display()))
 }
 
 /// A scratch directory beside `out` for the current policy of each
