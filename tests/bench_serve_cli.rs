@@ -207,8 +207,11 @@ fn bench_serve_reports_the_highest_passing_rate_as_a_lower_bound_when_no_rate_fa
         (v["goodput_ratio_ceiling"].as_f64().unwrap() - ceiling).abs() < 1e-9,
         "{v}"
     );
-    // --lanes 1 skips the lanes comparison: no ratio to report.
+    // --lanes 1 skips the lanes comparison: no ratio to report, and the
+    // capacities it did not measure are null, not 0 req/s.
     assert!(v["lanes_capacity_ratio"].is_null(), "{v}");
+    assert!(v["capacity_rps_one_worker_one_lane"].is_null(), "{v}");
+    assert!(v["capacity_rps_one_worker_lanes"].is_null(), "{v}");
 }
 
 #[test]
