@@ -68,6 +68,9 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 struct KafkaBench {
     requests: u64,
     offered_rps: f64,
+    /// Successful responses per second on each side (error records are
+    /// not throughput; they are counted apart below): first request to
+    /// last answer through Kafka, the replay's wall time from Parquet.
     kafka_rps: f64,
     parquet_rps: f64,
     /// kafka_rps / parquet_rps.
@@ -232,7 +235,10 @@ fn run_both(
     })
     .context("Parquet replay")?;
     replayed.exact_latency();
-    let parquet_rps = replayed.summary.responses_out as f64 / replayed.summary.wall_s;
+    let parquet = Side {
+        responses: replayed.summary.responses_out,
+        wall_s: replayed.summary.wall_s,
+    };
     let parquet_p99_ms = (replayed.summary.latency_ms.as_ref())
         .context("the Parquet replay answered no request: no p99 to compare")?
         .p99;
@@ -267,19 +273,18 @@ fn run_both(
         (Ok(_), Err(j)) => return Err(j),
         (Err(e), Err(j)) => return Err(anyhow::anyhow!("{e:#} ({j:#})")),
     };
-    let kafka_rps = trace.requests.len() as f64 / m.wall_s;
-    let kafka_p99_ms = p99(m.job_ms);
+    let c = compare(m, parquet)?;
     Ok(KafkaBench {
         requests: args.requests,
         offered_rps: args.rps,
-        kafka_rps,
-        parquet_rps,
-        throughput_ratio: kafka_rps / parquet_rps,
-        kafka_p99_ms,
+        kafka_rps: c.kafka_rps,
+        parquet_rps: c.parquet_rps,
+        throughput_ratio: c.kafka_rps / c.parquet_rps,
+        kafka_p99_ms: c.kafka_p99_ms,
         parquet_p99_ms,
-        p99_ratio: kafka_p99_ms / parquet_p99_ms,
-        kafka_end_to_end_p99_ms: p99(m.end_to_end_ms),
-        kafka_errors: m.errors,
+        p99_ratio: c.kafka_p99_ms / parquet_p99_ms,
+        kafka_end_to_end_p99_ms: c.kafka_end_to_end_p99_ms,
+        kafka_errors: c.kafka_errors,
         parquet_errors: replayed.summary.errors,
         workers: args.workers,
         partitions: args.partitions,
@@ -448,7 +453,53 @@ fn read_answer(payload: Option<Vec<u8>>) -> anyhow::Result<WireResponse> {
         .context("an answer on the response topic that is not a response record")
 }
 
-/// The nearest-rank p99 (0 of none).
+/// Successful responses of one side and the wall time they took.
+#[derive(Clone, Copy, Debug)]
+struct Side {
+    responses: u64,
+    wall_s: f64,
+}
+
+impl Side {
+    fn rps(self) -> f64 {
+        self.responses as f64 / self.wall_s
+    }
+}
+
+/// The Kafka side's figures, counted as the Parquet side's are.
+#[derive(Debug)]
+struct Compared {
+    kafka_rps: f64,
+    parquet_rps: f64,
+    kafka_p99_ms: f64,
+    kafka_end_to_end_p99_ms: f64,
+    kafka_errors: u64,
+}
+
+/// Both rates count successful responses only (Parquet's `responses_out`
+/// leaves error records out, so the Kafka side does too); with none
+/// through Kafka there is no p99 to compare, as with none from Parquet.
+fn compare(m: Offered, parquet: Side) -> anyhow::Result<Compared> {
+    if m.job_ms.is_empty() {
+        bail!(
+            "every answer through Kafka was an error record ({}): no p99 to compare",
+            m.errors
+        );
+    }
+    let kafka = Side {
+        responses: m.job_ms.len() as u64,
+        wall_s: m.wall_s,
+    };
+    Ok(Compared {
+        kafka_rps: kafka.rps(),
+        parquet_rps: parquet.rps(),
+        kafka_p99_ms: p99(m.job_ms),
+        kafka_end_to_end_p99_ms: p99(m.end_to_end_ms),
+        kafka_errors: m.errors,
+    })
+}
+
+/// The nearest-rank p99 of a list the caller checked is not empty.
 fn p99(latencies: Vec<f64>) -> f64 {
     grflow_pipeline::summary::LatencySummary::from_unsorted(latencies).p99
 }
@@ -520,7 +571,41 @@ impl Drop for BenchTopics {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_property;
+    use super::{Offered, Side, compare, parse_property};
+
+    fn offered(job_ms: Vec<f64>, errors: u64) -> Offered {
+        Offered {
+            wall_s: 2.0,
+            end_to_end_ms: job_ms.iter().map(|l| l + 10.0).collect(),
+            job_ms,
+            errors,
+        }
+    }
+
+    #[test]
+    fn both_rates_count_successful_responses_only() {
+        // 6 requests through Kafka, 2 answered with an error record; the
+        // Parquet side served 4 of its 6 as well, in the same time.
+        let parquet = Side {
+            responses: 4,
+            wall_s: 2.0,
+        };
+        let c = compare(offered(vec![1.0, 2.0, 3.0, 4.0], 2), parquet).unwrap();
+        assert_eq!((c.kafka_rps, c.parquet_rps), (2.0, 2.0));
+        assert_eq!(c.kafka_errors, 2);
+        assert_eq!(c.kafka_p99_ms, 4.0);
+        assert_eq!(c.kafka_end_to_end_p99_ms, 14.0);
+    }
+
+    #[test]
+    fn only_error_records_through_kafka_is_an_error_not_a_zero_p99() {
+        let parquet = Side {
+            responses: 4,
+            wall_s: 2.0,
+        };
+        let e = compare(offered(Vec::new(), 6), parquet).unwrap_err();
+        assert!(e.to_string().contains("error record"), "{e}");
+    }
 
     #[test]
     fn a_property_serve_refuses_is_refused_here_too() {
