@@ -325,6 +325,57 @@ fn bench_allocator_sweeps_static_alpha_and_reports_every_policy() {
     refused_naming(bad, "stormy");
 }
 
+/// allocator-small at 2 req/s: no window has `allocator.min_requests`,
+/// so the deciding policies time no decision; their decision times are
+/// null, not 0 µs.
+#[test]
+fn bench_allocator_reports_no_decision_time_where_no_decision_was_timed() {
+    let dir = tmp_dir("bench-allocator-no-decisions");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let small = std::fs::read_to_string(format!("{root}/configs/allocator-small.toml")).unwrap();
+    let sparse: String = small
+        .lines()
+        .map(|l| {
+            if l.starts_with("requests = ") {
+                "requests = 200"
+            } else if l.starts_with("rps = ") {
+                "rps = 2.0"
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = dir.join("sparse.toml");
+    std::fs::write(&config, sparse).unwrap();
+    let out = ok(grflow()
+        .current_dir(root)
+        .args([
+            "bench",
+            "allocator",
+            "--regime",
+            "steady",
+            "--no-oracle",
+            "--json",
+        ])
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap());
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    let deciding: Vec<&Value> = rows
+        .iter()
+        .filter(|r| ["pid", "ppo-only", "smart"].contains(&r["policy"].as_str().unwrap()))
+        .collect();
+    assert!(!deciding.is_empty(), "{rows:?}");
+    for r in deciding {
+        assert_eq!(r["alpha_moves"].as_u64(), Some(0), "{r}");
+        assert!(r["decision_us_mean"].is_null(), "{r}");
+        assert!(r["decision_us_p99"].is_null(), "{r}");
+    }
+}
+
 #[test]
 fn bench_allocator_says_why_kv_emb_opt_is_missing_when_every_alpha_truncates() {
     let dir = tmp_dir("bench-allocator-truncating");

@@ -224,11 +224,15 @@ pub fn score_popularity(counts: &[u64], qs: &[(usize, Sequence)]) -> RankMetrics
     m.mean()
 }
 
+/// Nearest-rank percentile of an ascending slice, the rule of every other
+/// p99 in grflow (`grflow_operators::windows::percentile`, which this
+/// crate does not depend on).
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
 }
 
 /// The model under evaluation and what the report says about it.
@@ -318,4 +322,18 @@ pub fn evaluate(
         },
         gemm_gflops,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn latency_percentiles_are_nearest_rank() {
+        let sorted: Vec<f64> = (1..=60).map(f64::from).collect();
+        // Rank ceil(0.99 × 60) = 60; rounding (n − 1) × q gave the 59th.
+        assert_eq!(percentile(&sorted, 0.99), 60.0);
+        assert_eq!(percentile(&[1.0, 2.0], 0.5), 1.0);
+        assert_eq!(percentile(&[], 0.99), 0.0);
+    }
 }

@@ -17,6 +17,7 @@ use timely::dataflow::operators::generic::Operator;
 use grflow_operators::allocator::ppo::Step;
 use grflow_operators::allocator::{Allocator, AllocatorPolicy};
 use grflow_operators::node::NodeCommand;
+use grflow_operators::windows::percentile;
 
 use crate::events::{ClosedWindow, NodeControl, Target};
 
@@ -67,13 +68,6 @@ impl AllocatorStats {
     pub fn summary(&self, policy: AllocatorPolicy) -> AllocatorSummary {
         let mut us = self.decision_us.clone();
         us.sort_by(f64::total_cmp);
-        let pick = |q: f64| {
-            if us.is_empty() {
-                0.0
-            } else {
-                us[((us.len() - 1) as f64 * q).round() as usize]
-            }
-        };
         AllocatorSummary {
             policy,
             windows: self.windows,
@@ -84,7 +78,8 @@ impl AllocatorStats {
             } else {
                 us.iter().sum::<f64>() / us.len() as f64
             },
-            decision_us_p99: pick(0.99),
+            // Nearest rank, as every other p99 of grflow.
+            decision_us_p99: percentile(&us, 0.99),
         }
     }
 }
@@ -101,6 +96,8 @@ pub struct AllocatorSummary {
     pub decisions: u64,
     /// `SetAlpha` commands they sent.
     pub alpha_moves: u64,
+    /// Over the timed decisions; 0 when `decisions` is 0 (nothing timed:
+    /// a report should show no figure, not 0 µs).
     pub decision_us_mean: f64,
     pub decision_us_p99: f64,
 }
@@ -170,4 +167,22 @@ pub fn allocate<'s>(
             });
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decision_p99_is_the_nearest_rank() {
+        let mut stats = AllocatorStats::default();
+        // 60 samples: rank ceil(0.99 × 60) = 60, the largest (rounding
+        // (n − 1) × q picked the 59th).
+        for us in 1..=60 {
+            stats.record(us as f64);
+        }
+        let s = stats.summary(AllocatorPolicy::Pid);
+        assert_eq!(s.decision_us_p99, 60.0);
+        assert_eq!(s.decision_us_mean, 30.5);
+    }
 }

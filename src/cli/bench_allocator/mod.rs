@@ -591,15 +591,20 @@ impl Bench {
                     }
                 }
             }
-            let mut reference = None;
             for run in policies {
                 let run_started = std::time::Instant::now();
                 let out = self.replay(&bench_trace, &run, true)?;
                 plots.policy_run(&name, run.label, &out);
-                if run.label == "kv-emb-opt" {
-                    reference = out.summary.latency_ms.as_ref().map(|l| l.p99);
-                }
-                let row = Row::of(&name, run, &out, reference)?;
+                let mut row = Row::of(&name, run, &out)?;
+                // kv-emb-opt runs first: this regime's reference, itself
+                // included (null where either run does not compare).
+                let reference = if row.policy == "kv-emb-opt" {
+                    Some(&row)
+                } else {
+                    rows.iter()
+                        .find(|r: &&Row| r.regime == name && r.policy == "kv-emb-opt")
+                };
+                row.p99_reduction_vs_kv_emb_opt = reference.and_then(|r| row.reduction_vs(r));
                 eprintln!("{tag}{}", row.line(run_started.elapsed().as_secs_f64()));
                 rows.push(row);
             }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use grflow_operators::allocator::AllocatorPolicy;
 use grflow_operators::allocator::oracle::OracleSummary;
+use grflow_pipeline::dataflow::allocator::AllocatorSummary;
 use grflow_pipeline::replay::ReplayOutput;
 use serde::Serialize;
 
@@ -25,13 +26,15 @@ pub(super) struct Row {
     pub(super) p50_ms: f64,
     pub(super) slo_satisfaction: f64,
     pub(super) alpha_moves: u64,
-    /// Wall time of a decision (`None`: the policy makes none).
+    /// Wall time of a decision (`None`: the policy makes none, or made
+    /// none in this run: no window had `allocator.min_requests`).
     pub(super) decision_us_mean: Option<f64>,
     pub(super) decision_us_p99: Option<f64>,
     /// The `pid` row's gains (its other rows: `None`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) pid_gains: Option<PidGains>,
-    /// 1 − p99 / p99 of kv-emb-opt (positive: lower p99).
+    /// 1 − p99 / p99 of kv-emb-opt (positive: lower p99); `None` when
+    /// either run does not compare (see `comparable`), as in the means.
     pub(super) p99_reduction_vs_kv_emb_opt: Option<f64>,
     /// Mean |α − α*| over node-epochs (the oracle's; `None` without it).
     pub(super) oracle_gap: Option<f64>,
@@ -61,14 +64,9 @@ pub(super) struct Row {
 }
 
 impl Row {
-    /// The row of one policy's run on the bench trace; `reference` is
-    /// `kv-emb-opt`'s P99 when it ran first.
-    pub(super) fn of(
-        regime: &str,
-        run: Run,
-        out: &ReplayOutput,
-        reference: Option<f64>,
-    ) -> anyhow::Result<Self> {
+    /// The row of one policy's run on the bench trace, without its
+    /// reduction (see `reduction_vs`).
+    pub(super) fn of(regime: &str, run: Run, out: &ReplayOutput) -> anyhow::Result<Self> {
         let Run {
             label,
             policy,
@@ -78,13 +76,8 @@ impl Row {
         } = run;
         let oracle = OracleSummary::of(&out.oracle);
         let s = &out.summary;
-        // static and kv-opt hold α: they time no decision.
-        let decides = matches!(
-            policy,
-            AllocatorPolicy::Pid | AllocatorPolicy::PpoOnly | AllocatorPolicy::Smart
-        );
         let alloc = s.allocator.as_ref();
-        let timed = alloc.filter(|_| decides);
+        let timed = timed(policy, alloc);
         let no_response = || anyhow::anyhow!("{regime} {label}: the run answered no request");
         let latency = s.latency_ms.as_ref().ok_or_else(no_response)?;
         Ok(Row {
@@ -103,7 +96,7 @@ impl Row {
             decision_us_mean: timed.map(|a| a.decision_us_mean),
             decision_us_p99: timed.map(|a| a.decision_us_p99),
             pid_gains,
-            p99_reduction_vs_kv_emb_opt: reference.map(|r| 1.0 - latency.p99 / r.max(1e-9)),
+            p99_reduction_vs_kv_emb_opt: None,
             oracle_gap: oracle.as_ref().map(|o| o.gap),
             p99_regret_ms: oracle.as_ref().map(|o| o.regret_ms),
             alpha_star_std: oracle.as_ref().map(|o| o.alpha_star_std),
@@ -120,6 +113,13 @@ impl Row {
     /// other runs'.
     pub(super) fn comparable(&self) -> bool {
         self.failed_requests == 0 && self.truncated_histories == 0
+    }
+
+    /// 1 − p99 / p99 of `reference` (kv-emb-opt's run, or this one), when
+    /// both runs compare.
+    pub(super) fn reduction_vs(&self, reference: &Row) -> Option<f64> {
+        (self.comparable() && reference.comparable())
+            .then(|| 1.0 - self.p99_ms / reference.p99_ms.max(1e-9))
     }
 
     /// The progress line of the run, which took `wall_s`.
@@ -264,8 +264,8 @@ pub(super) struct MeanRow {
     /// or decision times): requests failed or histories cut, so their P99
     /// does not compare.
     pub(super) seeds_not_comparable: usize,
-    /// Over the comparable seeds (0 when none).
-    pub(super) p99_ms_mean: f64,
+    /// Over the comparable seeds (`None` when none).
+    pub(super) p99_ms_mean: Option<f64>,
     /// Over the seeds whose run had a kv-emb-opt row (`--sweep`).
     pub(super) p99_reduction_vs_kv_emb_opt_mean: Option<f64>,
     pub(super) p99_reduction_vs_kv_emb_opt_min: Option<f64>,
@@ -316,6 +316,18 @@ impl NodeSweep {
     pub(super) fn mean_alpha(&self) -> f64 {
         self.node_alpha.iter().sum::<f64>() / self.node_alpha.len() as f64
     }
+}
+
+/// The allocator's figures of a run whose decision times mean something:
+/// static and kv-opt hold α and time no decision, and a deciding policy
+/// that met no window with `allocator.min_requests` timed none either
+/// (its summary's 0 µs is no measurement).
+fn timed(policy: AllocatorPolicy, alloc: Option<&AllocatorSummary>) -> Option<&AllocatorSummary> {
+    let decides = matches!(
+        policy,
+        AllocatorPolicy::Pid | AllocatorPolicy::PpoOnly | AllocatorPolicy::Smart
+    );
+    alloc.filter(|a| decides && a.decisions > 0)
 }
 
 /// A row of `--json`'s array: the seed it ran on beside its figures.
@@ -387,7 +399,7 @@ pub(super) fn mean_rows(per_seed: &[SeedReport]) -> Vec<MeanRow> {
                 policy: policy.into(),
                 seeds,
                 seeds_not_comparable: not_comparable,
-                p99_ms_mean: mean(&p99).unwrap_or(0.0),
+                p99_ms_mean: mean(&p99),
                 p99_reduction_vs_kv_emb_opt_mean: mean(&reductions),
                 p99_reduction_vs_kv_emb_opt_min: bound(f64::min),
                 p99_reduction_vs_kv_emb_opt_max: bound(f64::max),
@@ -491,10 +503,10 @@ pub(super) fn print_means(report: &SeedsReport) {
             format!("{n} of {}", m.seeds_compared_with_static)
         });
         println!(
-            "{:<8} {:<15} {:>10.4} {:>22} {:>13} {:>8.1}% {:>8} {:>10}",
+            "{:<8} {:<15} {:>10} {:>22} {:>13} {:>8.1}% {:>8} {:>10}",
             m.regime,
             m.policy,
-            m.p99_ms_mean,
+            m.p99_ms_mean.map_or("-".to_string(), |p| format!("{p:.4}")),
             under,
             below,
             m.slo_satisfaction_min * 100.0,
@@ -599,7 +611,7 @@ mod tests {
         );
         let smart = &mean[1];
         assert_eq!(smart.seeds, 2);
-        assert!((smart.p99_ms_mean - 53.0).abs() < 1e-12);
+        assert!((smart.p99_ms_mean.unwrap() - 53.0).abs() < 1e-12);
         assert_eq!(smart.seeds_below_static, Some(1));
         let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-12;
         assert!(close(smart.p99_reduction_vs_kv_emb_opt_mean, 0.0));
@@ -652,7 +664,7 @@ mod tests {
         let mean = mean_rows(&per_seed);
         let smart = &mean[1];
         assert_eq!((smart.seeds, smart.seeds_not_comparable), (3, 1));
-        assert!((smart.p99_ms_mean - 60.0).abs() < 1e-12);
+        assert!((smart.p99_ms_mean.unwrap() - 60.0).abs() < 1e-12);
         let r = smart.p99_reduction_vs_kv_emb_opt_mean.unwrap();
         assert!((r - 0.15).abs() < 1e-12, "{r}");
         // Only seed 42 has both runs comparable.
@@ -660,7 +672,7 @@ mod tests {
         assert_eq!(smart.seeds_compared_with_static, 1);
         let fixed = &mean[0];
         assert_eq!((fixed.seeds, fixed.seeds_not_comparable), (3, 1));
-        assert!((fixed.p99_ms_mean - 55.0).abs() < 1e-12);
+        assert!((fixed.p99_ms_mean.unwrap() - 55.0).abs() < 1e-12);
     }
 
     #[test]
@@ -683,6 +695,64 @@ mod tests {
         let smart = &mean_rows(&per_seed)[1];
         assert_eq!((smart.seeds, smart.seeds_not_comparable), (2, 0));
         assert_eq!(smart.p99_reduction_vs_kv_emb_opt_mean, Some(0.2));
+    }
+
+    #[test]
+    fn a_seeds_reduction_is_null_when_either_run_does_not_compare() {
+        let reference = row("burst", "kv-emb-opt", 50.0, None);
+        let smart = row("burst", "smart", 25.0, None);
+        assert_eq!(smart.reduction_vs(&reference), Some(0.5));
+        assert_eq!(reference.reduction_vs(&reference), Some(0.0));
+        let mut failed = reference;
+        failed.failed_requests = 1;
+        assert_eq!(smart.reduction_vs(&failed), None);
+        assert_eq!(failed.reduction_vs(&failed), None, "kv-emb-opt's own");
+        let mut cut = smart;
+        cut.truncated_histories = 2;
+        assert_eq!(
+            cut.reduction_vs(&row("burst", "kv-emb-opt", 50.0, None)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_policy_that_timed_no_decision_has_no_decision_time() {
+        let summary = |decisions| AllocatorSummary {
+            policy: AllocatorPolicy::Pid,
+            windows: 10,
+            decisions,
+            alpha_moves: 0,
+            decision_us_mean: if decisions > 0 { 3.0 } else { 0.0 },
+            decision_us_p99: if decisions > 0 { 5.0 } else { 0.0 },
+        };
+        let none = summary(0);
+        let some = summary(4);
+        for policy in [
+            AllocatorPolicy::Pid,
+            AllocatorPolicy::PpoOnly,
+            AllocatorPolicy::Smart,
+        ] {
+            assert!(timed(policy, Some(&none)).is_none(), "{policy:?}");
+            assert!(timed(policy, Some(&some)).is_some(), "{policy:?}");
+        }
+        assert!(timed(AllocatorPolicy::Static, Some(&some)).is_none());
+        // Such a row leaves the maximum over seeds to the rows that timed.
+        let mut untimed = row("burst", "pid", 40.0, None);
+        (untimed.decision_us_mean, untimed.decision_us_p99) = (None, None);
+        let per_seed = [
+            seed(42, vec![untimed]),
+            seed(44, vec![row("burst", "pid", 30.0, None)]),
+        ];
+        assert_eq!(mean_rows(&per_seed)[0].decision_us_p99_max, Some(3.0));
+    }
+
+    #[test]
+    fn a_mean_p99_over_no_comparable_seed_is_null_not_zero() {
+        let mut failed = row("burst", "smart", 40.0, None);
+        failed.failed_requests = 1;
+        let m = &mean_rows(&[seed(42, vec![failed])])[0];
+        assert_eq!((m.seeds, m.seeds_not_comparable), (1, 1));
+        assert_eq!(m.p99_ms_mean, None);
     }
 
     #[test]
