@@ -19,7 +19,6 @@ use grflow_connectors::kafka::{IDLE_POLL, KafkaSink, KafkaSource, partition_owne
 use grflow_connectors::{RequestSource, Sink, SourcePosition, SourceRecord, SourceState};
 
 use crate::dataflow::control::SourceClock;
-use crate::dataflow::wake::WakeTimer;
 use crate::events::{Admitted, NodeEvent, now_ns};
 use crate::serve::summary::AnswerLatency;
 
@@ -49,8 +48,6 @@ pub fn kafka_source<'s>(
             });
         }
         let mut cap = Some(capability);
-        // The consumer's wake-ups activate the source too: one timer chain.
-        let mut timer = WakeTimer::default();
         move |output| {
             let Some(c) = cap.as_mut() else { return };
             if stop.load(Ordering::Relaxed) {
@@ -64,7 +61,7 @@ pub fn kafka_source<'s>(
                     // Kafka's client errors are retried inside the source;
                     // anything else is said and polled again shortly.
                     tracing::warn!(error = %e, "request source");
-                    timer.activate_after(&activator, IDLE_POLL);
+                    activator.activate_after(IDLE_POLL);
                     return;
                 }
             };
@@ -97,7 +94,7 @@ pub fn kafka_source<'s>(
             }
             clock.now.set(*c.time());
             if polled.state != SourceState::Ready {
-                timer.activate_after(&activator, records.borrow().idle_poll());
+                activator.activate_after(records.borrow().idle_poll());
             } else {
                 activator.activate();
             }

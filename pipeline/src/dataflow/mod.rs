@@ -13,7 +13,6 @@ pub mod operator;
 pub mod router;
 pub mod source;
 pub mod stash;
-pub mod wake;
 pub mod windows;
 
 use std::cell::RefCell;
