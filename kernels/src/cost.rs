@@ -100,11 +100,12 @@ impl CostModel {
         self
     }
 
-    /// Per request, the host time that occupies the node, and the part of
-    /// the overhead that only adds to the request's own latency.
+    /// Per request, the host time that occupies the node, and the host time
+    /// the request itself waits for after its compute (the whole overhead,
+    /// whether the occupancy is shorter or longer than it: the part past
+    /// the overhead comes after the response).
     pub fn overhead_split(&self) -> (f64, f64) {
-        let busy = self.occupancy_ms.max(0.0);
-        (busy, (self.overhead_ms - busy).max(0.0))
+        (self.occupancy_ms.max(0.0), self.overhead_ms.max(0.0))
     }
 
     /// Why the numbers cannot be a machine's costs, if they cannot: a value
@@ -442,15 +443,16 @@ mod tests {
         let o = c.clone().overhead_scaled(0.5);
         assert!((o.overhead_ms - 0.15).abs() < 1e-12);
         assert!((o.occupancy_ms - 0.05).abs() < 1e-12);
-        // Occupancy past the overhead leaves no latency-only part.
-        let (busy, rest) = CostModel {
+        // A request waits for the whole overhead, whether the node stays
+        // busy for less of it or for longer (work after the response).
+        let (busy, own) = CostModel {
             occupancy_ms: 0.5,
             ..c.clone()
         }
         .overhead_split();
-        assert_eq!((busy, rest), (0.5, 0.0));
-        let (busy, rest) = c.overhead_split();
-        assert!((busy - 0.1).abs() < 1e-12 && (rest - 0.2).abs() < 1e-12);
+        assert_eq!((busy, own), (0.5, c.overhead_ms));
+        let (busy, own) = c.overhead_split();
+        assert!((busy - 0.1).abs() < 1e-12 && (own - 0.3).abs() < 1e-12);
         assert_eq!(o.prefill(100, 50), c.prefill(100, 50));
     }
 

@@ -729,6 +729,12 @@ fn a_virtual_node_queues_behind_the_busy_part_of_the_overhead() {
     assert!((a0 - a1).abs() < 1e-9, "{a0} vs {a1}");
     // The second waits for the first's compute, and for its busy 0.6 ms.
     assert!((b1 - b0 - 0.6).abs() < 1e-9, "{b0} vs {b1}");
+    // Occupancy longer than the overhead (work after the response) delays
+    // the next request, never the request itself: alone it still costs
+    // its compute and the overhead.
+    let (a2, b2) = pair(2.5);
+    assert!((a2 - a0).abs() < 1e-9, "{a0} vs {a2}");
+    assert!((b2 - b0 - 2.5).abs() < 1e-9, "{b0} vs {b2}");
 }
 
 #[test]

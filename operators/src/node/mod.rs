@@ -501,12 +501,16 @@ impl ServingNode {
         let modelled_latency_ms = match (&mut self.virtual_compute, virtual_ms) {
             // Queued behind the node's earlier work, then its own compute
             // and host work; the link transfer of its misses comes first.
+            // The node stays busy for the occupancy, the request waits for
+            // the overhead: occupancy past the overhead is work after the
+            // response (exchanges, windows), which delays the next request,
+            // not this one.
             (Some(v), Some(compute_ms)) => {
                 let arrival = now_ms as f64;
-                let (busy, rest) = v.cost.overhead_split();
+                let (busy, own) = v.cost.overhead_split();
                 let start = v.free_at_ms.max(arrival + link_ms);
                 v.free_at_ms = start + compute_ms + busy;
-                let latency = v.free_at_ms - arrival + rest;
+                let latency = start + compute_ms + own - arrival;
                 let done = arrival + latency;
                 v.load
                     .book(plan.tokens as u64, done, computed_tokens, compute_ms + busy);
