@@ -19,6 +19,7 @@ use grflow_connectors::kafka::{IDLE_POLL, KafkaSink, KafkaSource, partition_owne
 use grflow_connectors::{RequestSource, Sink, SourcePosition, SourceRecord, SourceState};
 
 use crate::dataflow::control::SourceClock;
+use crate::dataflow::wake::WakeTimer;
 use crate::events::{Admitted, NodeEvent, now_ns};
 use crate::serve::summary::AnswerLatency;
 
@@ -48,6 +49,8 @@ pub fn kafka_source<'s>(
             });
         }
         let mut cap = Some(capability);
+        // The consumer's wake-ups activate the source too: one timer chain.
+        let mut timer = WakeTimer::default();
         move |output| {
             let Some(c) = cap.as_mut() else { return };
             if stop.load(Ordering::Relaxed) {
@@ -61,7 +64,7 @@ pub fn kafka_source<'s>(
                     // Kafka's client errors are retried inside the source;
                     // anything else is said and polled again shortly.
                     tracing::warn!(error = %e, "request source");
-                    activator.activate_after(IDLE_POLL);
+                    timer.activate_after(&activator, IDLE_POLL);
                     return;
                 }
             };
@@ -94,7 +97,7 @@ pub fn kafka_source<'s>(
             }
             clock.now.set(*c.time());
             if polled.state != SourceState::Ready {
-                activator.activate_after(records.borrow().idle_poll());
+                timer.activate_after(&activator, records.borrow().idle_poll());
             } else {
                 activator.activate();
             }

@@ -13,6 +13,7 @@ pub mod operator;
 pub mod router;
 pub mod source;
 pub mod stash;
+pub mod wake;
 pub mod windows;
 
 use std::cell::RefCell;

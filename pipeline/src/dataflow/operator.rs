@@ -204,6 +204,8 @@ where
             scope.worker().sync_activator_for(info.address.to_vec()),
         )));
         let activator = scope.activator_for(info.address);
+        // Every arrival during a batch's wait asks for a wake: one timer.
+        let mut timer = crate::dataflow::wake::WakeTimer::default();
         // Per time: the capability to emit at it, and in complete mode its records.
         let mut held: TimeStash<Capability<u64>, Op::Control, Op::Data> = TimeStash::default();
         let mut out: Vec<Op::Output> = Vec::new();
@@ -252,7 +254,7 @@ where
                 match op.on_queue(&mut queue, &mut tagged) {
                     Step::Idle | Step::Pending => {}
                     Step::Again => activator.activate(),
-                    Step::After(wait) => activator.activate_after(wait),
+                    Step::After(wait) => timer.activate_after(&activator, wait),
                 }
                 // `on_queue` only removes: the same length is the same
                 // queue, and a node waiting on a step takes nothing on most
