@@ -182,6 +182,16 @@ fn out_of_range_flags_are_refused_by_name() {
         ),
         (
             &[
+                "calibrate",
+                "--max-tokens",
+                "0",
+                "--out",
+                "/nonexistent/c.json",
+            ],
+            "--max-tokens",
+        ),
+        (
+            &[
                 "train-allocator",
                 "--seed-base",
                 "18446744073709551615",
@@ -253,7 +263,10 @@ fn calibrate_and_train_allocator_keep_an_existing_out_without_force() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(!err.contains("--out") && err.contains("too short"), "{err}");
+    assert!(
+        !err.contains("--out") && err.contains("--max-tokens"),
+        "{err}"
+    );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "earlier");
 }
 

@@ -183,6 +183,9 @@ impl CostModel {
     }
 }
 
+/// The shortest longest prompt a calibration can fit its cost model on.
+pub const MIN_FITTED_TOKENS: usize = 64;
+
 /// The longest prompt [`calibrate`] times by default.
 pub const DEFAULT_FITTED_TOKENS: usize = 512;
 
@@ -214,9 +217,10 @@ pub fn calibrate_up_to(
     let model = GrModel::try_new(cfg.clone(), 3)?;
     let d = cfg.d_model;
     let max_tokens = max_tokens.min(cfg.max_positions.saturating_sub(200));
-    if max_tokens < 64 {
+    if max_tokens < MIN_FITTED_TOKENS {
         return Err(KernelError::InvalidConfig(format!(
-            "prompts of up to {max_tokens} tokens are too short to fit the cost model (64 at least)"
+            "prompts of up to {max_tokens} tokens are too short to fit the cost model \
+             ({MIN_FITTED_TOKENS} at least)"
         )));
     }
     // At the default 512: cached 0, 128, 256; new 16, 64, 128, 256.

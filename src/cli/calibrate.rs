@@ -72,6 +72,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )));
         }
     }
+    let min = grflow_kernels::cost::MIN_FITTED_TOKENS;
+    if args.max_tokens < min {
+        return Err(InputError::from_display(format!(
+            "--max-tokens {} is too short: the cost model is fitted on prompts of {min} tokens \
+             at least",
+            args.max_tokens
+        )));
+    }
     // Before the timings, not after them.
     super::check_out_file(&args.out, args.force)?;
     eprintln!("calibrating {} on this machine...", args.preset);
