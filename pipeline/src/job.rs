@@ -214,7 +214,8 @@ pub fn allocator_policy(cfg: &Config) -> Result<Option<Arc<ActorCritic>>, String
     let path = &cfg.allocator.policy_file;
     let bytes = std::fs::read(path).map_err(|e| {
         format!(
-            "allocator.policy_file {path:?}: {e} (policy {:?} needs a `grflow train-allocator` file)",
+            "allocator.policy_file {path:?}: {e} (allocator.policy \"{}\" needs a `grflow \
+             train-allocator` file)",
             cfg.allocator.policy
         )
     })?;

@@ -314,6 +314,11 @@ fn learned_policies_move_alpha_from_a_policy_file_the_same_on_every_run() {
     let err = replay(ReplayOptions::new(TraceInput::Memory(trace.clone()), cfg))
         .expect_err("no policy, no job");
     assert!(err.to_string().contains("allocator.policy_file"), "{err}");
+    // The policy as a config spells it, not as Rust debug-prints it.
+    assert!(
+        err.to_string().contains("allocator.policy \"ppo-only\""),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

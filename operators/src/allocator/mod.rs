@@ -50,6 +50,25 @@ pub enum AllocatorPolicy {
     Smart,
 }
 
+impl AllocatorPolicy {
+    /// The name a config spells it with.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Static => "static",
+            Self::KvOpt => "kv-opt",
+            Self::Pid => "pid",
+            Self::PpoOnly => "ppo-only",
+            Self::Smart => "smart",
+        }
+    }
+}
+
+impl std::fmt::Display for AllocatorPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl std::str::FromStr for AllocatorPolicy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -360,6 +379,16 @@ impl Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_prints_as_a_config_spells_it() {
+        use AllocatorPolicy::*;
+        for p in [Static, KvOpt, Pid, PpoOnly, Smart] {
+            assert_eq!(p.to_string().parse::<AllocatorPolicy>(), Ok(p));
+            let toml = serde_json::to_string(&p).unwrap();
+            assert_eq!(toml, format!("\"{p}\""));
+        }
+    }
 
     fn window(p99_ms: f64, requests: u64) -> WindowStats {
         WindowStats {
