@@ -210,7 +210,9 @@ pub(crate) fn fit_overhead(cost: &mut CostModel) -> anyhow::Result<()> {
     eprintln!("  p50 wall {wall:.3} ms, cost model alone {modelled:.3} ms");
     eprintln!("fitting the host time that keeps the node busy on a Burst trace...");
     let (_, wall_p99) = latency(&burst, None)?;
-    let (mut lo, mut hi) = (0.0, hi_start(cost, request_ms));
+    // The most host time per request the search tries.
+    let bound = 3.0 * cost.overhead_ms + request_ms;
+    let (mut lo, mut hi) = (0.0, bound);
     for _ in 0..10 {
         cost.occupancy_ms = (lo + hi) / 2.0;
         let (_, p99) = latency(&burst, Some(cost))?;
@@ -220,7 +222,6 @@ pub(crate) fn fit_overhead(cost: &mut CostModel) -> anyhow::Result<()> {
             hi = cost.occupancy_ms
         }
     }
-    let bound = hi_start(cost, request_ms);
     cost.occupancy_ms = (lo + hi) / 2.0;
     eprintln!(
         "  p99 wall {wall_p99:.3} ms; {:.3} ms per request keeps the node busy",
@@ -235,10 +236,4 @@ pub(crate) fn fit_overhead(cost: &mut CostModel) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The most host time per request the busy-time search tries: three times
-/// the overhead plus a request's compute.
-fn hi_start(cost: &CostModel, request_ms: f64) -> f64 {
-    3.0 * cost.overhead_ms + request_ms
 }

@@ -51,6 +51,15 @@ pub enum AllocatorPolicy {
 }
 
 impl AllocatorPolicy {
+    /// Every policy, in the order errors list them.
+    pub const ALL: [AllocatorPolicy; 5] = [
+        Self::Static,
+        Self::KvOpt,
+        Self::Pid,
+        Self::PpoOnly,
+        Self::Smart,
+    ];
+
     /// The name a config spells it with.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -72,16 +81,14 @@ impl std::fmt::Display for AllocatorPolicy {
 impl std::str::FromStr for AllocatorPolicy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "static" => Ok(Self::Static),
-            "kv-opt" => Ok(Self::KvOpt),
-            "pid" => Ok(Self::Pid),
-            "ppo-only" => Ok(Self::PpoOnly),
-            "smart" => Ok(Self::Smart),
-            other => Err(format!(
-                "{other:?} is not one of \"static\", \"kv-opt\", \"pid\", \"ppo-only\", \"smart\""
-            )),
+        if let Some(p) = Self::ALL.into_iter().find(|p| p.as_str() == s) {
+            return Ok(p);
         }
+        let names: Vec<String> = Self::ALL
+            .iter()
+            .map(|p| format!("{:?}", p.as_str()))
+            .collect();
+        Err(format!("{s:?} is not one of {}", names.join(", ")))
     }
 }
 
@@ -382,12 +389,15 @@ mod tests {
 
     #[test]
     fn a_policy_prints_as_a_config_spells_it() {
-        use AllocatorPolicy::*;
-        for p in [Static, KvOpt, Pid, PpoOnly, Smart] {
+        for p in AllocatorPolicy::ALL {
             assert_eq!(p.to_string().parse::<AllocatorPolicy>(), Ok(p));
             let toml = serde_json::to_string(&p).unwrap();
             assert_eq!(toml, format!("\"{p}\""));
         }
+        assert_eq!(
+            "greedy".parse::<AllocatorPolicy>(),
+            Err(r#""greedy" is not one of "static", "kv-opt", "pid", "ppo-only", "smart""#.into())
+        );
     }
 
     fn window(p99_ms: f64, requests: u64) -> WindowStats {
