@@ -365,6 +365,48 @@ fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
     assert!(!served.contains(&bad_req.to_string()));
 }
 
+/// A trace none of whose requests can be served: the outputs are written
+/// (every row in errors.parquet) and the replay exits 1 saying so.
+#[test]
+fn a_replay_that_served_nothing_writes_its_outputs_and_fails() {
+    let dir = tmp_dir("served-nothing");
+    let mut trace = grflow_traces::generate(&grflow_traces::GenConfig {
+        users: 50,
+        items: 500,
+        requests: 40,
+        rps: 100.0,
+        seed: 9,
+        ..grflow_traces::GenConfig::default()
+    });
+    for r in &mut trace.requests {
+        r.hist_len = 1_000_000;
+    }
+    let path = dir.join("trace");
+    grflow_traces::write_trace(&path, &trace, &Default::default()).unwrap();
+    let out = dir.join("out");
+    let run = grflow()
+        .args(["replay", "--speed", "max", "--json", "--trace"])
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(1), "{run:?}");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("no request was served: all 40 requests")
+            && stderr.contains("errors.parquet"),
+        "{stderr}"
+    );
+    let summary: Value = serde_json::from_slice(&run.stdout).expect("summary JSON on stdout");
+    assert_eq!(summary["errors"].as_u64(), Some(40), "{summary}");
+    assert_eq!(
+        string_column(&out.join("errors.parquet"), "reason").len(),
+        40
+    );
+    assert!(out.join("summary.json").exists());
+}
+
 /// Cluster mode: the error rows of every process reach process 0's
 /// errors.parquet (with the responses, over the dataflow), once each and
 /// in trace order; the other process writes no errors file.

@@ -105,6 +105,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .map_err(|e| InputError::from_display(format!("--release: {e}")))?;
     }
     args.cluster.apply(&mut config)?;
+    for warning in config.warnings() {
+        eprintln!("warning: {warning}");
+    }
     if args.calibration.is_none()
         && config.cost.calibration.is_some()
         && config.run.clock != Clock::Virtual
@@ -283,7 +286,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!("outputs in {}", dir.display());
         }
     }
-    super::StoppedBySignal::check(&stop)
+    super::StoppedBySignal::check(&stop)?;
+    served_something(&output.summary, args.out.as_deref())
+}
+
+/// A replay that answered every request with an error record served
+/// nothing: its outputs are written, and it fails so that a script
+/// notices (exit 0 read as a good run).
+fn served_something(summary: &grflow_pipeline::Summary, out: Option<&Path>) -> anyhow::Result<()> {
+    if summary.requests_in == 0 || summary.responses_out > 0 {
+        return Ok(());
+    }
+    let why = match out {
+        Some(dir) => format!("{} says why", dir.join("errors.parquet").display()),
+        None => "rerun with --out DIR: DIR/errors.parquet says why".into(),
+    };
+    anyhow::bail!(
+        "no request was served: all {} requests read ended as error records ({why})",
+        summary.requests_in
+    )
 }
 
 /// Every file `replay --out` writes (the charts included).

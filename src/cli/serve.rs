@@ -101,6 +101,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config.run.workers = w;
     }
     args.cluster.apply(&mut config)?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     // The flag that set model.weights, if any, names its errors.
     let model_flag = match (&args.model_watch, &args.model) {
         (Some(_), _) => Some("--model-watch"),

@@ -16,6 +16,18 @@ fn embedded_file_and_compiled_defaults_agree() {
 }
 
 #[test]
+fn a_top_k_past_the_beam_width_is_a_warning_naming_both_keys() {
+    assert!(Config::embedded().warnings().is_empty());
+    let cfg = Config::parse("[model]\nbeam_width = 8\nbeam_top_k = 8\n", "x.toml").unwrap();
+    let warnings = cfg.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("model.top_k (10)") && warnings[0].contains("model.beam_width (8)"),
+        "{warnings:?}"
+    );
+}
+
+#[test]
 fn unknown_key_is_named() {
     let err = Config::parse("[run]\nworkres = 3\n", "x.toml")
         .unwrap_err()

@@ -348,6 +348,24 @@ const MAX_LINK_LATENCY_US: f64 = 1e6;
 /// The most hotness windows a user's counters keep.
 const MAX_HOTNESS_WINDOWS: usize = 1_000;
 
+impl Config {
+    /// Settings that are valid but serve less than they seem to ask for,
+    /// one sentence each naming the keys (the commands print them).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        // A search ends with at most one item per beam.
+        if self.model.top_k > self.model.beam_width {
+            warnings.push(format!(
+                "model.top_k ({}) is more than model.beam_width ({}): a retrieve response holds \
+                 at most beam_width items (rank responses hold top_k); raise model.beam_width \
+                 to {} for top_k retrieved items",
+                self.model.top_k, self.model.beam_width, self.model.top_k
+            ));
+        }
+        warnings
+    }
+}
+
 /// The most (user, window) counters a router replica keeps.
 const MAX_HOTNESS_COUNTERS: u64 = 10_000_000;
 
