@@ -1,30 +1,40 @@
 //! Consumer lag per request partition, and whether it can still be
 //! believed.
 //!
-//! Lag is the high watermark of the partition's last fetch response minus
-//! the next offset to consume. librdkafka caches that watermark and keeps
-//! it when fetches stop (a broker away, a partition its leader refuses),
-//! without saying when it was filled; and the client reports a broker
-//! that goes away once, if at all (the mock cluster's leader outage gives
-//! the consumer no error). Left alone, the last lag measured before an
-//! outage was reported for as long as it lasted.
+//! Lag is the partition's end minus the next offset to consume. The end
+//! comes from two places: the high watermark of the partition's last fetch
+//! response, which librdkafka caches, and the broker's own answer to a
+//! ListOffsets request, which the job asks for a partition whose reading
+//! has not moved for a while ([`LagTable::to_confirm`], [`LagTable::confirm`]).
+//! librdkafka keeps its cached watermark when fetches stop (a broker away,
+//! a partition its leader refuses) without saying when it was filled, and
+//! the client reports a broker that goes away once, if at all (the mock
+//! cluster's leader outage gives the consumer no error). Left alone, the
+//! last lag measured before an outage was reported for as long as it
+//! lasted.
 //!
-//! So a reading counts as refreshed only when it moved: the watermark or
-//! the read position changed since the previous measurement, which only a
-//! fetch that came back does. A reading that has not moved for longer than
-//! the table's bound is stale: its lag is unknown (`None`; export NaN),
-//! not the last value, until it moves again. The cache cannot tell a
-//! partition nobody writes to from one whose fetches fail, so a quiet
-//! partition's lag turns unknown after the bound too: an operator sees
-//! "no fetch seen for that long", never a healthy number the job cannot
-//! vouch for. Every reading has an age (since it last moved) for alerts.
+//! So a reading counts as known only while something vouches for it: the
+//! watermark or the read position changed (which only a fetch that came
+//! back does), or the broker answered for the partition's end. A reading
+//! nothing vouched for for longer than the table's bound is stale: its lag
+//! is unknown (`None`; export NaN), not the last value, until one does.
+//! Before the broker's answers were asked for, a partition nobody writes
+//! to looked the same as one whose fetches fail and its lag turned unknown
+//! after the bound; now it stays known while the broker answers for it.
+//! Where fetches fail but the broker still answers, the lag follows the
+//! broker's end: it grows as records wait. Every reading has an age (since
+//! something last vouched for it) for alerts.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-/// How long a reading that does not move still reports its lag: longer
-/// than a reconnect or a quiet spell between requests usually lasts.
+/// How long a reading nothing vouched for still reports its lag: longer
+/// than a reconnect usually lasts.
 pub const LAG_STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// A reading unconfirmed for this share of the bound is due for the
+/// broker's answer: four tries before it turns unknown.
+const CONFIRM_AFTER_SHARE: u32 = 4;
 
 /// A partition's lag as it may be exported now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +42,8 @@ pub struct LagGauge {
     /// Records behind the end of the partition; `None` when stale
     /// (unknown: export NaN, not the last value).
     pub lag: Option<i64>,
-    /// Since the reading last moved (a fetch came back).
+    /// Since something last vouched for the reading: it moved (a fetch
+    /// came back) or the broker answered for the partition's end.
     pub age: Duration,
 }
 
@@ -40,13 +51,13 @@ pub struct LagGauge {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LagChange {
     Unchanged,
-    /// Unmoved for longer than the bound: its lag is unknown from now.
+    /// Unconfirmed for longer than the bound: its lag is unknown from now.
     TurnedStale {
         /// The last lag reported.
         lag: i64,
         unmoved_for: Duration,
     },
-    /// Stale before, moved now.
+    /// Stale before, vouched for now.
     Recovered {
         lag: i64,
     },
@@ -54,16 +65,21 @@ pub enum LagChange {
 
 #[derive(Clone, Copy, Debug)]
 struct Reading {
+    /// The cached watermark as last measured.
     high: i64,
+    /// The broker's latest answer for the partition's end, where it was
+    /// past `high` then (records the consumer had not fetched yet).
+    broker_end: Option<i64>,
     next: i64,
-    moved_at: Instant,
+    /// When something last vouched for the reading.
+    known_at: Instant,
     /// As of its last measurement (for [`LagChange`]).
     stale: bool,
 }
 
 impl Reading {
     fn lag(&self) -> i64 {
-        (self.high - self.next).max(0)
+        (self.high.max(self.broker_end.unwrap_or(i64::MIN)) - self.next).max(0)
     }
 }
 
@@ -103,8 +119,9 @@ impl LagTable {
             if let Some(high) = high {
                 let reading = Reading {
                     high,
+                    broker_end: None,
                     next,
-                    moved_at: now,
+                    known_at: now,
                     stale: false,
                 };
                 self.readings.insert(partition, reading);
@@ -114,10 +131,12 @@ impl LagTable {
         // A watermark the cache lost is no newer than the one kept.
         let high = high.unwrap_or(r.high);
         if (high, next) != (r.high, r.next) {
-            (r.high, r.next, r.moved_at) = (high, next, now);
+            (r.high, r.next, r.known_at) = (high, next, now);
+            // A fetch caught up with what the broker said.
+            r.broker_end = r.broker_end.filter(|&end| end > high);
         }
         let was_stale = r.stale;
-        let unmoved_for = now.saturating_duration_since(r.moved_at);
+        let unmoved_for = now.saturating_duration_since(r.known_at);
         r.stale = unmoved_for > self.stale_after;
         match (was_stale, r.stale) {
             (false, true) => LagChange::TurnedStale {
@@ -126,6 +145,31 @@ impl LagTable {
             },
             (true, false) => LagChange::Recovered { lag: r.lag() },
             _ => LagChange::Unchanged,
+        }
+    }
+
+    /// Partitions whose readings nothing vouched for for a quarter of the
+    /// bound at `now`, the longest unconfirmed first: the ones to ask the
+    /// broker about ([`LagTable::confirm`]).
+    pub fn to_confirm(&self, now: Instant) -> Vec<i32> {
+        let due = self.stale_after / CONFIRM_AFTER_SHARE;
+        let mut due: Vec<(Instant, i32)> = self
+            .readings
+            .iter()
+            .filter(|(_, r)| now.saturating_duration_since(r.known_at) >= due)
+            .map(|(&p, r)| (r.known_at, p))
+            .collect();
+        due.sort();
+        due.into_iter().map(|(_, p)| p).collect()
+    }
+
+    /// The broker answered at `now` that `partition`'s log ends at `end`:
+    /// the reading is known as of now, its end no earlier than that. A
+    /// partition this table does not measure is left out.
+    pub fn confirm(&mut self, partition: i32, end: i64, now: Instant) {
+        if let Some(r) = self.readings.get_mut(&partition) {
+            r.broker_end = (end > r.high).then_some(end);
+            r.known_at = r.known_at.max(now);
         }
     }
 
@@ -145,7 +189,7 @@ impl LagTable {
     }
 
     fn gauge_of(&self, r: &Reading, now: Instant) -> LagGauge {
-        let age = now.saturating_duration_since(r.moved_at);
+        let age = now.saturating_duration_since(r.known_at);
         LagGauge {
             lag: (age <= self.stale_after).then(|| r.lag()),
             age,
@@ -205,6 +249,78 @@ mod tests {
             LagChange::Recovered { lag: 42 }
         );
         assert_eq!(table.gauge(0, back), known(42, Duration::ZERO));
+    }
+
+    /// A partition nobody writes to: the reading stands still, and the
+    /// broker's answer for its end keeps it known.
+    #[test]
+    fn a_quiet_partition_the_broker_answers_for_stays_known() {
+        let t0 = Instant::now();
+        let mut table = LagTable::new(BOUND);
+        table.measure(0, Some(10), 10, t0);
+        assert!(table.to_confirm(t0 + BOUND / 8).is_empty());
+        let mut now = t0;
+        for _ in 0..20 {
+            now += BOUND / 2;
+            // Due once a quarter of the bound went by unconfirmed.
+            assert_eq!(table.to_confirm(now), [0]);
+            table.confirm(0, 10, now);
+            assert!(table.to_confirm(now).is_empty());
+            assert_eq!(table.measure(0, Some(10), 10, now), LagChange::Unchanged);
+            assert_eq!(table.gauge(0, now), known(0, Duration::ZERO));
+        }
+        // The broker stops answering: unknown once the bound has passed.
+        let later = now + BOUND + STEP;
+        assert!(matches!(
+            table.measure(0, Some(10), 10, later),
+            LagChange::TurnedStale { lag: 0, .. }
+        ));
+        assert_eq!(table.gauge(0, later), unknown(BOUND + STEP));
+        // An answer again: known, and said at the next measurement.
+        table.confirm(0, 10, later);
+        assert_eq!(
+            table.measure(0, Some(10), 10, later),
+            LagChange::Recovered { lag: 0 }
+        );
+        // A partition not measured here is not asked about.
+        table.confirm(7, 99, later);
+        assert_eq!(table.gauge(7, later), None);
+    }
+
+    /// Fetches fail but the broker answers: the lag follows the broker's
+    /// end (records wait) until a fetch catches up.
+    #[test]
+    fn the_brokers_end_past_the_cached_watermark_is_the_lag() {
+        let t0 = Instant::now();
+        let mut table = LagTable::new(BOUND);
+        table.measure(0, Some(10), 8, t0);
+        table.confirm(0, 25, t0 + STEP);
+        assert_eq!(table.gauge(0, t0 + STEP), known(17, Duration::ZERO));
+        // The cache unchanged: the broker's end stands.
+        table.measure(0, Some(10), 8, t0 + STEP * 2);
+        assert_eq!(table.gauge(0, t0 + STEP * 2), known(17, STEP));
+        // A broker answering below the cache (tansu gives the last batch's
+        // base offset) vouches for the reading without lowering it.
+        table.confirm(0, 9, t0 + STEP * 3);
+        assert_eq!(table.gauge(0, t0 + STEP * 3), known(2, Duration::ZERO));
+        table.confirm(0, 25, t0 + STEP * 4);
+        // A fetch brings the cache past it: the cache counts again.
+        table.measure(0, Some(30), 12, t0 + STEP * 5);
+        assert_eq!(table.gauge(0, t0 + STEP * 5), known(18, Duration::ZERO));
+        // ...and a fetch short of it keeps the broker's end.
+        table.confirm(0, 40, t0 + STEP * 6);
+        table.measure(0, Some(35), 12, t0 + STEP * 7);
+        assert_eq!(table.gauge(0, t0 + STEP * 7), known(28, Duration::ZERO));
+    }
+
+    #[test]
+    fn partitions_due_for_an_answer_come_longest_unconfirmed_first() {
+        let t0 = Instant::now();
+        let mut table = LagTable::new(BOUND);
+        table.measure(0, Some(1), 1, t0 + STEP);
+        table.measure(1, Some(1), 1, t0);
+        table.measure(2, Some(1), 1, t0 + BOUND);
+        assert_eq!(table.to_confirm(t0 + BOUND / 2), [1, 0]);
     }
 
     #[test]

@@ -191,6 +191,21 @@ impl SharedState {
             .measure(partition, high, next, now)
     }
 
+    /// Partitions whose lag readings are due for the broker's answer
+    /// (see [`LagTable::to_confirm`]).
+    pub fn lag_to_confirm(&self, now: Instant) -> Vec<i32> {
+        self.lag_table.lock().expect("lag lock").to_confirm(now)
+    }
+
+    /// The broker answered at `now` that `partition` ends at `end` (see
+    /// [`LagTable::confirm`]).
+    pub fn confirm_lag_end(&self, partition: i32, end: i64, now: Instant) {
+        self.lag_table
+            .lock()
+            .expect("lag lock")
+            .confirm(partition, end, now);
+    }
+
     /// Consumer lag per request partition that can still be believed at
     /// `now`: a partition whose lag went stale (see [`super::lag`]) is
     /// left out.

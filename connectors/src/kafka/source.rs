@@ -694,9 +694,9 @@ impl KafkaSource {
     /// Measures consumer lag of this worker's partitions into the shared
     /// table: the high watermark of the last fetch minus the next offset to
     /// consume (partitions not fetched from yet are left out). A reading
-    /// that stops moving turns unknown after a bound instead of keeping its
-    /// last value: the cached watermark freezes when fetches fail (see
-    /// [`super::lag`]).
+    /// that stops moving and that the broker does not answer for turns
+    /// unknown after a bound instead of keeping its last value: the cached
+    /// watermark freezes when fetches fail (see [`super::lag`]).
     pub fn measure_lag(&self) {
         self.measure_lag_at(Instant::now());
     }
@@ -718,23 +718,24 @@ impl KafkaSource {
         for (p, high, next) in readings {
             match self.shared.measure_lag(p, high, next, now) {
                 LagChange::Unchanged => {}
-                // Info, not a warning: a partition nobody writes to looks
-                // the same; `read_errors` and broker reachability tell which.
-                LagChange::TurnedStale { lag, unmoved_for } => tracing::info!(
+                // Warned: neither a fetch nor the partition's leader
+                // vouched for it (a quiet partition's leader answers).
+                LagChange::TurnedStale { lag, unmoved_for } => tracing::warn!(
                     worker = self.worker,
                     topic = self.settings.request_topic,
                     partition = p,
                     last_lag = lag,
-                    unmoved_for_s = unmoved_for.as_secs(),
-                    "consumer lag unknown: neither the partition's end nor its read position \
-                     moved (no requests, or fetches failing); not reported until one moves"
+                    unconfirmed_for_s = unmoved_for.as_secs(),
+                    "consumer lag unknown: no fetch moved the partition's end or read \
+                     position and its leader did not answer for its end; not reported \
+                     until one does"
                 ),
                 LagChange::Recovered { lag } => tracing::info!(
                     worker = self.worker,
                     topic = self.settings.request_topic,
                     partition = p,
                     lag,
-                    "consumer lag known again: the partition fetches"
+                    "consumer lag known again"
                 ),
             }
         }

@@ -847,7 +847,9 @@ fn missing_processes(topo: crate::cluster::Topology, results: &[WorkerResult]) -
 
 /// Asks the broker for the request topic's metadata every second. The
 /// partition count goes to `shared` (workers start reading partitions
-/// created while the job runs). Readiness follows the broker when
+/// created while the job runs). Then, for the partitions whose consumer lag
+/// nothing vouched for lately (no requests), where their logs end, which
+/// keeps their lag known (see `grflow_connectors::kafka::lag`). Readiness follows the broker when
 /// `unready_after` is set: after that long without an answer `/readyz`
 /// says not ready (and why) until the next answer. Runs
 /// until `done`.
@@ -881,6 +883,10 @@ fn watch_broker(
                     ops.set_broker_down(None);
                 }
                 metrics::gauge!("grflow_broker_reachable").set(1.0);
+                // Quiet partitions: the broker vouches for their lag.
+                if let (_, Some(e)) = probe.confirm_lags(shared, EVERY) {
+                    tracing::debug!("a request partition's end went unanswered: {e}");
+                }
             }
             Err(e) => {
                 metrics::gauge!("grflow_broker_reachable").set(0.0);

@@ -1,7 +1,7 @@
 //! Topic administration and broker probes: partition counts, topic
 //! creation and deletion, the readiness check's metadata request.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -9,6 +9,7 @@ use rdkafka::error::RDKafkaErrorCode;
 
 use super::{KafkaClientError, KafkaSettings, kafka, kafka_call};
 use crate::kafka::client_logs::LoggedContext;
+use crate::kafka::shared::SharedState;
 
 /// Asks the cluster for a topic's metadata, to tell whether a broker
 /// answers (readiness): one client kept for every check.
@@ -46,6 +47,50 @@ impl BrokerProbe {
         self.drain();
         let metadata = metadata.map_err(kafka(format!("metadata of `{}`", self.topic)))?;
         Ok(partitions_listed(&metadata, &self.topic))
+    }
+
+    /// Where the topic's `partition` ends, as its leader answers within
+    /// `timeout` (a ListOffsets request).
+    pub fn log_end(&self, partition: i32, timeout: Duration) -> Result<i64, KafkaClientError> {
+        let ends = self
+            .consumer
+            .fetch_watermarks(&self.topic, partition, timeout);
+        self.drain();
+        let (_, high) = ends.map_err(kafka(format!("the end of `{}`[{partition}]", self.topic)))?;
+        Ok(high)
+    }
+
+    /// Asks the broker where each partition whose lag reading nothing
+    /// vouched for lately ends ([`SharedState::lag_to_confirm`]), the
+    /// longest unconfirmed first, for at most `budget`: a quiet partition
+    /// keeps a known lag while its leader answers. A partition whose
+    /// leader does not answer is left to turn unknown. Returns how many
+    /// partitions were confirmed and the first error.
+    pub fn confirm_lags(
+        &self,
+        shared: &SharedState,
+        budget: Duration,
+    ) -> (usize, Option<KafkaClientError>) {
+        let started = Instant::now();
+        let (mut confirmed, mut first_error) = (0, None);
+        for partition in shared.lag_to_confirm(started) {
+            let Some(left) = budget
+                .checked_sub(started.elapsed())
+                .filter(|l| !l.is_zero())
+            else {
+                break;
+            };
+            match self.log_end(partition, left) {
+                Ok(end) => {
+                    shared.confirm_lag_end(partition, end, Instant::now());
+                    confirmed += 1;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        (confirmed, first_error)
     }
 
     /// Serves what librdkafka queued for this client since the last check:
