@@ -646,13 +646,13 @@ fn release_flag_picks_the_policy_and_auto_follows_the_clock() {
 }
 
 #[test]
-fn a_pool_too_small_for_one_page_names_memory_pool_mib() {
+fn a_pool_too_small_for_one_page_names_memory_pool_mib_and_the_file() {
     let err = refused_config(
         "tiny",
         "[memory]\npool_mib = 0.00001\n[trace]\nrequests = 20\n",
     );
     assert!(
-        err.contains("memory.pool_mib") && !err.contains("pool_bytes"),
+        err.contains("tiny.toml: memory.pool_mib") && !err.contains("pool_bytes"),
         "{err}"
     );
 }

@@ -82,6 +82,17 @@ pub struct KafkaArgs {
 }
 
 impl KafkaArgs {
+    /// The config file [`KafkaArgs::load`] reads, if a file.
+    pub fn config_path(&self) -> Option<std::path::PathBuf> {
+        match &self.config {
+            Some(p) => Some(p.clone()),
+            None => {
+                let default = std::path::Path::new(KAFKA_CONFIG);
+                default.exists().then(|| default.to_path_buf())
+            }
+        }
+    }
+
     /// `--config`, else configs/kafka.toml from the current directory, else
     /// the copy built into the binary (said on stderr), so that an
     /// installed binary runs anywhere. The brokers come from `--brokers`,
@@ -114,6 +125,23 @@ impl KafkaArgs {
             config.kafka.brokers = b.clone();
         }
         Ok(config)
+    }
+}
+
+/// A setup error about the node parameters, naming the config file they
+/// came from (where they came from a file): with several configs at hand
+/// the key alone does not say which file to change. Trace metadata and a
+/// calibration run at start are not the file's.
+pub(crate) fn params_error(
+    e: grflow_pipeline::params::ParamsError,
+    config: Option<&std::path::Path>,
+) -> anyhow::Error {
+    use grflow_pipeline::params::ParamsError;
+    match (config, &e) {
+        (_, ParamsError::Tables { .. } | ParamsError::Calibrate { .. }) | (None, _) => {
+            InputError::from_display(e)
+        }
+        (Some(path), _) => InputError::from_display(format!("{}: {e}", path.display())),
     }
 }
 

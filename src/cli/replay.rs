@@ -222,6 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ReplayError::Params(ParamsError::Weights(w)) if args.model.is_some() => {
             InputError::from_display(format!("--model: {w}"))
         }
+        ReplayError::Params(p) => super::params_error(p, args.config.as_deref()),
         e if e.is_input() => InputError::from_display(e),
         other => anyhow::Error::new(other),
     })?;

@@ -110,13 +110,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(_)) => Some("--model"),
         (None, None) => None,
     };
+    let config_path = args.kafka.config_path();
     let to_input = |e: ServeError| match (e, model_flag) {
         (ServeError::Params(ParamsError::Weights(w)), Some(flag)) => {
             InputError::from_display(format!("{flag}: {w}"))
         }
+        (ServeError::Params(p), _) => super::params_error(p, config_path.as_deref()),
         (
             e @ (ServeError::Config(_)
-            | ServeError::Params(_)
             | ServeError::Cluster(_)
             | ServeError::Catalog(_)
             | ServeError::Admin(_)),
