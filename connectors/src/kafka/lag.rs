@@ -55,7 +55,7 @@ pub enum LagChange {
     TurnedStale {
         /// The last lag reported.
         lag: i64,
-        unmoved_for: Duration,
+        unconfirmed_for: Duration,
     },
     /// Stale before, vouched for now.
     Recovered {
@@ -136,12 +136,12 @@ impl LagTable {
             r.broker_end = r.broker_end.filter(|&end| end > high);
         }
         let was_stale = r.stale;
-        let unmoved_for = now.saturating_duration_since(r.known_at);
-        r.stale = unmoved_for > self.stale_after;
+        let unconfirmed_for = now.saturating_duration_since(r.known_at);
+        r.stale = unconfirmed_for > self.stale_after;
         match (was_stale, r.stale) {
             (false, true) => LagChange::TurnedStale {
                 lag: r.lag(),
-                unmoved_for,
+                unconfirmed_for,
             },
             (true, false) => LagChange::Recovered { lag: r.lag() },
             _ => LagChange::Unchanged,
@@ -234,7 +234,7 @@ mod tests {
             table.measure(0, Some(10), 8, past),
             LagChange::TurnedStale {
                 lag: 2,
-                unmoved_for: BOUND + STEP,
+                unconfirmed_for: BOUND + STEP,
             }
         );
         assert_eq!(table.gauge(0, past), unknown(BOUND + STEP));

@@ -720,12 +720,15 @@ impl KafkaSource {
                 LagChange::Unchanged => {}
                 // Warned: neither a fetch nor the partition's leader
                 // vouched for it (a quiet partition's leader answers).
-                LagChange::TurnedStale { lag, unmoved_for } => tracing::warn!(
+                LagChange::TurnedStale {
+                    lag,
+                    unconfirmed_for,
+                } => tracing::warn!(
                     worker = self.worker,
                     topic = self.settings.request_topic,
                     partition = p,
                     last_lag = lag,
-                    unconfirmed_for_s = unmoved_for.as_secs(),
+                    unconfirmed_for_s = unconfirmed_for.as_secs(),
                     "consumer lag unknown: no fetch moved the partition's end or read \
                      position and its leader did not answer for its end; not reported \
                      until one does"
