@@ -315,17 +315,22 @@ fn string_column(path: &Path, column: &str) -> Vec<String> {
     out
 }
 
-#[test]
-fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
-    let dir = tmp_dir("bad-row");
-    let mut trace = grflow_traces::generate(&grflow_traces::GenConfig {
-        users: 100,
-        items: 1000,
-        requests: 300,
+/// A generated trace (100 req/s, seed 9) to spoil before writing it.
+fn small_trace(users: u64, items: u32, requests: u64) -> grflow_traces::Trace {
+    grflow_traces::generate(&grflow_traces::GenConfig {
+        users,
+        items,
+        requests,
         rps: 100.0,
         seed: 9,
         ..grflow_traces::GenConfig::default()
-    });
+    })
+}
+
+#[test]
+fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
+    let dir = tmp_dir("bad-row");
+    let mut trace = small_trace(100, 1000, 300);
     // Request 120 claims more history than users.parquet holds for its user.
     trace.requests[120].hist_len = 1_000_000;
     let bad_req = trace.requests[120].req_id;
@@ -370,14 +375,7 @@ fn a_bad_row_is_an_error_with_its_position_and_the_run_goes_on() {
 #[test]
 fn a_replay_that_served_nothing_writes_its_outputs_and_fails() {
     let dir = tmp_dir("served-nothing");
-    let mut trace = grflow_traces::generate(&grflow_traces::GenConfig {
-        users: 50,
-        items: 500,
-        requests: 40,
-        rps: 100.0,
-        seed: 9,
-        ..grflow_traces::GenConfig::default()
-    });
+    let mut trace = small_trace(50, 500, 40);
     for r in &mut trace.requests {
         r.hist_len = 1_000_000;
     }

@@ -90,8 +90,18 @@ fn poll_until(
     }
 }
 
-#[test]
-fn mock_lag_of_a_partition_whose_leader_is_away_turns_unknown_then_returns() {
+/// A mock cluster of three brokers whose broker [`LEADER`] leads the one
+/// partition of [`TOPIC`], and a source reading it from the start, its
+/// lag going stale after [`STALE_AFTER`].
+struct Setup {
+    mock: MockCluster<'static, DefaultProducerContext>,
+    brokers: String,
+    shared: Arc<SharedState>,
+    source: KafkaSource,
+    probe: BrokerProbe,
+}
+
+fn setup(group: &str) -> Setup {
     let mock: MockCluster<'static, DefaultProducerContext> = MockCluster::new(3).unwrap();
     mock.create_topic(TOPIC, 1, 3).unwrap();
     mock.partition_leader(TOPIC, 0, Some(LEADER)).unwrap();
@@ -99,10 +109,28 @@ fn mock_lag_of_a_partition_whose_leader_is_away_turns_unknown_then_returns() {
     let shared = Arc::new(SharedState::new(TOPIC, 1).with_lag_stale_after(STALE_AFTER));
     shared.saw_partitions(1);
     let (settings, opened) =
-        common::open_consumer_on(&brokers, TOPIC, "lag", &[0], StartPosition::Earliest);
+        common::open_consumer_on(&brokers, TOPIC, group, &[0], StartPosition::Earliest);
     // Nothing is answered: caps that never pause reads.
-    let mut source = common::source_over(&settings, TOPIC, opened, &shared, 1 << 20, u64::MAX);
+    let source = common::source_over(&settings, TOPIC, opened, &shared, 1 << 20, u64::MAX);
     let probe = BrokerProbe::new(&settings, TOPIC).unwrap();
+    Setup {
+        mock,
+        brokers,
+        shared,
+        source,
+        probe,
+    }
+}
+
+#[test]
+fn mock_lag_of_a_partition_whose_leader_is_away_turns_unknown_then_returns() {
+    let Setup {
+        mock,
+        brokers,
+        shared,
+        mut source,
+        probe,
+    } = setup("lag");
     let probe = Some(&probe);
     let stop = Arc::new(AtomicBool::new(false));
     let producing = traffic(brokers, 0, stop.clone());
@@ -165,16 +193,13 @@ fn mock_lag_of_a_partition_whose_leader_is_away_turns_unknown_then_returns() {
 /// after the bound, as one whose fetches fail.
 #[test]
 fn mock_lag_of_a_quiet_partition_stays_known_while_its_leader_answers() {
-    let mock: MockCluster<'static, DefaultProducerContext> = MockCluster::new(3).unwrap();
-    mock.create_topic(TOPIC, 1, 3).unwrap();
-    mock.partition_leader(TOPIC, 0, Some(LEADER)).unwrap();
-    let brokers = mock.bootstrap_servers();
-    let shared = Arc::new(SharedState::new(TOPIC, 1).with_lag_stale_after(STALE_AFTER));
-    shared.saw_partitions(1);
-    let (settings, opened) =
-        common::open_consumer_on(&brokers, TOPIC, "quiet", &[0], StartPosition::Earliest);
-    let mut source = common::source_over(&settings, TOPIC, opened, &shared, 1 << 20, u64::MAX);
-    let probe = BrokerProbe::new(&settings, TOPIC).unwrap();
+    let Setup {
+        mock: _mock,
+        brokers,
+        shared,
+        mut source,
+        probe,
+    } = setup("quiet");
     let stop = Arc::new(AtomicBool::new(false));
     let producing = traffic(brokers, 0, stop.clone());
     std::thread::sleep(Duration::from_millis(200));
