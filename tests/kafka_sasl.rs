@@ -1,4 +1,5 @@
-//! Kafka with SASL (PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512) against a real
+//! Kafka with SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 and OAUTHBEARER)
+//! against a real
 //! broker. tansu 0.6 has no SASL, so
 //! the test puts a proxy of its own in front of a tansu of its own that
 //! advertises the proxy's port. The proxy does the broker's part of the
@@ -8,7 +9,10 @@
 //! then relays the connection. `grflow serve` and `grflow send` with
 //! `security.protocol = "sasl_plaintext"` and the password from
 //! GRFLOW_KAFKA_SASL_PASSWORD (not the config file) answer every request;
-//! a wrong password is refused. Skipped with a reason without tansu on PATH.
+//! a wrong password is refused. OAUTHBEARER with librdkafka's unsecured
+//! JWT: the proxy reads the bearer token's subject and expiry, and a token
+//! for another principal is refused. Skipped with a reason without tansu
+//! on PATH.
 
 mod common;
 
@@ -147,6 +151,9 @@ enum Mechanism {
     /// SCRAM-SHA-256 or -512 (RFC 5802 / 7677): two rounds, the password
     /// never on the wire, and the client checks the server's signature.
     Scram(fn() -> MessageDigest, &'static str),
+    /// OAUTHBEARER (RFC 7628): one message carrying a bearer token; the
+    /// proxy accepts a JWT for [`USER`] that has not expired.
+    OAuthBearer,
 }
 
 impl Mechanism {
@@ -154,7 +161,44 @@ impl Mechanism {
         match self {
             Self::Plain => "PLAIN",
             Self::Scram(_, name) => name,
+            Self::OAuthBearer => "OAUTHBEARER",
         }
+    }
+}
+
+/// Checks an OAUTHBEARER client message (`n,,\x01auth=Bearer <jwt>\x01\x01`):
+/// the JWT's subject is [`USER`] and it has not expired. (An unsecured
+/// JWT, as librdkafka makes for testing: nothing to verify a signature of.)
+fn bearer_ok(message: &[u8]) -> Result<(), &'static str> {
+    let text = std::str::from_utf8(message).map_err(|_| "not UTF-8")?;
+    let token = text
+        .split('\x01')
+        .find_map(|kv| kv.strip_prefix("auth=Bearer "))
+        .ok_or("no bearer token")?;
+    let payload = token.split('.').nth(1).ok_or("not a JWT")?;
+    // base64url without padding, as JWTs are written.
+    let mut b64: String = payload
+        .chars()
+        .map(|c| match c {
+            '-' => '+',
+            '_' => '/',
+            c => c,
+        })
+        .collect();
+    while !b64.len().is_multiple_of(4) {
+        b64.push('=');
+    }
+    let claims: serde_json::Value =
+        serde_json::from_slice(&base64::decode_block(&b64).map_err(|_| "bad base64")?)
+            .map_err(|_| "bad claims")?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    match (claims["sub"].as_str(), claims["exp"].as_f64()) {
+        (Some(USER), Some(exp)) if exp > now => Ok(()),
+        (Some(USER), _) => Err("expired token"),
+        _ => Err("token for another principal"),
     }
 }
 
@@ -271,7 +315,7 @@ fn sasl_relay(mut client: TcpStream, backend: u16, mechanism: Mechanism) -> std:
     let mut tansu = TcpStream::connect(("127.0.0.1", backend))?;
     let mut scram = match mechanism {
         Mechanism::Scram(md, _) => Some(Scram::new(md())),
-        Mechanism::Plain => None,
+        Mechanism::Plain | Mechanism::OAuthBearer => None,
     };
     loop {
         let req = read_frame(&mut client)?;
@@ -298,6 +342,9 @@ fn sasl_relay(mut client: TcpStream, backend: u16, mechanism: Mechanism) -> std:
                 let token = &b[4..4 + n];
                 // (answer bytes, whether authentication is complete)
                 let outcome: Result<(Vec<u8>, bool), &str> = match &mut scram {
+                    None if matches!(mechanism, Mechanism::OAuthBearer) => {
+                        bearer_ok(token).map(|()| (Vec::new(), true))
+                    }
                     None => {
                         // PLAIN: authzid \0 user \0 password.
                         let parts: Vec<&[u8]> = token.split(|&c| c == 0).collect();
@@ -414,4 +461,41 @@ fn serve_and_send_over_scram_sha_256_answer_every_request_and_a_wrong_password_i
         Mechanism::Scram(MessageDigest::sha256, "SCRAM-SHA-256"),
         "kafka-sasl-scram-256",
     );
+}
+
+/// OAUTHBEARER with librdkafka's unsecured JWT (`sasl.oauthbearer.config`
+/// names the principal; no password): every request is answered, and a
+/// token for another principal is refused with the hint naming the token's
+/// settings.
+#[test]
+fn serve_and_send_over_oauthbearer_answer_every_request_and_another_principal_is_refused() {
+    let test = "kafka-sasl-oauthbearer";
+    if !tansu_available(test) {
+        return;
+    }
+    let dir = tmp_dir(test);
+    let plain_port = free_port();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let sasl_port = listener.local_addr().unwrap().port();
+    sasl_proxy(listener, plain_port, Mechanism::OAuthBearer);
+    let _broker = Broker::start(plain_port, sasl_port, &dir);
+    let brokers = format!("127.0.0.1:{sasl_port}");
+    let tag = format!("{test}-{}", std::process::id());
+    let bearer = |principal: &str| {
+        format!(
+            "librdkafka = {{ \"security.protocol\" = \"sasl_plaintext\", \
+             \"sasl.mechanism\" = \"OAUTHBEARER\", \
+             \"enable.sasl.oauthbearer.unsecure.jwt\" = \"true\", \
+             \"sasl.oauthbearer.config\" = \"principal={principal}\" }}"
+        )
+    };
+    let config = config_creating_topics(&dir, "bearer.toml", &tag, &bearer(USER));
+    let other = config_creating_topics(&dir, "other.toml", &tag, &bearer("intruder"));
+    serve_and_send_all(&config, &brokers, &[], || {
+        let err = refused_send(&other, &brokers, &[]);
+        assert!(
+            err.contains("a refused login ends this way too") && err.contains("sasl.oauthbearer.*"),
+            "{err}"
+        );
+    });
 }

@@ -181,9 +181,16 @@ fn redact(v: &mut serde_json::Value) {
         serde_json::Value::Object(map) => {
             for (k, v) in map.iter_mut() {
                 let k = k.to_ascii_lowercase();
-                let secret = ["password", "secret", "ssl.key", "private"]
-                    .iter()
-                    .any(|s| k.contains(s));
+                // sasl.oauthbearer.config may carry a token or SASL extensions.
+                let secret = [
+                    "password",
+                    "secret",
+                    "ssl.key",
+                    "private",
+                    "oauthbearer.config",
+                ]
+                .iter()
+                .any(|s| k.contains(s));
                 if secret {
                     *v = serde_json::Value::String("***".into());
                 } else {
@@ -406,12 +413,21 @@ mod tests {
         assert_eq!((m.status, m.body.as_str()), (200, "grflow_x 1\n"));
         state.set_status(serde_json::json!({
             "model_version": "gr-1",
-            "kafka": {"librdkafka": {"sasl.password": "hunter2", "ssl.key.password": "x"}}
+            "kafka": {"librdkafka": {
+                "sasl.password": "hunter2",
+                "ssl.key.password": "x",
+                "sasl.oauthbearer.config": "principal=grflow extension_token=t0ken",
+                "sasl.oauthbearer.client.secret": "s3cr3t",
+                "sasl.mechanism": "OAUTHBEARER"
+            }}
         }));
         let status = route("GET /status", &state, &metrics).body;
-        assert!(status.contains("gr-1"));
+        assert!(status.contains("gr-1") && status.contains("OAUTHBEARER"));
         assert!(
-            !status.contains("hunter2") && status.contains("***"),
+            !status.contains("hunter2")
+                && !status.contains("t0ken")
+                && !status.contains("s3cr3t")
+                && status.contains("***"),
             "{status}"
         );
         assert_eq!(

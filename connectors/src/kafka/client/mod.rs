@@ -192,6 +192,7 @@ fn kafka_call(
 ) -> impl FnOnce(KafkaError) -> KafkaClientError {
     let (what, brokers) = (what.into(), settings.brokers.clone());
     let protocol = settings.extra.get("security.protocol").cloned();
+    let mechanism = settings.extra.get("sasl.mechanism").cloned();
     move |cause| {
         if timed_out(&cause) {
             KafkaClientError::Unreachable {
@@ -199,7 +200,7 @@ fn kafka_call(
                 what,
                 timeout_s: timeout.as_secs().max(1),
                 cause: cause.to_string(),
-                security: security_hint(protocol.as_deref()),
+                security: security_hint(protocol.as_deref(), mechanism.as_deref()),
             }
         } else {
             KafkaClientError::Kafka { what, cause }
@@ -208,17 +209,24 @@ fn kafka_call(
 }
 
 /// What else a call that reached no broker may mean under the configured
-/// `security.protocol`: librdkafka reports a refused SASL login or a failed
-/// TLS handshake only as a broker that does not answer.
-fn security_hint(protocol: Option<&str>) -> String {
+/// `security.protocol` (and `sasl.mechanism`): librdkafka reports a refused
+/// SASL login or a failed TLS handshake only as a broker that does not
+/// answer.
+fn security_hint(protocol: Option<&str>, mechanism: Option<&str>) -> String {
     let protocol = protocol.unwrap_or_default().to_ascii_lowercase();
     let sasl = protocol.contains("sasl");
     let tls = protocol.contains("ssl");
+    // A bearer token logs in without a user or password.
+    let credentials = if mechanism.is_some_and(|m| m.eq_ignore_ascii_case("OAUTHBEARER")) {
+        "sasl.mechanism and the token's settings (sasl.oauthbearer.*)"
+    } else {
+        "sasl.mechanism, sasl.username and GRFLOW_KAFKA_SASL_PASSWORD"
+    };
     match (sasl, tls) {
         (false, false) => String::new(),
         (true, _) => format!(
             " With security.protocol = {protocol:?}, a refused login ends this way too: check \
-             sasl.mechanism, sasl.username and GRFLOW_KAFKA_SASL_PASSWORD{}",
+             {credentials}{}",
             if tls {
                 ", and that ssl.ca.location holds the brokers' CA"
             } else {
@@ -357,6 +365,27 @@ mod tests {
         assert!(!said(None).contains("security.protocol"));
         let sasl = said(Some("SASL_PLAINTEXT"));
         assert!(sasl.contains("refused login") && sasl.contains("GRFLOW_KAFKA_SASL_PASSWORD"));
+        // A bearer token has no password to check.
+        let mut settings = KafkaSettings {
+            brokers: "b:9093".into(),
+            ..KafkaSettings::default()
+        };
+        settings
+            .extra
+            .insert("security.protocol".into(), "sasl_ssl".into());
+        settings
+            .extra
+            .insert("sasl.mechanism".into(), "OAUTHBEARER".into());
+        let bearer = kafka_call(&settings, "metadata", timeout)(KafkaError::MetadataFetch(
+            RDKafkaErrorCode::BrokerTransportFailure,
+        ))
+        .to_string();
+        assert!(
+            bearer.contains("sasl.oauthbearer.*")
+                && !bearer.contains("GRFLOW_KAFKA_SASL_PASSWORD")
+                && bearer.contains("ssl.ca.location"),
+            "{bearer}"
+        );
         assert!(!sasl.contains("ssl.ca.location"), "{sasl}");
         assert!(said(Some("sasl_ssl")).contains("ssl.ca.location"));
         let tls = said(Some("ssl"));
