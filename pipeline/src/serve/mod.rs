@@ -847,12 +847,12 @@ fn missing_processes(topo: crate::cluster::Topology, results: &[WorkerResult]) -
 
 /// Asks the broker for the request topic's metadata every second. The
 /// partition count goes to `shared` (workers start reading partitions
-/// created while the job runs). Then, for the partitions whose consumer lag
-/// nothing vouched for lately (no requests), where their logs end, which
-/// keeps their lag known (see `grflow_connectors::kafka::lag`). Readiness follows the broker when
-/// `unready_after` is set: after that long without an answer `/readyz`
-/// says not ready (and why) until the next answer. Runs
-/// until `done`.
+/// created while the job runs). Then it asks where the logs of the
+/// partitions whose consumer lag nothing vouched for lately (no requests)
+/// end, which keeps their lag known (see `grflow_connectors::kafka::lag`).
+/// Readiness follows the broker when `unready_after` is set: after that
+/// long without an answer `/readyz` says not ready (and why) until the
+/// next answer. Runs until `done`.
 fn watch_broker(
     probe: BrokerProbe,
     unready_after: Option<Duration>,
