@@ -18,6 +18,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
 
 use common::http::free_port;
 use common::own_broker::{
@@ -406,11 +407,12 @@ fn sasl_proxy(listener: TcpListener, backend: u16, mechanism: Mechanism) {
     });
 }
 
-/// `grflow serve` and `grflow send` through a proxy offering `mechanism`
-/// answer every request; a wrong password is refused.
-fn serve_and_send_with(mechanism: Mechanism, test: &str) {
+/// A tansu of the test's own behind a proxy offering `mechanism`: the
+/// broker (stopped when dropped), the test's directory, the proxy's address
+/// and a tag for topic names. `None` (said) without tansu.
+fn proxied_broker(mechanism: Mechanism, test: &str) -> Option<(Broker, PathBuf, String, String)> {
     if !tansu_available(test) {
-        return;
+        return None;
     }
     let dir = tmp_dir(test);
     let plain_port = free_port();
@@ -418,9 +420,18 @@ fn serve_and_send_with(mechanism: Mechanism, test: &str) {
     let sasl_port = listener.local_addr().unwrap().port();
     sasl_proxy(listener, plain_port, mechanism);
     // Clients learn the proxy's address from the metadata.
-    let _broker = Broker::start(plain_port, sasl_port, &dir);
+    let broker = Broker::start(plain_port, sasl_port, &dir);
     let brokers = format!("127.0.0.1:{sasl_port}");
     let tag = format!("{test}-{}", std::process::id());
+    Some((broker, dir, brokers, tag))
+}
+
+/// `grflow serve` and `grflow send` through a proxy offering `mechanism`
+/// answer every request; a wrong password is refused.
+fn serve_and_send_with(mechanism: Mechanism, test: &str) {
+    let Some((_broker, dir, brokers, tag)) = proxied_broker(mechanism, test) else {
+        return;
+    };
     // No password in the file: it comes from the environment.
     let config = config_creating_topics(
         &dir,
@@ -469,18 +480,11 @@ fn serve_and_send_over_scram_sha_256_answer_every_request_and_a_wrong_password_i
 /// settings.
 #[test]
 fn serve_and_send_over_oauthbearer_answer_every_request_and_another_principal_is_refused() {
-    let test = "kafka-sasl-oauthbearer";
-    if !tansu_available(test) {
+    let Some((_broker, dir, brokers, tag)) =
+        proxied_broker(Mechanism::OAuthBearer, "kafka-sasl-oauthbearer")
+    else {
         return;
-    }
-    let dir = tmp_dir(test);
-    let plain_port = free_port();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let sasl_port = listener.local_addr().unwrap().port();
-    sasl_proxy(listener, plain_port, Mechanism::OAuthBearer);
-    let _broker = Broker::start(plain_port, sasl_port, &dir);
-    let brokers = format!("127.0.0.1:{sasl_port}");
-    let tag = format!("{test}-{}", std::process::id());
+    };
     let bearer = |principal: &str| {
         format!(
             "librdkafka = {{ \"security.protocol\" = \"sasl_plaintext\", \
