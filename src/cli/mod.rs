@@ -98,12 +98,8 @@ impl KafkaArgs {
     /// installed binary runs anywhere. The brokers come from `--brokers`,
     /// else GRFLOW_KAFKA_BROKERS, else `kafka.brokers`.
     pub fn load(&self) -> anyhow::Result<grflow_pipeline::Config> {
-        let mut config = match self.config.as_deref() {
-            Some(p) => grflow_pipeline::Config::load(p).map_err(InputError::from_display)?,
-            None if std::path::Path::new(KAFKA_CONFIG).exists() => {
-                grflow_pipeline::Config::load(std::path::Path::new(KAFKA_CONFIG))
-                    .map_err(InputError::from_display)?
-            }
+        let mut config = match self.config_path() {
+            Some(p) => grflow_pipeline::Config::load(&p).map_err(InputError::from_display)?,
             None => {
                 eprintln!(
                     "note: no {KAFKA_CONFIG} in this directory: using the copy built into \

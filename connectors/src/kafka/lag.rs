@@ -152,11 +152,11 @@ impl LagTable {
     /// bound at `now`, the longest unconfirmed first: the ones to ask the
     /// broker about ([`LagTable::confirm`]).
     pub fn to_confirm(&self, now: Instant) -> Vec<i32> {
-        let due = self.stale_after / CONFIRM_AFTER_SHARE;
+        let after = self.stale_after / CONFIRM_AFTER_SHARE;
         let mut due: Vec<(Instant, i32)> = self
             .readings
             .iter()
-            .filter(|(_, r)| now.saturating_duration_since(r.known_at) >= due)
+            .filter(|(_, r)| now.saturating_duration_since(r.known_at) >= after)
             .map(|(&p, r)| (r.known_at, p))
             .collect();
         due.sort();

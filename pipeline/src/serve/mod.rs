@@ -884,7 +884,7 @@ fn watch_broker(
                 }
                 metrics::gauge!("grflow_broker_reachable").set(1.0);
                 // Quiet partitions: the broker vouches for their lag.
-                if let (_, Some(e)) = probe.confirm_lags(shared, EVERY) {
+                if let Some(e) = probe.confirm_lags(shared, EVERY) {
                     tracing::debug!("a request partition's end went unanswered: {e}");
                 }
             }

@@ -64,15 +64,11 @@ impl BrokerProbe {
     /// vouched for lately ends ([`SharedState::lag_to_confirm`]), the
     /// longest unconfirmed first, for at most `budget`: a quiet partition
     /// keeps a known lag while its leader answers. A partition whose
-    /// leader does not answer is left to turn unknown. Returns how many
-    /// partitions were confirmed and the first error.
-    pub fn confirm_lags(
-        &self,
-        shared: &SharedState,
-        budget: Duration,
-    ) -> (usize, Option<KafkaClientError>) {
+    /// leader does not answer is left to turn unknown. Returns the first
+    /// error.
+    pub fn confirm_lags(&self, shared: &SharedState, budget: Duration) -> Option<KafkaClientError> {
         let started = Instant::now();
-        let (mut confirmed, mut first_error) = (0, None);
+        let mut first_error = None;
         for partition in shared.lag_to_confirm(started) {
             let Some(left) = budget
                 .checked_sub(started.elapsed())
@@ -81,16 +77,13 @@ impl BrokerProbe {
                 break;
             };
             match self.log_end(partition, left) {
-                Ok(end) => {
-                    shared.confirm_lag_end(partition, end, Instant::now());
-                    confirmed += 1;
-                }
+                Ok(end) => shared.confirm_lag_end(partition, end, Instant::now()),
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
             }
         }
-        (confirmed, first_error)
+        first_error
     }
 
     /// Serves what librdkafka queued for this client since the last check:

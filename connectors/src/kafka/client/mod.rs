@@ -349,37 +349,32 @@ mod tests {
     #[test]
     fn an_unreachable_broker_under_sasl_or_tls_names_the_security_settings() {
         let timeout = Duration::from_secs(10);
-        let said = |protocol: Option<&str>| {
+        // With these librdkafka settings set.
+        let said_with = |set: &[(&str, &str)]| {
             let mut settings = KafkaSettings {
                 brokers: "b:9093".into(),
                 ..KafkaSettings::default()
             };
-            if let Some(p) = protocol {
-                settings.extra.insert("security.protocol".into(), p.into());
+            for (k, v) in set {
+                settings.extra.insert((*k).into(), (*v).into());
             }
             kafka_call(&settings, "metadata", timeout)(KafkaError::MetadataFetch(
                 RDKafkaErrorCode::BrokerTransportFailure,
             ))
             .to_string()
         };
+        let said = |protocol: Option<&str>| match protocol {
+            Some(p) => said_with(&[("security.protocol", p)]),
+            None => said_with(&[]),
+        };
         assert!(!said(None).contains("security.protocol"));
         let sasl = said(Some("SASL_PLAINTEXT"));
         assert!(sasl.contains("refused login") && sasl.contains("GRFLOW_KAFKA_SASL_PASSWORD"));
         // A bearer token has no password to check.
-        let mut settings = KafkaSettings {
-            brokers: "b:9093".into(),
-            ..KafkaSettings::default()
-        };
-        settings
-            .extra
-            .insert("security.protocol".into(), "sasl_ssl".into());
-        settings
-            .extra
-            .insert("sasl.mechanism".into(), "OAUTHBEARER".into());
-        let bearer = kafka_call(&settings, "metadata", timeout)(KafkaError::MetadataFetch(
-            RDKafkaErrorCode::BrokerTransportFailure,
-        ))
-        .to_string();
+        let bearer = said_with(&[
+            ("security.protocol", "sasl_ssl"),
+            ("sasl.mechanism", "OAUTHBEARER"),
+        ]);
         assert!(
             bearer.contains("sasl.oauthbearer.*")
                 && !bearer.contains("GRFLOW_KAFKA_SASL_PASSWORD")
