@@ -19,6 +19,7 @@ pub mod plot;
 pub mod replay;
 pub mod run_charts;
 pub mod serve;
+pub mod serving_setup;
 pub mod side;
 pub mod stop;
 pub mod summary;
