@@ -202,6 +202,7 @@ fn out_of_range_flags_are_refused_by_name() {
         ),
         (&["train-allocator", "--requests", "0"], "--requests"),
         (&["bench", "kafka", "--rps", "inf"], "--rps"),
+        (&["bench", "kafka", "--runs", "0"], "--runs"),
         (&["serve", "--group", " "], "--group"),
         (&["serve", "--brokers", ""], "--brokers"),
     ];

@@ -594,6 +594,42 @@ fn bench_kafka_smoke_warms_up_then_answers_every_request() {
     assert_eq!(v["requests"].as_u64(), Some(300), "{v}");
 }
 
+/// `grflow bench kafka --runs 2`: two pairs one after the other, each with
+/// its own figures, and the medians of their ratios.
+#[test]
+fn bench_kafka_runs_pairs_and_reports_their_medians() {
+    let Some(brokers) = broker("bench_kafka_runs_pairs_and_reports_their_medians") else {
+        return;
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args([
+            "bench",
+            "kafka",
+            "--json",
+            "--requests",
+            "100",
+            "--rps",
+            "200",
+        ])
+        .args(["--runs", "2", "--brokers", &brokers])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("run 2 of 2"), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    let ratios: Vec<f64> = runs
+        .iter()
+        .map(|r| r["p99_ratio"].as_f64().unwrap())
+        .collect();
+    assert!(ratios.iter().all(|r| *r > 0.0), "{v}");
+    let median = v["median_p99_ratio"].as_f64().unwrap();
+    assert!((median - (ratios[0] + ratios[1]) / 2.0).abs() < 1e-9, "{v}");
+    assert!(v["median_throughput_ratio"].as_f64().unwrap() > 0.0, "{v}");
+}
+
 /// `grflow serve` with a `grflow train` model (`model.weights`): requests
 /// from the model's own trace, produced to the broker, are answered with the
 /// trained model_version and ranked items from their candidates.

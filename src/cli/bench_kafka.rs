@@ -43,6 +43,11 @@ pub struct Args {
     /// e.g. fetch.wait.max.ms=20.
     #[arg(long = "librdkafka", value_name = "KEY=VALUE", value_parser = parse_property)]
     pub librdkafka: Vec<(String, String)>,
+    /// Pairs of runs (Kafka, then Parquet) one after the other. With more
+    /// than one, the report lists every pair and gives the medians of
+    /// their ratios (the serving-core target reads the median of 3).
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -64,7 +69,7 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 struct KafkaBench {
     requests: u64,
     offered_rps: f64,
@@ -113,6 +118,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--rps (finite), --requests, --workers and --partitions must be > 0",
         ));
     }
+    if !(1..=MAX_RUNS).contains(&args.runs) {
+        return Err(InputError::from_display(format!(
+            "--runs must be in 1..={MAX_RUNS} (got {})",
+            args.runs
+        )));
+    }
     super::check_count("--workers", args.workers, super::MAX_THREADS)?;
     let brokers = args
         .brokers
@@ -135,18 +146,76 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("grflow-bench-kafka-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     write_trace(&dir, &trace, &WriteOptions::default()).context("writing the bench trace")?;
-    let result = run_both(&args, &brokers, config, &trace, dir.clone());
+    let mut runs = Vec::with_capacity(args.runs);
+    for i in 0..args.runs {
+        if args.runs > 1 {
+            eprintln!("run {} of {}", i + 1, args.runs);
+        }
+        let result = run_both(&args, &brokers, config.clone(), &trace, dir.clone());
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let run = result?;
+        if args.runs > 1 {
+            eprintln!(
+                "run {}: p99 ratio {:.3} (Kafka {:.2} ms, Parquet {:.2} ms), throughput ratio {:.3}",
+                i + 1,
+                run.p99_ratio,
+                run.kafka_p99_ms,
+                run.parquet_p99_ms,
+                run.throughput_ratio
+            );
+        }
+        runs.push(run);
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    let report = result?;
+    let report = match runs.as_slice() {
+        [one] => serde_json::to_value(one)?,
+        _ => serde_json::to_value(Repeated::of(runs))?,
+    };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        let v = serde_json::to_value(&report)?;
-        for (k, v) in v.as_object().context("object")? {
+        for (k, v) in report.as_object().context("object")? {
             println!("{k:<26} {v}");
         }
     }
     Ok(())
+}
+
+/// The most pairs one bench runs (each takes about twice the trace's time).
+const MAX_RUNS: usize = 100;
+
+/// `--runs` N > 1: every pair, and the medians of their figures.
+#[derive(Debug, Serialize)]
+struct Repeated {
+    median_p99_ratio: f64,
+    median_throughput_ratio: f64,
+    median_kafka_p99_ms: f64,
+    median_parquet_p99_ms: f64,
+    runs: Vec<KafkaBench>,
+}
+
+impl Repeated {
+    fn of(runs: Vec<KafkaBench>) -> Self {
+        let median = |f: fn(&KafkaBench) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            if n % 2 == 1 {
+                v[n / 2]
+            } else {
+                (v[n / 2 - 1] + v[n / 2]) / 2.0
+            }
+        };
+        Self {
+            median_p99_ratio: median(|r| r.p99_ratio),
+            median_throughput_ratio: median(|r| r.throughput_ratio),
+            median_kafka_p99_ms: median(|r| r.kafka_p99_ms),
+            median_parquet_p99_ms: median(|r| r.parquet_p99_ms),
+            runs,
+        }
+    }
 }
 
 fn run_both(
@@ -571,7 +640,48 @@ impl Drop for BenchTopics {
 
 #[cfg(test)]
 mod tests {
-    use super::{Offered, Side, compare, parse_property};
+    use super::{KafkaBench, Offered, Repeated, Side, compare, parse_property};
+
+    fn pair(kafka_p99_ms: f64, parquet_p99_ms: f64, throughput_ratio: f64) -> KafkaBench {
+        KafkaBench {
+            requests: 100,
+            offered_rps: 100.0,
+            kafka_rps: 99.0,
+            parquet_rps: 99.0,
+            throughput_ratio,
+            kafka_p99_ms,
+            parquet_p99_ms,
+            p99_ratio: kafka_p99_ms / parquet_p99_ms,
+            kafka_end_to_end_p99_ms: kafka_p99_ms + 30.0,
+            kafka_errors: 0,
+            parquet_errors: 0,
+            workers: 2,
+            partitions: 4,
+            brokers: "127.0.0.1:19092".into(),
+            librdkafka: Default::default(),
+            machine: "test".into(),
+            gemm_gflops: 100.0,
+        }
+    }
+
+    #[test]
+    fn repeated_runs_report_the_median_of_each_figure() {
+        // Each figure's median, not the figures of the median run.
+        let three = Repeated::of(vec![
+            pair(4.0, 2.0, 0.999),
+            pair(9.0, 3.0, 0.997),
+            pair(5.0, 4.0, 0.998),
+        ]);
+        assert_eq!(three.median_p99_ratio, 2.0);
+        assert_eq!(three.median_kafka_p99_ms, 5.0);
+        assert_eq!(three.median_parquet_p99_ms, 3.0);
+        assert_eq!(three.median_throughput_ratio, 0.998);
+        assert_eq!(three.runs.len(), 3);
+        // An even count takes the mean of the middle two.
+        let two = Repeated::of(vec![pair(4.0, 2.0, 1.0), pair(9.0, 3.0, 1.0)]);
+        assert_eq!(two.median_kafka_p99_ms, 6.5);
+        assert_eq!(two.median_p99_ratio, 2.5);
+    }
 
     fn offered(job_ms: Vec<f64>, errors: u64) -> Offered {
         Offered {
