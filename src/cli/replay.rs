@@ -75,6 +75,70 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let _ops = super::start_ops(args.metrics_addr.as_deref(), None)?;
+    let config = config_of(&args)?;
+    let trace = trace_of(&args, &config)?;
+    let show_progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    let (responses, made_out) = response_output(&args, &config)?;
+    let process = config.cluster.process;
+    let (config_min_requests, config_epoch_ms) =
+        (config.allocator.min_requests, config.windows.epoch_ms);
+    // Ctrl-C (or SIGTERM) stops reading the trace; what was read is
+    // answered and the outputs are written as for a whole run.
+    let stop = StopRequest::default();
+    super::stop_on_signals(&stop)?;
+    let output = grflow_pipeline::replay(ReplayOptions {
+        trace,
+        config,
+        show_progress,
+        responses,
+        counters: None,
+        commands: Vec::new(),
+        oracle_step: args.oracle_step,
+        stop: Some(stop.clone()),
+    });
+    if let (Some(made), Some(dir)) = (made_out, &args.out) {
+        let empty = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+        if output.is_ok() || !empty {
+            made.keep();
+        }
+    }
+    let output = output.map_err(|e| match e {
+        // --model set model.weights: the user never wrote the key.
+        ReplayError::Params(ParamsError::Weights(w)) if args.model.is_some() => {
+            InputError::from_display(format!("--model: {w}"))
+        }
+        ReplayError::Params(p) => super::params_error(p, args.config.as_deref()),
+        e if e.is_input() => InputError::from_display(e),
+        other => anyhow::Error::new(other),
+    })?;
+    if output.follower {
+        return follower_done(&args, process, &stop);
+    }
+    if let Some(dir) = &args.out {
+        write_outputs(dir, &output)
+            .with_context(|| format!("writing outputs to {}", dir.display()))?;
+    }
+    if args.oracle_step.is_some() {
+        print_oracle(&output.oracle);
+    }
+    if let Some(a) = &output.summary.allocator {
+        warn_if_undecided(a, config_min_requests, config_epoch_ms)?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&output.summary)?);
+    } else {
+        print!("{}", output.summary.human());
+        if let Some(dir) = &args.out {
+            println!("outputs in {}", dir.display());
+        }
+    }
+    super::StoppedBySignal::check(&stop)?;
+    served_something(&output.summary, args.out.as_deref())
+}
+
+/// The config the flags make of `--config` (or the embedded one), checked
+/// by flag where a flag set the key, with its warnings and notes said.
+fn config_of(args: &Args) -> anyhow::Result<Config> {
     let mut config = match &args.config {
         Some(path) => Config::load(path).map_err(InputError::from_display)?,
         None => Config::embedded(),
@@ -139,7 +203,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             config.run.speed
         );
     }
-    let trace = match &args.trace {
+    Ok(config)
+}
+
+/// The trace `--trace` names, or the config's generated one (refused when
+/// every generated request would be).
+fn trace_of(args: &Args, config: &Config) -> anyhow::Result<TraceInput> {
+    Ok(match &args.trace {
         Some(dir) => TraceInput::Parquet(dir.clone()),
         None => {
             let gen_cfg = config
@@ -166,129 +236,98 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             TraceInput::Memory(Arc::new(grflow_traces::generate(&gen_cfg)))
         }
-    };
-    let show_progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
-    // Responses stream into responses.parquet.partial as they are
-    // produced, renamed once the run has ended well; error rows into
-    // sorted runs in errors.parquet.runs, merged into errors.parquet when
-    // the job ends. An earlier run's outputs go when the responses file
-    // is opened (after the trace, config and model were checked): a run
-    // that fails or is interrupted leaves no mix of its files and another
-    // run's, and one refused at setup leaves the earlier run's alone.
-    // A directory this run makes is removed again if the run is refused at
-    // setup (a bad model, a config the job refuses) and left it empty.
-    let mut made_out = None;
-    let responses = match &args.out {
+    })
+}
+
+/// Where responses and error rows go, and the `--out` directory this run
+/// made. Responses stream into responses.parquet.partial as they are
+/// produced, renamed once the run has ended well; error rows into sorted
+/// runs in errors.parquet.runs, merged into errors.parquet when the job
+/// ends. An earlier run's outputs go when the responses file is opened
+/// (after the trace, config and model were checked): a run that fails or
+/// is interrupted leaves no mix of its files and another run's, and one
+/// refused at setup leaves the earlier run's alone. A directory this run
+/// makes is removed again if the run is refused at setup (a bad model, a
+/// config the job refuses) and left it empty.
+fn response_output(
+    args: &Args,
+    config: &Config,
+) -> anyhow::Result<(ResponseOutput, Option<super::OutDir>)> {
+    Ok(match &args.out {
         // Process 0 writes the job's outputs; another process leaves --out
         // alone, which may be the same directory (a loopback test, NFS):
         // its cleanup and its own sink used to delete and truncate process
         // 0's responses, and process 0 wrote none.
-        Some(_) if config.cluster.process != 0 => ResponseOutput::Drop,
-        Some(dir) => {
-            made_out = Some(super::OutDir::create(dir)?);
+        Some(_) if config.cluster.process != 0 => (ResponseOutput::Drop, None),
+        Some(dir) => (
             ResponseOutput::ParquetReplacing {
                 responses: dir.join(PARTIAL_RESPONSES),
                 errors: dir.join("errors.parquet"),
                 stale: OUTPUT_FILES.iter().map(|name| dir.join(name)).collect(),
-            }
-        }
-        None => ResponseOutput::Drop,
-    };
-    let process = config.cluster.process;
-    let (config_min_requests, config_epoch_ms) =
-        (config.allocator.min_requests, config.windows.epoch_ms);
-    // Ctrl-C (or SIGTERM) stops reading the trace; what was read is
-    // answered and the outputs are written as for a whole run.
-    let stop = StopRequest::default();
-    super::stop_on_signals(&stop)?;
-    let output = grflow_pipeline::replay(ReplayOptions {
-        trace,
-        config,
-        show_progress,
-        responses,
-        counters: None,
-        commands: Vec::new(),
-        oracle_step: args.oracle_step,
-        stop: Some(stop.clone()),
-    });
-    if let (Some(made), Some(dir)) = (made_out, &args.out) {
-        let empty = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
-        if output.is_ok() || !empty {
-            made.keep();
-        }
+            },
+            Some(super::OutDir::create(dir)?),
+        ),
+        None => (ResponseOutput::Drop, None),
+    })
+}
+
+/// A process other than 0 in cluster mode: process 0 writes the job's
+/// outputs; this one says so.
+fn follower_done(args: &Args, process: usize, stop: &StopRequest) -> anyhow::Result<()> {
+    // Process 0 writes the job's summary and files.
+    if stop.requested() {
+        eprintln!(
+            "process {process}: interrupted by {}: stopped reading its share of the trace \
+             and answered what it read; process 0 writes the job's outputs",
+            stop.cause()
+        );
+    } else {
+        eprintln!("process {process}: done; process 0 writes the job's outputs");
     }
-    let output = output.map_err(|e| match e {
-        // --model set model.weights: the user never wrote the key.
-        ReplayError::Params(ParamsError::Weights(w)) if args.model.is_some() => {
-            InputError::from_display(format!("--model: {w}"))
-        }
-        ReplayError::Params(p) => super::params_error(p, args.config.as_deref()),
-        e if e.is_input() => InputError::from_display(e),
-        other => anyhow::Error::new(other),
-    })?;
-    if output.follower {
-        // Process 0 writes the job's summary and files.
-        if stop.requested() {
-            eprintln!(
-                "process {process}: interrupted by {}: stopped reading its share of the trace \
-                 and answered what it read; process 0 writes the job's outputs",
-                stop.cause()
-            );
-        } else {
-            eprintln!("process {process}: done; process 0 writes the job's outputs");
-        }
-        if args.json {
-            println!(
-                "{}",
-                serde_json::json!({ "process": process, "outputs": "process 0" })
-            );
-        }
-        return super::StoppedBySignal::check(&stop);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "process": process, "outputs": "process 0" })
+        );
     }
-    if let Some(dir) = &args.out {
-        write_outputs(dir, &output)
-            .with_context(|| format!("writing outputs to {}", dir.display()))?;
+    super::StoppedBySignal::check(stop)
+}
+
+fn print_oracle(oracle: &[grflow_operators::allocator::oracle::OracleEpoch]) {
+    match OracleSummary::of(oracle) {
+        Some(o) => eprintln!(
+            "oracle: {} node-epochs, gap mean |alpha - alpha*| {:.3} (best constant alpha \
+             {:.3}, last epoch's alpha* {}), p99 regret {:.3} ms, mean alpha* {:.3}",
+            o.epochs,
+            o.gap,
+            o.gap_best_constant,
+            o.gap_previous_star
+                .map_or("-".to_string(), |g| format!("{g:.3}")),
+            o.regret_ms,
+            o.alpha_star_mean
+        ),
+        None => eprintln!("oracle: no epoch served a request"),
     }
-    if args.oracle_step.is_some() {
-        match OracleSummary::of(&output.oracle) {
-            Some(o) => eprintln!(
-                "oracle: {} node-epochs, gap mean |alpha - alpha*| {:.3} (best constant alpha \
-                 {:.3}, last epoch's alpha* {}), p99 regret {:.3} ms, mean alpha* {:.3}",
-                o.epochs,
-                o.gap,
-                o.gap_best_constant,
-                o.gap_previous_star
-                    .map_or("-".to_string(), |g| format!("{g:.3}")),
-                o.regret_ms,
-                o.alpha_star_mean
-            ),
-            None => eprintln!("oracle: no epoch served a request"),
-        }
-    }
-    if let Some(a) = &output.summary.allocator
-        && a.windows > 0
-        && a.decisions == 0
-    {
+}
+
+/// A moving α whose allocator never decided: said, with the keys to change.
+fn warn_if_undecided(
+    a: &grflow_pipeline::dataflow::allocator::AllocatorSummary,
+    min_requests: u64,
+    epoch_ms: u64,
+) -> anyhow::Result<()> {
+    if a.windows > 0 && a.decisions == 0 {
         eprintln!(
             "warning: allocator.policy {} decided in none of {} windows: each had fewer than \
              allocator.min_requests ({}) requests (raise the load, or lower \
              allocator.min_requests or windows.epoch_ms, {} ms); α stayed where it started",
             serde_json::to_string(&a.policy)?,
             a.windows,
-            config_min_requests,
-            config_epoch_ms
+            min_requests,
+            epoch_ms
         );
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&output.summary)?);
-    } else {
-        print!("{}", output.summary.human());
-        if let Some(dir) = &args.out {
-            println!("outputs in {}", dir.display());
-        }
-    }
-    super::StoppedBySignal::check(&stop)?;
-    served_something(&output.summary, args.out.as_deref())
+    Ok(())
 }
 
 /// A replay that answered every request with an error record served
