@@ -22,7 +22,7 @@ use super::shared::SharedState;
 use super::sink::KafkaSink;
 use super::{
     Admission, AnsweredRequest, DeadLetter, DecodeLimits, History, RawRecord, RecordId,
-    RequestConsumer, decode_request_within, owned_partitions,
+    RequestConsumer, WireError, WireRequest, decode_request_within, owned_partitions,
 };
 use crate::error::SourceError;
 use crate::records::{SourcePosition, wall_ms};
@@ -313,10 +313,34 @@ impl KafkaSource {
         emit_floor: u64,
         wall_ms: u64,
     ) -> Option<SourceRecord> {
-        let (partition, offset) = (record.partition, record.offset);
+        let source = RecordId {
+            partition: record.partition,
+            offset: record.offset,
+        };
+        KafkaEvent::Read {
+            partition: source.partition,
+            offset: source.offset,
+        }
+        .emit(&self.shared.counters);
+        if !self.admitted(source) {
+            return None;
+        }
+        let payload = record.payload.unwrap_or_default();
+        match decode_request_within(&payload, limits) {
+            Ok(wire) => self.request(source, wire, now, emit_floor, wall_ms),
+            Err(error) => {
+                self.dead_letter(source, &error, &payload);
+                None
+            }
+        }
+    }
+
+    /// Whether the offset book takes the record at `source` (new, past a
+    /// gap, or after the log started over, each said); a duplicate, or a
+    /// position the book cannot place, is skipped.
+    fn admitted(&mut self, source: RecordId) -> bool {
+        let RecordId { partition, offset } = source;
         let counters = &self.shared.counters;
-        KafkaEvent::Read { partition, offset }.emit(counters);
-        let source = RecordId { partition, offset };
         let consumer = &self.consumer;
         let admission = self
             .shared
@@ -348,138 +372,159 @@ impl KafkaSource {
             .emit(counters),
             Ok(Admission::Duplicate) => {
                 KafkaEvent::Duplicate { partition, offset }.emit(counters);
-                return None;
+                return false;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "skipping record");
-                return None;
+                return false;
             }
         }
-        let payload = record.payload.unwrap_or_default();
-        match decode_request_within(&payload, limits) {
-            Ok(wire) => {
-                if self.skip_answered(source, wire.req_id) {
-                    return None;
-                }
-                self.note_repeat(source, wire.req_id, now);
-                let counters = &self.shared.counters;
-                if wire.history_dropped > 0 {
-                    KafkaEvent::HistoryTruncated { partition, offset }.emit(counters);
-                }
-                // Event time tracks the time the request enters at, so a
-                // late request is released like any other. A stamp too far
-                // in the future (a typo, microseconds) is served now and
-                // moves no watermark: one such request would otherwise make
-                // every later request late.
-                let newest = self.shared.counters.newest_event_ms.load(Ordering::Relaxed);
-                let entry = entry_time(
-                    wire.ts_ms,
-                    emit_floor,
-                    wall_ms,
-                    newest,
-                    self.settings.max_future_ms,
-                );
-                match entry {
-                    Entry::OnTime(_) => {}
-                    Entry::Late(_) => KafkaEvent::Late { partition, offset }.emit(counters),
-                    Entry::Clamped(_) => {
-                        self.shared.note_clamped(
-                            RecordId {
-                                partition: record.partition,
-                                offset: record.offset,
-                            },
-                            wire.ts_ms,
-                        );
-                        KafkaEvent::Clamped {
-                            partition,
-                            offset,
-                            ts_ms: wire.ts_ms,
-                        }
-                        .emit(counters);
-                        if let Some(suppressed) = self.clamp_log.admit(now) {
-                            tracing::warn!(
-                                partition = record.partition,
-                                offset = record.offset,
-                                ts_ms = wire.ts_ms,
-                                served_at = entry.at(),
-                                max_future_ms = self.settings.max_future_ms,
-                                suppressed,
-                                "field `ts_ms` is too far ahead of the wall clock and the job's \
-                                 event time: served at the current event time (clamped_ts)"
-                            );
-                        }
-                    }
-                }
-                let enters_at = entry.at();
-                if !matches!(entry, Entry::Clamped(_)) {
-                    self.clock.observe(record.partition, enters_at, now);
-                    self.shared
-                        .counters
-                        .newest_event_ms
-                        .fetch_max(enters_at, Ordering::Relaxed);
-                }
-                // A clamped request carries the time it is served at, which
-                // the response's `ts_ms` reports; a late one keeps its own.
-                let ts_ms = match entry {
-                    Entry::Clamped(at) => at,
-                    Entry::OnTime(_) | Entry::Late(_) => wire.ts_ms,
-                };
-                let history_cut = wire.history_dropped > 0;
-                let (hist_len, inline_history) = match wire.history {
-                    History::Prefix(n) => (n, None),
-                    History::Inline(items) => (items.len() as u32, Some(items)),
-                };
-                // The router's count: history, candidates, instruction.
-                let tokens = hist_len as u64 + wire.candidates.len() as u64 + 1;
-                self.shared
-                    .book(self.worker)
-                    .lock()
-                    .expect("offset book lock")
-                    .weigh(record.partition, record.offset, tokens);
-                Some(SourceRecord::Request {
-                    request: Request {
-                        ts_ms,
-                        req_id: wire.req_id,
-                        user_id: wire.user_id,
-                        hist_len,
-                        candidates: wire.candidates,
-                        mode: wire.mode,
-                        label: None,
-                    },
-                    position: SourcePosition::Kafka {
-                        topic: self.settings.request_topic.clone(),
-                        partition: record.partition,
-                        offset: record.offset,
-                    },
-                    inline_history,
-                    recovered: self.consumer.is_recovered(record.partition, record.offset),
-                    history_cut,
-                })
+        true
+    }
+
+    /// A decoded request: skipped when the response topic answered it
+    /// before a restart, otherwise entered at its event time and weighed
+    /// (in tokens) in the offset book.
+    fn request(
+        &mut self,
+        source: RecordId,
+        wire: WireRequest,
+        now: Instant,
+        emit_floor: u64,
+        wall_ms: u64,
+    ) -> Option<SourceRecord> {
+        if self.skip_answered(source, wire.req_id) {
+            return None;
+        }
+        self.note_repeat(source, wire.req_id, now);
+        if wire.history_dropped > 0 {
+            KafkaEvent::HistoryTruncated {
+                partition: source.partition,
+                offset: source.offset,
             }
-            Err(error) => {
-                KafkaEvent::DeadLettered {
+            .emit(&self.shared.counters);
+        }
+        let entry = self.entry(source, wire.ts_ms, now, emit_floor, wall_ms);
+        // A clamped request carries the time it is served at, which the
+        // response's `ts_ms` reports; a late one keeps its own.
+        let ts_ms = match entry {
+            Entry::Clamped(at) => at,
+            Entry::OnTime(_) | Entry::Late(_) => wire.ts_ms,
+        };
+        let history_cut = wire.history_dropped > 0;
+        let (hist_len, inline_history) = match wire.history {
+            History::Prefix(n) => (n, None),
+            History::Inline(items) => (items.len() as u32, Some(items)),
+        };
+        // The router's count: history, candidates, instruction.
+        let tokens = hist_len as u64 + wire.candidates.len() as u64 + 1;
+        self.shared
+            .book(self.worker)
+            .lock()
+            .expect("offset book lock")
+            .weigh(source.partition, source.offset, tokens);
+        Some(SourceRecord::Request {
+            request: Request {
+                ts_ms,
+                req_id: wire.req_id,
+                user_id: wire.user_id,
+                hist_len,
+                candidates: wire.candidates,
+                mode: wire.mode,
+                label: None,
+            },
+            position: SourcePosition::Kafka {
+                topic: self.settings.request_topic.clone(),
+                partition: source.partition,
+                offset: source.offset,
+            },
+            inline_history,
+            recovered: self.consumer.is_recovered(source.partition, source.offset),
+            history_cut,
+        })
+    }
+
+    /// When a request stamped `ts_ms` enters. Event time tracks the time
+    /// the request enters at, so a late request is released like any
+    /// other (counted late). A stamp too far in the future (a typo,
+    /// microseconds) is served now and moves no watermark: one such
+    /// request would otherwise make every later request late.
+    fn entry(
+        &mut self,
+        source: RecordId,
+        ts_ms: u64,
+        now: Instant,
+        emit_floor: u64,
+        wall_ms: u64,
+    ) -> Entry {
+        let RecordId { partition, offset } = source;
+        let counters = &self.shared.counters;
+        let newest = counters.newest_event_ms.load(Ordering::Relaxed);
+        let entry = entry_time(
+            ts_ms,
+            emit_floor,
+            wall_ms,
+            newest,
+            self.settings.max_future_ms,
+        );
+        match entry {
+            Entry::OnTime(_) => {}
+            Entry::Late(_) => KafkaEvent::Late { partition, offset }.emit(counters),
+            Entry::Clamped(_) => {
+                self.shared.note_clamped(source, ts_ms);
+                KafkaEvent::Clamped {
                     partition,
                     offset,
-                    kind: error.kind(),
+                    ts_ms,
                 }
                 .emit(counters);
-                let letter = DeadLetter::new(
-                    &error,
-                    &self.settings.request_topic,
-                    record.partition,
-                    record.offset,
-                    &payload,
-                );
-                let body = serde_json::to_vec(&letter).expect("dead letters serialize");
-                self.dead_letters.borrow_mut().send(
-                    self.settings.dead_letter_topic.clone(),
-                    None,
-                    body,
-                    source,
-                );
-                None
+                if let Some(suppressed) = self.clamp_log.admit(now) {
+                    tracing::warn!(
+                        partition,
+                        offset,
+                        ts_ms,
+                        served_at = entry.at(),
+                        max_future_ms = self.settings.max_future_ms,
+                        suppressed,
+                        "field `ts_ms` is too far ahead of the wall clock and the job's \
+                         event time: served at the current event time (clamped_ts)"
+                    );
+                }
             }
         }
+        if !matches!(entry, Entry::Clamped(_)) {
+            let enters_at = entry.at();
+            self.clock.observe(partition, enters_at, now);
+            counters
+                .newest_event_ms
+                .fetch_max(enters_at, Ordering::Relaxed);
+        }
+        entry
+    }
+
+    /// A record that is not a request goes to the dead-letter topic, with
+    /// why (the field and position), and is acked once that is durable.
+    fn dead_letter(&mut self, source: RecordId, error: &WireError, payload: &[u8]) {
+        KafkaEvent::DeadLettered {
+            partition: source.partition,
+            offset: source.offset,
+            kind: error.kind(),
+        }
+        .emit(&self.shared.counters);
+        let letter = DeadLetter::new(
+            error,
+            &self.settings.request_topic,
+            source.partition,
+            source.offset,
+            payload,
+        );
+        let body = serde_json::to_vec(&letter).expect("dead letters serialize");
+        self.dead_letters.borrow_mut().send(
+            self.settings.dead_letter_topic.clone(),
+            None,
+            body,
+            source,
+        );
     }
 
     /// Whether the request at `source` was answered before a restart (same
