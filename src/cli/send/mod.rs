@@ -107,38 +107,7 @@ pub struct SendReport {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let config = args.kafka.load()?;
-    let pace = match args.rps {
-        Some(r) if !(r > 0.0 && r <= MAX_RPS) => {
-            return Err(InputError::from_display(format!(
-                "--rps must be above 0 and at most {MAX_RPS} (got {r})"
-            )));
-        }
-        Some(r) => Pace::Rate(r),
-        None => Pace::Trace(
-            args.speed
-                .parse()
-                .map_err(|e| InputError::from_display(format!("--speed: {e}")))?,
-        ),
-    };
-    let duration = match args.duration_s {
-        Some(d) => Some(
-            Duration::try_from_secs_f64(d)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    InputError::from_display(format!("--duration-s must be above 0 (got {d})"))
-                })?,
-        ),
-        None => None,
-    };
-    if args.requests == Some(0) {
-        return Err(InputError::from_display("--requests must be at least 1"));
-    }
-    if args.answers && args.wait_s == 0 {
-        return Err(InputError::from_display(
-            "--wait-s must be at least 1 with --answers",
-        ));
-    }
+    let (pace, duration) = pace_of(&args)?;
     let (mut requests, trace_name) = trace::requests_for(args.trace.as_deref(), &config)?;
 
     let k = &config.kafka;
@@ -172,171 +141,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let deliveries = Deliveries::default();
     let producer = deliveries.producer(&settings)?;
-
     let stop = StopRequest::default();
     super::stop_on_signals(&stop)?;
-    let clock = std::cell::Cell::new(Instant::now());
-    let ns = || clock.get().elapsed().as_nanos() as u64;
-    let mut ledger = AnswerLedger::default();
-    let read_answers = |ledger: &mut AnswerLedger, wait: Duration| -> anyhow::Result<()> {
-        let Some(tail) = &tail else {
-            std::thread::sleep(wait);
-            return Ok(());
-        };
-        let mut wait = wait;
-        while let Some(record) = tail.poll(wait) {
-            wait = Duration::ZERO;
-            let record = record?;
-            // Not an answer of ours (or not JSON): another producer's.
-            if let Ok(r) =
-                serde_json::from_slice::<WireResponse>(&record.payload.unwrap_or_default())
-            {
-                ledger.answer(&r, ns());
-            }
-        }
-        Ok(())
+    let mut sender = Sender {
+        args: &args,
+        pace,
+        duration,
+        producer: &producer,
+        topic: &k.request_topic,
+        tail: tail.as_ref(),
+        stop: &stop,
+        clock: Instant::now(),
+        ledger: AnswerLedger::default(),
+        sent: 0,
+        unreadable: 0,
+        passes: 0,
+        last_progress: Instant::now(),
     };
-    let limit = args.requests.unwrap_or(u64::MAX);
-    let time_up = || duration.is_some_and(|d| clock.get().elapsed() >= d);
-    let mut sent = 0u64;
-    let mut unreadable = 0u64;
-    let mut origin: Option<u64> = None;
-    let mut last_progress = Instant::now();
-    // The first pass's extent; later passes of --loop are moved past it.
-    let mut span = TraceSpan::default();
-    let mut pass = 0u64;
-    // Passes from which something was sent (a pass begun when time was up
-    // sent nothing).
-    let mut passes = 0u64;
-    while sent < limit && !stop.requested() && !time_up() {
-        let Some(next) = requests.next() else {
-            if !args.loop_trace || span.is_empty() {
-                break;
-            }
-            pass += 1;
-            requests.rewind()?;
-            continue;
-        };
-        let r = match next {
-            Ok(r) => r,
-            Err(e) => {
-                // Counted and named once, not once per pass.
-                if pass == 0 {
-                    unreadable += 1;
-                    eprintln!("skipped an unreadable trace row: {e}");
-                }
-                continue;
-            }
-        };
-        if pass == 0 {
-            span.observe(&r);
-        }
-        // This pass's move of the ids, with --req-id-offset, and of the
-        // event times.
-        let (id_offset, ts_shift) = span
-            .shift(pass)
-            .and_then(|(id, ts)| Some((id.checked_add(args.req_id_offset)?, ts)))
-            .ok_or_else(|| {
-                InputError::from_display(format!(
-                    "--loop: pass {pass}'s req_ids or event times overflow u64"
-                ))
-            })?;
-        let ts_ms = r.ts_ms.saturating_add(ts_shift);
-        let origin = *origin.get_or_insert(ts_ms);
-        if let Some(due) = pace.due(sent, ts_ms, origin) {
-            if duration.is_some_and(|d| due >= d) {
-                break;
-            }
-            while clock.get().elapsed() < due && !stop.requested() {
-                let left = due.saturating_sub(clock.get().elapsed());
-                read_answers(&mut ledger, left.min(Duration::from_millis(5)))?;
-            }
-        }
-        let ts = if args.trace_ts { ts_ms } else { wall_ms() };
-        let wire = wire_request(&r, ts, id_offset).ok_or_else(|| {
-            InputError::from_display(format!(
-                "--req-id-offset {}: req_id {} + offset overflows u64",
-                args.req_id_offset, r.req_id
-            ))
-        })?;
-        let payload = encode_request(&wire);
-        // A user's requests share a key, so they keep their order on one
-        // partition.
-        let key = r.user_id.to_string();
-        let id = RecordId {
-            partition: -1,
-            offset: wire.req_id as i64,
-        };
-        loop {
-            match producer.send(&k.request_topic, Some(key.as_bytes()), &payload, id) {
-                Ok(()) => break,
-                Err(SendError::QueueFull) => read_answers(&mut ledger, Duration::from_millis(1))?,
-                Err(SendError::Client(e)) => return Err(e.into()),
-            }
-        }
-        if sent == 0 {
-            // The producer connects (and, being idempotent, gets its
-            // producer id) with its first record, which took up to half a
-            // second on tansu and queued the requests behind it: that wait
-            // was the run's tail latency. The first request goes alone and
-            // the clock starts at its acknowledgement.
-            producer
-                .flush(timeout)
-                .context("waiting for the broker to acknowledge the first request")?;
-            clock.set(Instant::now());
-        }
-        if tail.is_some() {
-            // Only awaited answers are remembered: a long send without
-            // --answers holds nothing per request.
-            ledger.sent(wire.req_id, ts, ns());
-        }
-        sent += 1;
-        passes = pass + 1;
-        if last_progress.elapsed() >= Duration::from_secs(5) {
-            last_progress = Instant::now();
-            eprintln!(
-                "sent {sent} ({:.0} req/s){}{}",
-                sent as f64 / clock.get().elapsed().as_secs_f64(),
-                match pass {
-                    0 => String::new(),
-                    p => format!(", pass {}", p + 1),
-                },
-                match &tail {
-                    Some(_) => {
-                        let recent = ledger.take_recent();
-                        format!(
-                            ", {} awaiting an answer; last 5 s: {} served, end-to-end p99 {:.1} ms",
-                            ledger.waiting(),
-                            recent.count(),
-                            recent.quantile(0.99)
-                        )
-                    }
-                    None => String::new(),
-                }
-            );
-        }
-        if tail.is_some() {
-            read_answers(&mut ledger, Duration::ZERO)?;
-        }
-    }
-    let sending_s = clock.get().elapsed().as_secs_f64();
+    sender.send_all(&mut requests)?;
+    let sending_s = sender.clock.elapsed().as_secs_f64();
     // Every request acknowledged (or refused) before the answers are
     // awaited; a broker that takes none of them is an error here.
     producer
         .flush(Duration::from_secs(30))
         .context("waiting for the broker to acknowledge the requests")?;
-    if tail.is_some() {
-        // A wait past what an Instant holds is a wait until stopped.
-        let until = Instant::now().checked_add(Duration::from_secs(args.wait_s));
-        while ledger.waiting() > 0
-            && until.is_none_or(|until| Instant::now() < until)
-            && !stop.requested()
-        {
-            read_answers(&mut ledger, Duration::from_millis(50))?;
-        }
-        // One more look: answers read while the stop arrived.
-        read_answers(&mut ledger, Duration::ZERO)?;
-    }
+    sender.await_answers()?;
     let refused_n = deliveries.refused.load(Ordering::Relaxed);
     let report = SendReport {
         brokers: settings.brokers.clone(),
@@ -344,12 +173,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         trace: trace_name,
         sent: deliveries.delivered.load(Ordering::Relaxed),
         refused: refused_n,
-        unreadable,
+        unreadable: sender.unreadable,
         wall_s: sending_s,
-        send_rps: sent as f64 / sending_s.max(1e-9),
+        send_rps: sender.sent as f64 / sending_s.max(1e-9),
         interrupted: stop.requested(),
-        passes,
-        answers: tail.as_ref().map(|_| ledger.report(&k.response_topic)),
+        passes: sender.passes,
+        answers: tail
+            .as_ref()
+            .map(|_| sender.ledger.report(&k.response_topic)),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -375,6 +206,262 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("the broker refused {refused_n} requests");
     }
     Ok(())
+}
+
+/// The pace and the time limit the flags ask for, checked by flag.
+fn pace_of(args: &Args) -> anyhow::Result<(Pace, Option<Duration>)> {
+    let pace = match args.rps {
+        Some(r) if !(r > 0.0 && r <= MAX_RPS) => {
+            return Err(InputError::from_display(format!(
+                "--rps must be above 0 and at most {MAX_RPS} (got {r})"
+            )));
+        }
+        Some(r) => Pace::Rate(r),
+        None => Pace::Trace(
+            args.speed
+                .parse()
+                .map_err(|e| InputError::from_display(format!("--speed: {e}")))?,
+        ),
+    };
+    let duration = match args.duration_s {
+        Some(d) => Some(
+            Duration::try_from_secs_f64(d)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    InputError::from_display(format!("--duration-s must be above 0 (got {d})"))
+                })?,
+        ),
+        None => None,
+    };
+    if args.requests == Some(0) {
+        return Err(InputError::from_display("--requests must be at least 1"));
+    }
+    if args.answers && args.wait_s == 0 {
+        return Err(InputError::from_display(
+            "--wait-s must be at least 1 with --answers",
+        ));
+    }
+    Ok((pace, duration))
+}
+
+/// Sends a trace's requests, paced, and (with `--answers`) reads the
+/// answers as they come.
+struct Sender<'a> {
+    args: &'a Args,
+    pace: Pace,
+    duration: Option<Duration>,
+    producer: &'a OutputProducer,
+    topic: &'a str,
+    /// The response topic from its end at start (`--answers`).
+    tail: Option<&'a RequestConsumer>,
+    stop: &'a StopRequest,
+    /// Started again at the first request's acknowledgement.
+    clock: Instant,
+    ledger: AnswerLedger,
+    sent: u64,
+    /// Unreadable trace rows (counted in the first pass only).
+    unreadable: u64,
+    /// Passes from which something was sent (a pass begun when time was
+    /// up sent nothing).
+    passes: u64,
+    last_progress: Instant,
+}
+
+impl Sender<'_> {
+    /// Nanoseconds on the send clock.
+    fn ns(&self) -> u64 {
+        self.clock.elapsed().as_nanos() as u64
+    }
+
+    fn time_up(&self) -> bool {
+        self.duration.is_some_and(|d| self.clock.elapsed() >= d)
+    }
+
+    /// Reads the answers that arrive within `wait` (without `--answers`,
+    /// sleeps it).
+    fn read_answers(&mut self, wait: Duration) -> anyhow::Result<()> {
+        let Some(tail) = self.tail else {
+            std::thread::sleep(wait);
+            return Ok(());
+        };
+        let mut wait = wait;
+        while let Some(record) = tail.poll(wait) {
+            wait = Duration::ZERO;
+            let record = record?;
+            // Not an answer of ours (or not JSON): another producer's.
+            if let Ok(r) =
+                serde_json::from_slice::<WireResponse>(&record.payload.unwrap_or_default())
+            {
+                let ns = self.ns();
+                self.ledger.answer(&r, ns);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends until the trace ends (every pass of it with `--loop`),
+    /// `--requests` were sent, `--duration-s` is up, or a stop is asked.
+    fn send_all(&mut self, requests: &mut trace::TraceRequests) -> anyhow::Result<()> {
+        let limit = self.args.requests.unwrap_or(u64::MAX);
+        let mut origin: Option<u64> = None;
+        // The first pass's extent; later passes of --loop are moved past it.
+        let mut span = TraceSpan::default();
+        let mut pass = 0u64;
+        while self.sent < limit && !self.stop.requested() && !self.time_up() {
+            let Some(next) = requests.next() else {
+                if !self.args.loop_trace || span.is_empty() {
+                    break;
+                }
+                pass += 1;
+                requests.rewind()?;
+                continue;
+            };
+            let r = match next {
+                Ok(r) => r,
+                Err(e) => {
+                    // Counted and named once, not once per pass.
+                    if pass == 0 {
+                        self.unreadable += 1;
+                        eprintln!("skipped an unreadable trace row: {e}");
+                    }
+                    continue;
+                }
+            };
+            if pass == 0 {
+                span.observe(&r);
+            }
+            // This pass's move of the ids, with --req-id-offset, and of the
+            // event times.
+            let (id_offset, ts_shift) = span
+                .shift(pass)
+                .and_then(|(id, ts)| Some((id.checked_add(self.args.req_id_offset)?, ts)))
+                .ok_or_else(|| {
+                    InputError::from_display(format!(
+                        "--loop: pass {pass}'s req_ids or event times overflow u64"
+                    ))
+                })?;
+            let ts_ms = r.ts_ms.saturating_add(ts_shift);
+            let origin = *origin.get_or_insert(ts_ms);
+            if let Some(due) = self.pace.due(self.sent, ts_ms, origin) {
+                if self.duration.is_some_and(|d| due >= d) {
+                    break;
+                }
+                while self.clock.elapsed() < due && !self.stop.requested() {
+                    let left = due.saturating_sub(self.clock.elapsed());
+                    self.read_answers(left.min(Duration::from_millis(5)))?;
+                }
+            }
+            self.send_one(&r, ts_ms, id_offset)?;
+            self.passes = pass + 1;
+            self.progress(pass);
+            if self.tail.is_some() {
+                self.read_answers(Duration::ZERO)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `r` stamped `ts_ms` (or the wall clock without `--trace-ts`)
+    /// with its req_id moved by `id_offset`.
+    fn send_one(
+        &mut self,
+        r: &grflow_traces::Request,
+        ts_ms: u64,
+        id_offset: u64,
+    ) -> anyhow::Result<()> {
+        let ts = if self.args.trace_ts { ts_ms } else { wall_ms() };
+        let wire = wire_request(r, ts, id_offset).ok_or_else(|| {
+            InputError::from_display(format!(
+                "--req-id-offset {}: req_id {} + offset overflows u64",
+                self.args.req_id_offset, r.req_id
+            ))
+        })?;
+        let payload = encode_request(&wire);
+        // A user's requests share a key, so they keep their order on one
+        // partition.
+        let key = r.user_id.to_string();
+        let id = RecordId {
+            partition: -1,
+            offset: wire.req_id as i64,
+        };
+        loop {
+            match self
+                .producer
+                .send(self.topic, Some(key.as_bytes()), &payload, id)
+            {
+                Ok(()) => break,
+                Err(SendError::QueueFull) => self.read_answers(Duration::from_millis(1))?,
+                Err(SendError::Client(e)) => return Err(e.into()),
+            }
+        }
+        if self.sent == 0 {
+            // The producer connects (and, being idempotent, gets its
+            // producer id) with its first record, which took up to half a
+            // second on tansu and queued the requests behind it: that wait
+            // was the run's tail latency. The first request goes alone and
+            // the clock starts at its acknowledgement.
+            self.producer
+                .flush(Duration::from_secs(10))
+                .context("waiting for the broker to acknowledge the first request")?;
+            self.clock = Instant::now();
+        }
+        if self.tail.is_some() {
+            // Only awaited answers are remembered: a long send without
+            // --answers holds nothing per request.
+            let ns = self.ns();
+            self.ledger.sent(wire.req_id, ts, ns);
+        }
+        self.sent += 1;
+        Ok(())
+    }
+
+    /// Every 5 s: what was sent, and with `--answers` what came back.
+    fn progress(&mut self, pass: u64) {
+        if self.last_progress.elapsed() < Duration::from_secs(5) {
+            return;
+        }
+        self.last_progress = Instant::now();
+        let answers = match self.tail {
+            Some(_) => {
+                let recent = self.ledger.take_recent();
+                format!(
+                    ", {} awaiting an answer; last 5 s: {} served, end-to-end p99 {:.1} ms",
+                    self.ledger.waiting(),
+                    recent.count(),
+                    recent.quantile(0.99)
+                )
+            }
+            None => String::new(),
+        };
+        eprintln!(
+            "sent {} ({:.0} req/s){}{answers}",
+            self.sent,
+            self.sent as f64 / self.clock.elapsed().as_secs_f64(),
+            match pass {
+                0 => String::new(),
+                p => format!(", pass {}", p + 1),
+            },
+        );
+    }
+
+    /// With `--answers`: reads answers until every request has one,
+    /// `--wait-s` is up, or a stop is asked.
+    fn await_answers(&mut self) -> anyhow::Result<()> {
+        if self.tail.is_none() {
+            return Ok(());
+        }
+        // A wait past what an Instant holds is a wait until stopped.
+        let until = Instant::now().checked_add(Duration::from_secs(self.args.wait_s));
+        while self.ledger.waiting() > 0
+            && until.is_none_or(|until| Instant::now() < until)
+            && !self.stop.requested()
+        {
+            self.read_answers(Duration::from_millis(50))?;
+        }
+        // One more look: answers read while the stop arrived.
+        self.read_answers(Duration::ZERO)
+    }
 }
 
 /// A consumer of `topic`'s answers from its end on, in a group of its own:
