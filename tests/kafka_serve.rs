@@ -552,6 +552,15 @@ fn kafka_restart_scan_counts_only_answers_to_its_request_topic() {
     assert_eq!(offsets, expected);
 }
 
+/// `grflow bench kafka --json` against `brokers` with `args`.
+fn bench_kafka(brokers: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
+        .args(["bench", "kafka", "--json", "--brokers", brokers])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// `grflow bench kafka` end to end at smoke scale: the job is warmed up on
 /// every partition before load is offered, every request of the trace is
 /// answered through the broker, and the JSON carries both paths' figures.
@@ -560,19 +569,7 @@ fn bench_kafka_smoke_warms_up_then_answers_every_request() {
     let Some(brokers) = broker("bench_kafka_smoke_warms_up_then_answers_every_request") else {
         return;
     };
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
-        .args([
-            "bench",
-            "kafka",
-            "--json",
-            "--requests",
-            "300",
-            "--rps",
-            "200",
-        ])
-        .args(["--brokers", &brokers])
-        .output()
-        .unwrap();
+    let out = bench_kafka(&brokers, &["--requests", "300", "--rps", "200"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -601,19 +598,10 @@ fn bench_kafka_runs_pairs_and_reports_their_medians() {
     let Some(brokers) = broker("bench_kafka_runs_pairs_and_reports_their_medians") else {
         return;
     };
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_grflow"))
-        .args([
-            "bench",
-            "kafka",
-            "--json",
-            "--requests",
-            "100",
-            "--rps",
-            "200",
-        ])
-        .args(["--runs", "2", "--brokers", &brokers])
-        .output()
-        .unwrap();
+    let out = bench_kafka(
+        &brokers,
+        &["--requests", "100", "--rps", "200", "--runs", "2"],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("run 2 of 2"), "{stderr}");
