@@ -199,6 +199,122 @@ struct ServeBench {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    check_args(&args)?;
+    let slo_ms = args
+        .slo_ms
+        .unwrap_or(if args.preset == "small" { 30.0 } else { 200.0 });
+    let mut base = base_config(&args, slo_ms);
+    let started = std::time::Instant::now();
+    let gemm_gflops = gemm_peak_gflops();
+    let trace = bench_trace(&base, &args)?;
+    let probe = !args.at.is_empty();
+    // None: not measured (`--lanes 1`, or a probe), not 0 req/s.
+    let (one_lane, laned) = match args.lanes > 1 && !probe {
+        true => {
+            let (one, laned) = lanes(&trace, &base, &args)?;
+            (Some(one), Some(laned))
+        }
+        false => (None, None),
+    };
+
+    eprintln!("capacity: unbatched at --speed max...");
+    let capacity = replay(&trace, configured(&base, 1, "max"))?;
+    let capacity_rps_unbatched = capacity.throughput_rps;
+    // The router's load model assumes a service rate per node; the
+    // embedded default is the small model's. Calibrate it from this run,
+    // as a user would for their model and machine.
+    base.node.service_tokens_per_ms = service_tokens_per_ms(&capacity);
+    eprintln!(
+        "  {capacity_rps_unbatched:.1} req/s; node.service_tokens_per_ms = {:.2}",
+        base.node.service_tokens_per_ms
+    );
+    let gemm_unbatched = InPlace::of(&capacity);
+    eprintln!("  {gemm_unbatched}");
+
+    let setup = Setup {
+        preset: args.preset.clone(),
+        slo_ms,
+        workers: args.workers,
+        requests_per_point: args.requests,
+        retrieve_share: args.retrieve_share,
+        max_tokens: args.max_tokens,
+        max_wait_ms: args.max_wait_ms,
+        service_tokens_per_ms: base.node.service_tokens_per_ms,
+    };
+    let mut points = LoadPoints {
+        trace: &trace,
+        base: &base,
+        args: &args,
+        slo_ms,
+        points: Vec::new(),
+    };
+    if probe {
+        for &rate in &args.at {
+            points.serve("unbatched", rate)?;
+            points.serve("batched", rate)?;
+        }
+        let report = Probe {
+            setup,
+            capacity_rps_unbatched,
+            gemm_gflops,
+            wall_s: started.elapsed().as_secs_f64(),
+            points: points.points,
+        };
+        return write_report(&report, &args, "probe.json", None);
+    }
+    let (capacity_rps_batched, single_request_p50_ms, gemm_batched) =
+        capacity_batched_and_single(&trace, &base, args.max_tokens, capacity_rps_unbatched)?;
+    let (unbatched, batched) = points.goodputs(capacity_rps_unbatched, args.precision)?;
+    let (goodput_rps_unbatched, goodput_rps_batched) = (unbatched.rps, batched.rps);
+    let (served_gflops, batch_size_hist, queue_wait_hist, gemm_at_goodput) = match &batched.at {
+        Some(s) => {
+            let gflop: f64 = s.nodes.iter().map(|n| n.model_gflop).sum();
+            (
+                gflop / s.wall_s.max(1e-9),
+                sum_hists(s.nodes.iter().map(|n| &n.batch_size_hist)),
+                sum_hists(s.nodes.iter().map(|n| &n.queue_wait_hist)),
+                InPlace::of(s),
+            )
+        }
+        None => (0.0, Vec::new(), Vec::new(), InPlace::default()),
+    };
+    let report = ServeBench {
+        setup,
+        single_request_p50_ms,
+        capacity_rps_unbatched,
+        capacity_rps_batched,
+        goodput_ratio_ceiling: ratio(capacity_rps_batched, goodput_rps_unbatched),
+        goodput_rps_unbatched,
+        goodput_rps_batched,
+        goodput_unbounded_unbatched: unbatched.unbounded,
+        goodput_unbounded_batched: batched.unbounded,
+        goodput_ratio: ratio(goodput_rps_batched, goodput_rps_unbatched),
+        gemm_gflops,
+        served_gflops,
+        efficiency: ratio(served_gflops, gemm_gflops * args.workers as f64),
+        gemm_gflops_in_place_unbatched: gemm_unbatched.gflops,
+        gemm_gflops_in_place_batched: gemm_batched.gflops,
+        gemm_gflops_in_place_at_goodput: gemm_at_goodput.gflops,
+        gemm_time_share_unbatched: gemm_unbatched.time_share,
+        gemm_time_share_batched: gemm_batched.time_share,
+        gemm_mflop_per_call_unbatched: gemm_unbatched.mflop_per_call,
+        gemm_mflop_per_call_batched: gemm_batched.mflop_per_call,
+        batch_size_hist,
+        queue_wait_hist,
+        lanes: args.lanes,
+        capacity_rps_one_worker_one_lane: one_lane,
+        capacity_rps_one_worker_lanes: laned,
+        lanes_capacity_ratio: laned.zip(one_lane).and_then(|(l, o)| ratio(l, o)),
+        wall_s: started.elapsed().as_secs_f64(),
+        points: points.points,
+    };
+    let svg = plot(&report);
+    write_report(&report, &args, "bench.json", Some(&svg))
+}
+
+/// Refuses bad flags by name before anything is measured (a bad --out
+/// must not cost the whole run).
+fn check_args(args: &Args) -> anyhow::Result<()> {
     if args.requests == 0 || args.max_tokens == 0 {
         return Err(InputError::from_display(
             "--requests and --max-tokens must be > 0",
@@ -255,9 +371,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.out {
         super::check_out_dir(dir)?;
     }
-    let slo_ms = args
-        .slo_ms
-        .unwrap_or(if args.preset == "small" { 30.0 } else { 200.0 });
+    Ok(())
+}
+
+/// The config every run of the bench starts from: the embedded one with
+/// the flags' model, workers, SLO, pool and wait, on the wall clock and
+/// the `arrival` release.
+fn base_config(args: &Args, slo_ms: f64) -> Config {
     let mut base = Config::embedded();
     base.model.preset = args.preset.clone();
     base.run.workers = args.workers;
@@ -268,9 +388,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Only batched runs wait: with max_tokens = 1 no batch is ever short.
     base.batch.max_wait_ms = args.max_wait_ms;
     base.windows.out = "none".into();
+    base
+}
 
-    let started = std::time::Instant::now();
-    let gemm_gflops = gemm_peak_gflops();
+/// The bench's Steady trace at `TRACE_RPS`, with the flags' size, candidates
+/// and retrieve share.
+fn bench_trace(base: &Config, args: &Args) -> anyhow::Result<Arc<Trace>> {
     let mut gen_cfg = base.trace.gen_config().map_err(InputError::from_display)?;
     gen_cfg.regime = Regime::Steady;
     gen_cfg.requests = args.requests;
@@ -279,78 +402,63 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     gen_cfg.retrieve_share = args.retrieve_share;
     // The flags above, checked; the error names the flag.
     gen_cfg.validate().map_err(InputError::from_display)?;
-    let trace = Arc::new(grflow_traces::generate(&gen_cfg));
+    Ok(Arc::new(grflow_traces::generate(&gen_cfg)))
+}
 
-    // Lanes: one worker, batched, at --speed max, one lane against `lanes`.
-    // None: not measured (`--lanes 1`), not 0 req/s.
-    let (mut one_lane, mut laned) = (None, None);
-    let probe = !args.at.is_empty();
-    if args.lanes > 1 && !probe {
-        eprintln!(
-            "lanes: one worker, batched, --speed max, 1 vs {} lanes...",
-            args.lanes
-        );
-        let mut one = configured(&base, args.max_tokens, "max");
-        one.run.workers = 1;
-        let one_rps = replay(&trace, one.clone())?.throughput_rps;
-        one.node.lanes = args.lanes;
-        let laned_rps = replay(&trace, one)?.throughput_rps;
-        eprintln!(
-            "  {one_rps:.1} vs {laned_rps:.1} req/s: {:.2}x",
-            laned_rps / one_rps.max(1e-9)
-        );
-        (one_lane, laned) = (Some(one_rps), Some(laned_rps));
-    }
+/// One worker, batched, at --speed max: its throughput with one lane and
+/// with `--lanes`.
+fn lanes(trace: &Arc<Trace>, base: &Config, args: &Args) -> anyhow::Result<(f64, f64)> {
+    eprintln!(
+        "lanes: one worker, batched, --speed max, 1 vs {} lanes...",
+        args.lanes
+    );
+    let mut one = configured(base, args.max_tokens, "max");
+    one.run.workers = 1;
+    let one_rps = replay(trace, one.clone())?.throughput_rps;
+    one.node.lanes = args.lanes;
+    let laned_rps = replay(trace, one)?.throughput_rps;
+    eprintln!(
+        "  {one_rps:.1} vs {laned_rps:.1} req/s: {:.2}x",
+        laned_rps / one_rps.max(1e-9)
+    );
+    Ok((one_rps, laned_rps))
+}
 
-    eprintln!("capacity: unbatched at --speed max...");
-    let capacity = replay(&trace, configured(&base, 1, "max"))?;
-    let capacity_rps_unbatched = capacity.throughput_rps;
-    // The router's load model assumes a service rate per node; the
-    // embedded default is the small model's. Calibrate it from this run,
-    // as a user would for their model and machine.
+/// Tokens the nodes computed per millisecond busy in `capacity`'s run.
+fn service_tokens_per_ms(capacity: &Summary) -> f64 {
     let busy_ms: f64 = capacity
         .nodes
         .iter()
         .map(|n| n.busy_share * capacity.wall_s * 1e3)
         .sum();
     let tokens: u64 = capacity.nodes.iter().map(|n| n.computed_tokens).sum();
-    let service_tokens_per_ms = tokens as f64 / busy_ms.max(1e-9);
-    base.node.service_tokens_per_ms = service_tokens_per_ms;
-    eprintln!(
-        "  {capacity_rps_unbatched:.1} req/s; node.service_tokens_per_ms = {service_tokens_per_ms:.2}"
-    );
-    let gemm_unbatched = InPlace::of(&capacity);
-    eprintln!("  {gemm_unbatched}");
+    tokens as f64 / busy_ms.max(1e-9)
+}
 
-    let setup = Setup {
-        preset: args.preset.clone(),
-        slo_ms,
-        workers: args.workers,
-        requests_per_point: args.requests,
-        retrieve_share: args.retrieve_share,
-        max_tokens: args.max_tokens,
-        max_wait_ms: args.max_wait_ms,
-        service_tokens_per_ms: base.node.service_tokens_per_ms,
-    };
-    let (capacity_rps_batched, single_request_p50_ms, gemm_batched) = if probe {
-        (0.0, 0.0, InPlace::default())
-    } else {
-        capacity_batched_and_single(&trace, &base, args.max_tokens, capacity_rps_unbatched)?
-    };
+/// Serves the bench trace at offered rates and keeps every load point.
+struct LoadPoints<'a> {
+    trace: &'a Arc<Trace>,
+    base: &'a Config,
+    args: &'a Args,
+    slo_ms: f64,
+    points: Vec<LoadPoint>,
+}
 
-    let mut points = Vec::new();
-    let mut point = |mode: &'static str, rate: f64| -> anyhow::Result<(bool, Summary)> {
+impl LoadPoints<'_> {
+    /// Serves `mode` ("unbatched" or "batched") at `rate` req/s: whether
+    /// its p99 met the SLO with every request served, and the run.
+    fn serve(&mut self, mode: &'static str, rate: f64) -> anyhow::Result<(bool, Summary)> {
         let speed = speed_for(rate);
         let max_tokens = if mode == "batched" {
-            args.max_tokens
+            self.args.max_tokens
         } else {
             1
         };
-        let s = replay(&trace, configured(&base, max_tokens, &speed))?;
+        let s = replay(self.trace, configured(self.base, max_tokens, &speed))?;
         let latency = s.latency_ms.as_ref();
-        let meets = latency.is_some_and(|l| l.p99 <= slo_ms)
+        let meets = latency.is_some_and(|l| l.p99 <= self.slo_ms)
             && s.errors == 0
-            && s.responses_out == args.requests;
+            && s.responses_out == self.args.requests;
         let p = LoadPoint {
             mode,
             offered_rps: rate,
@@ -373,103 +481,43 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             kind(p.retrieve_p99_ms),
             if meets { "" } else { "  (misses)" }
         );
-        points.push(p);
+        self.points.push(p);
         Ok((meets, s))
-    };
-
-    if probe {
-        for &rate in &args.at {
-            point("unbatched", rate)?;
-            point("batched", rate)?;
-        }
-        let report = Probe {
-            setup,
-            capacity_rps_unbatched,
-            gemm_gflops,
-            wall_s: started.elapsed().as_secs_f64(),
-            points,
-        };
-        return write_report(&report, &args, "probe.json", None);
     }
-    // The two searches take turns, so that both modes see the same
-    // stretches of the machine's speed.
-    eprintln!("goodput, unbatched and batched in turn:");
-    let mut searches = [
-        (
-            "unbatched",
-            Bisection::new(capacity_rps_unbatched, args.precision),
-        ),
-        (
-            "batched",
-            Bisection::new(capacity_rps_unbatched, args.precision),
-        ),
-    ];
-    while searches.iter().any(|(_, b)| b.next().is_some()) {
-        for (mode, search) in &mut searches {
-            if let Some(rate) = search.next() {
-                let (meets, s) = point(mode, rate)?;
-                search.record(rate, meets, s);
+
+    /// Goodput of both modes, searched from `start` to within `precision`.
+    /// The two searches take turns, so that both modes see the same
+    /// stretches of the machine's speed.
+    fn goodputs(
+        &mut self,
+        start: f64,
+        precision: f64,
+    ) -> anyhow::Result<(Goodput<Summary>, Goodput<Summary>)> {
+        eprintln!("goodput, unbatched and batched in turn:");
+        let mut searches = [
+            ("unbatched", Bisection::new(start, precision)),
+            ("batched", Bisection::new(start, precision)),
+        ];
+        while searches.iter().any(|(_, b)| b.next().is_some()) {
+            for (mode, search) in &mut searches {
+                if let Some(rate) = search.next() {
+                    let (meets, s) = self.serve(mode, rate)?;
+                    search.record(rate, meets, s);
+                }
             }
         }
-    }
-    let [(_, unbatched), (_, batched)] = searches;
-    let unbatched = unbatched.result();
-    let batched = batched.result();
-    let (goodput_rps_unbatched, goodput_rps_batched) = (unbatched.rps, batched.rps);
-    for (mode, g) in [("unbatched", &unbatched), ("batched", &batched)] {
-        if g.unbounded {
-            eprintln!(
-                "  {mode}: every rate tried met the SLO; goodput {:.1} req/s is a lower bound",
-                g.rps
-            );
+        let [(_, unbatched), (_, batched)] = searches;
+        let (unbatched, batched) = (unbatched.result(), batched.result());
+        for (mode, g) in [("unbatched", &unbatched), ("batched", &batched)] {
+            if g.unbounded {
+                eprintln!(
+                    "  {mode}: every rate tried met the SLO; goodput {:.1} req/s is a lower bound",
+                    g.rps
+                );
+            }
         }
+        Ok((unbatched, batched))
     }
-    let at_goodput = batched.at;
-
-    let (served_gflops, batch_size_hist, queue_wait_hist, gemm_at_goodput) = match &at_goodput {
-        Some(s) => {
-            let gflop: f64 = s.nodes.iter().map(|n| n.model_gflop).sum();
-            (
-                gflop / s.wall_s.max(1e-9),
-                sum_hists(s.nodes.iter().map(|n| &n.batch_size_hist)),
-                sum_hists(s.nodes.iter().map(|n| &n.queue_wait_hist)),
-                InPlace::of(s),
-            )
-        }
-        None => (0.0, Vec::new(), Vec::new(), InPlace::default()),
-    };
-    let report = ServeBench {
-        setup,
-        single_request_p50_ms,
-        capacity_rps_unbatched,
-        capacity_rps_batched,
-        goodput_ratio_ceiling: ratio(capacity_rps_batched, goodput_rps_unbatched),
-        goodput_rps_unbatched,
-        goodput_rps_batched,
-        goodput_unbounded_unbatched: unbatched.unbounded,
-        goodput_unbounded_batched: batched.unbounded,
-        goodput_ratio: ratio(goodput_rps_batched, goodput_rps_unbatched),
-        gemm_gflops,
-        served_gflops,
-        efficiency: ratio(served_gflops, gemm_gflops * args.workers as f64),
-        gemm_gflops_in_place_unbatched: gemm_unbatched.gflops,
-        gemm_gflops_in_place_batched: gemm_batched.gflops,
-        gemm_gflops_in_place_at_goodput: gemm_at_goodput.gflops,
-        gemm_time_share_unbatched: gemm_unbatched.time_share,
-        gemm_time_share_batched: gemm_batched.time_share,
-        gemm_mflop_per_call_unbatched: gemm_unbatched.mflop_per_call,
-        gemm_mflop_per_call_batched: gemm_batched.mflop_per_call,
-        batch_size_hist,
-        queue_wait_hist,
-        lanes: args.lanes,
-        capacity_rps_one_worker_one_lane: one_lane,
-        capacity_rps_one_worker_lanes: laned,
-        lanes_capacity_ratio: laned.zip(one_lane).and_then(|(l, o)| ratio(l, o)),
-        wall_s: started.elapsed().as_secs_f64(),
-        points,
-    };
-    let svg = plot(&report);
-    write_report(&report, &args, "bench.json", Some(&svg))
 }
 
 /// `a / b`, or none when `b` is not positive (no figure to divide by).
