@@ -10,6 +10,7 @@ pub mod control;
 pub mod kafka;
 pub mod node;
 pub mod operator;
+mod outputs;
 pub mod router;
 pub mod source;
 pub mod stash;
@@ -20,14 +21,12 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use timely::dataflow::ProbeHandle;
-use timely::dataflow::channels::pact::Pipeline;
-use timely::dataflow::operators::generic::Operator;
 use timely::dataflow::operators::vec::{Broadcast, Map};
-use timely::dataflow::operators::{Concat, ConnectLoop, Exchange, Feedback, Inspect, Probe};
+use timely::dataflow::operators::{Concat, ConnectLoop, Feedback, Inspect, Probe};
 use timely::dataflow::{Scope, StreamVec};
 use timely::worker::Worker;
 
@@ -49,7 +48,7 @@ use source::SourceCounters;
 use windows::WindowGauge;
 
 /// Responses (and error rows) leave a worker in batches of this many rows.
-const RESPONSE_BATCH: usize = 1_024;
+pub(crate) const RESPONSE_BATCH: usize = 1_024;
 
 /// Receives each batch of responses as they are produced (draining it): the
 /// job's response sink, so no worker keeps responses for the whole run.
@@ -284,8 +283,10 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
     let counters = parts.counters;
     let slo_ms = parts.serving.slo_ms;
     // Shared by the local sink and, in cluster mode, the gathering one.
-    let response_sink = Rc::new(RefCell::new(parts.responses));
-    let error_sink = Rc::new(RefCell::new(parts.errors));
+    let sinks = outputs::Sinks {
+        responses: Rc::new(RefCell::new(parts.responses)),
+        errors: Rc::new(RefCell::new(parts.errors)),
+    };
 
     let handles = worker.dataflow::<u64, _, _>(|scope| {
         let ahead = parts.max_ahead_ms.map(|max_ms| source::Ahead {
@@ -321,124 +322,27 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
         }
 
         let (streams, handles) = serving(scope, requests, parts.serving);
-        let events = streams.events;
-        let window_outputs = outputs.clone();
-        streams
-            .windows
-            .sink(Pipeline, "WindowRows", move |(input, _)| {
-                let mut out = window_outputs.borrow_mut();
-                input.for_each(|_, data| {
-                    out.windows.extend(data.drain(..).map(|w| w.to_row()));
-                });
-            });
-
+        outputs::window_rows(streams.windows, outputs.clone());
         let gather = parts.gather_responses;
         if gather {
-            let (mut responses, mut errors) = (Vec::new(), Vec::new());
-            let response_sink = response_sink.clone();
-            let error_sink = error_sink.clone();
-            let gather_outputs = outputs.clone();
-            events
-                .clone()
-                .flat_map(|e| match e {
-                    NodeEvent::Response(r) => Some(Gathered::Response(r.0)),
-                    NodeEvent::Error(e) => Some(Gathered::Error(e.0)),
-                    _ => None,
-                })
-                .concat(bad.clone().map(Gathered::Error))
-                .exchange(|_| 0)
-                .sink(Pipeline, "GatherOutputs", move |(input, frontier)| {
-                    input.for_each(|_, data| {
-                        for row in data.drain(..) {
-                            match row {
-                                Gathered::Response(r) => responses.push(r),
-                                Gathered::Error(e) => errors.push(e),
-                            }
-                        }
-                    });
-                    let done = frontier.frontier().is_empty();
-                    if responses.len() >= RESPONSE_BATCH || (done && !responses.is_empty()) {
-                        (response_sink.borrow_mut())(&mut responses);
-                    }
-                    let peak = &mut gather_outputs.borrow_mut().pending_errors_peak;
-                    flush_errors(&mut errors, peak, done, &error_sink);
-                });
+            outputs::gather_to_worker_0(
+                streams.events.clone(),
+                bad.clone(),
+                &sinks,
+                outputs.clone(),
+            );
         }
-        let sink_outputs = outputs.clone();
-        let sink_counters = counters.clone();
-        let sink_error_sink = error_sink.clone();
-        events
-            .probe_with(&probe)
-            .sink(Pipeline, "Outputs", move |(input, frontier)| {
-                let mut out = sink_outputs.borrow_mut();
-                input.for_each(|_, data| {
-                    for event in data.drain(..) {
-                        match event {
-                            NodeEvent::Response(r) => {
-                                sink_counters.responses_out.fetch_add(1, Ordering::Relaxed);
-                                let (row, origin) = *r;
-                                out.latency
-                                    .entry(row.node)
-                                    .or_default()
-                                    .record(row.latency_ms, slo_ms.for_mode(origin.mode));
-                                out.by_mode.record(origin.mode, row.latency_ms, &slo_ms);
-                                if !gather {
-                                    out.pending_responses.push(row);
-                                }
-                            }
-                            NodeEvent::Error(e) => {
-                                sink_counters.errors.fetch_add(1, Ordering::Relaxed);
-                                let (row, _, origin) = *e;
-                                out.by_mode.record_failure(origin.mode);
-                                if !gather {
-                                    out.pending_errors.push(row);
-                                }
-                            }
-                            NodeEvent::Telemetry(_) | NodeEvent::Report(_) => {}
-                        }
-                    }
-                });
-                // A full batch, or the last one once no more can come.
-                let done = frontier.frontier().is_empty();
-                if !gather
-                    && (out.pending_responses.len() >= RESPONSE_BATCH
-                        || (done && !out.pending_responses.is_empty()))
-                {
-                    (response_sink.borrow_mut())(&mut out.pending_responses);
-                }
-                if !gather {
-                    let out = &mut *out;
-                    flush_errors(
-                        &mut out.pending_errors,
-                        &mut out.pending_errors_peak,
-                        done,
-                        &sink_error_sink,
-                    );
-                }
-            });
-        let bad_outputs = outputs.clone();
-        let bad_counters = counters.clone();
-        bad.sink(Pipeline, "BadRecords", move |(input, frontier)| {
-            let mut out = bad_outputs.borrow_mut();
-            input.for_each(|_, data| {
-                bad_counters
-                    .errors
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                if !gather {
-                    out.pending_errors.append(data);
-                }
-            });
-            if !gather {
-                let done = frontier.frontier().is_empty();
-                let out = &mut *out;
-                flush_errors(
-                    &mut out.pending_errors,
-                    &mut out.pending_errors_peak,
-                    done,
-                    &error_sink,
-                );
-            }
-        });
+        outputs::tally(
+            streams.events.probe_with(&probe),
+            outputs::Tally {
+                outputs: outputs.clone(),
+                counters: counters.clone(),
+                slo_ms,
+                write: !gather,
+            },
+            &sinks,
+        );
+        outputs::bad_records(bad, outputs.clone(), counters.clone(), !gather, &sinks);
         handles
     });
 
@@ -449,28 +353,5 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
         window_gauge: handles.window_gauge,
         outputs,
         probe,
-    }
-}
-
-/// A row on its way to worker 0's sinks (cluster mode).
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-enum Gathered {
-    Response(ResponseRow),
-    Error(ErrorRow),
-}
-
-/// Hands `pending` error rows to the sink once a batch is full, or once
-/// no more can come (`done`), noting in `peak` the most it held. Outside
-/// cluster mode the node's errors and the source's bad records share one
-/// buffer, and the operator that finishes last hands over what is left.
-fn flush_errors(
-    pending: &mut Vec<ErrorRow>,
-    peak: &mut usize,
-    done: bool,
-    sink: &Rc<RefCell<ErrorBatchSink>>,
-) {
-    *peak = (*peak).max(pending.len());
-    if pending.len() >= RESPONSE_BATCH || (done && !pending.is_empty()) {
-        (sink.borrow_mut())(pending);
     }
 }
