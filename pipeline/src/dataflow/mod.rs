@@ -325,12 +325,7 @@ pub fn build(worker: &mut Worker, parts: DataflowParts) -> WorkerDataflow {
         outputs::window_rows(streams.windows, outputs.clone());
         let gather = parts.gather_responses;
         if gather {
-            outputs::gather_to_worker_0(
-                streams.events.clone(),
-                bad.clone(),
-                &sinks,
-                outputs.clone(),
-            );
+            outputs::gather_outputs(streams.events.clone(), bad.clone(), &sinks, outputs.clone());
         }
         outputs::tally(
             streams.events.probe_with(&probe),

@@ -50,7 +50,7 @@ enum Gathered {
 /// Cluster mode: every worker's responses and error rows (the node's and
 /// the source's bad records) go to worker 0, which hands them to the sinks
 /// in batches.
-pub(super) fn gather_to_worker_0<'s>(
+pub(super) fn gather_outputs<'s>(
     events: StreamVec<'s, u64, NodeEvent>,
     bad: StreamVec<'s, u64, ErrorRow>,
     sinks: &Sinks,
