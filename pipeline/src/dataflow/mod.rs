@@ -50,13 +50,15 @@ use windows::WindowGauge;
 /// Responses (and error rows) leave a worker in batches of this many rows.
 pub(crate) const RESPONSE_BATCH: usize = 1_024;
 
-/// Receives each batch of responses as they are produced (draining it): the
-/// job's response sink, so no worker keeps responses for the whole run.
-pub type ResponseBatchSink = Box<dyn FnMut(&mut Vec<ResponseRow>)>;
+/// Receives each batch of rows as they are produced (draining it).
+pub type BatchSink<R> = Box<dyn FnMut(&mut Vec<R>)>;
+
+/// The job's response sink, so no worker keeps responses for the whole run.
+pub type ResponseBatchSink = BatchSink<ResponseRow>;
 
 /// The same for error rows (records that failed to decode, requests shed
 /// or unservable): the job's error sink.
-pub type ErrorBatchSink = Box<dyn FnMut(&mut Vec<ErrorRow>)>;
+pub type ErrorBatchSink = BatchSink<ErrorRow>;
 
 /// What a worker keeps of the outputs it produced: latencies as bounded
 /// tallies per node, responses and error rows only until the next batch

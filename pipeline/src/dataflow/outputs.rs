@@ -16,7 +16,9 @@ use timely::dataflow::operators::{Concat, Exchange};
 
 use grflow_connectors::{ErrorRow, ResponseRow};
 
-use super::{ErrorBatchSink, JobCounters, RESPONSE_BATCH, ResponseBatchSink, WorkerOutputs};
+use super::{
+    BatchSink, ErrorBatchSink, JobCounters, RESPONSE_BATCH, ResponseBatchSink, WorkerOutputs,
+};
 use crate::config::SloMs;
 use crate::events::{ClosedWindow, NodeEvent};
 
@@ -77,9 +79,7 @@ pub(super) fn gather_outputs<'s>(
                 }
             });
             let done = frontier.frontier().is_empty();
-            if responses.len() >= RESPONSE_BATCH || (done && !responses.is_empty()) {
-                (response_sink.borrow_mut())(&mut responses);
-            }
+            flush_batch(&mut responses, done, &response_sink);
             let peak = &mut outputs.borrow_mut().pending_errors_peak;
             flush_errors(&mut errors, peak, done, &error_sink);
         });
@@ -141,18 +141,8 @@ pub(super) fn tally<'s>(events: StreamVec<'s, u64, NodeEvent>, t: Tally, sinks: 
             return;
         }
         let done = frontier.frontier().is_empty();
-        if out.pending_responses.len() >= RESPONSE_BATCH
-            || (done && !out.pending_responses.is_empty())
-        {
-            (response_sink.borrow_mut())(&mut out.pending_responses);
-        }
-        let out = &mut *out;
-        flush_errors(
-            &mut out.pending_errors,
-            &mut out.pending_errors_peak,
-            done,
-            &error_sink,
-        );
+        flush_batch(&mut out.pending_responses, done, &response_sink);
+        out.flush_pending_errors(done, &error_sink);
     });
 }
 
@@ -177,30 +167,41 @@ pub(super) fn bad_records<'s>(
             }
         });
         if write {
-            let done = frontier.frontier().is_empty();
-            let out = &mut *out;
-            flush_errors(
-                &mut out.pending_errors,
-                &mut out.pending_errors_peak,
-                done,
-                &error_sink,
-            );
+            out.flush_pending_errors(frontier.frontier().is_empty(), &error_sink);
         }
     });
 }
 
-/// Hands `pending` error rows to the sink once a batch is full, or once
-/// no more can come (`done`), noting in `peak` the most it held. Outside
-/// cluster mode the node's errors and the source's bad records share one
-/// buffer, and the operator that finishes last hands over what is left.
+/// Hands `rows` to `sink` once a batch is full, or once no more can come
+/// (`done`) and some are left.
+fn flush_batch<R>(rows: &mut Vec<R>, done: bool, sink: &RefCell<BatchSink<R>>) {
+    if rows.len() >= RESPONSE_BATCH || (done && !rows.is_empty()) {
+        (sink.borrow_mut())(rows);
+    }
+}
+
+/// As [`flush_batch`] for error rows, noting in `peak` the most `pending`
+/// held. Outside cluster mode the node's errors and the source's bad
+/// records share one buffer, and the operator that finishes last hands
+/// over what is left.
 fn flush_errors(
     pending: &mut Vec<ErrorRow>,
     peak: &mut usize,
     done: bool,
-    sink: &Rc<RefCell<ErrorBatchSink>>,
+    sink: &RefCell<ErrorBatchSink>,
 ) {
     *peak = (*peak).max(pending.len());
-    if pending.len() >= RESPONSE_BATCH || (done && !pending.is_empty()) {
-        (sink.borrow_mut())(pending);
+    flush_batch(pending, done, sink);
+}
+
+impl WorkerOutputs {
+    /// This worker's held error rows, by [`flush_errors`].
+    fn flush_pending_errors(&mut self, done: bool, sink: &RefCell<ErrorBatchSink>) {
+        flush_errors(
+            &mut self.pending_errors,
+            &mut self.pending_errors_peak,
+            done,
+            sink,
+        );
     }
 }

@@ -8,6 +8,7 @@ use grflow_connectors::parquet::{ErrorSink, ResponseSink, SinkError};
 use grflow_connectors::{ErrorRow, ResponseRow};
 
 use super::ResponseOutput;
+use crate::dataflow::BatchSink;
 
 /// A file sink the job's workers hand batches of rows to.
 pub(super) trait RowFile<R> {
@@ -126,10 +127,6 @@ impl<R, F: RowFile<R>> RowWriter<R, F> {
         }
     }
 }
-
-/// A worker's hand-off of batches (`dataflow::ResponseBatchSink`,
-/// `dataflow::ErrorBatchSink`).
-pub(super) type BatchSink<R> = Box<dyn FnMut(&mut Vec<R>)>;
 
 /// Hands a worker's batches to a shared writer.
 pub(super) fn batch_sink<R: 'static, F: RowFile<R> + 'static>(
