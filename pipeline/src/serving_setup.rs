@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use grflow_operators::allocator::ppo::ActorCritic;
 use grflow_operators::allocator::{Allocator, AllocatorPolicy, Learned};
@@ -100,11 +100,6 @@ impl ServingSetup {
     }
 }
 
-/// `kafka.deadline_ms` or `kafka.max_age_ms` as a limit; 0 = none.
-pub fn limit_ms(ms: u64) -> Option<Duration> {
-    (ms > 0).then(|| Duration::from_millis(ms))
-}
-
 /// The allocator as the nodes' controller when α moves at runtime;
 /// `policy` is the job's PPO policy (`ppo-only`, `smart`).
 fn allocator_controller(
@@ -155,12 +150,6 @@ fn allocator_controller(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_zero_limit_is_none() {
-        assert_eq!(limit_ms(0), None);
-        assert_eq!(limit_ms(250), Some(Duration::from_millis(250)));
-    }
 
     #[test]
     fn no_controller_unless_alpha_moves() {

@@ -387,8 +387,6 @@ pub fn replay(opts: ReplayOptions) -> Result<ReplayOutput, ReplayError> {
     let ctx = WorkerContext {
         setup: ServingSetup::of(&job),
         topo,
-        release: cfg.run.replay_release(),
-        speed: cfg.speed(),
         origin_ts_ms: trace.origin_ts_ms,
         trace: opts.trace.clone(),
         requests: trace.requests,

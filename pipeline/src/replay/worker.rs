@@ -20,7 +20,7 @@ use grflow_traces::Request;
 use super::TraceInput;
 use super::writers::{ErrorWriter, ResponseWriter, batch_sink};
 use crate::cluster::Topology;
-use crate::config::{Release, Speed};
+use crate::config::Speed;
 use crate::dataflow::allocator::AllocatorStats;
 use crate::dataflow::source::Pacing;
 use crate::dataflow::{self, DataflowParts, JobCounters, WorkerDataflow};
@@ -37,8 +37,6 @@ const GATHER_WAIT: Duration = Duration::from_secs(120);
 pub(super) struct WorkerContext {
     pub setup: ServingSetup,
     pub topo: Topology,
-    pub release: Release,
-    pub speed: Speed,
     /// The trace's first event time: it enters when the workers start.
     pub origin_ts_ms: u64,
     pub trace: TraceInput,
@@ -126,7 +124,7 @@ pub(super) fn run(worker: &mut Worker, ctx: &WorkerContext) -> Vec<WorkerResult>
     }
     let cfg = &ctx.setup.cfg;
     let pacing = Pacing {
-        speed: ctx.speed,
+        speed: cfg.speed(),
         origin_ts_ms: ctx.origin_ts_ms,
         start: *ctx.started.get_or_init(Instant::now),
     };
@@ -137,9 +135,12 @@ pub(super) fn run(worker: &mut Worker, ctx: &WorkerContext) -> Vec<WorkerResult>
             alpha_grid(step),
         )))
     });
-    let mut serving = ctx
-        .setup
-        .parts(index, peers, ctx.release, allocator_stats.clone());
+    let mut serving = ctx.setup.parts(
+        index,
+        peers,
+        cfg.run.replay_release(),
+        allocator_stats.clone(),
+    );
     serving.commands = ctx.commands.clone();
     serving.command_pacing = pacing;
     serving.oracle = oracle.clone();

@@ -463,7 +463,8 @@ fn model_registry(
     )
 }
 
-type Inbox = Arc<Mutex<VecDeque<NodeControl>>>;
+/// A local worker's commands for its node (admin endpoint, model watch).
+pub(super) type Inbox = Arc<Mutex<VecDeque<NodeControl>>>;
 
 /// One inbox per local worker, and how commands for every node of the job
 /// (from the admin endpoint or the model watch) reach them: through the

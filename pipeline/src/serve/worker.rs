@@ -4,7 +4,7 @@
 //! hands its result back (in cluster mode to process 0).
 
 use std::cell::RefCell;
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex, OnceLock};
@@ -22,6 +22,7 @@ use grflow_connectors::kafka::{
     SinkSettings, SourceSettings,
 };
 
+use super::Inbox;
 use super::broadcast::{NewestBroadcast, StopInput, stop_broadcast};
 use super::summary::{AnswerLatency, ProcessPart, RefillSummary};
 use crate::cluster::Topology;
@@ -29,9 +30,8 @@ use crate::config::Release;
 use crate::dataflow::allocator::AllocatorStats;
 use crate::dataflow::control::{LiveControl, SourceClock};
 use crate::dataflow::{self, ServingHandles};
-use crate::events::NodeControl;
 use crate::models::ModelRegistry;
-use crate::serving_setup::{ServingSetup, limit_ms};
+use crate::serving_setup::ServingSetup;
 use crate::window_log::WindowLog;
 use crate::worker_failure::WorkerFailure;
 
@@ -72,7 +72,7 @@ pub(super) struct WorkerContext {
     /// When the first worker started: the dataflow's start.
     pub started: Arc<OnceLock<Instant>>,
     /// One per local worker: commands for its node (admin, model watch).
-    pub inboxes: Vec<Arc<Mutex<VecDeque<NodeControl>>>>,
+    pub inboxes: Vec<Inbox>,
     /// One per local worker, taken at its start.
     pub ingests: Mutex<Vec<Option<Ingest>>>,
     pub window_log: Arc<Mutex<WindowLog>>,
@@ -116,8 +116,6 @@ struct Running {
     stop_input: StopInput,
     /// Cluster mode: this process's newest event time for the others.
     newest: Option<NewestBroadcast>,
-    /// `arrival`: a quiet worker sleeps until something arrives.
-    quiet_sleeps: bool,
 }
 
 /// The body of every worker: serve until the stop has drained, commit,
@@ -211,11 +209,11 @@ fn build(worker: &mut Worker, ctx: &WorkerContext, index: usize, local: usize) -
         .setup
         .parts(index, worker.peers(), release, allocator_stats.clone());
     parts.deadline = Some(Duration::from_millis(cfg.kafka.deadline_ms));
-    parts.max_age = limit_ms(cfg.kafka.max_age_ms);
+    parts.max_age = max_age(cfg.kafka.max_age_ms);
     parts.live = Some(live);
     parts.models = Some(ctx.models.clone());
     let probe = ProbeHandle::new();
-    let quiet_sleeps = release == Release::Arrival;
+    let quiet_sleeps = quiet_sleeps(release);
     // One process shares its offset books: no move needed.
     let readers = if ctx.topo.is_cluster() {
         ctx.topo.total()
@@ -264,8 +262,13 @@ fn build(worker: &mut Worker, ctx: &WorkerContext, index: usize, local: usize) -
         allocator_stats,
         stop_input,
         newest,
-        quiet_sleeps,
     }
+}
+
+/// `arrival`: a quiet worker sleeps until something arrives (`complete`
+/// steps on, to release held times).
+fn quiet_sleeps(release: Release) -> bool {
+    release == Release::Arrival
 }
 
 /// Steps the dataflow until it completes (the stop drained it), the drain
@@ -284,6 +287,7 @@ fn serve_until_drained(
     let mut stop_sent = false;
     let mut said_stopping = false;
     let mut park = BUSY_PARK;
+    let quiet_sleeps = quiet_sleeps(ctx.setup.cfg.run.serve_release());
     while !running.probe.done() {
         let fatal = shared.is_fatal();
         // On a fatal error the other processes drain and exit too: they
@@ -322,7 +326,7 @@ fn serve_until_drained(
         // Nothing in flight and nothing to resend: sleep until something
         // arrives (records wake the source; other workers' data, lanes and
         // timers wake the worker) or a stop is asked.
-        park = if running.quiet_sleeps && retrying == 0 && shared.in_flight() == 0 {
+        park = if quiet_sleeps && retrying == 0 && shared.in_flight() == 0 {
             QUIET_PARK
         } else {
             BUSY_PARK
@@ -335,6 +339,11 @@ fn serve_until_drained(
             }
         }
     }
+}
+
+/// `kafka.max_age_ms` as a limit; 0 = none.
+fn max_age(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 /// Drained: everything this worker will ever send is queued or sent. Waits
@@ -569,6 +578,12 @@ impl Drop for PanicToFatal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zero_max_age_is_none() {
+        assert_eq!(max_age(0), None);
+        assert_eq!(max_age(250), Some(Duration::from_millis(250)));
+    }
 
     #[test]
     fn the_drain_deadline_starts_at_the_stop_and_is_shared() {

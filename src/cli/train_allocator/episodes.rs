@@ -108,7 +108,7 @@ pub(super) fn episode_traces(
     regimes: &[grflow_traces::Regime],
     seed_base: u64,
     seeds: u64,
-) -> anyhow::Result<Vec<(String, u64, Arc<Trace>)>> {
+) -> anyhow::Result<Vec<EpisodeTrace>> {
     let mut traces = Vec::new();
     for regime in regimes {
         for i in 0..seeds {

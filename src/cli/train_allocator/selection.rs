@@ -3,15 +3,13 @@
 //! the best so far, and the last few kept for `--average-last`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use anyhow::Context;
 use grflow_operators::allocator::ppo::ActorCritic;
 use grflow_pipeline::{ReplayOptions, TraceInput};
-use grflow_traces::Trace;
 
 use super::SelectBy;
-use super::episodes::episode_error;
+use super::episodes::{EpisodeTrace, episode_error};
 
 /// The greedy policy's mean p99 (ms) over the training traces, overall and
 /// per regime.
@@ -89,7 +87,7 @@ pub(super) fn keep_recent(
 /// overall and per regime.
 pub(super) fn greedy_p99(
     base: &grflow_pipeline::Config,
-    traces: &[(String, u64, Arc<Trace>)],
+    traces: &[EpisodeTrace],
     policy: &ActorCritic,
     work: &std::path::Path,
 ) -> anyhow::Result<Greedy> {
