@@ -7,7 +7,7 @@
 //!   [`GrModel::item_kv`], [`GrModel::rank_item_prefix`].
 //! - xGR generative retrieval: [`BeamSearch`] with shared/unshared KV,
 //!   staged attention, early-terminating top-BW and a [`SidTrie`].
-//! - [`reference`]: naive full recomputation, the ground truth of the tests.
+//! - [`reference`](mod@reference): naive full recomputation, the ground truth of the tests.
 mod attention;
 pub mod backend;
 mod beam;
