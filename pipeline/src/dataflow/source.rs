@@ -203,6 +203,104 @@ impl Reader {
     }
 }
 
+/// Admits a record taken from the front of the pending queue: counts it
+/// and returns the time it enters at (a request behind the capability
+/// `now` enters at `now`, counted late, never dropped; an unreadable
+/// record at `now`) with what enters.
+fn admit(
+    record: SourceRecord,
+    now: u64,
+    pacing: &Pacing,
+    counters: &SourceCounters,
+) -> (u64, Ingest) {
+    match record {
+        SourceRecord::Bad {
+            position,
+            reason,
+            req_id,
+        } => {
+            counters.count_bad();
+            let row = ErrorRow {
+                position: position.to_string(),
+                reason,
+                req_id,
+            };
+            (now, Ingest::Bad(row))
+        }
+        SourceRecord::Request {
+            request,
+            position,
+            inline_history,
+            recovered,
+            history_cut,
+        } => {
+            let ts = request.ts_ms.max(now);
+            if ts != request.ts_ms {
+                counters.late.fetch_add(1, Ordering::Relaxed);
+            }
+            counters.requests_in.fetch_add(1, Ordering::Relaxed);
+            counters.newest_ts_ms.fetch_max(ts, Ordering::Relaxed);
+            metrics::counter!("grflow_requests_in_total").increment(1);
+            let late_ns = pacing.lateness(request.ts_ms).as_nanos() as u64;
+            let admitted_ns = now_ns().saturating_sub(late_ns);
+            let admitted = Admitted {
+                request,
+                position,
+                admitted_ns,
+                inline_history,
+                recovered,
+                history_cut,
+            };
+            (ts, Ingest::Request(Box::new(admitted)))
+        }
+    }
+}
+
+/// The time the source's capability may move to: nothing earlier than the
+/// pending requests and the watermark (which covers what the source has
+/// not handed over yet, e.g. later row groups) can still come from this
+/// worker; an unreadable record at the front holds it at `now`. The front
+/// alone made earlier requests behind it or in later row groups late, and
+/// how many depended on the pace.
+fn next_time(pending: &VecDeque<SourceRecord>, watermark: u64, now: u64) -> u64 {
+    match pending.front() {
+        Some(SourceRecord::Bad { .. }) => now,
+        _ => pending
+            .iter()
+            .filter_map(|r| match r {
+                SourceRecord::Request { request, .. } => Some(request.ts_ms),
+                SourceRecord::Bad { .. } => None,
+            })
+            .fold(watermark, u64::min),
+    }
+}
+
+/// When the source runs again: `None` at once, else after the wait. A
+/// paced request not yet due waits for its due time (at most
+/// [`STOP_POLL`] when a stop can be asked for); one held back by `ahead`
+/// looks again after the nodes have made progress (parking, not spinning,
+/// meanwhile); a live source that found nothing polls again shortly.
+fn wake(
+    front: Option<&SourceRecord>,
+    paced: u64,
+    allowed: u64,
+    pacing: &Pacing,
+    stoppable: bool,
+    idle: bool,
+) -> Option<Duration> {
+    match front {
+        Some(SourceRecord::Request { request, .. }) if request.ts_ms > paced => {
+            let wait = pacing.wait_for(request.ts_ms);
+            Some(if stoppable { wait.min(STOP_POLL) } else { wait })
+        }
+        Some(SourceRecord::Request { request, .. }) if request.ts_ms > allowed => {
+            Some(AHEAD_RECHECK)
+        }
+        None if idle => Some(IDLE_POLL),
+        _ => None,
+    }
+}
+
 pub fn request_source<'s>(
     scope: Scope<'s, u64>,
     mut records: Box<dyn RequestSource>,
@@ -252,110 +350,47 @@ pub fn request_source<'s>(
                 if emitted >= MAX_PER_ACTIVATION {
                     break;
                 }
-                match pending.front().expect("not empty") {
-                    SourceRecord::Bad { .. } => {
-                        let Some(SourceRecord::Bad {
-                            position,
-                            reason,
-                            req_id,
-                        }) = pending.pop_front()
-                        else {
-                            unreachable!()
-                        };
-                        counters.count_bad();
-                        output.session(&*c).give(Ingest::Bad(ErrorRow {
-                            position: position.to_string(),
-                            reason,
-                            req_id,
-                        }));
+                if let Some(SourceRecord::Request { request, .. }) = pending.front()
+                    && request.ts_ms > allowed
+                {
+                    // Held back by `ahead` although the job has answered
+                    // everything before this source's capability: what
+                    // pins the capability below the front is a record not
+                    // read yet (a later row group that starts earlier), so
+                    // waiting would never end. Read on until it is in hand
+                    // and go on in time order.
+                    let stuck = request.ts_ms <= paced
+                        && !read.ahead_done
+                        && ahead.as_ref().is_some_and(|a| a.caught_up(*c.time()));
+                    if !stuck {
+                        break;
                     }
-                    SourceRecord::Request { request, .. } => {
-                        if request.ts_ms > allowed {
-                            // Held back by `ahead` although the job has
-                            // answered everything before this source's
-                            // capability: what pins the capability below
-                            // the front is a record not read yet (a later
-                            // row group that starts earlier), so waiting
-                            // would never end. Read on until it is in hand
-                            // and go on in time order.
-                            let stuck = request.ts_ms <= paced
-                                && !read.ahead_done
-                                && ahead.as_ref().is_some_and(|a| a.caught_up(*c.time()));
-                            if !stuck {
-                                break;
-                            }
-                            for e in read.ahead(&mut *records, &mut pending, *c.time()) {
-                                output.session(&*c).give(counters.unreadable(e));
-                            }
-                            continue;
-                        }
-                        let Some(SourceRecord::Request {
-                            request,
-                            position,
-                            inline_history,
-                            recovered,
-                            history_cut,
-                        }) = pending.pop_front()
-                        else {
-                            unreachable!()
-                        };
-                        // A record behind the watermark is processed at the
-                        // earliest time we can still emit, never dropped.
-                        let ts = request.ts_ms.max(*c.time());
-                        if ts != request.ts_ms {
-                            counters.late.fetch_add(1, Ordering::Relaxed);
-                        }
-                        counters.requests_in.fetch_add(1, Ordering::Relaxed);
-                        counters.newest_ts_ms.fetch_max(ts, Ordering::Relaxed);
-                        metrics::counter!("grflow_requests_in_total").increment(1);
-                        let at = c.delayed(&ts);
-                        let late_ns = pacing.lateness(request.ts_ms).as_nanos() as u64;
-                        let admitted_ns = now_ns().saturating_sub(late_ns);
-                        output.session(&at).give(Ingest::Request(Box::new(Admitted {
-                            request,
-                            position,
-                            admitted_ns,
-                            inline_history,
-                            recovered,
-                            history_cut,
-                        })));
+                    for e in read.ahead(&mut *records, &mut pending, *c.time()) {
+                        output.session(&*c).give(counters.unreadable(e));
                     }
+                    continue;
                 }
+                let record = pending.pop_front().expect("not empty");
+                let (ts, ingest) = admit(record, *c.time(), &pacing, &counters);
+                output.session(&c.delayed(&ts)).give(ingest);
                 emitted += 1;
             }
-            // Nothing earlier than the pending requests and the watermark
-            // (which covers what the source has not handed over yet, e.g.
-            // later row groups) can still come from this worker. The front
-            // alone made earlier requests behind it or in later row groups
-            // late, and how many depended on the pace.
-            let next = match pending.front() {
-                Some(SourceRecord::Bad { .. }) => *c.time(),
-                _ => pending
-                    .iter()
-                    .filter_map(|r| match r {
-                        SourceRecord::Request { request, .. } => Some(request.ts_ms),
-                        SourceRecord::Bad { .. } => None,
-                    })
-                    .fold(read.watermark, u64::min),
-            };
+            let next = next_time(&pending, read.watermark, *c.time());
             if next > *c.time() {
                 c.downgrade(&next);
             }
-            match pending.front() {
-                Some(SourceRecord::Request { request, .. }) if request.ts_ms > paced => {
-                    let wait = pacing.wait_for(request.ts_ms);
-                    activator.activate_after(match stop {
-                        Some(_) => wait.min(STOP_POLL),
-                        None => wait,
-                    });
-                }
-                // Held back by `ahead`: look again shortly, after the nodes
-                // have made progress (parking, not spinning, meanwhile).
-                Some(SourceRecord::Request { request, .. }) if request.ts_ms > allowed => {
-                    activator.activate_after(AHEAD_RECHECK);
-                }
-                None if std::mem::take(&mut read.idle) => activator.activate_after(IDLE_POLL),
-                _ => activator.activate(),
+            // The idle flag is spent only when nothing is pending.
+            let idle = pending.is_empty() && std::mem::take(&mut read.idle);
+            match wake(
+                pending.front(),
+                paced,
+                allowed,
+                &pacing,
+                stop.is_some(),
+                idle,
+            ) {
+                Some(after) => activator.activate_after(after),
+                None => activator.activate(),
             }
         }
     })
@@ -425,5 +460,98 @@ mod tests {
             ..paced
         };
         assert_eq!(unpaced.lateness(1_200), Duration::ZERO);
+    }
+
+    fn at(ts_ms: u64) -> SourceRecord {
+        SourceRecord::request(
+            Request {
+                ts_ms,
+                req_id: ts_ms,
+                user_id: 1,
+                hist_len: 1,
+                candidates: vec![1],
+                mode: Mode::Rank,
+                label: None,
+            },
+            grflow_connectors::SourcePosition::Parquet {
+                file: "t".into(),
+                row_group: 0,
+                row: ts_ms,
+            },
+        )
+    }
+
+    fn bad() -> SourceRecord {
+        SourceRecord::Bad {
+            position: grflow_connectors::SourcePosition::Parquet {
+                file: "t".into(),
+                row_group: 0,
+                row: 7,
+            },
+            reason: "unreadable".into(),
+            req_id: Some(7),
+        }
+    }
+
+    #[test]
+    fn a_request_behind_the_capability_enters_at_it_counted_late() {
+        let counters = SourceCounters::default();
+        let unpaced = Pacing {
+            speed: Speed::Max,
+            origin_ts_ms: 0,
+            start: Instant::now(),
+        };
+        let (ts, ingest) = admit(at(40), 50, &unpaced, &counters);
+        assert_eq!(ts, 50);
+        assert!(matches!(ingest, Ingest::Request(a) if a.request.ts_ms == 40));
+        let (ts, _) = admit(at(60), 50, &unpaced, &counters);
+        assert_eq!(ts, 60);
+        assert_eq!(counters.late.load(Ordering::Relaxed), 1);
+        assert_eq!(counters.requests_in.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.newest_ts_ms.load(Ordering::Relaxed), 60);
+        // An unreadable record enters now, counted in and as bad.
+        let (ts, ingest) = admit(bad(), 50, &unpaced, &counters);
+        assert_eq!(ts, 50);
+        assert!(matches!(ingest, Ingest::Bad(row) if row.req_id == Some(7)));
+        assert_eq!(counters.requests_in.load(Ordering::Relaxed), 3);
+        assert_eq!(counters.bad_records.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_capability_moves_to_the_oldest_pending_request_or_the_watermark() {
+        let pending: VecDeque<SourceRecord> = [at(30), at(20), at(40)].into();
+        // Not the front (30): a request behind it is older.
+        assert_eq!(next_time(&pending, 100, 0), 20);
+        assert_eq!(next_time(&pending, 10, 0), 10);
+        assert_eq!(next_time(&VecDeque::new(), 100, 0), 100);
+        // An unreadable record at the front is given at the capability.
+        let held: VecDeque<SourceRecord> = [bad(), at(30)].into();
+        assert_eq!(next_time(&held, 100, 5), 5);
+    }
+
+    #[test]
+    fn the_source_wakes_for_the_due_time_the_frontier_or_the_next_poll() {
+        let paced = Pacing {
+            speed: Speed::Factor(1.0),
+            origin_ts_ms: 0,
+            start: Instant::now(),
+        };
+        let not_due = at(10_000);
+        // Paced: until the due time, or the stop poll when one can come.
+        let wait = wake(Some(&not_due), 0, 0, &paced, false, false).unwrap();
+        assert!(wait > Duration::from_secs(9), "{wait:?}");
+        assert_eq!(
+            wake(Some(&not_due), 0, 0, &paced, true, false),
+            Some(STOP_POLL)
+        );
+        // Due but held back by the frontier.
+        assert_eq!(
+            wake(Some(&at(5)), 10, 1, &paced, false, false),
+            Some(AHEAD_RECHECK)
+        );
+        // Allowed in: at once; nothing pending from a live source: poll soon.
+        assert_eq!(wake(Some(&at(5)), 10, 10, &paced, false, false), None);
+        assert_eq!(wake(None, 10, 10, &paced, false, true), Some(IDLE_POLL));
+        assert_eq!(wake(None, 10, 10, &paced, false, false), None);
     }
 }
