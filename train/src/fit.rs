@@ -292,116 +292,26 @@ pub fn fit(
     obs: &mut dyn Observer,
 ) -> Result<Fitted, TrainError> {
     cfg.validate()?;
-    let fingerprint = data.fingerprint();
     let mut ck = match resume {
         Some(ck) => {
-            ck.check(cfg, &fingerprint, data.n_items)?;
+            ck.check(cfg, &data.fingerprint(), data.n_items)?;
             ck
         }
-        None => {
-            let mut params = Params::init(cfg.model.clone(), data.n_items, cfg.seed)?;
-            params.scale_items(cfg.item_init_std);
-            Checkpoint {
-                opt: AdamW::new(cfg.adamw.clone(), &params),
-                best: params.clone(),
-                params,
-                state: crate::checkpoint::State {
-                    config: cfg.clone(),
-                    fingerprint: fingerprint.clone(),
-                    epochs_done: 0,
-                    best_epoch: 0,
-                    best_ndcg: f64::NEG_INFINITY,
-                    history: Vec::new(),
-                    train_secs: 0.0,
-                },
-            }
-        }
+        None => fresh(data, cfg)?,
     };
-    let train_users: Vec<usize> = (0..data.users.len())
-        .filter(|&u| data.users[u].train_items().len() >= 2)
-        .collect();
-    if train_users.is_empty() {
-        return Err(TrainError::Invalid(
-            "no user has 2 training items (a user of 3 or more items keeps 2 of them for validation and test)"
-                .to_string(),
-        ));
-    }
-    if !data.users.iter().any(|u| u.valid().is_some()) {
-        // Early stopping and the best epoch would be chosen on nothing.
-        return Err(TrainError::Invalid(
-            "no user has the 3 items a validation question needs (history, validation item, test item)"
-                .to_string(),
-        ));
-    }
+    let train_users = trainable_users(data)?;
     while ck.state.epochs_done < cfg.max_epochs
         && ck.state.epochs_done - ck.state.best_epoch < cfg.patience
     {
         let epoch = ck.state.epochs_done + 1;
         let t0 = Instant::now();
-        // Every epoch's randomness comes from (seed, epoch): a resumed run
-        // draws what the uninterrupted one would have.
-        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed.wrapping_mul(1_000_003) ^ epoch as u64);
-        let mut order = train_users.clone();
-        order.shuffle(&mut rng);
-        let steps = order.len().div_ceil(cfg.batch_users);
-        let (mut loss_sum, mut tokens) = (0.0, 0usize);
-        for (step, users) in order.chunks(cfg.batch_users).enumerate() {
-            let seqs: Vec<Sequence> = users
-                .iter()
-                .filter_map(|&u| {
-                    train_sequence(
-                        &data.users[u],
-                        data.n_items,
-                        cfg.max_history,
-                        cfg.negatives,
-                        &mut rng,
-                    )
-                })
-                .collect();
-            tokens += seqs
-                .iter()
-                .map(|s| {
-                    s.history.len() + s.targets.iter().map(|t| t.cands.len() + 1).sum::<usize>()
-                })
-                .sum::<usize>();
-            let seed = rng.random::<u64>();
-            let (loss, g) = batch_grad(&ck.params, &seqs, cfg.threads, cfg.dropout, seed)?;
-            if !loss.is_finite() {
-                // Epochs replay the same batches from (seed, epoch): a
-                // resume diverges again, so say what does not.
-                let done = ck.state.epochs_done;
-                let way_out = if done > 0 {
-                    format!(
-                        "; the checkpoint holds the {done} epochs before: --resume it with \
-                         --max-epochs {done} to write the best of them, or train again with \
-                         another --seed"
-                    )
-                } else {
-                    "; train again with another --seed".to_string()
-                };
-                return Err(TrainError::Invalid(format!(
-                    "loss became {loss} at epoch {epoch} step {} of {steps}{way_out}",
-                    step + 1
-                )));
-            }
-            ck.opt.update(&mut ck.params, &g);
-            loss_sum += loss;
-            let el = t0.elapsed().as_secs_f64().max(1e-9);
-            obs.step(
-                epoch,
-                step + 1,
-                steps,
-                loss_sum / (step + 1) as f64,
-                tokens as f64 / el,
-            );
-        }
-        let train_el = t0.elapsed().as_secs_f64();
+        let trained = train_epoch(&mut ck, data, cfg, &train_users, epoch, obs)?;
         let valid = validate(&ck.params, data, cfg)?;
         let report = EpochReport {
             epoch,
-            loss: loss_sum / steps as f64,
+            loss: trained.mean_loss,
             valid,
-            tokens_per_s: tokens as f64 / train_el.max(1e-9),
+            tokens_per_s: trained.tokens as f64 / trained.secs.max(1e-9),
             secs: t0.elapsed().as_secs_f64(),
         };
         ck.state.epochs_done = epoch;
@@ -425,9 +335,151 @@ pub fn fit(
     })
 }
 
+/// A new run's checkpoint before its first epoch: initialised parameters
+/// (item rows scaled by `item_init_std`) and a fresh optimiser.
+fn fresh(data: &Dataset, cfg: &TrainConfig) -> Result<Checkpoint, TrainError> {
+    let mut params = Params::init(cfg.model.clone(), data.n_items, cfg.seed)?;
+    params.scale_items(cfg.item_init_std);
+    Ok(Checkpoint {
+        opt: AdamW::new(cfg.adamw.clone(), &params),
+        best: params.clone(),
+        params,
+        state: crate::checkpoint::State {
+            config: cfg.clone(),
+            fingerprint: data.fingerprint(),
+            epochs_done: 0,
+            best_epoch: 0,
+            best_ndcg: f64::NEG_INFINITY,
+            history: Vec::new(),
+            train_secs: 0.0,
+        },
+    })
+}
+
+/// The users an epoch trains on (2 or more training items); refused when
+/// there are none, or when no user can be asked a validation question.
+fn trainable_users(data: &Dataset) -> Result<Vec<usize>, TrainError> {
+    let users: Vec<usize> = (0..data.users.len())
+        .filter(|&u| data.users[u].train_items().len() >= 2)
+        .collect();
+    if users.is_empty() {
+        return Err(TrainError::Invalid(
+            "no user has 2 training items (a user of 3 or more items keeps 2 of them for validation and test)"
+                .to_string(),
+        ));
+    }
+    if !data.users.iter().any(|u| u.valid().is_some()) {
+        // Early stopping and the best epoch would be chosen on nothing.
+        return Err(TrainError::Invalid(
+            "no user has the 3 items a validation question needs (history, validation item, test item)"
+                .to_string(),
+        ));
+    }
+    Ok(users)
+}
+
+/// What one epoch's steps did.
+struct EpochTrained {
+    mean_loss: f64,
+    tokens: usize,
+    /// Seconds of the steps (validation excluded).
+    secs: f64,
+}
+
+/// One pass over `users` in batches of `batch_users`, an optimiser step
+/// each, reporting every step to `obs`.
+fn train_epoch(
+    ck: &mut Checkpoint,
+    data: &Dataset,
+    cfg: &TrainConfig,
+    users: &[usize],
+    epoch: usize,
+    obs: &mut dyn Observer,
+) -> Result<EpochTrained, TrainError> {
+    let t0 = Instant::now();
+    // Every epoch's randomness comes from (seed, epoch): a resumed run
+    // draws what the uninterrupted one would have.
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed.wrapping_mul(1_000_003) ^ epoch as u64);
+    let mut order = users.to_vec();
+    order.shuffle(&mut rng);
+    let steps = order.len().div_ceil(cfg.batch_users);
+    let (mut loss_sum, mut tokens) = (0.0, 0usize);
+    for (step, batch) in order.chunks(cfg.batch_users).enumerate() {
+        let seqs: Vec<Sequence> = batch
+            .iter()
+            .filter_map(|&u| {
+                train_sequence(
+                    &data.users[u],
+                    data.n_items,
+                    cfg.max_history,
+                    cfg.negatives,
+                    &mut rng,
+                )
+            })
+            .collect();
+        tokens += seqs
+            .iter()
+            .map(|s| s.history.len() + s.targets.iter().map(|t| t.cands.len() + 1).sum::<usize>())
+            .sum::<usize>();
+        let seed = rng.random::<u64>();
+        let (loss, g) = batch_grad(&ck.params, &seqs, cfg.threads, cfg.dropout, seed)?;
+        if !loss.is_finite() {
+            return Err(diverged(ck.state.epochs_done, loss, epoch, step + 1, steps));
+        }
+        ck.opt.update(&mut ck.params, &g);
+        loss_sum += loss;
+        let el = t0.elapsed().as_secs_f64().max(1e-9);
+        obs.step(
+            epoch,
+            step + 1,
+            steps,
+            loss_sum / (step + 1) as f64,
+            tokens as f64 / el,
+        );
+    }
+    Ok(EpochTrained {
+        mean_loss: loss_sum / steps as f64,
+        tokens,
+        secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// A loss that stopped being finite at `step` of `steps`, with `done`
+/// epochs in the checkpoint. Epochs replay the same batches from (seed,
+/// epoch): a resume diverges again, so the error says what does not.
+fn diverged(done: usize, loss: f64, epoch: usize, step: usize, steps: usize) -> TrainError {
+    let way_out = if done > 0 {
+        format!(
+            "; the checkpoint holds the {done} epochs before: --resume it with \
+             --max-epochs {done} to write the best of them, or train again with \
+             another --seed"
+        )
+    } else {
+        "; train again with another --seed".to_string()
+    };
+    TrainError::Invalid(format!(
+        "loss became {loss} at epoch {epoch} step {step} of {steps}{way_out}"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_diverged_run_says_how_to_get_the_epochs_before() {
+        let first = diverged(0, f64::NAN, 1, 3, 10).to_string();
+        assert!(
+            first.contains("loss became NaN at epoch 1 step 3 of 10")
+                && first.ends_with("train again with another --seed"),
+            "{first}"
+        );
+        let later = diverged(4, f64::INFINITY, 5, 1, 10).to_string();
+        assert!(
+            later.contains("holds the 4 epochs before") && later.contains("--max-epochs 4"),
+            "{later}"
+        );
+    }
 
     #[test]
     fn configs_written_before_init_std_and_dropout_load_with_the_old_behaviour() {
