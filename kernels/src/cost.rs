@@ -214,8 +214,6 @@ pub fn calibrate_up_to(
     let started = Instant::now();
     let cfg = ModelConfig::preset(preset)
         .ok_or_else(|| KernelError::InvalidConfig(format!("unknown preset {preset:?}")))?;
-    let model = GrModel::try_new(cfg.clone(), 3)?;
-    let d = cfg.d_model;
     let max_tokens = max_tokens.min(cfg.max_positions.saturating_sub(200));
     if max_tokens < MIN_FITTED_TOKENS {
         return Err(KernelError::InvalidConfig(format!(
@@ -223,123 +221,187 @@ pub fn calibrate_up_to(
              ({MIN_FITTED_TOKENS} at least)"
         )));
     }
-    // At the default 512: cached 0, 128, 256; new 16, 64, 128, 256.
-    let q = max_tokens / 4;
-    let blocks = cfg.blocks_for(max_tokens + 200);
-    let mut store = VecKvStore::new(blocks, cfg.kv_block_floats());
-    let table = shuffled(blocks, 5);
-    let tokens = rows(max_tokens + 200, d, 6);
-
-    // Prefill: new tokens after cached ones.
-    let mut prefill = Vec::new();
-    let mut news = vec![16, 64, q, 2 * q];
-    news.sort_unstable();
-    news.dedup();
-    for cached in [0, q, 2 * q] {
-        for &new in &news {
-            if cached + new > max_tokens {
-                continue;
-            }
-            if cached > 0 {
-                model.prefill(&mut store, &table, 0, &tokens[..cached * d])?;
-            }
-            let mut result = Ok(());
-            let secs = best_secs(reps, || {
-                result = model.prefill(
-                    &mut store,
-                    &table,
-                    cached,
-                    &tokens[cached * d..(cached + new) * d],
-                );
-            });
-            result?;
-            let (n, c) = (new as f64, cached as f64);
-            prefill.push((vec![1.0, n, n * (c + n)], secs * 1e3));
-        }
-    }
-    // Ranking on a prefilled prefix.
-    let mut rank = Vec::new();
-    for prefix in [32, q, 2 * q] {
-        model.prefill(&mut store, &table, 0, &tokens[..prefix * d])?;
-        for &cands in &[16usize, 64, 128] {
-            let cand_tokens = rows(cands, d, 7);
-            let mut result = Ok(Vec::new());
-            let secs = best_secs(reps, || {
-                result = model.rank_user_prefix(&store, &table, prefix, &cand_tokens);
-            });
-            result?;
-            let (n, p) = (cands as f64, prefix as f64);
-            rank.push((vec![1.0, n, n * p], secs * 1e3));
-        }
-    }
-    // Beam search after prompts of several lengths, on a sparse catalog.
-    let c = cfg.codebook_size;
-    let catalog: Vec<[u16; 3]> = (0..4096u32)
-        .map(|i| {
-            let h = i.wrapping_mul(2_654_435_761);
-            [
-                (h % c as u32) as u16,
-                ((h >> 8) % c as u32) as u16,
-                ((h >> 16) % c as u32) as u16,
-            ]
-        })
-        .collect();
-    let trie = SidTrie::new(&catalog, c)?;
-    let mut search = BeamSearch::new(&cfg, beam_width, beam_top_k, max_tokens)?;
-    let mut beam = Vec::new();
-    for prompt in [32, q, 2 * q] {
-        model.prefill(&mut store, &table, 0, &tokens[..prompt * d])?;
-        let mut result = Ok(());
-        let secs = best_secs(reps, || {
-            result = search
-                .generate(&model, &store, &table, prompt, &trie)
-                .map(|_| ());
-        });
-        result?;
-        beam.push((vec![1.0, prompt as f64], secs * 1e3));
-    }
-
-    let prefill_ms = fit3(&prefill);
-    let rank_ms = fit3(&rank);
+    let mut bench = Timed::new(&cfg, max_tokens, reps)?;
+    let prefill = bench.prefill()?;
+    let rank = bench.rank()?;
+    let beam = bench.beam(&cfg, beam_width, beam_top_k)?;
     let b = non_negative_least_squares(&beam);
-    let beam_ms = [b[0], b[1]];
     let mut cost = CostModel {
         preset: preset.to_string(),
         machine: machine_name(),
         gemm_gflops: gemm_peak_gflops(),
         beam_width,
         beam_top_k,
-        prefill_ms,
-        rank_ms,
-        beam_ms,
+        prefill_ms: fit3(&prefill),
+        rank_ms: fit3(&rank),
+        beam_ms: [b[0], b[1]],
         fit_max_rel_err: 0.0,
         fitted_tokens: max_tokens,
         overhead_ms: 0.0,
         occupancy_ms: 0.0,
         calibration_s: 0.0,
     };
-    // A NaN error (a fit that produced one) is the worst, not dropped.
+    cost.fit_max_rel_err = worst_fit_error(&cost, &prefill, &rank, &beam);
+    cost.calibration_s = started.elapsed().as_secs_f64();
+    Ok(cost)
+}
+
+/// A calibration's timing samples: the terms of the fitted polynomial and
+/// the milliseconds measured.
+type Samples = Vec<(Vec<f64>, f64)>;
+
+/// The model and a paged store with prompts of up to `max_tokens` (+200
+/// for the longest prefill), timed best of `reps`.
+struct Timed {
+    model: GrModel,
+    store: VecKvStore,
+    table: Vec<u32>,
+    tokens: Vec<f32>,
+    d: usize,
+    max_tokens: usize,
+    reps: usize,
+}
+
+impl Timed {
+    fn new(cfg: &ModelConfig, max_tokens: usize, reps: usize) -> Result<Self, KernelError> {
+        let blocks = cfg.blocks_for(max_tokens + 200);
+        Ok(Self {
+            model: GrModel::try_new(cfg.clone(), 3)?,
+            store: VecKvStore::new(blocks, cfg.kv_block_floats()),
+            table: shuffled(blocks, 5),
+            tokens: rows(max_tokens + 200, cfg.d_model, 6),
+            d: cfg.d_model,
+            max_tokens,
+            reps,
+        })
+    }
+
+    /// Prefills `prompt` tokens from the start (untimed).
+    fn prompt(&mut self, prompt: usize) -> Result<(), KernelError> {
+        self.model.prefill(
+            &mut self.store,
+            &self.table,
+            0,
+            &self.tokens[..prompt * self.d],
+        )
+    }
+
+    /// Prefill of new tokens after cached ones; at the default 512 tokens:
+    /// cached 0, 128, 256; new 16, 64, 128, 256. Terms [1, n, n(c + n)].
+    fn prefill(&mut self) -> Result<Samples, KernelError> {
+        let (q, d) = (self.max_tokens / 4, self.d);
+        let mut samples = Vec::new();
+        let mut news = vec![16, 64, q, 2 * q];
+        news.sort_unstable();
+        news.dedup();
+        for cached in [0, q, 2 * q] {
+            for &new in &news {
+                if cached + new > self.max_tokens {
+                    continue;
+                }
+                if cached > 0 {
+                    self.prompt(cached)?;
+                }
+                let mut result = Ok(());
+                let secs = best_secs(self.reps, || {
+                    result = self.model.prefill(
+                        &mut self.store,
+                        &self.table,
+                        cached,
+                        &self.tokens[cached * d..(cached + new) * d],
+                    );
+                });
+                result?;
+                let (n, c) = (new as f64, cached as f64);
+                samples.push((vec![1.0, n, n * (c + n)], secs * 1e3));
+            }
+        }
+        Ok(samples)
+    }
+
+    /// Ranking 16, 64 and 128 candidates on prefixes of 32, ¼ and ½ of the
+    /// longest prompt. Terms [1, n, n·prefix].
+    fn rank(&mut self) -> Result<Samples, KernelError> {
+        let q = self.max_tokens / 4;
+        let mut samples = Vec::new();
+        for prefix in [32, q, 2 * q] {
+            self.prompt(prefix)?;
+            for &cands in &[16usize, 64, 128] {
+                let cand_tokens = rows(cands, self.d, 7);
+                let mut result = Ok(Vec::new());
+                let secs = best_secs(self.reps, || {
+                    result =
+                        self.model
+                            .rank_user_prefix(&self.store, &self.table, prefix, &cand_tokens);
+                });
+                result?;
+                let (n, p) = (cands as f64, prefix as f64);
+                samples.push((vec![1.0, n, n * p], secs * 1e3));
+            }
+        }
+        Ok(samples)
+    }
+
+    /// Beam search after prompts of 32, ¼ and ½ of the longest, on a sparse
+    /// catalog of 4,096 items. Terms [1, prompt].
+    fn beam(
+        &mut self,
+        cfg: &ModelConfig,
+        beam_width: usize,
+        beam_top_k: usize,
+    ) -> Result<Samples, KernelError> {
+        let q = self.max_tokens / 4;
+        let c = cfg.codebook_size;
+        let catalog: Vec<[u16; 3]> = (0..4096u32)
+            .map(|i| {
+                let h = i.wrapping_mul(2_654_435_761);
+                [
+                    (h % c as u32) as u16,
+                    ((h >> 8) % c as u32) as u16,
+                    ((h >> 16) % c as u32) as u16,
+                ]
+            })
+            .collect();
+        let trie = SidTrie::new(&catalog, c)?;
+        let mut search = BeamSearch::new(cfg, beam_width, beam_top_k, self.max_tokens)?;
+        let mut samples = Vec::new();
+        for prompt in [32, q, 2 * q] {
+            self.prompt(prompt)?;
+            let mut result = Ok(());
+            let secs = best_secs(self.reps, || {
+                result = search
+                    .generate(&self.model, &self.store, &self.table, prompt, &trie)
+                    .map(|_| ());
+            });
+            result?;
+            samples.push((vec![1.0, prompt as f64], secs * 1e3));
+        }
+        Ok(samples)
+    }
+}
+
+/// The largest relative error of `cost` over the samples it was fitted on
+/// (a NaN error, from a fit that produced one, counts as the worst).
+fn worst_fit_error(cost: &CostModel, prefill: &Samples, rank: &Samples, beam: &Samples) -> f64 {
     let rel = |predicted: f64, measured: f64| {
         let e = (predicted - measured).abs() / measured.max(1e-6);
         if e.is_nan() { f64::INFINITY } else { e }
     };
     let mut worst: f64 = 0.0;
-    for (x, y) in &prefill {
+    for (x, y) in prefill {
         let (n, c) = (x[1], x[2] / x[1] - x[1]);
         worst = worst.max(rel(cost.prefill(n as usize, c.round() as usize), *y));
     }
-    for (x, y) in &rank {
+    for (x, y) in rank {
         worst = worst.max(rel(
             cost.rank(x[1] as usize, (x[2] / x[1]).round() as usize),
             *y,
         ));
     }
-    for (x, y) in &beam {
+    for (x, y) in beam {
         worst = worst.max(rel(cost.beam(x[1] as usize), *y));
     }
-    cost.fit_max_rel_err = worst;
-    cost.calibration_s = started.elapsed().as_secs_f64();
-    Ok(cost)
+    worst
 }
 
 fn fit3(samples: &[(Vec<f64>, f64)]) -> [f64; 3] {
