@@ -4,7 +4,7 @@
 //! Reports throughput and p99 latency of both and their ratios.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -229,6 +229,52 @@ fn run_both(
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis();
     let base = format!("grflow-bench-{nonce}");
+    let serve_cfg = serve_config(&config, args, brokers, &base, &dir);
+    let settings = KafkaSettings {
+        brokers: brokers.to_string(),
+        group_id: format!("{base}.bench"),
+        client_id: "grflow-bench".into(),
+        ..KafkaSettings::default()
+    };
+    // Made first, so that it drops last: after the serve job is stopped
+    // and joined below.
+    let mut topics = create_topics(&settings, &serve_cfg, args.partitions)?;
+    // The topics exist: the broker answers, so the Parquet half is not
+    // spent on a run that cannot finish. Parquet first: it warms nothing
+    // the Kafka run uses.
+    eprintln!(
+        "replaying {} requests from Parquet at {} rps...",
+        args.requests, args.rps
+    );
+    let parquet = replay_parquet(config, dir)?;
+    eprintln!("serving the same trace through Kafka at {brokers}...");
+    let offered = serve_kafka(args, serve_cfg, &settings, trace, &mut topics)?;
+    let c = compare(offered, parquet.side)?;
+    Ok(KafkaBench {
+        requests: args.requests,
+        offered_rps: args.rps,
+        kafka_rps: c.kafka_rps,
+        parquet_rps: c.parquet_rps,
+        throughput_ratio: c.kafka_rps / c.parquet_rps,
+        kafka_p99_ms: c.kafka_p99_ms,
+        parquet_p99_ms: parquet.p99_ms,
+        p99_ratio: c.kafka_p99_ms / parquet.p99_ms,
+        kafka_end_to_end_p99_ms: c.kafka_end_to_end_p99_ms,
+        kafka_errors: c.kafka_errors,
+        parquet_errors: parquet.errors,
+        workers: args.workers,
+        partitions: args.partitions,
+        brokers: brokers.to_string(),
+        librdkafka: args.librdkafka.iter().cloned().collect(),
+        machine: machine_name(),
+        // After both runs, so that it disturbs neither.
+        gemm_gflops: gemm_peak_gflops(),
+    })
+}
+
+/// The serve job's config: the bench's config on fresh topics named after
+/// `base`, the trace in `dir` as its catalog.
+fn serve_config(config: &Config, args: &Args, brokers: &str, base: &str, dir: &Path) -> Config {
     let mut serve_cfg = config.clone();
     let k = &mut serve_cfg.kafka;
     k.brokers = brokers.to_string();
@@ -244,16 +290,18 @@ fn run_both(
     k.refetch_from_start = true;
     k.deadline_ms = 60_000;
     k.librdkafka.extend(args.librdkafka.iter().cloned());
-    let settings = KafkaSettings {
-        brokers: brokers.to_string(),
-        group_id: format!("{base}.bench"),
-        client_id: "grflow-bench".into(),
-        ..KafkaSettings::default()
-    };
-    let timeout = Duration::from_secs(10);
-    // The bench's topics hold its records: deleted however the run ends,
-    // those of a creation that failed part way too. Made first, so that it
-    // drops last: after the serve job is stopped and joined below.
+    serve_cfg
+}
+
+/// Creates the request, response and dead-letter topics of `serve_cfg`.
+/// They hold the bench's records: the returned guard deletes them however
+/// the run ends, and those of a creation that failed part way too.
+fn create_topics(
+    settings: &KafkaSettings,
+    serve_cfg: &Config,
+    partitions: i32,
+) -> anyhow::Result<BenchTopics> {
+    let k = &serve_cfg.kafka;
     let mut topics = BenchTopics {
         settings: settings.clone(),
         topics: vec![
@@ -264,14 +312,14 @@ fn run_both(
         held: Held::Part,
     };
     let created = ensure_topics(
-        &settings,
+        settings,
         &[
-            (k.request_topic.as_str(), args.partitions),
-            (k.response_topic.as_str(), args.partitions),
+            (k.request_topic.as_str(), partitions),
+            (k.response_topic.as_str(), partitions),
             (k.dead_letter_topic.as_str(), 1),
         ],
         k.replication_factor,
-        timeout,
+        Duration::from_secs(10),
     );
     topics.held = match &created {
         Ok(()) => Held::All,
@@ -281,21 +329,25 @@ fn run_both(
         // deletion would wait as long again.
         Err(_) => Held::Nothing,
     };
-    created.with_context(|| format!("bench kafka: creating its topics on {brokers}"))?;
+    created.with_context(|| format!("bench kafka: creating its topics on {}", k.brokers))?;
+    Ok(topics)
+}
 
-    // The topics exist: the broker answers, so the Parquet half is not
-    // spent on a run that cannot finish. Parquet first: it warms nothing
-    // the Kafka run uses.
-    eprintln!(
-        "replaying {} requests from Parquet at {} rps...",
-        args.requests, args.rps
-    );
+/// The Parquet half's figures.
+struct Replayed {
+    side: Side,
+    p99_ms: f64,
+    errors: u64,
+}
+
+/// Replays the trace in `dir` at the config's pace, with exact
+/// percentiles, as the Kafka side's are (the summary's are the upper
+/// edges of 1%-wide histogram buckets).
+fn replay_parquet(config: Config, dir: PathBuf) -> anyhow::Result<Replayed> {
     let mut replayed = grflow_pipeline::replay(ReplayOptions {
-        trace: TraceInput::Parquet(dir.clone()),
-        config: config.clone(),
+        trace: TraceInput::Parquet(dir),
+        config,
         show_progress: false,
-        // Exact percentiles, as the Kafka side's below (the summary's are
-        // the upper edges of 1%-wide histogram buckets).
         responses: grflow_pipeline::replay::ResponseOutput::Collect,
         counters: None,
         commands: Vec::new(),
@@ -304,24 +356,38 @@ fn run_both(
     })
     .context("Parquet replay")?;
     replayed.exact_latency();
-    let parquet = Side {
-        responses: replayed.summary.responses_out,
-        wall_s: replayed.summary.wall_s,
-    };
-    let parquet_p99_ms = (replayed.summary.latency_ms.as_ref())
-        .context("the Parquet replay answered no request: no p99 to compare")?
-        .p99;
-    eprintln!("serving the same trace through Kafka at {brokers}...");
-    let topic_names = (k.request_topic.clone(), k.response_topic.clone());
+    let summary = &replayed.summary;
+    Ok(Replayed {
+        side: Side {
+            responses: summary.responses_out,
+            wall_s: summary.wall_s,
+        },
+        p99_ms: (summary.latency_ms.as_ref())
+            .context("the Parquet replay answered no request: no p99 to compare")?
+            .p99,
+        errors: summary.errors,
+    })
+}
 
+/// Runs `serve_cfg` in-process, offers the trace to it and reads the
+/// answers back; however that ends (an error, a timeout), the job stops
+/// and is joined before its topics are deleted, and a job that does not
+/// stop keeps them (`Held::InUse`).
+fn serve_kafka(
+    args: &Args,
+    serve_cfg: Config,
+    settings: &KafkaSettings,
+    trace: &grflow_traces::Trace,
+    topics: &mut BenchTopics,
+) -> anyhow::Result<Offered> {
+    let k = &serve_cfg.kafka;
+    let topic_names = (k.request_topic.clone(), k.response_topic.clone());
     let stop = Arc::new(AtomicBool::new(false));
     let serve_stop = stop.clone();
     let job = std::thread::spawn(move || {
         grflow_pipeline::serve(ServeOptions::new(serve_cfg), serve_stop)
     });
-    let offered = offer(args, &settings, trace, &topic_names, &job);
-    // However that ended (an error, a timeout), the job stops and is
-    // joined before its topics are deleted.
+    let offered = offer(args, settings, trace, &topic_names, &job);
     stop.store(true, Ordering::Relaxed);
     let served = match join_within(job, JOB_STOP_WAIT) {
         Ok(Ok(summary)) => Ok(summary),
@@ -336,33 +402,12 @@ fn run_both(
             ))
         }
     };
-    let (m, _summary) = match (offered, served) {
-        (Ok(m), Ok(s)) => (m, s),
-        (Err(e), Ok(_)) => return Err(e),
-        (Ok(_), Err(j)) => return Err(j),
-        (Err(e), Err(j)) => return Err(anyhow::anyhow!("{e:#} ({j:#})")),
-    };
-    let c = compare(m, parquet)?;
-    Ok(KafkaBench {
-        requests: args.requests,
-        offered_rps: args.rps,
-        kafka_rps: c.kafka_rps,
-        parquet_rps: c.parquet_rps,
-        throughput_ratio: c.kafka_rps / c.parquet_rps,
-        kafka_p99_ms: c.kafka_p99_ms,
-        parquet_p99_ms,
-        p99_ratio: c.kafka_p99_ms / parquet_p99_ms,
-        kafka_end_to_end_p99_ms: c.kafka_end_to_end_p99_ms,
-        kafka_errors: c.kafka_errors,
-        parquet_errors: replayed.summary.errors,
-        workers: args.workers,
-        partitions: args.partitions,
-        brokers: brokers.to_string(),
-        librdkafka: args.librdkafka.iter().cloned().collect(),
-        machine: machine_name(),
-        // After both runs, so that it disturbs neither.
-        gemm_gflops: gemm_peak_gflops(),
-    })
+    match (offered, served) {
+        (Ok(m), Ok(_)) => Ok(m),
+        (Err(e), Ok(_)) => Err(e),
+        (Ok(_), Err(j)) => Err(j),
+        (Err(e), Err(j)) => Err(anyhow::anyhow!("{e:#} ({j:#})")),
+    }
 }
 
 /// How long the bench waits for the serve job to stop once asked.
@@ -380,6 +425,55 @@ struct Offered {
     end_to_end_ms: Vec<f64>,
     /// Answers that were error records (no latency to rank).
     errors: u64,
+}
+
+/// The serve job ended while the bench still offered or waited.
+fn ended_early() -> anyhow::Error {
+    anyhow::anyhow!("the serve job ended before the bench was done")
+}
+
+/// Offers load only once the job answers on every partition: a fixed
+/// sleep was sometimes shorter than the consumer group's join, and the
+/// requests produced meanwhile arrived as one burst whose queue set the
+/// whole run's p99 (the first 5 s window had p99 88 ms, later ones 4-5).
+/// One request per partition, `req_ids` from `total` on (in none of the
+/// figures), made by `body`; waits up to 120 s for their answers.
+fn warm_up_partitions(
+    partitions: i32,
+    total: usize,
+    producer: &OutputProducer,
+    tail: &RequestConsumer,
+    request_topic: &str,
+    body: impl Fn(u64) -> serde_json::Result<Vec<u8>>,
+    job: &std::thread::JoinHandle<Result<ServeSummary, ServeError>>,
+) -> anyhow::Result<()> {
+    for p in 0..partitions {
+        let id = RecordId {
+            partition: p,
+            offset: -1 - p as i64,
+        };
+        producer.send_to(request_topic, p, &body((total + p as usize) as u64)?, id)?;
+    }
+    let ready_by = Instant::now() + Duration::from_secs(120);
+    let mut warm = HashSet::new();
+    while warm.len() < partitions as usize {
+        if job.is_finished() {
+            return Err(ended_early());
+        }
+        if Instant::now() > ready_by {
+            bail!(
+                "the job answered {} of {partitions} warm-up requests in 120 s",
+                warm.len()
+            );
+        }
+        while let Some(record) = tail.poll(Duration::from_millis(10)) {
+            let answer = read_answer(record?.payload)?;
+            if answer.req_id >= total as u64 {
+                warm.insert(answer.req_id);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Warms the job up (one request per partition, answered), then offers
@@ -412,42 +506,18 @@ fn offer(
             "mode": match r.mode { Mode::Rank => "rank", Mode::Retrieve => "retrieve" },
         }))
     };
-    let ended_early = || anyhow::anyhow!("the serve job ended before the bench was done");
-    // Offer load only once the job answers on every partition: a fixed
-    // sleep was sometimes shorter than the consumer group's join, and the
-    // requests produced meanwhile arrived as one burst whose queue set the
-    // whole run's p99 (the first 5 s window had p99 88 ms, later ones 4-5).
-    // The warm-up requests (req_id >= total) are in none of the figures.
     if let Some(first) = trace.requests.first() {
         eprintln!("waiting for the job to answer on every partition...");
-        for p in 0..args.partitions {
-            let id = RecordId {
-                partition: p,
-                offset: -1 - p as i64,
-            };
-            let req_id = (total + p as usize) as u64;
-            producer.send_to(request_topic, p, &request_body(req_id, first)?, id)?;
-        }
-        let ready_by = Instant::now() + Duration::from_secs(120);
-        let mut warm = HashSet::new();
-        while warm.len() < args.partitions as usize {
-            if job.is_finished() {
-                return Err(ended_early());
-            }
-            if Instant::now() > ready_by {
-                bail!(
-                    "the job answered {} of {} warm-up requests in 120 s",
-                    warm.len(),
-                    args.partitions
-                );
-            }
-            while let Some(record) = tail.poll(Duration::from_millis(10)) {
-                let answer = read_answer(record?.payload)?;
-                if answer.req_id >= total as u64 {
-                    warm.insert(answer.req_id);
-                }
-            }
-        }
+        let warm_up = |req_id| request_body(req_id, first);
+        warm_up_partitions(
+            args.partitions,
+            total,
+            &producer,
+            &tail,
+            request_topic,
+            warm_up,
+            job,
+        )?;
     }
     let started = Instant::now();
     let mut sent_at = vec![Duration::ZERO; total];
