@@ -40,9 +40,72 @@ const TOP: f64 = 40.0;
 const BOTTOM: f64 = 55.0;
 const TICKS: usize = 5;
 
+// The plot area inside the margins.
+const PLOT_W: f64 = W - LEFT - RIGHT;
+const PLOT_H: f64 = H - TOP - BOTTOM;
+const PLOT_BOTTOM: f64 = TOP + PLOT_H;
+const PLOT_RIGHT: f64 = LEFT + PLOT_W;
+
+/// The data ranges the plot area shows, and how values map into it.
+#[derive(Clone, Copy, Debug)]
+struct Frame {
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+}
+
+impl Frame {
+    fn x(&self, v: f64) -> f64 {
+        LEFT + (v - self.x0) / (self.x1 - self.x0) * PLOT_W
+    }
+
+    /// Values outside the range are drawn at its edge.
+    fn y(&self, v: f64) -> f64 {
+        TOP + PLOT_H - (v.clamp(self.y0, self.y1) - self.y0) / (self.y1 - self.y0) * PLOT_H
+    }
+}
+
 impl LineChart {
     /// The chart as a standalone SVG document.
     pub fn to_svg(&self) -> String {
+        let frame = self.frame();
+        let mut svg = String::new();
+        let _ = writeln!(
+            svg,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
+             font-family=\"sans-serif\" font-size=\"12\">"
+        );
+        let _ = writeln!(svg, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{}</text>",
+            LEFT + PLOT_W / 2.0,
+            escape(&self.title)
+        );
+        self.axes(&mut svg, &frame);
+        if let Some((v, label)) = &self.reference {
+            let py = frame.y(*v);
+            let _ = writeln!(
+                svg,
+                "<line class=\"reference\" x1=\"{LEFT}\" y1=\"{py:.1}\" x2=\"{PLOT_RIGHT}\" y2=\"{py:.1}\" \
+                 stroke=\"gray\" stroke-dasharray=\"4\"/><text x=\"{}\" y=\"{:.1}\" fill=\"gray\">{}</text>",
+                PLOT_RIGHT + 4.0,
+                py + 4.0,
+                escape(label)
+            );
+        }
+        for (i, s) in self.series.iter().enumerate() {
+            self.series_and_legend(&mut svg, &frame, i, s);
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+
+    /// The ranges of the finite points: x over the data, y from the
+    /// chart's `y_range`, else from 0 (or below) to the highest value or
+    /// reference line.
+    fn frame(&self) -> Frame {
         let finite = |v: &f64| v.is_finite();
         let xs: Vec<f64> = self
             .series
@@ -62,34 +125,21 @@ impl LineChart {
             let all: Vec<f64> = ys.iter().copied().chain(reference).collect();
             span(&all, Some(0.0))
         });
-        let plot_w = W - LEFT - RIGHT;
-        let plot_h = H - TOP - BOTTOM;
-        let x = |v: f64| LEFT + (v - x0) / (x1 - x0) * plot_w;
-        let y = |v: f64| TOP + plot_h - (v.clamp(y0, y1) - y0) / (y1 - y0) * plot_h;
+        Frame { x0, x1, y0, y1 }
+    }
 
-        let mut svg = String::new();
-        let _ = writeln!(
-            svg,
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" \
-             font-family=\"sans-serif\" font-size=\"12\">"
-        );
-        let _ = writeln!(svg, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{}</text>",
-            LEFT + plot_w / 2.0,
-            escape(&self.title)
-        );
-        // Axes, ticks and labels.
-        let (bottom, right) = (TOP + plot_h, LEFT + plot_w);
+    /// Axes, ticks with their values and grid lines, and the axis labels.
+    fn axes(&self, svg: &mut String, frame: &Frame) {
+        let (bottom, right) = (PLOT_BOTTOM, PLOT_RIGHT);
         let _ = writeln!(
             svg,
             "<path class=\"axes\" d=\"M{LEFT},{TOP} V{bottom} H{right}\" fill=\"none\" stroke=\"black\"/>"
         );
+        let Frame { x0, x1, y0, y1 } = *frame;
         for i in 0..=TICKS {
             let f = i as f64 / TICKS as f64;
             let (xv, yv) = (x0 + f * (x1 - x0), y0 + f * (y1 - y0));
-            let (px, py) = (x(xv), y(yv));
+            let (px, py) = (frame.x(xv), frame.y(yv));
             let _ = writeln!(
                 svg,
                 "<line x1=\"{px:.1}\" y1=\"{bottom}\" x2=\"{px:.1}\" y2=\"{}\" stroke=\"black\"/>\
@@ -112,7 +162,7 @@ impl LineChart {
         let _ = writeln!(
             svg,
             "<text class=\"xlabel\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
-            LEFT + plot_w / 2.0,
+            LEFT + PLOT_W / 2.0,
             H - 12.0,
             escape(&self.x_label)
         );
@@ -120,59 +170,48 @@ impl LineChart {
             svg,
             "<text class=\"ylabel\" x=\"18\" y=\"{0}\" transform=\"rotate(-90 18 {0})\" \
              text-anchor=\"middle\">{1}</text>",
-            TOP + plot_h / 2.0,
+            TOP + PLOT_H / 2.0,
             escape(&self.y_label)
         );
-        if let Some((v, label)) = &self.reference {
-            let py = y(*v);
-            let _ = writeln!(
-                svg,
-                "<line class=\"reference\" x1=\"{LEFT}\" y1=\"{py:.1}\" x2=\"{right}\" y2=\"{py:.1}\" \
-                 stroke=\"gray\" stroke-dasharray=\"4\"/><text x=\"{}\" y=\"{:.1}\" fill=\"gray\">{}</text>",
-                right + 4.0,
-                py + 4.0,
-                escape(label)
-            );
-        }
-        // Series and legend.
-        for (i, s) in self.series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            let points: Vec<String> = s
-                .points
-                .iter()
-                .filter(|p| p.0.is_finite() && p.1.is_finite())
-                .map(|&(px, py)| format!("{:.1},{:.1}", x(px), y(py)))
-                .collect();
-            let _ = writeln!(
-                svg,
-                "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{color}\" \
-                 stroke-width=\"2\" points=\"{}\"/>",
-                escape(&s.name),
-                points.join(" ")
-            );
-            if self.markers {
-                for p in &points {
-                    let (cx, cy) = p.split_once(',').expect("formatted above");
-                    let _ = writeln!(
-                        svg,
-                        "<circle cx=\"{cx}\" cy=\"{cy}\" r=\"3\" fill=\"{color}\"/>"
-                    );
-                }
+    }
+
+    /// Series `i` as a polyline of its finite points (dotted with
+    /// `markers`) and its legend entry.
+    fn series_and_legend(&self, svg: &mut String, frame: &Frame, i: usize, s: &Series) {
+        let color = COLORS[i % COLORS.len()];
+        let points: Vec<String> = s
+            .points
+            .iter()
+            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .map(|&(px, py)| format!("{:.1},{:.1}", frame.x(px), frame.y(py)))
+            .collect();
+        let _ = writeln!(
+            svg,
+            "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{color}\" \
+             stroke-width=\"2\" points=\"{}\"/>",
+            escape(&s.name),
+            points.join(" ")
+        );
+        if self.markers {
+            for p in &points {
+                let (cx, cy) = p.split_once(',').expect("formatted above");
+                let _ = writeln!(
+                    svg,
+                    "<circle cx=\"{cx}\" cy=\"{cy}\" r=\"3\" fill=\"{color}\"/>"
+                );
             }
-            let ly = TOP + 10.0 + 18.0 * i as f64;
-            let _ = writeln!(
-                svg,
-                "<line x1=\"{0}\" y1=\"{ly}\" x2=\"{1}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"/>\
-                 <text class=\"legend\" x=\"{2}\" y=\"{3}\">{4}</text>",
-                right + 10.0,
-                right + 30.0,
-                right + 35.0,
-                ly + 4.0,
-                escape(&s.name)
-            );
         }
-        svg.push_str("</svg>\n");
-        svg
+        let ly = TOP + 10.0 + 18.0 * i as f64;
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{0}\" y1=\"{ly}\" x2=\"{1}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"/>\
+             <text class=\"legend\" x=\"{2}\" y=\"{3}\">{4}</text>",
+            PLOT_RIGHT + 10.0,
+            PLOT_RIGHT + 30.0,
+            PLOT_RIGHT + 35.0,
+            ly + 4.0,
+            escape(&s.name)
+        );
     }
 }
 
