@@ -34,7 +34,7 @@ use output::{
     CurvePoint, FLAT_REWARD_SHARE, Scratch, check_curve_path, curve_path, flat_reward_warning,
     write_replacing,
 };
-use selection::{Greedy, Selection, greedy_p99, keep_recent};
+use selection::{Checkpoints, Selection};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -168,42 +168,12 @@ struct Report {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    if args.iterations == 0 || args.seeds == 0 {
-        return Err(InputError::from_display(
-            "--iterations and --seeds must be at least 1",
-        ));
-    }
-    let ppo = ppo_config(&args)?;
-    check_validation_seeds(&args)?;
+    let ppo = check_args(&args)?;
     let regimes = regimes(&args.regime)?;
-    // Checked here, by flag, and before calibrating: the trace's own check
-    // would name `trace.requests` / `trace.rps`, keys the user never wrote.
-    if args.requests == Some(0) {
-        return Err(InputError::from_display("--requests must be >= 1"));
-    }
-    if let Some(r) = args.rps
-        && !(r.is_finite() && r > 0.0)
-    {
-        return Err(InputError::from_display(format!(
-            "--rps must be a finite number > 0 (got {r})"
-        )));
-    }
     super::check_out_file(&args.out, args.force)?;
     let curve_path = curve_path(&args.out);
     check_curve_path(&args.out, &curve_path, args.force)?;
-    let (mut base, cost) = virtual_base(
-        args.config.as_deref(),
-        args.calibration.as_deref(),
-        args.slo_ms,
-    )?;
-    if let Some(n) = args.requests {
-        base.trace.requests = n;
-    }
-    if let Some(r) = args.rps {
-        base.trace.rps = r;
-    }
-    base.allocator.policy = AllocatorPolicy::PpoOnly;
-    base.allocator.sample = true;
+    let (base, cost) = training_base(&args)?;
     let slo_ms = base.run.slo_ms.rank;
 
     let traces = episode_traces(&base, &regimes, args.seed_base, args.seeds)?;
@@ -217,13 +187,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    let select_traces = validation.as_ref().unwrap_or(&traces);
     let select_on = selection_traces(&args);
     let scratch = Scratch::beside(&args.out)?;
     let work = scratch.0.clone();
-    let policy_path = work.join("current.safetensors");
     let mut policy = ActorCritic::new(args.seed);
-    let mut curve = Vec::new();
     eprintln!(
         "training: {} iterations x {} episodes of {} requests, SLO {slo_ms} ms, {} parameters",
         args.iterations,
@@ -231,107 +198,48 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         base.trace.requests,
         policy.parameters()
     );
-    let mut selection = Selection::new();
-    // The untrained policy's greedy p99s (iteration 0's): static α.
-    let mut untrained: Option<Greedy> = None;
-    // Scores `policy` (named `what` in the log) on the selection traces.
-    let mut greedy = |what: &str, policy: &ActorCritic| -> anyhow::Result<(Greedy, f64)> {
-        let g = greedy_p99(&base, select_traces, policy, &work)?;
-        let reference = untrained.get_or_insert_with(|| g.clone());
-        let score = g.score(args.select_by, reference);
-        eprintln!(
-            "{what}: mean p99 {:.4} ms on the {select_on} ({}), selection score {score:.4}",
-            g.mean,
-            g.by_regime
-                .iter()
-                .map(|(r, p)| format!("{r} {p:.4}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        Ok((g, score))
+    let mut checkpoints = Checkpoints {
+        base: &base,
+        traces: validation.as_ref().unwrap_or(&traces),
+        work: &work,
+        select_by: args.select_by,
+        select_on: &select_on,
+        average_last: args.average_last,
+        untrained: None,
+        selection: Selection::new(),
+        scored: Vec::new(),
+        last_scored: None,
     };
-    let mut warned_flat = false;
-    // The last --average-last scored checkpoints.
-    let mut scored: Vec<(usize, ActorCritic)> = Vec::new();
     // Ctrl-C (or SIGTERM) ends the training after the current episode:
     // the checkpoints so far are scored and the best is written, as at the
     // end of a whole run.
     let stop = StopRequest::default();
     super::stop_on_signals(&stop)?;
-    let mut iterations = 0;
-    let mut last_scored = None;
+    let training = Training {
+        args: &args,
+        base: &base,
+        regimes: regimes.len(),
+        traces: &traces,
+        policy_path: work.join("current.safetensors"),
+        ppo: &ppo,
+        stop: &stop,
+    };
+    let mut curve = Vec::new();
+    let mut warned_flat = false;
     for iteration in 0..args.iterations {
         if stop.requested() {
             break;
         }
-        let it_started = std::time::Instant::now();
-        let evaluated = if args.select_every > 0 && iteration % args.select_every == 0 {
-            let (g, score) = greedy(&format!("greedy policy after {iteration} updates"), &policy)?;
-            selection.offer(iteration, score, || (policy.clone(), g.mean));
-            keep_recent(&mut scored, args.average_last, iteration, &policy);
-            last_scored = Some(iteration);
-            Some((g, score))
-        } else {
-            None
-        };
-        let greedy_p99_ms = evaluated.as_ref().map(|(g, _)| g.mean);
-        std::fs::write(&policy_path, policy.to_safetensors())
-            .with_context(|| format!("writing {}", policy_path.display()))?;
-        let Some(played) = play_iteration(
-            &args,
-            &base,
-            regimes.len(),
-            &traces,
-            &policy_path,
-            iteration,
-            &stop,
-        )?
-        else {
+        let Some(point) = training.iteration(iteration, &mut policy, &mut checkpoints)? else {
             break;
         };
-        let (trajectories, p99s) = (played.trajectories, played.p99s);
-        if trajectories.iter().all(|t| t.is_empty()) {
-            // Nothing to learn from: the policy would be written untrained.
-            return Err(InputError::from_display(format!(
-                "iteration {iteration}: the allocator decided in no window of any episode: \
-                 every window had fewer than allocator.min_requests ({}) requests; raise \
-                 --requests or --rps, or lower allocator.min_requests or windows.epoch_ms ({} ms)",
-                base.allocator.min_requests, base.windows.epoch_ms
-            )));
-        }
-        let stats = policy.update(&trajectories, &ppo, args.seed ^ iteration as u64);
-        let point = CurvePoint {
-            iteration,
-            mean_reward: stats.mean_reward,
-            best_reward_share: stats.best_reward_share,
-            mean_p99_ms: p99s.iter().sum::<f64>() / p99s.len().max(1) as f64,
-            decisions: stats.steps,
-            entropy: stats.entropy,
-            approx_kl: stats.approx_kl,
-            greedy_p99_ms,
-            greedy_p99_ms_by_regime: evaluated
-                .as_ref()
-                .map(|(g, _)| g.by_regime.clone())
-                .unwrap_or_default(),
-            selection_score: evaluated.map(|(_, score)| score),
-            wall_s: it_started.elapsed().as_secs_f64(),
-        };
-        eprintln!(
-            "iteration {:>3}: mean reward {:.4}, mean p99 {:.3} ms, {} decisions, entropy {:.3}, {:.1} s",
-            point.iteration,
-            point.mean_reward,
-            point.mean_p99_ms,
-            point.decisions,
-            point.entropy,
-            point.wall_s
-        );
         if !warned_flat && point.best_reward_share >= FLAT_REWARD_SHARE {
             warned_flat = true;
             eprintln!("warning: {}", flat_reward_warning(&point, slo_ms));
         }
         curve.push(point);
-        iterations = iteration + 1;
     }
+    let iterations = curve.len();
     if stop.requested() {
         if iterations == 0 {
             eprintln!(
@@ -349,35 +257,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // The last checkpoint, unless a stop inside an iteration left it
     // scored already (at that iteration's start).
-    if args.select_every > 0 && last_scored != Some(iterations) {
-        let what = format!("greedy policy after {iterations} updates");
-        let (g, last) = greedy(&what, &policy)?;
-        selection.offer(iterations, last, || (policy.clone(), g.mean));
-        keep_recent(&mut scored, args.average_last, iterations, &policy);
+    if args.select_every > 0 && checkpoints.last_scored != Some(iterations) {
+        checkpoints.offer(iterations, &policy)?;
     }
     // The average of the last checkpoints, a candidate like the others.
-    let mut averaged: Option<Vec<usize>> = None;
-    if args.average_last >= 2 && scored.len() >= 2 {
-        let members: Vec<usize> = scored.iter().map(|(u, _)| *u).collect();
-        let nets: Vec<&ActorCritic> = scored.iter().map(|(_, p)| p).collect();
-        let avg = ActorCritic::average(&nets).context("averaging checkpoints of one shape")?;
-        let (g, score) = greedy(
-            &format!("mean of the checkpoints after {members:?} updates"),
-            &avg,
-        )?;
-        if selection.offer(iterations, score, || (avg, g.mean)) {
-            averaged = Some(members);
-        }
-    }
+    let averaged = checkpoints.offer_average(iterations)?;
     // No selection, or no checkpoint scored (every p99 NaN): the last.
-    let (selected_updates, selected, mut policy) = match selection.best {
+    let (selected_updates, selected, mut policy) = match checkpoints.selection.best {
         Some((updates, score, (chosen, p99))) => (updates, Some((score, p99)), chosen),
         None => (iterations, None, policy),
     };
-    let selected_p99 = selected.map(|(_, p99)| p99);
-    let untrained_p99 = curve.first().and_then(|c| c.greedy_p99_ms);
-    let untrained_score = curve.first().and_then(|c| c.selection_score);
-    let chosen = match (selected.map(|(score, _)| score), untrained_score) {
+    let chosen = match (
+        selected.map(|(score, _)| score),
+        curve.first().and_then(|c| c.selection_score),
+    ) {
         (Some(p), Some(u)) => Some(Chosen {
             updates: selected_updates,
             score: p,
@@ -420,26 +313,161 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         last_mean_reward: curve.last().map_or(0.0, |c| c.mean_reward),
         first_best_reward_share: curve.first().map_or(0.0, |c| c.best_reward_share),
         selected_updates,
-        selected_greedy_p99_ms: selected_p99,
-        untrained_greedy_p99_ms: untrained_p99,
-        averaged_checkpoints: averaged.clone(),
+        selected_greedy_p99_ms: selected.map(|(_, p99)| p99),
+        untrained_greedy_p99_ms: curve.first().and_then(|c| c.greedy_p99_ms),
+        averaged_checkpoints: averaged,
         wall_s: started.elapsed().as_secs_f64(),
     };
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!(
-            "wrote {} ({} parameters, after {} updates) and {}; mean reward {:.4} -> {:.4} in {:.0} s",
-            report.policy,
-            report.parameters,
-            report.selected_updates,
-            report.curve,
-            report.first_mean_reward,
-            report.last_mean_reward,
-            report.wall_s
-        );
-    }
+    report.print(args.json)?;
     super::StoppedBySignal::check(&stop)
+}
+
+impl Report {
+    fn print(&self, json: bool) -> anyhow::Result<()> {
+        if json {
+            println!("{}", serde_json::to_string(self)?);
+        } else {
+            println!(
+                "wrote {} ({} parameters, after {} updates) and {}; mean reward {:.4} -> {:.4} in {:.0} s",
+                self.policy,
+                self.parameters,
+                self.selected_updates,
+                self.curve,
+                self.first_mean_reward,
+                self.last_mean_reward,
+                self.wall_s
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The flags' checks that need no file, and PPO's settings from them.
+fn check_args(args: &Args) -> anyhow::Result<PpoConfig> {
+    if args.iterations == 0 || args.seeds == 0 {
+        return Err(InputError::from_display(
+            "--iterations and --seeds must be at least 1",
+        ));
+    }
+    let ppo = ppo_config(args)?;
+    check_validation_seeds(args)?;
+    // Checked here, by flag, and before calibrating: the trace's own check
+    // would name `trace.requests` / `trace.rps`, keys the user never wrote.
+    if args.requests == Some(0) {
+        return Err(InputError::from_display("--requests must be >= 1"));
+    }
+    if let Some(r) = args.rps
+        && !(r.is_finite() && r > 0.0)
+    {
+        return Err(InputError::from_display(format!(
+            "--rps must be a finite number > 0 (got {r})"
+        )));
+    }
+    Ok(ppo)
+}
+
+/// The episodes' config (virtual clock, `ppo-only` sampling its actions,
+/// the flags' workload) and the cost model it charges.
+fn training_base(
+    args: &Args,
+) -> anyhow::Result<(grflow_pipeline::Config, grflow_kernels::cost::CostModel)> {
+    let (mut base, cost) = virtual_base(
+        args.config.as_deref(),
+        args.calibration.as_deref(),
+        args.slo_ms,
+    )?;
+    if let Some(n) = args.requests {
+        base.trace.requests = n;
+    }
+    if let Some(r) = args.rps {
+        base.trace.rps = r;
+    }
+    base.allocator.policy = AllocatorPolicy::PpoOnly;
+    base.allocator.sample = true;
+    Ok((base, cost))
+}
+
+/// What every iteration of one training shares.
+struct Training<'a> {
+    args: &'a Args,
+    base: &'a grflow_pipeline::Config,
+    regimes: usize,
+    traces: &'a [episodes::EpisodeTrace],
+    /// Where each iteration's episodes read the policy from.
+    policy_path: PathBuf,
+    ppo: &'a PpoConfig,
+    stop: &'a StopRequest,
+}
+
+impl Training<'_> {
+    /// Iteration `iteration`: scores the policy first when selection is
+    /// due, plays every episode with it, and makes one PPO update. `None`
+    /// when a stop came before the episodes ended (nothing learned).
+    fn iteration(
+        &self,
+        iteration: usize,
+        policy: &mut ActorCritic,
+        checkpoints: &mut Checkpoints,
+    ) -> anyhow::Result<Option<CurvePoint>> {
+        let args = self.args;
+        let it_started = std::time::Instant::now();
+        let evaluated = if args.select_every > 0 && iteration.is_multiple_of(args.select_every) {
+            Some(checkpoints.offer(iteration, policy)?)
+        } else {
+            None
+        };
+        std::fs::write(&self.policy_path, policy.to_safetensors())
+            .with_context(|| format!("writing {}", self.policy_path.display()))?;
+        let Some(played) = play_iteration(
+            args,
+            self.base,
+            self.regimes,
+            self.traces,
+            &self.policy_path,
+            iteration,
+            self.stop,
+        )?
+        else {
+            return Ok(None);
+        };
+        let (trajectories, p99s) = (played.trajectories, played.p99s);
+        if trajectories.iter().all(|t| t.is_empty()) {
+            // Nothing to learn from: the policy would be written untrained.
+            return Err(InputError::from_display(format!(
+                "iteration {iteration}: the allocator decided in no window of any episode: \
+                 every window had fewer than allocator.min_requests ({}) requests; raise \
+                 --requests or --rps, or lower allocator.min_requests or windows.epoch_ms ({} ms)",
+                self.base.allocator.min_requests, self.base.windows.epoch_ms
+            )));
+        }
+        let stats = policy.update(&trajectories, self.ppo, args.seed ^ iteration as u64);
+        let point = CurvePoint {
+            iteration,
+            mean_reward: stats.mean_reward,
+            best_reward_share: stats.best_reward_share,
+            mean_p99_ms: p99s.iter().sum::<f64>() / p99s.len().max(1) as f64,
+            decisions: stats.steps,
+            entropy: stats.entropy,
+            approx_kl: stats.approx_kl,
+            greedy_p99_ms: evaluated.as_ref().map(|(g, _)| g.mean),
+            greedy_p99_ms_by_regime: evaluated
+                .as_ref()
+                .map(|(g, _)| g.by_regime.clone())
+                .unwrap_or_default(),
+            selection_score: evaluated.map(|(_, score)| score),
+            wall_s: it_started.elapsed().as_secs_f64(),
+        };
+        eprintln!(
+            "iteration {:>3}: mean reward {:.4}, mean p99 {:.3} ms, {} decisions, entropy {:.3}, {:.1} s",
+            point.iteration,
+            point.mean_reward,
+            point.mean_p99_ms,
+            point.decisions,
+            point.entropy,
+            point.wall_s
+        );
+        Ok(Some(point))
+    }
 }
 
 /// Held-out seeds must be held out: refused by flag when they overlap the

@@ -65,6 +65,82 @@ impl<T> Selection<T> {
     }
 }
 
+/// The checkpoints of one training: each scored greedily on the selection
+/// traces against the untrained policy's p99s (the first scored), the best
+/// so far, and the last `--average-last` for their mean.
+pub(super) struct Checkpoints<'a> {
+    pub(super) base: &'a grflow_pipeline::Config,
+    pub(super) traces: &'a [EpisodeTrace],
+    pub(super) work: &'a std::path::Path,
+    pub(super) select_by: SelectBy,
+    /// The selection traces, in words (the log says what it scored on).
+    pub(super) select_on: &'a str,
+    pub(super) average_last: usize,
+    /// The untrained policy's greedy p99s: α held at the config's.
+    pub(super) untrained: Option<Greedy>,
+    /// The best: (policy, its greedy mean p99).
+    pub(super) selection: Selection<(ActorCritic, f64)>,
+    /// The last `average_last` scored.
+    pub(super) scored: Vec<(usize, ActorCritic)>,
+    /// PPO updates behind the last one scored.
+    pub(super) last_scored: Option<usize>,
+}
+
+impl Checkpoints<'_> {
+    /// Scores `policy` (named `what` in the log) on the selection traces.
+    fn score(&mut self, what: &str, policy: &ActorCritic) -> anyhow::Result<(Greedy, f64)> {
+        let g = greedy_p99(self.base, self.traces, policy, self.work)?;
+        let reference = self.untrained.get_or_insert_with(|| g.clone());
+        let score = g.score(self.select_by, reference);
+        eprintln!(
+            "{what}: mean p99 {:.4} ms on the {} ({}), selection score {score:.4}",
+            g.mean,
+            self.select_on,
+            g.by_regime
+                .iter()
+                .map(|(r, p)| format!("{r} {p:.4}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok((g, score))
+    }
+
+    /// Scores `policy` after `updates` PPO updates, offers it to the
+    /// selection and keeps it among the recent ones.
+    pub(super) fn offer(
+        &mut self,
+        updates: usize,
+        policy: &ActorCritic,
+    ) -> anyhow::Result<(Greedy, f64)> {
+        let (g, score) = self.score(&format!("greedy policy after {updates} updates"), policy)?;
+        self.selection
+            .offer(updates, score, || (policy.clone(), g.mean));
+        keep_recent(&mut self.scored, self.average_last, updates, policy);
+        self.last_scored = Some(updates);
+        Ok((g, score))
+    }
+
+    /// The parameter mean of the recent checkpoints, offered like the
+    /// others (as after `updates`): the updates behind its members when it
+    /// is the new best.
+    pub(super) fn offer_average(&mut self, updates: usize) -> anyhow::Result<Option<Vec<usize>>> {
+        if self.average_last < 2 || self.scored.len() < 2 {
+            return Ok(None);
+        }
+        let members: Vec<usize> = self.scored.iter().map(|(u, _)| *u).collect();
+        let nets: Vec<&ActorCritic> = self.scored.iter().map(|(_, p)| p).collect();
+        let avg = ActorCritic::average(&nets).context("averaging checkpoints of one shape")?;
+        let (g, score) = self.score(
+            &format!("mean of the checkpoints after {members:?} updates"),
+            &avg,
+        )?;
+        Ok(self
+            .selection
+            .offer(updates, score, || (avg, g.mean))
+            .then_some(members))
+    }
+}
+
 /// Keeps the last `n` scored checkpoints (none when `n` < 2: nothing is
 /// averaged), `policy` after `updates` updates being the newest.
 pub(super) fn keep_recent(
