@@ -107,6 +107,11 @@ else
     log "SKIPPED: cargo clippy (clippy is not installed: rustup component add clippy)"
 fi
 
+# The crates' docs are how a successor reads the code: a link that names
+# nothing (or a private item) fails here, not in someone's browser.
+log "cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
 log "cargo test (workspace)"
 mkdir -p target
 set +e

@@ -534,7 +534,7 @@ fn coverage(profile: &[ShardId], resident: &HashSet<ShardId>) -> f64 {
     hits as f64 / profile.len() as f64
 }
 
-/// Prof[u]: the K shards a history touches most (ties to the lower shard id).
+/// Prof\[u\]: the K shards a history touches most (ties to the lower shard id).
 /// Counted by sorting: a history touches a few hundred shards, and a sort
 /// of them beats hashing each (this runs on every routed request).
 pub fn shard_profile(shards_touched: impl IntoIterator<Item = ShardId>, k: usize) -> Vec<ShardId> {

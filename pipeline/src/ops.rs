@@ -70,7 +70,7 @@ impl OpsState {
 
     /// The `/status` document; secrets in it (librdkafka passwords, keys)
     /// are replaced by `"***"`. Its `state`, `version`, `ready` and
-    /// `not_ready` are the endpoint's own (see [`OpsState::status_document`]).
+    /// `not_ready` are the endpoint's own (see `OpsState::status_document`).
     pub fn set_status(&self, mut status: serde_json::Value) {
         redact(&mut status);
         *self.status.lock().expect("ops lock") = status;

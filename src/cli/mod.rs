@@ -72,7 +72,7 @@ pub(crate) const KAFKA_CONFIG: &str = "configs/kafka.toml";
 /// The config and brokers of a Kafka job, as `serve` and `send` take them.
 #[derive(clap::Args, Debug)]
 pub struct KafkaArgs {
-    /// TOML config with a [kafka] section. Default: configs/kafka.toml from
+    /// TOML config with a `[kafka]` section. Default: configs/kafka.toml from
     /// this directory, else the copy built into grflow.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,

@@ -1,8 +1,8 @@
 //! Trace schemas (Arrow/Parquet), workload generators and importers.
 //!
 //! A trace is a directory of three Parquet tables (requests, users, items);
-//! traces/README.md documents every column. [`generate`] builds a synthetic
-//! trace (HLEM §V regimes), [`import`] converts public datasets, and
+//! traces/README.md documents every column. [`generate()`] builds a synthetic
+//! trace (HLEM §V regimes), [`import()`] converts public datasets, and
 //! [`write_trace`] writes either to disk. Reading lives in the Parquet
 //! connector (grflow-connectors), which uses [`columnar`] to decode.
 pub mod columnar;

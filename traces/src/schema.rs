@@ -73,7 +73,7 @@ pub struct Item {
 pub struct TraceMeta {
     /// Number of embedding tables T.
     pub n_tables: u16,
-    /// Rows of each embedding table (feature ids of table t are < table_rows[t]).
+    /// Rows of each embedding table (feature ids of table t are < `table_rows[t]`).
     pub table_rows: Vec<u32>,
     pub codebook_size: u16,
     /// Free text: generator and its parameters, or the imported dataset.

@@ -152,7 +152,7 @@ impl LinkClock {
     /// wall clock the CPU backend's device pool is host memory, so this
     /// waits out what PCIe would cost (queueing behind earlier misses); the
     /// wait gives the core away: it sleeps through all but the last
-    /// [`SLEEP_SLACK`] of a long transfer and yields for the rest, so other
+    /// `SLEEP_SLACK` of a long transfer and yields for the rest, so other
     /// workers run meanwhile. On the event clock the lane is only booked
     /// (the latency model charges the transfer).
     pub fn pay(&self, memory: &mut NodeMemory, bytes: usize) {
