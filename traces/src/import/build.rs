@@ -42,87 +42,20 @@ pub fn build_trace(raw: RawEvents, name: &str, cfg: &ImportConfig) -> Result<Tra
         file: name.to_string(),
         reason,
     };
-    if cfg.candidates == 0 {
-        return Err(refuse("--candidates must be >= 1 (got 0)".into()));
-    }
-    if cfg.tables == 0 {
-        return Err(refuse("--tables must be >= 1 (got 0)".into()));
-    }
+    check_sizes(&raw, cfg).map_err(refuse)?;
     let n_items = raw.items.len();
-    // Every user's first interaction starts the history; each later one
-    // is a request. Both the catalog and the requests' candidates are held
-    // in memory: the generator's limits, checked before allocating.
-    let mut seen = vec![false; raw.users.len()];
-    let firsts = raw
-        .events
-        .iter()
-        .filter(|&&(_, u, _)| !std::mem::replace(&mut seen[u as usize], true))
-        .count();
-    let n_requests = (raw.events.len() - firsts) as u64;
-    check_feature_ids(n_items as u64, cfg.tables).map_err(|e| refuse(e.to_string()))?;
-    if n_requests > MAX_REQUESTS {
-        return Err(refuse(format!(
-            "{n_requests} requests (interactions after each user's first) are more than the \
-             {MAX_REQUESTS} a trace holds in memory; import a part of the file"
-        )));
-    }
-    check_candidate_ids(n_requests, cfg.candidates).map_err(|e| refuse(e.to_string()))?;
-    if (cfg.codebook_size as u64).pow(3) < n_items as u64 {
-        return Err(ImportError::Config {
-            file: name.to_string(),
-            reason: format!(
-                "{n_items} items do not fit a codebook of {}³ semantic ids",
-                cfg.codebook_size
-            ),
-        });
-    }
-    let (user_of, item_of) = (dense_ids(&raw.users), dense_ids(&raw.items));
-    let mut events: Vec<(u64, u32, u32)> = raw
-        .events
-        .iter()
-        .map(|&(ts, u, i)| (ts, user_of[u as usize], item_of[i as usize]))
-        .collect();
-    // Equal timestamps: (timestamp, user_id, item_id), everywhere in grflow.
-    events.sort_unstable();
-
-    let mut counts = vec![0u64; n_items];
-    for &(_, _, i) in &events {
-        counts[i as usize] += 1;
-    }
-    let popularity = Weighted::new(counts.iter().map(|&c| c as f64));
-    let ids: Vec<u32> = (0..n_items as u32).collect();
-
+    let events = dense_events(&raw);
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let items = catalog(n_items as u32, cfg.tables, cfg.codebook_size, &mut rng);
-    let mut histories: Vec<Vec<u32>> = vec![Vec::new(); raw.users.len()];
-    let mut requests = Vec::new();
-    for &(ts_ms, user, item) in &events {
-        let history = &mut histories[user as usize];
-        // A user's first interaction has no history to condition on.
-        if !history.is_empty() {
-            requests.push(Request {
-                ts_ms,
-                req_id: requests.len() as u64,
-                user_id: user as u64,
-                hist_len: history.len() as u32,
-                candidates: candidates(item, cfg.candidates, &popularity, &ids, &mut rng),
-                mode: Mode::Rank,
-                label: Some(item),
-            });
-        }
-        history.push(item);
-    }
+    let (requests, histories) = replayed(&events, raw.users.len(), n_items, cfg, &mut rng);
     if requests.is_empty() {
         // Every user interacted once: nothing to replay or train on.
-        return Err(ImportError::Config {
-            file: name.to_string(),
-            reason: format!(
-                "no user has a second interaction ({} interactions of {} users), so no request \
-                 has a history to condition on",
-                events.len(),
-                raw.users.len()
-            ),
-        });
+        return Err(refuse(format!(
+            "no user has a second interaction ({} interactions of {} users), so no request \
+             has a history to condition on",
+            events.len(),
+            raw.users.len()
+        )));
     }
     let users = histories
         .into_iter()
@@ -161,6 +94,92 @@ pub fn build_trace(raw: RawEvents, name: &str, cfg: &ImportConfig) -> Result<Tra
         users,
         items,
     })
+}
+
+/// The settings and the file's size against what a trace can hold, before
+/// anything is allocated: every user's first interaction starts the
+/// history and each later one is a request, and both the catalog and the
+/// requests' candidates are held in memory (the generator's limits).
+fn check_sizes(raw: &RawEvents, cfg: &ImportConfig) -> Result<(), String> {
+    if cfg.candidates == 0 {
+        return Err("--candidates must be >= 1 (got 0)".into());
+    }
+    if cfg.tables == 0 {
+        return Err("--tables must be >= 1 (got 0)".into());
+    }
+    let n_items = raw.items.len();
+    let mut seen = vec![false; raw.users.len()];
+    let firsts = raw
+        .events
+        .iter()
+        .filter(|&&(_, u, _)| !std::mem::replace(&mut seen[u as usize], true))
+        .count();
+    let n_requests = (raw.events.len() - firsts) as u64;
+    check_feature_ids(n_items as u64, cfg.tables).map_err(|e| e.to_string())?;
+    if n_requests > MAX_REQUESTS {
+        return Err(format!(
+            "{n_requests} requests (interactions after each user's first) are more than the \
+             {MAX_REQUESTS} a trace holds in memory; import a part of the file"
+        ));
+    }
+    check_candidate_ids(n_requests, cfg.candidates).map_err(|e| e.to_string())?;
+    if (cfg.codebook_size as u64).pow(3) < n_items as u64 {
+        return Err(format!(
+            "{n_items} items do not fit a codebook of {}³ semantic ids",
+            cfg.codebook_size
+        ));
+    }
+    Ok(())
+}
+
+/// The interactions on dense ids, in event order; equal timestamps by
+/// (timestamp, user_id, item_id), everywhere in grflow.
+fn dense_events(raw: &RawEvents) -> Vec<(u64, u32, u32)> {
+    let (user_of, item_of) = (dense_ids(&raw.users), dense_ids(&raw.items));
+    let mut events: Vec<(u64, u32, u32)> = raw
+        .events
+        .iter()
+        .map(|&(ts, u, i)| (ts, user_of[u as usize], item_of[i as usize]))
+        .collect();
+    events.sort_unstable();
+    events
+}
+
+/// Replays `events` in order: each interaction after a user's first is a
+/// rank request labelled with its item, against negatives sampled by
+/// popularity; returns the requests and every user's whole history.
+fn replayed(
+    events: &[(u64, u32, u32)],
+    n_users: usize,
+    n_items: usize,
+    cfg: &ImportConfig,
+    rng: &mut ChaCha8Rng,
+) -> (Vec<Request>, Vec<Vec<u32>>) {
+    let mut counts = vec![0u64; n_items];
+    for &(_, _, i) in events {
+        counts[i as usize] += 1;
+    }
+    let popularity = Weighted::new(counts.iter().map(|&c| c as f64));
+    let ids: Vec<u32> = (0..n_items as u32).collect();
+    let mut histories: Vec<Vec<u32>> = vec![Vec::new(); n_users];
+    let mut requests = Vec::new();
+    for &(ts_ms, user, item) in events {
+        let history = &mut histories[user as usize];
+        // A user's first interaction has no history to condition on.
+        if !history.is_empty() {
+            requests.push(Request {
+                ts_ms,
+                req_id: requests.len() as u64,
+                user_id: user as u64,
+                hist_len: history.len() as u32,
+                candidates: candidates(item, cfg.candidates, &popularity, &ids, rng),
+                mode: Mode::Rank,
+                label: Some(item),
+            });
+        }
+        history.push(item);
+    }
+    (requests, histories)
 }
 
 #[cfg(test)]
