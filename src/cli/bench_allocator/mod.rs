@@ -131,19 +131,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let regimes = regimes(&args.regime)?;
     super::check_count("--jobs", args.jobs, super::MAX_THREADS)?;
-    let seeds = match &args.seeds {
-        Some(list) => seed_list(list)?,
-        None => vec![args.seed],
-    };
-    if let Some(s) = seeds
-        .iter()
-        .find(|s| s.checked_add(args.train_seeds).is_none())
-    {
-        return Err(InputError::from_display(format!(
-            "seed {s}: its training seeds (seed + 1 … seed + {}) pass the largest seed",
-            args.train_seeds
-        )));
-    }
+    let seeds = bench_seeds(&args)?;
     // Before calibrating, not after it.
     if let Some(dir) = &args.out {
         super::check_out_dir(dir)?;
@@ -206,48 +194,64 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             (r, (seed, p))
         })
         .unzip();
-    let write_plots = || -> anyhow::Result<()> {
-        let Some(dir) = &args.out else {
-            return Ok(());
-        };
-        for (seed, plots) in &plots {
-            // One seed: the plots in DIR, as always; several: DIR/seed-S.
-            let dir = if bench.tagged {
-                dir.join(format!("seed-{seed}"))
-            } else {
-                dir.clone()
-            };
-            for path in plots.write(&dir)? {
-                eprintln!("wrote {}", path.display());
-            }
-        }
-        Ok(())
-    };
-    if !bench.tagged {
+    if bench.tagged {
+        print_seeds(
+            &args,
+            SeedsReport {
+                header,
+                seeds,
+                mean: mean_rows(&per_seed),
+                per_seed,
+                wall_s,
+            },
+        )?;
+    } else {
         let mut seed = per_seed.into_iter().next().context("one seed ran")?;
         // One seed: the run's wall time, setup and calibration included, as
         // this report has always given it.
         seed.wall_s = wall_s;
-        let report = Report { header, seed };
-        write_report(&args, &report)?;
-        if args.json {
-            eprintln!("{}", report.header.machines_line());
-            println!("{}", serde_json::to_string(&rows_array([&report.seed]))?);
-        } else if args.json_report {
-            println!("{}", serde_json::to_string(&report)?);
-        } else {
-            print_table(&report.header, &report.seed);
-        }
-        return write_plots();
+        print_seed(&args, Report { header, seed })?;
     }
-    let report = SeedsReport {
-        header,
-        seeds,
-        mean: mean_rows(&per_seed),
-        per_seed,
-        wall_s,
+    write_plots(args.out.as_deref(), bench.tagged, &plots)
+}
+
+/// `--seeds`, else `--seed`; each with room for its training seeds.
+fn bench_seeds(args: &Args) -> anyhow::Result<Vec<u64>> {
+    let seeds = match &args.seeds {
+        Some(list) => seed_list(list)?,
+        None => vec![args.seed],
     };
-    write_report(&args, &report)?;
+    if let Some(s) = seeds
+        .iter()
+        .find(|s| s.checked_add(args.train_seeds).is_none())
+    {
+        return Err(InputError::from_display(format!(
+            "seed {s}: its training seeds (seed + 1 … seed + {}) pass the largest seed",
+            args.train_seeds
+        )));
+    }
+    Ok(seeds)
+}
+
+/// One seed's report: the rows (`--json`), the whole report
+/// (`--json-report`) or the table; DIR/report.json with `--out`.
+fn print_seed(args: &Args, report: Report) -> anyhow::Result<()> {
+    write_report(args, &report)?;
+    if args.json {
+        eprintln!("{}", report.header.machines_line());
+        println!("{}", serde_json::to_string(&rows_array([&report.seed]))?);
+    } else if args.json_report {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_table(&report.header, &report.seed);
+    }
+    Ok(())
+}
+
+/// Several seeds' report: every seed's rows and their means, printed as
+/// [`print_seed`] prints one.
+fn print_seeds(args: &Args, report: SeedsReport) -> anyhow::Result<()> {
+    write_report(args, &report)?;
     if args.json {
         eprintln!("{}", report.header.machines_line());
         println!("{}", serde_json::to_string(&rows_array(&report.per_seed))?);
@@ -260,7 +264,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         print_means(&report);
     }
-    write_plots()
+    Ok(())
+}
+
+/// `--out DIR`: each seed's plots, in DIR for one seed, in DIR/seed-S for
+/// several (`tagged`).
+fn write_plots(
+    out: Option<&std::path::Path>,
+    tagged: bool,
+    plots: &[(u64, Plots)],
+) -> anyhow::Result<()> {
+    let Some(dir) = out else {
+        return Ok(());
+    };
+    for (seed, plots) in plots {
+        let dir = if tagged {
+            dir.join(format!("seed-{seed}"))
+        } else {
+            dir.to_path_buf()
+        };
+        for path in plots.write(&dir)? {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
 }
 
 /// `--out DIR`: the whole report as DIR/report.json, beside the plots
