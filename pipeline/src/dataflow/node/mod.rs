@@ -301,21 +301,8 @@ impl EventOperator for NodeParts {
         queue: &mut VecDeque<(u64, Routed)>,
         out: &mut Vec<(u64, NodeEvent)>,
     ) -> Step {
-        if let Some(running) = &self.offload.running {
-            match running.done.try_recv() {
-                Err(mpsc::TryRecvError::Empty) => return Step::Pending,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    panic!("a step of node {} panicked (see above)", self.id())
-                }
-                Ok(outs) => {
-                    let running = self.offload.running.take().expect("checked");
-                    let queued = queued_by_replica(queue);
-                    self.finish_step(running.times, outs, running.busy_since, queued, out);
-                    for (time, commands) in std::mem::take(&mut self.offload.deferred) {
-                        self.on_control(time, commands);
-                    }
-                }
-            }
+        if !self.collect_step(queue, out) {
+            return Step::Pending;
         }
         // Between two steps: a swap whose model has loaded takes it now,
         // before the next batch.
@@ -363,27 +350,55 @@ impl EventOperator for NodeParts {
                 out.extend(events.into_iter().map(|e| (time, e)));
             }
         }
-        let mut take = vec![false; queue.len()];
-        for i in rank.into_iter().chain(retrieve) {
-            take[i] = true;
-        }
-        let mut items = Vec::new();
-        let mut rest = VecDeque::with_capacity(queue.len());
-        for (item, take) in queue.drain(..).zip(take) {
-            if take {
-                items.push(item);
-            } else {
-                rest.push_back(item);
+        let items = take_positions(queue, rank.into_iter().chain(retrieve));
+        self.launch(items, now, queue, out)
+    }
+}
+
+impl NodeParts {
+    /// Reports the running step if it has finished, then applies the
+    /// commands deferred behind it. False while it still runs.
+    fn collect_step(
+        &mut self,
+        queue: &VecDeque<(u64, Routed)>,
+        out: &mut Vec<(u64, NodeEvent)>,
+    ) -> bool {
+        let Some(running) = &self.offload.running else {
+            return true;
+        };
+        match running.done.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => false,
+            Err(mpsc::TryRecvError::Disconnected) => {
+                panic!("a step of node {} panicked (see above)", self.id())
+            }
+            Ok(outs) => {
+                let running = self.offload.running.take().expect("checked");
+                let queued = queued_by_replica(queue);
+                self.finish_step(running.times, outs, running.busy_since, queued, out);
+                for (time, commands) in std::mem::take(&mut self.offload.deferred) {
+                    self.on_control(time, commands);
+                }
+                true
             }
         }
-        *queue = rest;
+    }
+
+    /// Serves `items` as one step: on the compute thread when the node has
+    /// one (`Pending` until it ends), else here, reported at once. The
+    /// policy bounded the step already; the node splits the rank batch
+    /// over its lanes.
+    fn launch(
+        &mut self,
+        items: Vec<(u64, Routed)>,
+        now: u64,
+        queue: &VecDeque<(u64, Routed)>,
+        out: &mut Vec<(u64, NodeEvent)>,
+    ) -> Step {
         let (times, slotted) = self.begin_step(items);
         let mut outs: Vec<Vec<NodeEvent>> = times.iter().map(|_| Vec::new()).collect();
         let (retrieve, rank): (Vec<Slotted>, Vec<Slotted>) = slotted
             .into_iter()
             .partition(|s| s.routed.admitted.request.mode == Mode::Retrieve);
-        // The policy bounded the step already; the node splits the rank
-        // batch over its lanes.
         let ctx = self.ctx();
         match (&self.offload.waker, &self.oracle) {
             // The oracle follows every batch on this thread.
@@ -420,6 +435,29 @@ impl EventOperator for NodeParts {
             }
         }
     }
+}
+
+/// Takes the entries at `positions` out of `queue`, in queue order; the
+/// rest keep theirs.
+fn take_positions<T>(
+    queue: &mut VecDeque<T>,
+    positions: impl IntoIterator<Item = usize>,
+) -> Vec<T> {
+    let mut take = vec![false; queue.len()];
+    for i in positions {
+        take[i] = true;
+    }
+    let mut taken = Vec::new();
+    let mut rest = VecDeque::with_capacity(queue.len());
+    for (item, take) in queue.drain(..).zip(take) {
+        if take {
+            taken.push(item);
+        } else {
+            rest.push_back(item);
+        }
+    }
+    *queue = rest;
+    taken
 }
 
 impl NodeParts {
@@ -662,6 +700,7 @@ mod tests {
     use grflow_traces::{GenConfig, Regime};
 
     use super::*;
+
     use crate::Config;
     use crate::events::Admitted;
     use crate::events::ErrorKind;
@@ -1142,5 +1181,16 @@ mod tests {
             assert_eq!(versions.borrow()[4..], vec!["v2".to_string(); 4]);
             assert_eq!(models.report()["serving"]["0"], "v2");
         });
+    }
+
+    #[test]
+    fn a_step_takes_its_positions_in_queue_order_and_leaves_the_rest() {
+        let mut queue: VecDeque<u32> = (10..16).collect();
+        // The policy names rank positions, then retrieve ones.
+        let taken = take_positions(&mut queue, [4, 1, 2]);
+        assert_eq!(taken, vec![11, 12, 14]);
+        assert_eq!(queue, VecDeque::from(vec![10, 13, 15]));
+        assert!(take_positions(&mut queue, []).is_empty());
+        assert_eq!(queue.len(), 3);
     }
 }
