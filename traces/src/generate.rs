@@ -535,14 +535,7 @@ fn generate_with_schedule(cfg: &GenConfig) -> (Trace, Schedule) {
     for (i, r) in requests.iter_mut().enumerate() {
         r.req_id = i as u64;
     }
-    let users = histories
-        .into_iter()
-        .enumerate()
-        .map(|(u, items)| UserHistory {
-            user_id: u as u64,
-            items,
-        })
-        .collect();
+    let users = UserHistory::numbered(histories);
     // A Burst trace too short for a burst says so: it is statistically Steady.
     let no_burst = schedule.regime == Regime::Burst && schedule.bursts.is_empty();
     debug_assert_eq!(no_burst, cfg.no_burst_fits());

@@ -56,6 +56,21 @@ pub struct UserHistory {
     pub items: Vec<u32>,
 }
 
+impl UserHistory {
+    /// Histories numbered by position: the i-th becomes user i, the dense ids
+    /// requests refer to (`hist_len` indexes into `items`).
+    pub fn numbered(histories: Vec<Vec<u32>>) -> Vec<UserHistory> {
+        histories
+            .into_iter()
+            .enumerate()
+            .map(|(u, items)| UserHistory {
+                user_id: u as u64,
+                items,
+            })
+            .collect()
+    }
+}
+
 /// One row of `items.parquet`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Item {
@@ -88,4 +103,19 @@ pub struct Trace {
     pub requests: Vec<Request>,
     pub users: Vec<UserHistory>,
     pub items: Vec<Item>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_histories_take_their_position_as_user_id() {
+        let users = UserHistory::numbered(vec![vec![3, 1], vec![], vec![7]]);
+        let ids: Vec<u64> = users.iter().map(|u| u.user_id).collect();
+        assert_eq!(ids, [0, 1, 2]);
+        assert_eq!(users[0].items, [3, 1]);
+        assert!(users[1].items.is_empty());
+        assert_eq!(users[2].items, [7]);
+    }
 }

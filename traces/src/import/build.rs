@@ -57,14 +57,7 @@ pub fn build_trace(raw: RawEvents, name: &str, cfg: &ImportConfig) -> Result<Tra
             raw.users.len()
         )));
     }
-    let users = histories
-        .into_iter()
-        .enumerate()
-        .map(|(u, items)| UserHistory {
-            user_id: u as u64,
-            items,
-        })
-        .collect();
+    let users = UserHistory::numbered(histories);
     let file = std::path::Path::new(name)
         .file_name()
         .map_or(name.to_string(), |f| f.to_string_lossy().into_owned());
