@@ -34,7 +34,7 @@ use output::{
     CurvePoint, FLAT_REWARD_SHARE, Scratch, check_curve_path, curve_path, flat_reward_warning,
     write_replacing,
 };
-use selection::{Checkpoints, Selection};
+use selection::Checkpoints;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -198,18 +198,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         base.trace.requests,
         policy.parameters()
     );
-    let mut checkpoints = Checkpoints {
-        base: &base,
-        traces: validation.as_ref().unwrap_or(&traces),
-        work: &work,
-        select_by: args.select_by,
-        select_on: &select_on,
-        average_last: args.average_last,
-        untrained: None,
-        selection: Selection::new(),
-        scored: Vec::new(),
-        last_scored: None,
-    };
+    let mut checkpoints = Checkpoints::new(
+        &base,
+        validation.as_ref().unwrap_or(&traces),
+        &work,
+        args.select_by,
+        &select_on,
+        args.average_last,
+    );
     // Ctrl-C (or SIGTERM) ends the training after the current episode:
     // the checkpoints so far are scored and the best is written, as at the
     // end of a whole run.
@@ -257,13 +253,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // The last checkpoint, unless a stop inside an iteration left it
     // scored already (at that iteration's start).
-    if args.select_every > 0 && checkpoints.last_scored != Some(iterations) {
+    if args.select_every > 0 && checkpoints.last_scored() != Some(iterations) {
         checkpoints.offer(iterations, &policy)?;
     }
     // The average of the last checkpoints, a candidate like the others.
     let averaged = checkpoints.offer_average(iterations)?;
     // No selection, or no checkpoint scored (every p99 NaN): the last.
-    let (selected_updates, selected, mut policy) = match checkpoints.selection.best {
+    let (selected_updates, selected, mut policy) = match checkpoints.into_best() {
         Some((updates, score, (chosen, p99))) => (updates, Some((score, p99)), chosen),
         None => (iterations, None, policy),
     };

@@ -69,21 +69,58 @@ impl<T> Selection<T> {
 /// traces against the untrained policy's p99s (the first scored), the best
 /// so far, and the last `--average-last` for their mean.
 pub(super) struct Checkpoints<'a> {
-    pub(super) base: &'a grflow_pipeline::Config,
-    pub(super) traces: &'a [EpisodeTrace],
-    pub(super) work: &'a std::path::Path,
-    pub(super) select_by: SelectBy,
+    base: &'a grflow_pipeline::Config,
+    traces: &'a [EpisodeTrace],
+    work: &'a std::path::Path,
+    select_by: SelectBy,
     /// The selection traces, in words (the log says what it scored on).
-    pub(super) select_on: &'a str,
-    pub(super) average_last: usize,
+    select_on: &'a str,
+    average_last: usize,
     /// The untrained policy's greedy p99s: α held at the config's.
-    pub(super) untrained: Option<Greedy>,
+    untrained: Option<Greedy>,
     /// The best: (policy, its greedy mean p99).
-    pub(super) selection: Selection<(ActorCritic, f64)>,
+    selection: Selection<(ActorCritic, f64)>,
     /// The last `average_last` scored.
-    pub(super) scored: Vec<(usize, ActorCritic)>,
+    scored: Vec<(usize, ActorCritic)>,
     /// PPO updates behind the last one scored.
-    pub(super) last_scored: Option<usize>,
+    last_scored: Option<usize>,
+}
+
+impl<'a> Checkpoints<'a> {
+    /// No checkpoint scored yet; each will be scored on `traces` (described
+    /// as `select_on` in the log), replayed from `base` in `work`.
+    pub(super) fn new(
+        base: &'a grflow_pipeline::Config,
+        traces: &'a [EpisodeTrace],
+        work: &'a std::path::Path,
+        select_by: SelectBy,
+        select_on: &'a str,
+        average_last: usize,
+    ) -> Self {
+        Self {
+            base,
+            traces,
+            work,
+            select_by,
+            select_on,
+            average_last,
+            untrained: None,
+            selection: Selection::new(),
+            scored: Vec::new(),
+            last_scored: None,
+        }
+    }
+
+    /// PPO updates behind the last checkpoint scored, if any was.
+    pub(super) fn last_scored(&self) -> Option<usize> {
+        self.last_scored
+    }
+
+    /// The best checkpoint: (PPO updates behind it, its selection score,
+    /// (the policy, its greedy mean p99)); none when none scored finite.
+    pub(super) fn into_best(self) -> Option<(usize, f64, (ActorCritic, f64))> {
+        self.selection.best
+    }
 }
 
 impl Checkpoints<'_> {
