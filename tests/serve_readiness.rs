@@ -5,7 +5,7 @@
 //!
 //! Frozen, not restarted: tansu's memory storage forgets its topics on a
 //! restart, and librdkafka 2.12.1 then crashes the client on tansu's fetch
-//! answer (README, Kafka: known problems).
+//! answer (docs/kafka.md, tansu).
 
 mod common;
 
