@@ -121,9 +121,7 @@ impl<'a> Checkpoints<'a> {
     pub(super) fn into_best(self) -> Option<(usize, f64, (ActorCritic, f64))> {
         self.selection.best
     }
-}
 
-impl Checkpoints<'_> {
     /// Scores `policy` (named `what` in the log) on the selection traces.
     fn score(&mut self, what: &str, policy: &ActorCritic) -> anyhow::Result<(Greedy, f64)> {
         let g = greedy_p99(self.base, self.traces, policy, self.work)?;
